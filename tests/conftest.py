@@ -1,0 +1,51 @@
+"""Shared fixtures: P services over the local transport, run as threads of this process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from totalreduce.service.config import Config
+from totalreduce.service.service import Service
+from totalreduce.transport.local import LocalWorld
+
+
+@contextmanager
+def local_services(size: int, *, jitter: float = 0.0, seed: int = 0, **options: Any) -> Iterator[list[Service]]:
+    """``size`` services connected by a local world; shut down on exit."""
+    world = LocalWorld(size, jitter=jitter, seed=seed)
+    config = Config.load(env={}, **options)
+    services = [Service(world.transport(r), config) for r in range(size)]
+    try:
+        yield services
+    finally:
+        for s in services:
+            s.shutdown(timeout=5)
+
+
+def run_ranks(services: list[Service], fn: Callable[[Service], Any], timeout: float = 120) -> list[Any]:
+    """Run ``fn(service)`` for every rank in its own thread; return results, re-raise errors."""
+    results: list[Any] = [None] * len(services)
+    errors: list[BaseException | None] = [None] * len(services)
+
+    def body(r: int) -> None:
+        try:
+            results[r] = fn(services[r])
+        except BaseException as exc:  # collected and re-raised below
+            errors[r] = exc
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(len(services))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        if t.is_alive():
+            pytest.fail(f"a rank did not finish within {timeout} s")
+    for r, e in enumerate(errors):
+        if e is not None:
+            raise AssertionError(f"rank {r} failed: {e!r}") from e
+    return results

@@ -1,0 +1,75 @@
+"""totalreduce: asynchronous, priority-driven collective communication for deep learning.
+
+Every rank submits what is ready, in any order, with a priority; a background
+comm thread moves it over self-describing frames and a Numba reduce thread
+does the arithmetic; the training loop polls or waits only for what it needs.
+
+    import totalreduce as tr
+    tr.init()
+    h = tr.allreduce_async(grad, name="fc1.grad", op="avg", priority=10)
+    grad = h.wait()
+
+``import totalreduce`` imports neither torch nor MPI; ``init()`` starts MPI.
+"""
+
+from __future__ import annotations
+
+from .api import (
+    allreduce,
+    allreduce_async,
+    barrier,
+    barrier_async,
+    broadcast,
+    broadcast_async,
+    init,
+    is_initialized,
+    poll,
+    rank,
+    default_service,
+    shutdown,
+    size,
+    synchronize,
+)
+from .errors import (
+    FrameError,
+    InvalidArgumentError,
+    NotInitializedError,
+    OpFailedError,
+    OpMismatchError,
+    OpTimeoutError,
+    TotalReduceError,
+    TransportError,
+)
+from .service.config import Config
+from .service.handle import Handle
+from .service.service import Service
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Config",
+    "FrameError",
+    "Handle",
+    "InvalidArgumentError",
+    "NotInitializedError",
+    "OpFailedError",
+    "OpMismatchError",
+    "OpTimeoutError",
+    "Service",
+    "TotalReduceError",
+    "TransportError",
+    "allreduce",
+    "allreduce_async",
+    "barrier",
+    "barrier_async",
+    "broadcast",
+    "broadcast_async",
+    "init",
+    "is_initialized",
+    "poll",
+    "rank",
+    "default_service",
+    "shutdown",
+    "size",
+    "synchronize",
+]

@@ -1,0 +1,139 @@
+"""The thin client API: module-level calls on the one default service ``init()`` creates.
+
+>>> import totalreduce as tr                                        # doctest: +SKIP
+>>> tr.init()                                                       # doctest: +SKIP
+>>> h = tr.allreduce_async(grad, name="fc1.grad", op="avg", priority=10)  # doctest: +SKIP
+>>> ...  # more backward work                                      # doctest: +SKIP
+>>> grad = h.wait()                                                 # doctest: +SKIP
+>>> tr.shutdown()                                                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import Any
+
+import numpy as np
+
+from .errors import NotInitializedError
+from .service.config import Config
+from .service.handle import Handle
+from .service.service import Service
+
+_default: Service | None = None
+_init_lock = threading.Lock()
+
+
+def init(comm: Any = None, **options: Any) -> Service:
+    """Start the service of this rank over MPI (idempotent); returns it.
+
+    ``comm`` is an ``mpi4py`` communicator to run over (default: the world;
+    totalreduce works on a private duplicate of it).  Options are the fields
+    of :class:`~totalreduce.service.config.Config`, also settable as
+    ``TOTALREDUCE_<NAME>`` environment variables; keywords win.
+    """
+    global _default
+    with _init_lock:
+        if _default is not None and not _default.closed:
+            return _default
+        config = Config.load(**options)
+        from .transport.mpi import MPITransport
+
+        transport = MPITransport(comm, allow_serialized=config.allow_serialized)
+        _default = Service(transport, config)
+        return _default
+
+
+def default_service() -> Service:
+    """The default service; raises if ``init()`` was not called."""
+    s = _default
+    if s is None or s.closed:
+        raise NotInitializedError("call totalreduce.init() first")
+    return s
+
+
+def is_initialized() -> bool:
+    return _default is not None and not _default.closed
+
+
+def rank() -> int:
+    """This process's rank."""
+    return default_service().rank
+
+
+def size() -> int:
+    """The number of ranks."""
+    return default_service().size
+
+
+def allreduce_async(
+    x: Any,
+    name: str | int | None = None,
+    op: str = "sum",
+    out: Any = None,
+    priority: int = 0,
+    algorithm: str | None = None,
+) -> Handle:
+    """Start an allreduce of ``x``; see :meth:`Service.allreduce_async`."""
+    return default_service().allreduce_async(x, name, op, out, priority, algorithm)
+
+
+def allreduce(
+    x: Any,
+    name: str | int | None = None,
+    op: str = "sum",
+    out: Any = None,
+    priority: int = 0,
+    algorithm: str | None = None,
+) -> np.ndarray:
+    """Reduce ``x`` across ranks and return the result (blocking)."""
+    return default_service().allreduce(x, name, op, out, priority, algorithm)
+
+
+def broadcast_async(
+    x: Any, root: int = 0, name: str | int | None = None, out: Any = None, priority: int = 0,
+    algorithm: str = "one_to_all",
+) -> Handle:
+    """Start a broadcast from ``root``; see :meth:`Service.broadcast_async`."""
+    return default_service().broadcast_async(x, root, name, out, priority, algorithm)
+
+
+def broadcast(
+    x: Any, root: int = 0, name: str | int | None = None, out: Any = None, priority: int = 0,
+    algorithm: str = "one_to_all",
+) -> np.ndarray:
+    """Return rank ``root``'s ``x`` on every rank (blocking)."""
+    return default_service().broadcast(x, root, name, out, priority, algorithm)
+
+
+def barrier_async(name: str | int | None = None, algorithm: str = "all_to_all") -> Handle:
+    """Start a barrier."""
+    return default_service().barrier_async(name, algorithm=algorithm)
+
+
+def barrier(name: str | int | None = None, algorithm: str = "all_to_all") -> None:
+    """Return once every rank has entered the barrier."""
+    default_service().barrier(name, algorithm=algorithm)
+
+
+def poll(handle: Handle) -> bool:
+    """True once ``handle``'s op has completed (never blocks)."""
+    return handle.done()
+
+
+def synchronize(handle: Handle, timeout: float | None = None) -> Any:
+    """Wait for ``handle``'s op and return its result (Horovod's name for ``wait``)."""
+    return handle.wait(timeout)
+
+
+def shutdown(timeout: float | None = None) -> None:
+    """Finish in-flight ops (up to ``timeout`` s) and stop the default service."""
+    global _default
+    with _init_lock:
+        s, _default = _default, None
+    if s is not None:
+        s.shutdown(timeout)
+
+
+atexit.register(shutdown)

@@ -1,0 +1,1 @@
+"""The service: owns the comm and reduce threads, the configuration and the client calls."""

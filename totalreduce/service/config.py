@@ -1,0 +1,104 @@
+"""Configuration: one name per option, as a keyword of ``init`` or a ``TOTALREDUCE_*`` variable.
+
+A keyword given to ``init()`` wins over the environment variable of the same
+name (upper-cased, prefixed ``TOTALREDUCE_``), which wins over the default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..errors import InvalidArgumentError
+
+ENV_PREFIX = "TOTALREDUCE_"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every option of a service.
+
+    - ``segment_bytes``: largest piece of a step sent as one frame: the unit of
+      pipelining and of preemption. All ranks must agree.
+    - ``micro_bytes``: bodies up to this size travel inside the header message.
+      All ranks must agree.
+    - ``max_inflight_sends``: frames posted and not yet completed, at most.
+    - ``floating_pool_bytes``: bytes of early frames (ops not submitted here
+      yet) held before backpressure stops receiving more.
+    - ``stall_warning_s``: warn about an op that made no progress this long.
+    - ``backoff_max_s`` / ``idle_backoff_max_s``: longest sleep of the comm
+      loop with ops in flight / with none.
+    - ``algorithm``: default allreduce algorithm (``auto`` chooses by size).
+    - ``shutdown_timeout_s``: how long ``shutdown()`` lets in-flight ops finish.
+    - ``allow_serialized``: accept an MPI with only THREAD_SERIALIZED (your
+      code must then make no MPI calls while totalreduce runs).
+    """
+
+    segment_bytes: int = 1 << 20
+    micro_bytes: int = 16 << 10
+    max_inflight_sends: int = 8
+    floating_pool_bytes: int = 256 << 20
+    stall_warning_s: float = 60.0
+    backoff_max_s: float = 1e-3
+    idle_backoff_max_s: float = 5e-3
+    algorithm: str = "auto"
+    shutdown_timeout_s: float = 30.0
+    allow_serialized: bool = False
+
+    @classmethod
+    def load(cls, env: dict[str, str] | None = None, **overrides: Any) -> Config:
+        """Defaults, then ``TOTALREDUCE_*`` variables, then keyword overrides."""
+        env = dict(os.environ) if env is None else env
+        known = {f.name: f for f in fields(cls)}
+        unknown = set(overrides) - set(known)
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown option(s) {sorted(unknown)}; known: {sorted(known)}"
+            )
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            raw = env.get(ENV_PREFIX + name.upper())
+            if name in overrides and overrides[name] is not None:
+                values[name] = _convert(name, f.type, overrides[name])
+            elif raw is not None:
+                values[name] = _convert(name, f.type, raw)
+        cfg = dataclasses.replace(cls(), **values)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        if self.segment_bytes < 64:
+            raise InvalidArgumentError(f"segment_bytes must be >= 64, got {self.segment_bytes}")
+        if not 0 <= self.micro_bytes <= 1 << 20:
+            raise InvalidArgumentError(f"micro_bytes must be in 0..1048576, got {self.micro_bytes}")
+        if self.max_inflight_sends < 1:
+            raise InvalidArgumentError(
+                f"max_inflight_sends must be >= 1, got {self.max_inflight_sends}"
+            )
+        if self.floating_pool_bytes < 0:
+            raise InvalidArgumentError(
+                f"floating_pool_bytes must be >= 0, got {self.floating_pool_bytes}"
+            )
+
+
+def _convert(name: str, typ: Any, value: Any) -> Any:
+    typ = {"int": int, "float": float, "str": str, "bool": bool}.get(str(typ), typ)
+    try:
+        if typ is bool:
+            if isinstance(value, str):
+                low = value.strip().lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off", ""):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if typ is int and isinstance(value, str):
+            return int(float(value)) if "e" in value.lower() else int(value, 0)
+        return typ(value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"option {name} (or {ENV_PREFIX}{name.upper()}) must be {typ.__name__}, got {value!r}"
+        ) from None

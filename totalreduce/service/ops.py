@@ -1,0 +1,78 @@
+"""From a call's arguments to a compiled op: algorithm choice, schedule, segment plan.
+
+Plans are cached: a training loop submits the same shapes every step, so the
+schedule and its segment plan are built once per (kind, algorithm, rank,
+size, count, options, segment size).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from ..algorithms.schedule import Schedule, SegmentPlan, plan_segments
+from ..engine.wire import AlgorithmCode, OpKind
+from ..errors import InvalidArgumentError
+
+
+def _allreduce_algorithms() -> dict[str, tuple[AlgorithmCode, Callable[..., Schedule]]]:
+    from ..algorithms import registry
+
+    return {
+        name: (AlgorithmCode[name.upper()], fn) for name, fn in registry.ALLREDUCE.items()
+    }
+
+
+def choose_allreduce(algorithm: str, size: int, nbytes: int) -> str:
+    """The allreduce algorithm to run; ``auto`` picks from measured crossovers."""
+    from ..algorithms import registry
+
+    if algorithm == "auto":
+        return registry.auto_allreduce(size, nbytes, registry.CROSSOVERS)
+    known = registry.ALLREDUCE
+    if algorithm not in known:
+        raise InvalidArgumentError(
+            f"unknown allreduce algorithm {algorithm!r}; known: auto, {', '.join(sorted(known))}"
+        )
+    return algorithm
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_op(
+    kind: OpKind,
+    algorithm: str,
+    rank: int,
+    size: int,
+    count: int,
+    average: bool,
+    segment_elems: int,
+    options: tuple[tuple[str, Any], ...] = (),
+) -> tuple[AlgorithmCode, Schedule, SegmentPlan]:
+    """Build (and cache) the schedule and segment plan of an op on this rank."""
+    opts = dict(options)
+    if kind is OpKind.ALLREDUCE:
+        code, fn = _allreduce_algorithms()[algorithm]
+        sched = fn(rank, size, count, average=average, **opts)
+    elif kind is OpKind.BROADCAST:
+        from ..algorithms import broadcast
+
+        if algorithm == "pipelined":
+            code = AlgorithmCode.PIPELINED
+            sched = broadcast.broadcast_pipelined(rank, size, count, **opts)
+        else:
+            code = AlgorithmCode.ONE_TO_ALL
+            sched = broadcast.broadcast_one_to_all(rank, size, count, **opts)
+    elif kind is OpKind.BARRIER:
+        from ..algorithms import barrier
+
+        if algorithm == "all_to_one":
+            code = AlgorithmCode.ALL_TO_ONE
+            sched = barrier.barrier_all_to_one(rank, size, **opts)
+        else:
+            code = AlgorithmCode.ALL_TO_ALL
+            sched = barrier.barrier_all_to_all(rank, size)
+    else:
+        raise InvalidArgumentError(f"no schedule for op kind {kind.name.lower()}")
+    sched.validate()
+    return code, sched, plan_segments(sched, segment_elems)

@@ -1,0 +1,43 @@
+"""The transport protocol: the few non-blocking point-to-point calls the comm thread needs.
+
+Only the comm thread calls a transport.  Buffers are contiguous ``uint8``
+numpy arrays (or views); a request is whatever the transport returns and is
+only ever handed back to the same transport.  Matching follows MPI: messages
+from one sender on one tag are received in the order they were sent
+(non-overtaking), and a receive may name a source or take any.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+ANY_SOURCE = -1
+
+
+class Transport(Protocol):
+    """Non-blocking messaging among ``size`` ranks; this end is ``rank``."""
+
+    rank: int
+    size: int
+    #: Human-readable description for logs and the benchmark.
+    description: str
+
+    def isend(self, buf: np.ndarray, dest: int, tag: int) -> Any:
+        """Start sending ``buf``; it must not change until the request completes."""
+
+    def irecv(self, buf: np.ndarray, source: int, tag: int) -> Any:
+        """Start receiving into ``buf`` from ``source`` (or ``ANY_SOURCE``)."""
+
+    def test(self, req: Any) -> tuple[bool, int, int]:
+        """(done, source, bytes received) of a receive; for a send only ``done`` matters."""
+
+    def testsome(self, reqs: list[Any]) -> list[int]:
+        """Indices of the requests in ``reqs`` that completed since the last call."""
+
+    def cancel(self, req: Any) -> None:
+        """Cancel a receive that has not matched (used at shutdown)."""
+
+    def close(self) -> None:
+        """Release the transport's resources; no call may follow."""
