@@ -92,7 +92,11 @@ def allreduce(
 
 
 def broadcast_async(
-    x: Any, root: int = 0, name: str | int | None = None, out: Any = None, priority: int = 0,
+    x: Any,
+    root: int = 0,
+    name: str | int | None = None,
+    out: Any = None,
+    priority: int = 0,
     algorithm: str = "one_to_all",
 ) -> Handle:
     """Start a broadcast from ``root``; see :meth:`Service.broadcast_async`."""
@@ -100,7 +104,11 @@ def broadcast_async(
 
 
 def broadcast(
-    x: Any, root: int = 0, name: str | int | None = None, out: Any = None, priority: int = 0,
+    x: Any,
+    root: int = 0,
+    name: str | int | None = None,
+    out: Any = None,
+    priority: int = 0,
     algorithm: str = "one_to_all",
 ) -> np.ndarray:
     """Return rank ``root``'s ``x`` on every rank (blocking)."""

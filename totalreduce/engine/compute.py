@@ -20,6 +20,7 @@ import numpy as np
 
 from ..dtypes import DType, ReduceOp
 
+
 class ComputeKind(enum.IntEnum):
     COPY = 1  # dst = src
     REDUCE = 2  # dst = dst (op) src

@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,9 @@ class LoopConfig:
     backoff_min_s: float = 1e-6
     backoff_max_s: float = 1e-3
     idle_backoff_max_s: float = 5e-3
+    urgent_backoff_max_s: float = 5e-5
+    spin_s: float = 2e-4
+    inline_compute_bytes: int = 64 << 10
 
 
 @dataclass(eq=False)
@@ -106,8 +110,16 @@ class LoopStats:
 class CommLoop:
     """Executes payloads' segment plans over a transport; runs in the comm thread."""
 
-    def __init__(self, transport: Transport, config: LoopConfig | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        config: LoopConfig | None = None,
+        execute: Callable[[ComputeRequest], None] | None = None,
+    ) -> None:
         self.t = transport
+        # Small reductions run right here (through the kernels the service hands
+        # in), sparing two thread hand-offs; big ones go to the reducer thread.
+        self._execute = execute
         self.rank = transport.rank
         self.size = transport.size
         self.cfg = config or LoopConfig()
@@ -152,17 +164,30 @@ class CommLoop:
 
     def run(self, stop: threading.Event) -> None:
         """The big loop: progress until ``stop`` is set; back off when idle."""
-        delay = self.cfg.backoff_min_s
+        cfg = self.cfg
+        delay = cfg.backoff_min_s
+        last = time.perf_counter()
         try:
             self._post_header_recv()
             while not stop.is_set():
                 if self.run_once():
-                    delay = self.cfg.backoff_min_s
+                    delay = cfg.backoff_min_s
+                    last = time.perf_counter()
+                    continue
+                if self.busy and time.perf_counter() - last < cfg.spin_s:
+                    # Just made progress with ops in flight: the next frame is
+                    # likely microseconds away; yield the interpreter, no sleep.
+                    time.sleep(0)
                     continue
                 self.stats.idle_sleeps += 1
                 self.wake.wait(delay)
                 self.wake.clear()
-                ceiling = self.cfg.backoff_max_s if self.busy else self.cfg.idle_backoff_max_s
+                if not self.busy:
+                    ceiling = cfg.idle_backoff_max_s
+                elif any(p.spec.urgent for p in self.table.values()):
+                    ceiling = cfg.urgent_backoff_max_s  # someone is blocked on us
+                else:
+                    ceiling = cfg.backoff_max_s
                 delay = min(delay * 2, ceiling)
         except BaseException as exc:  # never die silently: fail every op
             log.exception("rank %d: comm loop stopped by an error", self.rank)
@@ -242,13 +267,28 @@ class CommLoop:
         if not prologue:
             self._start(p)
             return
+        reqs = []
         for lop in prologue:
             if isinstance(lop, tuple):
                 dst, src = lop
-                req = ComputeRequest(ComputeKind.COPY, spec.dtype, dst, src, owner=p, token=-1)
+                reqs.append(ComputeRequest(ComputeKind.COPY, spec.dtype, dst, src, owner=p))
             else:
-                req = self._local_request(p, lop)
-            self.compute.put(req)
+                reqs.append(self._local_request(p, lop))
+        self._run_locals(reqs)
+
+    def _run_locals(self, reqs: list[ComputeRequest]) -> None:
+        """Run a prologue or epilogue in order: inline when small, else on the reducer."""
+        total = sum(r.dst.nbytes for r in reqs)
+        if self._execute is not None and total <= self.cfg.inline_compute_bytes:
+            for req in reqs:
+                try:
+                    self._execute(req)
+                except Exception as exc:  # handed to the op, as the reducer would
+                    req.error = exc
+                self.compute.done.append(req)
+        else:
+            for req in reqs:
+                self.compute.put(req)
 
     def _local_request(self, p: Payload, lop: LocalOp) -> ComputeRequest:
         d = lop.dst
@@ -289,8 +329,7 @@ class CommLoop:
             self._complete(p)
             return
         p.local_left = len(epilogue)
-        for lop in epilogue:
-            self.compute.put(self._local_request(p, lop))
+        self._run_locals([self._local_request(p, lop) for lop in epilogue])
 
     def _complete(self, p: Payload) -> None:
         p.state = OpState.DONE
@@ -612,19 +651,25 @@ class CommLoop:
         reg = seg.region
         dst = p.view(reg.buffer, reg.offset, reg.count)
         src = body.view(p.spec.dtype.numpy)
-        self.compute.put(
-            ComputeRequest(
-                _RECV_KIND[seg.action],
-                p.spec.dtype,
-                dst,
-                src,
-                op=p.spec.op,
-                weight=seg.weight,
-                owner=p,
-                token=q,
-                scratch=body,
-            )
+        req = ComputeRequest(
+            _RECV_KIND[seg.action],
+            p.spec.dtype,
+            dst,
+            src,
+            op=p.spec.op,
+            weight=seg.weight,
+            owner=p,
+            token=q,
+            scratch=body,
         )
+        if self._execute is not None and body.nbytes <= self.cfg.inline_compute_bytes:
+            try:
+                self._execute(req)
+            except Exception as exc:  # handed to the op, as the reducer would
+                req.error = exc
+            self.compute.done.append(req)  # finished like the reducer's: no recursion
+        else:
+            self.compute.put(req)
 
     def _applied(self, p: Payload, q: int) -> None:
         p.recvs_left -= 1
@@ -711,7 +756,9 @@ class CommLoop:
         if req.error is not None:
             self._fail(
                 p,
-                OpFailedError(f"{p.spec.describe()}: reduction failed on rank {self.rank}: {req.error}"),
+                OpFailedError(
+                    f"{p.spec.describe()}: reduction failed on rank {self.rank}: {req.error}"
+                ),
                 tell_peers=True,
             )
             return

@@ -142,8 +142,6 @@ class Payload:
         """World ranks this op still expects frames from, and still sends to."""
         plan = self.spec.plan
         grp = self.spec.group
-        recv_from = sorted(
-            {grp[r.peer] for q, r in enumerate(plan.recvs) if q not in self.arrived}
-        )
+        recv_from = sorted({grp[r.peer] for q, r in enumerate(plan.recvs) if q not in self.arrived})
         send_to = sorted({grp[plan.sends[i].peer] for i in self.ready})
         return recv_from, send_to

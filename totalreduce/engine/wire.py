@@ -176,7 +176,9 @@ def decode(buf: bytes | bytearray | memoryview, length: int, size: int, micro_by
     the largest inline body this rank accepts.
     """
     if length < HEADER_SIZE:
-        raise FrameError(f"malformed frame: {length} bytes, shorter than a {HEADER_SIZE}-byte header")
+        raise FrameError(
+            f"malformed frame: {length} bytes, shorter than a {HEADER_SIZE}-byte header"
+        )
     (
         magic,
         version,

@@ -19,9 +19,13 @@ from ..errors import InvalidArgumentError
 def _allreduce_algorithms() -> dict[str, tuple[AlgorithmCode, Callable[..., Schedule]]]:
     from ..algorithms import registry
 
-    return {
-        name: (AlgorithmCode[name.upper()], fn) for name, fn in registry.ALLREDUCE.items()
-    }
+    return {name: (AlgorithmCode[name.upper()], fn) for name, fn in registry.ALLREDUCE.items()}
+
+
+#: ``algorithm="auto"``: per rank count, rows (bytes limit, algorithm) in increasing
+#: limit; the algorithm of the first row whose limit exceeds the buffer is used.
+#: The figures behind these rows are in docs/algorithms.md.
+CROSSOVERS: dict[int, list[tuple[float, str]]] = {1: [(float("inf"), "ring")]}
 
 
 def choose_allreduce(algorithm: str, size: int, nbytes: int) -> str:
@@ -29,7 +33,7 @@ def choose_allreduce(algorithm: str, size: int, nbytes: int) -> str:
     from ..algorithms import registry
 
     if algorithm == "auto":
-        return registry.auto_allreduce(size, nbytes, registry.CROSSOVERS)
+        return registry.auto_allreduce(size, nbytes, CROSSOVERS)
     known = registry.ALLREDUCE
     if algorithm not in known:
         raise InvalidArgumentError(

@@ -43,7 +43,11 @@ class _NameState:
 
 def as_array(x: Any, what: str) -> np.ndarray:
     """A numpy view of ``x`` (array or buffer) after the checks every op needs."""
-    arr = x if isinstance(x, np.ndarray) else np.asarray(memoryview(x) if not hasattr(x, "__array__") else x)
+    arr = (
+        x
+        if isinstance(x, np.ndarray)
+        else np.asarray(memoryview(x) if not hasattr(x, "__array__") else x)
+    )
     if not arr.flags.c_contiguous:
         raise InvalidArgumentError(
             f"{what} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "
@@ -60,7 +64,7 @@ class Service:
     """One rank's totalreduce engine and its client API (see the module docstring)."""
 
     def __init__(self, transport: Transport, config: Config | None = None) -> None:
-        from .reducer import Reducer  # imports the Numba kernels: only when a service starts
+        from .reducer import Reducer, execute  # the Numba kernels: only when a service starts
 
         self.config = config or Config.load()
         self.transport = transport
@@ -76,7 +80,9 @@ class Service:
                 stall_warning_s=cfg.stall_warning_s,
                 backoff_max_s=cfg.backoff_max_s,
                 idle_backoff_max_s=cfg.idle_backoff_max_s,
+                inline_compute_bytes=cfg.inline_compute_bytes,
             ),
+            execute=execute,
         )
         self.reducer = Reducer(self.loop.compute, self.loop.notify)
         self._lock = threading.Lock()
@@ -135,7 +141,11 @@ class Service:
             st = self._names.get(name)
             if st is not None:
                 st.in_flight -= 1
-                if name.__class__ is str and str(name).startswith("__unnamed__.") and not st.in_flight:
+                if (
+                    name.__class__ is str
+                    and str(name).startswith("__unnamed__.")
+                    and not st.in_flight
+                ):
                     del self._names[name]
 
     def _output(self, x: np.ndarray, out: Any, what: str = "out") -> tuple[np.ndarray, bool]:
@@ -303,7 +313,14 @@ class Service:
             )
         empty = np.empty(0, dtype=np.int64)
         return self._submit(
-            OpKind.BARRIER, empty, empty, True, name, ReduceOp.SUM, priority, algorithm,
+            OpKind.BARRIER,
+            empty,
+            empty,
+            True,
+            name,
+            ReduceOp.SUM,
+            priority,
+            algorithm,
             result=None,
         )
 
@@ -330,9 +347,7 @@ class Service:
         self.loop.notify()
         self._comm_thread.join(timeout=10)
         if left:
-            err = TotalReduceError(
-                f"rank {self.rank}: shut down with ops in flight: {'; '.join(left)}"
-            )
+            err = TotalReduceError(f"shut down with ops in flight: {'; '.join(left)}")
             log.error("%s", err)
             self.loop._fail_all(err)
         self.loop.compute.close()

@@ -1,0 +1,129 @@
+"""Run under ``mpiexec -n P``: the engine over real MPI (launched by test_mpi.py).
+
+Modes:
+- ``random``: 50 ops per rank in a per-rank random order with random priorities,
+  delays, sizes (0 to several segments) and dtypes; exact results.
+- ``mismatch``: one rank submits a different count; every rank must report it.
+- ``timeout``: an op no peer submits; ``wait(timeout)`` must raise in time.
+- ``collectives``: broadcast from every root and barriers of both kinds.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import numpy as np
+
+import totalreduce as tr
+
+SEGMENT = 8192
+
+
+def data(k: int, count: int, dtype: str, rank: int, p: int) -> np.ndarray:
+    idx = np.arange(count, dtype=np.int64)
+    return ((idx * p + rank + k) % 1000).astype(dtype)
+
+
+def mode_random(p: int, rank: int) -> None:
+    rng = random.Random(7)
+    sizes = [0, 1, 3, p + 1, 1000, 3 * SEGMENT // 8 + 5, 4 * SEGMENT // 4 + 3]
+    table = [
+        (
+            rng.choice(sizes),
+            rng.choice(["int64", "int32", "float64"]),
+            rng.choice(["sum", "max", "min"]),
+        )
+        for _ in range(50)
+    ]
+    mine = random.Random(100 + rank)
+    order = list(range(len(table)))
+    mine.shuffle(order)
+    handles = {}
+    for k in order:
+        count, dtype, op = table[k]
+        x = data(k, count, dtype, rank, p)
+        handles[k] = tr.allreduce_async(x, name=f"g{k}", op=op, priority=mine.randrange(5))
+        if mine.random() < 0.2:
+            time.sleep(mine.random() * 0.003)
+    bad = 0
+    for k, (count, dtype, op) in enumerate(table):
+        got = handles[k].wait(timeout=60)
+        stack = np.stack([data(k, count, dtype, r, p) for r in range(p)])
+        want = {
+            "sum": stack.sum(axis=0, dtype=dtype),
+            "max": stack.max(axis=0),
+            "min": stack.min(axis=0),
+        }[op]
+        if not np.array_equal(got, want):
+            bad += 1
+            print(f"rank {rank}: WRONG g{k} {op} {dtype} n={count}", flush=True)
+    # the same names again: generation 1 must match generation 1 everywhere
+    again = [tr.allreduce_async(data(k, 5, "int64", rank, p), name=f"g{k}") for k in range(3)]
+    for k, h in enumerate(again):
+        want = np.stack([data(k, 5, "int64", r, p) for r in range(p)]).sum(axis=0)
+        bad += not np.array_equal(h.wait(timeout=60), want)
+    print(f"rank {rank}: RANDOM {'OK' if bad == 0 else 'FAILED'}", flush=True)
+
+
+def mode_mismatch(p: int, rank: int) -> None:
+    count = 13 if rank == 1 else 12
+    t0 = time.monotonic()
+    try:
+        tr.allreduce(np.ones(count, dtype=np.float32), name="layer.mismatch")
+        print(f"rank {rank}: NO ERROR", flush=True)
+    except tr.OpMismatchError as exc:
+        print(
+            f"rank {rank}: MISMATCH-REPORTED after {time.monotonic() - t0:.2f}s: {exc}", flush=True
+        )
+    # the service keeps working
+    out = tr.allreduce(np.full(4, rank, dtype=np.int64), name="after")
+    ok = np.array_equal(out, np.full(4, p * (p - 1) // 2))
+    print(f"rank {rank}: AFTER {'OK' if ok else 'FAILED'}", flush=True)
+
+
+def mode_timeout(p: int, rank: int) -> None:
+    if rank == 0:
+        h = tr.allreduce_async(np.ones(8), name="nobody.else")
+        t0 = time.monotonic()
+        try:
+            h.wait(timeout=0.5)
+            print("rank 0: NO TIMEOUT", flush=True)
+        except tr.OpTimeoutError as exc:
+            print(f"rank 0: TIMEOUT-RAISED after {time.monotonic() - t0:.2f}s: {exc}", flush=True)
+    tr.barrier()
+    print(f"rank {rank}: TIMEOUT-DONE", flush=True)
+    tr.shutdown(timeout=0.5)
+
+
+def mode_collectives(p: int, rank: int) -> None:
+    bad = 0
+    for root in range(p):
+        x = np.arange(5000, dtype=np.float64) * (root + 1) if rank == root else np.zeros(5000)
+        for algo in ("one_to_all", "pipelined"):
+            got = tr.broadcast(x, root=root, name=f"b{root}.{algo}", algorithm=algo)
+            bad += not np.array_equal(got, np.arange(5000, dtype=np.float64) * (root + 1))
+    tr.barrier(algorithm="all_to_all")
+    tr.barrier(algorithm="all_to_one")
+    y = np.full(7, float(rank))
+    tr.allreduce(y, out=y, op="avg")
+    bad += not np.allclose(y, (p - 1) / 2)
+    print(f"rank {rank}: COLLECTIVES {'OK' if bad == 0 else 'FAILED'}", flush=True)
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    tr.init(segment_bytes=SEGMENT, micro_bytes=1024, stall_warning_s=5)
+    p, rank = tr.size(), tr.rank()
+    {
+        "random": mode_random,
+        "mismatch": mode_mismatch,
+        "timeout": mode_timeout,
+        "collectives": mode_collectives,
+    }[mode](p, rank)
+    tr.shutdown()
+
+
+if __name__ == "__main__":
+    main()

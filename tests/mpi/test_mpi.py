@@ -1,0 +1,63 @@
+"""The engine under real MPI: ``mpiexec -n P`` launched from pytest, each with a timeout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+TIMEOUT = 90
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
+)
+
+
+def mpirun(n: int, *args: str, timeout: int = TIMEOUT) -> str:
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 10), PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        ["mpiexec", "-n", str(n), sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"mpiexec -n {n} {' '.join(args)} exited {proc.returncode}:\n{out}"
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_random_orders_over_mpi(n: int) -> None:
+    out = mpirun(n, str(HERE / "check_engine.py"), "random")
+    assert out.count("RANDOM OK") == n, out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_size_mismatch_reported_on_every_rank(n: int) -> None:
+    out = mpirun(n, str(HERE / "check_engine.py"), "mismatch")
+    assert out.count("MISMATCH-REPORTED") == n, out
+    assert out.count("AFTER OK") == n, out
+    lines = [ln for ln in out.splitlines() if "MISMATCH-REPORTED" in ln]
+    for ln in lines:
+        secs = float(ln.split("after ")[1].split("s:")[0])
+        assert secs < 5, ln
+        assert "layer.mismatch" in ln and "generation 0" in ln, ln
+        assert "count 12" in ln and "count 13" in ln, ln
+
+
+def test_timeout_over_mpi() -> None:
+    out = mpirun(2, str(HERE / "check_engine.py"), "timeout")
+    assert "TIMEOUT-RAISED" in out, out
+    assert out.count("TIMEOUT-DONE") == 2, out
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_broadcast_and_barriers_over_mpi(n: int) -> None:
+    out = mpirun(n, str(HERE / "check_engine.py"), "collectives")
+    assert out.count("COLLECTIVES OK") == n, out

@@ -1,0 +1,131 @@
+"""Errors a user gets: mismatches on every rank, timeouts, bad arguments, malformed frames."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import totalreduce as tr
+from conftest import local_services, run_ranks
+from totalreduce.engine import wire
+from totalreduce.service.config import Config
+from totalreduce.service.service import Service
+from totalreduce.transport.local import LocalWorld
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_count_mismatch_reported_on_every_rank(p: int) -> None:
+    def rank_main(svc):
+        n = 13 if svc.rank == 1 else 12
+        t0 = time.monotonic()
+        with pytest.raises(tr.OpMismatchError) as info:
+            svc.allreduce(np.ones(n, dtype=np.float32), name="conv2.grad")
+        after = svc.allreduce(np.full(3, svc.rank), name="next")
+        return str(info.value), time.monotonic() - t0, after
+
+    with local_services(p) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=30)
+    for msg, secs, after in results:
+        assert secs < 5
+        assert "'conv2.grad' generation 0" in msg
+        assert "count 12" in msg and "count 13" in msg
+        assert "rank 1" in msg
+        np.testing.assert_array_equal(after, np.full(3, p * (p - 1) // 2))
+
+
+def test_dtype_and_op_mismatch_named() -> None:
+    def rank_main(svc):
+        dtype = np.float64 if svc.rank == 0 else np.float32
+        with pytest.raises(tr.OpMismatchError) as a:
+            svc.allreduce(np.ones(4, dtype=dtype), name="d")
+        with pytest.raises(tr.OpMismatchError) as b:
+            svc.allreduce(np.ones(4), name="o", op="max" if svc.rank == 0 else "min")
+        return str(a.value), str(b.value)
+
+    with local_services(2) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=30)
+    for a, b in results:
+        assert "float64" in a and "float32" in a
+        assert "max" in b and "min" in b
+
+
+def test_wait_timeout_raises_and_op_stays_in_flight() -> None:
+    with local_services(2) as svcs:
+        h = svcs[0].allreduce_async(np.ones(3), name="late")
+        with pytest.raises(tr.OpTimeoutError, match="'late' generation 0"):
+            h.wait(timeout=0.2)
+        assert not h.done()
+        other = svcs[1].allreduce_async(np.ones(3), name="late")
+        np.testing.assert_array_equal(h.wait(timeout=10), np.full(3, 2.0))
+        np.testing.assert_array_equal(other.wait(timeout=10), np.full(3, 2.0))
+
+
+def test_invalid_arguments_raise_before_sending() -> None:
+    with local_services(1) as (svc,):
+        x = np.ones((4, 4))
+        with pytest.raises(tr.InvalidArgumentError, match="C-contiguous"):
+            svc.allreduce_async(x[:, 1])
+        with pytest.raises(tr.InvalidArgumentError, match="unsupported dtype"):
+            svc.allreduce_async(np.ones(3, dtype=np.complex64))
+        with pytest.raises(tr.InvalidArgumentError, match="out has"):
+            svc.allreduce_async(np.ones(3), out=np.ones(4))
+        with pytest.raises(tr.InvalidArgumentError, match="read-only"):
+            ro = np.ones(3)
+            ro.flags.writeable = False
+            svc.allreduce_async(np.ones(3), out=ro)
+        with pytest.raises(tr.InvalidArgumentError, match="reduce op"):
+            svc.allreduce_async(np.ones(3), op="prod")
+        with pytest.raises(tr.InvalidArgumentError, match="algorithm"):
+            svc.allreduce_async(np.ones(3), algorithm="magic")
+        with pytest.raises(tr.InvalidArgumentError, match="root"):
+            svc.broadcast_async(np.ones(3), root=3)
+        with pytest.raises(tr.InvalidArgumentError, match="overlaps"):
+            y = np.ones(10)
+            svc.allreduce_async(y[:5], out=y[2:7])
+        assert svc.loop.stats.frames_sent == 0
+
+
+def test_name_reused_in_flight_with_other_shape_refused() -> None:
+    with local_services(2) as svcs:
+        svcs[0].allreduce_async(np.ones(3), name="w")
+        with pytest.raises(tr.InvalidArgumentError, match="'w': generation 0 is still in flight"):
+            svcs[0].allreduce_async(np.ones(5), name="w")
+        svcs[1].allreduce(np.ones(3), name="w")
+
+
+def test_submit_after_shutdown() -> None:
+    with local_services(1) as (svc,):
+        svc.shutdown()
+        with pytest.raises(tr.NotInitializedError):
+            svc.allreduce_async(np.ones(2))
+
+
+def test_p1_works() -> None:
+    with local_services(1) as (svc,):
+        x = np.arange(10.0)
+        np.testing.assert_array_equal(svc.allreduce(x, op="avg"), x)
+        np.testing.assert_array_equal(svc.broadcast(x), x)
+        svc.barrier()
+        y = x.copy()
+        assert svc.allreduce(y, out=y) is not None
+        np.testing.assert_array_equal(y, x)
+
+
+def test_malformed_frame_is_an_error_not_a_crash() -> None:
+    world = LocalWorld(2)
+    svc = Service(world.transport(0), Config.load(env={}))
+    rogue = world.transport(1)
+    try:
+        garbage = np.frombuffer(b"\x00garbage" * 12, dtype=np.uint8).copy()
+        rogue.isend(garbage, 0, wire.HEADER_TAG)
+        deadline = time.monotonic() + 5
+        while 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        h = svc.allreduce_async(np.ones(4), name="x")
+        with pytest.raises(tr.FrameError, match="frame from rank 1 rejected.*bad magic"):
+            h.wait(timeout=5)
+        assert svc.loop.fatal is None  # the comm thread lives on
+    finally:
+        svc.shutdown(timeout=1)

@@ -1,0 +1,64 @@
+"""The ``totalreduce`` command: ``demo``, ``bench``, ``topology``, ``info``.
+
+``demo`` and ``bench`` run under ``mpiexec`` (``mpiexec -n 4 totalreduce demo``);
+``topology`` and ``info`` run anywhere.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: totalreduce COMMAND [ARGS]
+
+commands:
+  demo       per-layer gradients in different orders with priorities (under mpiexec)
+  bench      allreduce busbw against MPI Allreduce, idle CPU (under mpiexec)
+  topology   print a topology's mixing matrix and rho, optionally draw it
+  info       versions, MPI library and thread level, configuration
+"""
+
+
+def _info(argv: list[str]) -> int:
+    import numba
+    import numpy
+
+    import totalreduce
+    from totalreduce.service.config import Config
+
+    print(f"totalreduce {totalreduce.__version__}")
+    print(f"python {sys.version.split()[0]}, numpy {numpy.__version__}, numba {numba.__version__}")
+    try:
+        import mpi4py
+        from mpi4py import MPI
+
+        lib = MPI.Get_library_version().splitlines()[0].strip()
+        print(f"mpi4py {mpi4py.__version__}: {lib}; thread level {MPI.Query_thread()}")
+    except Exception as exc:  # info must print what it can
+        print(f"mpi4py: unavailable ({exc})")
+    for k, v in Config.load().__dict__.items():
+        print(f"  {k} = {v}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    cmd, rest = args[0], args[1:]
+    if cmd == "demo":
+        from .demo import main as run
+    elif cmd == "bench":
+        from .bench import main as run
+    elif cmd == "topology":
+        from .topology.cli import main as run
+    elif cmd == "info":
+        run = _info
+    else:
+        print(f"totalreduce: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    return int(run(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
