@@ -15,7 +15,9 @@ from totalreduce.transport.local import LocalWorld
 
 
 @contextmanager
-def local_services(size: int, *, jitter: float = 0.0, seed: int = 0, **options: Any) -> Iterator[list[Service]]:
+def local_services(
+    size: int, *, jitter: float = 0.0, seed: int = 0, **options: Any
+) -> Iterator[list[Service]]:
     """``size`` services connected by a local world; shut down on exit."""
     world = LocalWorld(size, jitter=jitter, seed=seed)
     config = Config.load(env={}, **options)
@@ -27,7 +29,9 @@ def local_services(size: int, *, jitter: float = 0.0, seed: int = 0, **options: 
             s.shutdown(timeout=5)
 
 
-def run_ranks(services: list[Service], fn: Callable[[Service], Any], timeout: float = 120) -> list[Any]:
+def run_ranks(
+    services: list[Service], fn: Callable[[Service], Any], timeout: float = 120
+) -> list[Any]:
     """Run ``fn(service)`` for every rank in its own thread; return results, re-raise errors."""
     results: list[Any] = [None] * len(services)
     errors: list[BaseException | None] = [None] * len(services)

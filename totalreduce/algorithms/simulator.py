@@ -69,7 +69,9 @@ def simulate(
     reduce = _REDUCERS[op]
     for r, s in enumerate(schedules):
         if s.rank != r or s.size != size:
-            raise ScheduleError(f"schedule {r} is for rank {s.rank} of {s.size}, expected {r}/{size}")
+            raise ScheduleError(
+                f"schedule {r} is for rank {s.rank} of {s.size}, expected {r}/{size}"
+            )
         s.validate()
     bufs: list[dict[Buffer, np.ndarray]] = []
     for r, s in enumerate(schedules):

@@ -162,7 +162,9 @@ class LocalTransport:
 
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> Any:
         if not 0 <= dest < self.size:
-            raise TransportError(f"rank {self.rank} sends to rank {dest} outside 0..{self.size - 1}")
+            raise TransportError(
+                f"rank {self.rank} sends to rank {dest} outside 0..{self.size - 1}"
+            )
         req = _Send(self.rank, tag, self._bytes(buf))
         self.world.send(dest, req)
         return req
