@@ -49,8 +49,18 @@ from .schedule import (
 )
 
 
-def reduce_scatter_ring(rank: int, size: int, count: int, *, average: bool = False) -> Schedule:
+def reduce_scatter_ring(
+    rank: int,
+    size: int,
+    count: int,
+    *,
+    average: bool = False,
+    counts: Sequence[int] | None = None,
+) -> Schedule:
     """Ring reduce-scatter: ``count`` elements in, ``balanced_parts(count, size)[rank]`` out.
+
+    ``counts`` (one per rank, summing to ``count``) cuts the parts explicitly,
+    e.g. whole rows of a tensor split along one dimension.
 
     >>> s = reduce_scatter_ring(1, 3, 10)
     >>> s.out_count, len(s.steps)
@@ -58,7 +68,14 @@ def reduce_scatter_ring(rank: int, size: int, count: int, *, average: bool = Fal
     """
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} outside 0..{size - 1}")
-    parts = balanced_parts(count, size)
+    if counts is None:
+        parts = balanced_parts(count, size)
+    else:
+        if len(counts) != size or sum(counts) != count or any(n < 0 for n in counts):
+            raise ValueError(
+                f"reduce-scatter counts {list(counts)} must be {size} values >= 0 summing to {count}"
+            )
+        parts = [(sum(counts[:p]), counts[p]) for p in range(size)]
     right, left = (rank + 1) % size, (rank - 1) % size
 
     def part(p: int) -> Region:

@@ -55,6 +55,7 @@ class LocalKind(enum.IntEnum):
     COPY = 1  # dst = src
     SCALE = 2  # dst = weight * src   (src may be dst)
     AVERAGE = 3  # dst = dst / divisor (floor division on integers)
+    ACCUMULATE = 4  # dst = dst + weight * src
 
 
 COMMUTATIVE = frozenset({Action.REDUCE, Action.ACCUMULATE})

@@ -42,6 +42,9 @@ def _local(op: LocalOp, bufs: dict[Buffer, np.ndarray]) -> None:
     elif op.kind is LocalKind.SCALE:
         src = dst if op.src is None else bufs[op.src.buffer][op.src.offset : op.src.end]
         dst[...] = src * op.weight
+    elif op.kind is LocalKind.ACCUMULATE:
+        assert op.src is not None
+        dst[...] = dst + op.weight * bufs[op.src.buffer][op.src.offset : op.src.end]
     elif op.kind is LocalKind.AVERAGE:
         if np.issubdtype(dst.dtype, np.integer):
             dst //= op.divisor

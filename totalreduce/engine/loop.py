@@ -51,6 +51,7 @@ _LOCAL_KIND = {
     LocalKind.COPY: ComputeKind.COPY,
     LocalKind.SCALE: ComputeKind.SCALE,
     LocalKind.AVERAGE: ComputeKind.AVERAGE,
+    LocalKind.ACCUMULATE: ComputeKind.ACCUMULATE,
 }
 _RECV_KIND = {
     Action.COPY: ComputeKind.COPY,
