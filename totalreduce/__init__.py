@@ -15,17 +15,27 @@ does the arithmetic; the training loop polls or waits only for what it needs.
 from __future__ import annotations
 
 from .api import (
+    allgather,
+    allgather_async,
     allreduce,
     allreduce_async,
     barrier,
     barrier_async,
     broadcast,
     broadcast_async,
+    default_service,
+    hierarchical_neighbor_allreduce,
+    hierarchical_neighbor_allreduce_async,
     init,
     is_initialized,
+    neighbor_allgather,
+    neighbor_allgather_async,
+    neighbor_allreduce,
+    neighbor_allreduce_async,
     poll,
     rank,
-    default_service,
+    reduce_scatter,
+    reduce_scatter_async,
     shutdown,
     size,
     synchronize,
@@ -40,6 +50,7 @@ from .errors import (
     TotalReduceError,
     TransportError,
 )
+from .group import Group, Partition
 from .service.config import Config
 from .service.handle import Handle
 from .service.service import Service
@@ -48,6 +59,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Config",
+    "Group",
+    "Partition",
+    "allgather",
+    "allgather_async",
+    "hierarchical_neighbor_allreduce",
+    "hierarchical_neighbor_allreduce_async",
+    "neighbor_allgather",
+    "neighbor_allgather_async",
+    "neighbor_allreduce",
+    "neighbor_allreduce_async",
+    "reduce_scatter",
+    "reduce_scatter_async",
     "FrameError",
     "Handle",
     "InvalidArgumentError",

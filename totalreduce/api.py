@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .errors import NotInitializedError
+from .group import Group
 from .service.config import Config
 from .service.handle import Handle
 from .service.service import Service
@@ -74,9 +75,11 @@ def allreduce_async(
     out: Any = None,
     priority: int = 0,
     algorithm: str | None = None,
+    group: Group | None = None,
+    dtype: str | None = None,
 ) -> Handle:
     """Start an allreduce of ``x``; see :meth:`Service.allreduce_async`."""
-    return default_service().allreduce_async(x, name, op, out, priority, algorithm)
+    return default_service().allreduce_async(x, name, op, out, priority, algorithm, group, dtype)
 
 
 def allreduce(
@@ -86,9 +89,11 @@ def allreduce(
     out: Any = None,
     priority: int = 0,
     algorithm: str | None = None,
+    group: Group | None = None,
+    dtype: str | None = None,
 ) -> np.ndarray:
     """Reduce ``x`` across ranks and return the result (blocking)."""
-    return default_service().allreduce(x, name, op, out, priority, algorithm)
+    return default_service().allreduce(x, name, op, out, priority, algorithm, group, dtype)
 
 
 def broadcast_async(
@@ -98,9 +103,11 @@ def broadcast_async(
     out: Any = None,
     priority: int = 0,
     algorithm: str = "one_to_all",
+    group: Group | None = None,
+    dtype: str | None = None,
 ) -> Handle:
     """Start a broadcast from ``root``; see :meth:`Service.broadcast_async`."""
-    return default_service().broadcast_async(x, root, name, out, priority, algorithm)
+    return default_service().broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
 
 
 def broadcast(
@@ -110,19 +117,79 @@ def broadcast(
     out: Any = None,
     priority: int = 0,
     algorithm: str = "one_to_all",
+    group: Group | None = None,
+    dtype: str | None = None,
 ) -> np.ndarray:
     """Return rank ``root``'s ``x`` on every rank (blocking)."""
-    return default_service().broadcast(x, root, name, out, priority, algorithm)
+    return default_service().broadcast(x, root, name, out, priority, algorithm, group, dtype)
 
 
-def barrier_async(name: str | int | None = None, algorithm: str = "all_to_all") -> Handle:
+def barrier_async(
+    name: str | int | None = None, algorithm: str = "all_to_all", group: Group | None = None
+) -> Handle:
     """Start a barrier."""
-    return default_service().barrier_async(name, algorithm=algorithm)
+    return default_service().barrier_async(name, algorithm=algorithm, group=group)
 
 
-def barrier(name: str | int | None = None, algorithm: str = "all_to_all") -> None:
-    """Return once every rank has entered the barrier."""
-    default_service().barrier(name, algorithm=algorithm)
+def barrier(
+    name: str | int | None = None, algorithm: str = "all_to_all", group: Group | None = None
+) -> None:
+    """Return once every rank (of ``group``) has entered the barrier."""
+    default_service().barrier(name, algorithm=algorithm, group=group)
+
+
+def reduce_scatter_async(
+    x: Any, name: str | int | None = None, op: str = "sum", **kw: Any
+) -> Handle:
+    """Start a reduce-scatter; see :meth:`Service.reduce_scatter_async` (``partition``, ``axes``)."""
+    return default_service().reduce_scatter_async(x, name, op, **kw)
+
+
+def reduce_scatter(x: Any, name: str | int | None = None, op: str = "sum", **kw: Any) -> np.ndarray:
+    """This rank's balanced part of the sum of every rank's ``x`` (a new array)."""
+    return default_service().reduce_scatter(x, name, op, **kw)
+
+
+def allgather_async(x: Any, name: str | int | None = None, **kw: Any) -> Handle:
+    """Start an all-gather; see :meth:`Service.allgather_async`."""
+    return default_service().allgather_async(x, name, **kw)
+
+
+def allgather(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
+    """Every rank's ``x`` concatenated in rank order (parts may differ in length)."""
+    return default_service().allgather(x, name, **kw)
+
+
+def neighbor_allreduce_async(x: Any, name: str | int | None = None, **kw: Any) -> Handle:
+    """Start neighbor averaging; see :meth:`Service.neighbor_allreduce_async`."""
+    return default_service().neighbor_allreduce_async(x, name, **kw)
+
+
+def neighbor_allreduce(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
+    """``x`` averaged with this rank's neighbors on a topology (blocking)."""
+    return default_service().neighbor_allreduce(x, name, **kw)
+
+
+def neighbor_allgather_async(x: Any, name: str | int | None = None, **kw: Any) -> Handle:
+    """Start a neighbor all-gather; see :meth:`Service.neighbor_allgather_async`."""
+    return default_service().neighbor_allgather_async(x, name, **kw)
+
+
+def neighbor_allgather(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
+    """The ``x`` of every in-neighbor, stacked in ascending rank order (blocking)."""
+    return default_service().neighbor_allgather(x, name, **kw)
+
+
+def hierarchical_neighbor_allreduce_async(
+    x: Any, name: str | int | None = None, **kw: Any
+) -> Handle:
+    """Start node-then-neighbor-nodes averaging; see the Service method."""
+    return default_service().hierarchical_neighbor_allreduce_async(x, name, **kw)
+
+
+def hierarchical_neighbor_allreduce(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
+    """Average within the node, then with neighbor nodes (blocking)."""
+    return default_service().hierarchical_neighbor_allreduce(x, name, **kw)
 
 
 def poll(handle: Handle) -> bool:

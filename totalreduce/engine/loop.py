@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.schedule import Action, Buffer, LocalKind, LocalOp
+from ..dtypes import DType, ReduceOp
 from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
 from ..transport.base import ANY_SOURCE, Transport
 from . import wire
@@ -125,12 +126,16 @@ class CommLoop:
         self.size = transport.size
         self.cfg = config or LoopConfig()
         self.submissions: deque[OpSpec] = deque()
+        self.controls: deque[tuple[OpKey, str, str]] = deque()  # aborts asked by clients
         self.compute = ComputeList()
         self.wake = threading.Event()
         self.pool = BufferPool(self.cfg.floating_pool_bytes)
         self.floating = FloatingList(self.pool)
         self.table: dict[OpKey, Payload] = {}
         self.failed: dict[OpKey, str] = {}
+        # Ops finished here, remembered for a while: a frame for one of them
+        # means a peer disagrees about the op (it expects data we never send).
+        self.completed: dict[OpKey, str] = {}
         self.sendable: set[Payload] = set()
         self.stats = LoopStats()
         self._seq = 0
@@ -203,7 +208,20 @@ class CommLoop:
         self.stats.passes += 1
         progressed = False
         while self.submissions:
-            self._activate(self.submissions.popleft())
+            spec = self.submissions.popleft()
+            try:
+                self._activate(spec)
+            except Exception as exc:  # one bad op must not stop the loop
+                log.exception("rank %d: activating %s failed", self.rank, spec.describe())
+                p = self.table.get(spec.key)
+                err = OpFailedError(f"{spec.describe()}: rank {self.rank} could not start it: {exc}")
+                if p is not None and p.spec is spec:
+                    self._fail(p, err, tell_peers=True)
+                else:
+                    self._finish_spec(spec, err)
+            progressed = True
+        while self.controls:
+            self._abort(*self.controls.popleft())
             progressed = True
         done = self.compute.done
         while done:
@@ -243,8 +261,7 @@ class CommLoop:
         dtype = spec.dtype.numpy
         inbuf = spec.inbuf
         bufs = {Buffer.INPUT: inbuf, Buffer.OUTPUT: spec.outbuf}
-        if s.work_count:
-            bufs[Buffer.WORK] = np.empty(s.work_count, dtype=dtype)
+        bufs[Buffer.WORK] = np.empty(s.work_count, dtype=dtype)
         prologue: list[LocalOp | tuple[np.ndarray, np.ndarray]] = list(s.prologue)
         if spec.in_place and s.reads_input:
             private = np.empty_like(inbuf)
@@ -333,6 +350,9 @@ class CommLoop:
         self._run_locals([self._local_request(p, lop) for lop in epilogue])
 
     def _complete(self, p: Payload) -> None:
+        self.completed[p.key] = p.spec.describe()
+        if len(self.completed) > 4096:
+            self.completed.pop(next(iter(self.completed)))
         p.state = OpState.DONE
         self.table.pop(p.key, None)
         self.sendable.discard(p)
@@ -377,18 +397,55 @@ class CommLoop:
             self._finish_spec(self.submissions.popleft(), error)
 
     def _send_error(self, p: Payload, message: str, code: int) -> None:
+        for world in p.spec.group:
+            if world != self.rank:
+                self._error_frame(p.key, world, message, code)
+
+    def _error_frame(self, key: OpKey, dest: int, message: str, code: int) -> None:
+        """Tell rank ``dest`` that op ``key`` failed (an inline ERROR frame)."""
         body = message.encode()[: self.cfg.micro_bytes]
-        spec = p.spec
-        for world in spec.group:
-            if world == self.rank:
-                continue
-            h = self._header(p, FrameType.ERROR, step=0, segment=0, nbytes=len(body), tag=0)
-            h = dataclasses.replace(h, param=code)
-            msg = np.empty(wire.HEADER_SIZE + len(body), dtype=np.uint8)
-            wire.encode(h, memoryview(msg))
-            msg[wire.HEADER_SIZE :] = np.frombuffer(body, dtype=np.uint8)
-            req = self.t.isend(msg, world, wire.HEADER_TAG)
-            self._track(req, ("ctl", msg))
+        h = Header(
+            frame_type=FrameType.ERROR,
+            dtype=DType.INT64,
+            kind=wire.OpKind.ALLREDUCE,
+            algorithm=wire.AlgorithmCode.NONE,
+            op=ReduceOp.SUM,
+            flags=wire.FLAG_INLINE,
+            sender=self.rank,
+            body_tag=0,
+            wire_id=key[0],
+            generation=key[1],
+            step=0,
+            segment=0,
+            nbytes=len(body),
+            count=0,
+            param=code,
+            context=0,
+        )
+        msg = np.empty(wire.HEADER_SIZE + len(body), dtype=np.uint8)
+        wire.encode(h, memoryview(msg))
+        msg[wire.HEADER_SIZE :] = np.frombuffer(body, dtype=np.uint8)
+        self._track(self.t.isend(msg, dest, wire.HEADER_TAG), ("ctl", msg))
+
+    def request_abort(self, key: OpKey, name: str, reason: str) -> None:
+        """Fail an op here and on every rank, submitted or not (any thread)."""
+        self.controls.append((key, name, reason))
+        self.wake.set()
+
+    def _abort(self, key: OpKey, name: str, reason: str) -> None:
+        err = OpFailedError(reason)
+        p = self.table.get(key)
+        if p is not None:
+            self._fail(p, err, tell_peers=True)
+            return
+        # Not submitted here (yet): remember, and tell every rank.
+        for f in self.floating.take(key):
+            self.pool.give(f.body)
+        self.floating.add_error(key, reason, ERROR_FAILED)
+        for world in range(self.size):
+            if world != self.rank:
+                self._error_frame(key, world, reason, ERROR_FAILED)
+        log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)
 
     def fail_op(self, key: OpKey, error: BaseException) -> None:
         """Fail an op from the comm thread (e.g. its waiter gave up); tells the peers."""
@@ -551,6 +608,18 @@ class CommLoop:
             if key in self.failed:
                 self._receive_discard(h, inline)
                 return True
+            if key in self.completed:
+                what = self.completed[key]
+                kind = "receives from" if h.step == 0 and h.nbytes == 0 else "sends to"
+                msg = (
+                    f"{what}: rank {h.sender} {kind} rank {self.rank} at step {h.step}, but rank "
+                    f"{self.rank} finished the op without that exchange (the ranks disagree on "
+                    "the op's pattern: topology, weights, group or algorithm)"
+                )
+                log.error("rank %d: %s", self.rank, msg)
+                self._error_frame(key, h.sender, msg, ERROR_MISMATCH)
+                self._receive_discard(h, inline)
+                return True
             if inline is not None:
                 body = self.pool.take(h.nbytes)
                 body[:] = inline
@@ -606,15 +675,26 @@ class CommLoop:
         peer = p.group_rank.get(h.sender)
         q = None if peer is None else p.spec.plan.recv_index.get((h.step, peer, h.segment))
         if q is None or q in p.arrived:
-            self._fail(
-                p,
-                OpMismatchError(
+            if p.spec.algorithm is wire.AlgorithmCode.NEIGHBOR and q is None and h.step == 0:
+                # The announce step: the sender expects data this rank does not send.
+                why = (
+                    f"{p.spec.describe()}: rank {h.sender} receives from rank {self.rank}, but "
+                    f"rank {self.rank} does not send to rank {h.sender} (check the topology or "
+                    "src_weights / dst_weights)"
+                )
+            elif p.spec.algorithm is wire.AlgorithmCode.NEIGHBOR and q is None:
+                why = (
+                    f"{p.spec.describe()}: rank {h.sender} sends to rank {self.rank}, but "
+                    f"rank {self.rank} does not receive from rank {h.sender} (check the topology "
+                    "or src_weights / dst_weights)"
+                )
+            else:
+                why = (
                     f"{p.spec.describe()}: rank {self.rank} got an unexpected frame from rank "
                     f"{h.sender} for step {h.step} segment {h.segment} (do the ranks use the "
                     "same algorithm, group and segment_bytes?)"
-                ),
-                tell_peers=True,
-            )
+                )
+            self._fail(p, OpMismatchError(why), tell_peers=True)
             return None
         want = p.spec.plan.recvs[q].region.count * p.spec.dtype.itemsize
         if h.nbytes != want:

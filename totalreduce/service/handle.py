@@ -27,7 +27,17 @@ class Handle:
     >>> grad_avg = h.wait()                                        # doctest: +SKIP
     """
 
-    __slots__ = ("name", "generation", "_event", "_error", "_result", "_spec", "_wake", "_then")
+    __slots__ = (
+        "name",
+        "generation",
+        "_event",
+        "_error",
+        "_result",
+        "_finalize",
+        "_spec",
+        "_wake",
+        "_then",
+    )
 
     def __init__(
         self,
@@ -35,12 +45,17 @@ class Handle:
         generation: int,
         result: Any,
         wake: Callable[[], None] | None = None,
+        finalize: Callable[[], Any] | None = None,
     ) -> None:
         self.name = name
         self.generation = generation
         self._event = threading.Event()
         self._error: BaseException | None = None
         self._result = result
+        # Shapes the raw output into the caller's result on first use (e.g.
+        # moves a split dimension back into place): done by the waiter, not
+        # the comm thread.
+        self._finalize = finalize
         self._spec: OpSpec | None = None
         self._wake = wake
         self._then: list[Callable[[Handle], None]] = []
@@ -86,6 +101,9 @@ class Handle:
                 )
         if self._error is not None:
             raise self._error
+        if self._finalize is not None:
+            self._result = self._finalize()
+            self._finalize = None
         return self._result
 
     def __repr__(self) -> str:

@@ -50,10 +50,9 @@ def compile_op(
     size: int,
     count: int,
     average: bool,
-    segment_elems: int,
     options: tuple[tuple[str, Any], ...] = (),
-) -> tuple[AlgorithmCode, Schedule, SegmentPlan]:
-    """Build (and cache) the schedule and segment plan of an op on this rank."""
+) -> tuple[AlgorithmCode, Schedule]:
+    """Build (and cache) the schedule of an op for group rank ``rank`` of ``size``."""
     opts = dict(options)
     if kind is OpKind.ALLREDUCE:
         code, fn = _allreduce_algorithms()[algorithm]
@@ -76,7 +75,36 @@ def compile_op(
         else:
             code = AlgorithmCode.ALL_TO_ALL
             sched = barrier.barrier_all_to_all(rank, size)
+    elif kind is OpKind.REDUCE_SCATTER:
+        from ..algorithms.reduce_scatter import reduce_scatter_ring
+
+        code = AlgorithmCode.RING
+        sched = reduce_scatter_ring(rank, size, count, average=average, **opts)
+    elif kind is OpKind.ALLGATHER:
+        from ..algorithms.reduce_scatter import allgather_ring
+
+        code = AlgorithmCode.RING
+        sched = allgather_ring(rank, size, opts["counts"])
+    elif kind is OpKind.PAIRWISE_EXCHANGE:
+        from ..algorithms.pairwise_exchange import pairwise_exchange
+
+        code = AlgorithmCode.PAIRWISE
+        sched = pairwise_exchange(rank, size, count, **opts)
     else:
         raise InvalidArgumentError(f"no schedule for op kind {kind.name.lower()}")
     sched.validate()
-    return code, sched, plan_segments(sched, segment_elems)
+    return code, sched
+
+
+@functools.lru_cache(maxsize=256)
+def cached_edge(rank: int, size: int, count: int, weight: float) -> Schedule:
+    """Decent-DP edge averaging schedules, cached (a training loop repeats them)."""
+    from ..algorithms.neighbor import edge_average
+
+    return edge_average(rank, size, count, weight=weight)
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_for(schedule: Schedule, segment_elems: int) -> SegmentPlan:
+    """The segment plan of a schedule, cached (schedules are hashable values)."""
+    return plan_segments(schedule, segment_elems)
