@@ -112,16 +112,81 @@ def mode_collectives(p: int, rank: int) -> None:
     print(f"rank {rank}: COLLECTIVES {'OK' if bad == 0 else 'FAILED'}", flush=True)
 
 
+def mode_algorithms(p: int, rank: int) -> None:
+    bad = 0
+    hs = {}
+    for algo in ("ring", "ring_chunked", "halving_doubling", "bcube", "auto"):
+        for n in (0, 1, p + 1, 1000, 20011):
+            x = np.arange(n, dtype=np.int64) * p + rank
+            hs[algo, n] = tr.allreduce_async(x, name=f"{algo}.{n}", algorithm=algo)
+    for (algo, n), h in hs.items():
+        want = np.arange(n, dtype=np.int64) * p * p + p * (p - 1) // 2
+        if not np.array_equal(h.wait(timeout=60), want):
+            bad += 1
+            print(f"rank {rank}: WRONG {algo} n={n}", flush=True)
+    print(f"rank {rank}: ALGORITHMS {'OK' if bad == 0 else 'FAILED'}", flush=True)
+
+
+def mode_rs_ag(p: int, rank: int) -> None:
+    bad = 0
+    for n in (0, 1, p + 1, 5000):
+        x = np.arange(n, dtype=np.float64) + rank
+        part = tr.reduce_scatter(x, name=f"rs{n}")
+        total = np.arange(n, dtype=np.float64) * p + p * (p - 1) / 2
+        bad += not np.array_equal(part, np.array_split(total, p)[rank])
+        back = tr.allgather(part, name=f"ag{n}")
+        bad += not np.array_equal(back, total)
+    shape = (2, p // 2) if p % 2 == 0 else (p,)
+    partition = tr.Partition(shape)
+    axis = len(shape) - 1
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((4, 3 * shape[-1] + 1) if axis == 1 else (3 * shape[-1] + 1, 4))
+    fx = tr.reduce_scatter(x, name="F", partition=partition, axes=(axis,))
+    y = rng.standard_normal(fx.shape)
+    fty = tr.allgather(y, name="Ft", partition=partition, axes=(axis,))
+    sums = tr.allreduce(np.array([np.vdot(fx, y), np.vdot(x, fty)]), name="dots")
+    bad += not abs(sums[0] - sums[1]) <= 1e-12 * max(1.0, abs(sums[0]))
+    print(f"rank {rank}: RSAG {'OK' if bad == 0 else 'FAILED'}", flush=True)
+
+
+def mode_neighbor(p: int, rank: int) -> None:
+    from totalreduce.topology import get_topology, mixing_matrix
+
+    bad = 0
+    X = np.random.default_rng(0).standard_normal((p, 40))
+    for name in ("exponential-2", "ring-graph", "exp", "ring", "complete"):
+        topo = get_topology(name, p)
+        for step in range(2):
+            got = tr.neighbor_allreduce(X[rank], name=f"n.{name}", topology=name)
+            want = (mixing_matrix(topo, step) @ X)[rank]
+            if not np.allclose(got, want, atol=1e-12):
+                bad += 1
+                print(f"rank {rank}: WRONG {name} step {step}", flush=True)
+    h = tr.hierarchical_neighbor_allreduce(
+        X[rank], name="hier", topology="exponential-2", local_size=2
+    )
+    nodes = X.reshape(p // 2, 2, -1).mean(axis=1)
+    want = (mixing_matrix(get_topology("exponential-2", p // 2), 0) @ nodes)[rank // 2]
+    bad += not np.allclose(h, want, atol=1e-12)
+    got = tr.neighbor_allgather(np.full(3, float(rank)), name="nag", topology="ring-graph")
+    bad += not np.array_equal(got[:, 0], sorted({(rank - 1) % p, (rank + 1) % p}))
+    print(f"rank {rank}: NEIGHBOR {'OK' if bad == 0 else 'FAILED'}", flush=True)
+
+
 def main() -> None:
     mode = sys.argv[1]
     tr.init(segment_bytes=SEGMENT, micro_bytes=1024, stall_warning_s=5)
     p, rank = tr.size(), tr.rank()
-    {
+    modes = {
         "random": mode_random,
         "mismatch": mode_mismatch,
         "timeout": mode_timeout,
         "collectives": mode_collectives,
-    }[mode](p, rank)
+        "algorithms": mode_algorithms,
+        "rs_ag": mode_rs_ag,
+        "neighbor": mode_neighbor,
+    }
+    modes[mode](p, rank)
     tr.shutdown()
 
 

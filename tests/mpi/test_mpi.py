@@ -61,3 +61,21 @@ def test_timeout_over_mpi() -> None:
 def test_broadcast_and_barriers_over_mpi(n: int) -> None:
     out = mpirun(n, str(HERE / "check_engine.py"), "collectives")
     assert out.count("COLLECTIVES OK") == n, out
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_every_allreduce_algorithm_over_mpi(n: int) -> None:
+    out = mpirun(n, str(HERE / "check_engine.py"), "algorithms")
+    assert out.count("ALGORITHMS OK") == n, out
+
+
+@pytest.mark.parametrize("n", [2, 4, 5])
+def test_reduce_scatter_allgather_over_mpi(n: int) -> None:
+    out = mpirun(n, str(HERE / "check_engine.py"), "rs_ag")
+    assert out.count("RSAG OK") == n, out
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_neighbor_averaging_over_mpi(n: int) -> None:
+    out = mpirun(n, str(HERE / "check_engine.py"), "neighbor")
+    assert out.count("NEIGHBOR OK") == n, out
