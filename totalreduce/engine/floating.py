@@ -31,6 +31,9 @@ class BufferPool:
         self.floating_bytes = 0
         self._free: dict[int, list[np.ndarray]] = defaultdict(list)
         self._keep = keep_per_class
+        self._work: dict[int, list[np.ndarray]] = {}
+        self._work_bytes = 0
+        self.work_cache_bytes = 512 << 20
 
     @staticmethod
     def _class(nbytes: int) -> int:
@@ -49,6 +52,31 @@ class BufferPool:
             free = self._free[base.size]
             if len(free) < self._keep and base.size == self._class(base.size):
                 free.append(base)
+
+    def take_work(self, nbytes: int) -> np.ndarray:
+        """A scratch array for a schedule's WORK buffer, reused across ops of similar size.
+
+        Reuse matters for big ops: a fresh 64 MiB array costs thousands of page
+        faults on first touch.  At most ``work_cache_bytes`` are kept.
+        """
+        c = self._class(nbytes)
+        free = self._work.get(c)
+        if free:
+            base = free.pop()
+            self._work_bytes -= c
+        else:
+            base = np.empty(c, dtype=np.uint8)
+        return base[:nbytes]
+
+    def give_work(self, buf: np.ndarray) -> None:
+        base = buf.base if buf.base is not None else buf
+        if not isinstance(base, np.ndarray) or base.dtype != np.uint8 or base.ndim != 1:
+            return
+        c = base.size
+        if c != self._class(c) or self._work_bytes + c > self.work_cache_bytes:
+            return
+        self._work.setdefault(c, []).append(base)
+        self._work_bytes += c
 
     def can_float(self, nbytes: int) -> bool:
         return self.floating_bytes + nbytes <= self.floating_limit or self.floating_bytes == 0

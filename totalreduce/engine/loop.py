@@ -261,7 +261,7 @@ class CommLoop:
         dtype = spec.dtype.numpy
         inbuf = spec.inbuf
         bufs = {Buffer.INPUT: inbuf, Buffer.OUTPUT: spec.outbuf}
-        bufs[Buffer.WORK] = np.empty(s.work_count, dtype=dtype)
+        bufs[Buffer.WORK] = self.pool.take_work(s.work_count * spec.dtype.itemsize).view(dtype)
         prologue: list[LocalOp | tuple[np.ndarray, np.ndarray]] = list(s.prologue)
         if spec.in_place and s.reads_input:
             private = np.empty_like(inbuf)
@@ -349,7 +349,14 @@ class CommLoop:
         p.local_left = len(epilogue)
         self._run_locals([self._local_request(p, lop) for lop in epilogue])
 
+    def _release_work(self, p: Payload) -> None:
+        work = p.bufs.get(Buffer.WORK)
+        if work is not None and work.size:
+            self.pool.give_work(work.view(np.uint8))
+            p.bufs[Buffer.WORK] = work[:0]
+
     def _complete(self, p: Payload) -> None:
+        self._release_work(p)
         self.completed[p.key] = p.spec.describe()
         if len(self.completed) > 4096:
             self.completed.pop(next(iter(self.completed)))
@@ -374,6 +381,8 @@ class CommLoop:
             return
         p.state = OpState.FAILED
         p.error = error
+        if not any(rec.payload is p for rec in self._inflight):
+            self._release_work(p)  # else a send may still read it: let it go to the GC
         self.table.pop(p.key, None)
         self.sendable.discard(p)
         p.ready.clear()
