@@ -141,7 +141,7 @@ def barrier(
 def reduce_scatter_async(
     x: Any, name: str | int | None = None, op: str = "sum", **kw: Any
 ) -> Handle:
-    """Start a reduce-scatter; see :meth:`Service.reduce_scatter_async` (``partition``, ``axes``)."""
+    """Start a reduce-scatter; see :meth:`Service.reduce_scatter_async`."""
     return default_service().reduce_scatter_async(x, name, op, **kw)
 
 

@@ -49,7 +49,7 @@ class DType(enum.IntEnum):
             raise ValueError(f"unsupported dtype {key.name!r}; supported: {names}") from None
 
 
-_ITEMSIZE = {
+_ITEMSIZE: dict[DType, int] = {
     DType.FLOAT16: 2,
     DType.FLOAT32: 4,
     DType.FLOAT64: 8,
@@ -57,7 +57,7 @@ _ITEMSIZE = {
     DType.INT64: 8,
     DType.BFLOAT16: 2,
 }
-_NUMPY = {
+_NUMPY: dict[DType, np.dtype] = {
     DType.FLOAT16: np.dtype(np.float16),
     DType.FLOAT32: np.dtype(np.float32),
     DType.FLOAT64: np.dtype(np.float64),

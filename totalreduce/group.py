@@ -117,12 +117,12 @@ class Partition:
 
     def rank_at(self, coords: Sequence[int]) -> int:
         i = 0
-        for c, d in zip(coords, self.shape):
+        for c, d in zip(coords, self.shape, strict=True):
             i = i * d + c
         return self.ranks[i]
 
     def axis_group(self, world_rank: int, axis: int) -> Group:
-        """The ranks that share every coordinate of ``world_rank`` but ``axis``, by that coordinate."""
+        """Ranks sharing every coordinate of ``world_rank`` but ``axis``, in ``axis`` order."""
         if not 0 <= axis < len(self.shape):
             raise InvalidArgumentError(
                 f"axis {axis} outside the partition's {len(self.shape)} dimensions"

@@ -73,7 +73,8 @@ def reduce_scatter_ring(
     else:
         if len(counts) != size or sum(counts) != count or any(n < 0 for n in counts):
             raise ValueError(
-                f"reduce-scatter counts {list(counts)} must be {size} values >= 0 summing to {count}"
+                f"reduce-scatter counts {list(counts)} must be {size} values >= 0 "
+                f"summing to {count}"
             )
         parts = [(sum(counts[:p]), counts[p]) for p in range(size)]
     right, left = (rank + 1) % size, (rank - 1) % size

@@ -22,7 +22,6 @@ schedules.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -214,7 +213,9 @@ class CommLoop:
             except Exception as exc:  # one bad op must not stop the loop
                 log.exception("rank %d: activating %s failed", self.rank, spec.describe())
                 p = self.table.get(spec.key)
-                err = OpFailedError(f"{spec.describe()}: rank {self.rank} could not start it: {exc}")
+                err = OpFailedError(
+                    f"{spec.describe()}: rank {self.rank} could not start it: {exc}"
+                )
                 if p is not None and p.spec is spec:
                     self._fail(p, err, tell_peers=True)
                 else:

@@ -123,15 +123,16 @@ class Payload:
         s = self.spec
         checks = (
             ("kind", s.kind.name.lower(), h.kind.name.lower()),
+            ("group", f"{list(s.group)} (context {s.context:#x})", f"context {h.context:#x}"),
             ("dtype", s.dtype.name.lower(), h.dtype.name.lower()),
             ("count", s.count, h.count),
             ("reduce op", s.op.name.lower(), h.op.name.lower()),
             ("algorithm", s.algorithm.name.lower(), h.algorithm.name.lower()),
             ("param", s.param, h.param),
-            ("group", f"{s.context:#x}", f"{h.context:#x}"),
         )
         for what, mine, theirs in checks:
-            if mine != theirs:
+            differs = s.context != h.context if what == "group" else mine != theirs
+            if differs:
                 return (
                     f"{s.describe()}: rank {my_rank} has {what} {mine}, "
                     f"rank {h.sender} has {what} {theirs}"

@@ -30,6 +30,7 @@ import enum
 import hashlib
 import struct
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..dtypes import DType, ReduceOp
 from ..errors import FrameError
@@ -162,7 +163,10 @@ def encode(h: Header, into: bytearray | memoryview | None = None) -> bytes | Non
     return None
 
 
-def _enum(cls: type[enum.IntEnum], value: int, what: str) -> enum.IntEnum:
+_E = TypeVar("_E", bound=enum.IntEnum)
+
+
+def _enum(cls: type[_E], value: int, what: str) -> _E:
     try:
         return cls(value)
     except ValueError:
@@ -215,9 +219,10 @@ def decode(buf: bytes | bytearray | memoryview, length: int, size: int, micro_by
         raise FrameError(f"malformed frame: sender rank {sender} outside 0..{size - 1}")
     if nbytes > MAX_BODY_BYTES:
         raise FrameError(f"malformed frame: body of {nbytes} bytes exceeds {MAX_BODY_BYTES}")
-    if frame_type is FrameType.DATA and nbytes % DType(h_dtype).itemsize:
+    if frame_type is FrameType.DATA and nbytes % h_dtype.itemsize:
         raise FrameError(
-            f"malformed frame: {nbytes} bytes is not a whole number of {DType(h_dtype).name} elements"
+            f"malformed frame: {nbytes} bytes is not a whole number of "
+            f"{h_dtype.name} elements"
         )
     if flags & FLAG_INLINE:
         if nbytes > micro_bytes:
@@ -236,10 +241,10 @@ def decode(buf: bytes | bytearray | memoryview, length: int, size: int, micro_by
             raise FrameError(f"malformed frame: body tag {tag} outside the body tag range")
     return Header(
         frame_type=frame_type,
-        dtype=DType(h_dtype),
-        kind=OpKind(h_kind),
-        algorithm=AlgorithmCode(h_algo),
-        op=ReduceOp(h_op),
+        dtype=h_dtype,
+        kind=h_kind,
+        algorithm=h_algo,
+        op=h_op,
         flags=flags,
         sender=sender,
         body_tag=tag,

@@ -499,7 +499,8 @@ class Service:
         ax = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes or ())
         if len(ax) != 1:
             raise InvalidArgumentError(
-                f"reduce-scatter/all-gather run along exactly one partition dimension, got axes={axes}"
+                "reduce-scatter/all-gather run along exactly one partition dimension, "
+                f"got axes={axes}"
             )
         k = int(ax[0])
         if not 0 <= k < len(partition.shape):
