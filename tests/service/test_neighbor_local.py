@@ -114,9 +114,9 @@ def test_mismatched_pattern_is_reported_not_hung() -> None:
 
     with local_services(p) as svcs:
         msgs = run_ranks(svcs, rank_main, timeout=30)
-    # rank 0 always learns it; rank 1 too unless its empty pattern finished first
+    # rank 0 always learns it; ranks 1 and 2 too unless their (empty) patterns finished first
     assert "rank 0 receives from rank 1" in msgs[0], msgs
-    assert msgs[1] in ("", msgs[0]) and msgs[2] == "", msgs
+    assert all(m == "" or "rank 0 receives from rank 1" in m for m in msgs[1:]), msgs
 
 
 def test_neighbor_allgather() -> None:
