@@ -173,6 +173,22 @@ def mode_neighbor(p: int, rank: int) -> None:
     print(f"rank {rank}: NEIGHBOR {'OK' if bad == 0 else 'FAILED'}", flush=True)
 
 
+def mode_user_traffic(p: int, rank: int) -> None:
+    """The user's own MPI messages on COMM_WORLD never mix with totalreduce's."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    hs = [tr.allreduce_async(np.full(100, rank), name=f"u{k}") for k in range(20)]
+    peer = (rank + 1) % p
+    for tag in (0, 1, 16, 17):  # totalreduce's own tag numbers, on the user's communicator
+        req = comm.isend(f"hello {rank} {tag}", dest=peer, tag=tag)
+        msg = comm.recv(source=(rank - 1) % p, tag=tag)
+        req.wait()
+        assert msg == f"hello {(rank - 1) % p} {tag}", msg
+    ok = all(np.array_equal(h.wait(timeout=60), np.full(100, p * (p - 1) // 2)) for h in hs)
+    print(f"rank {rank}: USER-TRAFFIC {'OK' if ok else 'FAILED'}", flush=True)
+
+
 def main() -> None:
     mode = sys.argv[1]
     tr.init(segment_bytes=SEGMENT, micro_bytes=1024, stall_warning_s=5)
@@ -185,6 +201,7 @@ def main() -> None:
         "algorithms": mode_algorithms,
         "rs_ag": mode_rs_ag,
         "neighbor": mode_neighbor,
+        "user_traffic": mode_user_traffic,
     }
     modes[mode](p, rank)
     tr.shutdown()

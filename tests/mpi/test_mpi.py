@@ -79,3 +79,8 @@ def test_reduce_scatter_allgather_over_mpi(n: int) -> None:
 def test_neighbor_averaging_over_mpi(n: int) -> None:
     out = mpirun(n, str(HERE / "check_engine.py"), "neighbor")
     assert out.count("NEIGHBOR OK") == n, out
+
+
+def test_user_mpi_traffic_does_not_mix() -> None:
+    out = mpirun(3, str(HERE / "check_engine.py"), "user_traffic")
+    assert out.count("USER-TRAFFIC OK") == 3, out
