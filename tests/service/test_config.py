@@ -1,0 +1,38 @@
+"""Options: one name as a keyword and as a TOTALREDUCE_* variable; keywords win."""
+
+from __future__ import annotations
+
+import pytest
+
+import totalreduce as tr
+from totalreduce.service.config import Config
+
+
+def test_defaults_env_and_keywords() -> None:
+    assert Config.load(env={}).segment_bytes == 1 << 20
+    env = {"TOTALREDUCE_SEGMENT_BYTES": "65536", "TOTALREDUCE_ALLOW_SERIALIZED": "yes"}
+    cfg = Config.load(env=env)
+    assert cfg.segment_bytes == 65536 and cfg.allow_serialized is True
+    assert Config.load(env=env, segment_bytes=4096).segment_bytes == 4096
+    assert Config.load(env={"TOTALREDUCE_STALL_WARNING_S": "2.5"}).stall_warning_s == 2.5
+    assert Config.load(env={"TOTALREDUCE_MICRO_BYTES": "0x400"}).micro_bytes == 1024
+
+
+def test_bad_values_are_named() -> None:
+    with pytest.raises(tr.InvalidArgumentError, match="TOTALREDUCE_SEGMENT_BYTES"):
+        Config.load(env={"TOTALREDUCE_SEGMENT_BYTES": "lots"})
+    with pytest.raises(tr.InvalidArgumentError, match="unknown option"):
+        Config.load(env={}, segmnt_bytes=5)
+    with pytest.raises(tr.InvalidArgumentError, match="segment_bytes"):
+        Config.load(env={}, segment_bytes=1)
+    with pytest.raises(tr.InvalidArgumentError, match="allow_serialized"):
+        Config.load(env={"TOTALREDUCE_ALLOW_SERIALIZED": "maybe"})
+
+
+def test_import_does_not_pull_torch_or_mpi() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, totalreduce; print('torch' in sys.modules, 'mpi4py.MPI' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stderr
