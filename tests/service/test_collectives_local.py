@@ -203,3 +203,27 @@ def test_everything_mixed_in_flight_random_order(p: int) -> None:
             ag = np.concatenate([(base + q)[: q + k] for q in range(p)])
             np.testing.assert_array_equal(results[r]["ag", k], ag)
             np.testing.assert_array_equal(results[r]["bc", k], base + k % p)
+
+
+def _bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, round to nearest even (values here are exact)."""
+    bits = values.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def test_float16_and_bfloat16() -> None:
+    p = 3
+
+    def rank_main(svc):
+        base = np.arange(40, dtype=np.float32) + svc.rank
+        h16 = svc.allreduce(base.astype(np.float16), name="h", op="avg")
+        bf = _bf16_bits(base)
+        b16 = svc.allreduce(bf, name="b", dtype="bfloat16", out=bf)
+        return h16, b16
+
+    with local_services(p, segment_bytes=64) as svcs:
+        results = run_ranks(svcs, rank_main)
+    want = np.arange(40, dtype=np.float32) * p + p * (p - 1) / 2
+    for h16, b16 in results:
+        np.testing.assert_array_equal(h16, (want / p).astype(np.float16))
+        np.testing.assert_array_equal(b16, _bf16_bits(want))
