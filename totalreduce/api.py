@@ -26,17 +26,49 @@ _default: Service | None = None
 _init_lock = threading.Lock()
 
 
-def init(comm: Any = None, **options: Any) -> Service:
+def init(comm: Any = None, **options: Any) -> Any:
     """Start the service of this rank over MPI (idempotent); returns it.
 
     ``comm`` is an ``mpi4py`` communicator to run over (default: the world;
     totalreduce works on a private duplicate of it).  Options are the fields
     of :class:`~totalreduce.service.config.Config`, also settable as
     ``TOTALREDUCE_<NAME>`` environment variables; keywords win.
+
+    ``service="daemon"`` (or ``TOTALREDUCE_SERVICE=daemon``, or passing
+    ``socket=``) attaches to the node's ``totalreduce serve`` instead and returns
+    a :class:`~totalreduce.daemon.DaemonClient` with the same methods: ``socket``
+    (or ``TOTALREDUCE_SOCKET``) is its path, ``local_rank`` (or
+    ``TOTALREDUCE_LOCAL_RANK``) the local rank to take.  See docs/daemon.md.
     """
     global _default
+    # --- service modes (docs/daemon.md) ---
+    import os
+
+    socket_path = options.pop("socket", None)
+    mode = options.pop("service", None)
+    if mode is None:
+        mode = "daemon" if socket_path is not None else None
+    mode = (mode or os.environ.get("TOTALREDUCE_SERVICE") or "embedded").strip().lower()
+    if mode not in ("embedded", "daemon"):
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"service must be 'embedded' or 'daemon', got {mode!r}")
+    if mode == "embedded" and "local_rank" in options:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError("local_rank= is an option of service='daemon'")
+    # --- end of service modes ---
     with _init_lock:
         if _default is not None and not _default.closed:
+            return _default
+        if mode == "daemon":
+            if comm is not None:
+                from .errors import InvalidArgumentError
+
+                raise InvalidArgumentError("comm= is an option of the embedded service")
+            from .daemon.client import connect
+
+            _default = connect(socket_path, **options)
             return _default
         config = Config.load(**options)
         from .transport.mpi import MPITransport

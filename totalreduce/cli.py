@@ -1,4 +1,4 @@
-"""The ``totalreduce`` command: ``demo``, ``bench``, ``topology``, ``info``.
+"""The ``totalreduce`` command: ``demo``, ``bench``, ``topology``, ``info``, ``serve``.
 
 ``demo`` and ``bench`` run under ``mpiexec`` (``mpiexec -n 4 totalreduce demo``);
 ``topology`` and ``info`` run anywhere.
@@ -15,6 +15,7 @@ commands:
   bench      allreduce busbw against MPI Allreduce, idle CPU (under mpiexec)
   topology   print a topology's mixing matrix and rho, optionally draw it
   info       versions, MPI library and thread level, configuration
+  serve      this node's service for daemon mode (under mpiexec, one rank per node)
 """
 
 
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         from .topology.cli import main as run
     elif cmd == "info":
         run = _info
+    elif cmd == "serve":
+        from .daemon.serve import main as run
     else:
         print(f"totalreduce: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         return 2

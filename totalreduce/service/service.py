@@ -286,12 +286,16 @@ class Service:
         param: int = 0,
         result: Any = None,
         finalize: Callable[[], Any] | None = None,
+        reserved: tuple[str | int, int] | None = None,
     ) -> Handle:
-        """Name, launch and return the handle of a one-phase op."""
+        """Name (unless ``reserved`` already), launch and return the handle of a one-phase op."""
         self._check_open()
         prio = self._priority(priority)
-        signature = (kind.name.lower(), dtype.name.lower(), int(x.size), op.name.lower(), param)
-        op_name, gen = self._name(name, signature)
+        if reserved is None:
+            sig = (kind.name.lower(), dtype.name.lower(), int(x.size), op.name.lower(), param)
+            op_name, gen = self._name(name, sig)
+        else:
+            op_name, gen = reserved
         handle = Handle(op_name, gen, result, self.loop.notify, finalize)
 
         def done(error: BaseException | None) -> None:
@@ -827,30 +831,21 @@ class Service:
         except (ValueError, TypeError) as exc:
             self._ended(op_name)
             raise InvalidArgumentError(f"neighbor_allreduce {op_name!r} step {t}: {exc}") from None
-        handle = Handle(op_name, gen, o.reshape(arr.shape), self.loop.notify)
-
-        def done(error: BaseException | None) -> None:
-            self._ended(op_name)
-            handle._finish(error)
-
-        self._launch(
+        return self._simple(
             kind=OpKind.NEIGHBOR_ALLREDUCE,
-            name=op_name,
-            generation=gen,
-            code=code,
-            schedule=sched,
             x=arr,
+            dtype=dt,
             out=o,
             in_place=in_place,
-            dtype=dt,
+            name=op_name,
             op=ReduceOp.SUM,
             priority=prio,
             group=grp,
-            param=0,
-            on_done=done,
-            handle=handle,
+            code=code,
+            schedule=sched,
+            result=o.reshape(arr.shape),
+            reserved=(op_name, gen),
         )
-        return handle
 
     def neighbor_allreduce(self, x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
         """Blocking :meth:`neighbor_allreduce_async`."""
@@ -896,30 +891,21 @@ class Service:
             self._ended(op_name)
             raise InvalidArgumentError(f"neighbor_allgather {op_name!r} step {t}: {exc}") from None
         out = np.empty(len(src) * n, dtype=arr.dtype)
-        handle = Handle(op_name, gen, out.reshape((len(src), *arr.shape)), self.loop.notify)
-
-        def done(error: BaseException | None) -> None:
-            self._ended(op_name)
-            handle._finish(error)
-
-        self._launch(
+        return self._simple(
             kind=OpKind.NEIGHBOR_ALLGATHER,
-            name=op_name,
-            generation=gen,
-            code=AlgorithmCode.NEIGHBOR,
-            schedule=sched,
             x=arr,
+            dtype=dt,
             out=out,
             in_place=False,
-            dtype=dt,
+            name=op_name,
             op=ReduceOp.SUM,
             priority=prio,
             group=self._world_group,
-            param=0,
-            on_done=done,
-            handle=handle,
+            code=AlgorithmCode.NEIGHBOR,
+            schedule=sched,
+            result=out.reshape((len(src), *arr.shape)),
+            reserved=(op_name, gen),
         )
-        return handle
 
     def neighbor_allgather(self, x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
         """Blocking :meth:`neighbor_allgather_async`."""
