@@ -170,6 +170,16 @@ def barrier(
     default_service().barrier(name, algorithm=algorithm, group=group)
 
 
+def pairwise_exchange_async(x: Any, steps: int, name: str | int | None = None, **kw: Any) -> Handle:
+    """Start Gloo's pairwise-exchange benchmark pattern; see the Service method."""
+    return default_service().pairwise_exchange_async(x, steps, name, **kw)
+
+
+def pairwise_exchange(x: Any, steps: int, name: str | int | None = None, **kw: Any) -> np.ndarray:
+    """Gloo's pairwise-exchange benchmark pattern (blocking)."""
+    return default_service().pairwise_exchange_async(x, steps, name, **kw).wait()
+
+
 def reduce_scatter_async(
     x: Any, name: str | int | None = None, op: str = "sum", **kw: Any
 ) -> Handle:

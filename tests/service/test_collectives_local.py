@@ -227,3 +227,20 @@ def test_float16_and_bfloat16() -> None:
     for h16, b16 in results:
         np.testing.assert_array_equal(h16, (want / p).astype(np.float16))
         np.testing.assert_array_equal(b16, _bf16_bits(want))
+
+
+def test_pairwise_exchange() -> None:
+    p = 8
+
+    def rank_main(svc):
+        x = np.arange(90, dtype=np.int64) + 1000 * svc.rank
+        with pytest.raises(tr.InvalidArgumentError, match="steps"):
+            svc.pairwise_exchange_async(x, steps=4)
+        return svc.pairwise_exchange_async(x, steps=3, name="pe").wait(timeout=30)
+
+    with local_services(p, segment_bytes=64) as svcs:
+        results = run_ranks(svcs, rank_main)
+    for r in range(p):
+        for k, part in enumerate(np.array_split(np.arange(90), 3)):
+            partner = r ^ (1 << k)
+            np.testing.assert_array_equal(results[r][part], part + 1000 * partner)

@@ -478,6 +478,52 @@ class Service:
         """Blocking barrier."""
         self.barrier_async(name, algorithm=algorithm, group=group).wait()
 
+    def pairwise_exchange_async(
+        self,
+        x: Any,
+        steps: int,
+        name: str | int | None = None,
+        group: Group | None = None,
+        priority: int = 0,
+    ) -> Handle:
+        """Gloo's benchmark pattern: ``steps`` pairwise swaps of ``x.size / steps`` elements.
+
+        Needs a power-of-two number of ranks and ``1 <= steps <= lg P``.  Part
+        ``k`` of the result is part ``k`` of the input of rank ``r XOR 2^k``.
+        """
+        arr, dt = as_array(x, "x")
+        grp, me = self._group(group)
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
+            raise InvalidArgumentError(f"steps must be an int, got {steps!r}")
+        try:
+            code, sched = compile_op(
+                OpKind.PAIRWISE_EXCHANGE,
+                "pairwise",
+                me,
+                grp.size,
+                int(arr.size),
+                False,
+                (("steps", int(steps)),),
+            )
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        o = np.empty_like(arr)
+        return self._simple(
+            kind=OpKind.PAIRWISE_EXCHANGE,
+            x=arr,
+            dtype=dt,
+            out=o,
+            in_place=False,
+            name=name,
+            op=ReduceOp.SUM,
+            priority=priority,
+            group=grp,
+            code=code,
+            schedule=sched,
+            param=int(steps),
+            result=o,
+        )
+
     # ---------------------------------------------------------- reduce-scatter / all-gather
 
     def _split_axis(
