@@ -129,3 +129,24 @@ def test_malformed_frame_is_an_error_not_a_crash() -> None:
         assert svc.loop.fatal is None  # the comm thread lives on
     finally:
         svc.shutdown(timeout=1)
+
+
+def test_done_callback_runs_exactly_once() -> None:
+    import threading
+
+    with local_services(2) as svcs:
+        for _ in range(50):
+            calls = []
+            h0 = svcs[0].allreduce_async(np.ones(3), name="cb")
+            h1 = svcs[1].allreduce_async(np.ones(3), name="cb")
+            t = threading.Thread(target=lambda: h0.add_done_callback(calls.append))
+            t.start()
+            h0.add_done_callback(calls.append)
+            t.join()
+            h0.wait(timeout=10)
+            h1.wait(timeout=10)
+            deadline = time.monotonic() + 5
+            while len(calls) < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)  # callbacks run just after the event is set
+            time.sleep(0.002)
+            assert calls == [h0, h0]

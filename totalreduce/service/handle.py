@@ -37,6 +37,7 @@ class Handle:
         "_spec",
         "_wake",
         "_then",
+        "_lock",
     )
 
     def __init__(
@@ -59,24 +60,32 @@ class Handle:
         self._spec: OpSpec | None = None
         self._wake = wake
         self._then: list[Callable[[Handle], None]] = []
+        self._lock = threading.Lock()
 
     def _attach(self, spec: OpSpec) -> None:
         self._spec = spec
 
     def _finish(self, error: BaseException | None) -> None:
         """Called once by the comm thread when the op ends."""
-        self._error = error
-        self._spec = None
-        self._event.set()
-        for fn in self._then:
+        with self._lock:
+            self._error = error
+            self._spec = None
+            self._event.set()
+            callbacks, self._then = self._then, []
+        for fn in callbacks:
             fn(self)
 
     def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
-        """Call ``fn(handle)`` when the op ends (at once if it has); runs on the comm thread."""
-        self._then.append(fn)
-        if self._event.is_set() and fn in self._then:
-            self._then.remove(fn)
-            fn(self)
+        """Call ``fn(handle)`` once when the op ends (at once if it has).
+
+        It runs on the comm thread (or here, if the op is done already): keep it
+        short and never wait on another op inside it.
+        """
+        with self._lock:
+            if not self._event.is_set():
+                self._then.append(fn)
+                return
+        fn(self)
 
     def done(self) -> bool:
         """True once the op completed or failed."""
