@@ -1,0 +1,53 @@
+"""totalreduce.torch under real MPI: ``mpiexec -n P`` running check_torch_mpi.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch not installed")
+if not hasattr(torch, "Tensor"):  # tests/torch itself, seen as a namespace package
+    pytest.skip("torch not installed", allow_module_level=True)
+
+HERE = Path(__file__).parent
+TIMEOUT = 120
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
+)
+
+# One launch per size, several checks per launch: importing torch is the slow part.
+CHECKS = {
+    2: ["optimizer", "ddp", "decentralized"],
+    3: ["optimizer", "decentralized"],
+    4: ["optimizer", "ddp", "decentralized"],
+}
+
+
+@pytest.mark.parametrize("n", sorted(CHECKS))
+def test_torch_over_mpi(n: int) -> None:
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [
+            "mpiexec",
+            "-n",
+            str(n),
+            sys.executable,
+            str(HERE / "check_torch_mpi.py"),
+            ",".join(CHECKS[n]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"mpiexec -n {n} exited {proc.returncode}:\n{out}"
+    for check in CHECKS[n]:
+        for r in range(n):
+            assert f"{check.upper()} OK rank {r}" in out, out

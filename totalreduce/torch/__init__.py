@@ -1,0 +1,116 @@
+"""PyTorch integration: tensors, optimizers, DDP hooks and layers on the totalreduce engine.
+
+Optional: ``import totalreduce`` never imports torch; ``import totalreduce.torch``
+does, and raises an ImportError saying what to install when torch is missing.
+
+- Tensors (``collectives.py``): :func:`allreduce_async` and friends take CPU
+  tensors of float32, float64, float16, bfloat16, int32 and int64 without a copy
+  when they are contiguous; CUDA tensors travel through a pinned host buffer.
+- :func:`DistributedOptimizer` (``optimizer.py``): Horovod's optimizer wrapper,
+  submitting each gradient the moment backward produces it.
+- :func:`broadcast_parameters`, :func:`broadcast_optimizer_state`,
+  :func:`broadcast_object` (``broadcast_state.py``).
+- :func:`allreduce_hook`, :func:`fp16_compress_hook`, :func:`bfloat16_compress_hook`
+  (``comm_hooks.py``): comm hooks for ``DistributedDataParallel``.
+- :class:`DecentralizedDataParallel` (``decentralized.py``): neighbor averaging
+  of parameters after every step, Decent-DP style.
+- :class:`ReduceScatter` and :class:`AllGather` (``layers.py``): ``nn.Module``\\ s,
+  each the other's adjoint.
+
+Example::
+
+    import totalreduce.torch as trt
+
+    trt.init()
+    trt.broadcast_parameters(model.state_dict(), root=0)
+    opt = trt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()   # gradients leave as soon as they are ready
+        opt.step()                        # waits for the averaged gradients, then steps
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch
+except ImportError as _exc:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        "totalreduce.torch needs PyTorch: pip install torch (a CPU build is enough), "
+        "or pip install 'totalreduce[torch]'"
+    ) from _exc
+if not hasattr(_torch, "Tensor"):  # a directory named torch on sys.path, not the package
+    raise ImportError(
+        f"totalreduce.torch needs PyTorch, but 'torch' resolved to {_torch!r}, which is not "
+        "PyTorch: pip install torch"
+    )
+
+from ..api import default_service, init, is_initialized, rank, shutdown, size
+from .broadcast_state import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .collectives import (
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    neighbor_allreduce,
+    neighbor_allreduce_,
+    neighbor_allreduce_async,
+    neighbor_allreduce_async_,
+    poll,
+    reduce_scatter,
+    reduce_scatter_async,
+    synchronize,
+)
+from .comm_hooks import CommHookState, allreduce_hook, bfloat16_compress_hook, fp16_compress_hook
+from .decentralized import DecentralizedDataParallel
+from .layers import AllGather, ReduceScatter
+from .optimizer import DistributedOptimizer, GradientSyncError
+from .tensors import SUPPORTED_DTYPES, TensorHandle
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "AllGather",
+    "CommHookState",
+    "DecentralizedDataParallel",
+    "DistributedOptimizer",
+    "GradientSyncError",
+    "ReduceScatter",
+    "TensorHandle",
+    "allgather",
+    "allgather_async",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "allreduce_hook",
+    "bfloat16_compress_hook",
+    "broadcast",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "default_service",
+    "fp16_compress_hook",
+    "init",
+    "is_initialized",
+    "neighbor_allreduce",
+    "neighbor_allreduce_",
+    "neighbor_allreduce_async",
+    "neighbor_allreduce_async_",
+    "poll",
+    "rank",
+    "reduce_scatter",
+    "reduce_scatter_async",
+    "shutdown",
+    "size",
+    "synchronize",
+]

@@ -1,0 +1,127 @@
+"""Start every rank from the same state: parameters, optimizer state, any picklable object.
+
+This module owns the broadcasts a training script makes once, before its first
+step (or after loading a checkpoint on one rank): :func:`broadcast_parameters`
+for a model's tensors, :func:`broadcast_optimizer_state` for an optimizer's
+state and hyper-parameters, and :func:`broadcast_object` underneath the latter.
+
+>>> trt.broadcast_parameters(model.state_dict(), root=0)    # doctest: +SKIP
+>>> trt.broadcast_optimizer_state(optimizer, root=0)        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InvalidArgumentError
+from ..service.service import Service
+from .collectives import broadcast_async_, resolve_service
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | torch.nn.Module,
+    root: int = 0,
+    prefix: str = "broadcast.",
+    *,
+    service: Service | None = None,
+) -> None:
+    """Overwrite every rank's tensors with rank ``root``'s, in place.
+
+    ``params`` is a ``state_dict()`` (parameters and buffers), an iterable of
+    ``(name, tensor)`` such as ``model.named_parameters()``, or a module (its
+    state dict).  All broadcasts start at once and are waited for together; each
+    is named ``prefix + name``, so every rank must pass the same names.
+
+    >>> trt.broadcast_parameters(model.state_dict(), root=0)   # doctest: +SKIP
+    """
+    if isinstance(params, torch.nn.Module):
+        params = params.state_dict()
+    items = list(params.items()) if isinstance(params, Mapping) else list(params)
+    handles = []
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise InvalidArgumentError(
+                "broadcast_parameters takes a state dict or (name, tensor) pairs, got an item "
+                f"{item!r}"
+            )
+        name, tensor = item
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidArgumentError(
+                f"broadcast_parameters: {name!r} is a {type(tensor).__name__}, not a tensor"
+            )
+        handles.append(broadcast_async_(tensor, root, name=f"{prefix}{name}", service=service))
+    for h in handles:
+        h.wait()
+
+
+def broadcast_object(
+    obj: Any,
+    root: int = 0,
+    name: str = "broadcast_object",
+    *,
+    service: Service | None = None,
+) -> Any:
+    """Return rank ``root``'s ``obj`` on every rank (pickled; other ranks' ``obj`` is ignored).
+
+    Two broadcasts: the pickle's length, then its bytes.  Meant for small,
+    trusted state (it unpickles what rank ``root`` sent).
+
+    >>> cfg = trt.broadcast_object(cfg if trt.rank() == 0 else None)   # doctest: +SKIP
+    """
+    svc = resolve_service(service)
+    if svc.rank == root:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        length = np.array([len(data)], dtype=np.int64)
+    else:
+        data = b""
+        length = np.zeros(1, dtype=np.int64)
+    svc.broadcast(length, root, name=f"{name}.length", out=length)
+    words = (int(length[0]) + 7) // 8
+    body = np.zeros(words, dtype=np.int64)
+    if svc.rank == root:
+        body.view(np.uint8)[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    svc.broadcast(body, root, name=f"{name}.bytes", out=body)
+    if svc.rank == root:
+        return obj
+    return pickle.loads(body.view(np.uint8)[: int(length[0])].tobytes())
+
+
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    root: int = 0,
+    name: str = "broadcast_optimizer_state",
+    *,
+    service: Service | None = None,
+) -> None:
+    """Load rank ``root``'s optimizer state and hyper-parameters on every rank.
+
+    Works whether or not the other ranks' optimizers have state yet (for
+    example after rank ``root`` alone loaded a checkpoint): the root's
+    ``state_dict()`` is serialised with ``torch.save`` and loaded with
+    ``load_state_dict`` everywhere else, which moves its tensors to the
+    parameters' devices.
+
+    >>> trt.broadcast_optimizer_state(optimizer, root=0)   # doctest: +SKIP
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InvalidArgumentError(
+            f"broadcast_optimizer_state takes a torch.optim.Optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
+    svc = resolve_service(service)
+    blob: bytes | None = None
+    if svc.rank == root:
+        buf = io.BytesIO()
+        torch.save(optimizer.state_dict(), buf)
+        blob = buf.getvalue()
+    blob = broadcast_object(blob, root, name=name, service=svc)
+    if svc.rank != root:
+        assert blob is not None
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(state)

@@ -1,0 +1,428 @@
+"""Collectives on torch tensors: the engine's ops, taking and returning tensors.
+
+Each op has an ``_async`` form returning a :class:`~totalreduce.torch.TensorHandle`
+and a blocking form; a trailing ``_`` means in place (Horovod's convention): the
+result is written into the tensor passed, which ``wait()`` returns.  Without it
+the result is a new tensor.  Every function takes ``service=`` (default: the
+service ``totalreduce.init()`` started) and ``priority=`` (higher goes first;
+None means 0).
+
+Contiguous CPU tensors go to the engine without a copy, so a tensor must not be
+modified until its op is done.  Other tensors are staged (see ``tensors.py``).
+
+>>> h = trt.allreduce_async(grad, name="fc1.weight", op="avg")   # doctest: +SKIP
+>>> avg = h.wait()                                                # doctest: +SKIP
+>>> trt.allreduce_(grad, name="fc1.weight")      # in place, blocking   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..api import default_service
+from ..errors import InvalidArgumentError
+from ..service.service import Service
+from .tensors import HostBuffer, TensorHandle, host_buffer
+
+
+def resolve_service(service: Service | None) -> Service:
+    """``service``, or the default one (``totalreduce.init()`` must have run)."""
+    return default_service() if service is None else service
+
+
+def priority_value(priority: Any) -> int:
+    """The engine priority for ``priority`` (None means 0)."""
+    if priority is None:
+        return 0
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidArgumentError(f"priority must be an int or None, got {priority!r}")
+    return priority
+
+
+def _in_place(buf: HostBuffer) -> Any:
+    return lambda _raw: buf.copy_back()
+
+
+def _new_tensor(buf: HostBuffer) -> Any:
+    return lambda raw: buf.as_tensor(raw)
+
+
+# ---------------------------------------------------------------- allreduce
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    op: str = "avg",
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> TensorHandle:
+    """Start reducing ``tensor`` across ranks into a new tensor (``op``: avg, sum, max, min).
+
+    >>> h = trt.allreduce_async(torch.ones(4), name="ones", op="sum")   # doctest: +SKIP
+    >>> h.wait()                                                         # doctest: +SKIP
+    tensor([4., 4., 4., 4.])
+    """
+    svc = resolve_service(service)
+    buf = host_buffer(tensor)
+    h = svc.allreduce_async(
+        buf.array, name=name, op=op, priority=priority_value(priority), **buf.engine_kwargs
+    )
+    return TensorHandle(h, _new_tensor(buf))
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    op: str = "avg",
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> TensorHandle:
+    """Start reducing ``tensor`` across ranks in place; ``wait()`` returns ``tensor``."""
+    svc = resolve_service(service)
+    buf = host_buffer(tensor)
+    h = svc.allreduce_async(
+        buf.array,
+        name=name,
+        op=op,
+        out=buf.array,
+        priority=priority_value(priority),
+        **buf.engine_kwargs,
+    )
+    return TensorHandle(h, _in_place(buf))
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    op: str = "avg",
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> torch.Tensor:
+    """Blocking :func:`allreduce_async`: the reduced values in a new tensor."""
+    return allreduce_async(tensor, name, op, priority, service=service).wait()
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    op: str = "avg",
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> torch.Tensor:
+    """Blocking :func:`allreduce_async_`: reduces ``tensor`` in place and returns it."""
+    return allreduce_async_(tensor, name, op, priority, service=service).wait()
+
+
+# ---------------------------------------------------------------- broadcast
+
+
+def broadcast_async(
+    tensor: torch.Tensor,
+    root: int = 0,
+    name: str | int | None = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> TensorHandle:
+    """Start copying rank ``root``'s ``tensor`` to every rank, into a new tensor.
+
+    Besides the reduction dtypes, a broadcast carries bool, uint8, int8 and
+    int16 tensors (as int64 copies).
+    """
+    svc = resolve_service(service)
+    buf = host_buffer(tensor, widen=True)
+    h = svc.broadcast_async(
+        buf.array, root, name=name, priority=priority_value(priority), **buf.engine_kwargs
+    )
+    return TensorHandle(h, _new_tensor(buf))
+
+
+def broadcast_async_(
+    tensor: torch.Tensor,
+    root: int = 0,
+    name: str | int | None = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> TensorHandle:
+    """Start overwriting ``tensor`` with rank ``root``'s, in place; ``wait()`` returns it."""
+    svc = resolve_service(service)
+    buf = host_buffer(tensor, widen=True)
+    h = svc.broadcast_async(
+        buf.array,
+        root,
+        name=name,
+        out=buf.array,
+        priority=priority_value(priority),
+        **buf.engine_kwargs,
+    )
+    return TensorHandle(h, _in_place(buf))
+
+
+def broadcast(
+    tensor: torch.Tensor,
+    root: int = 0,
+    name: str | int | None = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> torch.Tensor:
+    """Blocking :func:`broadcast_async`: rank ``root``'s values in a new tensor."""
+    return broadcast_async(tensor, root, name, priority, service=service).wait()
+
+
+def broadcast_(
+    tensor: torch.Tensor,
+    root: int = 0,
+    name: str | int | None = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> torch.Tensor:
+    """Blocking :func:`broadcast_async_`: overwrites ``tensor`` with rank ``root``'s."""
+    return broadcast_async_(tensor, root, name, priority, service=service).wait()
+
+
+# ---------------------------------------------------------------- reduce-scatter / all-gather
+
+
+def reduce_scatter_async(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    op: str = "sum",
+    partition: Any = None,
+    axes: Any = None,
+    group: Any = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> TensorHandle:
+    """Start a reduce-scatter; ``wait()`` returns this rank's part as a new tensor.
+
+    Without ``partition`` the tensor is flattened and each rank gets its
+    balanced 1-D part of the sum.  With ``partition=totalreduce.Partition(shape)``
+    and ``axes=(k,)`` the sum runs over the ranks along partition dimension
+    ``k`` and tensor dimension ``k`` is split among them (a 3x7x12 tensor on a
+    2x2x3 partition along axis 2 gives 3x7x4).  A rank outside the partition
+    gets a copy of its zero-volume input.
+    """
+    svc = resolve_service(service)
+    buf = host_buffer(tensor)
+    h = svc.reduce_scatter_async(
+        buf.array,
+        name,
+        op,
+        partition=partition,
+        axes=axes,
+        group=group,
+        priority=priority_value(priority),
+        **buf.engine_kwargs,
+    )
+    return TensorHandle(h, _new_tensor(buf))
+
+
+def reduce_scatter(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    op: str = "sum",
+    partition: Any = None,
+    axes: Any = None,
+    group: Any = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> torch.Tensor:
+    """Blocking :func:`reduce_scatter_async`."""
+    return reduce_scatter_async(
+        tensor, name, op, partition, axes, group, priority, service=service
+    ).wait()
+
+
+def allgather_async(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    partition: Any = None,
+    axes: Any = None,
+    group: Any = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> TensorHandle:
+    """Start an all-gather: every rank's part joined in rank order, as a new tensor.
+
+    Without ``partition`` the parts are flattened and joined into one 1-D
+    tensor; with ``partition`` and ``axes=(k,)`` the parts of the ranks along
+    partition dimension ``k`` are joined along tensor dimension ``k`` (the
+    adjoint of :func:`reduce_scatter_async`).  Parts may differ in length.
+    """
+    svc = resolve_service(service)
+    buf = host_buffer(tensor)
+    h = svc.allgather_async(
+        buf.array,
+        name,
+        partition=partition,
+        axes=axes,
+        group=group,
+        priority=priority_value(priority),
+        **buf.engine_kwargs,
+    )
+    return TensorHandle(h, _new_tensor(buf))
+
+
+def allgather(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    partition: Any = None,
+    axes: Any = None,
+    group: Any = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> torch.Tensor:
+    """Blocking :func:`allgather_async`."""
+    return allgather_async(tensor, name, partition, axes, group, priority, service=service).wait()
+
+
+# ---------------------------------------------------------------- neighbor averaging
+
+
+def _neighbor(
+    tensor: torch.Tensor,
+    name: str | int | None,
+    in_place: bool,
+    kwargs: dict[str, Any],
+    priority: int | None,
+    service: Service | None,
+) -> TensorHandle:
+    svc = resolve_service(service)
+    buf = host_buffer(tensor)
+    if in_place:
+        kwargs = dict(kwargs, out=buf.array)
+    h = svc.neighbor_allreduce_async(
+        buf.array, name, priority=priority_value(priority), **kwargs, **buf.engine_kwargs
+    )
+    return TensorHandle(h, _in_place(buf) if in_place else _new_tensor(buf))
+
+
+def neighbor_allreduce_async(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    topology: Any = None,
+    step: int | None = None,
+    self_weight: float | None = None,
+    src_weights: Any = None,
+    dst_weights: Any = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> TensorHandle:
+    """Start averaging ``tensor`` with this rank's neighbors, into a new tensor.
+
+    ``x_i <- sum_j W(step)[i, j] x_j`` with ``W`` the mixing matrix of
+    ``topology`` (a name or a :mod:`totalreduce.topology` object) at ``step``
+    (default: the op's generation), or BlueFog's dynamic ``self_weight`` /
+    ``src_weights`` / ``dst_weights``.  Floating-point tensors only.
+    """
+    kwargs = dict(
+        topology=topology,
+        step=step,
+        self_weight=self_weight,
+        src_weights=src_weights,
+        dst_weights=dst_weights,
+    )
+    return _neighbor(tensor, name, False, kwargs, priority, service)
+
+
+def neighbor_allreduce_async_(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    topology: Any = None,
+    step: int | None = None,
+    self_weight: float | None = None,
+    src_weights: Any = None,
+    dst_weights: Any = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> TensorHandle:
+    """In-place :func:`neighbor_allreduce_async`; ``wait()`` returns ``tensor``."""
+    kwargs = dict(
+        topology=topology,
+        step=step,
+        self_weight=self_weight,
+        src_weights=src_weights,
+        dst_weights=dst_weights,
+    )
+    return _neighbor(tensor, name, True, kwargs, priority, service)
+
+
+def neighbor_allreduce(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    topology: Any = None,
+    step: int | None = None,
+    self_weight: float | None = None,
+    src_weights: Any = None,
+    dst_weights: Any = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> torch.Tensor:
+    """Blocking :func:`neighbor_allreduce_async`."""
+    return neighbor_allreduce_async(
+        tensor,
+        name,
+        topology,
+        step,
+        self_weight,
+        src_weights,
+        dst_weights,
+        priority,
+        service=service,
+    ).wait()
+
+
+def neighbor_allreduce_(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    topology: Any = None,
+    step: int | None = None,
+    self_weight: float | None = None,
+    src_weights: Any = None,
+    dst_weights: Any = None,
+    priority: int | None = None,
+    *,
+    service: Service | None = None,
+) -> torch.Tensor:
+    """Blocking :func:`neighbor_allreduce_async_`."""
+    return neighbor_allreduce_async_(
+        tensor,
+        name,
+        topology,
+        step,
+        self_weight,
+        src_weights,
+        dst_weights,
+        priority,
+        service=service,
+    ).wait()
+
+
+# ---------------------------------------------------------------- handles
+
+
+def poll(handle: TensorHandle) -> bool:
+    """True once ``handle``'s op has completed (never blocks)."""
+    return handle.done()
+
+
+def synchronize(handle: TensorHandle, timeout: float | None = None) -> torch.Tensor:
+    """Wait for ``handle``'s op and return its tensor (Horovod's name for ``wait``)."""
+    return handle.wait(timeout)

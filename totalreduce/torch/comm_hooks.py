@@ -1,0 +1,139 @@
+"""Comm hooks for ``torch.nn.parallel.DistributedDataParallel``: DDP's buckets on totalreduce.
+
+This module owns :func:`allreduce_hook` and its compressed variants
+:func:`fp16_compress_hook` and :func:`bfloat16_compress_hook`.  Each submits a
+bucket's flat gradient buffer as an averaging allreduce and returns a
+``torch.futures.Future`` that the engine completes (from its comm thread) when
+the average is in the buffer, so DDP keeps its own bucketing and overlap and a
+DDP user switches with one line::
+
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(None, totalreduce.torch.allreduce_hook)
+
+A bucket's op is named ``prefix + "bucket{index}"``: DDP calls every bucket
+once per iteration on every rank, so the generation of that name is the
+iteration and the ranks' ops meet whatever order the buckets finish in.  Two
+DDP models in one process need two states with different prefixes
+(:class:`CommHookState`), or their bucket names would meet each other.
+"""
+
+# No ``from __future__ import annotations`` here: DDP's register_comm_hook compares
+# the hook's annotations with dist.GradBucket and Future[Tensor] as objects.
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import InvalidArgumentError
+from ..service.service import Service
+from .collectives import allreduce_async_, resolve_service
+from .tensors import TensorHandle
+
+
+@dataclass
+class CommHookState:
+    """The ``state`` a totalreduce comm hook takes (``None`` means ``CommHookState()``).
+
+    ``service``: the service to run on (default: ``totalreduce.init()``'s);
+    ``prefix``: start of the bucket op names, distinct per DDP model;
+    ``calls``: how many buckets the hook has submitted (counted by the hook).
+
+    >>> ddp.register_comm_hook(trt.CommHookState(prefix="encoder."), trt.allreduce_hook)
+    ... # doctest: +SKIP
+    """
+
+    service: Service | None = None
+    prefix: str = "ddp."
+    calls: int = 0
+
+
+_DEFAULT_PREFIX = CommHookState.prefix
+
+#: What DDP passes a hook (``Any`` in a torch built without torch.distributed).
+GradBucket: Any = dist.GradBucket if dist.is_available() else Any
+
+
+def _state(state: Any) -> tuple[Service, str, CommHookState | None]:
+    if state is None:
+        return resolve_service(None), _DEFAULT_PREFIX, None
+    if isinstance(state, CommHookState):
+        return resolve_service(state.service), state.prefix, state
+    if isinstance(state, Service):
+        return state, _DEFAULT_PREFIX, None
+    raise InvalidArgumentError(
+        f"a totalreduce comm hook takes state None, a CommHookState or a Service, got "
+        f"{type(state).__name__}"
+    )
+
+
+def _bucket_op(
+    state: Any, bucket: Any, tensor: torch.Tensor, op: str, finish: Any
+) -> torch.futures.Future[torch.Tensor]:
+    svc, prefix, counted = _state(state)
+    index = int(bucket.index())
+    if counted is not None:
+        counted.calls += 1
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    # Buckets with higher indices hold the layers nearer the input, which the
+    # next forward pass needs first.
+    handle = allreduce_async_(tensor, f"{prefix}bucket{index}", op, index, service=svc)
+
+    once = threading.Lock()
+
+    def complete(h: TensorHandle) -> None:
+        # A future completes once, even if the callback were to run twice.
+        if not once.acquire(blocking=False):
+            return
+        error = h.exception()
+        if error is not None:
+            fut.set_exception(error)
+            return
+        try:
+            fut.set_result(finish(h.wait()))
+        except BaseException as exc:  # a failed copy must reach DDP, not the comm thread
+            fut.set_exception(exc)
+
+    handle.add_done_callback(complete)
+    return fut
+
+
+def allreduce_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average a DDP bucket across ranks with totalreduce (DDP's ``allreduce_hook``).
+
+    >>> ddp.register_comm_hook(None, trt.allreduce_hook)   # doctest: +SKIP
+    """
+    buffer = bucket.buffer()
+    return _bucket_op(state, bucket, buffer, "avg", lambda reduced: reduced)
+
+
+def _compressed(state: Any, bucket: Any, dtype: torch.dtype) -> torch.futures.Future[torch.Tensor]:
+    buffer = bucket.buffer()
+    svc, _, _ = _state(state)
+    # Divide before the sum, as DDP's own compress hooks do, so the 16-bit sum
+    # cannot overflow where the mean would not.
+    compressed = buffer.div(svc.size).to(dtype)
+
+    def decompress(reduced: torch.Tensor) -> torch.Tensor:
+        buffer.copy_(reduced)
+        return buffer
+
+    return _bucket_op(state, bucket, compressed, "sum", decompress)
+
+
+def fp16_compress_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """:func:`allreduce_hook` with the bucket sent as float16 (half the bytes).
+
+    >>> ddp.register_comm_hook(None, trt.fp16_compress_hook)   # doctest: +SKIP
+    """
+    return _compressed(state, bucket, torch.float16)
+
+
+def bfloat16_compress_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """:func:`allreduce_hook` with the bucket sent as bfloat16 (float32's range, half the bytes).
+
+    Not called ``bf16_compress_hook``: DDP refuses a hook of that name unless
+    NCCL is present, taking it for its own.
+    """
+    return _compressed(state, bucket, torch.bfloat16)
