@@ -15,8 +15,11 @@ Cost (alpha-beta-gamma): ``2(P-1)`` steps, so ``2(P-1)·alpha`` latency;
 reduced per rank (``gamma`` term).  Segments of consecutive steps pipeline:
 segment *k* of a chunk is forwarded as soon as it is reduced.
 
-A non-in-place call first copies the input into the output (prologue); an
-``avg`` divides by ``P`` at the end (epilogue).
+Nothing is copied up front: the first step sends from the input, and each
+reduce-scatter receive writes ``input chunk (op) received`` into the output,
+so the first frame leaves at once even for a large buffer.  Every chunk of
+the output is written exactly once by the reduce-scatter or the all-gather.
+An ``avg`` divides by ``P`` at the end (epilogue).
 """
 
 from __future__ import annotations
@@ -57,13 +60,21 @@ def allreduce_ring(rank: int, size: int, count: int, *, average: bool = False) -
         off, n = chunks[c % size]
         return Region(Buffer.OUTPUT, off, n)
 
+    def source(c: int) -> Region:
+        off, n = chunks[c % size]
+        return Region(Buffer.INPUT, off, n)
+
     steps = []
     if size > 1:
         for k in range(size - 1):
+            # Step 0 sends straight from the input, and each chunk's one reduce
+            # takes its local operand from the input: no prologue copy.
             steps.append(
                 Step(
-                    sends=(Send(right, chunk(rank - k)),),
-                    recvs=(Recv(left, chunk(rank - k - 1), Action.REDUCE),),
+                    sends=(Send(right, source(rank) if k == 0 else chunk(rank - k)),),
+                    recvs=(
+                        Recv(left, chunk(rank - k - 1), Action.REDUCE, src=source(rank - k - 1)),
+                    ),
                 )
             )
         for k in range(size - 1):
@@ -79,6 +90,6 @@ def allreduce_ring(rank: int, size: int, count: int, *, average: bool = False) -
         count=count,
         out_count=count,
         steps=tuple(steps),
-        prologue=allreduce_prologue(count),
+        prologue=allreduce_prologue(count) if size == 1 else (),
         epilogue=allreduce_epilogue(count, size, average),
     )

@@ -84,12 +84,18 @@ class Send:
 
 @dataclass(frozen=True)
 class Recv:
-    """Receive ``region.count`` elements from rank ``peer`` and apply ``action``."""
+    """Receive ``region.count`` elements from rank ``peer`` and apply ``action``.
+
+    A ``REDUCE`` with ``src`` (a region of ``INPUT`` of the same size) writes
+    ``src (op) received`` into ``region``: the first write of a region can take
+    its local operand straight from the input, so no prologue copy is needed.
+    """
 
     peer: int
     region: Region
     action: Action = Action.COPY
     weight: float = 1.0
+    src: Region | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,15 @@ class Schedule:
                     )
                 if r.region.buffer is Buffer.INPUT:
                     raise ValueError(f"rank {self.rank}: step {j} receives into INPUT")
+                if r.src is not None and (
+                    r.action is not Action.REDUCE
+                    or r.src.buffer is not Buffer.INPUT
+                    or r.src.count != r.region.count
+                ):
+                    raise ValueError(
+                        f"rank {self.rank}: step {j}: a receive's src must be an INPUT region "
+                        f"of the same size, with REDUCE (got {r.src} for {r.region})"
+                    )
                 peers.add(r.peer)
                 check(r.region, f"step {j} recv")
         for op in self.prologue + self.epilogue:
@@ -208,6 +223,7 @@ class RecvSegment:
     region: Region
     action: Action
     weight: float
+    src: Region | None = None
 
 
 @dataclass
@@ -292,7 +308,12 @@ def plan_segments(schedule: Schedule, segment_elems: int) -> SegmentPlan:
         for r in step.recvs:
             for k, reg in enumerate(cut(r.region, segment_elems)):
                 q = len(recvs)
-                recvs.append(RecvSegment(j, r.peer, k, reg, r.action, r.weight))
+                src = None
+                if r.src is not None:  # INPUT is read-only: no waits needed on it
+                    src = Region(
+                        r.src.buffer, r.src.offset + reg.offset - r.region.offset, reg.count
+                    )
+                recvs.append(RecvSegment(j, r.peer, k, reg, r.action, r.weight, src))
                 recv_index[(j, r.peer, k)] = q
                 rdeps: set[int] = set()
                 sdeps: set[int] = set()
@@ -327,3 +348,49 @@ def plan_segments(schedule: Schedule, segment_elems: int) -> SegmentPlan:
         for i in sd:
             after_send[i].append((False, q))
     return SegmentPlan(sends, recvs, recv_index, send_waits, recv_waits, after_send, after_recv)
+
+
+def alias_input(schedule: Schedule) -> Schedule | None:
+    """The schedule for an in-place call, where ``INPUT`` and ``OUTPUT`` are one array.
+
+    Every ``INPUT`` region becomes the same ``OUTPUT`` region, so that
+    :func:`plan_segments` sees (and orders) the accesses that now share
+    memory.  Returns None when the schedule cannot run aliased (it reads the
+    input after writing the output, or a receive's ``src`` is not its own
+    destination), in which case the caller must give it a private input copy.
+    """
+    if schedule.reads_input or schedule.count != schedule.out_count:
+        return None
+
+    def out(reg: Region) -> Region:
+        return Region(Buffer.OUTPUT, reg.offset, reg.count) if reg.buffer is Buffer.INPUT else reg
+
+    steps = []
+    for st in schedule.steps:
+        recvs = []
+        for r in st.recvs:
+            if r.src is not None and out(r.src) != r.region:
+                return None
+            recvs.append(Recv(r.peer, r.region, r.action, r.weight))
+        steps.append(Step(tuple(Send(x.peer, out(x.region)) for x in st.sends), tuple(recvs)))
+
+    def local(ops: tuple[LocalOp, ...]) -> tuple[LocalOp, ...]:
+        kept = []
+        for op in ops:
+            src = None if op.src is None else out(op.src)
+            if op.kind is LocalKind.COPY and src == op.dst:
+                continue  # copying the array onto itself
+            kept.append(LocalOp(op.kind, op.dst, src, op.weight, op.divisor))
+        return tuple(kept)
+
+    return Schedule(
+        rank=schedule.rank,
+        size=schedule.size,
+        count=schedule.count,
+        out_count=schedule.out_count,
+        steps=tuple(steps),
+        prologue=local(schedule.prologue),
+        epilogue=local(schedule.epilogue),
+        work_count=schedule.work_count,
+        reads_input=False,
+    )

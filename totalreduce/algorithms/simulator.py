@@ -17,7 +17,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .schedule import Action, Buffer, LocalKind, LocalOp, Region, Schedule, plan_segments
+from .schedule import (
+    Action,
+    Buffer,
+    LocalKind,
+    LocalOp,
+    Region,
+    Schedule,
+    alias_input,
+    plan_segments,
+)
 
 
 class ScheduleError(AssertionError):
@@ -90,6 +99,12 @@ def simulate(
         work = np.zeros(s.work_count, dtype=x.dtype)
         bufs.append({Buffer.INPUT: x, Buffer.OUTPUT: out, Buffer.WORK: work})
 
+    if in_place:
+        aliased = [alias_input(s) if s.out_count == s.count else None for s in schedules]
+        for r, a in enumerate(aliased):
+            if a is not None:
+                bufs[r][Buffer.INPUT] = bufs[r][Buffer.OUTPUT]
+        schedules = [a if a is not None else s for a, s in zip(aliased, schedules, strict=True)]
     plans = [plan_segments(s, segment_elems) for s in schedules]
     send_waits = [list(p.send_waits) for p in plans]
     recv_waits = [list(p.recv_waits) for p in plans]
@@ -168,7 +183,8 @@ def simulate(
         if seg_r.action is Action.COPY:
             dst[...] = data
         elif seg_r.action is Action.REDUCE:
-            dst[...] = reduce(dst, data)
+            base = dst if seg_r.src is None else view(r, seg_r.src)
+            dst[...] = reduce(base, data)
         else:
             dst[...] = dst + seg_r.weight * data
         applied[r][q] = True

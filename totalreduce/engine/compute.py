@@ -48,6 +48,7 @@ class ComputeRequest:
     token: int = -1
     scratch: np.ndarray | None = None
     error: BaseException | None = None
+    base: np.ndarray | None = None  # REDUCE: dst = base (op) src, when given
 
     @property
     def count(self) -> int:

@@ -753,6 +753,8 @@ class CommLoop:
             token=q,
             scratch=body,
         )
+        if seg.src is not None:
+            req.base = p.view(seg.src.buffer, seg.src.offset, seg.src.count)
         if self._execute is not None and body.nbytes <= self.cfg.inline_compute_bytes:
             try:
                 self._execute(req)

@@ -221,8 +221,7 @@ def decode(buf: bytes | bytearray | memoryview, length: int, size: int, micro_by
         raise FrameError(f"malformed frame: body of {nbytes} bytes exceeds {MAX_BODY_BYTES}")
     if frame_type is FrameType.DATA and nbytes % h_dtype.itemsize:
         raise FrameError(
-            f"malformed frame: {nbytes} bytes is not a whole number of "
-            f"{h_dtype.name} elements"
+            f"malformed frame: {nbytes} bytes is not a whole number of {h_dtype.name} elements"
         )
     if flags & FLAG_INLINE:
         if nbytes > micro_bytes:

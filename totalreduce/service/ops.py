@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..algorithms.schedule import Schedule, SegmentPlan, plan_segments
+from ..algorithms.schedule import Schedule, SegmentPlan, alias_input, plan_segments
 from ..engine.wire import AlgorithmCode, OpKind
 from ..errors import InvalidArgumentError
 
@@ -109,6 +109,12 @@ def cached_edge(rank: int, size: int, count: int, weight: float) -> Schedule:
     from ..algorithms.neighbor import edge_average
 
     return edge_average(rank, size, count, weight=weight)
+
+
+@functools.lru_cache(maxsize=1024)
+def alias_for(schedule: Schedule) -> Schedule | None:
+    """The in-place form of a schedule (cached); None if it needs a private input copy."""
+    return alias_input(schedule)
 
 
 @functools.lru_cache(maxsize=1024)

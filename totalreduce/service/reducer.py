@@ -22,6 +22,8 @@ def execute(req: ComputeRequest) -> None:
     dt, dst, src = req.dtype, req.dst, req.src
     kind = req.kind
     if kind is ComputeKind.REDUCE:
+        if req.base is not None:
+            kernels.copy_into(dst, req.base, dt)
         kernels.reduce_into(dst, src, req.op, dt)
     elif kind is ComputeKind.COPY:
         if src is not None and src.ctypes.data != dst.ctypes.data:

@@ -32,8 +32,8 @@ from ..group import Group, Partition
 from ..transport.base import Transport
 from .config import Config
 from .handle import Handle
+from .ops import alias_for, choose_allreduce, compile_op, plan_for
 from .ops import cached_edge as _cached_edge
-from .ops import choose_allreduce, compile_op, plan_for
 
 log = logging.getLogger("totalreduce.service")
 
@@ -244,6 +244,10 @@ class Service:
     ) -> None:
         """Queue a named, compiled op for the comm thread (any thread may call this)."""
         seg = max(1, self.config.segment_bytes // dtype.itemsize)
+        if in_place:
+            aliased = alias_for(schedule)
+            if aliased is not None:
+                schedule = aliased
         spec = OpSpec(
             name=name,
             wire_id=wire_id(name),
