@@ -53,10 +53,10 @@ def init(comm: Any = None, **options: Any) -> Any:
         from .errors import InvalidArgumentError
 
         raise InvalidArgumentError(f"service must be 'embedded' or 'daemon', got {mode!r}")
-    if mode == "embedded" and "local_rank" in options:
+    if mode == "embedded" and ("local_rank" in options or socket_path is not None):
         from .errors import InvalidArgumentError
 
-        raise InvalidArgumentError("local_rank= is an option of service='daemon'")
+        raise InvalidArgumentError("socket= and local_rank= are options of service='daemon'")
     # --- end of service modes ---
     with _init_lock:
         if _default is not None and not _default.closed:

@@ -139,7 +139,7 @@ def test_done_callback_runs_exactly_once() -> None:
             calls = []
             h0 = svcs[0].allreduce_async(np.ones(3), name="cb")
             h1 = svcs[1].allreduce_async(np.ones(3), name="cb")
-            t = threading.Thread(target=lambda: h0.add_done_callback(calls.append))
+            t = threading.Thread(target=h0.add_done_callback, args=(calls.append,))
             t.start()
             h0.add_done_callback(calls.append)
             t.join()

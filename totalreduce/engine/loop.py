@@ -206,6 +206,9 @@ class CommLoop:
         """One pass of the big loop; True when anything progressed."""
         self.stats.passes += 1
         progressed = False
+        while self.controls:  # aborts first: an abort then a resubmission fails it
+            self._abort(*self.controls.popleft())
+            progressed = True
         while self.submissions:
             spec = self.submissions.popleft()
             try:
@@ -221,9 +224,7 @@ class CommLoop:
                 else:
                     self._finish_spec(spec, err)
             progressed = True
-        while self.controls:
-            self._abort(*self.controls.popleft())
-            progressed = True
+
         done = self.compute.done
         while done:
             self._on_computed(done.popleft())

@@ -1,0 +1,365 @@
+"""Benchmark: daemon mode against embedded mode, same machine, same session.
+
+``python -m totalreduce.daemon.bench`` runs, one after the other:
+
+1. embedded: ``mpiexec -n P`` training processes, each with its own engine;
+2. daemon: ``mpiexec -n P totalreduce serve --local-clients 1`` and P plain
+   training processes attached to it (one per simulated node);
+
+and in each the same worker (``--role worker``), written against the embedded
+API only.  For every size (float32, in place, in registered memory in daemon
+mode) it measures:
+
+- latency: submission (``allreduce_async``) to completion (``wait()``
+  returned), ranks started together by a barrier; an iteration counts the
+  slowest rank, the figure is the median over iterations;
+- busbw: back-to-back blocking allreduces, ``2(P-1)/P * bytes / time``
+  (nccl-tests' definition);
+- an overlapped step: ``--layers`` gradients of ``--layer-bytes``, each
+  submitted after ``--compute-ms`` of pure-Python work (which holds the
+  interpreter lock, as a framework's Python does), all waited for at the end.
+  In embedded mode the comm thread competes with that work for the lock; in
+  daemon mode it runs in another process.
+
+With ``--example PATH`` (default: ``examples/train_distributed_optimizer.py``
+if it exists and torch is installed) it also runs that example's
+``--compare`` benchmark in both modes and reports its DistributedOptimizer's
+median time per step.
+
+Figures are printed, never asserted: benchmarks are not tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SIZES = {"4KiB": 4 << 10, "4MiB": 4 << 20, "64MiB": 64 << 20}
+
+
+def _iterations(nbytes: int) -> int:
+    if nbytes <= 64 << 10:
+        return 300
+    if nbytes <= 8 << 20:
+        return 30
+    return 8
+
+
+# ---------------------------------------------------------------------- the worker
+
+
+def _slowest(times: list[float], tr: Any, name: str) -> list[float]:
+    """Per iteration, the slowest rank's time."""
+    return [float(v) for v in tr.allreduce(np.array(times), name=name, op="max")]
+
+
+def _burn(ms: float) -> None:
+    """Pure-Python work holding the interpreter lock for ``ms`` milliseconds."""
+    end = time.perf_counter() + ms / 1000
+    x = 0
+    while time.perf_counter() < end:
+        for i in range(200):
+            x += i * i
+
+
+def worker(args: argparse.Namespace) -> None:
+    import totalreduce as tr
+
+    svc = tr.init()
+    rank, size = tr.rank(), tr.size()
+    empty = getattr(svc, "empty", None)
+    report: dict[str, Any] = {"mode": type(svc).__name__, "size": size, "sizes": {}}
+    for label, nbytes in SIZES.items():
+        if label not in args.sizes.split(","):
+            continue
+        count = nbytes // 4
+        x = empty(count, np.float32) if empty is not None else np.empty(count, np.float32)
+        x[:] = 1.0
+        iters = _iterations(nbytes)
+        name = f"bench.{label}"
+        for _ in range(3):
+            tr.allreduce(x, name=name, out=x)
+        lat = []
+        for _ in range(iters):
+            tr.barrier(name="bench.sync")
+            t0 = time.perf_counter()
+            tr.allreduce_async(x, name=name, out=x).wait()
+            lat.append(time.perf_counter() - t0)
+        lat = _slowest(lat, tr, f"bench.lat.{label}")
+        tr.barrier(name="bench.sync")
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            tr.allreduce(x, name=name, out=x)
+        elapsed = _slowest([time.perf_counter() - t0], tr, f"bench.bw.{label}")[0]
+        per_op = elapsed / iters
+        report["sizes"][label] = {
+            "bytes": nbytes,
+            "latency_s": statistics.median(lat),
+            "per_op_s": per_op,
+            "busbw_GBps": 2 * (size - 1) / size * nbytes / per_op / 1e9,
+        }
+    if args.layers:
+        count = args.layer_bytes // 4
+        if empty is not None:
+            grads = [empty(count, np.float32) for _ in range(args.layers)]
+        else:
+            grads = [np.empty(count, np.float32) for _ in range(args.layers)]
+        steps = []
+        for step in range(args.steps + 2):
+            tr.barrier(name="bench.sync")
+            t0 = time.perf_counter()
+            handles = []
+            for i, g in enumerate(grads):
+                _burn(args.compute_ms)  # "backward" of layer i
+                handles.append(tr.allreduce_async(g, name=f"bench.layer{i}", op="avg", out=g))
+            for h in handles:
+                h.wait()
+            if step >= 2:
+                steps.append(time.perf_counter() - t0)
+        steps = _slowest(steps, tr, "bench.steps")
+        report["step"] = {
+            "layers": args.layers,
+            "layer_bytes": args.layer_bytes,
+            "compute_ms": args.compute_ms,
+            "step_s": statistics.median(steps),
+            "compute_only_s": args.layers * args.compute_ms / 1000,
+        }
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(report))
+    tr.shutdown()
+
+
+# ---------------------------------------------------------------------- the orchestrator
+
+
+def _worker_cmd(args: argparse.Namespace, out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "totalreduce.daemon.bench", "--role", "worker",
+        "--out", str(out), "--sizes", args.sizes, "--layers", str(args.layers),
+        "--layer-bytes", str(args.layer_bytes), "--compute-ms", str(args.compute_ms),
+        "--steps", str(args.steps),
+    ]  # fmt: skip
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TOTALREDUCE_SERVICE",)}
+    env.update(MPIEXEC_TIMEOUT="1200", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+class _Service:
+    """``totalreduce serve`` for the daemon half of the run."""
+
+    def __init__(self, nodes: int, directory: Path) -> None:
+        self.directory = directory
+        self.log = directory.parent / "serve.log"
+        cmd = [
+            "mpiexec", "-n", str(nodes), sys.executable, "-m", "totalreduce.cli", "serve",
+            "--local-clients", "1", "--socket-dir", str(directory), "--log-level", "WARNING",
+        ]  # fmt: skip
+        with open(self.log, "w") as err:
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.DEVNULL, stderr=err, env=_env(), start_new_session=True
+            )
+        deadline = time.monotonic() + 120
+        while not all(self.socket(n).exists() for n in range(nodes)):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the service did not start:\n{self.log.read_text()}")
+            time.sleep(0.05)
+
+    def socket(self, node: int) -> Path:
+        return self.directory / f"node{node}.sock"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def _run_embedded(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    cmd = ["mpiexec", "-n", str(args.nodes), *_worker_cmd(args, out)]
+    subprocess.run(cmd, check=True, env=_env(), timeout=1200)
+    return json.loads(out.read_text())
+
+
+def _run_daemon(args: argparse.Namespace, service: _Service, out: Path) -> dict[str, Any]:
+    procs = [
+        subprocess.Popen(
+            _worker_cmd(args, out),
+            env=_env(
+                TOTALREDUCE_SERVICE="daemon",
+                TOTALREDUCE_SOCKET=str(service.socket(n)),
+                TOTALREDUCE_LOCAL_RANK="0",
+            ),
+        )
+        for n in range(args.nodes)
+    ]
+    for p in procs:
+        if p.wait(1200) != 0:
+            raise SystemExit(f"a daemon-mode worker failed:\n{service.log.read_text()}")
+    return json.loads(out.read_text())
+
+
+_STEP = re.compile(r"totalreduce DistributedOptimizer\s+([0-9.]+)")
+
+
+def _example_step(args: argparse.Namespace, service: _Service | None) -> float | None:
+    """The example's median s/step of its DistributedOptimizer (embedded, or on ``service``)."""
+    example = Path(args.example)
+    common = ["--epochs", "1", "--compare", "--compare-steps", str(args.example_steps),
+              "--plot", os.devnull]  # fmt: skip
+    if service is None:
+        cmd = ["mpiexec", "-n", str(args.nodes), sys.executable, example.name, *common]
+    else:  # one rank per node, each attached to its node's service; MPI only for the example
+        cmd = ["mpiexec"]
+        for n in range(args.nodes):
+            if n:
+                cmd.append(":")
+            cmd += ["-n", "1", "-env", "TOTALREDUCE_SERVICE", "daemon",
+                    "-env", "TOTALREDUCE_SOCKET", str(service.socket(n)),
+                    sys.executable, example.name, *common]  # fmt: skip
+    res = subprocess.run(
+        cmd, cwd=example.parent, capture_output=True, text=True, env=_env(), timeout=1200
+    )
+    m = _STEP.search(res.stdout)
+    if res.returncode != 0 or m is None:
+        print(f"(the example failed: {res.stdout[-2000:]}{res.stderr[-2000:]})", file=sys.stderr)
+        return None
+    return float(m.group(1))
+
+
+def _default_example() -> str:
+    path = Path("examples/train_distributed_optimizer.py")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return ""
+    return str(path) if path.exists() else ""
+
+
+def _print(emb: dict[str, Any], dmn: dict[str, Any], steps: tuple[Any, Any], nodes: int) -> None:
+    print(
+        f"\nallreduce, float32 in place, P = {nodes} (daemon: {nodes} services x 1 client); "
+        "medians over the rounds"
+    )
+    print(
+        f"{'size':>6}  {'latency embedded':>17} {'daemon':>9} {'ratio':>6}   "
+        f"{'busbw embedded':>15} {'daemon':>10} {'ratio':>6}"
+    )
+    for label in emb["sizes"]:
+        e, d = emb["sizes"][label], dmn["sizes"][label]
+        print(
+            f"{label:>6}  {e['latency_s'] * 1e6:14.0f} us {d['latency_s'] * 1e6:6.0f} us "
+            f"{d['latency_s'] / e['latency_s']:6.2f}   {e['busbw_GBps']:10.3f} GB/s "
+            f"{d['busbw_GBps']:5.3f} GB/s {d['busbw_GBps'] / e['busbw_GBps']:6.2f}"
+        )
+    print("(latency ratio: daemon / embedded, above 1 is slower; busbw ratio: above 1 is faster)")
+    if "step" in emb:
+        e, d = emb["step"], dmn["step"]
+        print(
+            f"\noverlapped step: {e['layers']} gradients of {e['layer_bytes'] >> 10} KiB, each "
+            f"after {e['compute_ms']:g} ms of Python work ({e['compute_only_s'] * 1e3:.0f} ms "
+            "of work per step)"
+        )
+        print(
+            f"  embedded {e['step_s'] * 1e3:.1f} ms/step, daemon {d['step_s'] * 1e3:.1f} ms/step "
+            f"(daemon / embedded {d['step_s'] / e['step_s']:.2f})"
+        )
+    if steps[0] is not None and steps[1] is not None:
+        print(
+            f"\nDistributedOptimizer example (median time per step, slowest rank): embedded "
+            f"{steps[0] * 1e3:.1f} ms, daemon {steps[1] * 1e3:.1f} ms "
+            f"(daemon / embedded {steps[1] / steps[0]:.2f})"
+        )
+
+
+def _median(values: list[Any]) -> Any:
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
+def _median_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the rounds."""
+    out = json.loads(json.dumps(reports[0]))
+    for label, row in out["sizes"].items():
+        for key in ("latency_s", "per_op_s", "busbw_GBps"):
+            row[key] = _median([r["sizes"][label][key] for r in reports])
+    if "step" in out:
+        out["step"]["step_s"] = _median([r["step"]["step_s"] for r in reports])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m totalreduce.daemon.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--role", choices=("run", "worker"), default="run", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="", help=argparse.SUPPRESS)
+    p.add_argument("--nodes", type=int, default=2, help="P: ranks / services (default 2)")
+    p.add_argument("--sizes", default=",".join(SIZES), help="of " + ", ".join(SIZES))
+    p.add_argument("--layers", type=int, default=8, help="overlapped step: gradients (0: skip)")
+    p.add_argument("--layer-bytes", type=int, default=1 << 20)
+    p.add_argument("--compute-ms", type=float, default=2.0)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--example", default=None, help="the DistributedOptimizer example ('': skip)")
+    p.add_argument("--example-steps", type=int, default=100)
+    p.add_argument("--repeat", type=int, default=3, help="rounds; figures are medians")
+    p.add_argument("--json", default="", help="also write the figures to this file")
+    args = p.parse_args(argv)
+    if args.role == "worker":
+        worker(args)
+        return 0
+    if shutil.which("mpiexec") is None:
+        raise SystemExit("mpiexec is not on PATH")
+    if args.example is None:
+        args.example = _default_example()
+    work = Path(tempfile.mkdtemp(prefix="totalreduce-bench-"))
+    rounds: list[tuple[dict[str, Any], dict[str, Any], float | None, float | None]] = []
+    try:
+        for r in range(args.repeat):
+            # the modes alternate, and the service runs only during the daemon half,
+            # so both see the same machine and neither pays for the other
+            print(f"round {r + 1} of {args.repeat}: embedded ...", flush=True)
+            emb = _run_embedded(args, work / "embedded.json")
+            step_emb = _example_step(args, None) if args.example else None
+            print(f"round {r + 1} of {args.repeat}: daemon ...", flush=True)
+            service = _Service(args.nodes, work / "sockets")
+            try:
+                dmn = _run_daemon(args, service, work / "daemon.json")
+                step_dmn = _example_step(args, service) if args.example else None
+            finally:
+                service.stop()
+            rounds.append((emb, dmn, step_emb, step_dmn))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    emb, dmn = _median_report([r[0] for r in rounds]), _median_report([r[1] for r in rounds])
+    step_emb, step_dmn = (_median([r[i] for r in rounds]) for i in (2, 3))
+    _print(emb, dmn, (step_emb, step_dmn), args.nodes)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"embedded": emb, "daemon": dmn, "example_step_s": [step_emb, step_dmn]})
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
