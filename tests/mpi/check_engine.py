@@ -191,7 +191,9 @@ def mode_user_traffic(p: int, rank: int) -> None:
 
 def main() -> None:
     mode = sys.argv[1]
-    tr.init(segment_bytes=SEGMENT, micro_bytes=1024, stall_warning_s=5)
+    # "random" sends every reduction to the reduce thread; the other modes reduce inline
+    inline = 0 if mode == "random" else SEGMENT
+    tr.init(segment_bytes=SEGMENT, micro_bytes=1024, stall_warning_s=5, inline_compute_bytes=inline)
     p, rank = tr.size(), tr.rank()
     modes = {
         "random": mode_random,

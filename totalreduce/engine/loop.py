@@ -73,7 +73,7 @@ class LoopConfig:
     idle_backoff_max_s: float = 5e-3
     urgent_backoff_max_s: float = 5e-5
     spin_s: float = 2e-4
-    inline_compute_bytes: int = 64 << 10
+    inline_compute_bytes: int = 1 << 20
 
 
 @dataclass(eq=False)

@@ -30,8 +30,10 @@ class Config:
     - ``stall_warning_s``: warn about an op that made no progress this long.
     - ``backoff_max_s`` / ``idle_backoff_max_s``: longest sleep of the comm
       loop with ops in flight / with none.
-    - ``inline_compute_bytes``: received segments up to this size are reduced
-      by the comm thread itself; larger ones by the reduce thread.
+    - ``inline_compute_bytes``: received segments (and whole prologues or
+      epilogues) up to this size are reduced by the comm thread itself; larger
+      ones by the reduce thread.  Measured: handing a 1 MiB segment to another
+      thread costs more than reducing it (docs/architecture.md).
     - ``algorithm``: default allreduce algorithm (``auto`` chooses by size).
     - ``shutdown_timeout_s``: how long ``shutdown()`` lets in-flight ops finish.
     - ``allow_serialized``: accept an MPI with only THREAD_SERIALIZED (your
@@ -45,7 +47,7 @@ class Config:
     stall_warning_s: float = 60.0
     backoff_max_s: float = 1e-3
     idle_backoff_max_s: float = 5e-3
-    inline_compute_bytes: int = 64 << 10
+    inline_compute_bytes: int = 1 << 20
     algorithm: str = "auto"
     shutdown_timeout_s: float = 30.0
     allow_serialized: bool = False
