@@ -4,60 +4,29 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
+from allreduce_sweep import SIZES, check_other_op, check_sum_exact
 
 from totalreduce.algorithms.bcube import allreduce_bcube, bcube_radices
-from totalreduce.algorithms.simulator import simulate
-
-SIZES = sorted(set(range(1, 17)) | {24, 32})
-
-
-def counts_for(p: int) -> list[int]:
-    if p > 16:
-        return sorted({0, p + 1, 1000})
-    return sorted({0, 1, max(p - 1, 0), p + 1, 1000, 12345})
-
-
-def inputs(p: int, n: int) -> list[np.ndarray]:
-    index = np.arange(n, dtype=np.int64)
-    return [index * p + r for r in range(p)]
-
-
-def check_sum(p: int, counts: list[int], base: int, in_place: bool) -> None:
-    for n in counts:
-        want = np.arange(n, dtype=np.int64) * p * p + p * (p - 1) // 2
-        schedules = [allreduce_bcube(r, p, n, base=base) for r in range(p)]
-        outs = simulate(
-            schedules, inputs(p, n), segment_elems=97, in_place=in_place, seed=p * 7 + n
-        )
-        for r, out in enumerate(outs):
-            np.testing.assert_array_equal(out, want, err_msg=f"P={p} base={base} n={n} rank={r}")
 
 
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("p", SIZES)
 def test_bcube_sum_exact(p: int, in_place: bool) -> None:
-    check_sum(p, counts_for(p), 2, in_place)
+    check_sum_exact(allreduce_bcube, p, in_place, base=2)
 
 
 @pytest.mark.parametrize("base", [3, 4, 5])
 @pytest.mark.parametrize("p", SIZES)
 def test_bcube_other_bases(p: int, base: int) -> None:
-    check_sum(p, sorted({0, 1, p + 1, 1000}), base, in_place=p % 2 == 0)
+    counts = sorted({0, 1, p + 1, 1000})
+    check_sum_exact(allreduce_bcube, p, p % 2 == 0, counts, base=base)
 
 
 @pytest.mark.parametrize("p", [1, 4, 6, 9])
 @pytest.mark.parametrize("op", ["max", "min", "avg"])
 def test_bcube_other_ops(p: int, op: str) -> None:
-    n = 1001
-    rng = np.random.default_rng(p)
-    xs = [rng.integers(-1000, 1000, n).astype(np.int64) for _ in range(p)]
-    ref = {"max": np.max, "min": np.min, "avg": lambda a, axis: np.sum(a, axis=axis) // p}[op]
-    want = ref(np.stack(xs), axis=0)
-    schedules = [allreduce_bcube(r, p, n, average=op == "avg", base=3) for r in range(p)]
-    for out in simulate(schedules, xs, op=op, segment_elems=50, seed=p):
-        np.testing.assert_array_equal(out, want)
+    check_other_op(allreduce_bcube, p, op, base=3)
 
 
 @pytest.mark.parametrize("base", [2, 3, 4])

@@ -2,54 +2,25 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from allreduce_sweep import SIZES, check_other_op, check_sum_exact
 
 from totalreduce.algorithms.halving_doubling import (
     allreduce_halving_doubling,
     binary_blocks,
 )
-from totalreduce.algorithms.simulator import simulate
-
-# 1..16 plus the process counts Gloo's halving-doubling tests use.
-SIZES = sorted(set(range(1, 17)) | {24, 32})
-
-
-def counts_for(p: int) -> list[int]:
-    if p > 16:
-        return sorted({0, p + 1, 1000})
-    return sorted({0, 1, max(p - 1, 0), p + 1, 1000, 12345})
-
-
-def inputs(p: int, n: int) -> list[np.ndarray]:
-    index = np.arange(n, dtype=np.int64)
-    return [index * p + r for r in range(p)]
 
 
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("p", SIZES)
 def test_halving_doubling_sum_exact(p: int, in_place: bool) -> None:
-    for n in counts_for(p):
-        want = np.arange(n, dtype=np.int64) * p * p + p * (p - 1) // 2
-        schedules = [allreduce_halving_doubling(r, p, n) for r in range(p)]
-        outs = simulate(
-            schedules, inputs(p, n), segment_elems=97, in_place=in_place, seed=p * 7 + n
-        )
-        for r, out in enumerate(outs):
-            np.testing.assert_array_equal(out, want, err_msg=f"P={p} n={n} rank={r}")
+    check_sum_exact(allreduce_halving_doubling, p, in_place)
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 6, 8, 13])
 @pytest.mark.parametrize("op", ["max", "min", "avg"])
 def test_halving_doubling_other_ops(p: int, op: str) -> None:
-    n = 1001
-    rng = np.random.default_rng(p)
-    xs = [rng.integers(-1000, 1000, n).astype(np.int64) for _ in range(p)]
-    ref = {"max": np.max, "min": np.min, "avg": lambda a, axis: np.sum(a, axis=axis) // p}[op]
-    want = ref(np.stack(xs), axis=0)
-    schedules = [allreduce_halving_doubling(r, p, n, average=op == "avg") for r in range(p)]
-    for out in simulate(schedules, xs, op=op, segment_elems=50, seed=p):
-        np.testing.assert_array_equal(out, want)
+    check_other_op(allreduce_halving_doubling, p, op)
 
 
 @pytest.mark.parametrize("p", [1, 2, 4, 8, 16, 32])
