@@ -50,6 +50,7 @@ from ..errors import (
     OpTimeoutError,
     TotalReduceError,
 )
+from ..service.service import as_array, reduce_op
 from . import protocol, shm
 from .sockets import find_socket
 from .timing import precise_sleeps
@@ -702,11 +703,8 @@ class DaemonClient:
         ``max`` or ``min``.  ``group`` is not supported in daemon mode.
         """
         _no_group(group)
-        arr, dt = _as_array(x, "x", dtype)
-        try:
-            rop = ReduceOp.of(op)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from None
+        arr, dt = as_array(x, "x", dtype)
+        rop = reduce_op(op)
         _check_algorithm(algorithm)
         return self._submit("allreduce", arr, dt, out, name, priority, algorithm, op=rop)
 
@@ -740,7 +738,7 @@ class DaemonClient:
         ``root`` counts training processes (``node * N + local rank``), like ``rank``.
         """
         _no_group(group)
-        arr, dt = _as_array(x, "x", dtype)
+        arr, dt = as_array(x, "x", dtype)
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
             raise InvalidArgumentError(f"broadcast root must be an int, got {root!r}")
         if not 0 <= root < self.size:
@@ -860,34 +858,10 @@ def connect(path: str | os.PathLike[str] | None = None, **options: Any) -> Daemo
     return DaemonClient(path, **options)
 
 
-def _as_array(x: Any, what: str, dtype: str | None) -> tuple[np.ndarray, DType]:
-    if isinstance(x, np.ndarray):
-        arr = x
-    else:
-        try:
-            arr = np.asarray(x if hasattr(x, "__array__") else memoryview(x))
-        except TypeError as exc:
-            raise InvalidArgumentError(f"{what} is not an array or buffer: {exc}") from None
-    if not arr.flags.c_contiguous:
-        raise InvalidArgumentError(
-            f"{what} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "
-            "pass np.ascontiguousarray(...)"
-        )
-    try:
-        dt = DType.of(dtype if dtype is not None else arr.dtype)
-    except ValueError as exc:
-        raise InvalidArgumentError(f"{what}: {exc}") from None
-    if arr.dtype != dt.numpy:
-        raise InvalidArgumentError(
-            f"{what} holds {arr.dtype}, but dtype={dtype!r} needs {dt.numpy}"
-        )
-    return arr, dt
-
-
 def _output(x: np.ndarray, out: Any) -> np.ndarray:
     if out is None:
         return x
-    o = out if isinstance(out, np.ndarray) else _as_array(out, "out", None)[0]
+    o = out if isinstance(out, np.ndarray) else as_array(out, "out", None)[0]
     if o.dtype != x.dtype or o.size != x.size:
         raise InvalidArgumentError(
             f"out has dtype {o.dtype} and {o.size} elements; expected {x.dtype} and {x.size}"

@@ -50,10 +50,6 @@ class ComputeRequest:
     error: BaseException | None = None
     base: np.ndarray | None = None  # REDUCE: dst = base (op) src, when given
 
-    @property
-    def count(self) -> int:
-        return int(self.dst.size)
-
 
 class ComputeList:
     """A FIFO of compute requests between the comm thread and the reducer."""

@@ -117,8 +117,5 @@ class FloatingList:
     def take_error(self, key: OpKey) -> tuple[str, int] | None:
         return self._errors.pop(key, None)
 
-    def keys(self) -> list[OpKey]:
-        return list(self._frames)
-
     def __len__(self) -> int:
         return sum(len(v) for v in self._frames.values())

@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -105,7 +105,6 @@ class LoopStats:
     ops_failed: int = 0
     passes: int = 0
     idle_sleeps: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class CommLoop:
@@ -298,17 +297,24 @@ class CommLoop:
 
     def _run_locals(self, reqs: list[ComputeRequest]) -> None:
         """Run a prologue or epilogue in order: inline when small, else on the reducer."""
-        total = sum(r.dst.nbytes for r in reqs)
-        if self._execute is not None and total <= self.cfg.inline_compute_bytes:
-            for req in reqs:
-                try:
-                    self._execute(req)
-                except Exception as exc:  # handed to the op, as the reducer would
-                    req.error = exc
-                self.compute.done.append(req)
+        inline = sum(r.dst.nbytes for r in reqs) <= self.cfg.inline_compute_bytes
+        for req in reqs:
+            self._compute(req, inline)
+
+    def _compute(self, req: ComputeRequest, inline: bool) -> None:
+        """Run a request here (small) or queue it for the reduce thread (large).
+
+        Either way it comes back through ``compute.done``, so finishing it never
+        recurses into the code that queued it.
+        """
+        if inline and self._execute is not None:
+            try:
+                self._execute(req)
+            except Exception as exc:  # handed to the op, as the reducer would
+                req.error = exc
+            self.compute.done.append(req)
         else:
-            for req in reqs:
-                self.compute.put(req)
+            self.compute.put(req)
 
     def _local_request(self, p: Payload, lop: LocalOp) -> ComputeRequest:
         d = lop.dst
@@ -457,12 +463,6 @@ class CommLoop:
             if world != self.rank:
                 self._error_frame(key, world, reason, ERROR_FAILED)
         log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)
-
-    def fail_op(self, key: OpKey, error: BaseException) -> None:
-        """Fail an op from the comm thread (e.g. its waiter gave up); tells the peers."""
-        p = self.table.get(key)
-        if p is not None:
-            self._fail(p, error, tell_peers=True)
 
     # ------------------------------------------------------------------ sending
 
@@ -756,14 +756,7 @@ class CommLoop:
         )
         if seg.src is not None:
             req.base = p.view(seg.src.buffer, seg.src.offset, seg.src.count)
-        if self._execute is not None and body.nbytes <= self.cfg.inline_compute_bytes:
-            try:
-                self._execute(req)
-            except Exception as exc:  # handed to the op, as the reducer would
-                req.error = exc
-            self.compute.done.append(req)  # finished like the reducer's: no recursion
-        else:
-            self.compute.put(req)
+        self._compute(req, body.nbytes <= self.cfg.inline_compute_bytes)
 
     def _applied(self, p: Payload, q: int) -> None:
         p.recvs_left -= 1

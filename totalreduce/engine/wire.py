@@ -42,7 +42,6 @@ HEADER_SIZE = _LAYOUT.size
 assert HEADER_SIZE == 80
 
 HEADER_TAG = 1
-ERROR_TAG = 2  # not used on the wire; reserved
 BODY_TAG_BASE = 16
 BODY_TAG_SPAN = 1 << 20  # body tags rotate through this many values per peer
 

@@ -183,10 +183,8 @@ class Service:
                 ):
                     del self._names[name]
 
-    def _output(
-        self, x: np.ndarray, out: Any, what: str = "out", count: int | None = None
-    ) -> tuple[np.ndarray, bool]:
-        want = x.size if count is None else count
+    def _output(self, x: np.ndarray, out: Any, what: str = "out") -> tuple[np.ndarray, bool]:
+        want = x.size
         if out is None:
             return np.empty(want, dtype=x.dtype), False
         o, _ = as_array(out, what, "bfloat16" if x.dtype == np.uint16 else None)
@@ -346,7 +344,7 @@ class Service:
         as bfloat16 bit patterns.
         """
         arr, dt = as_array(x, "x", dtype)
-        rop = _reduce_op(op)
+        rop = reduce_op(op)
         o, in_place = self._output(arr, out)
         grp, me = self._group(group)
         algo = choose_allreduce(algorithm or self.config.algorithm, grp.size, arr.nbytes)
@@ -604,7 +602,7 @@ class Service:
         a copy of its (zero-volume) input.
         """
         arr, dt = as_array(x, "x", dtype)
-        rop = _reduce_op(op)
+        rop = reduce_op(op)
         split = self._split_axis(arr, partition, axes, group)
         if split is None:
             return _done_handle(name, arr.copy())
@@ -1134,7 +1132,8 @@ class Service:
         return self._closed
 
 
-def _reduce_op(op: Any) -> ReduceOp:
+def reduce_op(op: Any) -> ReduceOp:
+    """The ReduceOp a call names, or InvalidArgumentError listing the known ones."""
     try:
         return ReduceOp.of(op)
     except ValueError as exc:
