@@ -150,3 +150,17 @@ def test_done_callback_runs_exactly_once() -> None:
                 time.sleep(0.001)  # callbacks run just after the event is set
             time.sleep(0.002)
             assert calls == [h0, h0]
+
+
+def test_abort_then_submit_fails_on_every_rank() -> None:
+    def rank_main(svc):
+        if svc.rank == 0:
+            svc.abort("doomed", 0, "client 7 of node 0 died during op 'doomed'")
+        with pytest.raises(tr.OpFailedError, match="client 7 of node 0 died"):
+            svc.allreduce(np.ones(3), name="doomed")
+        return svc.allreduce(np.ones(3), name="doomed")  # generation 1 is unaffected
+
+    with local_services(3) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=30)
+    for out in results:
+        np.testing.assert_array_equal(out, np.full(3, 3.0))

@@ -753,9 +753,9 @@ class Daemon:
         this node, so a generation whose op failed while still waiting for local
         clients (and was aborted on every node) is consumed here by an op over
         this node alone, which sends nothing.  It runs once the aborts were
-        handled, so that it fails at once against the recorded abort.
+        handled: the engine takes aborts and ops from one queue, in order, so the
+        op fails at once against the recorded abort.
         """
-        self._settle_aborts()
         me = Group([self.node])
         s = rdv.shape
         kw: dict[str, Any] = {"dtype": "bfloat16"} if s.dtype is DType.BFLOAT16 else {}
@@ -773,15 +773,6 @@ class Daemon:
                     dummy, root=0, name=rdv.engine_name, out=dummy, group=me, **kw
                 )
         self.engine_next[rdv.engine_name] = rdv.engine_generation
-
-    def _settle_aborts(self, limit: float = 1.0) -> None:
-        # Service.abort queues a request for the comm thread; wait until it took them
-        # all, so no abort is still queued behind the op that uses up its generation.
-        controls = getattr(self.svc.loop, "controls", None)
-        deadline = time.monotonic() + limit
-        while controls and time.monotonic() < deadline:
-            self.svc.loop.notify()
-            time.sleep(50e-6)
 
     def _engine_done(self, rdv: Rendezvous, handle: Handle) -> None:
         """Completion callback, on the engine's comm thread: keep it short."""

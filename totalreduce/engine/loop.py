@@ -123,8 +123,9 @@ class CommLoop:
         self.rank = transport.rank
         self.size = transport.size
         self.cfg = config or LoopConfig()
-        self.submissions: deque[OpSpec] = deque()
-        self.controls: deque[tuple[OpKey, str, str]] = deque()  # aborts asked by clients
+        # Ops and aborts in one queue, so an abort and a later resubmission of the
+        # same op are seen in the order they were asked for.
+        self.submissions: deque[OpSpec | tuple[OpKey, str, str]] = deque()
         self.compute = ComputeList()
         self.wake = threading.Event()
         self.pool = BufferPool(self.cfg.floating_pool_bytes)
@@ -205,11 +206,12 @@ class CommLoop:
         """One pass of the big loop; True when anything progressed."""
         self.stats.passes += 1
         progressed = False
-        while self.controls:  # aborts first: an abort then a resubmission fails it
-            self._abort(*self.controls.popleft())
-            progressed = True
         while self.submissions:
             spec = self.submissions.popleft()
+            progressed = True
+            if isinstance(spec, tuple):
+                self._abort(*spec)
+                continue
             try:
                 self._activate(spec)
             except Exception as exc:  # one bad op must not stop the loop
@@ -222,8 +224,6 @@ class CommLoop:
                     self._fail(p, err, tell_peers=True)
                 else:
                     self._finish_spec(spec, err)
-            progressed = True
-
         done = self.compute.done
         while done:
             self._on_computed(done.popleft())
@@ -411,7 +411,9 @@ class CommLoop:
         for p in list(self.table.values()):
             self._fail(p, error, tell_peers=False)
         while self.submissions:
-            self._finish_spec(self.submissions.popleft(), error)
+            item = self.submissions.popleft()
+            if not isinstance(item, tuple):  # an abort needs no answer
+                self._finish_spec(item, error)
 
     def _send_error(self, p: Payload, message: str, code: int) -> None:
         for world in p.spec.group:
@@ -446,7 +448,7 @@ class CommLoop:
 
     def request_abort(self, key: OpKey, name: str, reason: str) -> None:
         """Fail an op here and on every rank, submitted or not (any thread)."""
-        self.controls.append((key, name, reason))
+        self.submissions.append((key, name, reason))
         self.wake.set()
 
     def _abort(self, key: OpKey, name: str, reason: str) -> None:
