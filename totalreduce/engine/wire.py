@@ -32,6 +32,7 @@ import struct
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
 from ..errors import FrameError
 
@@ -56,36 +57,6 @@ class FrameType(enum.IntEnum):
 
     DATA = 1  # a segment of an op's step
     ERROR = 2  # the op failed on the sender; the body is the UTF-8 message
-
-
-class OpKind(enum.IntEnum):
-    """The collective an op performs."""
-
-    ALLREDUCE = 1
-    BROADCAST = 2
-    BARRIER = 3
-    REDUCE_SCATTER = 4
-    ALLGATHER = 5
-    NEIGHBOR_ALLREDUCE = 6
-    NEIGHBOR_ALLGATHER = 7
-    PAIRWISE_EXCHANGE = 8
-
-
-class AlgorithmCode(enum.IntEnum):
-    """The algorithm an op's schedule was made by (ranks must agree)."""
-
-    NONE = 0
-    RING = 1
-    RING_CHUNKED = 2
-    HALVING_DOUBLING = 3
-    BCUBE = 4
-    ALL_TO_ALL = 5
-    ALL_TO_ONE = 6
-    ONE_TO_ALL = 7
-    PIPELINED = 8
-    PAIRWISE = 9
-    NEIGHBOR = 10
-    EDGE = 11
 
 
 def wire_id(name: str | int) -> int:

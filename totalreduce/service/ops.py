@@ -11,8 +11,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Schedule, SegmentPlan, alias_input, plan_segments
-from ..engine.wire import AlgorithmCode, OpKind
 from ..errors import InvalidArgumentError
 
 

@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Schedule, balanced_parts
 from ..dtypes import DType, ReduceOp
 from ..engine.loop import CommLoop, LoopConfig
 from ..engine.payload import OpSpec
-from ..engine.wire import AlgorithmCode, OpKind, wire_id
+from ..engine.wire import wire_id
 from ..errors import InvalidArgumentError, NotInitializedError, TotalReduceError
 from ..group import Group, Partition
 from ..transport.base import Transport
