@@ -119,12 +119,12 @@ def test_malformed_frame_is_an_error_not_a_crash() -> None:
     rogue = world.transport(1)
     try:
         garbage = np.frombuffer(b"\x00garbage" * 12, dtype=np.uint8).copy()
-        rogue.isend(garbage, 0, wire.HEADER_TAG)
+        rogue.isend(garbage, 0, wire.CONTROL_TAG)
         deadline = time.monotonic() + 5
         while 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
             time.sleep(0.01)
         h = svc.allreduce_async(np.ones(4), name="x")
-        with pytest.raises(tr.FrameError, match="frame from rank 1 rejected.*bad magic"):
+        with pytest.raises(tr.FrameError, match="message from rank 1 refused.*bad magic"):
             h.wait(timeout=5)
         assert svc.loop.fatal is None  # the comm thread lives on
     finally:

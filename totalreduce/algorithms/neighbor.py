@@ -64,6 +64,15 @@ def _announce(rank: int, src: Sequence[int], dst: Sequence[int]) -> Step:
     )
 
 
+#: What an unmatched frame means at each step of a neighbor schedule (see ``Schedule.unexpected``).
+NEIGHBOR_UNEXPECTED = (
+    "rank {sender} receives from rank {me}, but rank {me} does not send to rank {sender} "
+    "(check the topology or src_weights / dst_weights)",
+    "rank {sender} sends to rank {me}, but rank {me} does not receive from rank {sender} "
+    "(check the topology or src_weights / dst_weights)",
+)
+
+
 def neighbor_allreduce(
     rank: int,
     size: int,
@@ -108,6 +117,7 @@ def neighbor_allreduce(
         prologue=tuple(prologue),
         work_count=len(scaled) * count,
         reads_input=True,
+        unexpected=NEIGHBOR_UNEXPECTED,
     )
 
 
@@ -136,6 +146,7 @@ def neighbor_allgather(
         count=count,
         out_count=len(src) * count,
         steps=(_announce(rank, src, dst), data),
+        unexpected=NEIGHBOR_UNEXPECTED,
     )
 
 

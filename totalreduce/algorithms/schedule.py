@@ -140,6 +140,9 @@ class Schedule:
     epilogue: tuple[LocalOp, ...] = ()
     work_count: int = 0
     reads_input: bool = False
+    #: Per step, what a frame that matches no receive of this rank means for this
+    #: algorithm, with ``{sender}`` and ``{me}`` for the ranks (empty: the generic text).
+    unexpected: tuple[str, ...] = ()
 
     def bytes_sent(self, itemsize: int) -> int:
         """Payload bytes this rank puts on the wire."""
@@ -245,6 +248,8 @@ class SegmentPlan:
     recv_waits: list[int]
     after_send: list[list[tuple[bool, int]]] = field(default_factory=list)
     after_recv: list[list[tuple[bool, int]]] = field(default_factory=list)
+    #: ``(step, peer, segment)`` of each send segment -> its index
+    send_index: dict[tuple[int, int, int], int] = field(default_factory=dict)
 
 
 def cut(region: Region, segment_elems: int) -> list[Region]:
@@ -347,7 +352,10 @@ def plan_segments(schedule: Schedule, segment_elems: int) -> SegmentPlan:
             after_recv[w].append((False, q))
         for i in sd:
             after_send[i].append((False, q))
-    return SegmentPlan(sends, recvs, recv_index, send_waits, recv_waits, after_send, after_recv)
+    send_index = {(x.step, x.peer, x.segment): i for i, x in enumerate(sends)}
+    return SegmentPlan(
+        sends, recvs, recv_index, send_waits, recv_waits, after_send, after_recv, send_index
+    )
 
 
 def alias_input(schedule: Schedule) -> Schedule | None:
@@ -393,4 +401,5 @@ def alias_input(schedule: Schedule) -> Schedule | None:
         epilogue=local(schedule.epilogue),
         work_count=schedule.work_count,
         reads_input=False,
+        unexpected=schedule.unexpected,
     )

@@ -1,15 +1,19 @@
 """Floating messages and the buffer pool they live in.
 
 A frame for an op this rank has not submitted yet (the seed's ahead-of-time
-message) is received into a pooled buffer and filed in the
-:class:`FloatingList` under its op id, with its header, until the op is
-submitted.  Frames of a known op that cannot be applied yet wait in the
-op's own pending map, in buffers of the same pool.
+message) is kept in the :class:`FloatingList` under its op id until the op is
+submitted.  Two kinds of frame float, and both are bounded:
 
-The :class:`BufferPool` recycles buffers by power-of-two size class and
-bounds the bytes held by floating frames: when the bound is reached the comm
-loop stops posting body receives for unknown ops (the senders' MPI sends
-simply stay pending: backpressure), it never drops data.
+- an eager body (up to ``micro_bytes``) is stored within its sender's eager
+  credit: the sender spends credit on every eager frame and gets it back when
+  the frame is consumed here, so one peer can never hold more than its share;
+- a large body is received into the pool only when the pool has room for it
+  (``rendezvous`` share); otherwise the announcement is refused and the sender
+  keeps the body until this rank submits the op and says so.
+
+So the bytes held for ops not submitted here never exceed ``floating_pool_bytes``,
+whatever the peers send and in whatever order.  :class:`BufferPool` recycles
+buffers by power-of-two size class.
 """
 
 from __future__ import annotations
@@ -19,16 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import wire
 from .payload import OpKey
-from .wire import Header
 
 
 class BufferPool:
     """Reusable byte buffers in power-of-two size classes."""
 
-    def __init__(self, floating_limit: int, keep_per_class: int = 8) -> None:
-        self.floating_limit = floating_limit
-        self.floating_bytes = 0
+    def __init__(self, keep_per_class: int = 8) -> None:
         self._free: dict[int, list[np.ndarray]] = defaultdict(list)
         self._keep = keep_per_class
         self._work: dict[int, list[np.ndarray]] = {}
@@ -78,34 +80,68 @@ class BufferPool:
         self._work.setdefault(c, []).append(base)
         self._work_bytes += c
 
-    def can_float(self, nbytes: int) -> bool:
-        return self.floating_bytes + nbytes <= self.floating_limit or self.floating_bytes == 0
 
-
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class FloatingFrame:
-    """A received frame (header and body) waiting for its op to be submitted."""
+    """A received frame waiting for its op to be submitted here."""
 
-    header: Header
+    frame: wire.Frame
     body: np.ndarray
+    source: int
+    eager: int  # eager credit it holds (0: a rendezvous body, held in the pool share)
 
 
 class FloatingList:
-    """Frames of ops not submitted yet, by op id, in arrival order."""
+    """Frames of ops not submitted yet, by op id, in arrival order, with their byte counts."""
 
-    def __init__(self, pool: BufferPool) -> None:
-        self.pool = pool
+    def __init__(self, limit: int, size: int) -> None:
+        self.limit = limit
+        peers = max(1, size - 1)
+        #: Eager credit each peer gets: half the pool, shared equally.
+        self.eager_share = limit // (2 * peers)
+        #: Bytes of large bodies the pool takes for ops not submitted here.
+        self.rendezvous_limit = limit - peers * self.eager_share
+        self.eager_held = [0] * size  # per peer
+        self.rendezvous_held = 0  # received or reserved
+        self.peak = 0
         self._frames: dict[OpKey, list[FloatingFrame]] = defaultdict(list)
         self._errors: dict[OpKey, tuple[str, int]] = {}
 
-    def add(self, key: OpKey, frame: FloatingFrame) -> None:
-        self._frames[key].append(frame)
-        self.pool.floating_bytes += frame.body.nbytes
+    @property
+    def held(self) -> int:
+        return sum(self.eager_held) + self.rendezvous_held
+
+    def _note_peak(self) -> None:
+        held = self.held
+        if held > self.peak:
+            self.peak = held
+
+    def reserve(self, nbytes: int) -> bool:
+        """Room for a large body of an op not submitted here? Reserve it if so."""
+        if self.rendezvous_held + nbytes > self.rendezvous_limit:
+            return False
+        self.rendezvous_held += nbytes
+        self._note_peak()
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self.rendezvous_held -= nbytes
+
+    def add(self, key: OpKey, ff: FloatingFrame) -> None:
+        """File a frame (a rendezvous body's bytes were reserved already)."""
+        self._frames[key].append(ff)
+        if ff.eager:
+            self.eager_held[ff.source] += ff.eager
+            self._note_peak()
 
     def take(self, key: OpKey) -> list[FloatingFrame]:
+        """The frames of op ``key``, now submitted; their bytes leave the pool."""
         frames = self._frames.pop(key, [])
-        for f in frames:
-            self.pool.floating_bytes -= f.body.nbytes
+        for ff in frames:
+            if ff.eager:
+                self.eager_held[ff.source] -= ff.eager
+            else:
+                self.rendezvous_held -= ff.body.nbytes
         return frames
 
     def add_error(self, key: OpKey, message: str, code: int) -> None:

@@ -1,28 +1,47 @@
-"""The big loop: the communication thread's whole life.
+"""The big loop: executes ops' segment plans over a transport, never blocking in it.
 
 Each pass of :meth:`CommLoop.run_once` does, in this order:
 
-1. take new submissions from the client queue and turn them into payloads,
-   resolving floating frames that now belong to them;
-2. take finished compute requests back from the reducer and release what
-   waited for them;
-3. while a send slot is free, pick the most urgent ready segment (priority,
-   then someone waiting, then submission order) and post its frame;
-4. test the posted header receive; for each header that arrived, place its
-   body: into the op's buffer, a scratch buffer, or a floating buffer;
-5. test posted sends and body receives; advance the ops they belong to;
-6. now and then, warn about ops that made no progress for a long time.
+1. take new submissions (and aborts, and "someone waits for this" notes) from
+   the client queue and turn them into payloads, filing floating frames that
+   now belong to them and telling peers whose frames were refused to send again;
+2. take finished compute requests back from the reducer;
+3. take every control message that arrived (``poll_message``) and act on its
+   frames: eager bodies are applied or filed, announcements (RTS) answered with
+   clear-to-send into the op's buffer or a pool buffer, or refused when the op is
+   not submitted here and the pool is full; errors are relayed;
+4. test posted body sends and receives; advance the ops they belong to;
+5. schedule sends from a priority heap (priority, then someone waiting here or on
+   the peer, then submission order): bodies cleared to send first, up to
+   ``max_inflight_sends``, then eager bodies and announcements into each peer's
+   outgoing message;
+6. send each peer's outgoing message (coalescing: one message per peer and pass)
+   within its control credit, with the credit this rank owes that peer attached.
 
-:meth:`CommLoop.run` repeats that and, when a pass made no progress, backs off
-(sleeping from microseconds up to a millisecond, longer when no op is in
-flight), so an idle service costs next to no CPU.  Nothing here blocks in the
-transport.  The loop knows no algorithm: it executes the segment plans of
-schedules.
+Flow control (why no order of submissions and waits can deadlock): a large body
+leaves only after its receiver has a place for it, so a send slot is never held
+by a body that cannot be received; an eager body spends its sender's eager
+credit, which the receiver returns when the body is consumed, so floating eager
+frames never exceed the receiver's pool share, and a frame that finds no eager
+credit goes as an announcement instead; an announcement for an op the receiver
+has not submitted and has no room for is refused and parked at the sender until
+the receiver submits the op (READY), so an op that has been submitted always has
+a path: its bodies go into its own buffers.  Control messages cost control
+credit that the receiver returns as soon as it has read them; it always reads
+them, so credit always comes back.
+
+Progress: the comm thread runs the loop while nobody waits; a thread blocked in
+``wait()`` runs it itself (:meth:`progress`), as ``MPI_Wait`` progresses MPI, so an
+op someone waits for crosses no thread hand-off.  One thread runs the loop at a
+time (``lock``).  The loop knows no algorithm: it executes segment plans.
 """
 
 from __future__ import annotations
 
+import ctypes
+import heapq
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -33,19 +52,45 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.schedule import Action, Buffer, LocalKind, LocalOp
-from ..dtypes import DType, ReduceOp
-from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
-from ..transport.base import ANY_SOURCE, Transport
+from ..errors import (
+    FrameError,
+    OpFailedError,
+    OpMismatchError,
+    OpTimeoutError,
+    TotalReduceError,
+    TransportError,
+)
+from ..transport.base import OversizeMessage, Transport
 from . import wire
 from .compute import ComputeKind, ComputeList, ComputeRequest
 from .floating import BufferPool, FloatingFrame, FloatingList
 from .payload import OpKey, OpSpec, OpState, Payload
-from .wire import FrameType, Header
+from .wire import (
+    CTS,
+    DATA,
+    ERROR,
+    F_FLAGS,
+    F_GEN,
+    F_NBYTES,
+    F_PARAM,
+    F_SEGMENT,
+    F_STEP,
+    F_WID,
+    FLAG_NEED,
+    FRAME_SIZE,
+    MSG_SIZE,
+    NEED,
+    READY,
+    REJECT,
+    RTS,
+)
 
 log = logging.getLogger("totalreduce.engine")
 
 ERROR_MISMATCH = 1
 ERROR_FAILED = 2
+ERROR_FRAME = 3
+MAX_ERROR_TEXT = 4096
 
 _LOCAL_KIND = {
     LocalKind.COPY: ComputeKind.COPY,
@@ -58,6 +103,7 @@ _RECV_KIND = {
     Action.REDUCE: ComputeKind.REDUCE,
     Action.ACCUMULATE: ComputeKind.ACCUMULATE,
 }
+_NO_SHAPE = (0, 0, 0, 0, 0, 0, 0)
 
 
 @dataclass
@@ -71,44 +117,70 @@ class LoopConfig:
     backoff_min_s: float = 1e-6
     backoff_max_s: float = 1e-3
     idle_backoff_max_s: float = 5e-3
-    urgent_backoff_max_s: float = 5e-5
     spin_s: float = 2e-4
+    wait_spin_s: float = 2e-2
     inline_compute_bytes: int = 1 << 20
-
-
-@dataclass(eq=False)
-class _InflightSend:
-    payload: Payload
-    index: int
-    parts: int
-    header: np.ndarray
-
-
-@dataclass(eq=False)
-class _BodyRecv:
-    payload: Payload | None  # None: floating or discarded
-    index: int  # receive segment, or -1
-    buf: np.ndarray
-    header: Header
-    scratch: bool  # buf came from the pool
-    discard: bool = False
+    need_after_s: float = 5e-4
+    segment_bytes: int = 1 << 20
 
 
 @dataclass
 class LoopStats:
     frames_sent: int = 0
+    messages_sent: int = 0
     frames_received: int = 0
+    messages_received: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
     floating_frames: int = 0
+    rejected: int = 0
     ops_completed: int = 0
     ops_failed: int = 0
     passes: int = 0
     idle_sleeps: int = 0
 
+    @property
+    def frames_per_message(self) -> float:
+        return self.frames_sent / self.messages_sent if self.messages_sent else 0.0
+
+
+class _BodyRecv:
+    """A posted body receive: into an op's place (payload set) or a floating pool buffer."""
+
+    __slots__ = ("payload", "index", "buf", "frame", "scratch", "source", "req")
+
+    def __init__(
+        self,
+        payload: Payload | None,
+        index: int,
+        buf: np.ndarray,
+        frame: wire.Frame,
+        scratch: bool,
+        source: int,
+    ) -> None:
+        self.payload = payload
+        self.index = index
+        self.buf = buf
+        self.frame = frame
+        self.scratch = scratch
+        self.source = source
+        self.req: Any = None
+
+
+_SEND, _RECV, _CTL = 0, 1, 2
+
+
+def _set_timer_slack(ns: int = 1000) -> None:
+    """Sleep precisely on this thread (Linux's default timer slack is 50 µs)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(29, ns, 0, 0, 0)  # PR_SET_TIMERSLACK
+        except (OSError, AttributeError) as exc:  # not fatal: sleeps are just coarser
+            log.debug("could not set the timer slack: %s", exc)
+
 
 class CommLoop:
-    """Executes payloads' segment plans over a transport; runs in the comm thread."""
+    """Executes payloads' segment plans over a transport (see the module docstring)."""
 
     def __init__(
         self,
@@ -122,34 +194,57 @@ class CommLoop:
         self._execute = execute
         self.rank = transport.rank
         self.size = transport.size
-        self.cfg = config or LoopConfig()
-        # Ops and aborts in one queue, so an abort and a later resubmission of the
-        # same op are seen in the order they were asked for.
-        self.submissions: deque[OpSpec | tuple[OpKey, str, str]] = deque()
+        self.cfg = cfg = config or LoopConfig()
+        # Ops, aborts and urgency notes in one queue, so they are seen in order.
+        self.submissions: deque[Any] = deque()
         self.compute = ComputeList()
         self.wake = threading.Event()
-        self.pool = BufferPool(self.cfg.floating_pool_bytes)
-        self.floating = FloatingList(self.pool)
+        self.lock = threading.Lock()
+        self.waiters = 0
+        self._owner = 0  # ident of the thread running a pass
+        self.pool = BufferPool()
+        self.floating = FloatingList(cfg.floating_pool_bytes, self.size)
         self.table: dict[OpKey, Payload] = {}
         self.failed: dict[OpKey, str] = {}
-        # Ops finished here, remembered for a while: a frame for one of them
-        # means a peer disagrees about the op (it expects data we never send).
-        self.completed: dict[OpKey, str] = {}
-        self.sendable: set[Payload] = set()
+        # Ops finished here, remembered for a while (description, group): a frame
+        # for one means a peer disagrees about the op; an error for one is raised late.
+        self.completed: dict[OpKey, tuple[str, tuple[int, ...], tuple[str, ...]]] = {}
+        self.late_errors: deque[TotalReduceError] = deque()
         self.stats = LoopStats()
-        self._seq = 0
-        self._inflight: list[_InflightSend] = []
-        self._reqs: list[Any] = []  # parallel to _owners
-        self._owners: list[tuple[str, Any]] = []
-        self._deferred: deque[Header] = deque()
-        self._next_tag = [0] * self.size
-        self._header_cap = wire.HEADER_SIZE + self.cfg.micro_bytes
-        self._header_buf = np.empty(self._header_cap, dtype=np.uint8)
-        self._header_req: Any = None
-        self._last_stall_check = time.monotonic()
         self.fatal: BaseException | None = None
-        self.bad_peers: dict[int, FrameError] = {}
-        self.stopping = False
+        self.bad_peers: dict[int, TotalReduceError] = {}
+        self.trace: Any = None  # a timeline recorder, when one is on
+        self._seq = 0
+        # Sending.
+        self._heap: list[tuple[int, int, int, int, int, Payload]] = []
+        self._cleared: list[tuple[int, int, int, int, Payload, int, int]] = []
+        self._bodies_inflight = 0
+        self._blocked: list[list[tuple[int, int, int, int, int, Payload]]] = [
+            [] for _ in range(self.size)
+        ]
+        # Per peer: the outgoing message being built, messages waiting for credit,
+        # credits, and credit owed back.
+        self._msg_cap = max(64 << 10, 2 * (FRAME_SIZE + cfg.micro_bytes) + MSG_SIZE)
+        self._out: list[bytearray | None] = [None] * self.size
+        self._out_frames = [0] * self.size
+        self._backlog: list[deque[tuple[bytearray, int]]] = [deque() for _ in range(self.size)]
+        self._dirty: set[int] = set()
+        window = 4 * self._msg_cap
+        self._ctl_window = window
+        self._ctl_credit = [window] * self.size
+        self._queued = [0] * self.size  # bytes in outbox + backlog, not yet sent
+        self._eager_credit = [self.floating.eager_share] * self.size
+        self._owe_ctl = [0] * self.size
+        self._owe_eager = [0] * self.size
+        self._next_tag = [0] * self.size
+        # Receiving: ops refused for lack of room here (to tell when submitted), and
+        # urgency noted for ops not submitted yet.
+        self._rejected: dict[OpKey, set[int]] = {}
+        self._needed: dict[OpKey, bool] = {}
+        # Posted requests and their owners, parallel lists; removal swaps with the last.
+        self._reqs: list[Any] = []
+        self._owners: list[tuple[int, Any]] = []
+        self._last_stall_check = time.monotonic()
 
     # ------------------------------------------------------------------ client side
 
@@ -158,96 +253,168 @@ class CommLoop:
         self.submissions.append(spec)
         self.wake.set()
 
+    def mark_needed(self, spec: OpSpec) -> None:
+        """Someone waits for this op (any thread): raise it here, ask the peers to."""
+        if not spec.urgent:
+            spec.urgent = True
+            self.submissions.append(("need", spec.key))
+
+    def request_abort(self, key: OpKey, name: str, reason: str) -> None:
+        """Fail an op here and on every rank, submitted or not (any thread)."""
+        self.submissions.append(("abort", key, name, reason))
+        self.wake.set()
+
     def notify(self) -> None:
         self.wake.set()
 
     @property
     def busy(self) -> bool:
-        return bool(self.table or self.submissions or self._inflight or len(self.compute))
+        return bool(self.table or self.submissions or len(self.compute) or self.compute.done)
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ driving the loop
 
     def run(self, stop: threading.Event) -> None:
-        """The big loop: progress until ``stop`` is set; back off when idle."""
+        """The comm thread: progress until ``stop`` is set; back off when idle."""
+        _set_timer_slack()
         cfg = self.cfg
         delay = cfg.backoff_min_s
         last = time.perf_counter()
+        while not stop.is_set():
+            if self.waiters:
+                # A waiting thread drives the loop; stay out of its way.
+                self.wake.wait(cfg.backoff_max_s)
+                self.wake.clear()
+                continue
+            if self._pass():
+                delay = cfg.backoff_min_s
+                last = time.perf_counter()
+                continue
+            if self.busy and time.perf_counter() - last < cfg.spin_s:
+                time.sleep(0)  # frames likely microseconds away: yield, no sleep
+                continue
+            self.stats.idle_sleeps += 1
+            self.wake.wait(delay)
+            self.wake.clear()
+            ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s
+            delay = min(delay * 2, ceiling)
+
+    def _pass(self) -> bool:
+        """One pass under the lock (False if another thread is running one)."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        self._owner = threading.get_ident()
         try:
-            self._post_header_recv()
-            while not stop.is_set():
-                if self.run_once():
-                    delay = cfg.backoff_min_s
-                    last = time.perf_counter()
+            return self.run_once()
+        except Exception as exc:  # never die silently: fail every op
+            if self.fatal is None:
+                log.exception("rank %d: comm loop stopped by an error", self.rank)
+                self.fatal = exc
+                self._fail_all(TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}"))
+            return False
+        finally:
+            self._owner = 0
+            self.lock.release()
+
+    def poll(self) -> None:
+        """Run one pass if no other thread is running one (``done()``, like ``MPI_Test``)."""
+        if self._owner != threading.get_ident():
+            self._pass()
+
+    def progress(self, done: threading.Event, timeout: float | None, spec: OpSpec | None) -> bool:
+        """Drive the loop from a waiting thread until ``done`` is set; False on timeout."""
+        if self._owner == threading.get_ident():
+            raise TotalReduceError(
+                "wait() inside a completion callback would block the loop that completes it; "
+                "use add_done_callback or wait outside the callback"
+            )
+        cfg = self.cfg
+        start = time.perf_counter()
+        deadline = None if timeout is None else start + timeout
+        last = start
+        delay = 0.0
+        needed = False
+        with _Waiting(self):
+            while not done.is_set():
+                now = time.perf_counter()
+                if self._pass():
+                    last = now
+                    delay = 0.0
                     continue
-                if self.busy and time.perf_counter() - last < cfg.spin_s:
-                    # Just made progress with ops in flight: the next frame is
-                    # likely microseconds away; yield the interpreter, no sleep.
+                if deadline is not None and now >= deadline:
+                    return done.is_set()
+                if spec is not None and not needed and now - start > cfg.need_after_s:
+                    needed = True
+                    self.submissions.append(("ask", spec.key))
+                if now - last < cfg.wait_spin_s:
+                    # Frames are likely on their way: spin (as MPI_Wait does), letting
+                    # other threads run; only a long silence turns into sleeping.
                     time.sleep(0)
                     continue
-                self.stats.idle_sleeps += 1
-                self.wake.wait(delay)
-                self.wake.clear()
-                if not self.busy:
-                    ceiling = cfg.idle_backoff_max_s
-                elif any(p.spec.urgent for p in self.table.values()):
-                    ceiling = cfg.urgent_backoff_max_s  # someone is blocked on us
-                else:
-                    ceiling = cfg.backoff_max_s
-                delay = min(delay * 2, ceiling)
-        except BaseException as exc:  # never die silently: fail every op
-            log.exception("rank %d: comm loop stopped by an error", self.rank)
-            self.fatal = exc
-            self._fail_all(exc)
-            raise
-        finally:
-            self._cancel_header_recv()
+                delay = min(max(2 * delay, 2e-5), cfg.backoff_max_s)
+                if deadline is not None:
+                    delay = min(delay, max(0.0, deadline - now))
+                done.wait(delay)
+        return True
+
+    # ------------------------------------------------------------------ one pass
 
     def run_once(self) -> bool:
-        """One pass of the big loop; True when anything progressed."""
+        """One pass of the big loop (caller holds ``lock``); True when anything progressed."""
         self.stats.passes += 1
         progressed = False
-        while self.submissions:
-            spec = self.submissions.popleft()
-            progressed = True
-            if isinstance(spec, tuple):
-                self._abort(*spec)
-                continue
-            try:
-                self._activate(spec)
-            except Exception as exc:  # one bad op must not stop the loop
-                log.exception("rank %d: activating %s failed", self.rank, spec.describe())
-                p = self.table.get(spec.key)
-                err = OpFailedError(
-                    f"{spec.describe()}: rank {self.rank} could not start it: {exc}"
-                )
-                if p is not None and p.spec is spec:
-                    self._fail(p, err, tell_peers=True)
-                else:
-                    self._finish_spec(spec, err)
+        if self.submissions:
+            progressed = self._take_submissions()
         done = self.compute.done
         while done:
             self._on_computed(done.popleft())
             progressed = True
-        if self._deferred and self._retry_deferred():
-            progressed = True
-        if self._post_sends():
-            progressed = True
-        if self._poll_headers():
+        if self._poll_messages():
             progressed = True
         if self._reqs and self._poll_requests():
             progressed = True
+        if (self._heap or self._cleared) and self._schedule_sends():
+            progressed = True
+        if self._dirty:
+            self._flush()
         now = time.monotonic()
         if now - self._last_stall_check > 1.0:
             self._last_stall_check = now
             self._check_stalls(now)
         return progressed
 
+    def _take_submissions(self) -> bool:
+        while self.submissions:
+            item = self.submissions.popleft()
+            if isinstance(item, tuple):
+                if item[0] == "abort":
+                    self._abort(item[1], item[2], item[3])
+                elif item[0] == "need":
+                    p = self.table.get(item[1])
+                    if p is not None:
+                        self._raise(p)
+                else:  # "ask": the waiter is still waiting: ask the peers too
+                    self._ask(item[1])
+                continue
+            try:
+                self._activate(item)
+            except Exception as exc:  # one bad op must not stop the loop
+                log.exception("rank %d: activating %s failed", self.rank, item.describe())
+                err = OpFailedError(
+                    f"{item.describe()}: rank {self.rank} could not start it: {exc}"
+                )
+                p = self.table.get(item.key)
+                if p is not None and p.spec is item:
+                    self._fail(p, err, tell_peers=True)
+                else:
+                    self._finish_spec(item, err)
+        return True
+
     # ------------------------------------------------------------------ activation
 
     def _activate(self, spec: OpSpec) -> None:
         key = spec.key
         if self.fatal is not None:
-            self._finish_spec(spec, self.fatal)
+            self._finish_spec(spec, TotalReduceError(f"the comm loop stopped: {self.fatal}"))
             return
         bad = [self.bad_peers[w] for w in spec.group if w in self.bad_peers]
         if bad:
@@ -259,29 +426,41 @@ class CommLoop:
             )
             return
         s = spec.schedule
-        dtype = spec.dtype.numpy
         inbuf = spec.inbuf
         bufs = {Buffer.INPUT: inbuf, Buffer.OUTPUT: spec.outbuf}
-        bufs[Buffer.WORK] = self.pool.take_work(s.work_count * spec.dtype.itemsize).view(dtype)
+        work = self.pool.take_work(s.work_count * spec.dtype.itemsize)
+        bufs[Buffer.WORK] = work.view(spec.dtype.numpy)
         prologue: list[LocalOp | tuple[np.ndarray, np.ndarray]] = list(s.prologue)
         if spec.in_place and s.reads_input:
             private = np.empty_like(inbuf)
             bufs[Buffer.INPUT] = private
             prologue.insert(0, (private, inbuf))
         self._seq += 1
-        p = Payload.create(spec, self._seq, bufs)
+        p = Payload(spec, self._seq, bufs)
         self.table[key] = p
+        if self.trace is not None:
+            self.trace.op(spec.name, spec.generation, "submitted", spec.priority)
+        if self._needed.pop(key, False):
+            p.hot = True
         err = self.floating.take_error(key)
         frames = self.floating.take(key)
         if err is not None:
-            msg, code = err
-            for f in frames:
-                self.pool.give(f.body)
-            self._fail(p, _error_from_peer(msg, code), tell_peers=False)
+            for ff in frames:
+                self._drop_floating(ff)
+            self._fail(p, _error_from_peer(err[0], err[1]), tell_peers=True)
             return
-        for f in frames:
-            if not self._file_frame(p, f.header, f.body):
+        for i, ff in enumerate(frames):
+            if ff.eager:
+                self._owe(ff.source, 0, ff.eager)
+            q = self._match(p, ff.frame, ff.source)
+            if q is None:  # the op failed: the rest of its frames go too
+                self.pool.give(ff.body)
+                for rest in frames[i + 1 :]:
+                    self._drop_floating(rest)
                 return
+            self._on_body(p, q, ff.body)
+        for peer in self._rejected.pop(key, ()):
+            self._control(peer, READY, p.shape, key)
         p.local_left = len(prologue)
         if not prologue:
             self._start(p)
@@ -294,6 +473,11 @@ class CommLoop:
             else:
                 reqs.append(self._local_request(p, lop))
         self._run_locals(reqs)
+
+    def _drop_floating(self, ff: FloatingFrame) -> None:
+        if ff.eager:
+            self._owe(ff.source, 0, ff.eager)
+        self.pool.give(ff.body)
 
     def _run_locals(self, reqs: list[ComputeRequest]) -> None:
         """Run a prologue or epilogue in order: inline when small, else on the reducer."""
@@ -308,18 +492,25 @@ class CommLoop:
         recurses into the code that queued it.
         """
         if inline and self._execute is not None:
+            t0 = time.perf_counter_ns() if self.trace is not None else 0
             try:
                 self._execute(req)
             except Exception as exc:  # handed to the op, as the reducer would
                 req.error = exc
+            if self.trace is not None:
+                spec = req.owner.spec
+                self.trace.compute(
+                    spec.name, spec.generation, req.kind.name.lower(), req.dst.nbytes, t0,
+                    time.perf_counter_ns(),
+                )  # fmt: skip
             self.compute.done.append(req)
         else:
             self.compute.put(req)
 
     def _local_request(self, p: Payload, lop: LocalOp) -> ComputeRequest:
         d = lop.dst
-        dst = p.view(d.buffer, d.offset, d.count)
-        src = None if lop.src is None else p.view(lop.src.buffer, lop.src.offset, lop.src.count)
+        dst = p.region(d.buffer, d.offset, d.count)
+        src = None if lop.src is None else p.region(lop.src.buffer, lop.src.offset, lop.src.count)
         return ComputeRequest(
             _LOCAL_KIND[lop.kind],
             p.spec.dtype,
@@ -339,9 +530,7 @@ class CommLoop:
         p.state = OpState.ACTIVE
         for i, w in enumerate(p.send_waits):
             if w == 0:
-                p.push_ready(i)
-        if p.ready:
-            self.sendable.add(p)
+                self._push(p, i)
         for q in [q for q in p.pending if p.recv_waits[q] == 0]:
             self._apply(p, q, p.pending.pop(q))
         self._maybe_finish(p)
@@ -365,46 +554,63 @@ class CommLoop:
 
     def _complete(self, p: Payload) -> None:
         self._release_work(p)
-        self.completed[p.key] = p.spec.describe()
-        if len(self.completed) > 4096:
-            self.completed.pop(next(iter(self.completed)))
+        done = (p.spec.describe(), p.spec.group, p.spec.schedule.unexpected)
+        self._remember(self.completed, p.key, done)
         p.state = OpState.DONE
-        self.table.pop(p.key, None)
-        self.sendable.discard(p)
+        del self.table[p.key]
         self.stats.ops_completed += 1
+        if self.trace is not None:
+            self.trace.op(p.spec.name, p.spec.generation, "done", p.spec.priority)
         self._finish_spec(p.spec, None)
+
+    @staticmethod
+    def _remember(table: dict[OpKey, Any], key: OpKey, value: Any) -> None:
+        table[key] = value
+        if len(table) > 4096:
+            table.pop(next(iter(table)))
 
     @staticmethod
     def _finish_spec(spec: OpSpec, error: BaseException | None) -> None:
         if spec.on_done is not None:
             try:
                 spec.on_done(error)
-            except Exception:  # a user callback must not kill the comm thread
+            except Exception:  # a user callback must not kill the loop
                 log.exception("completion callback of %s failed", spec.describe())
 
     # ------------------------------------------------------------------ failures
 
-    def _fail(self, p: Payload, error: BaseException, *, tell_peers: bool) -> None:
+    def _fail(self, p: Payload, error: BaseException, *, tell_peers: bool, also: int = -1) -> None:
+        """Fail op ``p`` here; with ``tell_peers``, tell its group (and rank ``also``)."""
         if p.state in (OpState.DONE, OpState.FAILED):
             return
         p.state = OpState.FAILED
-        p.error = error
-        if not any(rec.payload is p for rec in self._inflight):
-            self._release_work(p)  # else a send may still read it: let it go to the GC
         self.table.pop(p.key, None)
-        self.sendable.discard(p)
         p.ready.clear()
+        p.parked.clear()
         for buf in p.pending.values():
             self.pool.give(buf)
         p.pending.clear()
-        self.failed[p.key] = str(error)
-        if len(self.failed) > 4096:
-            self.failed.pop(next(iter(self.failed)))
+        for rec in p.posted:  # its body receives complete as cancelled
+            self.t.cancel(rec.req)
+        p.posted.clear()
+        self._remember(self.failed, p.key, str(error))
         self.stats.ops_failed += 1
         if tell_peers:
-            code = ERROR_MISMATCH if isinstance(error, OpMismatchError) else ERROR_FAILED
-            self._send_error(p, str(error), code)
+            if isinstance(error, OpMismatchError):
+                code = ERROR_MISMATCH
+            elif isinstance(error, FrameError):
+                code = ERROR_FRAME
+            else:
+                code = ERROR_FAILED
+            dests = set(p.spec.group)
+            if also >= 0:
+                dests.add(also)
+            for world in sorted(dests):
+                if world != self.rank:
+                    self._error_frame(p.key, world, str(error), code)
         log.error("rank %d: %s", self.rank, error)
+        if self.trace is not None:
+            self.trace.op(p.spec.name, p.spec.generation, "failed", p.spec.priority)
         self._finish_spec(p.spec, error)
 
     def _fail_all(self, error: BaseException) -> None:
@@ -412,44 +618,50 @@ class CommLoop:
             self._fail(p, error, tell_peers=False)
         while self.submissions:
             item = self.submissions.popleft()
-            if not isinstance(item, tuple):  # an abort needs no answer
+            if not isinstance(item, tuple):  # aborts and notes need no answer
                 self._finish_spec(item, error)
 
-    def _send_error(self, p: Payload, message: str, code: int) -> None:
-        for world in p.spec.group:
-            if world != self.rank:
-                self._error_frame(p.key, world, message, code)
+    def fail_all(self, error: BaseException) -> None:
+        """Fail every op in flight (shutdown); takes the lock."""
+        with self.lock:
+            self._fail_all(error)
 
     def _error_frame(self, key: OpKey, dest: int, message: str, code: int) -> None:
-        """Tell rank ``dest`` that op ``key`` failed (an inline ERROR frame)."""
-        body = message.encode()[: self.cfg.micro_bytes]
-        h = Header(
-            frame_type=FrameType.ERROR,
-            dtype=DType.INT64,
-            kind=wire.OpKind.ALLREDUCE,
-            algorithm=wire.AlgorithmCode.NONE,
-            op=ReduceOp.SUM,
-            flags=wire.FLAG_INLINE,
-            sender=self.rank,
-            body_tag=0,
-            wire_id=key[0],
-            generation=key[1],
-            step=0,
-            segment=0,
-            nbytes=len(body),
-            count=0,
-            param=code,
-            context=0,
-        )
-        msg = np.empty(wire.HEADER_SIZE + len(body), dtype=np.uint8)
-        wire.encode(h, memoryview(msg))
-        msg[wire.HEADER_SIZE :] = np.frombuffer(body, dtype=np.uint8)
-        self._track(self.t.isend(msg, dest, wire.HEADER_TAG), ("ctl", msg))
+        """Tell rank ``dest`` that op ``key`` failed."""
+        if dest in self.bad_peers:
+            return
+        body = message.encode()[:MAX_ERROR_TEXT]
+        shape = (0, 0, 0, 0, 0, code, 0)
+        self._control(dest, ERROR, shape, key, body=body)
 
-    def request_abort(self, key: OpKey, name: str, reason: str) -> None:
-        """Fail an op here and on every rank, submitted or not (any thread)."""
-        self.submissions.append((key, name, reason))
-        self.wake.set()
+    def _on_error(self, key: OpKey, message: str, code: int, source: int) -> None:
+        """An op failed on rank ``source``: fail it here and pass it on to its group."""
+        if key in self.failed:
+            return  # heard already: relayed once, no loops
+        err = _error_from_peer(message, code)
+        p = self.table.get(key)
+        if p is not None:
+            self._fail(p, err, tell_peers=True)
+            return
+        done = self.completed.get(key)
+        if done is not None:
+            # Finished here already: the result may be wrong. Say so at once and
+            # raise it at this rank's next call.
+            what, group, _ = done
+            late = type(err)(
+                f"{what} completed on rank {self.rank}, but failed elsewhere: {message}"
+            )
+            log.error("rank %d: %s", self.rank, late)
+            self.late_errors.append(late)
+            self._remember(self.failed, key, message)
+            for world in group:
+                if world not in (self.rank, source):
+                    self._error_frame(key, world, message, code)
+            return
+        # Not submitted here yet: fail it when it is (and tell the group then).
+        for ff in self.floating.take(key):
+            self._drop_floating(ff)
+        self.floating.add_error(key, message, code)
 
     def _abort(self, key: OpKey, name: str, reason: str) -> None:
         err = OpFailedError(reason)
@@ -458,280 +670,498 @@ class CommLoop:
             self._fail(p, err, tell_peers=True)
             return
         # Not submitted here (yet): remember, and tell every rank.
-        for f in self.floating.take(key):
-            self.pool.give(f.body)
+        for ff in self.floating.take(key):
+            self._drop_floating(ff)
         self.floating.add_error(key, reason, ERROR_FAILED)
         for world in range(self.size):
             if world != self.rank:
                 self._error_frame(key, world, reason, ERROR_FAILED)
         log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)
 
+    def _bad_peer(self, peer: int, err: TotalReduceError) -> None:
+        """A peer spoke garbage or its link failed: fail every op it is part of."""
+        log.error("%s", err)
+        self.bad_peers[peer] = err
+        for p in [p for p in self.table.values() if peer in p.group_rank]:
+            self._fail(p, err, tell_peers=True)
+
     # ------------------------------------------------------------------ sending
 
-    def _header(
-        self, p: Payload, ftype: FrameType, *, step: int, segment: int, nbytes: int, tag: int
-    ) -> Header:
-        s = p.spec
-        return Header(
-            frame_type=ftype,
-            dtype=s.dtype,
-            kind=s.kind,
-            algorithm=s.algorithm,
-            op=s.op,
-            flags=wire.FLAG_INLINE if tag == 0 else 0,
-            sender=self.rank,
-            body_tag=tag,
-            wire_id=s.wire_id,
-            generation=s.generation,
-            step=step,
-            segment=segment,
-            nbytes=nbytes,
-            count=s.count,
-            param=s.param,
-            context=s.context,
-        )
+    def _push(self, p: Payload, i: int) -> None:
+        """Send segment ``i`` of ``p`` may go: into the heap."""
+        p.ready.add(i)
+        prio, hot, seq = p.sort_key()
+        heapq.heappush(self._heap, (prio, hot, seq, i, p.version, p))
 
-    def _pick(self) -> Payload | None:
-        if not self.sendable:
-            return None
-        if len(self.sendable) == 1:
-            return next(iter(self.sendable))
-        return max(self.sendable, key=Payload.urgency)
-
-    def _post_sends(self) -> bool:
-        posted = False
-        while len(self._inflight) < self.cfg.max_inflight_sends:
-            p = self._pick()
-            if p is None:
-                break
-            i = p.pop_ready()
-            if not p.ready:
-                self.sendable.discard(p)
-            self._send_segment(p, i)
-            posted = True
-        return posted
-
-    def _send_segment(self, p: Payload, i: int) -> None:
-        seg = p.spec.plan.sends[i]
-        reg = seg.region
-        body = p.view(reg.buffer, reg.offset, reg.count).view(np.uint8)
-        dest = p.spec.group[seg.peer]
-        n = body.nbytes
-        if n <= self.cfg.micro_bytes:
-            h = self._header(p, FrameType.DATA, step=seg.step, segment=seg.segment, nbytes=n, tag=0)
-            msg = np.empty(wire.HEADER_SIZE + n, dtype=np.uint8)
-            wire.encode(h, memoryview(msg))
-            msg[wire.HEADER_SIZE :] = body
-            rec = _InflightSend(p, i, 1, msg)
-            self._track(self.t.isend(msg, dest, wire.HEADER_TAG), ("send", rec))
-        else:
-            tag = wire.BODY_TAG_BASE + self._next_tag[dest]
-            self._next_tag[dest] = (self._next_tag[dest] + 1) % wire.BODY_TAG_SPAN
-            h = self._header(
-                p, FrameType.DATA, step=seg.step, segment=seg.segment, nbytes=n, tag=tag
-            )
-            msg = np.empty(wire.HEADER_SIZE, dtype=np.uint8)
-            wire.encode(h, memoryview(msg))
-            rec = _InflightSend(p, i, 2, msg)
-            self._track(self.t.isend(msg, dest, wire.HEADER_TAG), ("send", rec))
-            self._track(self.t.isend(body, dest, tag), ("send", rec))
-        self._inflight.append(rec)
-        self.stats.frames_sent += 1
-        self.stats.bytes_sent += n
-
-    def _on_sent(self, rec: _InflightSend) -> None:
-        rec.parts -= 1
-        if rec.parts:
+    def _raise(self, p: Payload) -> None:
+        """Someone waits for ``p`` (here or on a peer): its ready segments move up."""
+        if p.hot:
             return
-        self._inflight.remove(rec)
-        p = rec.payload
-        if p.state in (OpState.FAILED, OpState.DONE):
+        p.hot = True
+        p.version += 1  # the entries already in the heap go stale
+        for i in list(p.ready):
+            self._push(p, i)
+        if any(e[4] is p for e in self._cleared):
+            self._cleared = [(e[0], 0, *e[2:]) if e[4] is p else e for e in self._cleared]
+            heapq.heapify(self._cleared)
+
+    def _ask(self, key: OpKey) -> None:
+        """A waiter still waits: ask the ranks it expects frames from to raise the op."""
+        p = self.table.get(key)
+        if p is None:
+            return
+        recv_from, _ = p.waiting_on()
+        for peer in recv_from:
+            if peer != self.rank:
+                self._control(peer, NEED, p.shape, key)
+
+    def _room(self, peer: int, nbytes: int) -> bool:
+        return self._ctl_credit[peer] - self._queued[peer] >= nbytes
+
+    def _schedule_sends(self) -> bool:
+        progressed = False
+        cleared = self._cleared
+        limit = self.cfg.max_inflight_sends
+        while cleared and self._bodies_inflight < limit:
+            _, _, _, i, p, dest, tag = heapq.heappop(cleared)
+            if p.state is not OpState.ACTIVE:
+                continue
+            seg = p.spec.plan.sends[i]
+            reg = seg.region
+            body = p.bytes[reg.buffer][reg.offset * p.isz : reg.end * p.isz]
+            try:
+                req = self.t.isend(body, dest, tag)
+            except TransportError as exc:
+                self._bad_peer(dest, exc)
+                continue
+            self._bodies_inflight += 1
+            self._track(req, _SEND, (p, i, body.nbytes, dest, time.perf_counter_ns()))
+            progressed = True
+        heap = self._heap
+        micro = self.cfg.micro_bytes
+        while heap:
+            entry = heap[0]
+            p = entry[5]
+            i = entry[3]
+            if entry[4] != p.version or i not in p.ready or p.state is not OpState.ACTIVE:
+                heapq.heappop(heap)
+                continue
+            seg = p.spec.plan.sends[i]
+            dest = p.spec.group[seg.peer]
+            reg = seg.region
+            n = reg.count * p.isz
+            charge = FRAME_SIZE + n
+            if n <= micro and self._eager_credit[dest] >= charge:
+                size = FRAME_SIZE + wire.padded(n)
+                if not self._room(dest, size):
+                    self._blocked[dest].append(heapq.heappop(heap))
+                    continue
+                heapq.heappop(heap)
+                p.ready.discard(i)
+                self._eager_credit[dest] -= charge
+                body = p.bytes[reg.buffer][reg.offset * p.isz : reg.end * p.isz]
+                self._frame(dest, DATA, p, seg.step, seg.segment, n, body)
+                self.stats.bytes_sent += n
+                if self.trace is not None:
+                    t = time.perf_counter_ns()
+                    self.trace.segment(p.spec.name, p.spec.generation, "send", dest, n, t, t)
+                self._sent(p, i)  # the body is copied: the region is free again
+            else:
+                if not self._room(dest, FRAME_SIZE):
+                    self._blocked[dest].append(heapq.heappop(heap))
+                    continue
+                heapq.heappop(heap)
+                p.ready.discard(i)
+                p.awaiting.add(i)
+                self._frame(dest, RTS, p, seg.step, seg.segment, n, None)
+            progressed = True
+        return progressed
+
+    def _frame(
+        self, dest: int, ftype: int, p: Payload, step: int, segment: int, n: int, body: Any
+    ) -> None:
+        carried = 0 if body is None else wire.padded(n)
+        ob = self._outbox(dest, FRAME_SIZE + carried)
+        wire.pack_frame(ob, ftype, p.shape, FLAG_NEED if p.hot else 0, 0, step, segment, p.key, n)
+        if body is not None:
+            ob += body.data
+            if carried > n:
+                ob += bytes(carried - n)
+        self._out_frames[dest] += 1
+        self.stats.frames_sent += 1
+
+    def _control(
+        self,
+        dest: int,
+        ftype: int,
+        shape: tuple[int, ...],
+        key: OpKey,
+        *,
+        aux: int = 0,
+        step: int = 0,
+        segment: int = 0,
+        body: bytes = b"",
+    ) -> None:
+        """Queue a control frame for ``dest`` (never refused: its credit comes back)."""
+        n = len(body)
+        ob = self._outbox(dest, FRAME_SIZE + wire.padded(n))
+        wire.pack_frame(ob, ftype, shape, 0, aux, step, segment, key, n)
+        if n:
+            ob += body
+            ob += bytes(wire.padded(n) - n)
+        self._out_frames[dest] += 1
+        self.stats.frames_sent += 1
+
+    def _outbox(self, dest: int, need: int) -> bytearray:
+        ob = self._out[dest]
+        if ob is None:
+            ob = bytearray(MSG_SIZE)
+        elif len(ob) + need > self._msg_cap:
+            self._backlog[dest].append((ob, self._out_frames[dest]))
+            self._out_frames[dest] = 0
+            ob = bytearray(MSG_SIZE)
+        self._out[dest] = ob
+        self._queued[dest] += need
+        self._dirty.add(dest)
+        return ob
+
+    def _owe(self, peer: int, ctl: int, eager: int) -> None:
+        self._owe_ctl[peer] += ctl
+        self._owe_eager[peer] += eager
+        self._dirty.add(peer)
+
+    def _flush(self) -> None:
+        """Send each peer's outgoing messages within its credit, with credit owed attached."""
+        half = self._ctl_window // 2
+        eager_half = max(1, self.floating.eager_share // 2)
+        for dest in list(self._dirty):
+            backlog = self._backlog[dest]
+            ob = self._out[dest]
+            if ob is not None:
+                backlog.append((ob, self._out_frames[dest]))
+                self._out[dest] = None
+                self._out_frames[dest] = 0
+            while backlog and self._ctl_credit[dest] >= len(backlog[0][0]):
+                msg, nframes = backlog.popleft()
+                self._send_message(dest, msg, nframes)
+            if not backlog:
+                if self._owe_ctl[dest] >= half or self._owe_eager[dest] >= eager_half:
+                    self._send_message(dest, bytearray(MSG_SIZE), 0)  # credit only
+                self._dirty.discard(dest)
+
+    def _send_message(self, dest: int, msg: bytearray, nframes: int) -> None:
+        if dest in self.bad_peers:
+            self._queued[dest] = 0
+            return
+        wire.pack_message_header(
+            msg, nframes, self.rank, self._owe_ctl[dest], self._owe_eager[dest]
+        )
+        self._owe_ctl[dest] = 0
+        self._owe_eager[dest] = 0
+        n = len(msg)
+        if nframes:
+            self._ctl_credit[dest] -= n
+            self._queued[dest] -= n - MSG_SIZE
+        buf = np.frombuffer(msg, dtype=np.uint8)
+        try:
+            req = self.t.isend(buf, dest, wire.CONTROL_TAG)
+        except TransportError as exc:
+            self._bad_peer(dest, exc)
+            return
+        self._track(req, _CTL, buf)
+        self.stats.messages_sent += 1
+
+    def _sent(self, p: Payload, i: int) -> None:
+        """Send segment ``i`` of ``p`` is complete (eager: copied; body: on the wire)."""
+        if p.state is not OpState.ACTIVE:
             return
         p.sends_left -= 1
         p.last_progress = time.monotonic()
-        self._release(p, p.spec.plan.after_send[rec.index])
+        for is_send, idx in p.spec.plan.after_send[i]:
+            if is_send:  # pragma: no cover - sends never wait for sends
+                continue
+            p.recv_waits[idx] -= 1
+            if p.recv_waits[idx] == 0 and idx in p.pending:
+                self._apply(p, idx, p.pending.pop(idx))
         self._maybe_finish(p)
 
     # ------------------------------------------------------------------ receiving
 
-    def _track(self, req: Any, owner: tuple[str, Any]) -> None:
+    def _track(self, req: Any, what: int, obj: Any) -> None:
         self._reqs.append(req)
-        self._owners.append(owner)
+        self._owners.append((what, obj))
 
-    def _post_header_recv(self) -> None:
-        self._header_req = self.t.irecv(self._header_buf, ANY_SOURCE, wire.HEADER_TAG)
-
-    def _cancel_header_recv(self) -> None:
-        if self._header_req is not None:
-            try:
-                self.t.cancel(self._header_req)
-            except Exception as exc:  # tearing down: nothing more to do
-                log.debug("cancelling the header receive failed: %s", exc)
-            self._header_req = None
-
-    def _poll_headers(self) -> bool:
+    def _poll_messages(self) -> bool:
         got = False
+        limit = self._msg_cap
+        micro = self.cfg.micro_bytes
         for _ in range(64):
-            done, source, length = self.t.test(self._header_req)
-            if not done:
+            try:
+                msg = self.t.poll_message(wire.CONTROL_TAG, limit)
+            except OversizeMessage as exc:
+                self._bad_peer(
+                    exc.source,
+                    FrameError(f"rank {self.rank}: message from rank {exc.source} refused: {exc}"),
+                )
+                got = True
+                continue
+            except TransportError as exc:
+                peer = getattr(exc, "peer", None)
+                if peer is None:
+                    raise
+                self._bad_peer(peer, exc)
+                continue
+            if msg is None:
                 break
             got = True
-            # Copy out before re-posting: the buffer is reused at once.
-            raw = self._header_buf[:length].copy()
-            self._post_header_recv()
-            self._on_header(raw, length, source)
+            source, buf = msg
+            if source in self.bad_peers:
+                continue
+            try:
+                ctl, eager, frames = wire.split(buf, source, self.size, micro)
+            except FrameError as exc:
+                self._bad_peer(
+                    source,
+                    FrameError(f"rank {self.rank}: message from rank {source} refused: {exc}"),
+                )
+                continue
+            self.stats.messages_received += 1
+            if ctl or eager:
+                self._credit(source, ctl, eager)
+            if frames:
+                self._owe(source, len(buf), 0)
+                self._on_frames(source, buf, frames)
         return got
 
-    def _on_header(self, raw: np.ndarray, length: int, source: int) -> None:
-        try:
-            h = wire.decode(raw, length, self.size, self.cfg.micro_bytes)
-            if h.sender != source:
-                raise FrameError(f"malformed frame: says sender {h.sender}, came from {source}")
-        except FrameError as exc:
-            err = FrameError(f"rank {self.rank}: frame from rank {source} rejected: {exc}")
-            log.error("%s", err)
-            # A peer speaking garbage cannot be trusted for any op it is part of.
-            for p in [p for p in self.table.values() if source in p.group_rank]:
-                self._fail(p, err, tell_peers=True)
-            self.bad_peers[source] = err
-            return
-        self.stats.frames_received += 1
-        if h.frame_type is FrameType.ERROR:
-            self._on_error_frame(h, raw)
-            return
-        inline = raw[wire.HEADER_SIZE :] if h.inline else None
-        self._place(h, inline)
+    def _credit(self, peer: int, ctl: int, eager: int) -> None:
+        self._ctl_credit[peer] += ctl
+        self._eager_credit[peer] += eager
+        blocked = self._blocked[peer]
+        if blocked:
+            for entry in blocked:
+                heapq.heappush(self._heap, entry)
+            blocked.clear()
+        if self._backlog[peer]:
+            self._dirty.add(peer)
 
-    def _on_error_frame(self, h: Header, raw: np.ndarray) -> None:
-        msg = bytes(raw[wire.HEADER_SIZE : wire.HEADER_SIZE + h.nbytes]).decode(errors="replace")
-        key = (h.wire_id, h.generation)
-        p = self.table.get(key)
-        if p is not None:
-            self._fail(p, _error_from_peer(msg, h.param), tell_peers=False)
-        elif key not in self.failed:
-            for f in self.floating.take(key):
-                self.pool.give(f.body)
-            self.floating.add_error(key, msg, h.param)
+    def _on_frames(
+        self, source: int, buf: np.ndarray, frames: list[tuple[wire.Frame, int]]
+    ) -> None:
+        for f, off in frames:
+            self.stats.frames_received += 1
+            ftype = f[0]
+            if ftype == DATA:
+                self._on_data(source, f, buf, off)
+            elif ftype == RTS:
+                self._on_rts(source, f)
+            elif ftype == CTS:
+                self._on_cts(source, f)
+            elif ftype == REJECT:
+                p = self.table.get((f[F_WID], f[F_GEN]))
+                i = self._send_index(p, f, source)
+                if p is not None and i is not None and i in p.awaiting:
+                    p.awaiting.discard(i)
+                    p.parked.setdefault(source, []).append(i)
+            elif ftype == READY:
+                p = self.table.get((f[F_WID], f[F_GEN]))
+                if p is not None:
+                    for i in p.parked.pop(source, ()):
+                        self._push(p, i)
+            elif ftype == NEED:
+                key = (f[F_WID], f[F_GEN])
+                p = self.table.get(key)
+                if p is not None:
+                    self._raise(p)
+                else:
+                    self._remember(self._needed, key, True)
+            elif ftype == ERROR:
+                n = f[F_NBYTES]
+                text = bytes(buf[off : off + n]).decode(errors="replace")
+                self._on_error((f[F_WID], f[F_GEN]), text, f[F_PARAM], source)
 
-    def _place(self, h: Header, inline: np.ndarray | None, retry: bool = False) -> bool:
-        """Find a home for a data frame's body; False if it must wait for pool space."""
-        key = (h.wire_id, h.generation)
-        p = self.table.get(key)
+    def _send_index(self, p: Payload | None, f: wire.Frame, peer: int) -> int | None:
         if p is None:
-            if key in self.failed:
-                self._receive_discard(h, inline)
-                return True
-            if key in self.completed:
-                what = self.completed[key]
-                kind = "receives from" if h.step == 0 and h.nbytes == 0 else "sends to"
-                msg = (
-                    f"{what}: rank {h.sender} {kind} rank {self.rank} at step {h.step}, but rank "
-                    f"{self.rank} finished the op without that exchange (the ranks disagree on "
-                    "the op's pattern: topology, weights, group or algorithm)"
-                )
-                log.error("rank %d: %s", self.rank, msg)
-                self._error_frame(key, h.sender, msg, ERROR_MISMATCH)
-                self._receive_discard(h, inline)
-                return True
-            if inline is not None:
-                body = self.pool.take(h.nbytes)
-                body[:] = inline
-                self.floating.add(key, FloatingFrame(h, body))
-                self.stats.floating_frames += 1
-                return True
-            if not self.pool.can_float(h.nbytes):
-                if not retry:
-                    self._deferred.append(h)
-                return False
-            body = self.pool.take(h.nbytes)
-            self.pool.floating_bytes += h.nbytes  # reserved until filed
-            req = self.t.irecv(body, h.sender, h.body_tag)
-            self._track(req, ("body", _BodyRecv(None, -1, body, h, True)))
-            self.stats.floating_frames += 1
-            return True
-        q = self._check_frame(p, h)
-        if q is None:
-            self._receive_discard(h, inline)
-            return True
-        p.arrived.add(q)
-        p.last_progress = time.monotonic()
-        if inline is not None:
-            body = self.pool.take(h.nbytes)
-            body[:] = inline
-            self._on_body(p, q, body)
-            return True
-        seg = p.spec.plan.recvs[q]
-        if seg.action is Action.COPY and p.recv_waits[q] == 0 and p.state is OpState.ACTIVE:
-            dst = p.view(seg.region.buffer, seg.region.offset, seg.region.count).view(np.uint8)
-            req = self.t.irecv(dst, h.sender, h.body_tag)
-            self._track(req, ("body", _BodyRecv(p, q, dst, h, False)))
-        else:
-            body = self.pool.take(h.nbytes)
-            req = self.t.irecv(body, h.sender, h.body_tag)
-            self._track(req, ("body", _BodyRecv(p, q, body, h, True)))
-        return True
+            return None
+        g = p.group_rank.get(peer)
+        return None if g is None else p.spec.plan.send_index.get((f[F_STEP], g, f[F_SEGMENT]))
 
-    def _receive_discard(self, h: Header, inline: np.ndarray | None) -> None:
-        """Receive a body nobody needs, so its sender is not left hanging."""
-        if inline is not None or h.nbytes == 0:
-            return
-        body = self.pool.take(h.nbytes)
-        req = self.t.irecv(body, h.sender, h.body_tag)
-        self._track(req, ("body", _BodyRecv(None, -1, body, h, True, discard=True)))
-
-    def _check_frame(self, p: Payload, h: Header) -> int | None:
-        """The receive segment a frame fills, or None after failing the op."""
-        why = p.mismatch(h, self.rank)
+    def _match(self, p: Payload, f: wire.Frame, source: int) -> int | None:
+        """The receive segment frame ``f`` fills, or None after failing the op."""
+        why = p.mismatch(f, source, self.rank)
         if why is not None:
-            self._fail(p, OpMismatchError(why), tell_peers=True)
+            self._fail(p, OpMismatchError(why), tell_peers=True, also=source)
             return None
-        peer = p.group_rank.get(h.sender)
-        q = None if peer is None else p.spec.plan.recv_index.get((h.step, peer, h.segment))
+        peer = p.group_rank.get(source)
+        plan = p.spec.plan
+        q = None if peer is None else plan.recv_index.get((f[F_STEP], peer, f[F_SEGMENT]))
         if q is None or q in p.arrived:
-            if p.spec.algorithm is wire.AlgorithmCode.NEIGHBOR and q is None and h.step == 0:
-                # The announce step: the sender expects data this rank does not send.
-                why = (
-                    f"{p.spec.describe()}: rank {h.sender} receives from rank {self.rank}, but "
-                    f"rank {self.rank} does not send to rank {h.sender} (check the topology or "
-                    "src_weights / dst_weights)"
-                )
-            elif p.spec.algorithm is wire.AlgorithmCode.NEIGHBOR and q is None:
-                why = (
-                    f"{p.spec.describe()}: rank {h.sender} sends to rank {self.rank}, but "
-                    f"rank {self.rank} does not receive from rank {h.sender} (check the topology "
-                    "or src_weights / dst_weights)"
-                )
+            hints = p.spec.schedule.unexpected
+            step = f[F_STEP]
+            if q is None and step < len(hints):
+                detail = hints[step].format(sender=source, me=self.rank)
             else:
-                why = (
-                    f"{p.spec.describe()}: rank {self.rank} got an unexpected frame from rank "
-                    f"{h.sender} for step {h.step} segment {h.segment} (do the ranks use the "
-                    "same algorithm, group and segment_bytes?)"
+                detail = (
+                    f"rank {self.rank} got an unexpected frame from rank {source} for step "
+                    f"{step} segment {f[F_SEGMENT]} (do the ranks use the same algorithm, group "
+                    "and segment_bytes?)"
                 )
-            self._fail(p, OpMismatchError(why), tell_peers=True)
+            self._fail(
+                p, OpMismatchError(f"{p.spec.describe()}: {detail}"), tell_peers=True, also=source
+            )
             return None
-        want = p.spec.plan.recvs[q].region.count * p.spec.dtype.itemsize
-        if h.nbytes != want:
+        want = plan.recvs[q].region.count * p.isz
+        if f[F_NBYTES] != want:
             self._fail(
                 p,
                 OpMismatchError(
-                    f"{p.spec.describe()}: step {h.step} segment {h.segment}: rank {self.rank} "
-                    f"expects {want} bytes, rank {h.sender} sent {h.nbytes} (do the ranks use "
-                    "the same segment_bytes?)"
+                    f"{p.spec.describe()}: step {f[F_STEP]} segment {f[F_SEGMENT]}: rank "
+                    f"{self.rank} expects {want} bytes, rank {source} sends {f[F_NBYTES]} (do the "
+                    "ranks use the same segment_bytes?)"
                 ),
                 tell_peers=True,
+                also=source,
             )
             return None
+        p.arrived.add(q)
+        p.heard.add(source)
+        p.last_progress = time.monotonic()
+        if f[F_FLAGS] & FLAG_NEED and not p.hot:
+            self._raise(p)
         return q
 
-    def _file_frame(self, p: Payload, h: Header, body: np.ndarray) -> bool:
-        """A floating frame whose op was just submitted; False if the op failed."""
-        q = self._check_frame(p, h)
-        if q is None:
-            self.pool.give(body)
+    def _unknown_op(self, source: int, f: wire.Frame, key: OpKey) -> bool:
+        """A frame for an op not in the table: True if it was dealt with (failed/finished)."""
+        if key in self.failed:
+            return True
+        done = self.completed.get(key)
+        if done is None:
             return False
-        p.arrived.add(q)
-        self._on_body(p, q, body)
+        what, _, hints = done
+        step = f[F_STEP]
+        if step < len(hints):
+            detail = hints[step].format(sender=source, me=self.rank)
+        else:
+            detail = (
+                f"rank {source} sends to rank {self.rank} at step {step}, but rank {self.rank} "
+                "finished the op without that exchange (the ranks disagree on the op's pattern: "
+                "root, topology, weights, group or algorithm)"
+            )
+        msg = f"{what}: {detail}"
+        self._on_error(key, msg, ERROR_MISMATCH, source)
+        self._error_frame(key, source, msg, ERROR_MISMATCH)
         return True
+
+    def _on_data(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+        key = (f[F_WID], f[F_GEN])
+        n = f[F_NBYTES]
+        charge = FRAME_SIZE + n
+        self.stats.bytes_received += n
+        p = self.table.get(key)
+        if p is not None:
+            self._owe(source, 0, charge)
+            q = self._match(p, f, source)
+            if q is None:
+                return
+            if self.trace is not None:
+                t = time.perf_counter_ns()
+                self.trace.segment(p.spec.name, p.spec.generation, "recv", source, n, t, t)
+            body = buf[off : off + n]
+            if p.state is OpState.ACTIVE and p.recv_waits[q] == 0:
+                self._apply(p, q, body, scratch=False)
+            else:
+                copy = self.pool.take(n)
+                copy[:] = body
+                p.pending[q] = copy
+            return
+        if self._unknown_op(source, f, key):
+            self._owe(source, 0, charge)
+            return
+        fl = self.floating
+        if fl.eager_held[source] + charge > fl.eager_share:
+            self._owe(source, 0, charge)
+            self._bad_peer(
+                source,
+                FrameError(
+                    f"rank {self.rank}: rank {source} sent {charge} eager bytes beyond its credit "
+                    f"(do all ranks use the same floating_pool_bytes and micro_bytes?)"
+                ),
+            )
+            return
+        copy = self.pool.take(n)
+        copy[:] = buf[off : off + n]
+        fl.add(key, FloatingFrame(f, copy, source, charge))
+        self.stats.floating_frames += 1
+
+    def _on_rts(self, source: int, f: wire.Frame) -> None:
+        key = (f[F_WID], f[F_GEN])
+        n = f[F_NBYTES]
+        if n > self.cfg.segment_bytes:
+            self._bad_peer(
+                source,
+                FrameError(
+                    f"rank {self.rank}: rank {source} announces a body of {n} bytes, larger than "
+                    f"segment_bytes={self.cfg.segment_bytes} (do all ranks use the same "
+                    "segment_bytes?)"
+                ),
+            )
+            return
+        p = self.table.get(key)
+        tag = wire.BODY_TAG_BASE + self._next_tag[source]
+        if p is not None:
+            q = self._match(p, f, source)
+            if q is None:
+                return
+            seg = p.spec.plan.recvs[q]
+            reg = seg.region
+            if (
+                seg.action is Action.COPY
+                and p.recv_waits[q] == 0
+                and p.state is OpState.ACTIVE
+                and seg.src is None
+            ):
+                dst = p.bytes[reg.buffer][reg.offset * p.isz : reg.end * p.isz]
+                rec = _BodyRecv(p, q, dst, f, False, source)
+            else:
+                rec = _BodyRecv(p, q, self.pool.take(n), f, True, source)
+            if not self._post_body(rec, tag):
+                return
+            p.posted.add(rec)
+        elif self._unknown_op(source, f, key):
+            return
+        elif self.floating.reserve(n):
+            if not self._post_body(_BodyRecv(None, -1, self.pool.take(n), f, True, source), tag):
+                self.floating.release(n)
+                return
+            self.stats.floating_frames += 1
+        else:
+            # No room for an op not submitted here: the sender keeps the body until
+            # this rank submits the op (READY then).
+            self._control(source, REJECT, _NO_SHAPE, key, step=f[F_STEP], segment=f[F_SEGMENT])
+            self._rejected.setdefault(key, set()).add(source)
+            self.stats.rejected += 1
+            return
+        self._next_tag[source] = (self._next_tag[source] + 1) % wire.BODY_TAG_SPAN
+        self._control(source, CTS, _NO_SHAPE, key, aux=tag, step=f[F_STEP], segment=f[F_SEGMENT])
+
+    def _post_body(self, rec: _BodyRecv, tag: int) -> bool:
+        try:
+            req = self.t.irecv(rec.buf, rec.source, tag)
+        except TransportError as exc:
+            self._bad_peer(rec.source, exc)
+            return False
+        rec.req = req
+        self._track(req, _RECV, (rec, time.perf_counter_ns()))
+        return True
+
+    def _on_cts(self, source: int, f: wire.Frame) -> None:
+        key = (f[F_WID], f[F_GEN])
+        p = self.table.get(key)
+        i = self._send_index(p, f, source)
+        if p is None or i is None or i not in p.awaiting:
+            return  # the op failed here; the receiver hears of it by its ERROR frame
+        p.awaiting.discard(i)
+        prio, hot, seq = p.sort_key()
+        heapq.heappush(self._cleared, (prio, hot, seq, i, p, source, f[wire.F_AUX]))
 
     def _on_body(self, p: Payload, q: int, body: np.ndarray) -> None:
         """A body for receive segment ``q`` is in a scratch buffer."""
@@ -740,10 +1170,10 @@ class CommLoop:
         else:
             p.pending[q] = body
 
-    def _apply(self, p: Payload, q: int, body: np.ndarray) -> None:
+    def _apply(self, p: Payload, q: int, body: np.ndarray, scratch: bool = True) -> None:
         seg = p.spec.plan.recvs[q]
         reg = seg.region
-        dst = p.view(reg.buffer, reg.offset, reg.count)
+        dst = p.region(reg.buffer, reg.offset, reg.count)
         src = body.view(p.spec.dtype.numpy)
         req = ComputeRequest(
             _RECV_KIND[seg.action],
@@ -754,84 +1184,98 @@ class CommLoop:
             weight=seg.weight,
             owner=p,
             token=q,
-            scratch=body,
+            scratch=body if scratch else None,
         )
         if seg.src is not None:
-            req.base = p.view(seg.src.buffer, seg.src.offset, seg.src.count)
+            req.base = p.region(seg.src.buffer, seg.src.offset, seg.src.count)
         self._compute(req, body.nbytes <= self.cfg.inline_compute_bytes)
 
     def _applied(self, p: Payload, q: int) -> None:
         p.recvs_left -= 1
         p.last_progress = time.monotonic()
-        self._release(p, p.spec.plan.after_recv[q])
-        self._maybe_finish(p)
-
-    def _release(self, p: Payload, whom: list[tuple[bool, int]]) -> None:
-        for is_send, idx in whom:
+        if self.trace is not None and not p.recvs_left:
+            self.trace.op(p.spec.name, p.spec.generation, "last_recv", p.spec.priority)
+        for is_send, idx in p.spec.plan.after_recv[q]:
             if is_send:
                 p.send_waits[idx] -= 1
                 if p.send_waits[idx] == 0:
-                    p.push_ready(idx)
-                    self.sendable.add(p)
+                    self._push(p, idx)
             else:
                 p.recv_waits[idx] -= 1
                 if p.recv_waits[idx] == 0 and idx in p.pending:
                     self._apply(p, idx, p.pending.pop(idx))
+        self._maybe_finish(p)
 
-    def _on_body_received(self, rec: _BodyRecv) -> None:
-        h = rec.header
-        self.stats.bytes_received += h.nbytes
-        if rec.discard:
-            self.pool.give(rec.buf)
-            return
+    def _on_body_received(self, rec: _BodyRecv, t0: int) -> None:
+        f = rec.frame
+        n = f[F_NBYTES]
+        self.stats.bytes_received += n
         p = rec.payload
-        if p is None:
-            key = (h.wire_id, h.generation)
-            self.pool.floating_bytes -= h.nbytes  # the reservation becomes the filing
+        if p is None:  # a floating body: file it, or hand it to its op if submitted since
+            key = (f[F_WID], f[F_GEN])
             live = self.table.get(key)
-            if live is not None:  # submitted while the body was on its way
-                q = self._check_frame(live, h)
+            if live is not None:
+                self.floating.release(n)
+                q = self._match(live, f, rec.source)
                 if q is None:
                     self.pool.give(rec.buf)
                 else:
-                    live.arrived.add(q)
                     self._on_body(live, q, rec.buf)
             elif key in self.failed:
+                self.floating.release(n)
                 self.pool.give(rec.buf)
             else:
-                self.floating.add(key, FloatingFrame(h, rec.buf))
+                self.floating.add(key, FloatingFrame(f, rec.buf, rec.source, 0))
             return
         if p.state in (OpState.FAILED, OpState.DONE):
             if rec.scratch:
                 self.pool.give(rec.buf)
             return
+        if self.trace is not None:
+            self.trace.segment(
+                p.spec.name, p.spec.generation, "recv", rec.source, n, t0, time.perf_counter_ns()
+            )
         if rec.scratch:
             self._on_body(p, rec.index, rec.buf)
         else:
             self._applied(p, rec.index)
 
-    def _retry_deferred(self) -> bool:
-        moved = False
-        while self._deferred:
-            if not self._place(self._deferred[0], None, retry=True):
-                break
-            self._deferred.popleft()
-            moved = True
-        return moved
-
     def _poll_requests(self) -> bool:
-        idx = self.t.testsome(self._reqs)
+        reqs = self._reqs
+        try:
+            idx = self.t.testsome(reqs)
+        except TransportError as exc:
+            peer = getattr(exc, "peer", None)
+            if peer is None:
+                raise
+            self._bad_peer(peer, exc)
+            return True
         if not idx:
             return False
-        done = set(idx)
-        owners = [self._owners[i] for i in idx]
-        self._reqs = [r for i, r in enumerate(self._reqs) if i not in done]
-        self._owners = [o for i, o in enumerate(self._owners) if i not in done]
-        for what, obj in owners:
-            if what == "send":
-                self._on_sent(obj)
-            elif what == "body":
-                self._on_body_received(obj)
+        owners = self._owners
+        done = [owners[i] for i in idx]
+        for i in sorted(idx, reverse=True):  # swap-remove: O(1) each
+            last = len(reqs) - 1
+            if i != last:
+                reqs[i] = reqs[last]
+                owners[i] = owners[last]
+            reqs.pop()
+            owners.pop()
+        for what, obj in done:
+            if what == _SEND:
+                p, i, n, dest, t0 = obj
+                self._bodies_inflight -= 1
+                self.stats.bytes_sent += n
+                if self.trace is not None:
+                    self.trace.segment(
+                        p.spec.name, p.spec.generation, "send", dest, n, t0, time.perf_counter_ns()
+                    )
+                self._sent(p, i)
+            elif what == _RECV:
+                rec, t0 = obj
+                if rec.payload is not None:
+                    rec.payload.posted.discard(rec)
+                self._on_body_received(rec, t0)
         return True
 
     # ------------------------------------------------------------------ compute results
@@ -883,13 +1327,50 @@ class CommLoop:
     def stalled(self) -> list[str]:
         """Descriptions of the ops in flight and whom they wait for (for error messages)."""
         out = []
-        for p in self.table.values():
+        for p in list(self.table.values()):
             recv_from, _ = p.waiting_on()
             out.append(f"{p.spec.describe()} waits for ranks {recv_from}")
         return out
+
+    def timeout_error(
+        self, spec: OpSpec | None, name: Any, generation: int, timeout: float
+    ) -> OpTimeoutError:
+        """The error of a ``wait(timeout=...)`` that ran out, naming whom the op waits for."""
+        who = ""
+        if spec is not None:
+            p = self.table.get(spec.key)
+            if p is not None:
+                recv_from, send_to = p.waiting_on()
+                who = f"; it waits for frames from ranks {recv_from}"
+                if send_to:
+                    who += f" and has frames for ranks {send_to}"
+        return OpTimeoutError(
+            f"op {name!r} generation {generation} did not complete within {timeout} s on rank "
+            f"{self.rank}{who} (it stays in flight; wait again or check the peers)"
+        )
+
+
+class _Waiting:
+    """Counts a thread waiting in :meth:`CommLoop.progress` (the comm thread steps aside)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, loop: CommLoop) -> None:
+        self.loop = loop
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.loop.waiters += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.loop.waiters -= 1
+        self.loop.wake.set()
 
 
 def _error_from_peer(message: str, code: int) -> TotalReduceError:
     if code == ERROR_MISMATCH:
         return OpMismatchError(message)
+    if code == ERROR_FRAME:
+        return FrameError(message)
     return OpFailedError(message)

@@ -11,22 +11,23 @@ every frame carries.
 from __future__ import annotations
 
 import enum
-import heapq
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Buffer, Schedule, SegmentPlan
 from ..dtypes import DType, ReduceOp
-from .wire import AlgorithmCode, Header, OpKind
+from . import wire
 
 OpKey = tuple[int, int]  # (wire id, generation)
 
 
 class OpState(enum.IntEnum):
-    PREPARING = 1  # prologue running on the reducer
+    PREPARING = 1  # prologue running
     ACTIVE = 2  # steps in progress
     FINISHING = 3  # epilogue running
     DONE = 4
@@ -65,79 +66,107 @@ class OpSpec:
         return f"op {self.name!r} generation {self.generation}"
 
 
-@dataclass(eq=False)
+_SHAPE_FIELDS = ("dtype", "kind", "algorithm", "reduce op", "count", "param", "group")
+
+
 class Payload:
-    """Run-time state of one op on this rank; touched only by the comm thread."""
+    """Run-time state of one op on this rank; touched only by the thread running the loop."""
 
-    spec: OpSpec
-    seq: int
-    bufs: dict[Buffer, np.ndarray]
-    group_rank: dict[int, int]  # world rank -> group rank
-    send_waits: list[int]
-    recv_waits: list[int]
-    sends_left: int
-    recvs_left: int
-    state: OpState = OpState.PREPARING
-    local_left: int = 0  # prologue / epilogue ops outstanding
-    ready: list[int] = field(default_factory=list)  # heap of send segment ids
-    arrived: set[int] = field(default_factory=set)  # receive segments whose frame came
-    pending: dict[int, np.ndarray] = field(default_factory=dict)  # arrived, not applicable yet
-    error: BaseException | None = None
-    started: float = field(default_factory=time.monotonic)
-    last_progress: float = field(default_factory=time.monotonic)
-    warned: bool = False
+    __slots__ = (
+        "spec",
+        "key",
+        "seq",
+        "bufs",
+        "bytes",
+        "isz",
+        "shape",
+        "group_rank",
+        "send_waits",
+        "recv_waits",
+        "sends_left",
+        "recvs_left",
+        "state",
+        "local_left",
+        "ready",
+        "arrived",
+        "pending",
+        "parked",
+        "posted",
+        "awaiting",
+        "version",
+        "hot",
+        "last_progress",
+        "warned",
+        "heard",
+    )
 
-    @classmethod
-    def create(cls, spec: OpSpec, seq: int, bufs: dict[Buffer, np.ndarray]) -> Payload:
+    def __init__(self, spec: OpSpec, seq: int, bufs: dict[Buffer, np.ndarray]) -> None:
         plan = spec.plan
-        return cls(
-            spec=spec,
-            seq=seq,
-            bufs=bufs,
-            group_rank={w: g for g, w in enumerate(spec.group)},
-            send_waits=list(plan.send_waits),
-            recv_waits=list(plan.recv_waits),
-            sends_left=len(plan.sends),
-            recvs_left=len(plan.recvs),
+        self.spec = spec
+        self.key: OpKey = (spec.wire_id, spec.generation)
+        self.seq = seq
+        self.bufs = bufs
+        # Byte views of the buffers: frames slice these, no view built per frame.
+        self.bytes = {b: a.view(np.uint8) for b, a in bufs.items()}
+        self.isz = spec.dtype.itemsize
+        #: What every frame of this op carries and every receiver checks.
+        self.shape = (
+            int(spec.dtype),
+            int(spec.kind),
+            int(spec.algorithm),
+            int(spec.op),
+            spec.count,
+            spec.param,
+            spec.context,
         )
+        self.group_rank = {w: g for g, w in enumerate(spec.group)}
+        self.send_waits = list(plan.send_waits)
+        self.recv_waits = list(plan.recv_waits)
+        self.sends_left = len(plan.sends)
+        self.recvs_left = len(plan.recvs)
+        self.state = OpState.PREPARING
+        self.local_left = 0
+        self.ready: set[int] = set()  # send segments whose turn came, not sent yet
+        self.arrived: set[int] = set()  # receive segments whose frame came
+        self.pending: dict[int, np.ndarray] = {}  # arrived, not applicable yet
+        self.parked: dict[int, list[int]] = {}  # peer -> send segments it refused for now
+        self.posted: set[Any] = set()  # body receives posted for this op
+        self.awaiting: set[int] = set()  # send segments announced, not cleared yet
+        self.version = 0  # bumped when its urgency rises (stale heap entries)
+        self.hot = spec.urgent  # someone waits for it, here or (NEED) on a peer
+        self.last_progress = time.monotonic()
+        self.warned = False
+        self.heard: set[int] = set()  # world ranks a frame of this op came from
 
-    @property
-    def key(self) -> OpKey:
-        return self.spec.key
+    def sort_key(self) -> tuple[int, int, int]:
+        """Heap order of the sender: priority, then someone waiting, then submission order."""
+        return (-self.spec.priority, 0 if self.hot else 1, self.seq)
 
-    def urgency(self) -> tuple[int, bool, int]:
-        """Sort key of the sender: priority, then someone waiting, then submission order."""
-        return (self.spec.priority, self.spec.urgent, -self.seq)
-
-    def push_ready(self, i: int) -> None:
-        heapq.heappush(self.ready, i)
-
-    def pop_ready(self) -> int:
-        return heapq.heappop(self.ready)
-
-    def view(self, buffer: Buffer, offset: int, count: int) -> np.ndarray:
+    def region(self, buffer: Buffer, offset: int, count: int) -> np.ndarray:
         return self.bufs[buffer][offset : offset + count]
 
-    def mismatch(self, h: Header, my_rank: int) -> str | None:
+    def mismatch(self, f: wire.Frame, sender: int, my_rank: int) -> str | None:
         """Describe how a peer's frame disagrees with this op, or None."""
-        s = self.spec
-        checks = (
-            ("kind", s.kind.name.lower(), h.kind.name.lower()),
-            ("group", f"{list(s.group)} (context {s.context:#x})", f"context {h.context:#x}"),
-            ("dtype", s.dtype.name.lower(), h.dtype.name.lower()),
-            ("count", s.count, h.count),
-            ("reduce op", s.op.name.lower(), h.op.name.lower()),
-            ("algorithm", s.algorithm.name.lower(), h.algorithm.name.lower()),
-            ("param", s.param, h.param),
+        theirs = (
+            f[wire.F_DTYPE],
+            f[wire.F_KIND],
+            f[wire.F_ALGO],
+            f[wire.F_OP],
+            f[wire.F_COUNT],
+            f[wire.F_PARAM],
+            f[wire.F_CONTEXT],
         )
-        for what, mine, theirs in checks:
-            differs = s.context != h.context if what == "group" else mine != theirs
-            if differs:
+        if theirs == self.shape:
+            return None
+        # Causes before consequences: a group or count difference changes the algorithm.
+        for k in (1, 6, 0, 4, 3, 5, 2):
+            what, mine, other = _SHAPE_FIELDS[k], self.shape[k], theirs[k]
+            if mine != other:
                 return (
-                    f"{s.describe()}: rank {my_rank} has {what} {mine}, "
-                    f"rank {h.sender} has {what} {theirs}"
+                    f"{self.spec.describe()}: rank {my_rank} has {what} {_show(what, mine, self)}, "
+                    f"rank {sender} has {what} {_show(what, other, self)}"
                 )
-        return None
+        return None  # pragma: no cover - some field differs
 
     def waiting_on(self) -> tuple[list[int], list[int]]:
         """World ranks this op still expects frames from, and still sends to."""
@@ -145,4 +174,26 @@ class Payload:
         grp = self.spec.group
         recv_from = sorted({grp[r.peer] for q, r in enumerate(plan.recvs) if q not in self.arrived})
         send_to = sorted({grp[plan.sends[i].peer] for i in self.ready})
-        return recv_from, send_to
+        send_to += [p for p in self.parked if p not in send_to]
+        return recv_from, sorted(send_to)
+
+
+def _show(what: str, value: int, p: Payload) -> str:
+    """A shape field in words (the codes are ints on the wire)."""
+    try:
+        if what == "dtype":
+            return DType(value).name.lower()
+        if what == "kind":
+            return OpKind(value).name.lower()
+        if what == "algorithm":
+            return AlgorithmCode(value).name.lower()
+        if what == "reduce op":
+            return ReduceOp(value).name.lower()
+    except ValueError:
+        return f"code {value}"
+    if what == "group":
+        mine = value == p.spec.context
+        return f"{list(p.spec.group)} (context {value:#x})" if mine else f"context {value:#x}"
+    if what == "param" and p.spec.kind is OpKind.BROADCAST:
+        return f"{value} (the root)"
+    return str(value)

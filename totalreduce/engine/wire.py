@@ -1,62 +1,93 @@
-"""Wire frames: the self-describing header every transfer starts with.
+"""Wire protocol v2: messages of self-describing frames.
 
-A frame is the seed's "isend message head" grown into a fixed layout: it says
-which op (wire id and generation), which step and segment, what kind of data
-and how much, so the receiver can place it without any agreement on order
-with the sender (a "self-guided message").  A body of at most ``micro_bytes``
-travels in the same message right after the header; a larger body follows as
-its own message on the tag the header names, so several bodies can be in
-flight between two ranks at once.
+Everything a rank sends on the control tag is a **message**: a 24-byte message
+header followed by one or more **frames** (coalescing: all frames ready for one
+peer in one pass of the loop travel together, fusion without negotiation).  A
+frame is the seed's "isend message head" grown into a fixed 72-byte layout that
+says which op (wire id and generation), which step and segment, and the op's
+shape (kind, algorithm, dtype, count, reduce op, param, group context), so any
+receiver can place it without agreeing on order with the sender and can detect
+two ranks that disagree about the op.
 
-Layout (little-endian, ``HEADER_SIZE`` = 80 bytes)::
+Message header (little-endian, ``MSG_SIZE`` = 24 bytes)::
 
-    magic u32 | version u8 | frame type u8 | dtype u8 | kind u8 |
-    algorithm u8 | reduce op u8 | flags u16 | sender i32 | body tag i32 |
-    wire id u64 | generation u64 | step u32 | segment u32 |
-    byte count u64 | element count u64 | param i64 | context u64 | reserved u32
+    magic u32 | version u8 | reserved u8 | frame count u16 | sender i32 |
+    control credit returned u32 | eager credit returned u64
 
-``element count`` is the op's whole element count and ``param`` an op
-parameter (the root of a broadcast): both let a receiver detect two ranks
-that submitted the same name and generation with different arguments.
-``context`` identifies the group of ranks the op runs over.
+Frame header (``FRAME_SIZE`` = 72 bytes)::
 
-:func:`decode` validates every field and raises :class:`FrameError` on
-anything malformed, so garbage never reaches an allocation or a buffer.
+    type u8 | dtype u8 | kind u8 | algorithm u8 | reduce op u8 | flags u8 | reserved u16 |
+    aux u32 | step u32 | segment u32 | reserved u32 |
+    wire id u64 | generation u64 | byte count u64 | element count u64 | param i64 |
+    context u64
+
+Frame types:
+
+- ``DATA``: an eager body of ``byte count`` bytes follows the header (padded
+  to 8 bytes).  Only bodies up to ``micro_bytes`` travel eagerly.
+- ``RTS`` (ready to send): a larger body waits at the sender; the receiver
+  answers ``CTS`` (clear to send, ``aux`` = the tag the body must use) once it
+  has a place for it, or ``REJECT`` when it has none (the op is not submitted
+  there and the pool is full).  ``READY`` later says "submitted now, send again".
+- ``NEED``: the sender is blocked waiting for the op; raise it.
+- ``ERROR``: the op failed; the body is the UTF-8 message, ``param`` its code.
+
+:func:`split` validates every field of a message and its frames in one place
+and raises :class:`FrameError` on anything malformed, so garbage never reaches
+an allocation or a buffer.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import struct
-from dataclasses import dataclass
-from typing import TypeVar
+
+import numpy as np
 
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
 from ..errors import FrameError
 
-MAGIC = 0x31445254  # b"TRD1" read as little-endian u32
-VERSION = 1
-_LAYOUT = struct.Struct("<IBBBBBBHiiQQIIQQqQI")
-HEADER_SIZE = _LAYOUT.size
-assert HEADER_SIZE == 80
+MAGIC = 0x32445254  # b"TRD2" read as little-endian u32
+VERSION = 2
+MSG = struct.Struct("<IBBHiIQ")
+MSG_SIZE = MSG.size
+FRAME = struct.Struct("<BBBBBBHIIIIQQQQqQ")
+FRAME_SIZE = FRAME.size
+assert MSG_SIZE == 24 and FRAME_SIZE == 72
 
-HEADER_TAG = 1
+CONTROL_TAG = 1
 BODY_TAG_BASE = 16
 BODY_TAG_SPAN = 1 << 20  # body tags rotate through this many values per peer
 
-FLAG_INLINE = 1
+# Frame types.
+DATA = 1
+RTS = 2
+CTS = 3
+REJECT = 4
+READY = 5
+NEED = 6
+ERROR = 7
+FRAME_TYPES = {DATA: "DATA", RTS: "RTS", CTS: "CTS", REJECT: "REJECT", READY: "READY"}
+FRAME_TYPES.update({NEED: "NEED", ERROR: "ERROR"})
+
+# Frame flags.
+FLAG_NEED = 1  # someone on the sender waits for this op
 
 #: Largest body a frame may announce; anything above is malformed.
 MAX_BODY_BYTES = 1 << 34
 
+_DTYPES = {int(d): d for d in DType}
+_KINDS = frozenset(int(k) for k in OpKind)
+_ALGOS = frozenset(int(a) for a in AlgorithmCode)
+_OPS = frozenset(int(o) for o in ReduceOp)
 
-class FrameType(enum.IntEnum):
-    """What a frame carries."""
+# Field positions in a decoded frame tuple.
+F_TYPE, F_DTYPE, F_KIND, F_ALGO, F_OP, F_FLAGS = 0, 1, 2, 3, 4, 5
+F_AUX, F_STEP, F_SEGMENT = 7, 8, 9
+F_WID, F_GEN, F_NBYTES, F_COUNT, F_PARAM, F_CONTEXT = 11, 12, 13, 14, 15, 16
 
-    DATA = 1  # a segment of an op's step
-    ERROR = 2  # the op failed on the sender; the body is the UTF-8 message
+Frame = tuple  # the 17 fields of FRAME, as unpacked
 
 
 def wire_id(name: str | int) -> int:
@@ -71,158 +102,110 @@ def wire_id(name: str | int) -> int:
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
 
 
-@dataclass(frozen=True)
-class Header:
-    """A decoded frame header."""
-
-    frame_type: FrameType
-    dtype: DType
-    kind: OpKind
-    algorithm: AlgorithmCode
-    op: ReduceOp
-    flags: int
-    sender: int
-    body_tag: int
-    wire_id: int
-    generation: int
-    step: int
-    segment: int
-    nbytes: int
-    count: int
-    param: int
-    context: int
-
-    @property
-    def inline(self) -> bool:
-        return bool(self.flags & FLAG_INLINE)
-
-    def describe(self) -> str:
-        return (
-            f"{self.frame_type.name} frame from rank {self.sender}: op {self.wire_id:#018x} "
-            f"generation {self.generation} step {self.step} segment {self.segment} "
-            f"({self.nbytes} bytes)"
-        )
+def padded(nbytes: int) -> int:
+    """Bytes an eager body takes in a message (frames start 8-byte aligned)."""
+    return (nbytes + 7) & ~7
 
 
-def encode(h: Header, into: bytearray | memoryview | None = None) -> bytes | None:
-    """Pack a header; into a buffer when given (its first HEADER_SIZE bytes)."""
-    fields = (
-        MAGIC,
-        VERSION,
-        int(h.frame_type),
-        int(h.dtype),
-        int(h.kind),
-        int(h.algorithm),
-        int(h.op),
-        h.flags,
-        h.sender,
-        h.body_tag,
-        h.wire_id,
-        h.generation,
-        h.step,
-        h.segment,
-        h.nbytes,
-        h.count,
-        h.param,
-        h.context,
-        0,
-    )
-    if into is None:
-        return _LAYOUT.pack(*fields)
-    _LAYOUT.pack_into(into, 0, *fields)
-    return None
+def pack_frame(
+    buf: bytearray,
+    ftype: int,
+    shape: tuple[int, ...],
+    flags: int,
+    aux: int,
+    step: int,
+    segment: int,
+    key: tuple[int, int],
+    nbytes: int,
+) -> None:
+    """Append a frame header to ``buf``; ``shape`` is an op's (dtype, kind, algorithm,
+    op, count, param, context), all ints."""
+    dt, kind, algo, op, count, param, ctx = shape
+    buf += FRAME.pack(
+        ftype, dt, kind, algo, op, flags, 0, aux, step, segment, 0, key[0], key[1], nbytes,
+        count, param, ctx,
+    )  # fmt: skip
 
 
-_E = TypeVar("_E", bound=enum.IntEnum)
+def pack_message_header(buf: bytearray, nframes: int, sender: int, ctl: int, eager: int) -> None:
+    """Write the message header into the first ``MSG_SIZE`` bytes of ``buf``."""
+    MSG.pack_into(buf, 0, MAGIC, VERSION, 0, nframes, sender, ctl, eager)
 
 
-def _enum(cls: type[_E], value: int, what: str) -> _E:
-    try:
-        return cls(value)
-    except ValueError:
-        raise FrameError(f"malformed frame: unknown {what} code {value}") from None
+def split(
+    buf: np.ndarray | bytes | bytearray,
+    source: int,
+    size: int,
+    micro_bytes: int,
+) -> tuple[int, int, list[tuple[Frame, int]]]:
+    """Validate a message from rank ``source``: (control credit, eager credit, frames).
 
-
-def decode(buf: bytes | bytearray | memoryview, length: int, size: int, micro_bytes: int) -> Header:
-    """Decode and validate the header of a received message of ``length`` bytes.
-
-    ``size`` is the number of ranks (bounds the sender) and ``micro_bytes``
-    the largest inline body this rank accepts.
+    Each frame comes with the offset of its body in ``buf`` (eager DATA and
+    ERROR bodies; ``-1`` for frames without one).  ``size`` bounds ranks and
+    ``micro_bytes`` the eager bodies this rank accepts.
     """
-    if length < HEADER_SIZE:
-        raise FrameError(
-            f"malformed frame: {length} bytes, shorter than a {HEADER_SIZE}-byte header"
-        )
-    (
-        magic,
-        version,
-        ftype,
-        dtype,
-        kind,
-        algo,
-        op,
-        flags,
-        sender,
-        tag,
-        wid,
-        gen,
-        step,
-        segment,
-        nbytes,
-        count,
-        param,
-        context,
-        _reserved,
-    ) = _LAYOUT.unpack_from(buf, 0)
+    length = len(buf)
+    if length < MSG_SIZE:
+        raise FrameError(f"malformed message: {length} bytes, shorter than its header")
+    magic, version, _r, nframes, sender, ctl, eager = MSG.unpack_from(buf, 0)
     if magic != MAGIC:
-        raise FrameError(f"malformed frame: bad magic {magic:#010x} (expected {MAGIC:#010x})")
+        raise FrameError(f"malformed message: bad magic {magic:#010x} (expected {MAGIC:#010x})")
     if version != VERSION:
-        raise FrameError(f"frame version {version} from a peer; this rank speaks {VERSION}")
-    frame_type = _enum(FrameType, ftype, "frame type")
-    h_dtype = _enum(DType, dtype, "dtype")
-    h_kind = _enum(OpKind, kind, "kind")
-    h_algo = _enum(AlgorithmCode, algo, "algorithm")
-    h_op = _enum(ReduceOp, op, "reduce op")
-    if flags & ~FLAG_INLINE:
-        raise FrameError(f"malformed frame: unknown flags {flags:#x}")
-    if not 0 <= sender < size:
-        raise FrameError(f"malformed frame: sender rank {sender} outside 0..{size - 1}")
-    if nbytes > MAX_BODY_BYTES:
-        raise FrameError(f"malformed frame: body of {nbytes} bytes exceeds {MAX_BODY_BYTES}")
-    if frame_type is FrameType.DATA and nbytes % h_dtype.itemsize:
-        raise FrameError(
-            f"malformed frame: {nbytes} bytes is not a whole number of {h_dtype.name} elements"
-        )
-    if flags & FLAG_INLINE:
-        if nbytes > micro_bytes:
-            raise FrameError(
-                f"malformed frame: inline body of {nbytes} bytes exceeds micro_bytes={micro_bytes} "
-                "(do all ranks use the same micro_bytes?)"
-            )
-        if length != HEADER_SIZE + nbytes:
-            raise FrameError(
-                f"malformed frame: message of {length} bytes, header announces {nbytes} inline"
-            )
-    else:
-        if length != HEADER_SIZE:
-            raise FrameError(f"malformed frame: {length - HEADER_SIZE} stray bytes after header")
-        if not BODY_TAG_BASE <= tag < BODY_TAG_BASE + BODY_TAG_SPAN:
-            raise FrameError(f"malformed frame: body tag {tag} outside the body tag range")
-    return Header(
-        frame_type=frame_type,
-        dtype=h_dtype,
-        kind=h_kind,
-        algorithm=h_algo,
-        op=h_op,
-        flags=flags,
-        sender=sender,
-        body_tag=tag,
-        wire_id=wid,
-        generation=gen,
-        step=step,
-        segment=segment,
-        nbytes=nbytes,
-        count=count,
-        param=param,
-        context=context,
+        raise FrameError(f"protocol version {version} from a peer; this rank speaks {VERSION}")
+    if sender != source:
+        raise FrameError(f"malformed message: says sender {sender}, came from rank {source}")
+    frames: list[tuple[Frame, int]] = []
+    off = MSG_SIZE
+    for _ in range(nframes):
+        if off + FRAME_SIZE > length:
+            raise FrameError(f"truncated message: {length} bytes, frame {len(frames)} missing")
+        f = FRAME.unpack_from(buf, off)
+        off += FRAME_SIZE
+        ftype, dt, nbytes = f[0], f[1], f[13]
+        if ftype not in FRAME_TYPES:
+            raise FrameError(f"malformed frame: unknown frame type {ftype}")
+        if f[F_FLAGS] & ~FLAG_NEED:
+            raise FrameError(f"malformed frame: unknown flags {f[F_FLAGS]:#x}")
+        if nbytes > MAX_BODY_BYTES:
+            raise FrameError(f"malformed frame: body of {nbytes} bytes exceeds {MAX_BODY_BYTES}")
+        body = -1
+        if ftype == DATA or ftype == RTS:
+            dtype = _DTYPES.get(dt)
+            if dtype is None:
+                raise FrameError(f"malformed frame: unknown dtype code {dt}")
+            if f[F_KIND] not in _KINDS:
+                raise FrameError(f"malformed frame: unknown kind code {f[F_KIND]}")
+            if f[F_ALGO] not in _ALGOS:
+                raise FrameError(f"malformed frame: unknown algorithm code {f[F_ALGO]}")
+            if f[F_OP] not in _OPS:
+                raise FrameError(f"malformed frame: unknown reduce op code {f[F_OP]}")
+            if nbytes % dtype.itemsize:
+                raise FrameError(
+                    f"malformed frame: {nbytes} bytes is not a whole number of "
+                    f"{dtype.name.lower()} elements"
+                )
+        if ftype == DATA or ftype == ERROR:
+            if ftype == DATA and nbytes > micro_bytes:
+                raise FrameError(
+                    f"malformed frame: eager body of {nbytes} bytes exceeds "
+                    f"micro_bytes={micro_bytes} (do all ranks use the same micro_bytes?)"
+                )
+            if off + nbytes > length:
+                raise FrameError(
+                    f"truncated message: frame announces {nbytes} body bytes, {length - off} left"
+                )
+            body = off
+            off += padded(nbytes)
+        frames.append((f, body))
+    if off < length:
+        raise FrameError(f"malformed message: {length - off} stray bytes after {nframes} frames")
+    return ctl, eager, frames
+
+
+def describe(f: Frame, sender: int) -> str:
+    """A frame in words, for error messages."""
+    return (
+        f"{FRAME_TYPES.get(f[F_TYPE], f[F_TYPE])} frame from rank {sender}: op "
+        f"{f[F_WID]:#018x} generation {f[F_GEN]} step {f[F_STEP]} segment {f[F_SEGMENT]} "
+        f"({f[F_NBYTES]} bytes)"
     )

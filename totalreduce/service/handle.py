@@ -6,9 +6,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import OpTimeoutError
-
 if TYPE_CHECKING:
+    from ..engine.loop import CommLoop
     from ..engine.payload import OpSpec
 
 
@@ -18,9 +17,10 @@ class Handle:
     ``done()`` never blocks; ``wait(timeout=None)`` blocks until the op
     completes and returns its result (raising the op's error if it failed, or
     :class:`~totalreduce.OpTimeoutError` if ``timeout`` seconds pass first; the
-    op stays in flight and can be waited on again).  Waiting marks the op
-    urgent: among ops of equal priority the comm thread sends its segments
-    first.
+    op stays in flight and can be waited on again).  The waiting thread drives
+    the engine's loop itself, as ``MPI_Wait`` progresses MPI, so the op crosses
+    no thread hand-off; waiting also marks the op urgent: among ops of equal
+    priority its segments go first, here and (after a moment) on the peers.
 
     >>> h = tr.allreduce_async(grad, name="fc1.grad", op="avg")   # doctest: +SKIP
     >>> ...                                                        # doctest: +SKIP
@@ -35,7 +35,7 @@ class Handle:
         "_result",
         "_finalize",
         "_spec",
-        "_wake",
+        "_loop",
         "_then",
         "_lock",
     )
@@ -45,7 +45,7 @@ class Handle:
         name: str | int,
         generation: int,
         result: Any,
-        wake: Callable[[], None] | None = None,
+        loop: CommLoop | None = None,
         finalize: Callable[[], Any] | None = None,
     ) -> None:
         self.name = name
@@ -58,7 +58,7 @@ class Handle:
         # the comm thread.
         self._finalize = finalize
         self._spec: OpSpec | None = None
-        self._wake = wake
+        self._loop = loop
         self._then: list[Callable[[Handle], None]] = []
         self._lock = threading.Lock()
 
@@ -88,7 +88,9 @@ class Handle:
         fn(self)
 
     def done(self) -> bool:
-        """True once the op completed or failed."""
+        """True once the op completed or failed; progresses the engine once, as ``MPI_Test``."""
+        if not self._event.is_set() and self._loop is not None:
+            self._loop.poll()
         return self._event.is_set()
 
     def exception(self) -> BaseException | None:
@@ -99,15 +101,15 @@ class Handle:
         """Block until the op completes; return its result."""
         if not self._event.is_set():
             spec = self._spec
-            if spec is not None:
-                spec.urgent = True
-                if self._wake is not None:
-                    self._wake()
-            if not self._event.wait(timeout):
-                raise OpTimeoutError(
-                    f"op {self.name!r} generation {self.generation} did not complete "
-                    f"within {timeout} s (it stays in flight; wait again or check the peers)"
-                )
+            loop = self._loop
+            if loop is None:
+                if not self._event.wait(timeout):
+                    raise TimeoutError(f"op {self.name!r} did not complete within {timeout} s")
+            else:
+                if spec is not None:
+                    loop.mark_needed(spec)
+                if not loop.progress(self._event, timeout, spec):
+                    raise loop.timeout_error(spec, self.name, self.generation, timeout or 0.0)
         if self._error is not None:
             raise self._error
         if self._finalize is not None:

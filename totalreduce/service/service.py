@@ -117,6 +117,7 @@ class Service:
                 backoff_max_s=cfg.backoff_max_s,
                 idle_backoff_max_s=cfg.idle_backoff_max_s,
                 inline_compute_bytes=cfg.inline_compute_bytes,
+                segment_bytes=cfg.segment_bytes,
             ),
             execute=execute,
         )
@@ -137,10 +138,7 @@ class Service:
         self._comm_thread.start()
 
     def _run_loop(self) -> None:
-        try:
-            self.loop.run(self._stop)
-        except BaseException:  # already logged and handed to every op by the loop
-            pass
+        self.loop.run(self._stop)
 
     # ------------------------------------------------------------------ submission
 
@@ -149,6 +147,10 @@ class Service:
             raise NotInitializedError("totalreduce was shut down; call init() again to use it")
         if self.loop.fatal is not None:
             raise TotalReduceError(f"the comm thread stopped: {self.loop.fatal}")
+        late = self.loop.late_errors
+        if late:
+            # An op this rank finished failed elsewhere: its result may be wrong.
+            raise late.popleft()
 
     def _name(self, name: str | int | None, signature: tuple[Any, ...]) -> tuple[str | int, int]:
         """Name and generation of a new op; checks a reused name keeps its shape."""
@@ -299,7 +301,7 @@ class Service:
             op_name, gen = self._name(name, sig)
         else:
             op_name, gen = reserved
-        handle = Handle(op_name, gen, result, self.loop.notify, finalize)
+        handle = Handle(op_name, gen, result, self.loop, finalize)
 
         def done(error: BaseException | None) -> None:
             self._ended(op_name)
@@ -687,7 +689,7 @@ class Service:
                 return out
             return self._unsplit(out, out.size // rest if rest else 0, others, axis)()
 
-        handle = Handle(op_name, gen, None, self.loop.notify, finalize)
+        handle = Handle(op_name, gen, None, self.loop, finalize)
 
         def data_done(error: BaseException | None) -> None:
             self._ended(op_name)
@@ -1009,7 +1011,7 @@ class Service:
         )
         t = gen if step is None else int(step)
         mid = np.empty(n, dtype=arr.dtype)
-        handle = Handle(op_name, gen, o.reshape(arr.shape), self.loop.notify)
+        handle = Handle(op_name, gen, o.reshape(arr.shape), self.loop)
 
         def machine_done(error: BaseException | None) -> None:
             self._ended(op_name)
@@ -1115,7 +1117,11 @@ class Service:
         limit = self.config.shutdown_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + limit
         while self.loop.busy and time.monotonic() < deadline:
-            time.sleep(0.001)
+            self.loop.poll()
+            time.sleep(0.0005)
+        # Let the last control messages (credit, errors) leave.
+        for _ in range(20):
+            self.loop.poll()
         left = self.loop.stalled()
         self._stop.set()
         self.loop.notify()
@@ -1123,7 +1129,7 @@ class Service:
         if left:
             err = TotalReduceError(f"shut down with ops in flight: {'; '.join(left)}")
             log.error("%s", err)
-            self.loop._fail_all(err)
+            self.loop.fail_all(err)
         self.loop.compute.close()
         self._reduce_thread.join(timeout=10)
         self.transport.close()

@@ -13,7 +13,20 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import TransportError
+
 ANY_SOURCE = -1
+
+
+class OversizeMessage(TransportError):
+    """A message longer than the receiver allows arrived; it was consumed and dropped."""
+
+    def __init__(self, source: int, nbytes: int, limit: int) -> None:
+        super().__init__(
+            f"message of {nbytes} bytes from rank {source} exceeds the {limit}-byte limit"
+        )
+        self.source = source
+        self.nbytes = nbytes
 
 
 class Transport(Protocol):
@@ -36,8 +49,16 @@ class Transport(Protocol):
     def testsome(self, reqs: list[Any]) -> list[int]:
         """Indices of the requests in ``reqs`` that completed since the last call."""
 
+    def poll_message(self, tag: int, limit: int) -> tuple[int, np.ndarray] | None:
+        """Take the next whole message on ``tag`` from any source, if one has arrived.
+
+        Returns ``(source, bytes)`` without blocking, or None.  A message longer
+        than ``limit`` bytes is consumed and refused with :class:`OversizeMessage`,
+        so one bad message never blocks the ones behind it.
+        """
+
     def cancel(self, req: Any) -> None:
-        """Cancel a receive that has not matched (used at shutdown)."""
+        """Cancel a receive that has not matched; it then completes in ``testsome``."""
 
     def close(self) -> None:
         """Release the transport's resources; no call may follow."""

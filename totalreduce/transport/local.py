@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TransportError
-from .base import ANY_SOURCE
+from .base import ANY_SOURCE, OversizeMessage
 
 
 @dataclass(eq=False)
@@ -135,12 +135,25 @@ class LocalWorld:
             with self._lock:
                 self._release_held(force=self._rng.random() < 0.5)
 
+    def take(self, rank: int, tag: int) -> _Send | None:
+        """The earliest unexpected message on ``tag`` from any source, matched now."""
+        with self._lock:
+            self._release_held()
+            box = self._boxes[rank]
+            for i, send in enumerate(box.unexpected):
+                if send.tag == tag:
+                    del box.unexpected[i]
+                    send.done = True
+                    return send
+            return None
+
     def cancel(self, rank: int, recv: _Recv) -> None:
         with self._lock:
             box = self._boxes[rank]
             if recv in box.posted:
                 box.posted.remove(recv)
                 recv.cancelled = True
+                recv.done = True  # completes, as a cancelled MPI request does
 
 
 class LocalTransport:
@@ -193,6 +206,14 @@ class LocalTransport:
                     raise TransportError(r.error)
                 out.append(i)
         return out
+
+    def poll_message(self, tag: int, limit: int) -> tuple[int, np.ndarray] | None:
+        send = self.world.take(self.rank, tag)
+        if send is None:
+            return None
+        if send.buf.nbytes > limit:
+            raise OversizeMessage(send.source, send.buf.nbytes, limit)
+        return send.source, send.buf.copy()
 
     def cancel(self, req: Any) -> None:
         self.world.cancel(self.rank, req)

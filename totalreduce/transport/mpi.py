@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TransportError
+from .base import OversizeMessage
 
 log = logging.getLogger("totalreduce.transport.mpi")
 
@@ -53,28 +54,76 @@ class MPITransport:
     def _spec(self, buf: np.ndarray) -> list[Any]:
         return [buf, self._MPI.BYTE]
 
+    def _error(self, what: str, peer: int | None, exc: Exception) -> TransportError:
+        who = "" if peer is None or peer < 0 else f" with rank {peer}"
+        err = TransportError(f"rank {self.rank}: MPI {what}{who} failed: {exc}")
+        err.peer = peer  # type: ignore[attr-defined]
+        return err
+
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> Any:
-        return self.comm.Isend(self._spec(buf), dest=dest, tag=tag)
+        try:
+            return self.comm.Isend(self._spec(buf), dest=dest, tag=tag)
+        except self._MPI.Exception as exc:
+            raise self._error("send", dest, exc) from None
 
     def irecv(self, buf: np.ndarray, source: int, tag: int) -> Any:
         src = self._MPI.ANY_SOURCE if source < 0 else source
-        return self.comm.Irecv(self._spec(buf), source=src, tag=tag)
+        try:
+            return self.comm.Irecv(self._spec(buf), source=src, tag=tag)
+        except self._MPI.Exception as exc:
+            raise self._error("receive", source, exc) from None
 
     def test(self, req: Any) -> tuple[bool, int, int]:
         st = self._status
-        if req.Test(st):
+        try:
+            done = req.Test(st)
+        except self._MPI.Exception as exc:
+            raise self._error("test", st.Get_source(), exc) from None
+        if done:
             return True, st.Get_source(), st.Get_count(self._MPI.BYTE)
         return False, -1, 0
 
     def testsome(self, reqs: list[Any]) -> list[int]:
         if not reqs:
             return []
-        done = self._MPI.Request.Testsome(reqs)
+        try:
+            done = self._MPI.Request.Testsome(reqs)
+        except self._MPI.Exception:
+            # Find the failing request, so the error names its peer.
+            for r in reqs:
+                self.test(r)
+            raise
         return list(done) if done else []
 
+    def poll_message(self, tag: int, limit: int) -> tuple[int, np.ndarray] | None:
+        MPI = self._MPI
+        st = self._status
+        try:
+            msg = self.comm.Improbe(MPI.ANY_SOURCE, tag, st)
+        except MPI.Exception as exc:
+            raise self._error("probe", None, exc) from None
+        if msg is None:
+            return None
+        source = st.Get_source()
+        n = st.Get_count(MPI.BYTE)
+        if n > limit:
+            try:  # consume it into a small buffer: MPI reports the truncation
+                msg.Recv([np.empty(64, dtype=np.uint8), MPI.BYTE])
+            except MPI.Exception:
+                pass
+            raise OversizeMessage(source, n, limit)
+        buf = np.empty(n, dtype=np.uint8)
+        try:
+            msg.Recv([buf, MPI.BYTE])
+        except MPI.Exception as exc:
+            raise self._error("receive", source, exc) from None
+        return source, buf
+
     def cancel(self, req: Any) -> None:
-        req.Cancel()
-        req.Wait()
+        try:
+            req.Cancel()  # completes (as cancelled) in a later testsome
+        except self._MPI.Exception as exc:  # the request may have failed with its peer
+            log.debug("cancelling a request failed: %s", exc)
 
     def close(self) -> None:
         if not self._closed:
