@@ -1082,7 +1082,8 @@ class CommLoop:
             self._bad_peer(
                 source,
                 FrameError(
-                    f"rank {self.rank}: rank {source} sent {charge} eager bytes beyond its credit "
+                    f"rank {self.rank}: message from rank {source} refused: {charge} eager bytes "
+                    "beyond its credit "
                     f"(do all ranks use the same floating_pool_bytes and micro_bytes?)"
                 ),
             )
@@ -1099,7 +1100,8 @@ class CommLoop:
             self._bad_peer(
                 source,
                 FrameError(
-                    f"rank {self.rank}: rank {source} announces a body of {n} bytes, larger than "
+                    f"rank {self.rank}: message from rank {source} refused: it announces a body "
+                    f"of {n} bytes, larger than "
                     f"segment_bytes={self.cfg.segment_bytes} (do all ranks use the same "
                     "segment_bytes?)"
                 ),
