@@ -60,6 +60,7 @@ def init(comm: Any = None, **options: Any) -> Any:
     # --- end of service modes ---
     with _init_lock:
         if _default is not None and not _default.closed:
+            _check_same(_default, comm, options)
             return _default
         if mode == "daemon":
             if comm is not None:
@@ -76,6 +77,31 @@ def init(comm: Any = None, **options: Any) -> Any:
         transport = MPITransport(comm, allow_serialized=config.allow_serialized)
         _default = Service(transport, config)
         return _default
+
+
+def _check_same(running: Any, comm: Any, options: dict[str, Any]) -> None:
+    """``init()`` again is a no-op only if it asks for what runs: else say what differs."""
+    from .errors import InvalidArgumentError
+
+    if comm is not None:
+        raise InvalidArgumentError(
+            "totalreduce is running already; init(comm=...) cannot change its communicator "
+            "(call shutdown() first)"
+        )
+    config = getattr(running, "config", None)
+    if config is None or not options:
+        return
+    wanted = Config.load(env={}, **options)
+    diff = [
+        f"{k}={getattr(wanted, k)!r} (running: {getattr(config, k)!r})"
+        for k, v in options.items()
+        if v is not None and getattr(wanted, k) != getattr(config, k)
+    ]
+    if diff:
+        raise InvalidArgumentError(
+            f"totalreduce is running already with other options: {', '.join(diff)}; "
+            "call shutdown() first to change them"
+        )
 
 
 def default_service() -> Service:

@@ -6,6 +6,15 @@ Modes:
 - ``mismatch``: one rank submits a different count; every rank must report it.
 - ``timeout``: an op no peer submits; ``wait(timeout)`` must raise in time.
 - ``collectives``: broadcast from every root and barriers of both kinds.
+- ``flow``: rank 0 submits 24 multi-segment ops at once, the others run them one
+  by one, blocking, in reverse order, with a pool smaller than one op (run with
+  ``TOTALREDUCE_FLOATING_POOL_BYTES`` set); exact results, pool bound kept.
+- ``disagree``: broadcast roots and group membership that differ between ranks:
+  every rank raises (at the call, or at its next call) and works afterwards.
+- ``dead``: (under ``-disable-auto-cleanup``) the last rank's process exits in the
+  middle of an op; every other rank fails it with an error naming that rank.
+- ``garbage``: the last rank sends a malformed message into the engine's own
+  communicator; rank 0 refuses it with a FrameError naming that rank.
 """
 
 from __future__ import annotations
@@ -189,6 +198,95 @@ def mode_user_traffic(p: int, rank: int) -> None:
     print(f"rank {rank}: USER-TRAFFIC {'OK' if ok else 'FAILED'}", flush=True)
 
 
+def mode_flow(p: int, rank: int) -> None:
+    n_ops, count = 24, 3 * SEGMENT // 8 + 11  # four segments of int64 each
+    if rank == 0:
+        hs = [tr.allreduce_async(data(k, count, "int64", 0, p), name=f"f{k}") for k in range(n_ops)]
+        got = {k: h.wait(timeout=60) for k, h in enumerate(hs)}
+    else:
+        got = {}
+        for k in reversed(range(n_ops)):
+            got[k] = tr.allreduce(data(k, count, "int64", rank, p), name=f"f{k}")
+    ok = all(
+        np.array_equal(got[k], sum(data(k, count, "int64", r, p) for r in range(p)))
+        for k in range(n_ops)
+    )
+    loop = tr.default_service().loop
+    ok = ok and loop.floating.peak <= loop.floating.limit
+    print(f"rank {rank}: FLOW {'OK' if ok else 'FAILED'} peak {loop.floating.peak}", flush=True)
+
+
+def _raises_now_or_next(fn) -> str:
+    try:
+        fn()
+    except tr.TotalReduceError as exc:
+        return str(exc)
+    me = tr.Group([tr.rank()])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            tr.allreduce(np.zeros(1), group=me)
+        except tr.TotalReduceError as exc:
+            return str(exc)
+        time.sleep(0.01)
+    return ""
+
+
+def mode_disagree(p: int, rank: int) -> None:
+    last = rank == p - 1
+    root = _raises_now_or_next(
+        lambda: tr.broadcast(np.full(4, float(rank)), root=1 if last else 0, name="b")
+    )
+    grp = tr.Group(range(p) if last else range(p - 1))
+    group = _raises_now_or_next(
+        lambda: tr.allreduce(np.ones(4), group=grp, algorithm="ring", name="g")
+    )
+    after = tr.allreduce(np.full(2, rank, dtype=np.int64), name="after")
+    ok = bool(root) and bool(group) and np.array_equal(after, np.full(2, p * (p - 1) // 2))
+    print(f"rank {rank}: DISAGREE {'OK' if ok else 'FAILED'} | {root} | {group}", flush=True)
+
+
+def mode_garbage(p: int, rank: int) -> None:
+    svc = tr.default_service()
+    if rank == p - 1:
+        comm = svc.transport.comm  # a test reaching in on purpose: a forged peer
+        comm.Send([np.frombuffer(b"\x00garbage" * 12, dtype=np.uint8).copy(), 0], dest=0, tag=1)
+    verdict = "skip"
+    if rank == 0:
+        deadline = time.monotonic() + 10
+        while p - 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        err = svc.loop.bad_peers.get(p - 1)
+        alive = svc.loop.fatal is None
+        me = tr.Group([0])
+        works = np.array_equal(tr.allreduce(np.arange(3.0), group=me), np.arange(3.0))
+        good = isinstance(err, tr.FrameError) and f"rank {p - 1}" in str(err) and alive and works
+        verdict = "OK" if good else f"FAILED {err!r}"
+    print(f"rank {rank}: GARBAGE {verdict}", flush=True)
+    time.sleep(0.5)
+    import os
+
+    os._exit(0)  # the forged peer is banned: skip the shutdown handshake
+
+
+def mode_dead(p: int, rank: int) -> None:
+    import os
+
+    tr.allreduce(np.ones(4), name="warm")
+    if rank == p - 1:
+        time.sleep(0.2)
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        tr.allreduce(np.ones(1 << 16), name="x")
+        print(f"rank {rank}: DEAD-PEER NOT REPORTED", flush=True)
+    except tr.TotalReduceError as exc:
+        print(f"rank {rank}: DEAD-PEER-REPORTED after {time.monotonic() - t0:.1f}s: {exc}")
+    sys.stdout.flush()
+    time.sleep(2.5)  # survivors stay, so none is taken for dead by the others
+    os._exit(0)  # MPI cannot finalize with a dead peer
+
+
 def main() -> None:
     mode = sys.argv[1]
     # "random" sends every reduction to the reduce thread; the other modes reduce inline
@@ -204,6 +302,10 @@ def main() -> None:
         "rs_ag": mode_rs_ag,
         "neighbor": mode_neighbor,
         "user_traffic": mode_user_traffic,
+        "flow": mode_flow,
+        "disagree": mode_disagree,
+        "garbage": mode_garbage,
+        "dead": mode_dead,
     }
     modes[mode](p, rank)
     tr.shutdown()

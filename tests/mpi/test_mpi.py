@@ -18,8 +18,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def mpirun(n: int, *args: str, timeout: int = TIMEOUT) -> str:
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 10), PYTHONUNBUFFERED="1")
+def mpirun(n: int, *args: str, timeout: int = TIMEOUT, **env_vars: str) -> str:
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 10), PYTHONUNBUFFERED="1", **env_vars)
     proc = subprocess.run(
         ["mpiexec", "-n", str(n), sys.executable, *args],
         capture_output=True,
@@ -84,3 +84,40 @@ def test_neighbor_averaging_over_mpi(n: int) -> None:
 def test_user_mpi_traffic_does_not_mix() -> None:
     out = mpirun(3, str(HERE / "check_engine.py"), "user_traffic")
     assert out.count("USER-TRAFFIC OK") == 3, out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_reverse_blocking_order_small_pool_over_mpi(n: int) -> None:
+    out = mpirun(
+        n, str(HERE / "check_engine.py"), "flow", TOTALREDUCE_FLOATING_POOL_BYTES=str(16 << 10)
+    )
+    assert out.count("FLOW OK") == n, out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_root_and_group_disagreements_over_mpi(n: int) -> None:
+    out = mpirun(n, str(HERE / "check_engine.py"), "disagree")
+    assert out.count("DISAGREE OK") == n, out
+
+
+def test_malformed_message_over_mpi() -> None:
+    out = mpirun(2, str(HERE / "check_engine.py"), "garbage")
+    assert "rank 0: GARBAGE OK" in out, out
+
+
+def test_dead_peer_fails_its_ops_naming_it() -> None:
+    env = dict(os.environ, MPIEXEC_TIMEOUT="60", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        ["mpiexec", "-disable-auto-cleanup", "-n", "3", sys.executable]
+        + [str(HERE / "check_engine.py"), "dead"],
+        capture_output=True,
+        text=True,
+        timeout=70,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    lines = [ln for ln in out.splitlines() if "DEAD-PEER-REPORTED" in ln]
+    assert len(lines) == 2, out
+    for ln in lines:
+        assert "rank 2" in ln, ln
+        assert float(ln.split("after ")[1].split("s:")[0]) < 5, ln

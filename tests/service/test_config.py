@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import totalreduce as tr
+from totalreduce.errors import InvalidArgumentError
 from totalreduce.service.config import Config
 
 
@@ -36,3 +37,19 @@ def test_import_does_not_pull_torch_or_mpi() -> None:
     code = "import sys, totalreduce; print('torch' in sys.modules, 'mpi4py.MPI' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_init_again_with_other_options_raises(monkeypatch) -> None:
+    import totalreduce.api as api
+    from totalreduce.service.config import Config as Cfg
+
+    class Running:
+        closed = False
+        config = Cfg.load(env={}, segment_bytes=1 << 16)
+
+    monkeypatch.setattr(api, "_default", Running())
+    assert api.init(segment_bytes=1 << 16) is api._default  # the same options: a no-op
+    with pytest.raises(InvalidArgumentError, match="segment_bytes=1048576 .running: 65536"):
+        api.init(segment_bytes=1 << 20)
+    with pytest.raises(InvalidArgumentError, match="communicator"):
+        api.init(comm=object())

@@ -379,6 +379,8 @@ class CommLoop:
         now = time.monotonic()
         if now - self._last_stall_check > 1.0:
             self._last_stall_check = now
+            if self.table:
+                self._check_peers()
             self._check_stalls(now)
         return progressed
 
@@ -1309,6 +1311,20 @@ class CommLoop:
             self._complete(p)
 
     # ------------------------------------------------------------------ stalls
+
+    def _check_peers(self) -> None:
+        """Fail every op of a peer whose process is gone (where the transport can tell)."""
+        peers = {w for p in self.table.values() for w in p.spec.group}
+        peers.discard(self.rank)
+        for peer in sorted(peers - set(self.bad_peers)):
+            if self.t.alive(peer) is False:
+                self._bad_peer(
+                    peer,
+                    TransportError(
+                        f"rank {self.rank}: rank {peer} is gone (its process exited); every op "
+                        f"with rank {peer} fails"
+                    ),
+                )
 
     def _check_stalls(self, now: float) -> None:
         limit = self.cfg.stall_warning_s

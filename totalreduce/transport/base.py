@@ -57,6 +57,9 @@ class Transport(Protocol):
         so one bad message never blocks the ones behind it.
         """
 
+    def alive(self, peer: int) -> bool | None:
+        """Whether rank ``peer``'s process still runs: True/False, or None if unknown."""
+
     def cancel(self, req: Any) -> None:
         """Cancel a receive that has not matched; it then completes in ``testsome``."""
 

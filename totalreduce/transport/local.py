@@ -215,6 +215,9 @@ class LocalTransport:
             raise OversizeMessage(send.source, send.buf.nbytes, limit)
         return send.source, send.buf.copy()
 
+    def alive(self, peer: int) -> bool | None:
+        return True  # threads of this process
+
     def cancel(self, req: Any) -> None:
         self.world.cancel(self.rank, req)
 

@@ -11,6 +11,8 @@ user's own MPI messages never match ours.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from typing import Any
 
 import numpy as np
@@ -50,6 +52,10 @@ class MPITransport:
         self.description = f"mpi ({name}, thread level {_LEVELS.get(level, level)})"
         self._status = MPI.Status()
         self._closed = False
+        # Where each rank's process runs, so a dead local peer can be noticed even
+        # where MPI reports no failure (once, at start: one small allgather).
+        self._host = socket.gethostname()
+        self._where: list[tuple[str, int]] = self.comm.allgather((self._host, os.getpid()))
 
     def _spec(self, buf: np.ndarray) -> list[Any]:
         return [buf, self._MPI.BYTE]
@@ -118,6 +124,22 @@ class MPITransport:
         except MPI.Exception as exc:
             raise self._error("receive", source, exc) from None
         return source, buf
+
+    def alive(self, peer: int) -> bool | None:
+        host, pid = self._where[peer]
+        if host != self._host:
+            return None  # another node: only MPI can tell, by failing a call
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:  # an exited process its parent has not reaped yet
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        except (OSError, IndexError):
+            return True
 
     def cancel(self, req: Any) -> None:
         try:
