@@ -1383,7 +1383,8 @@ class _Waiting:
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self.loop.waiters -= 1
-        self.loop.wake.set()
+        if self.loop.table:  # ops nobody waits for go on at once, on the comm thread
+            self.loop.wake.set()
 
 
 def _error_from_peer(message: str, code: int) -> TotalReduceError:

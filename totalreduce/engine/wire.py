@@ -39,6 +39,7 @@ an allocation or a buffer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 
@@ -90,6 +91,7 @@ F_WID, F_GEN, F_NBYTES, F_COUNT, F_PARAM, F_CONTEXT = 11, 12, 13, 14, 15, 16
 Frame = tuple  # the 17 fields of FRAME, as unpacked
 
 
+@functools.lru_cache(maxsize=65536, typed=True)
 def wire_id(name: str | int) -> int:
     """Stable 64-bit id of an op name: the same on every rank, no coordination.
 

@@ -111,13 +111,33 @@ def cached_edge(rank: int, size: int, count: int, weight: float) -> Schedule:
     return edge_average(rank, size, count, weight=weight)
 
 
-@functools.lru_cache(maxsize=1024)
+# Keyed by the schedule object itself: the schedules come from the caches above, so
+# a training loop hands in the same objects every step, and hashing a schedule's
+# whole tree of steps on every submission would cost more than the op's own frames.
+_ALIASES: dict[int, tuple[Schedule, Schedule | None]] = {}
+_PLANS: dict[tuple[int, int], tuple[Schedule, SegmentPlan]] = {}
+
+
 def alias_for(schedule: Schedule) -> Schedule | None:
     """The in-place form of a schedule (cached); None if it needs a private input copy."""
-    return alias_input(schedule)
+    hit = _ALIASES.get(id(schedule))
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
+    if len(_ALIASES) > 2048:
+        _ALIASES.clear()
+    aliased = alias_input(schedule)
+    _ALIASES[id(schedule)] = (schedule, aliased)
+    return aliased
 
 
-@functools.lru_cache(maxsize=1024)
 def plan_for(schedule: Schedule, segment_elems: int) -> SegmentPlan:
-    """The segment plan of a schedule, cached (schedules are hashable values)."""
-    return plan_segments(schedule, segment_elems)
+    """The segment plan of a schedule, cached."""
+    key = (id(schedule), segment_elems)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
+    if len(_PLANS) > 2048:
+        _PLANS.clear()
+    plan = plan_segments(schedule, segment_elems)
+    _PLANS[key] = (schedule, plan)
+    return plan
