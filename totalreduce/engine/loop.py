@@ -78,8 +78,10 @@ from .wire import (
     F_WID,
     FLAG_NEED,
     FRAME_SIZE,
+    HAVE,
     MSG_SIZE,
     NEED,
+    PROBE,
     READY,
     REJECT,
     RTS,
@@ -90,6 +92,7 @@ log = logging.getLogger("totalreduce.engine")
 ERROR_MISMATCH = 1
 ERROR_FAILED = 2
 ERROR_FRAME = 3
+ERROR_TIMEOUT = 4
 MAX_ERROR_TEXT = 4096
 
 _LOCAL_KIND = {
@@ -114,6 +117,7 @@ class LoopConfig:
     max_inflight_sends: int = 8
     floating_pool_bytes: int = 256 << 20
     stall_warning_s: float = 60.0
+    stall_shutdown_s: float = 0.0
     backoff_min_s: float = 1e-6
     backoff_max_s: float = 1e-3
     idle_backoff_max_s: float = 5e-3
@@ -245,6 +249,8 @@ class CommLoop:
         self._reqs: list[Any] = []
         self._owners: list[tuple[int, Any]] = []
         self._last_stall_check = time.monotonic()
+        stall = [x for x in (cfg.stall_warning_s, cfg.stall_shutdown_s) if x > 0]
+        self._stall_every = min([1.0] + [x / 4 for x in stall])
 
     # ------------------------------------------------------------------ client side
 
@@ -377,7 +383,7 @@ class CommLoop:
         if self._dirty:
             self._flush()
         now = time.monotonic()
-        if now - self._last_stall_check > 1.0:
+        if now - self._last_stall_check > self._stall_every:
             self._last_stall_check = now
             if self.table:
                 self._check_peers()
@@ -602,6 +608,8 @@ class CommLoop:
                 code = ERROR_MISMATCH
             elif isinstance(error, FrameError):
                 code = ERROR_FRAME
+            elif isinstance(error, OpTimeoutError):
+                code = ERROR_TIMEOUT
             else:
                 code = ERROR_FAILED
             dests = set(p.spec.group)
@@ -976,6 +984,14 @@ class CommLoop:
                     self._raise(p)
                 else:
                     self._remember(self._needed, key, True)
+            elif ftype == PROBE:
+                key = (f[F_WID], f[F_GEN])
+                if key in self.table or key in self.completed:
+                    self._control(source, HAVE, _NO_SHAPE, key)
+            elif ftype == HAVE:
+                p = self.table.get((f[F_WID], f[F_GEN]))
+                if p is not None:
+                    p.have.add(source)
             elif ftype == ERROR:
                 n = f[F_NBYTES]
                 text = bytes(buf[off : off + n]).decode(errors="replace")
@@ -1327,20 +1343,48 @@ class CommLoop:
                 )
 
     def _check_stalls(self, now: float) -> None:
-        limit = self.cfg.stall_warning_s
-        for p in self.table.values():
-            if p.warned or now - p.last_progress < limit:
-                continue
-            p.warned = True
-            recv_from, send_to = p.waiting_on()
-            log.warning(
-                "rank %d: %s made no progress for %.0f s; waiting for frames from ranks %s%s",
-                self.rank,
-                p.spec.describe(),
-                now - p.last_progress,
-                recv_from,
-                f", ready to send to ranks {send_to}" if send_to else "",
-            )
+        """Probe, warn about and (with ``stall_shutdown_s``) fail ops that stopped moving.
+
+        Halfway to the warning, a stalled op asks its group who has submitted it
+        (PROBE; submitted ranks answer HAVE), so the warning names the ranks that
+        have not, not only the neighbour the op waits on.
+        """
+        warn, shut = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
+        first = min(x for x in (warn, shut, float("inf")) if x > 0)
+        for p in list(self.table.values()):
+            idle = now - p.last_progress
+            if not p.probed and idle >= first / 2:
+                p.probed = True
+                for world in p.spec.group:
+                    if world != self.rank and world not in p.heard:
+                        self._control(world, PROBE, p.shape, p.key)
+            if shut > 0 and idle >= shut:
+                self._fail(
+                    p,
+                    OpTimeoutError(
+                        f"{p.spec.describe()}: no progress for {idle:.0f} s "
+                        f"(stall_shutdown_s={shut:g}); {self._stall_text(p)}"
+                    ),
+                    tell_peers=True,
+                )
+            elif warn > 0 and idle >= warn and not p.warned:
+                p.warned = True
+                log.warning(
+                    "rank %d: %s made no progress for %.0f s; %s",
+                    self.rank,
+                    p.spec.describe(),
+                    idle,
+                    self._stall_text(p),
+                )
+
+    def _stall_text(self, p: Payload) -> str:
+        recv_from, send_to = p.waiting_on()
+        missing = p.missing(self.rank)
+        text = f"ranks {missing} have not submitted it; " if missing else ""
+        text += f"it waits for frames from ranks {recv_from}"
+        if send_to:
+            text += f" and has frames for ranks {send_to}"
+        return text
 
     def stalled(self) -> list[str]:
         """Descriptions of the ops in flight and whom they wait for (for error messages)."""
@@ -1392,4 +1436,6 @@ def _error_from_peer(message: str, code: int) -> TotalReduceError:
         return OpMismatchError(message)
     if code == ERROR_FRAME:
         return FrameError(message)
+    if code == ERROR_TIMEOUT:
+        return OpTimeoutError(message)
     return OpFailedError(message)

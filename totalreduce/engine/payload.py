@@ -98,6 +98,8 @@ class Payload:
         "last_progress",
         "warned",
         "heard",
+        "have",
+        "probed",
     )
 
     def __init__(self, spec: OpSpec, seq: int, bufs: dict[Buffer, np.ndarray]) -> None:
@@ -137,6 +139,8 @@ class Payload:
         self.last_progress = time.monotonic()
         self.warned = False
         self.heard: set[int] = set()  # world ranks a frame of this op came from
+        self.have: set[int] = set()  # world ranks that answered a probe: submitted it
+        self.probed = False
 
     def sort_key(self) -> tuple[int, int, int]:
         """Heap order of the sender: priority, then someone waiting, then submission order."""
@@ -167,6 +171,11 @@ class Payload:
                     f"rank {sender} has {what} {_show(what, other, self)}"
                 )
         return None  # pragma: no cover - some field differs
+
+    def missing(self, my_rank: int) -> list[int]:
+        """Ranks of the group not known to have submitted the op (after a probe)."""
+        known = self.heard | self.have
+        return [w for w in self.spec.group if w != my_rank and w not in known]
 
     def waiting_on(self) -> tuple[list[int], list[int]]:
         """World ranks this op still expects frames from, and still sends to."""

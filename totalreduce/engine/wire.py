@@ -31,6 +31,9 @@ Frame types:
   there and the pool is full).  ``READY`` later says "submitted now, send again".
 - ``NEED``: the sender is blocked waiting for the op; raise it.
 - ``ERROR``: the op failed; the body is the UTF-8 message, ``param`` its code.
+- ``PROBE`` / ``HAVE``: a rank whose op made no progress for a while asks its
+  group who has submitted it; ranks that have answer ``HAVE``, so the stall
+  warning can name the ranks that have not.
 
 :func:`split` validates every field of a message and its frames in one place
 and raises :class:`FrameError` on anything malformed, so garbage never reaches
@@ -69,8 +72,10 @@ REJECT = 4
 READY = 5
 NEED = 6
 ERROR = 7
+PROBE = 8
+HAVE = 9
 FRAME_TYPES = {DATA: "DATA", RTS: "RTS", CTS: "CTS", REJECT: "REJECT", READY: "READY"}
-FRAME_TYPES.update({NEED: "NEED", ERROR: "ERROR"})
+FRAME_TYPES.update({NEED: "NEED", ERROR: "ERROR", PROBE: "PROBE", HAVE: "HAVE"})
 
 # Frame flags.
 FLAG_NEED = 1  # someone on the sender waits for this op

@@ -27,7 +27,11 @@ class Config:
     - ``max_inflight_sends``: frames posted and not yet completed, at most.
     - ``floating_pool_bytes``: bytes of early frames (ops not submitted here
       yet) held before backpressure stops receiving more.
-    - ``stall_warning_s``: warn about an op that made no progress this long.
+    - ``stall_warning_s``: warn about an op that made no progress this long,
+      naming the ranks that have not submitted it.
+    - ``stall_shutdown_s``: fail an op that made no progress this long, on every
+      rank, with ``OpTimeoutError`` naming the ranks that have not submitted it
+      (0: off, the default).
     - ``backoff_max_s`` / ``idle_backoff_max_s``: longest sleep of the comm
       loop with ops in flight / with none.
     - ``inline_compute_bytes``: received segments (and whole prologues or
@@ -45,6 +49,7 @@ class Config:
     max_inflight_sends: int = 8
     floating_pool_bytes: int = 256 << 20
     stall_warning_s: float = 60.0
+    stall_shutdown_s: float = 0.0
     backoff_max_s: float = 1e-3
     idle_backoff_max_s: float = 5e-3
     inline_compute_bytes: int = 1 << 20

@@ -114,6 +114,7 @@ class Service:
                 max_inflight_sends=cfg.max_inflight_sends,
                 floating_pool_bytes=cfg.floating_pool_bytes,
                 stall_warning_s=cfg.stall_warning_s,
+                stall_shutdown_s=cfg.stall_shutdown_s,
                 backoff_max_s=cfg.backoff_max_s,
                 idle_backoff_max_s=cfg.idle_backoff_max_s,
                 inline_compute_bytes=cfg.inline_compute_bytes,
