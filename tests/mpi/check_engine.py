@@ -13,6 +13,8 @@ Modes:
   every rank raises (at the call, or at its next call) and works afterwards.
 - ``dead``: (under ``-disable-auto-cleanup``) the last rank's process exits in the
   middle of an op; every other rank fails it with an error naming that rank.
+- ``raise``: the last rank dies of an exception (its interpreter exits normally);
+  every other rank's op with it fails at once, naming it.
 - ``garbage``: the last rank sends a malformed message into the engine's own
   communicator; rank 0 refuses it with a FrameError naming that rank.
 """
@@ -287,6 +289,18 @@ def mode_dead(p: int, rank: int) -> None:
     os._exit(0)  # MPI cannot finalize with a dead peer
 
 
+def mode_raise(p: int, rank: int) -> None:
+    tr.allreduce(np.ones(4), name="warm")
+    if rank == p - 1:
+        raise RuntimeError(f"rank {rank} dies of an exception")
+    t0 = time.monotonic()
+    try:
+        tr.allreduce(np.ones(4), name="x")
+        print(f"rank {rank}: RAISE NOT REPORTED", flush=True)
+    except tr.TotalReduceError as exc:
+        print(f"rank {rank}: RAISE-REPORTED after {time.monotonic() - t0:.1f}s: {exc}", flush=True)
+
+
 def main() -> None:
     mode = sys.argv[1]
     # "random" sends every reduction to the reduce thread; the other modes reduce inline
@@ -306,6 +320,7 @@ def main() -> None:
         "disagree": mode_disagree,
         "garbage": mode_garbage,
         "dead": mode_dead,
+        "raise": mode_raise,
     }
     modes[mode](p, rank)
     tr.shutdown()

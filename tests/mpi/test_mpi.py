@@ -121,3 +121,20 @@ def test_dead_peer_fails_its_ops_naming_it() -> None:
     for ln in lines:
         assert "rank 2" in ln, ln
         assert float(ln.split("after ")[1].split("s:")[0]) < 5, ln
+
+
+def test_rank_dying_of_an_exception_ends_the_job_with_an_error() -> None:
+    env = dict(os.environ, MPIEXEC_TIMEOUT="60", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        ["mpiexec", "-n", "3", sys.executable, str(HERE / "check_engine.py"), "raise"],
+        capture_output=True,
+        text=True,
+        timeout=70,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    lines = [ln for ln in out.splitlines() if "RAISE-REPORTED" in ln]
+    assert len(lines) == 2, out
+    for ln in lines:
+        assert "rank 2 shut down" in ln, ln
+        assert float(ln.split("after ")[1].split("s:")[0]) < 5, ln

@@ -75,6 +75,7 @@ from .wire import (
     F_PARAM,
     F_SEGMENT,
     F_STEP,
+    BYE,
     F_WID,
     FLAG_NEED,
     FRAME_SIZE,
@@ -618,7 +619,10 @@ class CommLoop:
             for world in sorted(dests):
                 if world != self.rank:
                     self._error_frame(p.key, world, str(error), code)
-        log.error("rank %d: %s", self.rank, error)
+        text = str(error)
+        log.error(
+            "%s", text if text.startswith(f"rank {self.rank}:") else f"rank {self.rank}: {text}"
+        )
         if self.trace is not None:
             self.trace.op(p.spec.name, p.spec.generation, "failed", p.spec.priority)
         self._finish_spec(p.spec, error)
@@ -635,6 +639,14 @@ class CommLoop:
         """Fail every op in flight (shutdown); takes the lock."""
         with self.lock:
             self._fail_all(error)
+
+    def say_goodbye(self) -> None:
+        """Tell every peer this service stops: their ops with this rank fail at once."""
+        with self.lock:
+            for peer in range(self.size):
+                if peer != self.rank and peer not in self.bad_peers:
+                    self._control(peer, BYE, _NO_SHAPE, (0, 0))
+            self._flush()
 
     def _error_frame(self, key: OpKey, dest: int, message: str, code: int) -> None:
         """Tell rank ``dest`` that op ``key`` failed."""
@@ -984,6 +996,14 @@ class CommLoop:
                     self._raise(p)
                 else:
                     self._remember(self._needed, key, True)
+            elif ftype == BYE:
+                self._bad_peer(
+                    source,
+                    OpFailedError(
+                        f"rank {self.rank}: rank {source} shut down (its program ended or "
+                        f"failed); every op with rank {source} fails"
+                    ),
+                )
             elif ftype == PROBE:
                 key = (f[F_WID], f[F_GEN])
                 if key in self.table or key in self.completed:

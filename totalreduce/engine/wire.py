@@ -34,6 +34,7 @@ Frame types:
 - ``PROBE`` / ``HAVE``: a rank whose op made no progress for a while asks its
   group who has submitted it; ranks that have answer ``HAVE``, so the stall
   warning can name the ranks that have not.
+- ``BYE``: the sender's service shut down; its ops in flight will never finish.
 
 :func:`split` validates every field of a message and its frames in one place
 and raises :class:`FrameError` on anything malformed, so garbage never reaches
@@ -74,8 +75,9 @@ NEED = 6
 ERROR = 7
 PROBE = 8
 HAVE = 9
+BYE = 10
 FRAME_TYPES = {DATA: "DATA", RTS: "RTS", CTS: "CTS", REJECT: "REJECT", READY: "READY"}
-FRAME_TYPES.update({NEED: "NEED", ERROR: "ERROR", PROBE: "PROBE", HAVE: "HAVE"})
+FRAME_TYPES.update({NEED: "NEED", ERROR: "ERROR", PROBE: "PROBE", HAVE: "HAVE", BYE: "BYE"})
 
 # Frame flags.
 FLAG_NEED = 1  # someone on the sender waits for this op

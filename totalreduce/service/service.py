@@ -14,6 +14,7 @@ unnamed calls on this rank, so unnamed calls match by call order, as in MPI.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -1116,6 +1117,8 @@ class Service:
             return
         self._closed = True
         limit = self.config.shutdown_timeout_s if timeout is None else timeout
+        if timeout is None and getattr(sys, "last_value", None) is not None:
+            limit = 0.0  # the program is dying of an exception: do not keep peers waiting
         deadline = time.monotonic() + limit
         while self.loop.busy and time.monotonic() < deadline:
             self.loop.poll()
@@ -1131,6 +1134,11 @@ class Service:
             err = TotalReduceError(f"shut down with ops in flight: {'; '.join(left)}")
             log.error("%s", err)
             self.loop.fail_all(err)
+        self.loop.say_goodbye()
+        deadline = time.monotonic() + 1.0  # let the goodbyes leave
+        while self.loop._reqs and time.monotonic() < deadline:
+            self.loop.poll()
+            time.sleep(0.001)
         self.loop.compute.close()
         self._reduce_thread.join(timeout=10)
         self.transport.close()
