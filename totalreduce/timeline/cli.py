@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {args.out}: {len(events)} events of ranks {ranks}")
         else:
             if importlib.util.find_spec("matplotlib") is None:
-                print("totalreduce timeline plot needs matplotlib: pip install matplotlib")
+                print("totalreduce timeline plot needs matplotlib: pip install totalreduce[plot]")
                 return 1
             from .plot import plot
 

@@ -2,7 +2,8 @@
 
 Ops that overlap in time on one rank share its row in thin lanes, so every bar stays visible.
 Under each rank's ops a dark strip shows when its threads were blocked in ``wait()``. Needs
-matplotlib (the ``plot`` extra); it draws off-screen (Agg), so it works without a display.
+matplotlib (``pip install totalreduce[plot]``); it draws with the Agg canvas directly, so it
+neither needs a display nor changes pyplot's global backend.
 """
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ def plot(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: 
     Raises :class:`~totalreduce.timeline.trace.TraceError` if there is no op to draw.
     """
     import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "op"]
@@ -49,10 +49,12 @@ def plot(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: 
     row = {r: i for i, r in enumerate(ranks)}
     t_origin = min(e["ts"] for e in ops + waits)
     priorities = sorted({int(e["args"].get("priority", 0)) for e in ops})
-    cmap = plt.get_cmap("viridis", max(len(priorities), 2))
+    cmap = matplotlib.colormaps["viridis"].resampled(max(len(priorities), 2))
     color = {p: cmap(k) for k, p in enumerate(priorities)}
 
-    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.9 * len(ranks)))
+    fig = Figure(figsize=(10, 1.0 + 0.9 * len(ranks)))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     for r in ranks:
         mine = sorted((e for e in ops if e["pid"] == r), key=lambda e: e["ts"])
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in mine]
@@ -67,7 +69,8 @@ def plot(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: 
                 [(x0, width)],
                 (y, height * 0.9),
                 facecolors=color[int(e["args"].get("priority", 0))],
-                edgecolors="red" if failed else "none",
+                edgecolors="red" if failed else "white",
+                linewidth=0.5,
             )
         for e in waits:
             if e["pid"] == r:
@@ -84,4 +87,3 @@ def plot(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: 
     ax.set_title(title or f"{len(ops)} ops on {len(ranks)} rank(s)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
