@@ -36,6 +36,7 @@ def test_info_reports_torch(capsys: pytest.CaptureFixture[str]) -> None:
         assert line.startswith(f"torch {torch.__version__} (")
         assert line.endswith("totalreduce.torch imports")
     assert "timeline = " in out  # the configuration is listed
+    assert re.search(r"; thread level (SINGLE|FUNNELED|SERIALIZED|MULTIPLE)$", out, re.M)
 
 
 def test_info_says_why_totalreduce_torch_does_not_import(

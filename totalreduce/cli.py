@@ -37,7 +37,14 @@ def _info(argv: list[str]) -> int:
         from mpi4py import MPI
 
         lib = MPI.Get_library_version().splitlines()[0].strip()
-        print(f"mpi4py {mpi4py.__version__}: {lib}; thread level {MPI.Query_thread()}")
+        levels = {
+            MPI.THREAD_SINGLE: "SINGLE",
+            MPI.THREAD_FUNNELED: "FUNNELED",
+            MPI.THREAD_SERIALIZED: "SERIALIZED",
+            MPI.THREAD_MULTIPLE: "MULTIPLE",
+        }
+        level = MPI.Query_thread()
+        print(f"mpi4py {mpi4py.__version__}: {lib}; thread level {levels.get(level, level)}")
     except Exception as exc:  # info must print what it can
         print(f"mpi4py: unavailable ({exc})")
     print(_torch_line())
