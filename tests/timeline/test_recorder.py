@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,17 +132,38 @@ def test_every_op_has_a_beginning_and_an_end(tmp_path: Path) -> None:
 
 
 def test_a_crashed_job_leaves_a_readable_trace(tmp_path: Path) -> None:
-    tl = Timeline(str(tmp_path / "t"), rank=1, flush_every=10)
+    tl = Timeline(str(tmp_path / "t"), rank=1, flush_interval_s=0.02)
     t = tl.start_perf_ns
     for k in range(30):
         tl.segment("x", 0, "recv", 0, 64, t + k * MS, t + k * MS + 10)
-    # no close(): what was flushed so far is on disk, without the closing bracket
-    text = (tmp_path / "t.1.json").read_text()
+    # no close(): the writer thread puts the records on disk by itself, without the closing
+    # bracket, and the trace reads back
+    path = tmp_path / "t.1.json"
+    deadline = time.monotonic() + 30
+    while not (path.exists() and path.read_text().count('"cat":"segment"') == 30):
+        assert time.monotonic() < deadline, "the writer thread wrote nothing within 30 s"
+        time.sleep(0.01)
+    text = path.read_text()
     assert not text.rstrip().endswith("]")
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
-    assert len(slices(load(tmp_path / "t.1.json"), "segment")) == 30
+    assert len(slices(load(path), "segment")) == 30
     tl.close()
+    assert len(slices(json.loads(path.read_text()), "segment")) == 30
+
+
+def test_many_records_wake_the_writer_early(tmp_path: Path) -> None:
+    tl = Timeline(str(tmp_path / "t"), rank=0, flush_every=100, flush_interval_s=3600)
+    t = tl.start_perf_ns
+    for k in range(250):
+        tl.compute("x", k, "reduce", 8, t, t + 1)
+    path = tmp_path / "t.0.json"
+    deadline = time.monotonic() + 30
+    while not (path.exists() and path.read_text().count('"cat":"compute"') >= 200):
+        assert time.monotonic() < deadline, "flush_every records did not wake the writer"
+        time.sleep(0.01)
+    tl.close()
+    assert len(slices(load(path), "compute")) == 250
 
 
 def test_appends_from_several_threads_are_all_written(tmp_path: Path) -> None:

@@ -2,13 +2,13 @@
 
 The rules the engine relies on:
 
-- Every recording method appends one tuple to a list and returns; nothing is formatted, no
-  lock is taken and no file is touched on the caller's thread, except when the list reaches
-  ``flush_every`` records: then the thread that appended the last one writes them out (a few
-  milliseconds per few thousand records; a thread that finds another one writing skips it).
-- Any thread may record: ``list.append`` is atomic under the interpreter lock, and a flush
+- Every recording method appends one tuple to a list and returns (well under a microsecond);
+  nothing is formatted, no lock is taken and no file is touched on the caller's thread. A
+  writer thread of the recorder formats and writes the records every ``flush_interval_s``
+  seconds, and sooner when ``flush_every`` records are waiting.
+- Any thread may record: ``list.append`` is atomic under the interpreter lock, and the writer
   takes its records off the front of the list, so records appended meanwhile stay for the
-  next flush.
+  next write.
 - Timestamps are ``time.perf_counter_ns()`` values of this process.
 - The file is a JSON array that Perfetto (ui.perfetto.dev) and chrome://tracing open. It is
   written as records come in, without its closing bracket until :meth:`Timeline.close`, which
@@ -61,6 +61,9 @@ _PHASES = (
     ("finishing", "reduced", ("end",)),
 )
 
+MAX_LANES = 64
+"""Most lanes of one track; past that, slices of a lane may overlap (drawn less clearly)."""
+
 # Where each kind of track sorts in the viewer.
 _SORT_OPS, _SORT_WIRE, _SORT_THREADS = 0, 1000, 2000
 
@@ -99,6 +102,11 @@ class _Tracks:
             if end <= t0:
                 lanes[k] = (tid, max(end, t1))
                 return tid
+        if len(lanes) >= MAX_LANES:  # bounded: share the lane that frees first, overlapping
+            k = min(range(len(lanes)), key=lambda i: lanes[i][1])
+            tid, end = lanes[k]
+            lanes[k] = (tid, max(end, t1))
+            return tid
         tid = len(self.ids) + 1
         name = track if not lanes else f"{track} ({len(lanes) + 1})"
         self.ids[name] = tid
@@ -111,16 +119,22 @@ class Timeline:
     """Records one rank's ops, segments, reductions and waits; writes them as a Chrome trace.
 
     ``path`` is the option value (``TOTALREDUCE_TIMELINE``): the file written is
-    :func:`timeline_path` of it.  ``flush_every`` records trigger a write of what is recorded
-    so far.  Methods taking ``name`` accept the op's name (str or int) and ``generation``.
+    :func:`timeline_path` of it.  The recorder's writer thread writes what is recorded every
+    ``flush_interval_s`` seconds, or as soon as ``flush_every`` records wait.  Methods taking
+    ``name`` accept the op's name (str or int) and ``generation``.
     """
 
-    def __init__(self, path: str, rank: int, *, flush_every: int = 4096) -> None:
+    def __init__(
+        self, path: str, rank: int, *, flush_every: int = 4096, flush_interval_s: float = 1.0
+    ) -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every must be >= 1, got {flush_every}")
+        if not flush_interval_s > 0:
+            raise ValueError(f"flush_interval_s must be > 0, got {flush_interval_s}")
         self.path = timeline_path(path, rank)
         self.rank = rank
         self.flush_every = flush_every
+        self.flush_interval_s = flush_interval_s
         self.start_perf_ns = time.perf_counter_ns()
         self.wall_minus_perf_ns = time.time_ns() - time.perf_counter_ns()
         self._records: list[tuple[Any, ...]] = []
@@ -133,6 +147,13 @@ class Timeline:
         self._open: dict[tuple[Any, int], dict[str, Any]] = {}
         # Ops that ended but are not written yet, so that waits recorded later still name them.
         self._ended: dict[tuple[Any, int], dict[str, Any]] = {}
+        self._quoted: dict[Any, str] = {}  # op name -> its JSON string
+        self._wake = threading.Event()
+        self._stop = False
+        self._writer = threading.Thread(
+            target=self._write_loop, name=f"totalreduce-timeline-{rank}", daemon=True
+        )
+        self._writer.start()
 
     # ------------------------------------------------------------------ recording (cheap)
 
@@ -182,22 +203,32 @@ class Timeline:
     def _add(self, record: tuple[Any, ...]) -> None:
         records = self._records
         records.append(record)
-        if len(records) >= self.flush_every and self._lock.acquire(blocking=False):
-            try:
-                self._flush_locked(final=False)
-            finally:
-                self._lock.release()
+        if len(records) >= self.flush_every:
+            self._wake.set()
 
     # ------------------------------------------------------------------ writing
 
     def flush(self) -> None:
-        """Write what is recorded so far (ops still in flight wait for their end)."""
+        """Write what is recorded so far now (ops still in flight wait for their end)."""
         with self._lock:
             self._flush_locked(final=False)
+
+    def _write_loop(self) -> None:
+        while not self._stop:
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            if self._stop:
+                return
+            with self._lock:
+                self._flush_locked(final=False)
 
     def close(self) -> None:
         """Write everything, ops still in flight included (status ``unfinished``), and the
         closing bracket.  Later calls do nothing; records made after it are dropped."""
+        self._stop = True
+        self._wake.set()
+        if self._writer is not threading.current_thread():
+            self._writer.join()
         with self._lock:
             if self._closed:
                 return
@@ -221,14 +252,14 @@ class Timeline:
         del records[:n]  # records appended since the slice stay in the list
         if self._closed:
             return
-        events: list[dict[str, Any]] = []
+        events: list[str] = []
         if self._file is None:
             directory = os.path.dirname(self.path)
             if directory:
                 os.makedirs(directory, exist_ok=True)
             self._file = open(self.path, "w", encoding="utf-8")
             self._file.write("[\n")
-            events.extend(self._header())
+            events.extend(_json(e) for e in self._header())
         for rec in batch:
             kind = rec[0]
             if kind == "op":
@@ -240,9 +271,8 @@ class Timeline:
             elif kind == "wait":
                 events.append(self._wait_event(rec))
             else:  # sync
-                events.append(
-                    {"name": SYNC_EVENT, "ph": "M", "pid": self.rank, "args": {"offset_ns": rec[1]}}
-                )
+                sync = {"name": SYNC_EVENT, "ph": "M", "pid": self.rank}
+                events.append(_json(dict(sync, args={"offset_ns": rec[1]})))
         if final:
             for key, life in self._open.items():
                 life["status"] = "unfinished"
@@ -257,23 +287,22 @@ class Timeline:
             else:
                 life["seen"] = True
         tracks = self._tracks
-        meta = [m for lane, tid, sort in tracks.new for m in self._thread_meta(lane, tid, sort)]
+        meta = [
+            _json(m) for lane, tid, sort in tracks.new for m in self._thread_meta(lane, tid, sort)
+        ]
         tracks.new = []
         self._write(meta + events)
 
-    def _write(self, events: list[dict[str, Any]]) -> None:
+    def _write(self, events: list[str]) -> None:
         assert self._file is not None
         if not events:
             return
-        text = ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
+        text = ",\n".join(events)
         self._file.write(text if self._first else ",\n" + text)
         self._first = False
         self._file.flush()
 
     # ------------------------------------------------------------------ formatting
-
-    def _us(self, t_ns: int) -> float:
-        return (t_ns - self.start_perf_ns) / 1000.0
 
     def _header(self) -> list[dict[str, Any]]:
         return [
@@ -319,20 +348,6 @@ class Timeline:
             },
         ]
 
-    def _slice(
-        self, name: str, cat: str, tid: int, t0: int, t1: int, args: dict[str, Any]
-    ) -> dict[str, Any]:
-        return {
-            "name": name,
-            "cat": cat,
-            "ph": "X",
-            "ts": self._us(t0),
-            "dur": max(t1 - t0, 0) / 1000.0,
-            "pid": self.rank,
-            "tid": tid,
-            "args": args,
-        }
-
     def _op_record(self, rec: tuple[Any, ...]) -> None:
         _, name, generation, event, priority, t_ns = rec
         key = (name, generation)
@@ -348,53 +363,106 @@ class Timeline:
         else:
             life[event] = t_ns
 
-    def _op_events(self, key: tuple[Any, int], life: dict[str, Any]) -> list[dict[str, Any]]:
+    def _op_events(self, key: tuple[Any, int], life: dict[str, Any]) -> list[str]:
         name, generation = key
         times = [life[e] for e in (*OP_EVENTS[:4], "end") if e in life]
         if not times:  # an op with no moment recorded: nothing to draw
             return []
         t0 = life.get("submitted", min(times))
         t1 = life.get("end", max(times))
-        priority = life["priority"]
+        priority = int(life["priority"])
         tid = self._tracks.lane(f"ops, priority {priority}", _SORT_OPS - priority, t0, t1)
-        args: dict[str, Any] = {
-            "generation": generation,
-            "priority": priority,
-            "status": life["status"],
-        }
+        start = self.start_perf_ns
+        args = [f'"generation":{int(generation)},"priority":{priority},"status":"{life["status"]}"']
         for e in OP_EVENTS[:4]:
             if e in life:
-                args[f"{e}_us"] = round(self._us(life[e]), 3)
+                args.append(f'"{e}_us":{(life[e] - start) / 1000.0:.3f}')
         if life["waiters"]:
-            args["waited_on_by"] = sorted(set(life["waiters"]))
-        out = [self._slice(str(name), "op", tid, t0, t1, args)]
-        for phase, start, stops in _PHASES:
-            if start not in life:
+            args.append(f'"waited_on_by":{json.dumps(sorted(set(life["waiters"])))}')
+        us0, dur = (t0 - start) / 1000.0, max(t1 - t0, 0) / 1000.0
+        out = [_OP % (self._quote(name), us0, dur, self.rank, tid, ",".join(args))]
+        for phase, begin, stops in _PHASES:
+            if begin not in life:
                 continue
             stop = next((life[s] for s in stops if s in life), None)
             if stop is not None:
-                out.append(self._slice(phase, "op.phase", tid, life[start], stop, {}))
+                us0, dur = (life[begin] - start) / 1000.0, max(stop - life[begin], 0) / 1000.0
+                out.append(_PHASE % (phase, us0, dur, self.rank, tid))
         return out
 
-    def _segment_event(self, rec: tuple[Any, ...]) -> dict[str, Any]:
+    # Ops, segments, reductions and waits are the frequent events: formatted from templates.
+
+    def _quote(self, name: Any) -> str:
+        q = self._quoted.get(name)
+        if q is None:
+            if len(self._quoted) > 100_000:  # unnamed ops make new names forever
+                self._quoted.clear()
+            q = self._quoted[name] = json.dumps(str(name))
+        return q
+
+    def _segment_event(self, rec: tuple[Any, ...]) -> str:
         _, name, generation, direction, peer, nbytes, t0, t1 = rec
         track = f"send to rank {peer}" if direction == "send" else f"recv from rank {peer}"
         tid = self._tracks.lane(track, _SORT_WIRE + 2 * peer + (direction != "send"), t0, t1)
-        args = {"generation": generation, "peer": peer, "bytes": nbytes}
-        return self._slice(str(name), "segment", tid, t0, t1, args)
+        return _SEGMENT % (
+            self._quote(name),
+            (t0 - self.start_perf_ns) / 1000.0,
+            max(t1 - t0, 0) / 1000.0,
+            self.rank,
+            tid,
+            int(generation),
+            int(peer),
+            int(nbytes),
+        )
 
-    def _compute_event(self, rec: tuple[Any, ...]) -> dict[str, Any]:
+    def _compute_event(self, rec: tuple[Any, ...]) -> str:
         _, name, generation, what, nbytes, t0, t1, thread = rec
         tid = self._tracks.lane(thread, _SORT_THREADS, t0, t1)
-        args = {"op": str(name), "generation": generation, "bytes": nbytes}
-        return self._slice(what, "compute", tid, t0, t1, args)
+        return _COMPUTE % (
+            json.dumps(str(what)),
+            (t0 - self.start_perf_ns) / 1000.0,
+            max(t1 - t0, 0) / 1000.0,
+            self.rank,
+            tid,
+            self._quote(name),
+            int(generation),
+            int(nbytes),
+        )
 
-    def _wait_event(self, rec: tuple[Any, ...]) -> dict[str, Any]:
+    def _wait_event(self, rec: tuple[Any, ...]) -> str:
         _, name, generation, t0, t1, thread = rec
         key = (name, generation)
         life = self._open.get(key) or self._ended.get(key)
         if life is not None:
             life["waiters"].append(thread)
         tid = self._tracks.lane(thread, _SORT_THREADS, t0, t1)
-        args = {"op": str(name), "generation": generation}
-        return self._slice(f"wait {name}", "wait", tid, t0, t1, args)
+        return _WAIT % (
+            json.dumps(f"wait {name}"),
+            (t0 - self.start_perf_ns) / 1000.0,
+            max(t1 - t0, 0) / 1000.0,
+            self.rank,
+            tid,
+            self._quote(name),
+            int(generation),
+        )
+
+
+def _json(event: dict[str, Any]) -> str:
+    return json.dumps(event, separators=(",", ":"))
+
+
+# name, ts (µs), dur (µs), pid, tid, then the arguments
+_OP = '{"name":%s,"cat":"op","ph":"X","ts":%.3f,"dur":%.3f,"pid":%d,"tid":%d,"args":{%s}}'
+_PHASE = '{"name":"%s","cat":"op.phase","ph":"X","ts":%.3f,"dur":%.3f,"pid":%d,"tid":%d}'
+_SEGMENT = (
+    '{"name":%s,"cat":"segment","ph":"X","ts":%.3f,"dur":%.3f,"pid":%d,"tid":%d,'
+    '"args":{"generation":%d,"peer":%d,"bytes":%d}}'
+)
+_COMPUTE = (
+    '{"name":%s,"cat":"compute","ph":"X","ts":%.3f,"dur":%.3f,"pid":%d,"tid":%d,'
+    '"args":{"op":%s,"generation":%d,"bytes":%d}}'
+)
+_WAIT = (
+    '{"name":%s,"cat":"wait","ph":"X","ts":%.3f,"dur":%.3f,"pid":%d,"tid":%d,'
+    '"args":{"op":%s,"generation":%d}}'
+)
