@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from totalreduce.timeline import Timeline, load, timeline_path
-from totalreduce.timeline.recorder import CLOCK_EVENT, SYNC_EVENT
+from totalreduce.timeline.recorder import CLOCK_EVENT, MAX_LANES, SYNC_EVENT
 
 MS = 1_000_000
 
@@ -196,3 +196,15 @@ def test_close_twice_and_records_after_close(tmp_path: Path) -> None:
     tl.op("b", 0, "submitted", 0)
     tl.flush()
     assert [e["name"] for e in slices(load(tmp_path / "t.0.json"), "op")] == ["a"]
+
+
+def test_lanes_of_a_track_are_bounded(tmp_path: Path) -> None:
+    tl = Timeline(str(tmp_path / "t"), rank=0)
+    t = tl.start_perf_ns
+    for k in range(3 * MAX_LANES):  # all at once: every one overlaps every other
+        tl.segment("x", k, "send", 1, 8, t, t + MS)
+    tl.close()
+    events = load(tmp_path / "t.0.json")
+    segs = slices(events, "segment")
+    assert len(segs) == 3 * MAX_LANES
+    assert len({s["tid"] for s in segs}) == MAX_LANES
