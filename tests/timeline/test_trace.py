@@ -70,3 +70,12 @@ def test_merge_refuses_a_file_without_a_clock(tmp_path: Path) -> None:
     (tmp_path / "junk.json").write_text("not json")
     with pytest.raises(TraceError, match="not a JSON trace"):
         load(tmp_path / "junk.json")
+
+
+def test_load_leaves_out_an_event_cut_in_the_middle(tmp_path: Path) -> None:
+    path = rank_file(tmp_path, 0, 0)
+    text = path.read_text().rstrip().removesuffix("]").rstrip()
+    path.write_text(text + ',\n{"name":"cut","ph":"X","ts":1')  # the writer died here
+    events = load(path)
+    assert [e["name"] for e in events if e.get("cat") == "op"] == ["g"]
+    assert all(e["name"] != "cut" for e in events)

@@ -23,7 +23,8 @@ class TraceError(ValueError):
 
 
 def load(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The events of a trace file, also of one whose writer stopped before its closing bracket."""
+    """The events of a trace file, also of one whose writer stopped before its closing bracket,
+    or in the middle of its last event (that event is left out)."""
     with open(path, encoding="utf-8") as f:
         text = f.read().strip()
     if not text.endswith("]"):
@@ -31,7 +32,13 @@ def load(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise TraceError(f"{path}: not a JSON trace ({exc})") from None
+        cut = text.rfind(",\n")  # the recorder writes one event per line
+        try:
+            data = json.loads(text[:cut] + "\n]") if cut > 0 else None
+        except json.JSONDecodeError:
+            data = None
+        if data is None:
+            raise TraceError(f"{path}: not a JSON trace ({exc})") from None
     if isinstance(data, dict):  # Chrome's object form
         data = data.get("traceEvents")
     if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
