@@ -208,3 +208,11 @@ def test_lanes_of_a_track_are_bounded(tmp_path: Path) -> None:
     segs = slices(events, "segment")
     assert len(segs) == 3 * MAX_LANES
     assert len({s["tid"] for s in segs}) == MAX_LANES
+
+
+def test_unknown_events_and_directions_raise_at_the_call(tmp_path: Path) -> None:
+    with Timeline(str(tmp_path / "t"), rank=0) as tl:
+        with pytest.raises(ValueError, match="unknown event 'sent'"):
+            tl.op("a", 0, "sent", 0)
+        with pytest.raises(ValueError, match="'send' or 'recv'"):
+            tl.segment("a", 0, "out", 1, 8, 0, 1)

@@ -44,6 +44,7 @@ from typing import Any, TextIO
 
 OP_EVENTS = ("submitted", "first_send", "last_recv", "reduced", "done", "failed")
 """The events of an op's life, in the order they happen; ``done`` or ``failed`` ends it."""
+_OP_EVENT_SET = frozenset(OP_EVENTS)
 
 CLOCK_EVENT = "totalreduce_clock"
 """Name of the metadata event carrying a file's clock: ``start_perf_ns`` (the perf_counter
@@ -160,7 +161,12 @@ class Timeline:
     def op(
         self, name: Any, generation: int, event: str, priority: int, t_ns: int | None = None
     ) -> None:
-        """A moment of an op's life: one of :data:`OP_EVENTS` (``t_ns`` defaults to now)."""
+        """A moment of an op's life: one of :data:`OP_EVENTS` (``t_ns`` defaults to now).
+
+        Raises ValueError for another event, at the call, so a typo does not go unseen.
+        """
+        if event not in _OP_EVENT_SET:
+            raise ValueError(f"op {name!r} generation {generation}: unknown event {event!r}")
         if t_ns is None:
             t_ns = time.perf_counter_ns()
         self._add(("op", name, generation, event, priority, t_ns))
@@ -177,6 +183,8 @@ class Timeline:
     ) -> None:
         """A segment of ``nbytes`` sent to or received from ``peer`` (``direction`` "send"
         or "recv") between ``t0_ns`` (posted) and ``t1_ns`` (completed)."""
+        if direction != "send" and direction != "recv":
+            raise ValueError(f"segment direction must be 'send' or 'recv', got {direction!r}")
         self._add(("segment", name, generation, direction, peer, nbytes, t0_ns, t1_ns))
 
     def compute(
