@@ -3,9 +3,11 @@
 The rules the engine relies on:
 
 - Every recording method appends one tuple to a list and returns (well under a microsecond);
-  nothing is formatted, no lock is taken and no file is touched on the caller's thread. A
-  writer thread of the recorder formats and writes the records every ``flush_interval_s``
-  seconds, and sooner when ``flush_every`` records are waiting.
+  nothing is formatted and no file is touched on the caller's thread, and no lock is taken
+  except to wake the writer when ``flush_every`` records are waiting. The recorder's writer
+  thread formats and writes the records every ``flush_interval_s`` seconds, and sooner when
+  woken. :meth:`Timeline.close` writes the rest and stops that thread: call it once per
+  recorder (the service, at shutdown).
 - Any thread may record: ``list.append`` is atomic under the interpreter lock, and the writer
   takes its records off the front of the list, so records appended meanwhile stay for the
   next write.
