@@ -100,7 +100,12 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 def plot_losses(
     path: str, curves: dict[str, Sequence[float]], title: str, ylabel: str = "training loss"
 ) -> None:
-    """Draw one line per curve against the epoch into ``path`` (a PNG); skip without matplotlib."""
+    """Draw one line per curve against the epoch into ``path`` (a PNG).
+
+    An empty ``path`` (``--plot ''``) draws nothing; so does a missing matplotlib, with a notice.
+    """
+    if not path:
+        return
     try:
         import matplotlib
 

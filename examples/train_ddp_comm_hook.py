@@ -43,7 +43,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--points", type=int, default=1000, help="training points per class")
     p.add_argument("--hook", choices=sorted(HOOKS), default="allreduce")
-    p.add_argument("--plot", default="ddp_comm_hook_loss.png")
+    p.add_argument(
+        "--plot",
+        default="ddp_comm_hook_loss.png",
+        help="loss curve PNG written by rank 0 ('' draws nothing)",
+    )
     return p.parse_args()
 
 

@@ -38,7 +38,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--points", type=int, default=1000, help="training points per class")
     p.add_argument("--topology", default="alternating-exp-ring")
     p.add_argument("--local-size", type=int, default=2, help="ranks per (pretend) node")
-    p.add_argument("--plot", default="decentralized_loss.png")
+    p.add_argument(
+        "--plot",
+        default="decentralized_loss.png",
+        help="loss curve PNG written by rank 0 ('' draws nothing)",
+    )
     return p.parse_args()
 
 

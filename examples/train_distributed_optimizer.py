@@ -41,7 +41,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skew-ms", type=float, default=0.0, help="slowest rank's backward sleep")
     p.add_argument("--compare", action="store_true", help="also time DDP/gloo and mpi4py")
     p.add_argument("--compare-steps", type=int, default=60)
-    p.add_argument("--plot", default="distributed_optimizer_loss.png")
+    p.add_argument(
+        "--plot",
+        default="distributed_optimizer_loss.png",
+        help="loss curve PNG written by rank 0 ('' draws nothing)",
+    )
     return p.parse_args()
 
 

@@ -42,6 +42,9 @@ class Config:
     - ``shutdown_timeout_s``: how long ``shutdown()`` lets in-flight ops finish.
     - ``allow_serialized``: accept an MPI with only THREAD_SERIALIZED (your
       code must then make no MPI calls while totalreduce runs).
+    - ``timeline``: write a Chrome trace of this rank's ops to this path
+      (``{rank}`` in it is replaced by the rank, else ``.<rank>.json`` is
+      appended); empty: no trace.  See docs/timeline.md.
     """
 
     segment_bytes: int = 1 << 20
@@ -56,6 +59,7 @@ class Config:
     algorithm: str = "auto"
     shutdown_timeout_s: float = 30.0
     allow_serialized: bool = False
+    timeline: str = ""
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, **overrides: Any) -> Config:
