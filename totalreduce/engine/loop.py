@@ -66,6 +66,7 @@ from .compute import ComputeKind, ComputeList, ComputeRequest
 from .floating import BufferPool, FloatingFrame, FloatingList
 from .payload import OpKey, OpSpec, OpState, Payload
 from .wire import (
+    BYE,
     CTS,
     DATA,
     ERROR,
@@ -75,7 +76,6 @@ from .wire import (
     F_PARAM,
     F_SEGMENT,
     F_STEP,
-    BYE,
     F_WID,
     FLAG_NEED,
     FRAME_SIZE,
@@ -700,11 +700,15 @@ class CommLoop:
                 self._error_frame(key, world, reason, ERROR_FAILED)
         log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)
 
-    def _bad_peer(self, peer: int, err: TotalReduceError) -> None:
-        """A peer spoke garbage or its link failed: fail every op it is part of."""
-        log.error("%s", err)
+    def _bad_peer(self, peer: int, err: TotalReduceError, *, quiet: bool = False) -> None:
+        """A peer spoke garbage, failed or left: fail every op it is part of, now and later."""
         self.bad_peers[peer] = err
-        for p in [p for p in self.table.values() if peer in p.group_rank]:
+        hit = [p for p in self.table.values() if peer in p.group_rank]
+        if hit or not quiet:
+            log.error("%s", err)
+        else:
+            log.info("%s", err)
+        for p in hit:
             self._fail(p, err, tell_peers=True)
 
     # ------------------------------------------------------------------ sending
@@ -802,6 +806,9 @@ class CommLoop:
     def _frame(
         self, dest: int, ftype: int, p: Payload, step: int, segment: int, n: int, body: Any
     ) -> None:
+        if self.trace is not None and not p.sent_any:
+            p.sent_any = True
+            self.trace.op(p.spec.name, p.spec.generation, "first_send", p.spec.priority)
         carried = 0 if body is None else wire.padded(n)
         ob = self._outbox(dest, FRAME_SIZE + carried)
         wire.pack_frame(ob, ftype, p.shape, FLAG_NEED if p.hot else 0, 0, step, segment, p.key, n)
@@ -1003,6 +1010,7 @@ class CommLoop:
                         f"rank {self.rank}: rank {source} shut down (its program ended or "
                         f"failed); every op with rank {source} fails"
                     ),
+                    quiet=True,  # a normal end: an error only if it leaves ops behind
                 )
             elif ftype == PROBE:
                 key = (f[F_WID], f[F_GEN])
@@ -1063,6 +1071,8 @@ class CommLoop:
         p.arrived.add(q)
         p.heard.add(source)
         p.last_progress = time.monotonic()
+        if self.trace is not None and len(p.arrived) == len(plan.recvs):
+            self.trace.op(p.spec.name, p.spec.generation, "last_recv", p.spec.priority)
         if f[F_FLAGS] & FLAG_NEED and not p.hot:
             self._raise(p)
         return q
@@ -1234,7 +1244,7 @@ class CommLoop:
         p.recvs_left -= 1
         p.last_progress = time.monotonic()
         if self.trace is not None and not p.recvs_left:
-            self.trace.op(p.spec.name, p.spec.generation, "last_recv", p.spec.priority)
+            self.trace.op(p.spec.name, p.spec.generation, "reduced", p.spec.priority)
         for is_send, idx in p.spec.plan.after_recv[q]:
             if is_send:
                 p.send_waits[idx] -= 1

@@ -100,6 +100,7 @@ class Payload:
         "heard",
         "have",
         "probed",
+        "sent_any",
     )
 
     def __init__(self, spec: OpSpec, seq: int, bufs: dict[Buffer, np.ndarray]) -> None:
@@ -141,6 +142,7 @@ class Payload:
         self.heard: set[int] = set()  # world ranks a frame of this op came from
         self.have: set[int] = set()  # world ranks that answered a probe: submitted it
         self.probed = False
+        self.sent_any = False  # for the timeline's "first_send"
 
     def sort_key(self) -> tuple[int, int, int]:
         """Heap order of the sender: priority, then someone waiting, then submission order."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +109,11 @@ class Handle:
             else:
                 if spec is not None:
                     loop.mark_needed(spec)
-                if not loop.progress(self._event, timeout, spec):
+                t0 = time.perf_counter_ns()
+                finished = loop.progress(self._event, timeout, spec)
+                if loop.trace is not None:
+                    loop.trace.wait(self.name, self.generation, t0, time.perf_counter_ns())
+                if not finished:
                     raise loop.timeout_error(spec, self.name, self.generation, timeout or 0.0)
         if self._error is not None:
             raise self._error

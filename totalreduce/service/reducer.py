@@ -9,7 +9,9 @@ thread and the training thread.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from typing import Any
 
 from .. import kernels
 from ..engine.compute import ComputeKind, ComputeList, ComputeRequest
@@ -47,15 +49,27 @@ class Reducer:
         self.work = work
         self.notify = notify
         self.elements = 0
+        self.trace: Any = None  # the timeline recorder, when one is on
 
     def run(self) -> None:
         while True:
             req = self.work.get()
             if req is None:
                 return
+            t0 = time.perf_counter_ns()
             try:
                 execute(req)
                 self.elements += req.dst.size
+                if self.trace is not None:
+                    spec = req.owner.spec
+                    self.trace.compute(
+                        spec.name,
+                        spec.generation,
+                        req.kind.name.lower(),
+                        req.dst.nbytes,
+                        t0,
+                        time.perf_counter_ns(),
+                    )
             except Exception as exc:  # handed to the op's owner, never lost
                 log.exception("compute request failed")
                 req.error = exc

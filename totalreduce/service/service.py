@@ -124,6 +124,10 @@ class Service:
             execute=execute,
         )
         self.reducer = Reducer(self.loop.compute, self.loop.notify)
+        if cfg.timeline:
+            from ..timeline import Timeline
+
+            self.loop.trace = self.reducer.trace = Timeline(cfg.timeline, self.rank)
         self._lock = threading.Lock()
         self._names: dict[str | int, _NameState] = {}
         self._unnamed = 0
@@ -1141,6 +1145,8 @@ class Service:
             time.sleep(0.001)
         self.loop.compute.close()
         self._reduce_thread.join(timeout=10)
+        if self.loop.trace is not None:
+            self.loop.trace.close()
         self.transport.close()
 
     @property

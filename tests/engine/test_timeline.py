@@ -1,0 +1,41 @@
+"""The engine records into the timeline: every op's life on every rank, merged by clock."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conftest import local_services, run_ranks
+from totalreduce.timeline import load, merge
+
+
+def test_two_rank_run_records_every_op_and_merges(tmp_path) -> None:
+    names = ["small", "large"]
+    with local_services(2, timeline=str(tmp_path / "tl")) as svcs:
+        run_ranks(
+            svcs,
+            lambda s: [
+                s.allreduce(np.ones(n), name=nm) for nm, n in zip(names, (10, 300_000), strict=True)
+            ],
+        )
+    files = sorted(tmp_path.glob("tl.*.json"))
+    assert [f.name for f in files] == ["tl.0.json", "tl.1.json"]
+    for f in files:
+        events = load(f)
+        for nm in names:
+            life = [e for e in events if e.get("name") == nm and e.get("cat") == "op"]
+            assert len(life) == 1, f"{f.name}: op {nm}: {life}"
+            args = life[0]["args"]
+            assert args["status"] == "done" and life[0]["dur"] > 0
+            for stage in ("submitted_us", "first_send_us", "last_recv_us", "reduced_us"):
+                assert stage in args, (nm, args)
+            assert args["submitted_us"] <= args["first_send_us"] <= args["reduced_us"]
+            assert args["waited_on_by"], args
+            segments = [e for e in events if e.get("name") == nm and e.get("cat") == "segment"]
+            assert {e["args"]["peer"] for e in segments} == {1 - int(f.name[3])}
+        assert any(e.get("name", "").startswith("wait ") for e in events)  # the waits
+        assert any(e.get("name") in ("reduce", "copy") for e in events)  # the reductions
+    merged = merge(files)
+    pids = {e["pid"] for e in merged if e.get("name") in names}
+    assert pids == {0, 1}
+    starts = [e["ts"] for e in merged if e.get("ph") in ("X", "b") and e.get("name") in names]
+    assert min(starts) >= 0
