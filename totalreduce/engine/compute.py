@@ -1,11 +1,14 @@
 """The computation list and the reducer that drains it.
 
-The comm thread never does arithmetic: a received segment that must be
-reduced (or copied, or accumulated) becomes a :class:`ComputeRequest` on the
-:class:`ComputeList`; so do the local operations of a schedule's prologue and
-epilogue.  The reducer (``service/reducer.py``, the reduce thread) takes requests in
-order, runs them with the Numba kernels, which release the interpreter lock,
-and appends them to ``done`` for the comm thread.
+A received segment that must be reduced (or copied, or accumulated) becomes a
+:class:`ComputeRequest`; so do the local operations of a schedule's prologue and
+epilogue.  The loop runs small requests itself, through the same kernels
+(``inline_compute_bytes``, 1 MiB by default: one default segment), because on the
+machines measured a thread hand-off costs more than reducing one segment; larger
+ones go on the :class:`ComputeList`, which the reducer (``service/reducer.py``, the
+reduce thread) drains in order with the Numba kernels, which release the
+interpreter lock, so big prologues and epilogues overlap the op's traffic.  Either
+way a finished request comes back through ``done`` for the loop.
 """
 
 from __future__ import annotations
