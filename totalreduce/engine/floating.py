@@ -18,7 +18,7 @@ buffers by power-of-two size class.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,7 +105,7 @@ class FloatingList:
         self.rendezvous_held = 0  # received or reserved
         self.peak = 0
         self._frames: dict[OpKey, list[FloatingFrame]] = defaultdict(list)
-        self._errors: dict[OpKey, tuple[str, int]] = {}
+        self._errors: OrderedDict[OpKey, tuple[str, int]] = OrderedDict()
 
     @property
     def held(self) -> int:
@@ -147,7 +147,7 @@ class FloatingList:
     def add_error(self, key: OpKey, message: str, code: int) -> None:
         """An op failed on a peer before this rank submitted it."""
         if len(self._errors) > 4096:  # old ones belong to ops nobody will submit
-            self._errors.pop(next(iter(self._errors)))
+            self._errors.popitem(last=False)
         self._errors[key] = (message, code)
 
     def take_error(self, key: OpKey) -> tuple[str, int] | None:

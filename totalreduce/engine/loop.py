@@ -44,7 +44,7 @@ import logging
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -192,11 +192,15 @@ class CommLoop:
         transport: Transport,
         config: LoopConfig | None = None,
         execute: Callable[[ComputeRequest], None] | None = None,
+        run: Callable[..., None] | None = None,
     ) -> None:
         self.t = transport
         # Small reductions run right here (through the kernels the service hands
         # in), sparing two thread hand-offs; big ones go to the reducer thread.
         self._execute = execute
+        self._run = run
+        self._inline: deque[tuple[Payload, int, np.ndarray, bool]] = deque()
+        self._draining = False
         self.rank = transport.rank
         self.size = transport.size
         self.cfg = cfg = config or LoopConfig()
@@ -210,10 +214,14 @@ class CommLoop:
         self.pool = BufferPool()
         self.floating = FloatingList(cfg.floating_pool_bytes, self.size)
         self.table: dict[OpKey, Payload] = {}
-        self.failed: dict[OpKey, str] = {}
+        # Bounded memories of finished ops: OrderedDict, because evicting the oldest
+        # entry of a plain dict scans past every deleted slot (quadratic over a run).
+        self.failed: OrderedDict[OpKey, str] = OrderedDict()
         # Ops finished here, remembered for a while (description, group): a frame
         # for one means a peer disagrees about the op; an error for one is raised late.
-        self.completed: dict[OpKey, tuple[str, tuple[int, ...], tuple[str, ...]]] = {}
+        self.completed: OrderedDict[OpKey, tuple[str, tuple[int, ...], tuple[str, ...]]] = (
+            OrderedDict()
+        )
         self.late_errors: deque[TotalReduceError] = deque()
         self.stats = LoopStats()
         self.fatal: BaseException | None = None
@@ -245,7 +253,7 @@ class CommLoop:
         # Receiving: ops refused for lack of room here (to tell when submitted), and
         # urgency noted for ops not submitted yet.
         self._rejected: dict[OpKey, set[int]] = {}
-        self._needed: dict[OpKey, bool] = {}
+        self._needed: OrderedDict[OpKey, bool] = OrderedDict()
         # Posted requests and their owners, parallel lists; removal swaps with the last.
         self._reqs: list[Any] = []
         self._owners: list[tuple[int, Any]] = []
@@ -573,10 +581,10 @@ class CommLoop:
         self._finish_spec(p.spec, None)
 
     @staticmethod
-    def _remember(table: dict[OpKey, Any], key: OpKey, value: Any) -> None:
+    def _remember(table: OrderedDict[OpKey, Any], key: OpKey, value: Any) -> None:
         table[key] = value
         if len(table) > 4096:
-            table.pop(next(iter(table)))
+            table.popitem(last=False)
 
     @staticmethod
     def _finish_spec(spec: OpSpec, error: BaseException | None) -> None:
@@ -1221,6 +1229,13 @@ class CommLoop:
             p.pending[q] = body
 
     def _apply(self, p: Payload, q: int, body: np.ndarray, scratch: bool = True) -> None:
+        if self._run is not None and body.nbytes <= self.cfg.inline_compute_bytes:
+            # Reduce right here, in order, without recursing through the segments it
+            # releases (a chain of pending segments can be long).
+            self._inline.append((p, q, body, scratch))
+            if not self._draining:
+                self._drain_inline()
+            return
         seg = p.spec.plan.recvs[q]
         reg = seg.region
         dst = p.region(reg.buffer, reg.offset, reg.count)
@@ -1239,6 +1254,58 @@ class CommLoop:
         if seg.src is not None:
             req.base = p.region(seg.src.buffer, seg.src.offset, seg.src.count)
         self._compute(req, body.nbytes <= self.cfg.inline_compute_bytes)
+
+    def _drain_inline(self) -> None:
+        self._draining = True
+        run = self._run
+        trace = self.trace
+        try:
+            while self._inline:
+                p, q, body, scratch = self._inline.popleft()
+                if p.state is not OpState.ACTIVE:
+                    if scratch:
+                        self.pool.give(body)
+                    continue
+                seg = p.spec.plan.recvs[q]
+                reg = seg.region
+                dst = p.bufs[reg.buffer][reg.offset : reg.end]
+                src = body.view(p.spec.dtype.numpy)
+                base = None
+                if seg.src is not None:
+                    base = p.bufs[seg.src.buffer][seg.src.offset : seg.src.end]
+                t0 = time.perf_counter_ns() if trace is not None else 0
+                try:
+                    run(
+                        _RECV_KIND[seg.action],
+                        p.spec.dtype,
+                        dst,
+                        src,
+                        p.spec.op,
+                        seg.weight,
+                        1,
+                        base,
+                    )
+                except Exception as exc:  # handed to the op, as the reducer would
+                    if scratch:
+                        self.pool.give(body)
+                    self._fail(
+                        p,
+                        OpFailedError(
+                            f"{p.spec.describe()}: reduction failed on rank {self.rank}: {exc}"
+                        ),
+                        tell_peers=True,
+                    )
+                    continue
+                if trace is not None:
+                    trace.compute(
+                        p.spec.name, p.spec.generation, seg.action.name.lower(), dst.nbytes, t0,
+                        time.perf_counter_ns(),
+                    )  # fmt: skip
+                if scratch:
+                    self.pool.give(body)
+                self._applied(p, q)
+        finally:
+            self._draining = False
 
     def _applied(self, p: Payload, q: int) -> None:
         p.recvs_left -= 1

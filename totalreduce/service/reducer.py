@@ -19,27 +19,39 @@ from ..engine.compute import ComputeKind, ComputeList, ComputeRequest
 log = logging.getLogger("totalreduce.service.reducer")
 
 
-def execute(req: ComputeRequest) -> None:
-    """Run one compute request."""
-    dt, dst, src = req.dtype, req.dst, req.src
-    kind = req.kind
+def run(
+    kind: ComputeKind,
+    dt: Any,
+    dst: Any,
+    src: Any,
+    op: Any = None,
+    weight: float = 1.0,
+    divisor: int = 1,
+    base: Any = None,
+) -> None:
+    """Run one unit of arithmetic (the loop calls this directly for small segments)."""
     if kind is ComputeKind.REDUCE:
-        if req.base is not None:
-            kernels.copy_into(dst, req.base, dt)
-        kernels.reduce_into(dst, src, req.op, dt)
+        if base is not None:
+            kernels.copy_into(dst, base, dt)
+        kernels.reduce_into(dst, src, op, dt)
     elif kind is ComputeKind.COPY:
         if src is not None and src.ctypes.data != dst.ctypes.data:
             kernels.copy_into(dst, src, dt)
     elif kind is ComputeKind.ACCUMULATE:
-        kernels.axpy_into(dst, src, req.weight, dt)
+        kernels.axpy_into(dst, src, weight, dt)
     elif kind is ComputeKind.SCALE:
         if src is not None and src.ctypes.data != dst.ctypes.data:
             kernels.copy_into(dst, src, dt)
-        kernels.scale_into(dst, req.weight, dt)
+        kernels.scale_into(dst, weight, dt)
     elif kind is ComputeKind.AVERAGE:
-        kernels.finish_average(dst, req.divisor, dt)
+        kernels.finish_average(dst, divisor, dt)
     else:  # pragma: no cover - the enum is closed
         raise ValueError(f"unknown compute kind {kind!r}")
+
+
+def execute(req: ComputeRequest) -> None:
+    """Run one compute request."""
+    run(req.kind, req.dtype, req.dst, req.src, req.op, req.weight, req.divisor, req.base)
 
 
 class Reducer:

@@ -101,7 +101,7 @@ class Service:
     """One rank's totalreduce engine and its client API (see the module docstring)."""
 
     def __init__(self, transport: Transport, config: Config | None = None) -> None:
-        from .reducer import Reducer, execute  # the Numba kernels: only when a service starts
+        from .reducer import Reducer, execute, run  # the Numba kernels: only when a service starts
 
         self.config = config or Config.load()
         self.transport = transport
@@ -122,6 +122,7 @@ class Service:
                 segment_bytes=cfg.segment_bytes,
             ),
             execute=execute,
+            run=run,
         )
         self.reducer = Reducer(self.loop.compute, self.loop.notify)
         if cfg.timeline:
