@@ -11,7 +11,7 @@ import pytest
 import totalreduce as tr
 from conftest import local_services, run_ranks
 
-ALGOS = ["ring", "ring_chunked", "halving_doubling", "bcube"]
+ALGOS = ["ring", "ring_chunked", "halving_doubling", "recursive_doubling", "bcube"]
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6])

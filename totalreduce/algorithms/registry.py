@@ -14,6 +14,7 @@ from typing import Any
 
 from .bcube import allreduce_bcube
 from .halving_doubling import allreduce_halving_doubling
+from .recursive_doubling import allreduce_recursive_doubling
 from .ring import allreduce_ring
 from .ring_chunked import allreduce_ring_chunked
 from .schedule import Schedule
@@ -24,6 +25,7 @@ ALLREDUCE: dict[str, AllreduceAlgorithm] = {
     "ring": allreduce_ring,
     "ring_chunked": allreduce_ring_chunked,
     "halving_doubling": allreduce_halving_doubling,
+    "recursive_doubling": allreduce_recursive_doubling,
     "bcube": allreduce_bcube,
 }
 
