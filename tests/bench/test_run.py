@@ -67,6 +67,13 @@ def test_latency_mode_table_csv_json_plot(tmp_path: Path) -> None:
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_latency_mode_without_burst_or_in_flight(tmp_path: Path) -> None:
+    bench(2, "--latency", "-b", "4K", "-e", "4K", "-n", "2", "--no-burst", "--inflight", "",
+          "--idle-seconds", "0", "--csv", "r.csv", cwd=tmp_path)  # fmt: skip
+    rows = read_csv((tmp_path / "r.csv").read_text())
+    assert {r["mode"] for r in rows} == {"size"} and len(rows) == 2 + len(ALLREDUCE) + 1
+
+
 def test_every_collective_int64_max(tmp_path: Path) -> None:
     out = bench(
         3,

@@ -87,7 +87,15 @@ def parser() -> argparse.ArgumentParser:
         help="small sizes, every algorithm, the bare Python loop; burst and in-flight blocks",
     )
     ap.add_argument("--inflight", default="1000,4000,16000", help="in-flight op counts (--latency)")
-    ap.add_argument("--burst-iters", type=int, default=5, help="iterations of the burst blocks")
+    ap.add_argument(
+        "--burst",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the ResNet-50 burst block (--latency)",
+    )
+    ap.add_argument(
+        "--burst-iters", type=int, default=5, help="iterations of the burst and in-flight blocks"
+    )
     ap.add_argument("--csv", metavar="FILE")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--plot", metavar="FILE", help="PNG of busbw and time against size")
@@ -250,15 +258,17 @@ def _many(comm: Any, args: argparse.Namespace, dtype: np.dtype, say: Any) -> lis
     from .table import BUSBW_FACTOR
 
     results: list[Result] = []
-    blocks: list[tuple[str, str, list[Case], int]] = [
-        (
-            "burst",
-            f"# burst: ResNet-50's {len(RESNET50_GRADIENTS)} gradient tensors "
-            f"({sum(RESNET50_GRADIENTS)} elements) submitted at once, then all waited",
-            burst_cases(comm, RESNET50_GRADIENTS, dtype, args.op),
-            len(RESNET50_GRADIENTS),
+    blocks: list[tuple[str, str, list[Case], int]] = []
+    if args.burst:
+        blocks.append(
+            (
+                "burst",
+                f"# burst: ResNet-50's {len(RESNET50_GRADIENTS)} gradient tensors "
+                f"({sum(RESNET50_GRADIENTS)} elements) submitted at once, then all waited",
+                burst_cases(comm, RESNET50_GRADIENTS, dtype, args.op),
+                len(RESNET50_GRADIENTS),
+            )
         )
-    ]
     for ops in (int(s) for s in args.inflight.split(",") if s.strip()):
         blocks.append(
             (

@@ -2,16 +2,18 @@
 
 Every iteration runs each timed call once, in turn, after a barrier, so all of
 them see the same machine state (this matters on a shared machine, where a
-run can vary by 2x).  The order rotates by one call every iteration: a call
-right after totalreduce's ops runs while the service thread is still winding
-down its polling, and rotating spreads that cost over every implementation
-instead of charging it to whichever comes first.  An iteration's time is the
+run can vary by 2x).  The order is shuffled every iteration, the same way on
+every rank: a call made within a few milliseconds of totalreduce's ops runs
+while the service thread is still winding down its polling (on two cores it
+can cost an MPI call of a few µs tens of µs), and shuffling makes every
+implementation pay that alike instead of whichever follows the last one.  An iteration's time is the
 slowest rank's; the figures kept are the median, mean, minimum and maximum
 over the timed iterations.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -67,8 +69,8 @@ def time_alternating(
     samples: dict[str, list[float]] = {k: [] for k in calls}
     order = list(calls.items())
     for i in range(warmup + max(1, iters)):
-        shift = i % len(order) if order else 0
-        for key, call in order[shift:] + order[:shift]:
+        random.Random(i).shuffle(order)  # seeded by the iteration: the same on every rank
+        for key, call in order:
             call.reset()
             comm.Barrier()
             t0 = time.perf_counter()
