@@ -37,7 +37,9 @@ class Config:
     - ``algorithm``: default allreduce algorithm (``auto`` chooses by size).
     - ``tuning_file``: the crossover table ``auto`` follows, as ``totalreduce
       tune`` writes it; for rank counts it lacks, the table shipped with the
-      package (:mod:`totalreduce.service.tuning`).  All ranks must agree.
+      package (:mod:`totalreduce.service.tuning`).  ``auto`` reads it from the
+      environment (``TOTALREDUCE_TUNING_FILE``) once per process, so set it
+      there, on every rank: all ranks must agree.
     - ``shutdown_timeout_s``: how long ``shutdown()`` lets in-flight ops finish.
     - ``allow_serialized``: accept an MPI with only THREAD_SERIALIZED (your
       code must then make no MPI calls while totalreduce runs).
