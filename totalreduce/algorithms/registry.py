@@ -4,7 +4,8 @@ Every entry takes ``(rank, size, count, *, average=False)`` and returns a
 :class:`~totalreduce.algorithms.schedule.Schedule`; algorithm options (the
 BCube ``base``) pass through :func:`allreduce_schedule` as keywords.  The
 choice of ``"auto"`` is a pure lookup, :func:`auto_allreduce`, in a crossover
-table the caller supplies (measured elsewhere).
+table the caller supplies (``totalreduce tune`` measures them;
+``service/tuning.py`` loads them).
 """
 
 from __future__ import annotations
