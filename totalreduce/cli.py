@@ -1,7 +1,7 @@
-"""The ``totalreduce`` command: ``demo``, ``bench``, ``topology``, ``timeline``, ``info``,
-``serve``.
+"""The ``totalreduce`` command: ``demo``, ``bench``, ``tune``, ``topology``, ``timeline``,
+``info``, ``serve``.
 
-``demo`` and ``bench`` run under ``mpiexec`` (``mpiexec -n 4 totalreduce demo``);
+``demo``, ``bench`` and ``tune`` run under ``mpiexec`` (``mpiexec -n 4 totalreduce demo``);
 ``topology``, ``timeline`` and ``info`` run anywhere.  ``totalreduce --version`` prints the
 version.
 """
@@ -15,10 +15,13 @@ USAGE = """usage: totalreduce COMMAND [ARGS]
 
 commands:
   demo       per-layer gradients in different orders with priorities (under mpiexec)
-  bench      allreduce busbw against MPI Allreduce, idle CPU (under mpiexec)
+  bench      collectives against MPI's in nccl-tests' columns (under mpiexec);
+             --algorithm all, --neighbor, --latency; --csv/--json/--plot FILE
+  tune       time every algorithm at this P and write the crossovers auto follows
+             (under mpiexec; TOTALREDUCE_TUNING_FILE=FILE makes auto use them)
   topology   print a topology's mixing matrix and rho, optionally draw it
   timeline   merge the ranks' traces (TOTALREDUCE_TIMELINE), or plot one as a PNG
-  info       versions, MPI library and thread level, torch, configuration
+  info       versions, MPI library and thread level, torch, configuration, tuning table
   serve      this node's service for daemon mode (under mpiexec, one rank per node)
 """
 
@@ -50,6 +53,9 @@ def _info(argv: list[str]) -> int:
     print(_torch_line())
     for k, v in Config.load().__dict__.items():
         print(f"  {k} = {v}")
+    from totalreduce.service.tuning import describe
+
+    print(f"tuning table in force: {describe()}")
     return 0
 
 
@@ -86,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import main as run
     elif cmd == "bench":
         from .bench import main as run
+    elif cmd == "tune":
+        from .bench.tune import main as run
     elif cmd == "topology":
         from .topology.cli import main as run
     elif cmd == "timeline":

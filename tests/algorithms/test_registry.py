@@ -13,7 +13,13 @@ from totalreduce.algorithms.simulator import simulate
 
 
 def test_registry_names() -> None:
-    assert set(ALLREDUCE) == {"ring", "ring_chunked", "halving_doubling", "bcube"}
+    assert set(ALLREDUCE) == {
+        "ring",
+        "ring_chunked",
+        "halving_doubling",
+        "recursive_doubling",
+        "bcube",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(ALLREDUCE))
@@ -36,7 +42,9 @@ def test_allreduce_schedule_passes_options() -> None:
 
 
 def test_allreduce_schedule_unknown_name_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="'tree'.*bcube, halving_doubling, ring, ring_chunked"):
+    with pytest.raises(
+        ValueError, match="'tree'.*bcube, halving_doubling, recursive_doubling, ring"
+    ):
         allreduce_schedule("tree", 0, 2, 10)
 
 

@@ -126,7 +126,7 @@ def mode_collectives(p: int, rank: int) -> None:
 def mode_algorithms(p: int, rank: int) -> None:
     bad = 0
     hs = {}
-    for algo in ("ring", "ring_chunked", "halving_doubling", "bcube", "auto"):
+    for algo in ("ring", "ring_chunked", "halving_doubling", "recursive_doubling", "bcube", "auto"):
         for n in (0, 1, p + 1, 1000, 20011):
             x = np.arange(n, dtype=np.int64) * p + rank
             hs[algo, n] = tr.allreduce_async(x, name=f"{algo}.{n}", algorithm=algo)

@@ -63,7 +63,7 @@ def test_broadcast_and_barriers_over_mpi(n: int) -> None:
     assert out.count("COLLECTIVES OK") == n, out
 
 
-@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_every_allreduce_algorithm_over_mpi(n: int) -> None:
     out = mpirun(n, str(HERE / "check_engine.py"), "algorithms")
     assert out.count("ALGORITHMS OK") == n, out

@@ -11,7 +11,7 @@ import pytest
 import totalreduce as tr
 from conftest import local_services, run_ranks
 
-ALGOS = ["ring", "ring_chunked", "halving_doubling", "bcube"]
+ALGOS = ["ring", "ring_chunked", "halving_doubling", "recursive_doubling", "bcube"]
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6])
@@ -166,6 +166,26 @@ def test_inactive_rank_gets_zero_volume() -> None:
     with local_services(3) as svcs:
         h = svcs[2].reduce_scatter_async(np.zeros((0, 5)), partition=part, axes=(0,))
         assert h.done() and h.wait().shape == (0, 5)
+
+
+@pytest.mark.parametrize("axes", [(), None])
+def test_no_partition_dimension_is_the_identity(axes) -> None:
+    """Along no partition dimension each rank is a group of one: its part is a copy of x."""
+    part = tr.Partition((2, 2))
+
+    def rank_main(svc):
+        x = np.arange(12.0).reshape(3, 4) + svc.rank
+        rs = svc.reduce_scatter_async(x, name="rs", partition=part, axes=axes)
+        ag = svc.allgather_async(x, name="ag", partition=part, axes=axes)
+        assert rs.done() and ag.done()  # nothing to exchange
+        return x, rs.wait(), ag.wait()
+
+    with local_services(4) as svcs:
+        results = run_ranks(svcs, rank_main)
+    for x, rs, ag in results:
+        for got in (rs, ag):
+            np.testing.assert_array_equal(got, x)
+            assert got.shape == x.shape and not np.shares_memory(got, x)
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])

@@ -39,3 +39,4 @@ class AlgorithmCode(enum.IntEnum):
     PAIRWISE = 9
     NEIGHBOR = 10
     EDGE = 11
+    RECURSIVE_DOUBLING = 12

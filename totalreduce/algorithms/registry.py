@@ -4,7 +4,8 @@ Every entry takes ``(rank, size, count, *, average=False)`` and returns a
 :class:`~totalreduce.algorithms.schedule.Schedule`; algorithm options (the
 BCube ``base``) pass through :func:`allreduce_schedule` as keywords.  The
 choice of ``"auto"`` is a pure lookup, :func:`auto_allreduce`, in a crossover
-table the caller supplies (measured elsewhere).
+table the caller supplies (``totalreduce tune`` measures them;
+``service/tuning.py`` loads them).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from .bcube import allreduce_bcube
 from .halving_doubling import allreduce_halving_doubling
+from .recursive_doubling import allreduce_recursive_doubling
 from .ring import allreduce_ring
 from .ring_chunked import allreduce_ring_chunked
 from .schedule import Schedule
@@ -24,6 +26,7 @@ ALLREDUCE: dict[str, AllreduceAlgorithm] = {
     "ring": allreduce_ring,
     "ring_chunked": allreduce_ring_chunked,
     "halving_doubling": allreduce_halving_doubling,
+    "recursive_doubling": allreduce_recursive_doubling,
     "bcube": allreduce_bcube,
 }
 

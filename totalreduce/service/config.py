@@ -39,6 +39,11 @@ class Config:
       ones by the reduce thread.  Measured: handing a 1 MiB segment to another
       thread costs more than reducing it (docs/architecture.md).
     - ``algorithm``: default allreduce algorithm (``auto`` chooses by size).
+    - ``tuning_file``: the crossover table ``auto`` follows, as ``totalreduce
+      tune`` writes it; for rank counts it lacks, the table shipped with the
+      package (:mod:`totalreduce.service.tuning`).  ``auto`` reads it from the
+      environment (``TOTALREDUCE_TUNING_FILE``) once per process, so set it
+      there, on every rank: all ranks must agree.
     - ``shutdown_timeout_s``: how long ``shutdown()`` lets in-flight ops finish.
     - ``allow_serialized``: accept an MPI with only THREAD_SERIALIZED (your
       code must then make no MPI calls while totalreduce runs).
@@ -57,6 +62,7 @@ class Config:
     idle_backoff_max_s: float = 5e-3
     inline_compute_bytes: int = 1 << 20
     algorithm: str = "auto"
+    tuning_file: str = ""
     shutdown_timeout_s: float = 30.0
     allow_serialized: bool = False
     timeline: str = ""

@@ -22,25 +22,26 @@ def _allreduce_algorithms() -> dict[str, tuple[AlgorithmCode, Callable[..., Sche
     return {name: (AlgorithmCode[name.upper()], fn) for name, fn in registry.ALLREDUCE.items()}
 
 
-#: ``algorithm="auto"``: per rank count, rows (bytes limit, algorithm) in increasing
-#: limit; the algorithm of the first row whose limit exceeds the buffer is used.
-#: The figures behind these rows are in docs/algorithms.md.
-CROSSOVERS: dict[int, list[tuple[float, str]]] = {
-    # P <= 2: the ring is as fast as anything at every size (one exchange per half).
-    1: [(float("inf"), "ring")],
-    # P >= 3: halving-doubling's 2 lg P steps win while latency dominates (4 KiB at
-    # P=4: 1.4 ms against the ring's 1.9 ms); from a few MiB the ring's pipelined
-    # 2(P-1) steps are as fast or faster (4 MiB: 7.5 ms against 7.7 ms).
-    3: [(1 << 20, "halving_doubling"), (float("inf"), "ring")],
-}
+def choose_allreduce(
+    algorithm: str,
+    size: int,
+    nbytes: int,
+    tuning_file: str | None = None,
+    dtype: str | None = None,
+) -> str:
+    """The allreduce algorithm to run; ``auto`` follows the tuning table in force.
 
-
-def choose_allreduce(algorithm: str, size: int, nbytes: int) -> str:
-    """The allreduce algorithm to run; ``auto`` picks from measured crossovers."""
+    ``tuning_file`` None means the configured one (``TOTALREDUCE_TUNING_FILE``);
+    for rank counts that file does not cover, the table shipped with the package
+    (:mod:`totalreduce.service.tuning`).
+    """
     from ..algorithms import registry
 
     if algorithm == "auto":
-        return registry.auto_allreduce(size, nbytes, CROSSOVERS)
+        from . import tuning
+
+        crossovers, _ = tuning.table_for("allreduce", size, dtype, tuning_file)
+        return registry.auto_allreduce(size, nbytes, crossovers)
     known = registry.ALLREDUCE
     if algorithm not in known:
         raise InvalidArgumentError(

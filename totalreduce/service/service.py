@@ -357,7 +357,13 @@ class Service:
         rop = reduce_op(op)
         o, in_place = self._output(arr, out)
         grp, me = self._group(group)
-        algo = choose_allreduce(algorithm or self.config.algorithm, grp.size, arr.nbytes)
+        algo = choose_allreduce(
+            algorithm or self.config.algorithm,
+            grp.size,
+            arr.nbytes,
+            self.config.tuning_file or None,
+            dt.name.lower(),
+        )
         code, sched = compile_op(
             OpKind.ALLREDUCE, algo, me, grp.size, int(arr.size), rop is ReduceOp.AVG
         )
@@ -541,10 +547,12 @@ class Service:
     def _split_axis(
         self, arr: np.ndarray, partition: Partition | None, axes: Any, group: Group | None
     ) -> tuple[Group, int, np.ndarray, int, tuple[int, ...], int] | None:
-        """(group, group rank, flat moved input, axis, other dims, rows) or None if inactive.
+        """(group, group rank, flat moved input, axis, other dims, rows), or None: nothing to do.
 
         The tensor's split dimension is moved to the front, so that every rank's
-        part is one contiguous block of whole rows.
+        part is one contiguous block of whole rows.  None for a rank outside the
+        partition, and for no partition dimension (``axes=()``): a group of one
+        along no dimension, whose part is the whole input.
         """
         if partition is None:
             if axes not in (None, (), (0,), 0):
@@ -559,6 +567,8 @@ class Service:
                 f"partition must be a totalreduce.Partition, got {partition!r}"
             )
         ax = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes or ())
+        if not ax:
+            return None
         if len(ax) != 1:
             raise InvalidArgumentError(
                 "reduce-scatter/all-gather run along exactly one partition dimension, "
@@ -609,7 +619,8 @@ class Service:
         ranks along partition dimension ``k`` and tensor dimension ``k`` is split
         among them in the same balanced way (seed 003: a 3x7x12 input on a 2x2x3
         partition along axis 2 gives 3x7x4).  A rank outside the partition gets
-        a copy of its (zero-volume) input.
+        a copy of its (zero-volume) input; with no partition dimension
+        (``axes=()``) every rank gets a copy of its input.
         """
         arr, dt = as_array(x, "x", dtype)
         rop = reduce_op(op)

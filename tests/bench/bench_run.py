@@ -1,0 +1,26 @@
+"""Run ``totalreduce bench`` under ``mpiexec`` from a test, with a timeout, into a folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TIMEOUT = 150
+
+
+def bench(n: int, *args: str, cwd: Path, command: str = "bench", timeout: int = TIMEOUT) -> str:
+    """``mpiexec -n n totalreduce COMMAND ARGS`` in ``cwd``; its output (it must exit 0)."""
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 20), PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        ["mpiexec", "-n", str(n), sys.executable, "-m", "totalreduce.cli", command, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"mpiexec -n {n} {command} {' '.join(args)}: {out}"
+    return out

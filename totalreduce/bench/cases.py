@@ -1,0 +1,440 @@
+"""What the benchmark times: each implementation of a collective as a :class:`Case`.
+
+A case holds its timed calls (out-of-place and in-place, either may be
+missing) and, for each, a check that counts this rank's wrong elements after
+one call.  Inputs follow a fixed integer pattern per rank, so every expected
+result is exact in every dtype, and ``#wrong`` must be 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import totalreduce as tr
+
+from .bare import bare_ring_allreduce
+from .timing import Timed
+
+_UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
+
+
+def pattern(n: int, rank: int, dtype: Any) -> np.ndarray:
+    """Rank ``rank``'s input: small integers, different on every rank and element."""
+    idx = np.arange(n, dtype=np.int64)
+    return ((idx * 7 + rank * 3) % 11 + rank).astype(dtype)
+
+
+def expected(n: int, p: int, dtype: Any, op: str) -> np.ndarray:
+    """The exact result of reducing every rank's :func:`pattern` with ``op``."""
+    want = pattern(n, 0, dtype)
+    for r in range(1, p):
+        _UFUNCS[op](want, pattern(n, r, dtype), out=want)
+    return average(want, p) if op == "avg" else want
+
+
+def average(x: np.ndarray, p: int) -> np.ndarray:
+    """``x / p`` in place, floor division on integers (as totalreduce's ``avg``)."""
+    if np.issubdtype(x.dtype, np.integer):
+        x //= p
+    else:
+        x /= p
+    return x
+
+
+def wrong(got: Any, want: np.ndarray) -> int:
+    """Elements of ``got`` that differ from ``want`` (all of them if the shape is wrong)."""
+    got = np.asarray(got).reshape(-1)
+    if got.shape != want.shape:
+        return int(max(got.size, want.size))
+    if np.issubdtype(want.dtype, np.floating) and not np.array_equal(want, np.round(want)):
+        return int(np.count_nonzero(~np.isclose(got, want, rtol=1e-5, atol=1e-6)))
+    return int(np.count_nonzero(got != want))
+
+
+@dataclass
+class Case:
+    """One implementation at one size: its timed calls and their checks.
+
+    ``anchor`` is the impl this one is compared with (MPI's counterpart);
+    ``chosen`` says what ``auto`` ran.
+    """
+
+    collective: str
+    impl: str
+    nbytes: int
+    count: int
+    root: int
+    oop: Timed | None
+    ip: Timed | None
+    check_oop: Callable[[], int] | None = None
+    check_ip: Callable[[], int] | None = None
+    chosen: str | None = None
+    redop: str = "none"
+
+
+def _mpi_op(op: str) -> Any:
+    from mpi4py import MPI
+
+    return {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
+
+
+def allreduce_cases(
+    comm: Any,
+    n: int,
+    dtype: Any,
+    op: str,
+    algorithms: Sequence[str],
+    bare_comm: Any = None,
+) -> list[Case]:
+    """MPI ``Allreduce``, totalreduce's ``algorithms`` and, with ``bare_comm``, the bare loop."""
+    from mpi4py import MPI
+
+    from ..service.ops import choose_allreduce
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    x = pattern(n, rank, dtype)
+    want = expected(n, p, dtype, op)
+    nbytes = x.nbytes
+    mpi_op = _mpi_op(op)
+    out = np.empty_like(x)
+    buf = np.empty_like(x)
+
+    def restore() -> None:
+        buf[...] = x
+
+    def mpi_oop() -> None:
+        comm.Allreduce(x, out, op=mpi_op)
+        if op == "avg":
+            average(out, p)
+
+    def mpi_ip() -> None:
+        comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
+        if op == "avg":
+            average(buf, p)
+
+    cases = [
+        Case(
+            "allreduce",
+            "mpi.Allreduce",
+            nbytes,
+            n,
+            -1,
+            Timed(mpi_oop),
+            Timed(mpi_ip, restore),
+            lambda: wrong(out, want),
+            lambda: wrong(buf, want),
+            redop=op,
+        )
+    ]
+    if bare_comm is not None:
+        scratch = np.empty(-(-n // p) if p else n, dtype=x.dtype)
+        cases.append(
+            Case(
+                "allreduce",
+                "bare.ring",
+                nbytes,
+                n,
+                -1,
+                Timed(lambda: bare_ring_allreduce(bare_comm, x, out, scratch, op)),
+                Timed(lambda: bare_ring_allreduce(bare_comm, buf, buf, scratch, op), restore),
+                lambda: wrong(out, want),
+                lambda: wrong(buf, want),
+                redop=op,
+            )
+        )
+    for algo in algorithms:
+        tag = f"bench.ar.{algo}.{nbytes}"
+        cases.append(
+            Case(
+                "allreduce",
+                f"tr.{algo}",
+                nbytes,
+                n,
+                -1,
+                Timed(lambda a=algo, t=tag: tr.allreduce(x, name=t, op=op, out=out, algorithm=a)),
+                Timed(
+                    lambda a=algo, t=tag: tr.allreduce(
+                        buf, name=t + ".ip", op=op, out=buf, algorithm=a
+                    ),
+                    restore,
+                ),
+                lambda: wrong(out, want),
+                lambda: wrong(buf, want),
+                chosen=choose_allreduce("auto", p, nbytes) if algo == "auto" else None,
+                redop=op,
+            )
+        )
+    return cases
+
+
+def collective_cases(comm: Any, n: int, dtype: Any, op: str) -> list[Case]:
+    """Reduce-scatter, all-gather and broadcast (both algorithms) against MPI's."""
+    p, rank = comm.Get_size(), comm.Get_rank()
+    m = n // p * p  # equal parts, as MPI's Reduce_scatter_block needs
+    cases: list[Case] = []
+    mpi_op = _mpi_op(op)
+    itemsize = np.dtype(dtype).itemsize
+    if m:
+        xs = pattern(m, rank, dtype)
+        total = expected(m, p, dtype, op)
+        piece_want = total[rank * (m // p) : (rank + 1) * (m // p)]
+        piece = np.empty(m // p, dtype=dtype)
+        box: dict[str, Any] = {}
+
+        def mpi_rs() -> None:
+            comm.Reduce_scatter_block(xs, piece, op=mpi_op)
+            if op == "avg":
+                average(piece, p)
+
+        def tr_rs() -> None:
+            box["rs"] = tr.reduce_scatter(xs, name=f"bench.rs.{m}", op=op)
+
+        mine = pattern(m // p, rank, dtype)
+        whole = np.empty(m, dtype=dtype)
+        gathered = np.concatenate([pattern(m // p, r, dtype) for r in range(p)])
+
+        def tr_ag() -> None:
+            box["ag"] = tr.allgather(mine, name=f"bench.ag.{m}")
+
+        nb = m * itemsize
+        cases += [
+            Case(
+                "reduce_scatter",
+                "mpi.Reduce_scatter_block",
+                nb,
+                m,
+                -1,
+                Timed(mpi_rs),
+                None,
+                lambda: wrong(piece, piece_want),
+                redop=op,
+            ),
+            Case(
+                "reduce_scatter",
+                "tr.reduce_scatter",
+                nb,
+                m,
+                -1,
+                Timed(tr_rs),
+                None,
+                lambda: wrong(box["rs"], piece_want),
+                redop=op,
+            ),
+            Case(
+                "allgather",
+                "mpi.Allgather",
+                nb,
+                m,
+                -1,
+                Timed(lambda: comm.Allgather(mine, whole)),
+                None,
+                lambda: wrong(whole, gathered),
+            ),
+            Case(
+                "allgather",
+                "tr.allgather",
+                nb,
+                m,
+                -1,
+                Timed(tr_ag),
+                None,
+                lambda: wrong(box["ag"], gathered),
+            ),
+        ]
+    x = pattern(n, rank, dtype)
+    root_data = pattern(n, 0, dtype)
+    buf = np.empty_like(x)
+    res: dict[str, Any] = {}
+
+    def restore() -> None:
+        buf[...] = x
+
+    cases.append(
+        Case(
+            "broadcast",
+            "mpi.Bcast",
+            x.nbytes,
+            n,
+            0,
+            None,
+            Timed(lambda: comm.Bcast(buf, root=0), restore),
+            None,
+            lambda: wrong(buf, root_data),
+        )
+    )
+    for algo in ("one_to_all", "pipelined"):
+        tag = f"bench.bc.{algo}.{n}"
+
+        def oop(a: str = algo, t: str = tag) -> None:
+            res[a] = tr.broadcast(x, root=0, name=t, algorithm=a)
+
+        cases.append(
+            Case(
+                "broadcast",
+                f"tr.broadcast.{algo}",
+                x.nbytes,
+                n,
+                0,
+                Timed(oop),
+                Timed(
+                    lambda a=algo, t=tag: tr.broadcast(
+                        buf, root=0, name=t + ".ip", out=buf, algorithm=a
+                    ),
+                    restore,
+                ),
+                lambda a=algo: wrong(res[a], root_data),
+                lambda: wrong(buf, root_data),
+            )
+        )
+    return cases
+
+
+def neighbor_cases(comm: Any, n: int, dtype: Any, topologies: Sequence[str]) -> list[Case]:
+    """``neighbor_allreduce`` on ``topologies`` beside an averaging allreduce (MPI's and ours)."""
+    from ..topology import get_topology, mixing_matrix
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    cases = allreduce_cases(comm, n, dtype, "avg", ["ring"])
+    x = pattern(n, rank, dtype)
+    stack = np.stack([pattern(n, r, np.float64) for r in range(p)])
+    out = np.empty_like(x)
+    buf = np.empty_like(x)
+
+    def restore() -> None:
+        buf[...] = x
+
+    for topo in topologies:
+        want = (mixing_matrix(get_topology(topo, p), 0) @ stack)[rank].astype(dtype)
+        tag = f"bench.nb.{topo}.{n}"
+
+        def check_oop(t: str = topo, w: np.ndarray = want, g: str = tag) -> int:
+            # A name of its own, at step 0: the step the expected result is for.
+            got = tr.neighbor_allreduce(x, name=g + ".check", topology=t, step=0)
+            return wrong(got, w)
+
+        def check_ip(t: str = topo, w: np.ndarray = want, g: str = tag) -> int:
+            restore()
+            tr.neighbor_allreduce(buf, name=g + ".ipcheck", topology=t, step=0, out=buf)
+            return wrong(buf, w)
+
+        cases.append(
+            Case(
+                "neighbor_allreduce",
+                f"tr.neighbor.{topo}",
+                x.nbytes,
+                n,
+                -1,
+                Timed(lambda t=topo, g=tag: tr.neighbor_allreduce(x, name=g, topology=t, out=out)),
+                Timed(
+                    lambda t=topo, g=tag: tr.neighbor_allreduce(
+                        buf, name=g + ".ip", topology=t, out=buf
+                    ),
+                    restore,
+                ),
+                check_oop,
+                check_ip,
+                redop="avg",
+            )
+        )
+    return cases
+
+
+def burst_cases(
+    comm: Any, counts: Sequence[int], dtype: Any, op: str, label: str = "burst"
+) -> list[Case]:
+    """``len(counts)`` tensors submitted at once (as a training step's gradients), then waited.
+
+    Against one MPI ``Allreduce`` of their concatenation, and MPI ``Iallreduce``
+    of each tensor followed by ``Waitall``.
+    """
+    from mpi4py import MPI
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    mpi_op = _mpi_op(op)
+    total = int(sum(counts))
+    flat = pattern(total, rank, dtype)
+    want = expected(total, p, dtype, op)
+    bounds = np.cumsum([0, *counts])
+    tensors = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    flat_out = np.empty_like(flat)
+    outs = [flat_out[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    nbytes = flat.nbytes
+    k = len(counts)
+
+    def mpi_concat() -> None:
+        comm.Allreduce(flat, flat_out, op=mpi_op)
+        if op == "avg":
+            average(flat_out, p)
+
+    def mpi_many() -> None:
+        reqs = [comm.Iallreduce(t, o, op=mpi_op) for t, o in zip(tensors, outs, strict=True)]
+        MPI.Request.Waitall(reqs)
+        if op == "avg":
+            average(flat_out, p)
+
+    def tr_many() -> None:
+        hs = [
+            tr.allreduce_async(t, name=f"bench.{label}.{i}", op=op, out=o)
+            for i, (t, o) in enumerate(zip(tensors, outs, strict=True))
+        ]
+        for h in hs:
+            h.wait()
+
+    def check() -> int:
+        return wrong(flat_out, want)
+
+    return [
+        Case(
+            "allreduce",
+            "mpi.Allreduce(concat)",
+            nbytes,
+            total,
+            -1,
+            Timed(mpi_concat),
+            None,
+            check,
+            redop=op,
+        ),
+        Case(
+            "allreduce",
+            f"mpi.Iallreduce x{k}",
+            nbytes,
+            total,
+            -1,
+            Timed(mpi_many),
+            None,
+            check,
+            redop=op,
+        ),
+        Case(
+            "allreduce",
+            f"tr.allreduce_async x{k}",
+            nbytes,
+            total,
+            -1,
+            Timed(tr_many),
+            None,
+            check,
+            redop=op,
+        ),
+    ]
+
+
+#: Sizes of the in-flight ops, cycled: 1 KiB to 16 KiB.
+INFLIGHT_BYTES = (1 << 10, 2 << 10, 4 << 10, 8 << 10, 16 << 10)
+
+
+def inflight_counts(ops: int, itemsize: int) -> list[int]:
+    """Element counts of ``ops`` small ops cycling through :data:`INFLIGHT_BYTES`."""
+    return [INFLIGHT_BYTES[i % len(INFLIGHT_BYTES)] // itemsize for i in range(ops)]
+
+
+def inflight_cases(comm: Any, ops: int, dtype: Any, op: str) -> list[Case]:
+    """``ops`` small allreduces in flight at once against MPI ``Iallreduce`` + ``Waitall``."""
+    counts = inflight_counts(ops, np.dtype(dtype).itemsize)
+    cases = burst_cases(comm, counts, dtype, op, label=f"inflight{ops}")
+    return [c for c in cases if "concat" not in c.impl]
