@@ -28,7 +28,9 @@ def test_two_rank_run_records_every_op_and_merges(tmp_path) -> None:
             assert args["status"] == "done" and life[0]["dur"] > 0
             for stage in ("submitted_us", "first_send_us", "last_recv_us", "reduced_us"):
                 assert stage in args, (nm, args)
-            assert args["submitted_us"] <= args["first_send_us"] <= args["reduced_us"]
+            # A peer's frame may be reduced before this rank's own first frame leaves
+            # (the op ends only when both are done), so only submission comes first.
+            assert args["submitted_us"] <= min(args["first_send_us"], args["reduced_us"]), args
             assert args["waited_on_by"], args
             segments = [e for e in events if e.get("name") == nm and e.get("cat") == "segment"]
             assert {e["args"]["peer"] for e in segments} == {1 - int(f.name[3])}
