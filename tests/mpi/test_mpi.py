@@ -136,5 +136,5 @@ def test_rank_dying_of_an_exception_ends_the_job_with_an_error() -> None:
     lines = [ln for ln in out.splitlines() if "RAISE-REPORTED" in ln]
     assert len(lines) == 2, out
     for ln in lines:
-        assert "rank 2 shut down" in ln, ln
+        assert "rank 2 stopped" in ln, ln
         assert float(ln.split("after ")[1].split("s:")[0]) < 5, ln

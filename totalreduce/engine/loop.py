@@ -708,16 +708,37 @@ class CommLoop:
                 self._error_frame(key, world, reason, ERROR_FAILED)
         log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)
 
-    def _bad_peer(self, peer: int, err: TotalReduceError, *, quiet: bool = False) -> None:
-        """A peer spoke garbage, failed or left: fail every op it is part of, now and later."""
+    def _bad_peer(self, peer: int, err: TotalReduceError) -> None:
+        """A peer spoke garbage or failed: fail every op it is part of, now and later."""
         self.bad_peers[peer] = err
-        hit = [p for p in self.table.values() if peer in p.group_rank]
-        if hit or not quiet:
-            log.error("%s", err)
-        else:
-            log.info("%s", err)
-        for p in hit:
+        log.error("%s", err)
+        for p in [p for p in self.table.values() if peer in p.group_rank]:
             self._fail(p, err, tell_peers=True)
+
+    def _peer_left(self, peer: int) -> None:
+        """Rank ``peer`` shut down: it sends nothing more (every frame it sent has come,
+        in order), so the ops that still need it fail; those with only local work left
+        finish."""
+        why = f"rank {peer} stopped (its service shut down: the program ended or failed)"
+        self.bad_peers[peer] = OpFailedError(f"rank {self.rank}: {why}; ops with it fail")
+        hit = [p for p in self.table.values() if peer in p.group_rank and self._needs(p, peer)]
+        if not hit:
+            log.info("rank %d: %s", self.rank, why)
+        for p in hit:
+            err = OpFailedError(f"rank {self.rank}: {p.spec.describe()}: {why} before it completed")
+            self._fail(p, err, tell_peers=True)
+
+    @staticmethod
+    def _needs(p: Payload, peer: int) -> bool:
+        """Does op ``p`` still expect a frame from, or still owe a segment to, ``peer``?"""
+        recv_from, send_to = p.waiting_on()
+        if peer in recv_from or peer in send_to:
+            return True
+        sends = p.spec.plan.sends
+        group = p.spec.group
+        return any(group[sends[i].peer] == peer for i in p.awaiting) or any(
+            group[sends[i].peer] == peer and p.send_waits[i] > 0 for i in range(len(sends))
+        )
 
     # ------------------------------------------------------------------ sending
 
@@ -1012,14 +1033,7 @@ class CommLoop:
                 else:
                     self._remember(self._needed, key, True)
             elif ftype == BYE:
-                self._bad_peer(
-                    source,
-                    OpFailedError(
-                        f"rank {self.rank}: rank {source} shut down (its program ended or "
-                        f"failed); every op with rank {source} fails"
-                    ),
-                    quiet=True,  # a normal end: an error only if it leaves ops behind
-                )
+                self._peer_left(source)
             elif ftype == PROBE:
                 key = (f[F_WID], f[F_GEN])
                 if key in self.table or key in self.completed:
