@@ -211,6 +211,7 @@ class CommLoop:
         self.lock = threading.Lock()
         self.waiters = 0
         self._owner = 0  # ident of the thread running a pass
+        self._asleep = False  # the comm thread is (about to be) blocked on ``wake``
         self.pool = BufferPool()
         self.floating = FloatingList(cfg.floating_pool_bytes, self.size)
         self.table: dict[OpKey, Payload] = {}
@@ -266,7 +267,8 @@ class CommLoop:
     def submit(self, spec: OpSpec) -> None:
         """Queue an op (any thread)."""
         self.submissions.append(spec)
-        self.wake.set()
+        if self._asleep:  # wake the comm thread only if it sleeps (a futex call saved)
+            self.wake.set()
 
     def mark_needed(self, spec: OpSpec) -> None:
         """Someone waits for this op (any thread): raise it here, ask the peers to."""
@@ -308,7 +310,10 @@ class CommLoop:
                 time.sleep(0)  # frames likely microseconds away: yield, no sleep
                 continue
             self.stats.idle_sleeps += 1
-            self.wake.wait(delay)
+            self._asleep = True
+            if not self.submissions:  # one queued since the last pass: no sleep
+                self.wake.wait(delay)
+            self._asleep = False
             self.wake.clear()
             ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s
             delay = min(delay * 2, ceiling)
