@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(
 
 # One launch per size, several checks per launch: importing torch is the slow part.
 CHECKS = {
-    2: ["optimizer", "ddp", "decentralized"],
-    3: ["optimizer", "decentralized"],
+    2: ["layout", "optimizer", "ddp", "decentralized"],
+    3: ["layout", "optimizer", "decentralized"],
     4: ["optimizer", "ddp", "decentralized"],
 }
 
