@@ -185,7 +185,9 @@ def check_layout(rank: int, size: int) -> None:
 
 CHECKS = {
     "layout": check_layout,
-    "optimizer": check_optimizer, "ddp": check_ddp, "decentralized": check_decentralized,
+    "optimizer": check_optimizer,
+    "ddp": check_ddp,
+    "decentralized": check_decentralized,
 }
 
 
