@@ -29,25 +29,31 @@ CHECKS = {
 }
 
 
-@pytest.mark.parametrize("n", sorted(CHECKS))
-def test_torch_over_mpi(n: int) -> None:
+# The torch.distributed backend (check_process_group.py): collectives, then DDP against gloo.
+BACKEND_CHECKS = {2: ["collectives", "ddp"], 3: ["collectives", "ddp"]}
+
+
+def run_checks(script: str, n: int, checks: list[str]) -> None:
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        [
-            "mpiexec",
-            "-n",
-            str(n),
-            sys.executable,
-            str(HERE / "check_torch_mpi.py"),
-            ",".join(CHECKS[n]),
-        ],
+        ["mpiexec", "-n", str(n), sys.executable, str(HERE / script), ",".join(checks)],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
         env=env,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"mpiexec -n {n} exited {proc.returncode}:\n{out}"
-    for check in CHECKS[n]:
+    assert proc.returncode == 0, f"mpiexec -n {n} {script} exited {proc.returncode}:\n{out}"
+    for check in checks:
         for r in range(n):
             assert f"{check.upper()} OK rank {r}" in out, out
+
+
+@pytest.mark.parametrize("n", sorted(CHECKS))
+def test_torch_over_mpi(n: int) -> None:
+    run_checks("check_torch_mpi.py", n, CHECKS[n])
+
+
+@pytest.mark.parametrize("n", sorted(BACKEND_CHECKS))
+def test_torch_distributed_backend(n: int) -> None:
+    run_checks("check_process_group.py", n, BACKEND_CHECKS[n])

@@ -20,6 +20,9 @@ does, and raises an ImportError saying what to install when torch is missing.
   of parameters after every step, Decent-DP style.
 - :class:`ReduceScatter` and :class:`AllGather` (``layers.py``): ``nn.Module``\\ s,
   each the other's adjoint.
+- The ``"totalreduce"`` backend of ``torch.distributed`` (``process_group.py``),
+  registered by this import: ``dist.init_process_group("totalreduce",
+  init_method="totalreduce://")`` under ``mpiexec``, then unchanged DDP.
 
 Example::
 
@@ -100,6 +103,12 @@ from .layers import AllGather, ReduceScatter
 from .optimizer import DistributedOptimizer, GradientSyncError
 from .tensors import SUPPORTED_DTYPES, TensorHandle
 
+if _torch.distributed.is_available():
+    from .process_group import TotalReduceProcessGroup, UnsupportedOpError
+    from .process_group import register as _register_backend
+
+    _register_backend()
+
 __all__ = [
     "SUPPORTED_DTYPES",
     "AllGather",
@@ -114,6 +123,8 @@ __all__ = [
     "ReduceScatter",
     "Sum",
     "TensorHandle",
+    "TotalReduceProcessGroup",
+    "UnsupportedOpError",
     "allgather",
     "allgather_async",
     "allgather_object",

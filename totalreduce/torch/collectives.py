@@ -73,6 +73,7 @@ def allreduce_async(
     op: str = "avg",
     priority: int | None = None,
     *,
+    group: Any = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start reducing ``tensor`` across ranks into a new tensor (``op``: avg, sum, max, min).
@@ -84,7 +85,12 @@ def allreduce_async(
     svc = resolve_service(service)
     buf = host_buffer(tensor)
     h = svc.allreduce_async(
-        buf.array, name=name, op=op, priority=priority_value(priority), **buf.engine_kwargs
+        buf.array,
+        name=name,
+        op=op,
+        priority=priority_value(priority),
+        group=group,
+        **buf.engine_kwargs,
     )
     return TensorHandle(h, _new_tensor(buf))
 
@@ -95,6 +101,7 @@ def allreduce_async_(
     op: str = "avg",
     priority: int | None = None,
     *,
+    group: Any = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start reducing ``tensor`` across ranks in place; ``wait()`` returns ``tensor``."""
@@ -106,6 +113,7 @@ def allreduce_async_(
         op=op,
         out=buf.array,
         priority=priority_value(priority),
+        group=group,
         **buf.engine_kwargs,
     )
     return TensorHandle(h, _in_place(buf))
@@ -145,6 +153,7 @@ def broadcast_async(
     priority: int | None = None,
     *,
     root_rank: int | None = None,
+    group: Any = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start copying rank ``root``'s ``tensor`` to every rank, into a new tensor.
@@ -157,7 +166,12 @@ def broadcast_async(
     root = resolve_root(root, root_rank)
     buf = host_buffer(tensor, widen=True)
     h = svc.broadcast_async(
-        buf.array, root, name=name, priority=priority_value(priority), **buf.engine_kwargs
+        buf.array,
+        root,
+        name=name,
+        priority=priority_value(priority),
+        group=group,
+        **buf.engine_kwargs,
     )
     return TensorHandle(h, _new_tensor(buf))
 
@@ -169,6 +183,7 @@ def broadcast_async_(
     priority: int | None = None,
     *,
     root_rank: int | None = None,
+    group: Any = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start overwriting ``tensor`` with rank ``root``'s, in place; ``wait()`` returns it."""
@@ -181,6 +196,7 @@ def broadcast_async_(
         name=name,
         out=buf.array,
         priority=priority_value(priority),
+        group=group,
         **buf.engine_kwargs,
     )
     return TensorHandle(h, _in_place(buf))
