@@ -57,3 +57,23 @@ def test_torch_over_mpi(n: int) -> None:
 @pytest.mark.parametrize("n", sorted(BACKEND_CHECKS))
 def test_torch_distributed_backend(n: int) -> None:
     run_checks("check_process_group.py", n, BACKEND_CHECKS[n])
+
+
+def test_bench_torch_runs() -> None:
+    """``python -m totalreduce.torch.bench`` at P=2 on a tiny budget prints every method's row."""
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
+    args = ["--steps", "1", "--rounds", "1", "--batch-size", "2", "--image-size", "32"]
+    proc = subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, "-m", "totalreduce.torch.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "resnet18 (62 parameter tensors" in out, out
+    for row in ("totalreduce DistributedOptimizer", "DDP over gloo", "DDP over totalreduce"):
+        assert any(
+            line.startswith(row) and float(line.split()[-2]) > 0 for line in out.splitlines()
+        ), out
