@@ -26,7 +26,7 @@ Rules the optimizer and its users rely on:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +112,10 @@ class Bucket:
     ready: set[int] = field(default_factory=set)
     handle: TensorHandle | None = None
     buffer: torch.Tensor | None = None
+    #: CUDA buckets: the pinned host copy the engine works on, and the launcher staging it.
+    host: torch.Tensor | None = None
+    staging: bool = False
+    launcher: Any = None
 
     def __post_init__(self) -> None:
         start = 0
@@ -132,7 +136,11 @@ class Bucket:
 
     @property
     def submitted(self) -> bool:
-        return self.handle is not None
+        return self.handle is not None or self.staging
+
+    def device_buffer(self) -> torch.Tensor:
+        """The flat buffer on the parameters' device (allocated once)."""
+        return self._flat()
 
     def _flat(self) -> torch.Tensor:
         if self.buffer is None:
@@ -163,8 +171,15 @@ class Bucket:
     def complete(self) -> bool:
         return len(self.ready) == len(self.plan.members)
 
-    def submit(self, launch: Callable[[Bucket, torch.Tensor], TensorHandle] | None = None) -> None:
-        """Start the bucket's allreduce (all members must be filled)."""
+    def submit(self) -> None:
+        """Start the bucket's allreduce (all members must be filled).
+
+        A CUDA bucket hands itself to its launcher, which starts the op once
+        the copy to the host is done.
+        """
+        if self.launcher is not None:
+            self.launcher.submit(self)
+            return
         if self.direct:
             p = self.plan.members[0][1]
             if p.grad is None:
@@ -172,12 +187,9 @@ class Bucket:
             tensor = p.grad
         else:
             tensor = self._flat()
-        if launch is None:
-            self.handle = allreduce_async_(
-                tensor, self.name, self.wire_op, self.plan.priority, service=self.service
-            )
-        else:
-            self.handle = launch(self, tensor)
+        self.handle = allreduce_async_(
+            tensor, self.name, self.wire_op, self.plan.priority, service=self.service
+        )
 
     def finish(self, write: bool = True) -> None:
         """Wait for the result and copy it out into the members' gradients (when ``write``)."""
@@ -188,6 +200,8 @@ class Bucket:
         handle.wait()
         if self.direct or not write:
             return
+        if self.launcher is not None:
+            self.launcher.land(self)
         with torch.no_grad():
             for i, (_, p) in enumerate(self.plan.members):
                 part = self._slice(i).view(p.shape)

@@ -46,6 +46,7 @@ from ..service.service import Service
 from .buckets import Bucket, describe, member_index, plan_buckets
 from .collectives import allreduce_async_, resolve_service
 from .compression import Compression, Compressor
+from .cuda_staging import CudaLauncher
 from .tensors import TensorHandle
 
 #: Default ``fusion_bytes``: the most bytes of gradients one bucket op carries.
@@ -155,7 +156,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     _tr_should_sync: bool
     _tr_round: TensorHandle | None
     _tr_rounds: int
-    _tr_launcher: Any
+    _tr_launcher: CudaLauncher | None
+    _tr_polling: bool
 
     def _tr_setup(
         self,
@@ -188,6 +190,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._tr_round = None
         self._tr_rounds = 0
         self._tr_launcher = None
+        self._tr_polling = False
 
         in_groups = [p for g in self.param_groups for p in g["params"]]
         if named_parameters is None:
@@ -216,6 +219,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._tr_delay[p] = self._tr_passes
                 self._tr_hooks.append(p.register_post_accumulate_grad_hook(self._tr_hook))
         # The whole plan again: it is a function of the full parameter list only.
+        if self._tr_launcher is not None:
+            self._tr_launcher.release(self._tr_buckets)
         plans = plan_buckets(
             self._tr_named,
             [self._tr_priority[p] for _, p in self._tr_named],
@@ -228,12 +233,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._tr_buckets.sort(key=lambda b: -b.plan.priority)
         self._tr_member = member_index(self._tr_buckets)
         if any(b.plan.device.type == "cuda" for b in self._tr_buckets):
-            self._tr_launcher = self._tr_cuda_launcher()
+            if self._tr_launcher is None:
+                self._tr_launcher = CudaLauncher()
+            for b in self._tr_buckets:
+                if b.plan.device.type == "cuda":
+                    b.launcher = self._tr_launcher
 
-    def _tr_cuda_launcher(self) -> Any:
-        raise InvalidArgumentError(
-            "DistributedOptimizer: CUDA parameters need the CUDA staging of totalreduce.torch"
-        )
+    def _tr_end_of_backward(self) -> None:
+        """Autograd callback: submit what finished copying while backward ran its last ops."""
+        self._tr_polling = False
+        if self._tr_launcher is not None:
+            self._tr_launcher.poll()
 
     def _tr_open_round(self) -> None:
         """Start this round's flag op: 1 from a rank still training, 0 from one that joined."""
@@ -261,15 +271,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._tr_open_round()
             bucket.fill(i, p.grad)
             if bucket.complete:
-                self._tr_submit(bucket)
+                bucket.submit()
             if self._tr_launcher is not None:
                 self._tr_launcher.poll()
-
-    def _tr_submit(self, bucket: Bucket) -> None:
-        if self._tr_launcher is None:
-            bucket.submit()
-        else:
-            self._tr_launcher.submit(bucket)
+                if not self._tr_polling:
+                    # Once more when backward ends, for the buckets completed last.
+                    self._tr_polling = True
+                    torch.autograd.Variable._execution_engine.queue_callback(
+                        self._tr_end_of_backward
+                    )
 
     def synchronize(self) -> None:
         """Wait until every gradient is averaged (submitting those backward did not make).
@@ -284,7 +294,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     for i, (_, p) in enumerate(b.plan.members):
                         if i not in b.ready:
                             b.fill(i, p.grad)
-                    self._tr_submit(b)
+                    b.submit()
             flag, self._tr_round = self._tr_round, None
         try:
             if self._tr_launcher is not None:
@@ -298,6 +308,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             with self._tr_lock:
                 for b in self._tr_buckets:
                     b.handle = None
+                    b.staging = False
                     b.ready.clear()
                 for _, p in self._tr_named:
                     self._tr_delay[p] = self._tr_passes
@@ -388,6 +399,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for h in self._tr_hooks:
             h.remove()
         self._tr_hooks.clear()
+        if self._tr_launcher is not None:
+            self._tr_launcher.release(self._tr_buckets)
 
     def gradient_names(self) -> dict[str, int]:
         """Every op's name (a bucket's, or a parameter's without fusion) and its priority.

@@ -1,0 +1,156 @@
+"""CUDA gradients without stalls: copies on a side stream, ops submitted when their copy is done.
+
+This module owns :class:`CudaLauncher`, one per :func:`DistributedOptimizer`
+with CUDA parameters, and :class:`PinnedPool`, the pinned host buffers it
+reuses.  The engine works on host memory, so a CUDA bucket goes:
+
+1. the hook copies the gradient into the bucket's flat device buffer, on the
+   current stream (as any gradient op);
+2. when the bucket is complete, :meth:`CudaLauncher.submit` makes a side
+   stream wait for the current one, enqueues the device-to-host copy into the
+   bucket's pinned host buffer there and records an event; nothing blocks;
+3. :meth:`CudaLauncher.poll` submits the op of every bucket whose event has
+   completed (``event.query()``, never a wait).  It runs at every later hook,
+   once at the end of backward (an autograd callback), and in ``synchronize()``,
+   which alone may wait (:meth:`CudaLauncher.flush`), since the optimizer needs
+   the results then anyway;
+4. after the op, :meth:`CudaLauncher.land` enqueues the host-to-device copy on
+   the side stream and makes the current stream wait for it, so the copy out of
+   the bucket, and the optimizer after it, read the averaged values.
+
+The streams and events are injectable, so the ordering logic is tested
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .collectives import allreduce_async_
+
+if TYPE_CHECKING:
+    from .buckets import Bucket
+
+
+class PinnedPool:
+    """Host buffers by (dtype, element count), pinned when CUDA is present, reused.
+
+    >>> pool = PinnedPool()
+    >>> t = pool.acquire(1024, torch.float32)
+    >>> pool.release(t); pool.acquire(1024, torch.float32) is t
+    True
+    """
+
+    def __init__(self, pin: bool | None = None) -> None:
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self._free: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        self.allocated = 0
+
+    def acquire(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A 1-D host tensor of ``numel`` elements of ``dtype`` (contents undefined)."""
+        with self._lock:
+            free = self._free.get((dtype, numel))
+            if free:
+                return free.pop()
+            self.allocated += 1
+        return torch.empty(numel, dtype=dtype, pin_memory=self.pin)
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """Give ``tensor`` back for a later :meth:`acquire` of the same size and dtype."""
+        with self._lock:
+            self._free.setdefault((tensor.dtype, tensor.numel()), []).append(tensor)
+
+
+class CudaLauncher:
+    """Stages the CUDA buckets of one optimizer (see the module docstring).
+
+    ``stream`` is the side stream, ``current`` returns the stream autograd and
+    the optimizer run on, ``event`` makes an event (defaults: CUDA's).
+    """
+
+    def __init__(
+        self,
+        pool: PinnedPool | None = None,
+        *,
+        stream: Any = None,
+        current: Callable[[], Any] | None = None,
+        event: Callable[[], Any] | None = None,
+        stream_context: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.pool = pool or PinnedPool()
+        self.stream = stream if stream is not None else torch.cuda.Stream()
+        self.current = current or torch.cuda.current_stream
+        self.event = event or torch.cuda.Event
+        self.stream_context = stream_context or torch.cuda.stream
+        self._staged: list[tuple[Bucket, Any]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, bucket: Bucket) -> None:
+        """Start ``bucket``'s device-to-host copy; its op leaves once the copy is done."""
+        device = bucket.device_buffer()
+        if bucket.host is None:
+            bucket.host = self.pool.acquire(device.numel(), device.dtype)
+        bucket.staging = True
+        self.stream.wait_stream(self.current())
+        with self.stream_context(self.stream):
+            bucket.host.copy_(device, non_blocking=True)
+            done = self.event()
+            done.record(self.stream)
+        with self._lock:
+            self._staged.append((bucket, done))
+
+    def _launch(self, bucket: Bucket) -> None:
+        assert bucket.host is not None
+        bucket.handle = allreduce_async_(
+            bucket.host,
+            bucket.name,
+            bucket.wire_op,
+            bucket.plan.priority,
+            service=bucket.service,
+        )
+        bucket.staging = False
+
+    def poll(self) -> int:
+        """Submit the op of every bucket whose copy has completed; never waits. How many."""
+        with self._lock:
+            ready, waiting = [], []
+            for b, e in self._staged:
+                (ready if e.query() else waiting).append((b, e))
+            self._staged = waiting
+        for b, _ in ready:
+            self._launch(b)
+        return len(ready)
+
+    def flush(self) -> None:
+        """Wait for every staged copy and submit its op (``synchronize()`` calls this)."""
+        with self._lock:
+            staged, self._staged = self._staged, []
+        for b, e in staged:
+            e.synchronize()
+            self._launch(b)
+
+    @property
+    def staged(self) -> int:
+        """How many buckets wait for their copy to finish before their op can leave."""
+        with self._lock:
+            return len(self._staged)
+
+    def land(self, bucket: Bucket) -> None:
+        """After the op: copy the result back to the device, ordered before its readers."""
+        assert bucket.host is not None
+        device = bucket.device_buffer()
+        with self.stream_context(self.stream):
+            device.copy_(bucket.host, non_blocking=True)
+        self.current().wait_stream(self.stream)
+
+    def release(self, buckets: list[Bucket]) -> None:
+        """Give the buckets' host buffers back to the pool."""
+        for b in buckets:
+            if b.host is not None:
+                self.pool.release(b.host)
+                b.host = None
