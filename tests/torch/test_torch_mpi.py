@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch not installed")
-if not hasattr(torch, "Tensor"):  # tests/torch itself, seen as a namespace package
-    pytest.skip("torch not installed", allow_module_level=True)
+from conftest import import_torch
+
+torch = import_torch()
 
 HERE = Path(__file__).parent
 TIMEOUT = 120

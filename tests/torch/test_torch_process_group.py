@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch not installed")
-if not hasattr(torch, "Tensor"):  # tests/torch itself, seen as a namespace package
-    pytest.skip("torch not installed", allow_module_level=True)
+from conftest import import_torch
+
+torch = import_torch()
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
     pytest.skip("torch built without torch.distributed", allow_module_level=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch not installed")
-if not hasattr(torch, "Tensor"):  # tests/torch itself, seen as a namespace package
-    pytest.skip("torch not installed", allow_module_level=True)
+from conftest import import_torch
+
+torch = import_torch()
 
 from totalreduce.torch.resnet import resnet  # noqa: E402
 
