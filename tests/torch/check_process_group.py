@@ -1,7 +1,10 @@
 """Run under ``mpiexec -n P``: the "totalreduce" torch.distributed backend (see test_torch_mpi.py).
 
-Usage: ``check_process_group.py CHECK[,CHECK...]`` with checks ``collectives``
-and ``ddp``; each rank prints ``<CHECK> OK rank R`` when its check passed.
+Usage: ``check_process_group.py CHECK[,CHECK...] [INIT_METHOD]`` with checks
+``collectives`` and ``ddp``; each rank prints ``<CHECK> OK rank R`` when its
+check passed.  ``INIT_METHOD`` is ``totalreduce://`` (default) or ``env://``,
+for which this script sets ``RANK``, ``WORLD_SIZE`` and ``MASTER_*`` from MPI
+first, as a launcher would.
 """
 
 from __future__ import annotations
@@ -127,8 +130,34 @@ def check_ddp(rank: int, size: int, steps: int = 20) -> None:
 CHECKS = {"collectives": check_collectives, "ddp": check_ddp}
 
 
+def set_env_from_mpi() -> None:
+    import os
+    import socket
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    port = 0
+    if comm.rank == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    os.environ.update(
+        RANK=str(comm.rank),
+        WORLD_SIZE=str(comm.size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+
+
 def main() -> None:
-    dist.init_process_group(backend="totalreduce", init_method="totalreduce://")
+    init_method = sys.argv[2] if len(sys.argv) > 2 else "totalreduce://"
+    if init_method == "env://":
+        set_env_from_mpi()
+        dist.init_process_group(backend="totalreduce")  # env:// is torch's default
+    else:
+        dist.init_process_group(backend="totalreduce", init_method=init_method)
     rank, size = dist.get_rank(), dist.get_world_size()
     assert (rank, size) == (trt.rank(), trt.size())
     for name in sys.argv[1].split(","):

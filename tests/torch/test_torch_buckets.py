@@ -162,7 +162,8 @@ def test_fp16_compression_is_close_to_float32(fusion_bytes: int) -> None:
         assert torch.equal(half[0][n], half[1][n])
 
 
-def test_join_lets_ranks_with_fewer_batches_finish() -> None:
+@pytest.mark.parametrize("fusion_bytes", [0, 600])
+def test_join_lets_ranks_with_fewer_batches_finish(fusion_bytes: int) -> None:
     P = 3
     net = template()
     steps = {0: 4, 1: 2, 2: 3}  # uneven inputs: rank 0 joins last
@@ -193,7 +194,7 @@ def test_join_lets_ranks_with_fewer_batches_finish() -> None:
         opt = trt.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1),
             named_parameters=model.named_parameters(),
-            fusion_bytes=600,
+            fusion_bytes=fusion_bytes,
             service=s,
         )
         x, y = batch(s.rank)

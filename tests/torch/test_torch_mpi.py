@@ -29,14 +29,18 @@ CHECKS = {
 }
 
 
-# The torch.distributed backend (check_process_group.py): collectives, then DDP against gloo.
-BACKEND_CHECKS = {2: ["collectives", "ddp"], 3: ["collectives", "ddp"]}
+# The torch.distributed backend (check_process_group.py): (ranks, init method, checks).
+BACKEND_CHECKS = [
+    (2, "totalreduce://", ["collectives", "ddp"]),
+    (3, "totalreduce://", ["collectives", "ddp"]),
+    (2, "env://", ["collectives"]),
+]
 
 
-def run_checks(script: str, n: int, checks: list[str]) -> None:
+def run_checks(script: str, n: int, checks: list[str], *extra: str) -> None:
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        ["mpiexec", "-n", str(n), sys.executable, str(HERE / script), ",".join(checks)],
+        ["mpiexec", "-n", str(n), sys.executable, str(HERE / script), ",".join(checks), *extra],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -54,9 +58,9 @@ def test_torch_over_mpi(n: int) -> None:
     run_checks("check_torch_mpi.py", n, CHECKS[n])
 
 
-@pytest.mark.parametrize("n", sorted(BACKEND_CHECKS))
-def test_torch_distributed_backend(n: int) -> None:
-    run_checks("check_process_group.py", n, BACKEND_CHECKS[n])
+@pytest.mark.parametrize(("n", "init_method", "checks"), BACKEND_CHECKS)
+def test_torch_distributed_backend(n: int, init_method: str, checks: list[str]) -> None:
+    run_checks("check_process_group.py", n, checks, init_method)
 
 
 def test_bench_torch_runs() -> None:

@@ -210,19 +210,14 @@ class Bucket:
                 p.grad.copy_(part)
 
     def submit_zeros(self) -> None:
-        """Contribute zeros for every member (a rank that has joined)."""
+        """Contribute zeros for every member (a rank that has joined); no launcher, no hooks."""
         if self.direct:
-            p = self.plan.members[0][1]
-            tensor = torch.zeros_like(p)
-            self.handle = allreduce_async_(
-                tensor, self.name, self.wire_op, self.plan.priority, service=self.service
-            )
-            self.ready.update(range(len(self.plan.members)))
-            return
-        self._flat().zero_()
+            tensor = torch.zeros_like(self.plan.members[0][1])
+        else:
+            tensor = self._flat().zero_()
         self.ready.update(range(len(self.plan.members)))
         self.handle = allreduce_async_(
-            self._flat(), self.name, self.wire_op, self.plan.priority, service=self.service
+            tensor, self.name, self.wire_op, self.plan.priority, service=self.service
         )
 
 

@@ -300,6 +300,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                             b.fill(i, p.grad)
                     b.submit()
             flag, self._tr_round = self._tr_round, None
+            self._tr_polling = False  # in case a failed backward never ran its callback
         try:
             if self._tr_launcher is not None:
                 self._tr_launcher.flush()

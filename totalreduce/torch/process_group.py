@@ -77,28 +77,33 @@ def _reduce_op(what: str, op: Any, allowed: tuple[str, ...] = ("sum", "avg", "mi
     )
 
 
-def _completed_work(result: Any) -> Any:
-    fut: torch.futures.Future[Any] = torch.futures.Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
-
-
 def _work(handles: list[TensorHandle], result: Any, finish: Any = None) -> Any:
-    """A ``Work`` whose future completes (with ``result``) when every handle has."""
+    """A ``Work`` whose future completes (with ``result``) when every handle has.
+
+    The first failure fails the future; otherwise the last handle to end runs
+    ``finish`` (copies out of the engine's buffers) on the comm thread.
+    """
     fut: torch.futures.Future[Any] = torch.futures.Future()
-    left = [len(handles)]
+    state = {"left": len(handles), "settled": False}
     lock = threading.Lock()
 
-    def one_done(h: TensorHandle) -> None:
+    def settle(error: BaseException | None) -> None:
         with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        error = h.exception()
-        if error is not None:
-            with lock:
-                if fut.done():
-                    return
+            if state["settled"]:
+                return
+            state["settled"] = True
+        if error is None:
+            fut.set_result(result)
+        else:
             fut.set_exception(error)
+
+    def one_done(h: TensorHandle) -> None:
+        error = h.exception()
+        with lock:
+            state["left"] -= 1
+            last = state["left"] == 0
+        if error is not None:
+            settle(error)
             return
         if not last:
             return
@@ -108,16 +113,14 @@ def _work(handles: list[TensorHandle], result: Any, finish: Any = None) -> Any:
             if finish is not None:
                 finish()
         except BaseException as exc:  # a failed copy must reach the waiter, not the comm thread
-            if not fut.done():
-                fut.set_exception(exc)
+            settle(exc)
             return
-        if not fut.done():
-            fut.set_result(result)
+        settle(None)
 
     if not handles:
         if finish is not None:
             finish()
-        fut.set_result(result)
+        settle(None)
     for h in handles:
         h.add_done_callback(one_done)
     return _create_work_from_future(fut)
