@@ -116,6 +116,12 @@ class Bucket:
     host: torch.Tensor | None = None
     staging: bool = False
     launcher: Any = None
+    #: The result is on the host and must land on the device (set by the launcher).
+    landing: bool = False
+    #: This bucket also carries the step's round flag in one extra element (see
+    #: ``can_carry_flag``); ``active`` is the flag's value after the last ``finish``.
+    flag: bool = False
+    active: float = 0.0
 
     def __post_init__(self) -> None:
         start = 0
@@ -135,6 +141,23 @@ class Bucket:
         return self.plan.name
 
     @property
+    def can_carry_flag(self) -> bool:
+        """Whether one extra element can count the ranks still training, exactly.
+
+        It holds 1 on a rank still training and 0 on one that joined.  It needs
+        a buffer of our own (not a gradient reduced in place), a reduction that
+        keeps "some rank sent 1" visible (not min), and a dtype that holds the
+        count or the mean exactly (float32, float64; 16-bit and integer types
+        only for sums and maxima, where the value is an integer).
+        """
+        if self.direct or self.wire_op == "min":
+            return False
+        wire = self.plan.wire_dtype
+        if wire in (torch.float32, torch.float64):
+            return True
+        return self.wire_op in ("sum", "max") and wire in (torch.float16, torch.int32, torch.int64)
+
+    @property
     def submitted(self) -> bool:
         return self.handle is not None or self.staging
 
@@ -145,7 +168,9 @@ class Bucket:
     def _flat(self) -> torch.Tensor:
         if self.buffer is None:
             self.buffer = torch.empty(
-                self.plan.numel, dtype=self.plan.wire_dtype, device=self.plan.device
+                self.plan.numel + (1 if self.flag else 0),
+                dtype=self.plan.wire_dtype,
+                device=self.plan.device,
             )
         return self.buffer
 
@@ -177,6 +202,8 @@ class Bucket:
         A CUDA bucket hands itself to its launcher, which starts the op once
         the copy to the host is done.
         """
+        if self.flag:
+            self._flat()[-1] = 1  # this rank is still training
         if self.launcher is not None:
             self.launcher.submit(self)
             return
@@ -198,10 +225,14 @@ class Bucket:
         if handle is None:
             return
         handle.wait()
+        if self.landing:
+            self.landing = False
+            self.launcher.land(self)
+        if self.flag:
+            value = float(self._flat()[-1])
+            self.active = value * self.service.size if self.wire_op == "avg" else value
         if self.direct or not write:
             return
-        if self.launcher is not None:
-            self.launcher.land(self)
         with torch.no_grad():
             for i, (_, p) in enumerate(self.plan.members):
                 part = self._slice(i).view(p.shape)

@@ -114,6 +114,7 @@ class CudaLauncher:
             service=bucket.service,
         )
         bucket.staging = False
+        bucket.landing = True
 
     def poll(self) -> int:
         """Submit the op of every bucket whose copy has completed; never waits. How many."""

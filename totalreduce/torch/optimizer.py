@@ -27,9 +27,12 @@ Rules a user can rely on:
 - **Accumulation.** With ``backward_passes_per_step=k`` gradients are summed
   locally over ``k`` backward passes and submitted on the k-th; ``step()`` after
   fewer passes submits what it has.  Scale the loss by ``1/k`` for a mean.
-- **Rounds and join.** Each synchronization also reduces one 8-byte flag
-  (``prefix + "#round"``, started with the first gradient of the step), so a
-  rank that ran out of data can :meth:`join` and keep the others' steps going.
+- **Rounds and join.** Each synchronization also reduces a flag, 1 from a rank
+  still training and 0 from one that joined, so a rank that ran out of data
+  can :meth:`join` and keep the others' steps going.  The flag rides as one
+  extra element in the last bucket of the plan where it can (free); without
+  such a bucket (no fusion, integer averages, min) it is an 8-byte op of its
+  own, ``prefix + "#round"``, started with the first gradient of the step.
 """
 
 from __future__ import annotations
@@ -161,6 +164,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     _tr_round: TensorHandle | None
     _tr_rounds: int
     _tr_launcher: CudaLauncher | None
+    _tr_carrier: Bucket | None
     _tr_polling: bool
 
     def _tr_setup(
@@ -233,6 +237,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._tr_prefix,
         )
         self._tr_buckets = [Bucket(plan, self._tr_op, self._tr_service) for plan in plans]
+        # The flag rides in the last bucket of the plan that can carry it: the same on every rank.
+        carriers = [b for b in self._tr_buckets if b.can_carry_flag]
+        self._tr_carrier = carriers[-1] if carriers else None
+        if self._tr_carrier is not None:
+            self._tr_carrier.flag = True
         # Waiting (and submitting stragglers) goes from the most to the least urgent.
         self._tr_buckets.sort(key=lambda b: -b.plan.priority)
         self._tr_member = member_index(self._tr_buckets)
@@ -250,8 +259,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._tr_launcher.poll()
 
     def _tr_open_round(self) -> None:
-        """Start this round's flag op: 1 from a rank still training, 0 from one that joined."""
-        if self._tr_round is None:
+        """Start this round's flag op, unless a bucket carries the flag: 1 = still training."""
+        if self._tr_carrier is None and self._tr_round is None:
             flag = torch.ones(1, dtype=torch.int64)
             top = max((b.plan.priority for b in self._tr_buckets), default=0) + 1
             self._tr_round = allreduce_async_(
@@ -306,8 +315,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._tr_launcher.flush()
             for b in self._tr_buckets:
                 b.finish()
-            assert flag is not None
-            flag.wait()
+            if flag is not None:
+                flag.wait()
             self._tr_rounds += 1
         finally:
             with self._tr_lock:
@@ -338,15 +347,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         mine = self._tr_rounds
         svc = self._tr_service
         top = max((b.plan.priority for b in self._tr_buckets), default=0) + 1
+        carrier = self._tr_carrier
         while True:
-            flag = torch.zeros(1, dtype=torch.int64)
-            handle = allreduce_async_(flag, self._tr_prefix + "#round", "sum", top, service=svc)
+            handle = None
+            if carrier is None:
+                flag = torch.zeros(1, dtype=torch.int64)
+                handle = allreduce_async_(flag, self._tr_prefix + "#round", "sum", top, service=svc)
             for b in self._tr_buckets:
-                b.submit_zeros()
+                b.submit_zeros()  # the carrier's flag element is zero too
             for b in self._tr_buckets:
                 b.finish(write=False)
             self._tr_rounds += 1
-            if int(handle.wait()[0]) == 0:
+            active = carrier.active if carrier is not None else float(handle.wait()[0])
+            if active < 0.5:
                 break
         last = torch.tensor([mine * svc.size + svc.rank], dtype=torch.int64)
         allreduce_async_(last, self._tr_prefix + "#last_joined", "max", service=svc).wait()
