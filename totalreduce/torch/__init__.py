@@ -6,8 +6,10 @@ does, and raises an ImportError saying what to install when torch is missing.
 - Tensors (``collectives.py``): :func:`allreduce_async` and friends take CPU
   tensors of float32, float64, float16, bfloat16, int32 and int64 without a copy
   when they are contiguous; CUDA tensors travel through a pinned host buffer.
-- :func:`DistributedOptimizer` (``optimizer.py``): Horovod's optimizer wrapper,
-  submitting each gradient the moment backward produces it.
+- :func:`DistributedOptimizer` (``optimizer.py``): Horovod's optimizer wrapper;
+  gradients travel in fusion buckets (``buckets.py``), each submitted the moment
+  its last gradient is ready; CUDA buckets are staged on a side stream
+  (``cuda_staging.py``); ``join()`` for uneven inputs.
 - :func:`broadcast_parameters`, :func:`broadcast_optimizer_state`,
   :func:`broadcast_object`, :func:`allgather_object` (``broadcast_state.py``).
 - Horovod's names where the meanings match: :func:`local_rank`,
@@ -23,6 +25,8 @@ does, and raises an ImportError saying what to install when torch is missing.
 - The ``"totalreduce"`` backend of ``torch.distributed`` (``process_group.py``),
   registered by this import: ``dist.init_process_group("totalreduce",
   init_method="totalreduce://")`` under ``mpiexec``, then unchanged DDP.
+- ``python -m totalreduce.torch.bench`` (``bench.py``, ``resnet.py``): ResNet
+  training with the optimizer, DDP over gloo and DDP over this backend.
 
 Example::
 
