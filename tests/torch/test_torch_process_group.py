@@ -70,6 +70,27 @@ def test_group_ops_and_futures() -> None:
         assert part.tolist() == [P * 2.0 * r, P * (2.0 * r + 1)]
 
 
+def test_staging_copies_reuse_their_buffers() -> None:
+    def rank(s):
+        pg = create_process_group(options(2, s.rank, []), service=s)
+        pg.staging.pin = False  # pinned memory needs CUDA; the reuse is the same
+        out = []
+        for step in range(3):
+            t = torch.arange(12, dtype=torch.float64).reshape(3, 4).t() * (s.rank + step)
+            assert not t.is_contiguous()  # staged through a copy
+            pg.allreduce([t]).wait()
+            out.append(t.clone())
+        return out, pg.staging.allocated
+
+    with local_services(2) as svcs:
+        results = run_ranks(svcs, rank, timeout=60)
+    for out, allocated in results:
+        assert allocated == 1  # one staging buffer for three calls
+        for step, t in enumerate(out):
+            want = torch.arange(12, dtype=torch.float64).reshape(3, 4).t() * (1 + 2 * step)
+            assert torch.equal(t, want)
+
+
 def test_a_group_that_is_not_the_mpi_world_is_refused() -> None:
     with local_services(1) as (s,):
         # What torchrun gives a process with world size 2 when MPI has a world of one.

@@ -5,7 +5,8 @@ and a blocking form; a trailing ``_`` means in place (Horovod's convention): the
 result is written into the tensor passed, which ``wait()`` returns.  Without it
 the result is a new tensor.  Every function takes ``service=`` (default: the
 service ``totalreduce.init()`` started) and ``priority=`` (higher goes first;
-None means 0).
+None means 0); the ones the torch.distributed backend uses take ``staging=``, a
+:class:`~totalreduce.torch.tensors.PinnedPool` to reuse staging buffers from.
 
 Contiguous CPU tensors go to the engine without a copy, so a tensor must not be
 modified until its op is done.  Other tensors are staged (see ``tensors.py``).
@@ -24,7 +25,7 @@ import torch
 from ..api import default_service
 from ..errors import InvalidArgumentError
 from ..service.service import Service
-from .tensors import HostBuffer, TensorHandle, host_buffer
+from .tensors import HostBuffer, PinnedPool, TensorHandle, host_buffer
 
 #: Horovod's op constants (``hvd.Average`` ...): the engine's op names.
 Average = "avg"
@@ -57,11 +58,21 @@ def priority_value(priority: Any) -> int:
 
 
 def _in_place(buf: HostBuffer) -> Any:
-    return lambda _raw: buf.copy_back()
+    def finish(_raw: Any) -> torch.Tensor:
+        out = buf.copy_back()
+        buf.release()
+        return out
+
+    return finish
 
 
 def _new_tensor(buf: HostBuffer) -> Any:
-    return lambda raw: buf.as_tensor(raw)
+    def finish(raw: Any) -> torch.Tensor:
+        out = buf.as_tensor(raw)
+        buf.release()  # the input's staging copy; the result is the engine's own array
+        return out
+
+    return finish
 
 
 # ---------------------------------------------------------------- allreduce
@@ -102,11 +113,12 @@ def allreduce_async_(
     priority: int | None = None,
     *,
     group: Any = None,
+    staging: PinnedPool | None = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start reducing ``tensor`` across ranks in place; ``wait()`` returns ``tensor``."""
     svc = resolve_service(service)
-    buf = host_buffer(tensor)
+    buf = host_buffer(tensor, pool=staging)
     h = svc.allreduce_async(
         buf.array,
         name=name,
@@ -184,12 +196,13 @@ def broadcast_async_(
     *,
     root_rank: int | None = None,
     group: Any = None,
+    staging: PinnedPool | None = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start overwriting ``tensor`` with rank ``root``'s, in place; ``wait()`` returns it."""
     svc = resolve_service(service)
     root = resolve_root(root, root_rank)
-    buf = host_buffer(tensor, widen=True)
+    buf = host_buffer(tensor, widen=True, pool=staging)
     h = svc.broadcast_async(
         buf.array,
         root,
@@ -244,6 +257,7 @@ def reduce_scatter_async(
     group: Any = None,
     priority: int | None = None,
     *,
+    staging: PinnedPool | None = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start a reduce-scatter; ``wait()`` returns this rank's part as a new tensor.
@@ -256,7 +270,7 @@ def reduce_scatter_async(
     gets a copy of its zero-volume input.
     """
     svc = resolve_service(service)
-    buf = host_buffer(tensor)
+    buf = host_buffer(tensor, pool=staging)
     h = svc.reduce_scatter_async(
         buf.array,
         name,
@@ -296,6 +310,7 @@ def allgather_async(
     priority: int | None = None,
     *,
     flat: bool = False,
+    staging: PinnedPool | None = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start an all-gather: every rank's tensor joined in rank order, as a new tensor.
@@ -312,7 +327,7 @@ def allgather_async(
     torch.Size([6, 5])
     """
     svc = resolve_service(service)
-    buf = host_buffer(tensor)
+    buf = host_buffer(tensor, pool=staging)
     h = svc.allgather_async(
         buf.array,
         name,
@@ -329,6 +344,7 @@ def allgather_async(
 
     def joined(raw: Any) -> torch.Tensor:
         out = buf.as_tensor(raw)
+        buf.release()
         if out.numel() % per_row:
             raise InvalidArgumentError(
                 f"allgather {h.name!r}: the ranks' tensors differ beyond dimension 0 "

@@ -1,8 +1,9 @@
 """CUDA gradients without stalls: copies on a side stream, ops submitted when their copy is done.
 
 This module owns :class:`CudaLauncher`, one per :func:`DistributedOptimizer`
-with CUDA parameters, and :class:`PinnedPool`, the pinned host buffers it
-reuses.  The engine works on host memory, so a CUDA bucket goes:
+with CUDA parameters; the pinned host buffers it reuses come from a
+:class:`~totalreduce.torch.tensors.PinnedPool`.  The engine works on host
+memory, so a CUDA bucket goes:
 
 1. the hook copies the gradient into the bucket's flat device buffer, on the
    current stream (as any gradient op);
@@ -31,39 +32,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .collectives import allreduce_async_
+from .tensors import PinnedPool
+
+__all__ = ["CudaLauncher", "PinnedPool"]
 
 if TYPE_CHECKING:
     from .buckets import Bucket
-
-
-class PinnedPool:
-    """Host buffers by (dtype, element count), pinned when CUDA is present, reused.
-
-    >>> pool = PinnedPool()
-    >>> t = pool.acquire(1024, torch.float32)
-    >>> pool.release(t); pool.acquire(1024, torch.float32) is t
-    True
-    """
-
-    def __init__(self, pin: bool | None = None) -> None:
-        self.pin = torch.cuda.is_available() if pin is None else pin
-        self._free: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
-        self._lock = threading.Lock()
-        self.allocated = 0
-
-    def acquire(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A 1-D host tensor of ``numel`` elements of ``dtype`` (contents undefined)."""
-        with self._lock:
-            free = self._free.get((dtype, numel))
-            if free:
-                return free.pop()
-            self.allocated += 1
-        return torch.empty(numel, dtype=dtype, pin_memory=self.pin)
-
-    def release(self, tensor: torch.Tensor) -> None:
-        """Give ``tensor`` back for a later :meth:`acquire` of the same size and dtype."""
-        with self._lock:
-            self._free.setdefault((tensor.dtype, tensor.numel()), []).append(tensor)
 
 
 class CudaLauncher:

@@ -49,7 +49,7 @@ from ..group import Group
 from ..service.service import Service
 from .broadcast_state import broadcast_object
 from .collectives import allgather_async, allreduce_async_, broadcast_async_, reduce_scatter_async
-from .tensors import TensorHandle
+from .tensors import PinnedPool, TensorHandle
 
 #: The name ``init_process_group(backend=...)`` takes.
 BACKEND_NAME = "totalreduce"
@@ -141,6 +141,8 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         self.group_id = group_id
         self._group = None if len(ranks) == service.size else Group(self.ranks)
         self._prefix = f"torch.distributed.{group_id}."
+        # Staging copies (CUDA, non-contiguous tensors) reuse buffers: pinned ones are slow to make.
+        self.staging = PinnedPool()
 
     # ------------------------------------------------------------------ naming
 
@@ -166,7 +168,12 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         ts = self._tensors("all_reduce", tensors)
         handles = [
             allreduce_async_(
-                t, self._name("allreduce", t, op), op, service=self.service, group=self._group
+                t,
+                self._name("allreduce", t, op),
+                op,
+                group=self._group,
+                staging=self.staging,
+                service=self.service,
             )
             for t in ts
         ]
@@ -182,7 +189,12 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         ts = self._tensors("broadcast", tensors)
         handles = [
             broadcast_async_(
-                t, root, self._name("broadcast", t, root), service=self.service, group=self._group
+                t,
+                root,
+                self._name("broadcast", t, root),
+                group=self._group,
+                staging=self.staging,
+                service=self.service,
             )
             for t in ts
         ]
@@ -230,10 +242,11 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
 
     def _gather(self, x: torch.Tensor) -> TensorHandle:
         return allgather_async(
-            x.contiguous(),
+            x,
             self._name("allgather", x),
             group=self._group,
             flat=True,
+            staging=self.staging,
             service=self.service,
         )
 
@@ -252,10 +265,11 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
                 f"{self.size()} x {output.numel()}"
             )
         h = reduce_scatter_async(
-            input.contiguous(),
+            input,
             self._name("reduce_scatter", input, op),
             op,
             group=self._group,
+            staging=self.staging,
             service=self.service,
         )
 
