@@ -68,7 +68,9 @@ def _device(args: argparse.Namespace) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is false on this machine")
-    return torch.device("cuda", trt.local_rank() % torch.cuda.device_count())
+    device = torch.device("cuda", trt.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(device)  # streams, events and DDP's buffers default to it
+    return device
 
 
 def _methods(args: argparse.Namespace, template: torch.nn.Module) -> dict[str, Step]:

@@ -44,7 +44,8 @@ class CudaLauncher:
     """Stages the CUDA buckets of one optimizer (see the module docstring).
 
     ``stream`` is the side stream, ``current`` returns the stream autograd and
-    the optimizer run on, ``event`` makes an event (defaults: CUDA's).
+    the optimizer run on, ``event`` makes an event (defaults: CUDA's, one side
+    stream per device, made when a bucket of that device first needs it).
     """
 
     def __init__(
@@ -57,12 +58,27 @@ class CudaLauncher:
         stream_context: Callable[[Any], Any] | None = None,
     ) -> None:
         self.pool = pool or PinnedPool()
-        self.stream = stream if stream is not None else torch.cuda.Stream()
-        self.current = current or torch.cuda.current_stream
+        self._stream = stream
+        self._streams: dict[torch.device, Any] = {}
+        self._current = current
         self.event = event or torch.cuda.Event
         self.stream_context = stream_context or torch.cuda.stream
         self._staged: list[tuple[Bucket, Any]] = []
         self._lock = threading.Lock()
+
+    def side_stream(self, device: torch.device) -> Any:
+        """The side stream for ``device`` (the injected one, if any)."""
+        if self._stream is not None:
+            return self._stream
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
+
+    def current(self, device: torch.device) -> Any:
+        """The stream autograd and the optimizer use on ``device``."""
+        if self._current is not None:
+            return self._current()
+        return torch.cuda.current_stream(device)
 
     def submit(self, bucket: Bucket) -> None:
         """Start ``bucket``'s device-to-host copy; its op leaves once the copy is done."""
@@ -70,11 +86,12 @@ class CudaLauncher:
         if bucket.host is None:
             bucket.host = self.pool.acquire(device.numel(), device.dtype)
         bucket.staging = True
-        self.stream.wait_stream(self.current())
-        with self.stream_context(self.stream):
+        side = self.side_stream(device.device)
+        side.wait_stream(self.current(device.device))
+        with self.stream_context(side):
             bucket.host.copy_(device, non_blocking=True)
             done = self.event()
-            done.record(self.stream)
+            done.record(side)
         with self._lock:
             self._staged.append((bucket, done))
 
@@ -119,9 +136,10 @@ class CudaLauncher:
         """After the op: copy the result back to the device, ordered before its readers."""
         assert bucket.host is not None
         device = bucket.device_buffer()
-        with self.stream_context(self.stream):
+        side = self.side_stream(device.device)
+        with self.stream_context(side):
             device.copy_(bucket.host, non_blocking=True)
-        self.current().wait_stream(self.stream)
+        self.current(device.device).wait_stream(side)
 
     def release(self, buckets: list[Bucket]) -> None:
         """Give the buckets' host buffers back to the pool."""
