@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,6 +13,28 @@ import pytest
 from totalreduce.service.config import Config
 from totalreduce.service.service import Service
 from totalreduce.transport.local import LocalWorld
+
+
+def import_torch() -> Any:
+    """torch, for the modules in tests/torch: a skip where it is missing, a failure under CI.
+
+    The ``test`` extra installs torch, so where ``CI`` is set (CI services set
+    it; ``.ci/run`` does) a missing torch is a broken install, and the torch
+    tests fail instead of skipping silently.  Elsewhere they skip, saying why.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            raise ImportError(
+                f"CI is set but torch does not import ({exc}); pip install '.[test]' brings it"
+            ) from exc
+        pytest.skip("torch not installed (pip install '.[test]')", allow_module_level=True)
+    if not hasattr(torch, "Tensor"):  # tests/torch itself, seen as a namespace package
+        if os.environ.get("CI"):
+            raise ImportError(f"CI is set but 'torch' resolves to {torch!r}, not PyTorch")
+        pytest.skip("torch not installed (pip install '.[test]')", allow_module_level=True)
+    return torch
 
 
 @contextmanager

@@ -126,6 +126,36 @@ def size() -> int:
     return default_service().size
 
 
+def _node_layout() -> tuple[int, int, int, int]:
+    svc = default_service()
+    if not hasattr(svc, "node_layout"):
+        raise NotInitializedError(
+            "local_rank(), local_size(), cross_rank() and cross_size() need the embedded "
+            "service (init()); a daemon client knows its own local_rank attribute only"
+        )
+    return svc.node_layout()
+
+
+def local_rank() -> int:
+    """This rank's index among the ranks on its node (Horovod's ``local_rank``)."""
+    return _node_layout()[0]
+
+
+def local_size() -> int:
+    """The number of ranks on this rank's node (Horovod's ``local_size``)."""
+    return _node_layout()[1]
+
+
+def cross_rank() -> int:
+    """This rank's index among the ranks with its local rank, one per node (Horovod's)."""
+    return _node_layout()[2]
+
+
+def cross_size() -> int:
+    """The number of ranks with this rank's local rank: the node count on even nodes."""
+    return _node_layout()[3]
+
+
 def allreduce_async(
     x: Any,
     name: str | int | None = None,

@@ -1,6 +1,6 @@
 """Run under ``mpiexec -n P``: totalreduce.torch over real MPI (see test_torch_mpi.py).
 
-Usage: ``check_torch_mpi.py CHECK[,CHECK...]`` with checks ``optimizer``,
+Usage: ``check_torch_mpi.py CHECK[,CHECK...]`` with checks ``layout``, ``optimizer``,
 ``ddp`` and ``decentralized``; each rank prints ``<CHECK> OK rank R`` when
 its check passed.
 """
@@ -174,7 +174,21 @@ def check_decentralized(rank: int, size: int) -> None:
     assert same_everywhere(flat(model))
 
 
-CHECKS = {"optimizer": check_optimizer, "ddp": check_ddp, "decentralized": check_decentralized}
+def check_layout(rank: int, size: int) -> None:
+    """One machine: the node is the world, and there is one node."""
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    want = (node.Get_rank(), node.Get_size())
+    node.Free()
+    assert (trt.local_rank(), trt.local_size()) == want == (rank, size)
+    assert (trt.cross_rank(), trt.cross_size()) == (0, 1)
+
+
+CHECKS = {
+    "layout": check_layout,
+    "optimizer": check_optimizer,
+    "ddp": check_ddp,
+    "decentralized": check_decentralized,
+}
 
 
 def main() -> None:

@@ -6,9 +6,9 @@ import inspect
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch not installed")
-if not hasattr(torch, "Tensor"):  # tests/torch itself, seen as a namespace package
-    pytest.skip("torch not installed", allow_module_level=True)
+from conftest import import_torch
+
+torch = import_torch()
 
 import totalreduce.torch as trt  # noqa: E402
 from conftest import local_services, run_ranks  # noqa: E402

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch not installed")
-if not hasattr(torch, "Tensor"):  # tests/torch itself, seen as a namespace package
-    pytest.skip("torch not installed", allow_module_level=True)
+from conftest import import_torch
+
+torch = import_torch()
 
 HERE = Path(__file__).parent
 TIMEOUT = 120
@@ -23,31 +23,61 @@ pytestmark = pytest.mark.skipif(
 
 # One launch per size, several checks per launch: importing torch is the slow part.
 CHECKS = {
-    2: ["optimizer", "ddp", "decentralized"],
-    3: ["optimizer", "decentralized"],
+    2: ["layout", "optimizer", "ddp", "decentralized"],
+    3: ["layout", "optimizer", "decentralized"],
     4: ["optimizer", "ddp", "decentralized"],
 }
 
 
-@pytest.mark.parametrize("n", sorted(CHECKS))
-def test_torch_over_mpi(n: int) -> None:
+# The torch.distributed backend (check_process_group.py): (ranks, init method, checks).
+BACKEND_CHECKS = [
+    (2, "totalreduce://", ["collectives", "ddp"]),
+    (3, "totalreduce://", ["collectives", "ddp"]),
+    (2, "env://", ["collectives"]),
+]
+
+
+def run_checks(script: str, n: int, checks: list[str], *extra: str) -> None:
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        [
-            "mpiexec",
-            "-n",
-            str(n),
-            sys.executable,
-            str(HERE / "check_torch_mpi.py"),
-            ",".join(CHECKS[n]),
-        ],
+        ["mpiexec", "-n", str(n), sys.executable, str(HERE / script), ",".join(checks), *extra],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
         env=env,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"mpiexec -n {n} exited {proc.returncode}:\n{out}"
-    for check in CHECKS[n]:
+    assert proc.returncode == 0, f"mpiexec -n {n} {script} exited {proc.returncode}:\n{out}"
+    for check in checks:
         for r in range(n):
             assert f"{check.upper()} OK rank {r}" in out, out
+
+
+@pytest.mark.parametrize("n", sorted(CHECKS))
+def test_torch_over_mpi(n: int) -> None:
+    run_checks("check_torch_mpi.py", n, CHECKS[n])
+
+
+@pytest.mark.parametrize(("n", "init_method", "checks"), BACKEND_CHECKS)
+def test_torch_distributed_backend(n: int, init_method: str, checks: list[str]) -> None:
+    run_checks("check_process_group.py", n, checks, init_method)
+
+
+def test_bench_torch_runs() -> None:
+    """``python -m totalreduce.torch.bench`` at P=2 on a tiny budget prints every method's row."""
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
+    args = ["--steps", "1", "--rounds", "1", "--batch-size", "2", "--image-size", "32"]
+    proc = subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, "-m", "totalreduce.torch.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "resnet18 (62 parameter tensors" in out, out
+    for row in ("totalreduce DistributedOptimizer", "DDP over gloo", "DDP over totalreduce"):
+        assert any(
+            line.startswith(row) and float(line.split()[-2]) > 0 for line in out.splitlines()
+        ), out

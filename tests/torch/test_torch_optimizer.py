@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch not installed")
-if not hasattr(torch, "Tensor"):  # tests/torch itself, seen as a namespace package
-    pytest.skip("torch not installed", allow_module_level=True)
+from conftest import import_torch
+
+torch = import_torch()
 
 import totalreduce.torch as trt  # noqa: E402
 from conftest import local_services, run_ranks  # noqa: E402
@@ -214,7 +214,17 @@ def test_priorities_names_and_wrapping() -> None:
     with local_services(1) as (s,):
         model = make_model("mlp")
         base = sgd(model)
-        opt = trt.DistributedOptimizer(base, named_parameters=model.named_parameters(), service=s)
+        fused = trt.DistributedOptimizer(
+            sgd(model), named_parameters=model.named_parameters(), service=s
+        )
+        assert fused.buckets() == {
+            "grad.bucket.0": ["fc2.bias", "fc2.weight", "fc1.bias", "fc1.weight"]
+        }
+        assert fused.gradient_names() == {"grad.bucket.0": 4}
+        fused.remove_hooks()
+        opt = trt.DistributedOptimizer(
+            base, named_parameters=model.named_parameters(), fusion_bytes=0, service=s
+        )
         assert isinstance(opt, torch.optim.SGD)
         assert opt.state is base.state and opt.param_groups is base.param_groups
         names = opt.gradient_names()
@@ -241,6 +251,7 @@ def test_priorities_names_and_wrapping() -> None:
             named_parameters=model.named_parameters(),
             priority=lambda name, p: p.numel(),
             prefix="g.",
+            fusion_bytes=0,
             service=s,
         ).gradient_names()
         assert by_call == {"g.fc1.weight": 32, "g.fc2.weight": 24, "g.fc1.bias": 8, "g.fc2.bias": 3}
@@ -248,10 +259,11 @@ def test_priorities_names_and_wrapping() -> None:
             sgd(model),
             named_parameters=model.named_parameters(),
             priority={"fc2.bias": 9},
+            fusion_bytes=0,
             service=s,
         ).gradient_names()
         assert by_map["grad.fc2.bias"] == 9 and by_map["grad.fc1.weight"] == 0
-        unnamed = trt.DistributedOptimizer(sgd(model), service=s).gradient_names()
+        unnamed = trt.DistributedOptimizer(sgd(model), fusion_bytes=0, service=s).gradient_names()
         assert list(unnamed) == ["grad.group0.0", "grad.group0.1", "grad.group0.2", "grad.group0.3"]
 
         with pytest.raises(InvalidArgumentError, match="not in named_parameters"):
@@ -266,3 +278,7 @@ def test_priorities_names_and_wrapping() -> None:
             )
         with pytest.raises(InvalidArgumentError, match="backward_passes_per_step"):
             trt.DistributedOptimizer(sgd(model), backward_passes_per_step=0, service=s)
+        with pytest.raises(InvalidArgumentError, match="fusion_bytes"):
+            trt.DistributedOptimizer(sgd(model), fusion_bytes=-1, service=s)
+        with pytest.raises(InvalidArgumentError, match="compression"):
+            trt.DistributedOptimizer(sgd(model), compression="fp16", service=s)

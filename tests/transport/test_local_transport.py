@@ -89,3 +89,12 @@ def test_cancel_and_bad_arguments() -> None:
         a.isend(np.zeros(2, dtype=np.float32), 1, tag=1)
     with pytest.raises(ValueError):
         LocalWorld(0)
+
+
+def test_node_layout_is_one_node() -> None:
+    world = LocalWorld(3)
+    assert [world.transport(r).node_layout() for r in range(3)] == [
+        (0, 3, 0, 1),
+        (1, 3, 0, 1),
+        (2, 3, 0, 1),
+    ]

@@ -1112,6 +1112,10 @@ class Service:
         """Blocking :meth:`hierarchical_neighbor_allreduce_async`."""
         return self.hierarchical_neighbor_allreduce_async(x, name, **kw).wait()
 
+    def node_layout(self) -> tuple[int, int, int, int]:
+        """(local_rank, local_size, cross_rank, cross_size) of this rank, from the transport."""
+        return self.transport.node_layout()
+
     # ------------------------------------------------------------------ faults
 
     def abort(self, name: str | int, generation: int, reason: str) -> None:

@@ -6,16 +6,27 @@ does, and raises an ImportError saying what to install when torch is missing.
 - Tensors (``collectives.py``): :func:`allreduce_async` and friends take CPU
   tensors of float32, float64, float16, bfloat16, int32 and int64 without a copy
   when they are contiguous; CUDA tensors travel through a pinned host buffer.
-- :func:`DistributedOptimizer` (``optimizer.py``): Horovod's optimizer wrapper,
-  submitting each gradient the moment backward produces it.
+- :func:`DistributedOptimizer` (``optimizer.py``): Horovod's optimizer wrapper;
+  gradients travel in fusion buckets (``buckets.py``), each submitted the moment
+  its last gradient is ready; CUDA buckets are staged on a side stream
+  (``cuda_staging.py``); ``join()`` for uneven inputs.
 - :func:`broadcast_parameters`, :func:`broadcast_optimizer_state`,
-  :func:`broadcast_object` (``broadcast_state.py``).
+  :func:`broadcast_object`, :func:`allgather_object` (``broadcast_state.py``).
+- Horovod's names where the meanings match: :func:`local_rank`,
+  :func:`local_size`, :func:`cross_rank`, :func:`cross_size`, ``root_rank=``,
+  :data:`Average` / :data:`Sum` / :data:`Min` / :data:`Max`,
+  :class:`Compression` (``compression.py``), :func:`barrier`.
 - :func:`allreduce_hook`, :func:`fp16_compress_hook`, :func:`bfloat16_compress_hook`
   (``comm_hooks.py``): comm hooks for ``DistributedDataParallel``.
 - :class:`DecentralizedDataParallel` (``decentralized.py``): neighbor averaging
   of parameters after every step, Decent-DP style.
 - :class:`ReduceScatter` and :class:`AllGather` (``layers.py``): ``nn.Module``\\ s,
   each the other's adjoint.
+- The ``"totalreduce"`` backend of ``torch.distributed`` (``process_group.py``),
+  registered by this import: ``dist.init_process_group("totalreduce",
+  init_method="totalreduce://")`` under ``mpiexec``, then unchanged DDP.
+- ``python -m totalreduce.torch.bench`` (``bench.py``, ``resnet.py``): ResNet
+  training with the optimizer, DDP over gloo and DDP over this backend.
 
 Example::
 
@@ -46,15 +57,36 @@ if not hasattr(_torch, "Tensor"):  # a directory named torch on sys.path, not th
         "PyTorch: pip install torch"
     )
 
-from ..api import default_service, init, is_initialized, rank, shutdown, size
-from .broadcast_state import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from ..api import (
+    cross_rank,
+    cross_size,
+    default_service,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+from .broadcast_state import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from .collectives import (
+    Average,
+    Max,
+    Min,
+    Sum,
     allgather,
     allgather_async,
     allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
+    barrier,
     broadcast,
     broadcast_,
     broadcast_async,
@@ -69,27 +101,43 @@ from .collectives import (
     synchronize,
 )
 from .comm_hooks import CommHookState, allreduce_hook, bfloat16_compress_hook, fp16_compress_hook
+from .compression import Compression
 from .decentralized import DecentralizedDataParallel
 from .layers import AllGather, ReduceScatter
 from .optimizer import DistributedOptimizer, GradientSyncError
 from .tensors import SUPPORTED_DTYPES, TensorHandle
 
+if _torch.distributed.is_available():
+    from .process_group import TotalReduceProcessGroup, UnsupportedOpError
+    from .process_group import register as _register_backend
+
+    _register_backend()
+
 __all__ = [
     "SUPPORTED_DTYPES",
     "AllGather",
+    "Average",
     "CommHookState",
+    "Compression",
     "DecentralizedDataParallel",
     "DistributedOptimizer",
     "GradientSyncError",
+    "Max",
+    "Min",
     "ReduceScatter",
+    "Sum",
     "TensorHandle",
+    "TotalReduceProcessGroup",
+    "UnsupportedOpError",
     "allgather",
     "allgather_async",
+    "allgather_object",
     "allreduce",
     "allreduce_",
     "allreduce_async",
     "allreduce_async_",
     "allreduce_hook",
+    "barrier",
     "bfloat16_compress_hook",
     "broadcast",
     "broadcast_",
@@ -98,10 +146,14 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "cross_rank",
+    "cross_size",
     "default_service",
     "fp16_compress_hook",
     "init",
     "is_initialized",
+    "local_rank",
+    "local_size",
     "neighbor_allreduce",
     "neighbor_allreduce_",
     "neighbor_allreduce_async",

@@ -3,7 +3,8 @@
 This module owns the broadcasts a training script makes once, before its first
 step (or after loading a checkpoint on one rank): :func:`broadcast_parameters`
 for a model's tensors, :func:`broadcast_optimizer_state` for an optimizer's
-state and hyper-parameters, and :func:`broadcast_object` underneath the latter.
+state and hyper-parameters, :func:`broadcast_object` underneath the latter, and
+:func:`allgather_object` for one object from every rank.
 
 >>> trt.broadcast_parameters(model.state_dict(), root=0)    # doctest: +SKIP
 >>> trt.broadcast_optimizer_state(optimizer, root=0)        # doctest: +SKIP
@@ -21,7 +22,7 @@ import torch
 
 from ..errors import InvalidArgumentError
 from ..service.service import Service
-from .collectives import broadcast_async_, resolve_service
+from .collectives import broadcast_async_, resolve_root, resolve_service
 
 
 def broadcast_parameters(
@@ -29,6 +30,7 @@ def broadcast_parameters(
     root: int = 0,
     prefix: str = "broadcast.",
     *,
+    root_rank: int | None = None,
     service: Service | None = None,
 ) -> None:
     """Overwrite every rank's tensors with rank ``root``'s, in place.
@@ -40,6 +42,7 @@ def broadcast_parameters(
 
     >>> trt.broadcast_parameters(model.state_dict(), root=0)   # doctest: +SKIP
     """
+    root = resolve_root(root, root_rank)
     if isinstance(params, torch.nn.Module):
         params = params.state_dict()
     items = list(params.items()) if isinstance(params, Mapping) else list(params)
@@ -65,16 +68,19 @@ def broadcast_object(
     root: int = 0,
     name: str = "broadcast_object",
     *,
+    root_rank: int | None = None,
     service: Service | None = None,
 ) -> Any:
     """Return rank ``root``'s ``obj`` on every rank (pickled; other ranks' ``obj`` is ignored).
 
-    Two broadcasts: the pickle's length, then its bytes.  Meant for small,
-    trusted state (it unpickles what rank ``root`` sent).
+    ``root_rank=`` is Horovod's name for ``root``.  Two broadcasts: the
+    pickle's length, then its bytes.  Meant for small, trusted state (it
+    unpickles what rank ``root`` sent).
 
     >>> cfg = trt.broadcast_object(cfg if trt.rank() == 0 else None)   # doctest: +SKIP
     """
     svc = resolve_service(service)
+    root = resolve_root(root, root_rank)
     if svc.rank == root:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         length = np.array([len(data)], dtype=np.int64)
@@ -92,11 +98,37 @@ def broadcast_object(
     return pickle.loads(body.view(np.uint8)[: int(length[0])].tobytes())
 
 
+def allgather_object(
+    obj: Any, name: str = "allgather_object", *, service: Service | None = None
+) -> list[Any]:
+    """Every rank's ``obj``, in rank order (Horovod's ``allgather_object``).
+
+    Each rank's pickle travels as an all-gather of unequal parts (the engine
+    exchanges the lengths itself); meant for small, trusted objects.
+
+    >>> trt.allgather_object({"rank": trt.rank()})   # on 2 ranks   # doctest: +SKIP
+    [{'rank': 0}, {'rank': 1}]
+    """
+    svc = resolve_service(service)
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    length = np.array([len(data)], dtype=np.int64)
+    lengths = svc.allgather(length, f"{name}.length")
+    body = np.zeros((len(data) + 7) // 8, dtype=np.int64)
+    body.view(np.uint8)[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    joined = svc.allgather(body, f"{name}.bytes").view(np.uint8)
+    out, start = [], 0
+    for n in (int(v) for v in lengths):
+        out.append(pickle.loads(joined[start : start + n].tobytes()))
+        start += (n + 7) // 8 * 8
+    return out
+
+
 def broadcast_optimizer_state(
     optimizer: torch.optim.Optimizer,
     root: int = 0,
     name: str = "broadcast_optimizer_state",
     *,
+    root_rank: int | None = None,
     service: Service | None = None,
 ) -> None:
     """Load rank ``root``'s optimizer state and hyper-parameters on every rank.
@@ -115,6 +147,7 @@ def broadcast_optimizer_state(
             f"{type(optimizer).__name__}"
         )
     svc = resolve_service(service)
+    root = resolve_root(root, root_rank)
     blob: bytes | None = None
     if svc.rank == root:
         buf = io.BytesIO()

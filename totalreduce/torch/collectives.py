@@ -5,7 +5,8 @@ and a blocking form; a trailing ``_`` means in place (Horovod's convention): the
 result is written into the tensor passed, which ``wait()`` returns.  Without it
 the result is a new tensor.  Every function takes ``service=`` (default: the
 service ``totalreduce.init()`` started) and ``priority=`` (higher goes first;
-None means 0).
+None means 0); the ones the torch.distributed backend uses take ``staging=``, a
+:class:`~totalreduce.torch.tensors.PinnedPool` to reuse staging buffers from.
 
 Contiguous CPU tensors go to the engine without a copy, so a tensor must not be
 modified until its op is done.  Other tensors are staged (see ``tensors.py``).
@@ -24,7 +25,22 @@ import torch
 from ..api import default_service
 from ..errors import InvalidArgumentError
 from ..service.service import Service
-from .tensors import HostBuffer, TensorHandle, host_buffer
+from .tensors import HostBuffer, PinnedPool, TensorHandle, host_buffer
+
+#: Horovod's op constants (``hvd.Average`` ...): the engine's op names.
+Average = "avg"
+Sum = "sum"
+Min = "min"
+Max = "max"
+
+
+def resolve_root(root: int, root_rank: int | None) -> int:
+    """``root_rank`` (Horovod's name) when given, else ``root``; both given must agree."""
+    if root_rank is None:
+        return root
+    if root not in (0, root_rank):
+        raise InvalidArgumentError(f"root={root} and root_rank={root_rank} disagree; pass one")
+    return root_rank
 
 
 def resolve_service(service: Service | None) -> Service:
@@ -42,11 +58,21 @@ def priority_value(priority: Any) -> int:
 
 
 def _in_place(buf: HostBuffer) -> Any:
-    return lambda _raw: buf.copy_back()
+    def finish(_raw: Any) -> torch.Tensor:
+        out = buf.copy_back()
+        buf.release()
+        return out
+
+    return finish
 
 
 def _new_tensor(buf: HostBuffer) -> Any:
-    return lambda raw: buf.as_tensor(raw)
+    def finish(raw: Any) -> torch.Tensor:
+        out = buf.as_tensor(raw)
+        buf.release()  # the input's staging copy; the result is the engine's own array
+        return out
+
+    return finish
 
 
 # ---------------------------------------------------------------- allreduce
@@ -58,6 +84,7 @@ def allreduce_async(
     op: str = "avg",
     priority: int | None = None,
     *,
+    group: Any = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start reducing ``tensor`` across ranks into a new tensor (``op``: avg, sum, max, min).
@@ -69,7 +96,12 @@ def allreduce_async(
     svc = resolve_service(service)
     buf = host_buffer(tensor)
     h = svc.allreduce_async(
-        buf.array, name=name, op=op, priority=priority_value(priority), **buf.engine_kwargs
+        buf.array,
+        name=name,
+        op=op,
+        priority=priority_value(priority),
+        group=group,
+        **buf.engine_kwargs,
     )
     return TensorHandle(h, _new_tensor(buf))
 
@@ -80,17 +112,20 @@ def allreduce_async_(
     op: str = "avg",
     priority: int | None = None,
     *,
+    group: Any = None,
+    staging: PinnedPool | None = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start reducing ``tensor`` across ranks in place; ``wait()`` returns ``tensor``."""
     svc = resolve_service(service)
-    buf = host_buffer(tensor)
+    buf = host_buffer(tensor, pool=staging)
     h = svc.allreduce_async(
         buf.array,
         name=name,
         op=op,
         out=buf.array,
         priority=priority_value(priority),
+        group=group,
         **buf.engine_kwargs,
     )
     return TensorHandle(h, _in_place(buf))
@@ -129,17 +164,26 @@ def broadcast_async(
     name: str | int | None = None,
     priority: int | None = None,
     *,
+    root_rank: int | None = None,
+    group: Any = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start copying rank ``root``'s ``tensor`` to every rank, into a new tensor.
 
-    Besides the reduction dtypes, a broadcast carries bool, uint8, int8 and
-    int16 tensors (as int64 copies).
+    ``root_rank=`` is Horovod's name for ``root``.  Besides the reduction
+    dtypes, a broadcast carries bool, uint8, int8 and int16 tensors (as int64
+    copies).
     """
     svc = resolve_service(service)
+    root = resolve_root(root, root_rank)
     buf = host_buffer(tensor, widen=True)
     h = svc.broadcast_async(
-        buf.array, root, name=name, priority=priority_value(priority), **buf.engine_kwargs
+        buf.array,
+        root,
+        name=name,
+        priority=priority_value(priority),
+        group=group,
+        **buf.engine_kwargs,
     )
     return TensorHandle(h, _new_tensor(buf))
 
@@ -150,17 +194,22 @@ def broadcast_async_(
     name: str | int | None = None,
     priority: int | None = None,
     *,
+    root_rank: int | None = None,
+    group: Any = None,
+    staging: PinnedPool | None = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start overwriting ``tensor`` with rank ``root``'s, in place; ``wait()`` returns it."""
     svc = resolve_service(service)
-    buf = host_buffer(tensor, widen=True)
+    root = resolve_root(root, root_rank)
+    buf = host_buffer(tensor, widen=True, pool=staging)
     h = svc.broadcast_async(
         buf.array,
         root,
         name=name,
         out=buf.array,
         priority=priority_value(priority),
+        group=group,
         **buf.engine_kwargs,
     )
     return TensorHandle(h, _in_place(buf))
@@ -172,10 +221,13 @@ def broadcast(
     name: str | int | None = None,
     priority: int | None = None,
     *,
+    root_rank: int | None = None,
     service: Service | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`broadcast_async`: rank ``root``'s values in a new tensor."""
-    return broadcast_async(tensor, root, name, priority, service=service).wait()
+    return broadcast_async(
+        tensor, root, name, priority, root_rank=root_rank, service=service
+    ).wait()
 
 
 def broadcast_(
@@ -184,10 +236,13 @@ def broadcast_(
     name: str | int | None = None,
     priority: int | None = None,
     *,
+    root_rank: int | None = None,
     service: Service | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`broadcast_async_`: overwrites ``tensor`` with rank ``root``'s."""
-    return broadcast_async_(tensor, root, name, priority, service=service).wait()
+    return broadcast_async_(
+        tensor, root, name, priority, root_rank=root_rank, service=service
+    ).wait()
 
 
 # ---------------------------------------------------------------- reduce-scatter / all-gather
@@ -202,6 +257,7 @@ def reduce_scatter_async(
     group: Any = None,
     priority: int | None = None,
     *,
+    staging: PinnedPool | None = None,
     service: Service | None = None,
 ) -> TensorHandle:
     """Start a reduce-scatter; ``wait()`` returns this rank's part as a new tensor.
@@ -214,7 +270,7 @@ def reduce_scatter_async(
     gets a copy of its zero-volume input.
     """
     svc = resolve_service(service)
-    buf = host_buffer(tensor)
+    buf = host_buffer(tensor, pool=staging)
     h = svc.reduce_scatter_async(
         buf.array,
         name,
@@ -253,17 +309,25 @@ def allgather_async(
     group: Any = None,
     priority: int | None = None,
     *,
+    flat: bool = False,
+    staging: PinnedPool | None = None,
     service: Service | None = None,
 ) -> TensorHandle:
-    """Start an all-gather: every rank's part joined in rank order, as a new tensor.
+    """Start an all-gather: every rank's tensor joined in rank order, as a new tensor.
 
-    Without ``partition`` the parts are flattened and joined into one 1-D
-    tensor; with ``partition`` and ``axes=(k,)`` the parts of the ranks along
-    partition dimension ``k`` are joined along tensor dimension ``k`` (the
-    adjoint of :func:`reduce_scatter_async`).  Parts may differ in length.
+    Without ``partition`` the tensors are concatenated along dimension 0, as
+    Horovod's and torch's ``allgather`` do: ranks may differ in dimension 0
+    only (a ``(2, 5)`` and a ``(3, 5)`` give ``(5, 5)``; a 0-d tensor counts as
+    ``(1,)``).  ``flat=True`` joins the flattened tensors into one 1-D tensor
+    instead, whatever their shapes.  With ``partition`` and ``axes=(k,)`` the
+    parts of the ranks along partition dimension ``k`` are joined along tensor
+    dimension ``k`` (the adjoint of :func:`reduce_scatter_async`).
+
+    >>> trt.allgather(torch.ones(2, 5)).shape     # on 3 ranks   # doctest: +SKIP
+    torch.Size([6, 5])
     """
     svc = resolve_service(service)
-    buf = host_buffer(tensor)
+    buf = host_buffer(tensor, pool=staging)
     h = svc.allgather_async(
         buf.array,
         name,
@@ -273,7 +337,23 @@ def allgather_async(
         priority=priority_value(priority),
         **buf.engine_kwargs,
     )
-    return TensorHandle(h, _new_tensor(buf))
+    if partition is not None or flat or tensor.dim() <= 1:
+        return TensorHandle(h, _new_tensor(buf))
+    rows = tuple(tensor.shape[1:])
+    per_row = max(1, int(torch.Size(rows).numel()))
+
+    def joined(raw: Any) -> torch.Tensor:
+        out = buf.as_tensor(raw)
+        buf.release()
+        if out.numel() % per_row:
+            raise InvalidArgumentError(
+                f"allgather {h.name!r}: the ranks' tensors differ beyond dimension 0 "
+                f"({out.numel()} elements gathered, not a multiple of this rank's row shape "
+                f"{rows}); pass flat=True to join them flattened"
+            )
+        return out.reshape(-1, *rows)
+
+    return TensorHandle(h, joined)
 
 
 def allgather(
@@ -284,10 +364,21 @@ def allgather(
     group: Any = None,
     priority: int | None = None,
     *,
+    flat: bool = False,
     service: Service | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`allgather_async`."""
-    return allgather_async(tensor, name, partition, axes, group, priority, service=service).wait()
+    return allgather_async(
+        tensor, name, partition, axes, group, priority, flat=flat, service=service
+    ).wait()
+
+
+# ---------------------------------------------------------------- barrier
+
+
+def barrier(name: str | int | None = None, *, service: Service | None = None) -> None:
+    """Return once every rank has entered the barrier (Horovod's ``hvd.barrier()``)."""
+    resolve_service(service).barrier(name)
 
 
 # ---------------------------------------------------------------- neighbor averaging

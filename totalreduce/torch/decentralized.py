@@ -18,7 +18,6 @@ the exact mean of all ranks (for evaluation or a checkpoint).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,36 +32,14 @@ from .collectives import allreduce_async_, resolve_service
 from .optimizer import priority_of
 from .tensors import array_to_tensor, host_buffer
 
-# Ranks per node as set by launchers: MPICH/Hydra, Open MPI, MVAPICH, torchrun.
-_LOCAL_SIZE_VARIABLES = (
-    "MPI_LOCALNRANKS",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "MV2_COMM_WORLD_LOCAL_SIZE",
-    "LOCAL_WORLD_SIZE",
-)
-
 
 def detect_local_size(service: Service) -> int:
-    """The number of ranks on this rank's node, as best known.
+    """The number of ranks on this rank's node: the transport's node layout.
 
-    A launcher's environment variable if one is set, else MPI's shared-memory
-    split of the service's communicator; ranks that share one process (the
-    local transport) are all on one node.
+    Over MPI that is the shared-memory split the transport made once at its
+    start; ranks that share one process (the local transport) are one node.
     """
-    comm = getattr(service.transport, "comm", None)
-    if comm is None:
-        return service.size
-    for var in _LOCAL_SIZE_VARIABLES:
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) >= 1:
-            return int(value)
-    from mpi4py import MPI
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return int(node.Get_size())
-    finally:
-        node.Free()
+    return service.node_layout()[1]
 
 
 def resolve_topology(

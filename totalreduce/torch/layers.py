@@ -78,6 +78,7 @@ class _Collective(torch.nn.Module):
             self._op_name(phase),
             partition=self.partition,
             axes=self.axes,
+            flat=True,
             service=resolve_service(self._service),
         )
 

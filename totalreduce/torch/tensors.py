@@ -8,7 +8,8 @@ engine reads and writes, and where a result array becomes a tensor again:
   bfloat16 kernel (which accumulates in float32);
 - a contiguous CPU tensor is used in place, without a copy;
 - a non-contiguous CPU tensor, or a CUDA tensor, is staged through a contiguous
-  host buffer (pinned when CUDA is available) and the result is copied back;
+  host buffer (pinned when CUDA is available; from a :class:`PinnedPool` when
+  the caller keeps one) and the result is copied back;
 - :class:`TensorHandle`, whose ``wait()`` returns a tensor.
 """
 
@@ -49,6 +50,36 @@ def _dtype_names() -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
 
 
+class PinnedPool:
+    """Host buffers by (dtype, element count), pinned when CUDA is present, reused.
+
+    >>> pool = PinnedPool()
+    >>> t = pool.acquire(1024, torch.float32)
+    >>> pool.release(t); pool.acquire(1024, torch.float32) is t
+    True
+    """
+
+    def __init__(self, pin: bool | None = None) -> None:
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self._free: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        self.allocated = 0
+
+    def acquire(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A 1-D host tensor of ``numel`` elements of ``dtype`` (contents undefined)."""
+        with self._lock:
+            free = self._free.get((dtype, numel))
+            if free:
+                return free.pop()
+            self.allocated += 1
+        return torch.empty(numel, dtype=dtype, pin_memory=self.pin)
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """Give ``tensor`` back for a later :meth:`acquire` of the same size and dtype."""
+        with self._lock:
+            self._free.setdefault((tensor.dtype, tensor.numel()), []).append(tensor)
+
+
 @dataclass
 class HostBuffer:
     """The host-side buffer the engine works on for one tensor.
@@ -64,6 +95,8 @@ class HostBuffer:
     array: np.ndarray
     engine_dtype: str | None
     staged: bool
+    pool: PinnedPool | None = None
+    flat: torch.Tensor | None = None
 
     @property
     def engine_kwargs(self) -> dict[str, Any]:
@@ -76,6 +109,12 @@ class HostBuffer:
             with torch.no_grad():
                 self.tensor.copy_(self.host.view(self.tensor.shape))
         return self.tensor
+
+    def release(self) -> None:
+        """Give a staging buffer taken from a pool back (once the op no longer reads it)."""
+        if self.pool is not None and self.flat is not None:
+            self.pool.release(self.flat)
+            self.flat = None
 
     def as_tensor(self, result: np.ndarray) -> torch.Tensor:
         """A result array of the engine as a tensor of the caller's dtype and device."""
@@ -114,11 +153,15 @@ def check_tensor(tensor: Any, what: str) -> torch.Tensor:
     return tensor
 
 
-def host_buffer(tensor: Any, what: str = "tensor", *, widen: bool = False) -> HostBuffer:
+def host_buffer(
+    tensor: Any, what: str = "tensor", *, widen: bool = False, pool: PinnedPool | None = None
+) -> HostBuffer:
     """The :class:`HostBuffer` for ``tensor``, holding its current values.
 
     ``widen=True`` (broadcasts only) also accepts bool, uint8, int8 and int16
-    tensors, carried as int64 copies.
+    tensors, carried as int64 copies.  ``pool``: where a staging copy takes
+    its buffer from (and :meth:`HostBuffer.release` gives it back); without
+    one each staged call allocates (pinned when CUDA is available).
 
     >>> b = host_buffer(torch.ones(3))
     >>> b.staged, b.array.dtype
@@ -138,14 +181,19 @@ def host_buffer(tensor: Any, what: str = "tensor", *, widen: bool = False) -> Ho
             raise InvalidArgumentError(
                 f"{what} has dtype {t.dtype}; supported: {_dtype_names()}{extra}"
             )
+    flat = None
     if t.device.type == "cpu" and t.is_contiguous() and carried == t.dtype:
         host, staged = t, False
     else:
-        host = torch.empty(
-            t.shape,
-            dtype=carried,
-            pin_memory=t.device.type == "cuda" and torch.cuda.is_available(),
-        )
+        if pool is not None:
+            flat = pool.acquire(t.numel(), carried)
+            host = flat.view(t.shape)
+        else:
+            host = torch.empty(
+                t.shape,
+                dtype=carried,
+                pin_memory=t.device.type == "cuda" and torch.cuda.is_available(),
+            )
         host.copy_(t)
         staged = True
     if carried == torch.bfloat16:
@@ -154,7 +202,7 @@ def host_buffer(tensor: Any, what: str = "tensor", *, widen: bool = False) -> Ho
     else:
         array = host.numpy()
         engine_dtype = None
-    return HostBuffer(tensor, host, array, engine_dtype, staged)
+    return HostBuffer(tensor, host, array, engine_dtype, staged, pool, flat)
 
 
 class TensorHandle:

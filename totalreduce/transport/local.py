@@ -221,5 +221,9 @@ class LocalTransport:
     def cancel(self, req: Any) -> None:
         self.world.cancel(self.rank, req)
 
+    def node_layout(self) -> tuple[int, int, int, int]:
+        """(local_rank, local_size, cross_rank, cross_size): one node, so local is global."""
+        return self.rank, self.size, 0, 1
+
     def close(self) -> None:
         pass

@@ -56,6 +56,28 @@ class MPITransport:
         # where MPI reports no failure (once, at start: one small allgather).
         self._host = socket.gethostname()
         self._where: list[tuple[str, int]] = self.comm.allgather((self._host, os.getpid()))
+        self._layout = self._split_node(MPI)
+
+    def _split_node(self, MPI: Any) -> tuple[int, int, int, int]:
+        """(local_rank, local_size, cross_rank, cross_size), asked of MPI once, here.
+
+        Horovod's meanings: the node is MPI's shared-memory split (ordered by
+        rank); the cross group of a rank is every rank with the same local rank,
+        ordered by rank.  Done before the comm thread starts, so no later caller
+        touches MPI beside it.
+        """
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        try:
+            local_rank, local_size = node.Get_rank(), node.Get_size()
+        finally:
+            node.Free()
+        local_ranks = self.comm.allgather(local_rank)
+        cross = [r for r, lr in enumerate(local_ranks) if lr == local_rank]
+        return local_rank, local_size, cross.index(self.rank), len(cross)
+
+    def node_layout(self) -> tuple[int, int, int, int]:
+        """(local_rank, local_size, cross_rank, cross_size) of this rank, from MPI's node split."""
+        return self._layout
 
     def _spec(self, buf: np.ndarray) -> list[Any]:
         return [buf, self._MPI.BYTE]
