@@ -48,8 +48,9 @@ try:
     import torch as _torch
 except ImportError as _exc:  # pragma: no cover - exercised only without torch
     raise ImportError(
-        "totalreduce.torch needs PyTorch: pip install torch (a CPU build is enough), "
-        "or pip install 'totalreduce[torch]'"
+        "totalreduce.torch needs PyTorch. A CPU-only build is enough: pip install torch "
+        "--index-url https://download.pytorch.org/whl/cpu (plain 'pip install torch' also "
+        "works but brings the CUDA libraries)"
     ) from _exc
 if not hasattr(_torch, "Tensor"):  # a directory named torch on sys.path, not the package
     raise ImportError(
