@@ -190,7 +190,7 @@ def broadcast_async(
     name: str | int | None = None,
     out: Any = None,
     priority: int = 0,
-    algorithm: str = "one_to_all",
+    algorithm: str = "auto",
     group: Group | None = None,
     dtype: str | None = None,
 ) -> Handle:
@@ -204,7 +204,7 @@ def broadcast(
     name: str | int | None = None,
     out: Any = None,
     priority: int = 0,
-    algorithm: str = "one_to_all",
+    algorithm: str = "auto",
     group: Group | None = None,
     dtype: str | None = None,
 ) -> np.ndarray:

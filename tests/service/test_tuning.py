@@ -149,3 +149,17 @@ def test_an_auto_op_runs_the_algorithm_the_table_names(
         errors = run_ranks(svcs, differ)
     for msg in errors:
         assert "algorithm recursive_doubling" in msg and "algorithm ring" in msg, msg
+
+
+def test_broadcast_auto_follows_the_table(tmp_path) -> None:
+    from totalreduce.service.ops import choose_broadcast
+
+    table = tmp_path / "t.json"
+    table.write_text(
+        '{"format": 1, "broadcast": {"*": {"3": [[1024, "one_to_all"], [null, "pipelined"]]}}}'
+    )
+    assert choose_broadcast("auto", 3, 100, str(table)) == "one_to_all"
+    assert choose_broadcast("auto", 3, 1 << 20, str(table)) == "pipelined"
+    assert choose_broadcast("pipelined", 3, 100, str(table)) == "pipelined"
+    with pytest.raises(tr.InvalidArgumentError, match="unknown broadcast algorithm"):
+        choose_broadcast("tree", 3, 100)

@@ -50,6 +50,9 @@ def allreduce_schedule(
 Crossovers = Mapping[int, Sequence[tuple[float, str]]]
 
 
+BROADCAST = ("one_to_all", "pipelined")
+
+
 def auto_allreduce(size: int, nbytes: int, crossovers: Crossovers) -> str:
     """The algorithm a crossover table picks for ``size`` ranks and ``nbytes`` of data.
 
@@ -64,20 +67,31 @@ def auto_allreduce(size: int, nbytes: int, crossovers: Crossovers) -> str:
     >>> auto_allreduce(4, 1 << 30, table)
     'ring'
     """
+    return auto_choice(size, nbytes, crossovers, ALLREDUCE)
+
+
+def auto_choice(
+    size: int, nbytes: int, crossovers: Crossovers, known: Sequence[str] | Mapping[str, Any]
+) -> str:
+    """:func:`auto_allreduce` for any collective whose algorithms are ``known``.
+
+    >>> auto_choice(4, 1 << 24, {2: [(1 << 20, "one_to_all"), (None, "pipelined")]}, BROADCAST)
+    'pipelined'
+    """
     if not crossovers:
-        raise ValueError("auto_allreduce needs a non-empty crossover table")
+        raise ValueError("auto needs a non-empty crossover table")
     sizes = sorted(crossovers)
     at_or_below = [s for s in sizes if s <= size]
     rows = crossovers[at_or_below[-1] if at_or_below else sizes[0]]
     if not rows:
         raise ValueError(f"crossover table has no rows for {size} ranks")
     for limit, name in rows:
-        if nbytes < limit:
+        if limit is not None and nbytes < limit:
             choice = name
             break
     else:
         choice = rows[-1][1]
-    if choice not in ALLREDUCE:
-        known = ", ".join(sorted(ALLREDUCE))
-        raise ValueError(f"crossover table names unknown algorithm {choice!r}; known: {known}")
+    if choice not in known:
+        names = ", ".join(sorted(known))
+        raise ValueError(f"crossover table names unknown algorithm {choice!r}; known: {names}")
     return choice

@@ -729,7 +729,7 @@ class DaemonClient:
         name: str | int | None = None,
         out: Any = None,
         priority: int = 0,
-        algorithm: str = "one_to_all",
+        algorithm: str = "auto",
         group: Any = None,
         dtype: str | None = None,
     ) -> DaemonHandle:
@@ -743,9 +743,9 @@ class DaemonClient:
             raise InvalidArgumentError(f"broadcast root must be an int, got {root!r}")
         if not 0 <= root < self.size:
             raise InvalidArgumentError(f"broadcast root {root} outside 0..{self.size - 1}")
-        if algorithm not in ("one_to_all", "pipelined"):
+        if algorithm not in ("auto", "one_to_all", "pipelined"):
             raise InvalidArgumentError(
-                f"unknown broadcast algorithm {algorithm!r}; known: one_to_all, pipelined"
+                f"unknown broadcast algorithm {algorithm!r}; known: auto, one_to_all, pipelined"
             )
         return self._submit("broadcast", arr, dt, out, name, priority, algorithm, root=int(root))
 
@@ -756,7 +756,7 @@ class DaemonClient:
         name: str | int | None = None,
         out: Any = None,
         priority: int = 0,
-        algorithm: str = "one_to_all",
+        algorithm: str = "auto",
         group: Any = None,
         dtype: str | None = None,
     ) -> np.ndarray:

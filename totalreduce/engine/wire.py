@@ -153,10 +153,11 @@ def split(
     ERROR bodies; ``-1`` for frames without one).  ``size`` bounds ranks and
     ``micro_bytes`` the eager bodies this rank accepts.
     """
-    length = len(buf)
+    view = memoryview(buf)  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
+    length = view.nbytes
     if length < MSG_SIZE:
         raise FrameError(f"malformed message: {length} bytes, shorter than its header")
-    magic, version, _r, nframes, sender, ctl, eager = MSG.unpack_from(buf, 0)
+    magic, version, _r, nframes, sender, ctl, eager = MSG.unpack_from(view, 0)
     if magic != MAGIC:
         raise FrameError(f"malformed message: bad magic {magic:#010x} (expected {MAGIC:#010x})")
     if version != VERSION:
@@ -168,7 +169,7 @@ def split(
     for _ in range(nframes):
         if off + FRAME_SIZE > length:
             raise FrameError(f"truncated message: {length} bytes, frame {len(frames)} missing")
-        f = FRAME.unpack_from(buf, off)
+        f = FRAME.unpack_from(view, off)
         off += FRAME_SIZE
         ftype, dt, nbytes = f[0], f[1], f[13]
         if ftype not in FRAME_TYPES:

@@ -50,6 +50,28 @@ def choose_allreduce(
     return algorithm
 
 
+def choose_broadcast(
+    algorithm: str,
+    size: int,
+    nbytes: int,
+    tuning_file: str | None = None,
+    dtype: str | None = None,
+) -> str:
+    """The broadcast algorithm to run; ``auto`` follows the tuning table in force."""
+    from ..algorithms import registry
+
+    if algorithm == "auto":
+        from . import tuning
+
+        crossovers, _ = tuning.table_for("broadcast", size, dtype, tuning_file)
+        return registry.auto_choice(size, nbytes, crossovers, registry.BROADCAST)
+    if algorithm not in registry.BROADCAST:
+        raise InvalidArgumentError(
+            f"unknown broadcast algorithm {algorithm!r}; known: auto, one_to_all, pipelined"
+        )
+    return algorithm
+
+
 @functools.lru_cache(maxsize=1024)
 def compile_op(
     kind: OpKind,

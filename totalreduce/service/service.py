@@ -34,7 +34,7 @@ from ..group import Group, Partition
 from ..transport.base import Transport
 from .config import Config
 from .handle import Handle
-from .ops import alias_for, choose_allreduce, compile_op, plan_for
+from .ops import alias_for, choose_allreduce, choose_broadcast, compile_op, plan_for
 from .ops import cached_edge as _cached_edge
 
 log = logging.getLogger("totalreduce.service")
@@ -403,7 +403,7 @@ class Service:
         name: str | int | None = None,
         out: Any = None,
         priority: int = 0,
-        algorithm: str = "one_to_all",
+        algorithm: str = "auto",
         group: Group | None = None,
         dtype: str | None = None,
     ) -> Handle:
@@ -411,7 +411,8 @@ class Service:
 
         Every rank passes an array of the same shape and dtype; ``out=x``
         overwrites ``x`` in place on the receivers, as ``MPI_Bcast`` does.
-        ``algorithm`` is ``one_to_all`` or ``pipelined`` (large buffers).  With a
+        ``algorithm`` is ``one_to_all``, ``pipelined`` (large buffers) or ``auto`` (the tuning
+        table's choice, like allreduce's).  With a
         ``group``, ``root`` is a rank of the group.
         """
         arr, dt = as_array(x, "x", dtype)
@@ -420,10 +421,9 @@ class Service:
             raise InvalidArgumentError(f"broadcast root must be an int, got {root!r}")
         if not 0 <= root < grp.size:
             raise InvalidArgumentError(f"broadcast root {root} outside 0..{grp.size - 1}")
-        if algorithm not in ("one_to_all", "pipelined"):
-            raise InvalidArgumentError(
-                f"unknown broadcast algorithm {algorithm!r}; known: one_to_all, pipelined"
-            )
+        algorithm = choose_broadcast(
+            algorithm, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
+        )
         o, in_place = self._output(arr, out)
         code, sched = compile_op(
             OpKind.BROADCAST, algorithm, me, grp.size, int(arr.size), False, (("root", int(root)),)
@@ -451,7 +451,7 @@ class Service:
         name: str | int | None = None,
         out: Any = None,
         priority: int = 0,
-        algorithm: str = "one_to_all",
+        algorithm: str = "auto",
         group: Group | None = None,
         dtype: str | None = None,
     ) -> np.ndarray:
