@@ -103,35 +103,34 @@ class FloatingList:
         self.rendezvous_limit = limit - peers * self.eager_share
         self.eager_held = [0] * size  # per peer
         self.rendezvous_held = 0  # received or reserved
+        self.held = 0  # both, kept as a running total
         self.peak = 0
         self._frames: dict[OpKey, list[FloatingFrame]] = defaultdict(list)
         self._errors: OrderedDict[OpKey, tuple[str, int]] = OrderedDict()
 
-    @property
-    def held(self) -> int:
-        return sum(self.eager_held) + self.rendezvous_held
-
     def _note_peak(self) -> None:
-        held = self.held
-        if held > self.peak:
-            self.peak = held
+        if self.held > self.peak:
+            self.peak = self.held
 
     def reserve(self, nbytes: int) -> bool:
         """Room for a large body of an op not submitted here? Reserve it if so."""
         if self.rendezvous_held + nbytes > self.rendezvous_limit:
             return False
         self.rendezvous_held += nbytes
+        self.held += nbytes
         self._note_peak()
         return True
 
     def release(self, nbytes: int) -> None:
         self.rendezvous_held -= nbytes
+        self.held -= nbytes
 
     def add(self, key: OpKey, ff: FloatingFrame) -> None:
         """File a frame (a rendezvous body's bytes were reserved already)."""
         self._frames[key].append(ff)
         if ff.eager:
             self.eager_held[ff.source] += ff.eager
+            self.held += ff.eager
             self._note_peak()
 
     def take(self, key: OpKey) -> list[FloatingFrame]:
@@ -140,8 +139,10 @@ class FloatingList:
         for ff in frames:
             if ff.eager:
                 self.eager_held[ff.source] -= ff.eager
+                self.held -= ff.eager
             else:
                 self.rendezvous_held -= ff.body.nbytes
+                self.held -= ff.body.nbytes
         return frames
 
     def add_error(self, key: OpKey, message: str, code: int) -> None:
@@ -149,6 +150,9 @@ class FloatingList:
         if len(self._errors) > 4096:  # old ones belong to ops nobody will submit
             self._errors.popitem(last=False)
         self._errors[key] = (message, code)
+
+    def has_error(self, key: OpKey) -> bool:
+        return key in self._errors
 
     def take_error(self, key: OpKey) -> tuple[str, int] | None:
         return self._errors.pop(key, None)

@@ -251,6 +251,9 @@ class CommLoop:
         self._owe_ctl = [0] * self.size
         self._owe_eager = [0] * self.size
         self._next_tag = [0] * self.size
+        self._tag_span = int(getattr(transport, "tag_span", wire.BODY_TAG_SPAN))
+        self._left: set[int] = set()  # peers that said goodbye (a subset of bad_peers)
+        self._unreachable: set[int] = set()  # peers whose link failed: nothing goes to them
         # Receiving: ops refused for lack of room here (to tell when submitted), and
         # urgency noted for ops not submitted yet.
         self._rejected: dict[OpKey, set[int]] = {}
@@ -287,6 +290,11 @@ class CommLoop:
     @property
     def busy(self) -> bool:
         return bool(self.table or self.submissions or len(self.compute) or self.compute.done)
+
+    @property
+    def sending(self) -> bool:
+        """Messages queued for a peer and not handed to the transport yet."""
+        return bool(self._dirty)
 
     # ------------------------------------------------------------------ driving the loop
 
@@ -356,12 +364,12 @@ class CommLoop:
         with _Waiting(self):
             while not done.is_set():
                 now = time.perf_counter()
+                if deadline is not None and now >= deadline:
+                    return done.is_set()
                 if self._pass():
                     last = now
                     delay = 0.0
                     continue
-                if deadline is not None and now >= deadline:
-                    return done.is_set()
                 if spec is not None and not needed and now - start > cfg.need_after_s:
                     needed = True
                     self.submissions.append(("ask", spec.key))
@@ -428,7 +436,7 @@ class CommLoop:
                 if p is not None and p.spec is item:
                     self._fail(p, err, tell_peers=True)
                 else:
-                    self._finish_spec(item, err)
+                    self._fail_unsubmitted(item, err)
         return True
 
     # ------------------------------------------------------------------ activation
@@ -438,9 +446,9 @@ class CommLoop:
         if self.fatal is not None:
             self._finish_spec(spec, TotalReduceError(f"the comm loop stopped: {self.fatal}"))
             return
-        bad = [self.bad_peers[w] for w in spec.group if w in self.bad_peers]
+        bad = [self.bad_peers[w] for w in spec.group if w in self.bad_peers and w not in self._left]
         if bad:
-            self._finish_spec(spec, bad[0])
+            self._fail_unsubmitted(spec, bad[0])
             return
         if key in self.table:
             self._finish_spec(
@@ -483,6 +491,10 @@ class CommLoop:
             self._on_body(p, q, ff.body)
         for peer in self._rejected.pop(key, ()):
             self._control(peer, READY, p.shape, key)
+        for peer in self._left.intersection(spec.group):
+            if p.needs(peer):  # frames it sent before leaving are filed above
+                self._fail(p, self._left_error(p, peer), tell_peers=True)
+                return
         p.local_left = len(prologue)
         if not prologue:
             self._start(p)
@@ -612,9 +624,15 @@ class CommLoop:
         for buf in p.pending.values():
             self.pool.give(buf)
         p.pending.clear()
-        for rec in p.posted:  # its body receives complete as cancelled
-            self.t.cancel(rec.req)
-        p.posted.clear()
+        # Bodies cleared to send go out as empty messages: the receiver posted a receive
+        # for each and learns from the empty one that this rank gave up. Receives posted
+        # here stay posted until their sender's body (or its giving up) comes.
+        if any(e[4] is p for e in self._cleared):
+            for e in [e for e in self._cleared if e[4] is p]:
+                self._abandon(e[5], e[6])
+            self._cleared = [e for e in self._cleared if e[4] is not p]
+            heapq.heapify(self._cleared)
+        self._rejected.pop(p.key, None)
         self._remember(self.failed, p.key, str(error))
         self.stats.ops_failed += 1
         if tell_peers:
@@ -640,6 +658,31 @@ class CommLoop:
             self.trace.op(p.spec.name, p.spec.generation, "failed", p.spec.priority)
         self._finish_spec(p.spec, error)
 
+    def _fail_unsubmitted(self, spec: OpSpec, error: TotalReduceError) -> None:
+        """An op fails before it entered the table: tell its group, drop its floating frames."""
+        key = spec.key
+        self._remember(self.failed, key, str(error))
+        for ff in self.floating.take(key):
+            self._drop_floating(ff)
+        self._rejected.pop(key, None)
+        code = ERROR_FRAME if isinstance(error, FrameError) else ERROR_FAILED
+        for world in spec.group:
+            if world != self.rank:
+                self._error_frame(key, world, str(error), code)
+        log.error("rank %d: %s", self.rank, error)
+        self._finish_spec(spec, error)
+
+    def _abandon(self, dest: int, tag: int) -> None:
+        """Tell ``dest`` that a body it cleared will not come: an empty message on its tag."""
+        if dest in self._unreachable:
+            return
+        empty = np.empty(0, dtype=np.uint8)
+        try:
+            self._track(self.t.isend(empty, dest, tag), _CTL, empty)
+        except TransportError as exc:
+            self._unreachable.add(dest)
+            log.debug("giving up a body for rank %d failed: %s", dest, exc)
+
     def _fail_all(self, error: BaseException) -> None:
         for p in list(self.table.values()):
             self._fail(p, error, tell_peers=False)
@@ -663,7 +706,7 @@ class CommLoop:
 
     def _error_frame(self, key: OpKey, dest: int, message: str, code: int) -> None:
         """Tell rank ``dest`` that op ``key`` failed."""
-        if dest in self.bad_peers:
+        if dest in self._unreachable or dest in self._left:
             return
         body = message.encode()[:MAX_ERROR_TEXT]
         shape = (0, 0, 0, 0, 0, code, 0)
@@ -713,12 +756,27 @@ class CommLoop:
                 self._error_frame(key, world, reason, ERROR_FAILED)
         log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)
 
-    def _bad_peer(self, peer: int, err: TotalReduceError) -> None:
-        """A peer spoke garbage or failed: fail every op it is part of, now and later."""
-        self.bad_peers[peer] = err
-        log.error("%s", err)
+    def _bad_peer(self, peer: int, err: TotalReduceError, *, reachable: bool = True) -> None:
+        """A peer spoke garbage or failed: fail every op it is part of, now and later.
+
+        Its ops' errors still go to it when it can be reached (it may be able to stop its
+        own ops); its bodies will not come, so receives posted for it are cancelled.
+        """
+        if peer in self.bad_peers and peer not in self._left:
+            return
+        if not reachable:
+            self._unreachable.add(peer)
         for p in [p for p in self.table.values() if peer in p.group_rank]:
             self._fail(p, err, tell_peers=True)
+        self.bad_peers[peer] = err
+        log.error("%s", err)
+        self._cancel_from(peer)
+
+    def _cancel_from(self, peer: int) -> None:
+        """Cancel receives posted for bodies from ``peer``; they complete empty (given up)."""
+        for what, obj in self._owners:
+            if what == _RECV and obj[0].source == peer:
+                self.t.cancel(obj[0].req)
 
     def _peer_left(self, peer: int) -> None:
         """Rank ``peer`` shut down: it sends nothing more (every frame it sent has come,
@@ -726,23 +784,18 @@ class CommLoop:
         finish."""
         why = f"rank {peer} stopped (its service shut down: the program ended or failed)"
         self.bad_peers[peer] = OpFailedError(f"rank {self.rank}: {why}; ops with it fail")
-        hit = [p for p in self.table.values() if peer in p.group_rank and self._needs(p, peer)]
+        self._left.add(peer)
+        hit = [p for p in self.table.values() if peer in p.group_rank and p.needs(peer)]
         if not hit:
             log.info("rank %d: %s", self.rank, why)
         for p in hit:
-            err = OpFailedError(f"rank {self.rank}: {p.spec.describe()}: {why} before it completed")
-            self._fail(p, err, tell_peers=True)
+            self._fail(p, self._left_error(p, peer), tell_peers=True)
+        self._cancel_from(peer)
 
-    @staticmethod
-    def _needs(p: Payload, peer: int) -> bool:
-        """Does op ``p`` still expect a frame from, or still owe a segment to, ``peer``?"""
-        recv_from, send_to = p.waiting_on()
-        if peer in recv_from or peer in send_to:
-            return True
-        sends = p.spec.plan.sends
-        group = p.spec.group
-        return any(group[sends[i].peer] == peer for i in p.awaiting) or any(
-            group[sends[i].peer] == peer and p.send_waits[i] > 0 for i in range(len(sends))
+    def _left_error(self, p: Payload, peer: int) -> OpFailedError:
+        return OpFailedError(
+            f"rank {self.rank}: {p.spec.describe()}: rank {peer} stopped (its service shut "
+            "down: the program ended or failed) before it completed"
         )
 
     # ------------------------------------------------------------------ sending
@@ -785,6 +838,9 @@ class CommLoop:
         while cleared and self._bodies_inflight < limit:
             _, _, _, i, p, dest, tag = heapq.heappop(cleared)
             if p.state is not OpState.ACTIVE:
+                continue
+            if dest in self.bad_peers:
+                self._fail(p, self.bad_peers[dest], tell_peers=True)
                 continue
             seg = p.spec.plan.sends[i]
             reg = seg.region
@@ -907,13 +963,19 @@ class CommLoop:
             while backlog and self._ctl_credit[dest] >= len(backlog[0][0]):
                 msg, nframes = backlog.popleft()
                 self._send_message(dest, msg, nframes)
+            owed = self._owe_ctl[dest] or self._owe_eager[dest]
+            # Credit owed travels on its own (costing no credit) when a lot is owed, or
+            # when this rank's own messages wait for credit: the peer may be waiting for
+            # this credit to send the very messages that would return ours.
+            if owed and (
+                backlog or self._owe_ctl[dest] >= half or self._owe_eager[dest] >= eager_half
+            ):
+                self._send_message(dest, bytearray(MSG_SIZE), 0)
             if not backlog:
-                if self._owe_ctl[dest] >= half or self._owe_eager[dest] >= eager_half:
-                    self._send_message(dest, bytearray(MSG_SIZE), 0)  # credit only
                 self._dirty.discard(dest)
 
     def _send_message(self, dest: int, msg: bytearray, nframes: int) -> None:
-        if dest in self.bad_peers:
+        if dest in self._unreachable or dest in self._left:
             self._queued[dest] = 0
             return
         wire.pack_message_header(
@@ -929,7 +991,7 @@ class CommLoop:
         try:
             req = self.t.isend(buf, dest, wire.CONTROL_TAG)
         except TransportError as exc:
-            self._bad_peer(dest, exc)
+            self._bad_peer(dest, exc, reachable=False)
             return
         self._track(req, _CTL, buf)
         self.stats.messages_sent += 1
@@ -939,6 +1001,7 @@ class CommLoop:
         if p.state is not OpState.ACTIVE:
             return
         p.sends_left -= 1
+        p.sent[i] = 1
         p.last_progress = time.monotonic()
         for is_send, idx in p.spec.plan.after_send[i]:
             if is_send:  # pragma: no cover - sends never wait for sends
@@ -1011,6 +1074,8 @@ class CommLoop:
         self, source: int, buf: np.ndarray, frames: list[tuple[wire.Frame, int]]
     ) -> None:
         for f, off in frames:
+            if source in self.bad_peers and source not in self._left:
+                return  # refused in the middle of this message: the rest is not trusted
             self.stats.frames_received += 1
             ftype = f[0]
             if ftype == DATA:
@@ -1106,7 +1171,7 @@ class CommLoop:
 
     def _unknown_op(self, source: int, f: wire.Frame, key: OpKey) -> bool:
         """A frame for an op not in the table: True if it was dealt with (failed/finished)."""
-        if key in self.failed:
+        if key in self.failed or self.floating.has_error(key):
             return True
         done = self.completed.get(key)
         if done is None:
@@ -1141,6 +1206,7 @@ class CommLoop:
                 t = time.perf_counter_ns()
                 self.trace.segment(p.spec.name, p.spec.generation, "recv", source, n, t, t)
             body = buf[off : off + n]
+            p.got[q] = 1
             if p.state is OpState.ACTIVE and p.recv_waits[q] == 0:
                 self._apply(p, q, body, scratch=False)
             else:
@@ -1163,8 +1229,7 @@ class CommLoop:
                 ),
             )
             return
-        copy = self.pool.take(n)
-        copy[:] = buf[off : off + n]
+        copy = buf[off : off + n].copy()  # exact size: the pool bound counts these bytes
         fl.add(key, FloatingFrame(f, copy, source, charge))
         self.stats.floating_frames += 1
 
@@ -1206,7 +1271,8 @@ class CommLoop:
         elif self._unknown_op(source, f, key):
             return
         elif self.floating.reserve(n):
-            if not self._post_body(_BodyRecv(None, -1, self.pool.take(n), f, True, source), tag):
+            body = np.empty(n, dtype=np.uint8)  # exact size: the pool bound counts these bytes
+            if not self._post_body(_BodyRecv(None, -1, body, f, True, source), tag):
                 self.floating.release(n)
                 return
             self.stats.floating_frames += 1
@@ -1217,7 +1283,7 @@ class CommLoop:
             self._rejected.setdefault(key, set()).add(source)
             self.stats.rejected += 1
             return
-        self._next_tag[source] = (self._next_tag[source] + 1) % wire.BODY_TAG_SPAN
+        self._next_tag[source] = (self._next_tag[source] + 1) % self._tag_span
         self._control(source, CTS, _NO_SHAPE, key, aux=tag, step=f[F_STEP], segment=f[F_SEGMENT])
 
     def _post_body(self, rec: _BodyRecv, tag: int) -> bool:
@@ -1235,13 +1301,16 @@ class CommLoop:
         p = self.table.get(key)
         i = self._send_index(p, f, source)
         if p is None or i is None or i not in p.awaiting:
-            return  # the op failed here; the receiver hears of it by its ERROR frame
+            if p is None and key in self.failed:
+                self._abandon(source, f[wire.F_AUX])  # its receive is posted: end it
+            return
         p.awaiting.discard(i)
         prio, hot, seq = p.sort_key()
         heapq.heappush(self._cleared, (prio, hot, seq, i, p, source, f[wire.F_AUX]))
 
     def _on_body(self, p: Payload, q: int, body: np.ndarray) -> None:
         """A body for receive segment ``q`` is in a scratch buffer."""
+        p.got[q] = 1
         if p.state is OpState.ACTIVE and p.recv_waits[q] == 0:
             self._apply(p, q, body)
         else:
@@ -1342,11 +1411,29 @@ class CommLoop:
                     self._apply(p, idx, p.pending.pop(idx))
         self._maybe_finish(p)
 
-    def _on_body_received(self, rec: _BodyRecv, t0: int) -> None:
+    def _on_body_received(self, rec: _BodyRecv, t0: int, got: int) -> None:
         f = rec.frame
         n = f[F_NBYTES]
-        self.stats.bytes_received += n
         p = rec.payload
+        if got != n:
+            # The sender gave up (its op failed, or it left) or the receive was cancelled:
+            # nothing usable came.
+            if p is None:
+                self.floating.release(n)
+            elif p.state is OpState.ACTIVE or p.state is OpState.PREPARING:
+                self._fail(
+                    p,
+                    OpFailedError(
+                        f"{p.spec.describe()}: rank {rec.source} gave up sending step "
+                        f"{f[F_STEP]} segment {f[F_SEGMENT]} to rank {self.rank} (the op "
+                        f"failed or stopped on rank {rec.source})"
+                    ),
+                    tell_peers=True,
+                )
+            if rec.scratch:
+                self.pool.give(rec.buf)
+            return
+        self.stats.bytes_received += n
         if p is None:  # a floating body: file it, or hand it to its op if submitted since
             key = (f[F_WID], f[F_GEN])
             live = self.table.get(key)
@@ -1357,7 +1444,7 @@ class CommLoop:
                     self.pool.give(rec.buf)
                 else:
                     self._on_body(live, q, rec.buf)
-            elif key in self.failed:
+            elif key in self.failed or self.floating.has_error(key):
                 self.floating.release(n)
                 self.pool.give(rec.buf)
             else:
@@ -1374,30 +1461,34 @@ class CommLoop:
         if rec.scratch:
             self._on_body(p, rec.index, rec.buf)
         else:
+            p.got[rec.index] = 1
             self._applied(p, rec.index)
 
     def _poll_requests(self) -> bool:
         reqs = self._reqs
+        counts: list[int] = []
+        failed: list[int] = []
         try:
-            idx = self.t.testsome(reqs)
+            idx = self.t.testsome(reqs, counts)
         except TransportError as exc:
+            idx = list(getattr(exc, "done", ()))
+            failed = list(getattr(exc, "failed", ()))
             peer = getattr(exc, "peer", None)
-            if peer is None:
+            if not failed or peer is None or peer < 0:
                 raise
-            self._bad_peer(peer, exc)
-            return True
-        if not idx:
+            self._bad_peer(peer, exc, reachable=False)
+        if not idx and not failed:
             return False
         owners = self._owners
-        done = [owners[i] for i in idx]
-        for i in sorted(idx, reverse=True):  # swap-remove: O(1) each
+        done = [(owners[i], counts[k] if k < len(counts) else 0) for k, i in enumerate(idx)]
+        for i in sorted(idx + failed, reverse=True):  # swap-remove: O(1) each
             last = len(reqs) - 1
             if i != last:
                 reqs[i] = reqs[last]
                 owners[i] = owners[last]
             reqs.pop()
             owners.pop()
-        for what, obj in done:
+        for (what, obj), nbytes in done:
             if what == _SEND:
                 p, i, n, dest, t0 = obj
                 self._bodies_inflight -= 1
@@ -1411,7 +1502,7 @@ class CommLoop:
                 rec, t0 = obj
                 if rec.payload is not None:
                     rec.payload.posted.discard(rec)
-                self._on_body_received(rec, t0)
+                self._on_body_received(rec, t0, nbytes)
         return True
 
     # ------------------------------------------------------------------ compute results
@@ -1505,9 +1596,10 @@ class CommLoop:
     def stalled(self) -> list[str]:
         """Descriptions of the ops in flight and whom they wait for (for error messages)."""
         out = []
-        for p in list(self.table.values()):
-            recv_from, _ = p.waiting_on()
-            out.append(f"{p.spec.describe()} waits for ranks {recv_from}")
+        with self.lock:  # the comm thread may be in a pass
+            for p in list(self.table.values()):
+                recv_from, _ = p.waiting_on()
+                out.append(f"{p.spec.describe()} waits for ranks {recv_from}")
         return out
 
     def timeout_error(
@@ -1515,8 +1607,8 @@ class CommLoop:
     ) -> OpTimeoutError:
         """The error of a ``wait(timeout=...)`` that ran out, naming whom the op waits for."""
         who = ""
-        if spec is not None:
-            p = self.table.get(spec.key)
+        with self.lock:  # another thread may be in a pass
+            p = None if spec is None else self.table.get(spec.key)
             if p is not None:
                 recv_from, send_to = p.waiting_on()
                 who = f"; it waits for frames from ranks {recv_from}"

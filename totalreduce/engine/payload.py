@@ -101,6 +101,8 @@ class Payload:
         "have",
         "probed",
         "sent_any",
+        "got",
+        "sent",
     )
 
     def __init__(self, spec: OpSpec, seq: int, bufs: dict[Buffer, np.ndarray]) -> None:
@@ -143,6 +145,8 @@ class Payload:
         self.have: set[int] = set()  # world ranks that answered a probe: submitted it
         self.probed = False
         self.sent_any = False  # for the timeline's "first_send"
+        self.got = bytearray(len(plan.recvs))  # receive segments whose body is here
+        self.sent = bytearray(len(plan.sends))  # send segments complete
 
     def sort_key(self) -> tuple[int, int, int]:
         """Heap order of the sender: priority, then someone waiting, then submission order."""
@@ -178,6 +182,19 @@ class Payload:
         """Ranks of the group not known to have submitted the op (after a probe)."""
         known = self.heard | self.have
         return [w for w in self.spec.group if w != my_rank and w not in known]
+
+    def needs(self, peer: int) -> bool:
+        """Does this op still expect a body from, or owe a segment to, world rank ``peer``?"""
+        plan = self.spec.plan
+        grp = self.spec.group
+        g = self.group_rank.get(peer)
+        if g is None:
+            return False
+        return (
+            any(s.peer == g and not self.sent[i] for i, s in enumerate(plan.sends))
+            or any(r.peer == g and not self.got[q] for q, r in enumerate(plan.recvs))
+            or any(grp[plan.sends[i].peer] == peer for i in self.awaiting)
+        )
 
     def waiting_on(self) -> tuple[list[int], list[int]]:
         """World ranks this op still expects frames from, and still sends to."""

@@ -1140,7 +1140,7 @@ class Service:
         if timeout is None and getattr(sys, "last_value", None) is not None:
             limit = 0.0  # the program is dying of an exception: do not keep peers waiting
         deadline = time.monotonic() + limit
-        while self.loop.busy and time.monotonic() < deadline:
+        while (self.loop.busy or self.loop.sending) and time.monotonic() < deadline:
             self.loop.poll()
             time.sleep(0.0005)
         # Let the last control messages (credit, errors) leave.
@@ -1155,8 +1155,8 @@ class Service:
             log.error("%s", err)
             self.loop.fail_all(err)
         self.loop.say_goodbye()
-        deadline = time.monotonic() + 1.0  # let the goodbyes leave
-        while self.loop._reqs and time.monotonic() < deadline:
+        deadline = time.monotonic() + 1.0  # let the goodbyes (and what is queued before them) leave
+        while self.loop.sending and time.monotonic() < deadline:
             self.loop.poll()
             time.sleep(0.001)
         self.loop.compute.close()

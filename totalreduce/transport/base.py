@@ -46,8 +46,14 @@ class Transport(Protocol):
     def test(self, req: Any) -> tuple[bool, int, int]:
         """(done, source, bytes received) of a receive; for a send only ``done`` matters."""
 
-    def testsome(self, reqs: list[Any]) -> list[int]:
-        """Indices of the requests in ``reqs`` that completed since the last call."""
+    def testsome(self, reqs: list[Any], counts: list[int] | None = None) -> list[int]:
+        """Indices of the requests in ``reqs`` that completed since the last call.
+
+        With ``counts`` (a list), the bytes each completed receive got are appended
+        to it, in the order of the indices.  If some requests failed, raises
+        :class:`TransportError` with ``done`` (the indices that completed, and
+        ``counts`` filled for them), ``failed`` (their indices) and ``peer``.
+        """
 
     def poll_message(self, tag: int, limit: int) -> tuple[int, np.ndarray] | None:
         """Take the next whole message on ``tag`` from any source, if one has arrived.

@@ -166,6 +166,7 @@ class LocalTransport:
         self.rank = rank
         self.size = world.size
         self.description = f"local ({world.size} ranks in one process)"
+        self.tag_span = 1 << 20
 
     @staticmethod
     def _bytes(buf: np.ndarray) -> np.ndarray:
@@ -197,14 +198,25 @@ class LocalTransport:
             return True, req.matched_source, req.nbytes
         return True, self.rank, 0
 
-    def testsome(self, reqs: list[Any]) -> list[int]:
+    def testsome(self, reqs: list[Any], counts: list[int] | None = None) -> list[int]:
         self.world.poke()
-        out = []
+        out: list[int] = []
+        failed: list[int] = []
+        errors = []
         for i, r in enumerate(reqs):
             if r.done:
                 if isinstance(r, _Recv) and r.error:
-                    raise TransportError(r.error)
+                    failed.append(i)
+                    errors.append(r)
+                    continue
                 out.append(i)
+                if counts is not None:
+                    counts.append(r.nbytes if isinstance(r, _Recv) else 0)
+        if failed:
+            err = TransportError(errors[0].error)
+            err.done, err.failed = out, failed  # type: ignore[attr-defined]
+            err.peer = errors[0].matched_source  # type: ignore[attr-defined]
+            raise err
         return out
 
     def poll_message(self, tag: int, limit: int) -> tuple[int, np.ndarray] | None:

@@ -51,7 +51,11 @@ class MPITransport:
         name = MPI.Get_library_version().splitlines()[0].strip()
         self.description = f"mpi ({name}, thread level {_LEVELS.get(level, level)})"
         self._status = MPI.Status()
+        self._statuses: list[Any] = []
         self._closed = False
+        # Body tags rotate through at most this many values (MPI guarantees 32767).
+        tag_ub = self.comm.Get_attr(MPI.TAG_UB)
+        self.tag_span = max(1024, min(1 << 20, int(tag_ub or 32767) - 16))
         # Where each rank's process runs, so a dead local peer can be noticed even
         # where MPI reports no failure (once, at start: one small allgather).
         self._host = socket.gethostname()
@@ -111,17 +115,47 @@ class MPITransport:
             return True, st.Get_source(), st.Get_count(self._MPI.BYTE)
         return False, -1, 0
 
-    def testsome(self, reqs: list[Any]) -> list[int]:
+    def testsome(self, reqs: list[Any], counts: list[int] | None = None) -> list[int]:
         if not reqs:
             return []
+        MPI = self._MPI
+        statuses = self._statuses
+        while len(statuses) < len(reqs):
+            statuses.append(MPI.Status())
         try:
-            done = self._MPI.Request.Testsome(reqs)
-        except self._MPI.Exception:
-            # Find the failing request, so the error names its peer.
-            for r in reqs:
-                self.test(r)
-            raise
-        return list(done) if done else []
+            done = MPI.Request.Testsome(reqs, statuses if counts is not None else None)
+        except MPI.Exception:
+            return self._test_each(reqs, counts)
+        if not done:
+            return []
+        if counts is not None:
+            counts.extend(statuses[k].Get_count(MPI.BYTE) for k in range(len(done)))
+        return list(done)
+
+    def _test_each(self, reqs: list[Any], counts: list[int] | None) -> list[int]:
+        """After a failed Testsome: test one by one, so no completion is lost and the
+        failures name their peers."""
+        MPI = self._MPI
+        st = MPI.Status()
+        done: list[int] = []
+        failed: list[int] = []
+        first: Exception | None = None
+        peer = -1
+        for i, r in enumerate(reqs):
+            try:
+                if r.Test(st):
+                    done.append(i)
+                    if counts is not None:
+                        counts.append(st.Get_count(MPI.BYTE))
+            except MPI.Exception as exc:
+                failed.append(i)
+                if first is None:
+                    first, peer = exc, st.Get_source()
+        if not failed:
+            return done
+        err = self._error("test", peer, first or RuntimeError("request failed"))
+        err.done, err.failed = done, failed  # type: ignore[attr-defined]
+        raise err
 
     def poll_message(self, tag: int, limit: int) -> tuple[int, np.ndarray] | None:
         MPI = self._MPI
