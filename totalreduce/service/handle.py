@@ -79,8 +79,10 @@ class Handle:
     def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         """Call ``fn(handle)`` once when the op ends (at once if it has).
 
-        It runs on the comm thread (or here, if the op is done already): keep it
-        short and never wait on another op inside it.
+        It runs on whichever thread completes the op: the comm thread, or a thread
+        driving the engine in ``wait()`` or ``done()`` (or here, if the op is done
+        already).  Keep it short, take no lock that such a thread may hold, and never
+        wait on another op inside it (that raises).
         """
         with self._lock:
             if not self._event.is_set():
