@@ -41,6 +41,7 @@ from __future__ import annotations
 import ctypes
 import heapq
 import logging
+import os
 import sys
 import threading
 import time
@@ -173,6 +174,12 @@ class _BodyRecv:
 
 
 _SEND, _RECV, _CTL = 0, 1, 2
+
+
+# Let other threads run without sleeping: time.sleep(0) is a zero-length nanosleep,
+# which the kernel's timer slack (50 µs by default) turns into a real sleep; measured
+# 90 µs against 0.6 µs for sched_yield on the 2-core machine.
+_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 def _set_timer_slack(ns: int = 1000) -> None:
@@ -315,7 +322,7 @@ class CommLoop:
                 last = time.perf_counter()
                 continue
             if self.busy and time.perf_counter() - last < cfg.spin_s:
-                time.sleep(0)  # frames likely microseconds away: yield, no sleep
+                _yield()  # frames likely microseconds away: yield, no sleep
                 continue
             self.stats.idle_sleeps += 1
             self._asleep = True
@@ -376,7 +383,7 @@ class CommLoop:
                 if now - last < cfg.wait_spin_s:
                     # Frames are likely on their way: spin (as MPI_Wait does), letting
                     # other threads run; only a long silence turns into sleeping.
-                    time.sleep(0)
+                    _yield()
                     continue
                 delay = min(max(2 * delay, 2e-5), cfg.backoff_max_s)
                 if deadline is not None:
