@@ -122,7 +122,7 @@ class LoopConfig:
     stall_shutdown_s: float = 0.0
     backoff_min_s: float = 1e-6
     backoff_max_s: float = 1e-3
-    idle_backoff_max_s: float = 5e-3
+    idle_backoff_max_s: float = 5e-2
     spin_s: float = 2e-4
     wait_spin_s: float = 2e-2
     inline_compute_bytes: int = 1 << 20
