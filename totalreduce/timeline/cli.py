@@ -3,7 +3,7 @@
 Usage::
 
     totalreduce timeline merge OUT.json trace.0.json trace.1.json ...
-    totalreduce timeline plot TRACE.json -o step.png [--title TEXT]
+    totalreduce timeline plot TRACE.json -o step.png [--title TEXT] [--last-ms MS]
 
 :func:`main` returns the exit status: 0, 1 for a file that is not a trace, 2 for a usage error.
 """
@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("trace", metavar="TRACE", help="a merged trace or one rank's trace")
     d.add_argument("-o", "--output", required=True, metavar="PNG", help="the image to write")
     d.add_argument("--title", default="", help="the figure's title")
+    d.add_argument(
+        "--last-ms", type=float, default=0.0, help="draw only the trace's last MS milliseconds"
+    )
     return p
 
 
@@ -51,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
             from .plot import plot
 
-            plot(load(args.trace), args.output, args.title)
+            plot(load(args.trace), args.output, args.title, args.last_ms)
             print(f"wrote {args.output}")
     except (TraceError, OSError) as exc:
         print(f"totalreduce timeline: {exc}", file=sys.stderr)

@@ -31,10 +31,17 @@ def _lanes(bars: list[tuple[float, float]]) -> list[int]:
     return lanes
 
 
-def plot(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: str = "") -> None:
+def plot(
+    events: Sequence[dict[str, Any]],
+    path: str | os.PathLike[str],
+    title: str = "",
+    last_ms: float = 0.0,
+) -> None:
     """Draw the ops (``cat`` "op") and waits (``cat`` "wait") of ``events`` into ``path``.
 
-    Raises :class:`~totalreduce.timeline.trace.TraceError` if there is no op to draw.
+    ``last_ms`` > 0 draws only the last that many milliseconds of the trace (a training
+    job's last steps, not its start-up).  Raises
+    :class:`~totalreduce.timeline.trace.TraceError` if there is no op to draw.
     """
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -45,6 +52,11 @@ def plot(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: 
     if not ops:
         raise TraceError("the trace has no op to draw")
     waits = [e for e in events if e.get("ph") == "X" and e.get("cat") == "wait"]
+    if last_ms > 0:
+        end = max(e["ts"] + e["dur"] for e in ops + waits)
+        start = end - last_ms * 1000.0
+        ops = [e for e in ops if e["ts"] + e["dur"] >= start]
+        waits = [e for e in waits if e["ts"] + e["dur"] >= start]
     ranks = sorted({int(e["pid"]) for e in ops})
     row = {r: i for i, r in enumerate(ranks)}
     t_origin = min(e["ts"] for e in ops + waits)
@@ -80,10 +92,23 @@ def plot(events: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: 
     ax.set_yticklabels([f"rank {r}" for r in ranks])
     ax.set_ylim(len(ranks) - 0.5, -0.5)
     ax.set_xlabel("time (ms)")
-    legend = [Patch(color=color[p], label=f"priority {p}") for p in priorities]
+    if len(priorities) <= 8:
+        legend = [Patch(color=color[p], label=f"priority {p}") for p in priorities]
+    else:  # many priorities (one per layer): a color bar reads better than a long legend
+        from matplotlib.cm import ScalarMappable
+        from matplotlib.colors import Normalize
+
+        bar = ScalarMappable(
+            Normalize(priorities[0], priorities[-1]), matplotlib.colormaps["viridis"]
+        )
+        fig.colorbar(bar, ax=ax, label="priority", pad=0.01)
+        legend = []
     if waits:
         legend.append(Patch(color="k", label="wait()"))
-    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    if legend and len(priorities) <= 8:
+        ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    elif legend:  # the color bar is on the right: the wait strip's key goes under the axes
+        ax.legend(handles=legend, loc="upper right", bbox_to_anchor=(1.0, -0.12), fontsize="small")
     ax.set_title(title or f"{len(ops)} ops on {len(ranks)} rank(s)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
