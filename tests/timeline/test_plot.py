@@ -36,3 +36,20 @@ def test_plot_refuses_a_trace_without_ops(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no op"):
         plot([{"name": "x", "ph": "M", "pid": 0, "args": {}}], tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_many_priorities_and_a_window(tmp_path: Path) -> None:
+    """One priority per layer draws a color bar; --last-ms keeps only the last ops."""
+    tl = Timeline(str(tmp_path / "t"), rank=0)
+    t = tl.start_perf_ns
+    for k in range(40):
+        tl.op(f"layer{k}", 0, "submitted", k, t + k * 10 * MS)
+        tl.op(f"layer{k}", 0, "done", k, t + k * 10 * MS + 2 * MS)
+    tl.close()
+    events = load(tmp_path / "t.0.json")
+    plot(events, tmp_path / "all.png")
+    plot(events, tmp_path / "last.png", last_ms=25.0)
+    for name in ("all.png", "last.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(TraceError, match="no op"):  # a window with nothing in it
+        plot([e for e in events if e.get("cat") != "op"], tmp_path / "none.png", last_ms=25.0)
