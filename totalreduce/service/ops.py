@@ -40,8 +40,15 @@ def choose_allreduce(
     if algorithm == "auto":
         from . import tuning
 
-        crossovers, _ = tuning.table_for("allreduce", size, dtype, tuning_file)
-        return registry.auto_allreduce(size, nbytes, crossovers)
+        key = ("allreduce", size, nbytes, dtype, tuning_file or tuning.configured_file())
+        choice = tuning.CHOICES.get(key)
+        if choice is None:
+            crossovers, _ = tuning.table_for("allreduce", size, dtype, tuning_file)
+            choice = registry.auto_allreduce(size, nbytes, crossovers)
+            if len(tuning.CHOICES) > 65536:
+                tuning.CHOICES.clear()
+            tuning.CHOICES[key] = choice
+        return choice
     known = registry.ALLREDUCE
     if algorithm not in known:
         raise InvalidArgumentError(

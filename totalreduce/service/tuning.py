@@ -160,10 +160,16 @@ def configured_file() -> str | None:
     return Config.load().tuning_file or None
 
 
+#: Choices already made, by (collective, P, bytes, dtype, table file): a training loop asks
+#: again every step for the same shapes, and walking the tables costs more than a frame.
+CHOICES: dict[tuple[Any, ...], str] = {}
+
+
 def clear_cache() -> None:
-    """Forget every table read and the configured file name (after writing a table)."""
+    """Forget every table read, every choice made and the configured file name."""
     load_table.cache_clear()
     configured_file.cache_clear()
+    CHOICES.clear()
 
 
 def table_for(
