@@ -228,3 +228,22 @@ def test_ten_thousand_small_ops_in_flight() -> None:
         elapsed = time.perf_counter() - t0
     assert results[0] == results[1] == [2 * k + 1 for k in range(n_ops)]
     assert elapsed < 240  # a per-op cost that grew with the number in flight would not fit
+
+
+@pytest.mark.parametrize("late", [0, 1])
+def test_unasked_clears_before_and_after_the_sender_submits(late: int) -> None:
+    """The receiver clears large bodies unasked when it starts the op; a sender that has
+    not submitted the op yet announces later and gets the same tag back."""
+    count = 3 * (64 << 10) // 8 + 5  # several rendezvous segments per step
+
+    def rank_main(svc):
+        if svc.rank == late:
+            time.sleep(0.2)  # the other rank's clears arrive before this rank has the op
+        out = [svc.allreduce(values(k, count, svc.rank), name=f"pc.{k}") for k in range(3)]
+        return out, svc.loop.stats.messages_sent
+
+    with local_services(2, segment_bytes=64 << 10) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=60)
+    for k in range(3):
+        for r in range(2):
+            np.testing.assert_array_equal(results[r][0][k], exact(k, count, 2))

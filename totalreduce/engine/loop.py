@@ -569,12 +569,48 @@ class CommLoop:
         if p.state is not OpState.PREPARING:
             return
         p.state = OpState.ACTIVE
+        self._preclear(p)
         for i, w in enumerate(p.send_waits):
             if w == 0:
                 self._push(p, i)
         for q in [q for q in p.pending if p.recv_waits[q] == 0]:
             self._apply(p, q, p.pending.pop(q))
         self._maybe_finish(p)
+
+    def _preclear(self, p: Payload) -> None:
+        """Clear every large body of ``p`` to be sent before it is announced.
+
+        The receive goes up now (into the op's buffer or a scratch buffer of the op) and
+        the clear travels unasked, so the sender sends the body the moment its segment is
+        ready: no announcement round trip on the critical path.  A sender that has not
+        submitted the op yet ignores the clear and announces later; the answer to that
+        announcement names the same tag.
+        """
+        micro = self.cfg.micro_bytes
+        plan = p.spec.plan
+        for q, seg in enumerate(plan.recvs):
+            n = seg.region.count * p.isz
+            if n <= micro or q in p.arrived:
+                continue
+            source = p.spec.group[seg.peer]
+            if source in self.bad_peers:
+                continue
+            reg = seg.region
+            frame = (DATA, *p.shape[:4], 0, 0, 0, seg.step, seg.segment, 0, *p.key, n, *p.shape[4:])
+            if seg.action is Action.COPY and p.recv_waits[q] == 0 and seg.src is None:
+                rec = _BodyRecv(p, q, p.bytes[reg.buffer][reg.offset * p.isz : reg.end * p.isz],
+                                frame, False, source)  # fmt: skip
+            else:
+                rec = _BodyRecv(p, q, self.pool.take(n), frame, True, source)
+            tag = wire.BODY_TAG_BASE + self._next_tag[source]
+            if not self._post_body(rec, tag):
+                continue
+            self._next_tag[source] = (self._next_tag[source] + 1) % self._tag_span
+            p.posted.add(rec)
+            p.precleared[q] = tag
+            self._control(
+                source, CTS, _NO_SHAPE, p.key, aux=tag, step=seg.step, segment=seg.segment
+            )
 
     def _maybe_finish(self, p: Payload) -> None:
         if p.state is not OpState.ACTIVE or p.sends_left or p.recvs_left:
@@ -639,6 +675,9 @@ class CommLoop:
                 self._abandon(e[5], e[6])
             self._cleared = [e for e in self._cleared if e[4] is not p]
             heapq.heapify(self._cleared)
+        for i, tag in p.early.items():  # clears that came unasked: their receives are up
+            self._abandon(p.spec.group[p.spec.plan.sends[i].peer], tag)
+        p.early.clear()
         self._rejected.pop(p.key, None)
         self._remember(self.failed, p.key, str(error))
         self.stats.ops_failed += 1
@@ -858,6 +897,9 @@ class CommLoop:
                 self._bad_peer(dest, exc)
                 continue
             self._bodies_inflight += 1
+            if self.trace is not None and not p.sent_any:
+                p.sent_any = True
+                self.trace.op(p.spec.name, p.spec.generation, "first_send", p.spec.priority)
             self._track(req, _SEND, (p, i, body.nbytes, dest, time.perf_counter_ns()))
             progressed = True
         heap = self._heap
@@ -873,6 +915,14 @@ class CommLoop:
             dest = p.spec.group[seg.peer]
             reg = seg.region
             n = reg.count * p.isz
+            if p.early and i in p.early:  # cleared unasked: the body goes, no announcement
+                heapq.heappop(heap)
+                p.ready.discard(i)
+                p.tagged.add(i)
+                prio, hot, seq = p.sort_key()
+                heapq.heappush(self._cleared, (prio, hot, seq, i, p, dest, p.early.pop(i)))
+                progressed = True
+                continue
             charge = FRAME_SIZE + n
             if n <= micro and self._eager_credit[dest] >= charge:
                 size = FRAME_SIZE + wire.padded(n)
@@ -1005,6 +1055,7 @@ class CommLoop:
 
     def _sent(self, p: Payload, i: int) -> None:
         """Send segment ``i`` of ``p`` is complete (eager: copied; body: on the wire)."""
+        p.tagged.discard(i)
         if p.state is not OpState.ACTIVE:
             return
         p.sends_left -= 1
@@ -1256,6 +1307,20 @@ class CommLoop:
             return
         p = self.table.get(key)
         tag = wire.BODY_TAG_BASE + self._next_tag[source]
+        if p is not None and p.precleared:
+            g = p.group_rank.get(source)
+            q = None if g is None else p.spec.plan.recv_index.get((f[F_STEP], g, f[F_SEGMENT]))
+            if q is not None and q in p.precleared:
+                # Cleared already (the clear and this announcement crossed, or the sender
+                # had not submitted the op then): answer with the same tag.
+                why = p.mismatch(f, source, self.rank)
+                if why is not None:
+                    self._fail(p, OpMismatchError(why), tell_peers=True, also=source)
+                    return
+                step, segment = f[F_STEP], f[F_SEGMENT]
+                self._control(source, CTS, _NO_SHAPE, key, aux=p.precleared[q], step=step,
+                              segment=segment)  # fmt: skip
+                return
         if p is not None:
             q = self._match(p, f, source)
             if q is None:
@@ -1307,11 +1372,18 @@ class CommLoop:
         key = (f[F_WID], f[F_GEN])
         p = self.table.get(key)
         i = self._send_index(p, f, source)
-        if p is None or i is None or i not in p.awaiting:
+        if p is None or i is None:
             if p is None and key in self.failed:
                 self._abandon(source, f[wire.F_AUX])  # its receive is posted: end it
             return
+        if i not in p.awaiting:
+            # A clear that came before the announcement: keep it for when the segment is
+            # ready (once: an announcement crossing it gets the same tag back).
+            if not p.sent[i] and i not in p.tagged and i not in p.early:
+                p.early[i] = f[wire.F_AUX]
+            return
         p.awaiting.discard(i)
+        p.tagged.add(i)
         prio, hot, seq = p.sort_key()
         heapq.heappush(self._cleared, (prio, hot, seq, i, p, source, f[wire.F_AUX]))
 
@@ -1427,15 +1499,14 @@ class CommLoop:
             # nothing usable came.
             if p is None:
                 self.floating.release(n)
-            elif p.state is OpState.ACTIVE or p.state is OpState.PREPARING:
-                self._fail(
-                    p,
-                    OpFailedError(
-                        f"{p.spec.describe()}: rank {rec.source} gave up sending step "
-                        f"{f[F_STEP]} segment {f[F_SEGMENT]} to rank {self.rank} (the op "
-                        f"failed or stopped on rank {rec.source})"
-                    ),
-                    tell_peers=True,
+            elif p.given_up is None and p.state in (OpState.ACTIVE, OpState.PREPARING):
+                # Its error (or goodbye), with the reason, is on its way: fail with that.
+                # Only if none comes does the stall check fail the op with this.
+                p.given_up = (
+                    time.monotonic(),
+                    f"{p.spec.describe()}: rank {rec.source} gave up sending step {f[F_STEP]} "
+                    f"segment {f[F_SEGMENT]} to rank {self.rank} (the op failed or stopped on "
+                    f"rank {rec.source})",
                 )
             if rec.scratch:
                 self.pool.give(rec.buf)
@@ -1461,6 +1532,12 @@ class CommLoop:
             if rec.scratch:
                 self.pool.give(rec.buf)
             return
+        if rec.index in p.precleared and rec.index not in p.arrived:
+            p.arrived.add(rec.index)  # cleared unasked: its arrival is the body's
+            p.heard.add(rec.source)
+            p.last_progress = time.monotonic()
+            if self.trace is not None and len(p.arrived) == len(p.spec.plan.recvs):
+                self.trace.op(p.spec.name, p.spec.generation, "last_recv", p.spec.priority)
         if self.trace is not None:
             self.trace.segment(
                 p.spec.name, p.spec.generation, "recv", rec.source, n, t0, time.perf_counter_ns()
@@ -1566,6 +1643,9 @@ class CommLoop:
         warn, shut = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
         first = min(x for x in (warn, shut, float("inf")) if x > 0)
         for p in list(self.table.values()):
+            if p.given_up is not None and now - p.given_up[0] > 1.0:
+                self._fail(p, OpFailedError(p.given_up[1]), tell_peers=True)
+                continue
             idle = now - p.last_progress
             if not p.probed and idle >= first / 2:
                 p.probed = True

@@ -103,6 +103,10 @@ class Payload:
         "sent_any",
         "got",
         "sent",
+        "precleared",
+        "early",
+        "tagged",
+        "given_up",
     )
 
     def __init__(self, spec: OpSpec, seq: int, bufs: dict[Buffer, np.ndarray]) -> None:
@@ -147,6 +151,10 @@ class Payload:
         self.sent_any = False  # for the timeline's "first_send"
         self.got = bytearray(len(plan.recvs))  # receive segments whose body is here
         self.sent = bytearray(len(plan.sends))  # send segments complete
+        self.precleared: dict[int, int] = {}  # receive segment -> tag, cleared unasked
+        self.early: dict[int, int] = {}  # send segment -> tag of a clear that came unasked
+        self.tagged: set[int] = set()  # send segments cleared, body not sent yet
+        self.given_up: tuple[float, str] | None = None  # a sender gave up a body: when, why
 
     def sort_key(self) -> tuple[int, int, int]:
         """Heap order of the sender: priority, then someone waiting, then submission order."""
