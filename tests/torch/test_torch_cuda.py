@@ -66,12 +66,14 @@ def launcher(log: list[str], events: list[Event]) -> CudaLauncher:
 
 def test_ops_leave_only_once_their_copy_is_done() -> None:
     P = 2
-    params = [
-        ("a", torch.zeros(3, dtype=torch.float64)),
-        ("b", torch.zeros(4, dtype=torch.float64)),
-    ]
 
     def rank(s):
+        # Each rank (a thread here) has its own parameters: two threads setting .grad on
+        # the same tensors at once is a race in torch itself.
+        params = [
+            ("a", torch.zeros(3, dtype=torch.float64)),
+            ("b", torch.zeros(4, dtype=torch.float64)),
+        ]
         log: list[str] = []
         events: list[Event] = []
         lau = launcher(log, events)
