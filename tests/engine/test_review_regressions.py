@@ -10,6 +10,8 @@ import pytest
 import totalreduce as tr
 from conftest import local_services, run_ranks
 from totalreduce.engine.loop import _NO_SHAPE, NEED, CommLoop
+from totalreduce.service.config import Config
+from totalreduce.service.service import Service
 from totalreduce.transport.local import LocalWorld
 
 
@@ -54,3 +56,39 @@ def test_a_failed_op_gives_up_bodies_it_was_cleared_to_send() -> None:
         for s in svcs:
             assert s.loop._bodies_inflight == 0
     assert results == [[0, 2, 4], [0, 2, 4]]
+
+
+def test_an_announcement_that_crossed_an_unasked_clear_is_not_a_mismatch() -> None:
+    """The root announces a body while the receiver's unasked clear is on its way; the body
+    goes on the clear and the receiver finishes; the announcement, held back by credit,
+    arrives after that and must not be taken for a disagreement."""
+    world = LocalWorld(2)
+    svcs = [
+        Service(world.transport(r), Config.load(env={}, segment_bytes=64 << 10)) for r in (0, 1)
+    ]
+    try:
+        for s in svcs:  # this thread drives both loops, in the order the race needs
+            s._stop.set()
+            s.loop.notify()
+            s._comm_thread.join()
+        root, other = svcs[0].loop, svcs[1].loop
+        # 80 bytes: room for the announcement (72), not for its message (96): it waits
+        root._ctl_credit[1] = 80
+        x = np.arange(1 << 14, dtype=np.float64)  # 128 KiB: two rendezvous segments
+        h0 = svcs[0].broadcast_async(x, root=0, name="b", algorithm="one_to_all")
+        h1 = svcs[1].broadcast_async(np.zeros_like(x), root=0, name="b", algorithm="one_to_all")
+        for _ in range(50):
+            root._pass()
+            other._pass()
+        assert h1._event.is_set() and h0._event.is_set()
+        assert root._backlog[1], "the announcement should still be held back"
+        root._ctl_credit[1] = root._ctl_window  # now it leaves, after the op finished
+        for _ in range(20):
+            root._pass()
+            other._pass()
+        assert not root._backlog[1]
+        np.testing.assert_array_equal(h1.wait(), x)
+        assert not other.late_errors and not root.late_errors
+    finally:
+        for s in svcs:
+            s.shutdown(timeout=1)

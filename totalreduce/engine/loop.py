@@ -227,9 +227,8 @@ class CommLoop:
         self.failed: OrderedDict[OpKey, str] = OrderedDict()
         # Ops finished here, remembered for a while (description, group): a frame
         # for one means a peer disagrees about the op; an error for one is raised late.
-        self.completed: OrderedDict[OpKey, tuple[str, tuple[int, ...], tuple[str, ...]]] = (
-            OrderedDict()
-        )
+        # (description, group, unexpected-frame hints, segments cleared unasked)
+        self.completed: OrderedDict[OpKey, tuple[Any, ...]] = OrderedDict()
         self.late_errors: deque[TotalReduceError] = deque()
         self.stats = LoopStats()
         self.fatal: BaseException | None = None
@@ -631,7 +630,13 @@ class CommLoop:
 
     def _complete(self, p: Payload) -> None:
         self._release_work(p)
-        done = (p.spec.describe(), p.spec.group, p.spec.schedule.unexpected)
+        cleared: frozenset[tuple[int, int, int]] = frozenset()
+        if p.precleared:  # an announcement that crossed its clear may still come
+            recvs, group = p.spec.plan.recvs, p.spec.group
+            cleared = frozenset(
+                (recvs[q].step, group[recvs[q].peer], recvs[q].segment) for q in p.precleared
+            )
+        done = (p.spec.describe(), p.spec.group, p.spec.schedule.unexpected, cleared)
         self._remember(self.completed, p.key, done)
         p.state = OpState.DONE
         del self.table[p.key]
@@ -771,7 +776,7 @@ class CommLoop:
         if done is not None:
             # Finished here already: the result may be wrong. Say so at once and
             # raise it at this rank's next call.
-            what, group, _ = done
+            what, group = done[0], done[1]
             late = type(err)(
                 f"{what} completed on rank {self.rank}, but failed elsewhere: {message}"
             )
@@ -1234,8 +1239,10 @@ class CommLoop:
         done = self.completed.get(key)
         if done is None:
             return False
-        what, _, hints = done
+        what, _, hints, cleared = done
         step = f[F_STEP]
+        if f[0] == RTS and (step, source, f[F_SEGMENT]) in cleared:
+            return True  # it crossed the clear this rank sent unasked; the body came
         if step < len(hints):
             detail = hints[step].format(sender=source, me=self.rank)
         else:
@@ -1381,6 +1388,10 @@ class CommLoop:
             # ready (once: an announcement crossing it gets the same tag back).
             if not p.sent[i] and i not in p.tagged and i not in p.early:
                 p.early[i] = f[wire.F_AUX]
+                if i in p.ready:
+                    # It may wait for control credit to be announced; cleared, it needs
+                    # none: back into the heap, where the clear is taken first.
+                    self._push(p, i)
             return
         p.awaiting.discard(i)
         p.tagged.add(i)
