@@ -37,24 +37,7 @@ def choose_allreduce(
     """
     from ..algorithms import registry
 
-    if algorithm == "auto":
-        from . import tuning
-
-        key = ("allreduce", size, nbytes, dtype, tuning_file or tuning.configured_file())
-        choice = tuning.CHOICES.get(key)
-        if choice is None:
-            crossovers, _ = tuning.table_for("allreduce", size, dtype, tuning_file)
-            choice = registry.auto_allreduce(size, nbytes, crossovers)
-            if len(tuning.CHOICES) > 65536:
-                tuning.CHOICES.clear()
-            tuning.CHOICES[key] = choice
-        return choice
-    known = registry.ALLREDUCE
-    if algorithm not in known:
-        raise InvalidArgumentError(
-            f"unknown allreduce algorithm {algorithm!r}; known: auto, {', '.join(sorted(known))}"
-        )
-    return algorithm
+    return _choose("allreduce", registry.ALLREDUCE, algorithm, size, nbytes, tuning_file, dtype)
 
 
 def choose_broadcast(
@@ -67,16 +50,39 @@ def choose_broadcast(
     """The broadcast algorithm to run; ``auto`` follows the tuning table in force."""
     from ..algorithms import registry
 
-    if algorithm == "auto":
-        from . import tuning
+    return _choose("broadcast", registry.BROADCAST, algorithm, size, nbytes, tuning_file, dtype)
 
-        crossovers, _ = tuning.table_for("broadcast", size, dtype, tuning_file)
-        return registry.auto_choice(size, nbytes, crossovers, registry.BROADCAST)
-    if algorithm not in registry.BROADCAST:
-        raise InvalidArgumentError(
-            f"unknown broadcast algorithm {algorithm!r}; known: auto, one_to_all, pipelined"
-        )
-    return algorithm
+
+def _choose(
+    collective: str,
+    known: Any,
+    algorithm: str,
+    size: int,
+    nbytes: int,
+    tuning_file: str | None,
+    dtype: str | None,
+) -> str:
+    if algorithm != "auto":
+        if algorithm not in known:
+            names = ", ".join(sorted(known))
+            raise InvalidArgumentError(
+                f"unknown {collective} algorithm {algorithm!r}; known: auto, {names}"
+            )
+        return algorithm
+    from ..algorithms import registry
+    from . import tuning
+
+    # Remembered per shape: a training loop asks again every step, and walking the
+    # tables costs more than a frame.
+    key = (collective, size, nbytes, dtype, tuning_file or tuning.configured_file())
+    choice = tuning.CHOICES.get(key)
+    if choice is None:
+        crossovers, _ = tuning.table_for(collective, size, dtype, tuning_file)
+        choice = registry.auto_choice(size, nbytes, crossovers, known)
+        if len(tuning.CHOICES) > 65536:
+            tuning.CHOICES.clear()
+        tuning.CHOICES[key] = choice
+    return choice
 
 
 @functools.lru_cache(maxsize=1024)
