@@ -211,11 +211,3 @@ def split(
         raise FrameError(f"malformed message: {length - off} stray bytes after {nframes} frames")
     return ctl, eager, frames
 
-
-def describe(f: Frame, sender: int) -> str:
-    """A frame in words, for error messages."""
-    return (
-        f"{FRAME_TYPES.get(f[F_TYPE], f[F_TYPE])} frame from rank {sender}: op "
-        f"{f[F_WID]:#018x} generation {f[F_GEN]} step {f[F_STEP]} segment {f[F_SEGMENT]} "
-        f"({f[F_NBYTES]} bytes)"
-    )
