@@ -210,4 +210,3 @@ def split(
     if off < length:
         raise FrameError(f"malformed message: {length - off} stray bytes after {nframes} frames")
     return ctl, eager, frames
-
