@@ -71,6 +71,7 @@ from .wire import (
     CTS,
     DATA,
     ERROR,
+    F_AUX,
     F_FLAGS,
     F_GEN,
     F_NBYTES,
@@ -81,6 +82,7 @@ from .wire import (
     FLAG_NEED,
     FRAME_SIZE,
     HAVE,
+    JOIN,
     MSG_SIZE,
     NEED,
     PROBE,
@@ -210,6 +212,9 @@ class CommLoop:
         self._draining = False
         self.rank = transport.rank
         self.size = transport.size
+        # Ranks the loop may talk to: the user ranks and, in daemon mode, the nodes'
+        # services after them (``transport.relays``).
+        self.world = transport.size + int(getattr(transport, "relays", 0))
         self.cfg = cfg = config or LoopConfig()
         # Ops, aborts and urgency notes in one queue, so they are seen in order.
         self.submissions: deque[Any] = deque()
@@ -219,8 +224,14 @@ class CommLoop:
         self.waiters = 0
         self._owner = 0  # ident of the thread running a pass
         self._asleep = False  # the comm thread is (about to be) blocked on ``wake``
+        # A transport that can wake a sleeping process (shared memory: an eventfd)
+        # offers ``wait``/``wake``: the loop then sleeps in the transport, so a
+        # message from another process ends the sleep at once.  Threads asleep there:
+        self._t_wait: Callable[[float], None] | None = getattr(transport, "wait", None)
+        self._t_wake: Callable[[], None] | None = getattr(transport, "wake", None)
+        self._t_sleepers: set[int] = set()
         self.pool = BufferPool()
-        self.floating = FloatingList(cfg.floating_pool_bytes, self.size)
+        self.floating = FloatingList(cfg.floating_pool_bytes, self.world)
         self.table: dict[OpKey, Payload] = {}
         # Bounded memories of finished ops: OrderedDict, because evicting the oldest
         # entry of a plain dict scans past every deleted slot (quadratic over a run).
@@ -234,29 +245,33 @@ class CommLoop:
         self.fatal: BaseException | None = None
         self.bad_peers: dict[int, TotalReduceError] = {}
         self.trace: Any = None  # a timeline recorder, when one is on
+        # Daemon mode: a node's service takes part in ops it never submitted (the relay
+        # steps of hierarchical schedules).  ``adopt(source, frame)`` returns the spec of
+        # the op a frame for an unknown op belongs to, if this rank is to join it.
+        self.adopt: Callable[[int, wire.Frame], OpSpec | None] | None = None
         self._seq = 0
         # Sending.
         self._heap: list[tuple[int, int, int, int, int, Payload]] = []
         self._cleared: list[tuple[int, int, int, int, Payload, int, int]] = []
         self._bodies_inflight = 0
         self._blocked: list[list[tuple[int, int, int, int, int, Payload]]] = [
-            [] for _ in range(self.size)
+            [] for _ in range(self.world)
         ]
         # Per peer: the outgoing message being built, messages waiting for credit,
         # credits, and credit owed back.
         self._msg_cap = max(64 << 10, 2 * (FRAME_SIZE + cfg.micro_bytes) + MSG_SIZE)
-        self._out: list[bytearray | None] = [None] * self.size
-        self._out_frames = [0] * self.size
-        self._backlog: list[deque[tuple[bytearray, int]]] = [deque() for _ in range(self.size)]
+        self._out: list[bytearray | None] = [None] * self.world
+        self._out_frames = [0] * self.world
+        self._backlog: list[deque[tuple[bytearray, int]]] = [deque() for _ in range(self.world)]
         self._dirty: set[int] = set()
         window = 4 * self._msg_cap
         self._ctl_window = window
-        self._ctl_credit = [window] * self.size
-        self._queued = [0] * self.size  # bytes in outbox + backlog, not yet sent
-        self._eager_credit = [self.floating.eager_share] * self.size
-        self._owe_ctl = [0] * self.size
-        self._owe_eager = [0] * self.size
-        self._next_tag = [0] * self.size
+        self._ctl_credit = [window] * self.world
+        self._queued = [0] * self.world  # bytes in outbox + backlog, not yet sent
+        self._eager_credit = [self.floating.eager_share] * self.world
+        self._owe_ctl = [0] * self.world
+        self._owe_eager = [0] * self.world
+        self._next_tag = [0] * self.world
         self._tag_span = int(getattr(transport, "tag_span", wire.BODY_TAG_SPAN))
         self._left: set[int] = set()  # peers that said goodbye (a subset of bad_peers)
         self._unreachable: set[int] = set()  # peers whose link failed: nothing goes to them
@@ -277,7 +292,7 @@ class CommLoop:
         """Queue an op (any thread)."""
         self.submissions.append(spec)
         if self._asleep:  # wake the comm thread only if it sleeps (a futex call saved)
-            self.wake.set()
+            self._ring()
 
     def mark_needed(self, spec: OpSpec) -> None:
         """Someone waits for this op (any thread): raise it here, ask the peers to."""
@@ -288,10 +303,29 @@ class CommLoop:
     def request_abort(self, key: OpKey, name: str, reason: str) -> None:
         """Fail an op here and on every rank, submitted or not (any thread)."""
         self.submissions.append(("abort", key, name, reason))
-        self.wake.set()
+        self._ring()
 
     def notify(self) -> None:
+        self._ring()
+
+    def _ring(self) -> None:
+        """Wake the comm thread, and any thread asleep in the transport."""
         self.wake.set()
+        if self._t_sleepers and self._t_wake is not None:
+            self._t_wake()
+
+    def _sleep(self, delay: float, done: threading.Event) -> None:
+        """Sleep up to ``delay`` unless ``done`` is set: in the transport if it can wake us."""
+        if self._t_wait is None:
+            done.wait(delay)
+            return
+        me = threading.get_ident()
+        self._t_sleepers.add(me)  # before the check: a waker that sets ``done`` sees us
+        try:
+            if not done.is_set():
+                self._t_wait(delay)
+        finally:
+            self._t_sleepers.discard(me)
 
     @property
     def busy(self) -> bool:
@@ -326,7 +360,7 @@ class CommLoop:
             self.stats.idle_sleeps += 1
             self._asleep = True
             if not self.submissions:  # one queued since the last pass: no sleep
-                self.wake.wait(delay)
+                self._sleep(delay, self.wake)
             self._asleep = False
             self.wake.clear()
             ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s
@@ -387,7 +421,7 @@ class CommLoop:
                 delay = min(max(2 * delay, 2e-5), cfg.backoff_max_s)
                 if deadline is not None:
                     delay = min(delay, max(0.0, deadline - now))
-                done.wait(delay)
+                self._sleep(delay, done)
         return True
 
     # ------------------------------------------------------------------ one pass
@@ -410,6 +444,8 @@ class CommLoop:
             progressed = True
         if self._dirty:
             self._flush()
+        if progressed and self._t_sleepers:  # an op another thread waits for may be done
+            self._ring()
         now = time.monotonic()
         if now - self._last_stall_check > self._stall_every:
             self._last_stall_check = now
@@ -424,6 +460,8 @@ class CommLoop:
             if isinstance(item, tuple):
                 if item[0] == "abort":
                     self._abort(item[1], item[2], item[3])
+                elif item[0] == "rejoin":
+                    self._rejoin(item[1], announce=True)
                 elif item[0] == "need":
                     p = self.table.get(item[1])
                     if p is not None:
@@ -750,7 +788,7 @@ class CommLoop:
     def say_goodbye(self) -> None:
         """Tell every peer this service stops: their ops with this rank fail at once."""
         with self.lock:
-            for peer in range(self.size):
+            for peer in range(self.world):
                 if peer != self.rank and peer not in self.bad_peers:
                     self._control(peer, BYE, _NO_SHAPE, (0, 0))
             self._flush()
@@ -802,7 +840,7 @@ class CommLoop:
         for ff in self.floating.take(key):
             self._drop_floating(ff)
         self.floating.add_error(key, reason, ERROR_FAILED)
-        for world in range(self.size):
+        for world in range(self.world):
             if world != self.rank:
                 self._error_frame(key, world, reason, ERROR_FAILED)
         log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)
@@ -1107,7 +1145,7 @@ class CommLoop:
             if source in self.bad_peers:
                 continue
             try:
-                ctl, eager, frames = wire.split(buf, source, self.size, micro)
+                ctl, eager, frames = wire.split(buf, source, self.world, micro)
             except FrameError as exc:
                 self._bad_peer(
                     source,
@@ -1167,6 +1205,9 @@ class CommLoop:
                     self._remember(self._needed, key, True)
             elif ftype == BYE:
                 self._peer_left(source)
+            elif ftype == JOIN:
+                if 0 <= f[F_AUX] < self.world and f[F_AUX] != self.rank:
+                    self._rejoin(f[F_AUX])
             elif ftype == PROBE:
                 key = (f[F_WID], f[F_GEN])
                 if key in self.table or key in self.completed:
@@ -1232,6 +1273,52 @@ class CommLoop:
             self._raise(p)
         return q
 
+    def _adopted(self, source: int, f: wire.Frame, key: OpKey) -> Payload | None:
+        """Join the op of a frame from ``source`` if ``adopt`` says this rank takes part."""
+        if key in self.failed or key in self.completed or self.floating.has_error(key):
+            return None
+        try:
+            spec = None if self.fatal is not None else self.adopt(source, f)  # type: ignore[misc]
+        except Exception as exc:  # a frame this rank cannot join: refuse it, loudly
+            msg = f"rank {self.rank} cannot take part in op {key[0]:#x} generation {key[1]}: {exc}"
+            self._on_error(key, msg, ERROR_MISMATCH, source)
+            self._error_frame(key, source, msg, ERROR_MISMATCH)
+            return None
+        if spec is None:
+            return None
+        self._activate(spec)
+        return self.table.get(key)
+
+    def rejoin(self, peer: int) -> None:
+        """Rank ``peer`` is a new process in an old slot (any thread): forget the old one
+        here and tell every other rank to (JOIN)."""
+        self.submissions.append(("rejoin", peer))
+        self._ring()
+
+    def _rejoin(self, peer: int, announce: bool = False) -> None:
+        if announce:
+            for world in range(self.world):
+                if world not in (self.rank, peer) and world not in self._unreachable:
+                    self._control(world, JOIN, _NO_SHAPE, (0, 0), aux=peer)
+        for p in [p for p in self.table.values() if peer in p.group_rank]:
+            self._fail(p, OpFailedError(f"{p.spec.describe()}: rank {peer} was replaced"))
+        self.bad_peers.pop(peer, None)
+        self._left.discard(peer)
+        self._unreachable.discard(peer)
+        for key in self.floating.keys_from(peer):
+            for ff in self.floating.take(key):
+                self._drop_floating(ff)
+        self._ctl_credit[peer] = self._ctl_window
+        self._eager_credit[peer] = self.floating.eager_share
+        self._owe_ctl[peer] = self._owe_eager[peer] = 0
+        self._out[peer] = None
+        self._out_frames[peer] = 0
+        self._backlog[peer].clear()
+        self._queued[peer] = 0
+        self._dirty.discard(peer)
+        self._blocked[peer].clear()
+        self._next_tag[peer] = 0
+
     def _unknown_op(self, source: int, f: wire.Frame, key: OpKey) -> bool:
         """A frame for an op not in the table: True if it was dealt with (failed/finished)."""
         if key in self.failed or self.floating.has_error(key):
@@ -1262,6 +1349,8 @@ class CommLoop:
         charge = FRAME_SIZE + n
         self.stats.bytes_received += n
         p = self.table.get(key)
+        if p is None and self.adopt is not None:
+            p = self._adopted(source, f, key)
         if p is not None:
             self._owe(source, 0, charge)
             q = self._match(p, f, source)
@@ -1313,6 +1402,8 @@ class CommLoop:
             )
             return
         p = self.table.get(key)
+        if p is None and self.adopt is not None:
+            p = self._adopted(source, f, key)
         tag = wire.BODY_TAG_BASE + self._next_tag[source]
         if p is not None and p.precleared:
             g = p.group_rank.get(source)
