@@ -1,4 +1,9 @@
-"""The engine under real MPI: ``mpiexec -n P`` launched from pytest, each with a timeout."""
+"""The engine under real MPI: ``mpiexec -n P`` launched from pytest, each with a timeout.
+
+Every test that takes ``service`` runs twice: embedded (``mpiexec -n P`` training
+processes) and against daemons (``mpiexec totalreduce serve`` on one or two
+simulated nodes, and P client processes attached to them), with the same worker.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,41 @@ import pytest
 
 HERE = Path(__file__).parent
 TIMEOUT = 90
+sys.path.insert(0, str(HERE.parent / "daemon"))
+from cluster import layout_for, run_clients, serve  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
 )
+
+
+@pytest.fixture(params=["embedded", "daemon"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """How the workers get their engine: their own (embedded) or their node's service."""
+    if request.param == "daemon":
+        return str(tmp_path_factory.mktemp("daemon"))
+    return "embedded"
+
+
+#: The options check_engine.py passes to init(): a service must run with the same.
+_WORKER_OPTIONS = {"TOTALREDUCE_SEGMENT_BYTES": "8192", "TOTALREDUCE_MICRO_BYTES": "1024"}
+
+
+def run(service: str, n: int, *args: str, timeout: int = TIMEOUT, **env_vars: str) -> str:
+    """``mpirun``, or the same workers against daemons when ``service`` is a directory."""
+    if service == "embedded":
+        return mpirun(n, *args, timeout=timeout, **env_vars)
+    nodes, local = layout_for(n)
+    env = dict(_WORKER_OPTIONS, **env_vars)
+    served = serve(nodes, local, Path(service), timeout=timeout, **env)
+    try:
+        results = run_clients(served, list(args), timeout=timeout, **env)
+    finally:
+        status = served.stop()
+    log = served.stderr()
+    assert status == 0, f"totalreduce serve exited {status}:\n{log}"
+    assert "job failed" not in log and "Traceback" not in log, log
+    return "".join(r.stdout for r in results)
 
 
 def mpirun(n: int, *args: str, timeout: int = TIMEOUT, **env_vars: str) -> str:
@@ -33,14 +69,14 @@ def mpirun(n: int, *args: str, timeout: int = TIMEOUT, **env_vars: str) -> str:
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_random_orders_over_mpi(n: int) -> None:
-    out = mpirun(n, str(HERE / "check_engine.py"), "random")
+def test_random_orders_over_mpi(n: int, service: str) -> None:
+    out = run(service, n, str(HERE / "check_engine.py"), "random")
     assert out.count("RANDOM OK") == n, out
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_size_mismatch_reported_on_every_rank(n: int) -> None:
-    out = mpirun(n, str(HERE / "check_engine.py"), "mismatch")
+def test_size_mismatch_reported_on_every_rank(n: int, service: str) -> None:
+    out = run(service, n, str(HERE / "check_engine.py"), "mismatch")
     assert out.count("MISMATCH-REPORTED") == n, out
     assert out.count("AFTER OK") == n, out
     lines = [ln for ln in out.splitlines() if "MISMATCH-REPORTED" in ln]
@@ -51,33 +87,33 @@ def test_size_mismatch_reported_on_every_rank(n: int) -> None:
         assert "count 12" in ln and "count 13" in ln, ln
 
 
-def test_timeout_over_mpi() -> None:
-    out = mpirun(2, str(HERE / "check_engine.py"), "timeout")
+def test_timeout_over_mpi(service: str) -> None:
+    out = run(service, 2, str(HERE / "check_engine.py"), "timeout")
     assert "TIMEOUT-RAISED" in out, out
     assert out.count("TIMEOUT-DONE") == 2, out
 
 
 @pytest.mark.parametrize("n", [3, 4])
-def test_broadcast_and_barriers_over_mpi(n: int) -> None:
-    out = mpirun(n, str(HERE / "check_engine.py"), "collectives")
+def test_broadcast_and_barriers_over_mpi(n: int, service: str) -> None:
+    out = run(service, n, str(HERE / "check_engine.py"), "collectives")
     assert out.count("COLLECTIVES OK") == n, out
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
-def test_every_allreduce_algorithm_over_mpi(n: int) -> None:
-    out = mpirun(n, str(HERE / "check_engine.py"), "algorithms")
+def test_every_allreduce_algorithm_over_mpi(n: int, service: str) -> None:
+    out = run(service, n, str(HERE / "check_engine.py"), "algorithms")
     assert out.count("ALGORITHMS OK") == n, out
 
 
 @pytest.mark.parametrize("n", [2, 4, 5])
-def test_reduce_scatter_allgather_over_mpi(n: int) -> None:
-    out = mpirun(n, str(HERE / "check_engine.py"), "rs_ag")
+def test_reduce_scatter_allgather_over_mpi(n: int, service: str) -> None:
+    out = run(service, n, str(HERE / "check_engine.py"), "rs_ag")
     assert out.count("RSAG OK") == n, out
 
 
 @pytest.mark.parametrize("n", [4, 8])
-def test_neighbor_averaging_over_mpi(n: int) -> None:
-    out = mpirun(n, str(HERE / "check_engine.py"), "neighbor")
+def test_neighbor_averaging_over_mpi(n: int, service: str) -> None:
+    out = run(service, n, str(HERE / "check_engine.py"), "neighbor")
     assert out.count("NEIGHBOR OK") == n, out
 
 
@@ -87,16 +123,20 @@ def test_user_mpi_traffic_does_not_mix() -> None:
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_reverse_blocking_order_small_pool_over_mpi(n: int) -> None:
-    out = mpirun(
-        n, str(HERE / "check_engine.py"), "flow", TOTALREDUCE_FLOATING_POOL_BYTES=str(16 << 10)
+def test_reverse_blocking_order_small_pool_over_mpi(n: int, service: str) -> None:
+    out = run(
+        service,
+        n,
+        str(HERE / "check_engine.py"),
+        "flow",
+        TOTALREDUCE_FLOATING_POOL_BYTES=str(16 << 10),
     )
     assert out.count("FLOW OK") == n, out
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_root_and_group_disagreements_over_mpi(n: int) -> None:
-    out = mpirun(n, str(HERE / "check_engine.py"), "disagree")
+def test_root_and_group_disagreements_over_mpi(n: int, service: str) -> None:
+    out = run(service, n, str(HERE / "check_engine.py"), "disagree")
     assert out.count("DISAGREE OK") == n, out
 
 

@@ -1,25 +1,18 @@
-"""The per-node service: totalreduce as a background process beside the training processes.
+"""The per-node service: one engine per node, its client processes ranks of it.
 
-``totalreduce serve`` (:mod:`.serve`) runs one service per node under ``mpiexec``;
-training processes attach with ``totalreduce.init(service="daemon")``, which
-returns a :class:`~.client.DaemonClient` with the embedded API.  Layout:
+``totalreduce serve`` (:mod:`.serve`) runs one service per node under
+``mpiexec``.  The service is an ordinary engine whose transport is the relay
+transport (shared memory to the node's client processes, MPI to the other
+nodes) and whose loop takes part in the relay steps of hierarchical ops
+(:mod:`.adopt`).  Training processes attach with
+``totalreduce.init(service="daemon")``: they run the same engine as in
+embedded mode over a shared-memory client transport.  Layout:
 
-- :mod:`.protocol` - the socket's framed control messages and their validation;
-- :mod:`.shm` - shared memory regions, the clients' completion slots, staging;
-- :mod:`.sockets` - socket paths, permissions and peer credentials;
-- :mod:`.client` - the client a training process holds;
-- :mod:`.rendezvous` - one op as the local clients submit it, and the local phases;
-- :mod:`.server` - the service's event loop, jobs, faults and shutdown;
-- :mod:`.peers` - notices between the services of different nodes;
-- :mod:`.timing` - precise short sleeps for the threads that poll;
+- :mod:`.serve` - the command: start-up, agreement between nodes, signals;
+- :mod:`.node` - the socket: hello, slots, sessions, liveness and teardown;
+- :mod:`.adopt` - the relay's part of a hierarchical op, compiled from a frame;
+- :mod:`.sockets` - the listening socket, its permissions and peer credentials;
 - :mod:`.bench` - daemon mode against embedded mode.
 
-Importing this package imports neither MPI nor Numba; the client needs neither.
 See docs/daemon.md.
 """
-
-from __future__ import annotations
-
-from .client import DaemonClient, DaemonHandle, connect
-
-__all__ = ["DaemonClient", "DaemonHandle", "connect"]

@@ -2,15 +2,17 @@
 
 ``mpiexec -n NODES totalreduce serve --local-clients N`` starts one service per
 MPI rank (one rank per node; on one machine ``-n 2`` simulates two nodes).
-Each starts the engine, checks its socket path is free, agrees with the other
-nodes that all could start and that all serve ``N`` local clients, then prints
-one line with its socket path on stdout and serves until SIGTERM or SIGINT.
-Logs go to stderr.  The exit status is 0 after a clean shutdown, 1 if a node
-could not start (its socket is already served, its directory is not private),
-2 for bad arguments.
+Each opens its relay transport (shared memory to its ``N`` client slots, MPI to
+the other nodes), starts the engine, checks its socket path is free, agrees
+with the other nodes that all could start and that all serve ``N`` local
+clients, then prints one line with its socket path on stdout and serves until
+SIGTERM or SIGINT.  Logs go to stderr.  The exit status is 0 after a clean
+shutdown, 1 if a node could not start (its socket is already served, its
+directory is not private), 2 for bad arguments.
 
 Engine options come from the ``TOTALREDUCE_*`` environment variables, as for
-``totalreduce.init()``.
+``totalreduce.init()``; the service hands ``segment_bytes``, ``micro_bytes``
+and ``floating_pool_bytes`` to its clients, so every rank agrees on them.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
-
-import numpy as np
 
 from ..errors import TotalReduceError
 
@@ -49,52 +50,54 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "or /tmp/totalreduce-$UID); node n listens on DIR/node{n}.sock",
     )
     p.add_argument(
-        "--abort-timeout",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="after a client or a node failed, ops of that job still running after S seconds "
-        "are aborted on every node (default 10)",
+        "--channel-bytes",
+        type=int,
+        default=4 << 20,
+        metavar="B",
+        help="bytes of shared memory per client and direction (default 4 MiB; larger "
+        "messages stream through it)",
     )
     p.add_argument(
         "--drain-timeout",
         type=float,
         default=10.0,
         metavar="S",
-        help="on SIGTERM/SIGINT, how long running ops may finish before they are aborted "
+        help="on SIGTERM/SIGINT, how long running ops may finish before they are failed "
         "(default 10)",
     )
     p.add_argument("--log-level", default="INFO", metavar="L", help="DEBUG, INFO, WARNING or ERROR")
     args = p.parse_args(argv)
     if not 1 <= args.local_clients <= 1024:
         p.error("--local-clients must be in 1..1024")
-    if args.abort_timeout < 0 or args.drain_timeout < 0:
-        p.error("timeouts must be >= 0")
+    if not 64 << 10 <= args.channel_bytes <= 1 << 30:
+        p.error("--channel-bytes must be in 64 KiB..1 GiB")
+    if args.drain_timeout < 0:
+        p.error("--drain-timeout must be >= 0")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from ..algorithms.hierarchical import NodeLayout
     from ..kernels import warm_up
     from ..service.config import Config
     from ..service.service import Service
-    from ..transport.mpi import MPITransport
+    from ..transport import hello
+    from ..transport.relay import agree, open_relay
     from . import sockets
-    from .peers import PeerChannel
-    from .server import Daemon
+    from .adopt import MAX_OP_BYTES, relay_adopter
+    from .node import Node
 
     config = Config.load()
-    peer_transport = MPITransport(None, allow_serialized=config.allow_serialized)
-    node, nodes = peer_transport.rank, peer_transport.size
+    transport = open_relay(args.local_clients, args.channel_bytes, config.allow_serialized)
+    node, nodes = transport.node, transport.relays
     logging.basicConfig(
         stream=sys.stderr,
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format=f"%(asctime)s totalreduce serve [node {node}] %(levelname)s: %(message)s",
     )
-    svc = Service(MPITransport(None, allow_serialized=config.allow_serialized), config)
-    peers = PeerChannel(peer_transport)
-    directory = args.socket_dir or sockets.default_dir()
-    path = sockets.node_socket(directory, node)
+    directory = args.socket_dir or hello.default_dir()
+    path = hello.node_socket(directory, node)
     problem = ""
     try:
         sockets.private_dir(directory)
@@ -102,40 +105,42 @@ def main(argv: list[str] | None = None) -> int:
     except (TotalReduceError, OSError) as exc:
         problem = str(exc)
     # Every node must be able to serve, and all must agree on the number of local clients.
-    votes = np.array([1 if problem else 0, args.local_clients, -args.local_clients], np.int64)
-    try:
-        agreed = svc.allreduce(votes, name="__totalreduce.daemon.startup__", op="max")
-    except TotalReduceError as exc:
-        problem = problem or f"the nodes could not agree at start-up: {exc}"
-        agreed = np.array([1, 0, 0])
-    status = 0
-    if agreed[0]:
+    failed, most, least = agree(
+        transport, [1 if problem else 0, args.local_clients, -args.local_clients]
+    )
+    if failed:
         log.error("not starting: %s", problem or "another node could not start (see its log)")
-        status = 1
-    elif agreed[1] != -agreed[2]:
+        transport.close()
+        return 1
+    if most != -least:
         log.error(
             "not starting: the nodes were given different --local-clients (%d to %d)",
-            -agreed[2],
-            agreed[1],
+            -least,
+            most,
         )
-        status = 2
-    if status:
-        peers.close()
-        svc.shutdown(timeout=2)
-        return status
+        transport.close()
+        return 2
+    layout = NodeLayout(nodes, args.local_clients)
+    svc = Service(transport, config)
+    svc.loop.adopt = relay_adopter(
+        layout, transport.rank, config.segment_bytes, max_op_bytes=MAX_OP_BYTES
+    )
     warm_up()
     listener = sockets.listen(path)
-    daemon = Daemon(
+    options = {k: int(getattr(config, k)) for k in hello.SHARED_OPTIONS}
+    server = Node(
         svc,
-        peers,
+        transport,
         listener,
         path,
+        node=node,
+        nodes=nodes,
         local_clients=args.local_clients,
-        abort_timeout=args.abort_timeout,
-        drain_timeout=args.drain_timeout,
+        options=options,
+        channel_bytes=args.channel_bytes,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda num, _frame: daemon.on_signal(signal.Signals(num).name))
+        signal.signal(sig, lambda num, _frame: server.stop(signal.Signals(num).name))
     n = args.local_clients
     print(
         f"totalreduce serve: node {node} of {nodes} listening on {path} "
@@ -143,9 +148,16 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     try:
-        status = daemon.run()
+        status = server.run()
     finally:
-        peers.close()
+        listener.close()
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        deadline = time.monotonic() + args.drain_timeout
+        while svc.loop.table and time.monotonic() < deadline:
+            time.sleep(0.05)
         svc.shutdown(timeout=2)
     log.info("stopped")
     return status

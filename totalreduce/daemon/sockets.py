@@ -1,9 +1,9 @@
 """Where a node's service listens, and who may talk to it.
 
-This module owns the socket paths and their permissions: the directory
-(``$XDG_RUNTIME_DIR/totalreduce``, else ``/tmp/totalreduce-$UID``) is created
-``0700`` and must belong to the service's user; the socket of node ``n`` is
-``node{n}.sock`` in it, made ``0600`` before anyone can connect.  A service
+This module owns the service's side of the socket path and its permissions
+(the names themselves are :mod:`totalreduce.transport.hello`'s): the directory
+is created ``0700`` and must belong to the service's user; the socket is made
+``0600`` before anyone can connect.  A service
 refuses to start on a path that answers (another service serves it) and
 removes a stale socket file otherwise.  Each accepted connection's peer is
 identified with ``SO_PEERCRED``; only the service's own user is admitted.
@@ -22,24 +22,11 @@ from ..errors import TotalReduceError
 
 log = logging.getLogger("totalreduce.daemon.sockets")
 
-ENV_SOCKET = "TOTALREDUCE_SOCKET"
 _CRED = struct.Struct("3i")
 
 
 class SocketInUseError(TotalReduceError):
     """Another service answers on the socket path."""
-
-
-def default_dir() -> Path:
-    """The directory the service's sockets live in when ``--socket-dir`` is not given."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return Path(runtime) / "totalreduce"
-    return Path("/tmp") / f"totalreduce-{os.getuid()}"
-
-
-def node_socket(directory: Path, node: int) -> Path:
-    return directory / f"node{node}.sock"
 
 
 def private_dir(directory: Path) -> Path:
@@ -107,25 +94,3 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
     raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
     pid, uid, gid = _CRED.unpack(raw)
     return pid, uid, gid
-
-
-def find_socket(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The socket a client should use: ``explicit``, ``$TOTALREDUCE_SOCKET``, or the one in
-    the default directory (an error if it holds none or several)."""
-    chosen = explicit if explicit is not None else os.environ.get(ENV_SOCKET)
-    if chosen:
-        return Path(chosen)
-    directory = default_dir()
-    found = sorted(directory.glob("node*.sock")) if directory.is_dir() else []
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise TotalReduceError(
-            f"no totalreduce service socket in {directory}: start one with "
-            "`mpiexec -n NODES totalreduce serve`, or pass socket=PATH (or set "
-            f"{ENV_SOCKET})"
-        )
-    names = ", ".join(str(p) for p in found)
-    raise TotalReduceError(
-        f"several service sockets in {directory} ({names}): pass socket=PATH or set {ENV_SOCKET}"
-    )

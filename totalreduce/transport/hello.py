@@ -1,21 +1,23 @@
-"""Control messages between a training process and its node's service: framing and validation.
+"""The daemon's socket: hello, welcome and goodbye between a client process and its node's service.
 
-This module owns the wire format of the Unix socket.  A message is a 4-byte
-little-endian length followed by that many bytes of UTF-8 JSON holding one
-object whose ``"t"`` field names its type.  Messages are small: gradients travel
-through shared memory, the socket only says where they are.  A length over
-:data:`MAX_MESSAGE` is refused before anything is allocated.
+This module owns the Unix socket's wire format and the client's side of it.
+The socket carries only what sets up and tears down a client's place in the
+node's engine: ``hello`` (client), ``welcome`` with the shared-memory channel
+and the two eventfds as ``SCM_RIGHTS`` descriptors (service), ``error``
+(service) and ``bye`` (client).  Frames and data never cross it: they travel
+through the channel (:mod:`totalreduce.transport.shm`).  The connection stays
+open while the client lives: its end tells the service the client is gone.
 
-File descriptors (the shared memory a client registers) ride along as
-``SCM_RIGHTS`` ancillary data of the ``sendmsg`` carrying the message's first
-byte; the reader queues them in arrival order and the message that expects one
-takes the oldest.
+A message is a 4-byte little-endian length followed by that many bytes of
+UTF-8 JSON holding one object whose ``"t"`` field names its type.  A length
+over :data:`MAX_MESSAGE` is refused before anything is allocated, and
+:class:`Fields` checks every field of a decoded message, naming the field and
+the value it refuses.
 
-Messages from a client: ``hello`` (with the control block's descriptor),
-``register`` (with a region's descriptor), ``unregister``, ``op`` and ``bye``.
-From the service: ``welcome``, ``registered`` and ``error``.  :class:`Fields`
-checks every field of a decoded message and names the field and the value it
-refuses.
+Paths: the socket of node ``n`` is ``node{n}.sock`` in a directory that is
+``$XDG_RUNTIME_DIR/totalreduce`` (else ``/tmp/totalreduce-$UID``) unless the
+service was given another; a client finds it from ``socket=``,
+``$TOTALREDUCE_SOCKET``, or the one socket of the default directory.
 """
 
 from __future__ import annotations
@@ -26,23 +28,24 @@ import os
 import socket
 import struct
 from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import TotalReduceError
 
 #: Protocol version a hello carries; a service refuses any other.
-VERSION = 1
+VERSION = 2
 #: Largest message body in bytes (the length prefix excluded).
 MAX_MESSAGE = 64 << 10
 #: Most descriptors one ``sendmsg`` may carry.
-MAX_FDS = 2
+MAX_FDS = 3
 _LEN = struct.Struct("<I")
 _ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 #: Largest count of elements, offset or region size a message may name (1 TiB).
 MAX_SIZE = 1 << 40
-#: Longest op name (characters).
-MAX_NAME = 1024
+ENV_SOCKET = "TOTALREDUCE_SOCKET"
 
 
 class ProtocolError(TotalReduceError):
@@ -187,6 +190,12 @@ class Fields:
             return None
         return self.int(name, lo, hi)
 
+    def int_in(self, obj: dict[str, Any], name: str, lo: int = 0, hi: int = MAX_SIZE) -> int:
+        v = obj.get(name)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise self._bad(name, f"an integer in {lo}..{hi}")
+        return v
+
     def choice(self, name: str, choices: tuple[str, ...]) -> str:
         v = self.msg.get(name)
         if not isinstance(v, str) or v not in choices:
@@ -201,28 +210,164 @@ class Fields:
             raise self._bad(name, f"a string of 1..{max_len} characters or null")
         return v
 
-    def name(self, key: str = "name") -> str | int | None:
-        """An op name: a string, an integer (64-bit) or null (unnamed)."""
-        v = self.msg.get(key)
-        if v is None:
-            return None
-        if isinstance(v, str) and 0 < len(v) <= MAX_NAME:
-            return v
-        if isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < (1 << 63):
-            return v
-        raise self._bad(key, f"a string of 1..{MAX_NAME} characters, a 64-bit integer or null")
 
-    def place(self, name: str) -> tuple[int, int] | None:
-        """A ``[region, offset]`` pair or null."""
-        v = self.msg.get(name)
-        if v is None:
-            return None
-        if (
-            isinstance(v, list)
-            and len(v) == 2
-            and all(isinstance(e, int) and not isinstance(e, bool) for e in v)
-            and 0 < v[0] <= MAX_SIZE
-            and 0 <= v[1] <= MAX_SIZE
-        ):
-            return int(v[0]), int(v[1])
-        raise self._bad(name, "null or [region id >= 1, byte offset >= 0]")
+# ---------------------------------------------------------------------- paths
+
+
+def default_dir() -> Path:
+    """The directory of the services' sockets when none is given."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "totalreduce"
+    return Path("/tmp") / f"totalreduce-{os.getuid()}"
+
+
+def node_socket(directory: Path, node: int) -> Path:
+    return directory / f"node{node}.sock"
+
+
+def find_socket(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The socket a client uses: ``explicit``, ``$TOTALREDUCE_SOCKET``, or the one in the
+    default directory (an error if it holds none or several)."""
+    chosen = explicit if explicit is not None else os.environ.get(ENV_SOCKET)
+    if chosen:
+        return Path(chosen)
+    directory = default_dir()
+    found = sorted(directory.glob("node*.sock")) if directory.is_dir() else []
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise TotalReduceError(
+            f"no totalreduce service socket in {directory}: start one with "
+            "`mpiexec -n NODES totalreduce serve`, or pass socket=PATH (or set "
+            f"{ENV_SOCKET})"
+        )
+    names = ", ".join(str(p) for p in found)
+    raise TotalReduceError(
+        f"several service sockets in {directory} ({names}): pass socket=PATH or set {ENV_SOCKET}"
+    )
+
+
+# ---------------------------------------------------------------------- the client's side
+
+#: Engine options every rank of a daemon world must share; the service's values win.
+SHARED_OPTIONS = ("segment_bytes", "micro_bytes", "floating_pool_bytes")
+
+HELLO_FIELDS = frozenset({"version", "pid", "local_rank"})
+WELCOME_FIELDS = frozenset(
+    {"rank", "size", "relays", "node", "nodes", "local", "local_clients", "epoch", "pid",
+     "region_bytes", "options"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """Where a client stands in its daemon world, as its node's service told it."""
+
+    rank: int
+    size: int
+    relays: int
+    node: int
+    nodes: int
+    local: int
+    local_clients: int
+    epoch: int
+    pid: int
+    region_bytes: int
+    options: dict[str, int]
+
+    @property
+    def relay(self) -> int:
+        """The engine rank of this node's service."""
+        return self.size + self.node
+
+
+def parse_welcome(msg: dict[str, Any]) -> Welcome:
+    f = Fields(msg, WELCOME_FIELDS)
+    nodes = f.int("nodes", 1, 1 << 20)
+    local_clients = f.int("local_clients", 1, 1024)
+    options = msg.get("options")
+    if not isinstance(options, dict) or set(options) != set(SHARED_OPTIONS):
+        raise f._bad("options", f"an object with exactly {', '.join(SHARED_OPTIONS)}")
+    for k in SHARED_OPTIONS:
+        f.int_in(options, k)
+    w = Welcome(
+        rank=f.int("rank", 0, nodes * local_clients - 1),
+        size=f.int("size", 1, nodes * local_clients),
+        relays=f.int("relays", 1, nodes),
+        node=f.int("node", 0, nodes - 1),
+        nodes=nodes,
+        local=f.int("local", 0, local_clients - 1),
+        local_clients=local_clients,
+        epoch=f.int("epoch", 0, 1 << 40),
+        pid=f.int("pid", 1, 1 << 31),
+        region_bytes=f.int("region_bytes", 1, MAX_SIZE),
+        options={k: int(options[k]) for k in SHARED_OPTIONS},
+    )
+    if w.rank != w.node * local_clients + w.local:
+        raise ProtocolError(f"welcome: rank {w.rank} is not node {w.node}, local {w.local}")
+    return w
+
+
+def attach(
+    path: str | os.PathLike[str] | None = None,
+    local_rank: int | None = None,
+    timeout: float = 30.0,
+) -> Any:
+    """Say hello to the node's service at ``path``; the client's transport.
+
+    ``local_rank`` asks for a slot (default: the lowest free one).  Raises
+    :class:`TotalReduceError` naming the path when no service answers or it
+    refuses (all slots taken, the slot busy, another protocol version).
+    """
+    from .shm import Channel, ShmClientTransport
+
+    where = find_socket(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    reader = MessageReader()
+    try:
+        try:
+            sock.connect(str(where))
+        except OSError as exc:
+            raise TotalReduceError(
+                f"no totalreduce service answers on {where} ({exc.strerror or exc}); start "
+                "one with `mpiexec -n NODES totalreduce serve`"
+            ) from None
+        send(sock, {"t": "hello", "version": VERSION, "pid": os.getpid(),
+                    "local_rank": local_rank})  # fmt: skip
+        msg = read_message(sock, reader)
+        if msg.get("t") == "error":
+            raise TotalReduceError(f"the service on {where} refused: {msg.get('message')}")
+        if msg.get("t") != "welcome":
+            raise ProtocolError(f"the service on {where} answered {msg.get('t')!r}, not welcome")
+        w = parse_welcome(msg)
+        region_fd = reader.take_fd("welcome (channel)")
+        own_fd = reader.take_fd("welcome (client eventfd)")
+        relay_fd = reader.take_fd("welcome (service eventfd)")
+    except BaseException:
+        reader.close_fds()
+        sock.close()
+        raise
+    channel = Channel.attach(region_fd, w.region_bytes)
+    t = ShmClientTransport(w.rank, w.size, w.relays, w.relay, channel, own_fd, relay_fd, w.pid)
+    return AttachedClient(t, sock, w)
+
+
+class AttachedClient:
+    """A client transport and the socket that keeps its place (closed last)."""
+
+    def __init__(self, transport: Any, sock: socket.socket, welcome: Welcome) -> None:
+        self.transport = transport
+        self.sock = sock
+        self.welcome = welcome
+
+    def close(self) -> None:
+        """Say bye (the engine said goodbye already) and leave; idempotent."""
+        if self.sock.fileno() < 0:
+            return
+        try:
+            send(self.sock, {"t": "bye"})
+        except OSError:
+            pass
+        self.sock.close()

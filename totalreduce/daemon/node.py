@@ -1,0 +1,263 @@
+"""A node's service: accept, hello, register and teardown of the node's client processes.
+
+The engine of a node's service is an ordinary :class:`~totalreduce.service.service.Service`
+whose transport is a :class:`~totalreduce.transport.relay.RelayTransport` and whose loop
+adopts the relay steps of hierarchical ops.  What is left to this module is
+the socket:
+
+- **hello**: a client connects (only the service's own user is admitted,
+  checked with ``SO_PEERCRED``), says hello with its pid and the slot it wants;
+  the service gives it a slot, a fresh shared-memory channel and an eventfd,
+  attaches the slot to the relay transport, tells every rank that the slot's
+  rank is a new process (the engine's JOIN), and answers ``welcome`` with the
+  descriptors;
+- **liveness**: the connection stays open while the client lives.  Its end
+  (``bye`` first: a clean exit; without: the process died) detaches the slot;
+  the transport then reports the rank gone, and the engine fails only the ops
+  that rank was part of, on every rank, naming it;
+- **teardown**: a detached slot's channel is unmapped and closed (its memory
+  is freed when the client's mapping goes too) and the slot is free for a new
+  client.
+
+Sessions.  A node's clients form a session from the first hello after the node
+had none until the last one leaves.  The session number (``epoch``) is mixed
+into every op's wire id, so a new job that reuses op names never meets what
+the engine remembers of the previous job's ops.  Every node counts its own
+sessions: a job spans all nodes, and each node's session starts and ends with
+it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..transport import hello
+from ..transport.hello import Fields, MessageReader, ProtocolError
+from . import sockets
+
+log = logging.getLogger("totalreduce.daemon")
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    pid: int
+    reader: MessageReader = field(default_factory=MessageReader)
+    slot: int | None = None
+    said_bye: bool = False
+
+
+class Node:
+    """The socket side of one node's service (runs on the service's main thread)."""
+
+    def __init__(
+        self,
+        service: Any,
+        transport: Any,
+        listener: socket.socket,
+        path: Path,
+        *,
+        node: int,
+        nodes: int,
+        local_clients: int,
+        options: dict[str, int],
+        channel_bytes: int,
+    ) -> None:
+        self.service = service
+        self.transport = transport
+        self.listener = listener
+        self.path = path
+        self.node = node
+        self.nodes = nodes
+        self.local_clients = local_clients
+        self.options = options
+        self.channel_bytes = channel_bytes
+        self.slots: list[_Conn | None] = [None] * local_clients
+        self.channels: list[Any] = [None] * local_clients
+        self.epoch = 0
+        self.sessions = 0
+        self._stop = threading.Event()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(listener, selectors.EVENT_READ, None)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+
+    # ------------------------------------------------------------------ the loop
+
+    def stop(self, why: str = "") -> None:
+        """End :meth:`run` (any thread, signal handlers included)."""
+        if why:
+            log.info("stopping: %s", why)
+        self._stop.set()
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def run(self) -> int:
+        """Serve until :meth:`stop`; 0 after a clean stop."""
+        try:
+            while not self._stop.is_set():
+                for key, _ in self._sel.select(timeout=1.0):
+                    if key.data is None:
+                        self._accept()
+                    elif key.data == "wake":
+                        try:
+                            os.read(self._wake_r, 64)
+                        except BlockingIOError:
+                            pass
+                    else:
+                        self._readable(key.data)
+        finally:
+            for conn in [c for c in self.slots if c is not None]:
+                self._drop(conn, "the service stopped")
+            self._sel.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        return 0
+
+    # ------------------------------------------------------------------ connections
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        pid, uid, _gid = sockets.peer_credentials(sock)
+        if uid != os.getuid():
+            log.warning("refused a connection from pid %d of uid %d", pid, uid)
+            sock.close()
+            return
+        sock.setblocking(False)
+        conn = _Conn(sock, pid)
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _readable(self, conn: _Conn) -> None:
+        try:
+            alive = hello.receive(conn.sock, conn.reader)
+        except BlockingIOError:
+            return
+        except (OSError, ProtocolError) as exc:
+            self._refuse(conn, str(exc))
+            return
+        try:
+            while (msg := conn.reader.next()) is not None:
+                self._message(conn, msg)
+        except ProtocolError as exc:
+            self._refuse(conn, str(exc))
+            return
+        if not alive:
+            self._close(conn)
+
+    def _message(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        t = msg.get("t")
+        if t == "hello" and conn.slot is None:
+            f = Fields(msg, hello.HELLO_FIELDS)
+            version = f.int("version", 0, 1 << 16)
+            if version != hello.VERSION:
+                raise ProtocolError(
+                    f"protocol version {version}, this service speaks {hello.VERSION} "
+                    "(client and service come from different totalreduce versions)",
+                    fatal=True,
+                )
+            pid = f.int("pid", 1, 1 << 31)
+            want = f.opt_int("local_rank", 0, self.local_clients - 1)
+            self._hello(conn, pid, want)
+        elif t == "bye" and conn.slot is not None:
+            Fields(msg, frozenset())
+            conn.said_bye = True
+        else:
+            state = "before hello" if conn.slot is None else "after hello"
+            raise ProtocolError(f"unexpected {t!r} message {state}", fatal=True)
+
+    def _hello(self, conn: _Conn, pid: int, want: int | None) -> None:
+        free = [k for k, c in enumerate(self.slots) if c is None]
+        if want is None:
+            if not free:
+                raise ProtocolError(
+                    f"all {self.local_clients} local client slots of node {self.node} are "
+                    "taken (start the service with more --local-clients?)",
+                    fatal=True,
+                )
+            slot = free[0]
+        elif self.slots[want] is not None:
+            holder = self.slots[want]
+            raise ProtocolError(
+                f"local rank {want} of node {self.node} is taken by pid "
+                f"{holder.pid if holder else '?'}",
+                fatal=True,
+            )
+        else:
+            slot = want
+        if not any(self.slots):
+            self.sessions += 1
+            self.epoch = self.sessions
+            log.info("session %d starts", self.epoch)
+        from ..transport.shm import Channel
+
+        channel = Channel.create(self.channel_bytes)
+        client_efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        rank = self.node * self.local_clients + slot
+        conn.slot = slot
+        self.slots[slot] = conn
+        self.channels[slot] = channel
+        self.transport.attach(slot, channel, client_efd, pid)
+        self.service.loop.rejoin(rank)
+        welcome = {
+            "t": "welcome",
+            "rank": rank,
+            "size": self.nodes * self.local_clients,
+            "relays": self.nodes,
+            "node": self.node,
+            "nodes": self.nodes,
+            "local": slot,
+            "local_clients": self.local_clients,
+            "epoch": self.epoch,
+            "pid": os.getpid(),
+            "region_bytes": channel.size,
+            "options": self.options,
+        }
+        try:
+            hello.send(conn.sock, welcome, (channel.fd, client_efd, self.transport.eventfd))
+        finally:
+            os.close(client_efd)  # the transport and the client hold their own copies
+        log.info("client pid %d is rank %d (local %d)", pid, rank, slot)
+
+    def _refuse(self, conn: _Conn, why: str) -> None:
+        log.warning("client pid %d: %s", conn.pid, why)
+        try:
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(1.0)
+            hello.send(conn.sock, {"t": "error", "message": why})
+        except OSError:
+            pass
+        self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        self._drop(conn, "left" if conn.said_bye else "died (its connection ended without bye)")
+
+    def _drop(self, conn: _Conn, how: str) -> None:
+        conn.reader.close_fds()
+        conn.sock.close()
+        slot = conn.slot
+        if slot is None or self.slots[slot] is not conn:
+            return
+        rank = self.node * self.local_clients + slot
+        (log.info if conn.said_bye else log.error)("rank %d (pid %d) %s", rank, conn.pid, how)
+        self.transport.detach(slot)  # the transport closes the channel once it let go
+        self.slots[slot] = None
+        self.channels[slot] = None
+        if not any(self.slots):
+            log.info("session %d ends", self.epoch)
