@@ -40,3 +40,4 @@ class AlgorithmCode(enum.IntEnum):
     NEIGHBOR = 10
     EDGE = 11
     RECURSIVE_DOUBLING = 12
+    HIERARCHICAL = 13  # three phases over clients and per-node relays (algorithms/hierarchical.py)

@@ -74,7 +74,10 @@ def simulate(
     """Run all ranks' ``schedules`` on ``inputs`` and return each rank's output.
 
     ``in_place`` makes ``OUTPUT`` the input array itself (when the counts
-    agree), as ``allreduce(x, out=x)`` does.
+    agree), as ``allreduce(x, out=x)`` does.  Each input must have the
+    schedule's ``count`` elements: a rank without input (``count == 0``, a
+    relay of :mod:`.hierarchical`) gets an empty array, whose dtype is that of
+    its ``OUTPUT`` and ``WORK``.
     """
     size = len(schedules)
     rng = random.Random(seed)
@@ -85,6 +88,11 @@ def simulate(
                 f"schedule {r} is for rank {s.rank} of {s.size}, expected {r}/{size}"
             )
         s.validate()
+        if len(inputs[r]) != s.count:
+            # A rank without input (a relay of the hierarchical schedules) gets an empty one.
+            raise ScheduleError(
+                f"rank {r}: input of {len(inputs[r])} elements for a schedule of count {s.count}"
+            )
     bufs: list[dict[Buffer, np.ndarray]] = []
     for r, s in enumerate(schedules):
         x = np.array(inputs[r], copy=True)
