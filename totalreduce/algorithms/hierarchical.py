@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 from .barrier import TOKEN
 from .broadcast import broadcast_one_to_all, broadcast_pipelined
-from .codes import OpKind
+from .codes import AlgorithmCode, OpKind
 from .registry import ALLREDUCE
 from .ring import allreduce_epilogue
 from .schedule import (
@@ -420,3 +420,36 @@ def hierarchical_schedule(
             raise ValueError(f"a barrier moves no data, got count {count}")
         return barrier_hierarchical(rank, layout)
     raise ValueError(f"no hierarchical schedule for {OpKind(kind).name}")
+
+
+_CROSS_CODES = {
+    "ring": AlgorithmCode.RING,
+    "ring_chunked": AlgorithmCode.RING_CHUNKED,
+    "halving_doubling": AlgorithmCode.HALVING_DOUBLING,
+    "recursive_doubling": AlgorithmCode.RECURSIVE_DOUBLING,
+    "bcube": AlgorithmCode.BCUBE,
+    "one_to_all": AlgorithmCode.ONE_TO_ALL,
+    "pipelined": AlgorithmCode.PIPELINED,
+}
+_CROSS_NAMES = {int(code): name for name, code in _CROSS_CODES.items()}
+
+
+def join_param(root: int = 0, cross: str = "ring", broadcast_cross: str = "one_to_all") -> int:
+    """The ``param`` a hierarchical op's frames carry: root and the relays' algorithms.
+
+    >>> split_param(join_param(5, "recursive_doubling", "pipelined"))
+    (5, 'recursive_doubling', 'pipelined')
+    """
+    if not 0 <= root < 1 << 32:
+        raise ValueError(f"root {root} out of range")
+    return root | int(_CROSS_CODES[cross]) << 32 | int(_CROSS_CODES[broadcast_cross]) << 40
+
+
+def split_param(param: int) -> tuple[int, str, str]:
+    """(root, cross, broadcast_cross) of a frame's ``param``; ValueError if it names none."""
+    try:
+        cross = _CROSS_NAMES[(param >> 32) & 0xFF]
+        bcast = _CROSS_NAMES[(param >> 40) & 0xFF]
+    except KeyError:
+        raise ValueError(f"param {param:#x} names no relay algorithm") from None
+    return param & 0xFFFFFFFF, cross, bcast

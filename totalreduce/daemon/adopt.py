@@ -55,10 +55,11 @@ def relay_adopter(
                 f"{max_op_bytes} bytes per op"
             )
         param = int(f[wire.F_PARAM])
-        root, cross = split_param(param)
+        root, cross, bcast = split_param(param)
         schedule = hierarchical_schedule(
-            kind, rank, layout, count, op_average=op is ReduceOp.AVG, root=root, cross=cross
-        )
+            kind, rank, layout, count, op_average=op is ReduceOp.AVG, root=root, cross=cross,
+            broadcast_cross=bcast,
+        )  # fmt: skip
         wid, gen = f[wire.F_WID], f[wire.F_GEN]
         return OpSpec(
             name=f"#{wid:016x}",
