@@ -397,11 +397,11 @@ class _In:
 
     __slots__ = ("source", "tag", "nbytes", "buf", "complete", "recv")
 
-    def __init__(self, source: int, tag: int, nbytes: int) -> None:
+    def __init__(self, source: int, tag: int, nbytes: int, data: np.ndarray | None) -> None:
         self.source = source
         self.tag = tag
         self.nbytes = nbytes
-        self.buf = np.empty(nbytes, dtype=np.uint8)
+        self.buf = np.empty(nbytes, dtype=np.uint8) if data is None else data
         self.complete = False
         self.recv: _Recv | None = None  # a receive that matched it while it streamed in
 
@@ -425,8 +425,14 @@ class Matcher:
         self.posted: list[_Recv] = []
         self.unexpected: list[_In] = []
 
-    def arrive(self, source: int, tag: int, n: int) -> tuple[Any, np.ndarray | None]:
-        """Where a message's bytes go: (target, buffer of n bytes or None to discard)."""
+    def arrive(
+        self, source: int, tag: int, n: int, data: np.ndarray | None = None
+    ) -> tuple[Any, np.ndarray | None]:
+        """Where a message's bytes go: (target, buffer of n bytes or None to discard).
+
+        ``data``: the message's bytes are already in this buffer, which an
+        unexpected message may keep instead of a copy.
+        """
         for i, recv in enumerate(self.posted):
             if recv.tag == tag and (recv.source == ANY_SOURCE or recv.source == source):
                 del self.posted[i]
@@ -437,7 +443,7 @@ class Matcher:
                     recv.error = _truncated(recv, source, n)
                     return recv, None
                 return recv, recv.buf[:n]
-        entry = _In(source, tag, n)
+        entry = _In(source, tag, n, data)
         self.unexpected.append(entry)
         return entry, entry.buf
 
