@@ -2,13 +2,14 @@
 
 This module owns three things:
 
-- :class:`SharedRegion`: an anonymous memory file (``memfd_create``) mapped by
-  both processes.  The client creates it, seals it against shrinking and
-  growing, and hands its descriptor to the service over the socket; the
-  service checks the seals and the size before mapping it, so a client cannot
-  make the service fault by truncating memory the service reads.  Nothing has
-  a name in the file system: the memory is freed when the last descriptor and
-  mapping are gone, whichever side dies first, with nothing to unlink.
+- :class:`SharedRegion` (defined in ``transport/shm.py``, re-exported here):
+  an anonymous memory file (``memfd_create``) mapped by both processes.  The
+  client creates it, seals it against shrinking and growing, and hands its
+  descriptor to the service over the socket; the service checks the seals and
+  the size before mapping it, so a client cannot make the service fault by
+  truncating memory the service reads.  Nothing has a name in the file system:
+  the memory is freed when the last descriptor and mapping are gone, whichever
+  side dies first, with nothing to unlink.
 - :class:`ControlBlock`: one region per client holding a completion slot per op
   in flight (sequence number, state, error kind and length) and the slots'
   error texts.  The service writes a slot when the op ends; the client polls
@@ -23,100 +24,15 @@ on the CPU keeping stores in order (x86-64 does); see docs/daemon.md.
 
 from __future__ import annotations
 
-import fcntl
-import mmap
-import os
-import stat
 from bisect import bisect_left
 
 import numpy as np
 
 from ..errors import TotalReduceError
 
-PAGE = mmap.PAGESIZE
-#: Seals a region must carry before the service maps it.
-REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
-_ALL_SEALS = REQUIRED_SEALS | fcntl.F_SEAL_SEAL
-
-
-def round_up(n: int, to: int = PAGE) -> int:
-    return max(to, (n + to - 1) // to * to)
-
-
-class SharedRegion:
-    """A sealed anonymous memory file mapped into this process.
-
-    >>> r = SharedRegion.create(1 << 20, "staging")
-    >>> a = r.array(0, 4, np.float32)
-    >>> r.size
-    1048576
-    """
-
-    __slots__ = ("size", "mm", "fd", "__weakref__")
-
-    def __init__(self, size: int, mm: mmap.mmap, fd: int | None) -> None:
-        self.size = size
-        self.mm = mm
-        self.fd = fd
-
-    @classmethod
-    def create(cls, size: int, label: str) -> SharedRegion:
-        """A new zero-filled region of ``size`` bytes (rounded up to a page), sealed."""
-        size = round_up(size)
-        fd = os.memfd_create(f"totalreduce-{label}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(fd, size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _ALL_SEALS)
-            mm = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(size, mm, fd)
-
-    @classmethod
-    def attach(cls, fd: int, size: int) -> SharedRegion:
-        """Map a region received from a client; takes ownership of ``fd`` (closed here).
-
-        Raises TotalReduceError if ``fd`` is not a sealed memory file of ``size`` bytes.
-        """
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise TotalReduceError("the descriptor is not a memory file")
-            if st.st_size != size:
-                raise TotalReduceError(f"the memory file has {st.st_size} bytes, not {size}")
-            try:
-                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-            except OSError:
-                seals = 0
-            if seals & REQUIRED_SEALS != REQUIRED_SEALS:
-                raise TotalReduceError(
-                    "the memory file is not sealed against shrinking and growing "
-                    "(create it with SharedRegion.create)"
-                )
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        return cls(size, mm, None)
-
-    def close_fd(self) -> None:
-        """Close the creator's descriptor once it was handed over (the mapping stays)."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def bytes(self) -> np.ndarray:
-        """The whole region as a uint8 array (keeps the mapping alive while it lives)."""
-        return np.frombuffer(self.mm, dtype=np.uint8)
-
-    def array(self, offset: int, count: int, dtype: np.dtype | type) -> np.ndarray:
-        """``count`` elements of ``dtype`` from byte ``offset``, as a 1-D view."""
-        return np.frombuffer(self.mm, dtype=dtype, count=count, offset=offset)
-
-    @property
-    def address(self) -> int:
-        return int(self.bytes().ctypes.data)
-
+# The sealed memory file moved to transport/shm.py (the shared-memory transport
+# builds its channels on it); re-exported here so old imports keep working.
+from ..transport.shm import PAGE, REQUIRED_SEALS, SharedRegion, round_up  # noqa: F401
 
 # ---------------------------------------------------------------------- control block
 

@@ -48,6 +48,7 @@ class MPITransport:
         self.comm.Set_name("totalreduce")
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        self.relays = 0
         name = MPI.Get_library_version().splitlines()[0].strip()
         self.description = f"mpi ({name}, thread level {_LEVELS.get(level, level)})"
         self._status = MPI.Status()

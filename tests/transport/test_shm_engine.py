@@ -1,0 +1,84 @@
+"""The engine (Service / CommLoop) over a relay and shared-memory clients on one node.
+
+The relay runs a Service of its own that submits nothing: its comm loop's passes
+are what forward the clients' messages.  The collectives run among the clients
+(ranks 0..L-1) with exact integer results.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from totalreduce.service.config import Config
+from totalreduce.service.service import Service
+from totalreduce.transport.shm import Channel, ShmClientTransport, new_eventfd
+
+MPI = pytest.importorskip("mpi4py.MPI", reason="the relay transport needs mpi4py")
+
+from totalreduce.transport.relay import RelayTransport  # noqa: E402
+
+
+@pytest.mark.parametrize("L", [2, 3])
+def test_collectives_among_clients_through_the_relay(L: int) -> None:
+    relay = RelayTransport(MPI.COMM_SELF, L, 64 << 10)
+    clients = []
+    for k in range(L):
+        ch = relay.new_channel()
+        cfd = new_eventfd()
+        clients.append(
+            ShmClientTransport(
+                k,
+                L,
+                1,
+                relay.rank,
+                Channel.attach(os.dup(ch.fd), ch.size),
+                cfd,
+                os.dup(relay.eventfd),
+                os.getpid(),
+                tag_span=relay.tag_span,
+            )
+        )
+        relay.attach(k, ch, os.dup(cfd), os.getpid())
+    # The engine sleeps on its own event, not in transport.wait(): keep its idle
+    # sleeps short so forwarding is not held up by them.
+    config = Config.load(env={}, idle_backoff_max_s=2e-3)
+    services = [Service(relay, config)] + [Service(c, config) for c in clients]
+    results: list = [None] * L
+    errors: list = []
+
+    def body(k: int) -> None:
+        try:
+            s = services[k + 1]
+            x = np.arange(200_000, dtype=np.int64) * (k + 1)  # bodies far larger than a ring
+            a = s.allreduce(x, name="a")
+            g = s.allgather(np.full(3, k, np.int32), name="g")
+            b = s.broadcast(np.arange(10, dtype=np.int64) + k, root=L - 1, name="b")
+            small = [s.allreduce(np.full(4, k, np.int64), name="s") for _ in range(5)]
+            results[k] = (a, g, b, small)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(k,), daemon=True) for k in range(L)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+            assert not t.is_alive(), "a client did not finish"
+        assert not errors, errors
+        total = L * (L + 1) // 2
+        for k in range(L):
+            a, g, b, small = results[k]
+            assert np.array_equal(a, np.arange(200_000, dtype=np.int64) * total)
+            assert np.array_equal(g, np.repeat(np.arange(L, dtype=np.int32), 3))
+            assert np.array_equal(b, np.arange(10, dtype=np.int64) + L - 1)
+            for v in small:
+                assert np.array_equal(v, np.full(4, L * (L - 1) // 2, np.int64))
+    finally:
+        for s in services[1:]:
+            s.shutdown(timeout=5)
+        services[0].shutdown(timeout=5)
