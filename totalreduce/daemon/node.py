@@ -84,6 +84,7 @@ class Node:
         self.epoch = 0
         self.sessions = 0
         self._stop = threading.Event()
+        self._releasing: list[tuple[threading.Event, Any]] = []
         self._sel = selectors.DefaultSelector()
         self._sel.register(listener, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = os.pipe()
@@ -116,6 +117,7 @@ class Node:
                             pass
                     else:
                         self._readable(key.data)
+                self._close_released()
         finally:
             for conn in [c for c in self.slots if c is not None]:
                 self._drop(conn, "the service stopped")
@@ -123,6 +125,15 @@ class Node:
             os.close(self._wake_r)
             os.close(self._wake_w)
         return 0
+
+    def _close_released(self) -> None:
+        keep = []
+        for released, channel in self._releasing:
+            if released.is_set():
+                channel.close()
+            else:
+                keep.append((released, channel))
+        self._releasing = keep
 
     # ------------------------------------------------------------------ connections
 
@@ -201,15 +212,15 @@ class Node:
             self.sessions += 1
             self.epoch = self.sessions
             log.info("session %d starts", self.epoch)
-        from ..transport.shm import Channel
+        from ..transport.shm import Channel, new_eventfd
 
         channel = Channel.create(self.channel_bytes)
-        client_efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        client_efd = new_eventfd()
         rank = self.node * self.local_clients + slot
         conn.slot = slot
         self.slots[slot] = conn
         self.channels[slot] = channel
-        self.transport.attach(slot, channel, client_efd, pid)
+        self.transport.attach(slot, channel, os.dup(client_efd), pid)
         self.service.loop.rejoin(rank)
         welcome = {
             "t": "welcome",
@@ -223,12 +234,14 @@ class Node:
             "epoch": self.epoch,
             "pid": os.getpid(),
             "region_bytes": channel.size,
+            "tag_span": self.transport.tag_span,
             "options": self.options,
         }
+        # The client gets its own copies of the descriptors; the transport owns ours.
         try:
             hello.send(conn.sock, welcome, (channel.fd, client_efd, self.transport.eventfd))
         finally:
-            os.close(client_efd)  # the transport and the client hold their own copies
+            os.close(client_efd)
         log.info("client pid %d is rank %d (local %d)", pid, rank, slot)
 
     def _refuse(self, conn: _Conn, why: str) -> None:
@@ -256,8 +269,10 @@ class Node:
             return
         rank = self.node * self.local_clients + slot
         (log.info if conn.said_bye else log.error)("rank %d (pid %d) %s", rank, conn.pid, how)
-        self.transport.detach(slot)  # the transport closes the channel once it let go
+        released = self.transport.detach(slot)
         self.slots[slot] = None
-        self.channels[slot] = None
+        channel, self.channels[slot] = self.channels[slot], None
+        if channel is not None:  # closed (its memory freed) once the transport let go
+            self._releasing.append((released, channel))
         if not any(self.slots):
             log.info("session %d ends", self.epoch)

@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     from .node import Node
 
     config = Config.load()
-    transport = open_relay(args.local_clients, args.channel_bytes, config.allow_serialized)
-    node, nodes = transport.node, transport.relays
+    transport = open_relay(args.local_clients, args.channel_bytes)
+    node, nodes = transport.node, transport.nodes
     logging.basicConfig(
         stream=sys.stderr,
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),

@@ -256,7 +256,7 @@ SHARED_OPTIONS = ("segment_bytes", "micro_bytes", "floating_pool_bytes")
 HELLO_FIELDS = frozenset({"version", "pid", "local_rank"})
 WELCOME_FIELDS = frozenset(
     {"rank", "size", "relays", "node", "nodes", "local", "local_clients", "epoch", "pid",
-     "region_bytes", "options"}
+     "region_bytes", "tag_span", "options"}
 )  # fmt: skip
 
 
@@ -274,6 +274,7 @@ class Welcome:
     epoch: int
     pid: int
     region_bytes: int
+    tag_span: int
     options: dict[str, int]
 
     @property
@@ -302,6 +303,7 @@ def parse_welcome(msg: dict[str, Any]) -> Welcome:
         epoch=f.int("epoch", 0, 1 << 40),
         pid=f.int("pid", 1, 1 << 31),
         region_bytes=f.int("region_bytes", 1, MAX_SIZE),
+        tag_span=f.int("tag_span", 1, 1 << 30),
         options={k: int(options[k]) for k in SHARED_OPTIONS},
     )
     if w.rank != w.node * local_clients + w.local:
@@ -350,7 +352,9 @@ def attach(
         sock.close()
         raise
     channel = Channel.attach(region_fd, w.region_bytes)
-    t = ShmClientTransport(w.rank, w.size, w.relays, w.relay, channel, own_fd, relay_fd, w.pid)
+    t = ShmClientTransport(
+        w.rank, w.size, w.relays, w.relay, channel, own_fd, relay_fd, w.pid, tag_span=w.tag_span
+    )
     return AttachedClient(t, sock, w)
 
 

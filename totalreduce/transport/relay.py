@@ -544,3 +544,21 @@ class RelayTransport:
                 except OSError:
                     pass
         os.close(self.eventfd)
+
+
+def open_relay(local_clients: int, capacity: int = DEFAULT_CAPACITY) -> RelayTransport:
+    """This node's relay over MPI's world (one rank per node), on a communicator of its own."""
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    return RelayTransport(MPI.COMM_WORLD.Dup(), local_clients, capacity)
+
+
+def agree(relay: RelayTransport, values: list[int]) -> list[int]:
+    """The element-wise maximum of ``values`` over every node (blocking; before serving)."""
+    if relay.comm is None:
+        return list(values)
+    from mpi4py import MPI
+
+    return [int(v) for v in relay.comm.allreduce(np.array(values, np.int64), op=MPI.MAX)]
