@@ -68,10 +68,10 @@ class PartitionOps(OpSubmitter):
                 f"tensor of shape {arr.shape} has no dimension {k} to split along"
             )
         grp = partition.axis_group(self.rank, k)
-        me = grp.rank_of(self.rank)
-        assert me is not None
+        along = grp.rank_of(self.rank)
+        assert along is not None
         moved = np.ascontiguousarray(np.moveaxis(arr, k, 0))
-        return grp, me, moved.reshape(-1), k, moved.shape[1:], int(arr.shape[k])
+        return grp, along, moved.reshape(-1), k, moved.shape[1:], int(arr.shape[k])
 
     @staticmethod
     def _unsplit(
