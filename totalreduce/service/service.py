@@ -13,11 +13,14 @@ its name and generation (:mod:`.names`), compile its schedule and queue it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..engine.wire import wire_id
 from ..transport.base import Transport
 from .checks import as_array, reduce_op
 from .collectives import CollectiveOps
 from .config import Config
+from .handle import Handle, HandleLike, ServiceLike
 from .lifecycle import Lifecycle
 from .neighbors import NeighborOps
 from .partitions import PartitionOps
@@ -42,3 +45,9 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, Lifecycle):
         on ranks (including this one) that have not submitted it yet.
         """
         self.loop.request_abort((wire_id(name), int(generation)), str(name), reason)
+
+
+if TYPE_CHECKING:  # mypy checks that the embedded service and handle satisfy the protocols
+
+    def _satisfies(service: Service, handle: Handle) -> tuple[ServiceLike, HandleLike]:
+        return service, handle
