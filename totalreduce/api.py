@@ -17,16 +17,17 @@ from typing import Any
 import numpy as np
 
 from .errors import NotInitializedError
-from .group import Group
+from .group import Group, set_rank_source
 from .service.config import Config
-from .service.handle import Handle
+from .service.handle import HandleLike, ServiceLike
 from .service.service import Service
+from .transport import open_transport
 
-_default: Service | None = None
+_default: ServiceLike | None = None
 _init_lock = threading.Lock()
 
 
-def init(comm: Any = None, **options: Any) -> Any:
+def init(comm: Any = None, **options: Any) -> ServiceLike:
     """Start the service of this rank over MPI (idempotent); returns it.
 
     ``comm`` is an ``mpi4py`` communicator to run over (default: the world;
@@ -72,10 +73,7 @@ def init(comm: Any = None, **options: Any) -> Any:
             _default = connect(socket_path, **options)
             return _default
         config = Config.load(**options)
-        from .transport.mpi import MPITransport
-
-        transport = MPITransport(comm, allow_serialized=config.allow_serialized)
-        _default = Service(transport, config)
+        _default = Service(open_transport(config, comm), config)
         return _default
 
 
@@ -104,7 +102,7 @@ def _check_same(running: Any, comm: Any, options: dict[str, Any]) -> None:
         )
 
 
-def default_service() -> Service:
+def default_service() -> ServiceLike:
     """The default service; raises if ``init()`` was not called."""
     s = _default
     if s is None or s.closed:
@@ -124,6 +122,9 @@ def rank() -> int:
 def size() -> int:
     """The number of ranks."""
     return default_service().size
+
+
+set_rank_source(rank)  # Partition.active and .coords: the default service's rank
 
 
 def _node_layout() -> tuple[int, int, int, int]:
@@ -165,7 +166,7 @@ def allreduce_async(
     algorithm: str | None = None,
     group: Group | None = None,
     dtype: str | None = None,
-) -> Handle:
+) -> HandleLike:
     """Start an allreduce of ``x``; see :meth:`Service.allreduce_async`."""
     return default_service().allreduce_async(x, name, op, out, priority, algorithm, group, dtype)
 
@@ -193,7 +194,7 @@ def broadcast_async(
     algorithm: str = "auto",
     group: Group | None = None,
     dtype: str | None = None,
-) -> Handle:
+) -> HandleLike:
     """Start a broadcast from ``root``; see :meth:`Service.broadcast_async`."""
     return default_service().broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
 
@@ -214,7 +215,7 @@ def broadcast(
 
 def barrier_async(
     name: str | int | None = None, algorithm: str = "all_to_all", group: Group | None = None
-) -> Handle:
+) -> HandleLike:
     """Start a barrier."""
     return default_service().barrier_async(name, algorithm=algorithm, group=group)
 
@@ -226,7 +227,9 @@ def barrier(
     default_service().barrier(name, algorithm=algorithm, group=group)
 
 
-def pairwise_exchange_async(x: Any, steps: int, name: str | int | None = None, **kw: Any) -> Handle:
+def pairwise_exchange_async(
+    x: Any, steps: int, name: str | int | None = None, **kw: Any
+) -> HandleLike:
     """Start Gloo's pairwise-exchange benchmark pattern; see the Service method."""
     return default_service().pairwise_exchange_async(x, steps, name, **kw)
 
@@ -238,7 +241,7 @@ def pairwise_exchange(x: Any, steps: int, name: str | int | None = None, **kw: A
 
 def reduce_scatter_async(
     x: Any, name: str | int | None = None, op: str = "sum", **kw: Any
-) -> Handle:
+) -> HandleLike:
     """Start a reduce-scatter; see :meth:`Service.reduce_scatter_async`."""
     return default_service().reduce_scatter_async(x, name, op, **kw)
 
@@ -248,7 +251,7 @@ def reduce_scatter(x: Any, name: str | int | None = None, op: str = "sum", **kw:
     return default_service().reduce_scatter(x, name, op, **kw)
 
 
-def allgather_async(x: Any, name: str | int | None = None, **kw: Any) -> Handle:
+def allgather_async(x: Any, name: str | int | None = None, **kw: Any) -> HandleLike:
     """Start an all-gather; see :meth:`Service.allgather_async`."""
     return default_service().allgather_async(x, name, **kw)
 
@@ -258,7 +261,7 @@ def allgather(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
     return default_service().allgather(x, name, **kw)
 
 
-def neighbor_allreduce_async(x: Any, name: str | int | None = None, **kw: Any) -> Handle:
+def neighbor_allreduce_async(x: Any, name: str | int | None = None, **kw: Any) -> HandleLike:
     """Start neighbor averaging; see :meth:`Service.neighbor_allreduce_async`."""
     return default_service().neighbor_allreduce_async(x, name, **kw)
 
@@ -268,7 +271,7 @@ def neighbor_allreduce(x: Any, name: str | int | None = None, **kw: Any) -> np.n
     return default_service().neighbor_allreduce(x, name, **kw)
 
 
-def neighbor_allgather_async(x: Any, name: str | int | None = None, **kw: Any) -> Handle:
+def neighbor_allgather_async(x: Any, name: str | int | None = None, **kw: Any) -> HandleLike:
     """Start a neighbor all-gather; see :meth:`Service.neighbor_allgather_async`."""
     return default_service().neighbor_allgather_async(x, name, **kw)
 
@@ -280,7 +283,7 @@ def neighbor_allgather(x: Any, name: str | int | None = None, **kw: Any) -> np.n
 
 def hierarchical_neighbor_allreduce_async(
     x: Any, name: str | int | None = None, **kw: Any
-) -> Handle:
+) -> HandleLike:
     """Start node-then-neighbor-nodes averaging; see the Service method."""
     return default_service().hierarchical_neighbor_allreduce_async(x, name, **kw)
 
@@ -290,12 +293,12 @@ def hierarchical_neighbor_allreduce(x: Any, name: str | int | None = None, **kw:
     return default_service().hierarchical_neighbor_allreduce(x, name, **kw)
 
 
-def poll(handle: Handle) -> bool:
+def poll(handle: HandleLike) -> bool:
     """True once ``handle``'s op has completed (never blocks)."""
     return handle.done()
 
 
-def synchronize(handle: Handle, timeout: float | None = None) -> Any:
+def synchronize(handle: HandleLike, timeout: float | None = None) -> Any:
     """Wait for ``handle``'s op and return its result (Horovod's name for ``wait``)."""
     return handle.wait(timeout)
 

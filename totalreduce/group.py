@@ -16,9 +16,24 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, NotInitializedError
+
+
+def _no_service() -> int:
+    raise NotInitializedError("call totalreduce.init() first")
+
+
+#: This process's rank in the default service, for ``Partition.active`` and ``.coords``.
+#: The API module (which sits above this one) installs it with :func:`set_rank_source`.
+_rank_source: Callable[[], int] = _no_service
+
+
+def set_rank_source(source: Callable[[], int]) -> None:
+    """Where ``Partition.active`` and ``Partition.coords`` read this process's rank."""
+    global _rank_source
+    _rank_source = source
 
 
 class Group:
@@ -140,15 +155,11 @@ class Partition:
     # Conveniences that use the default service's rank (after totalreduce.init()).
     @property
     def active(self) -> bool:
-        from .api import default_service
-
-        return self.is_active(default_service().rank)
+        return self.is_active(_rank_source())
 
     @property
     def coords(self) -> tuple[int, ...] | None:
-        from .api import default_service
-
-        return self.coords_of(default_service().rank)
+        return self.coords_of(_rank_source())
 
     def __repr__(self) -> str:
         return f"Partition({self.shape}, ranks={list(self.ranks)})"

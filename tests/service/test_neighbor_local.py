@@ -189,3 +189,29 @@ def test_integer_arrays_refused() -> None:
     with local_services(2) as svcs:
         with pytest.raises(tr.InvalidArgumentError, match="floating-point"):
             svcs[0].neighbor_allreduce_async(np.ones(3, dtype=np.int64), topology="ring-graph")
+
+
+@pytest.mark.parametrize("machine", ["exponential-2", "ring", "exp"])
+def test_hierarchical_walks_the_machine_topology(machine: str) -> None:
+    # Both phases are compiled at the call: every generation uses its own step.
+    p, local, steps = 8, 2, 3
+    X = start_values(p, 10)
+    nodes = p // local
+    topo = get_topology(machine, nodes)
+
+    def rank_main(svc):
+        handles = [
+            svc.hierarchical_neighbor_allreduce_async(
+                X[svc.rank], name="hw", topology=machine, local_size=local
+            )
+            for _ in range(steps)
+        ]
+        return [h.wait() for h in handles]
+
+    with local_services(p) as svcs:
+        results = run_ranks(svcs, rank_main)
+    node_avg = X.reshape(nodes, local, -1).mean(axis=1)
+    for t in range(steps):
+        want = mixing_matrix(topo, t) @ node_avg
+        for r in range(p):
+            np.testing.assert_allclose(results[r][t], want[r // local], atol=1e-12)

@@ -1,15 +1,230 @@
-"""Handles: what an ``*_async`` call returns, to poll or wait on one op."""
+"""Handles: what an ``*_async`` call returns, to poll or wait on one op.
+
+:class:`HandleLike` is what every handle offers (the embedded :class:`Handle`,
+``totalreduce.torch.TensorHandle``); :class:`ServiceLike` is what
+``totalreduce.default_service()`` returns: the calls the module-level API and
+``totalreduce.torch`` make on a service.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from ..dtypes import ReduceOp
     from ..engine.loop import CommLoop
     from ..engine.payload import OpSpec
+    from ..group import Group, Partition
+
+
+@runtime_checkable
+class HandleLike(Protocol):
+    """One submitted op: poll it with ``done()``, block on it with ``wait()``."""
+
+    @property
+    def name(self) -> str | int:
+        """The op's name."""
+        ...
+
+    @property
+    def generation(self) -> int:
+        """How many earlier ops of this name this rank submitted."""
+        ...
+
+    def done(self) -> bool:
+        """True once the op completed or failed; never blocks."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the op completes (or ``timeout`` seconds pass); return its result."""
+        ...
+
+    def exception(self) -> BaseException | None:
+        """The op's error once done, else None."""
+        ...
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(handle)`` once when the op ends."""
+        ...
+
+
+@runtime_checkable
+class ServiceLike(Protocol):
+    """What ``totalreduce.default_service()`` returns: the calls of the API and of the torch layer.
+
+    The embedded :class:`~totalreduce.Service` implements all of it.
+    """
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def allreduce_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        op: str | ReduceOp = "sum",
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str | None = None,
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> HandleLike: ...
+
+    def allreduce(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        op: str | ReduceOp = "sum",
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str | None = None,
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> np.ndarray: ...
+
+    def broadcast_async(
+        self,
+        x: Any,
+        root: int = 0,
+        name: str | int | None = None,
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str = "auto",
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> HandleLike: ...
+
+    def broadcast(
+        self,
+        x: Any,
+        root: int = 0,
+        name: str | int | None = None,
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str = "auto",
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> np.ndarray: ...
+
+    def barrier_async(
+        self,
+        name: str | int | None = None,
+        priority: int = 0,
+        algorithm: str = "all_to_all",
+        group: Group | None = None,
+    ) -> HandleLike: ...
+
+    def barrier(
+        self,
+        name: str | int | None = None,
+        algorithm: str = "all_to_all",
+        group: Group | None = None,
+    ) -> None: ...
+
+    def pairwise_exchange_async(
+        self,
+        x: Any,
+        steps: int,
+        name: str | int | None = None,
+        group: Group | None = None,
+        priority: int = 0,
+    ) -> HandleLike: ...
+
+    def reduce_scatter_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        op: str | ReduceOp = "sum",
+        partition: Partition | None = None,
+        axes: Any = None,
+        group: Group | None = None,
+        dtype: str | None = None,
+        priority: int = 0,
+    ) -> HandleLike: ...
+
+    def reduce_scatter(
+        self, x: Any, name: str | int | None = None, op: str = "sum", **kw: Any
+    ) -> Any: ...
+
+    def allgather_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        partition: Partition | None = None,
+        axes: Any = None,
+        group: Group | None = None,
+        dtype: str | None = None,
+        priority: int = 0,
+    ) -> HandleLike: ...
+
+    def allgather(self, x: Any, name: str | int | None = None, **kw: Any) -> Any: ...
+
+    def neighbor_allreduce_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        topology: Any = None,
+        step: int | None = None,
+        self_weight: float | None = None,
+        src_weights: Any = None,
+        dst_weights: Any = None,
+        out: Any = None,
+        dtype: str | None = None,
+        priority: int = 0,
+    ) -> HandleLike: ...
+
+    def neighbor_allreduce(
+        self, x: Any, name: str | int | None = None, **kw: Any
+    ) -> np.ndarray: ...
+
+    def neighbor_allgather_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        topology: Any = None,
+        step: int | None = None,
+        src_ranks: Any = None,
+        dst_ranks: Any = None,
+        dtype: str | None = None,
+        priority: int = 0,
+    ) -> HandleLike: ...
+
+    def neighbor_allgather(
+        self, x: Any, name: str | int | None = None, **kw: Any
+    ) -> np.ndarray: ...
+
+    def hierarchical_neighbor_allreduce_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        topology: Any = None,
+        local_size: int = 1,
+        step: int | None = None,
+        out: Any = None,
+        dtype: str | None = None,
+        priority: int = 0,
+    ) -> HandleLike: ...
+
+    def hierarchical_neighbor_allreduce(
+        self, x: Any, name: str | int | None = None, **kw: Any
+    ) -> np.ndarray: ...
+
+    def node_layout(self) -> tuple[int, int, int, int]:
+        """(local_rank, local_size, cross_rank, cross_size) of this rank."""
+        ...
+
+    def shutdown(self, timeout: float | None = None) -> None: ...
 
 
 class Handle:
@@ -127,3 +342,10 @@ class Handle:
     def __repr__(self) -> str:
         state = "done" if self.done() else "in flight"
         return f"<Handle op={self.name!r} generation={self.generation} {state}>"
+
+
+def done_handle(name: str | int | None, result: Any) -> Handle:
+    """A handle that is complete already (ranks outside a partition)."""
+    h = Handle("" if name is None else name, -1, result)
+    h._finish(None)
+    return h

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError
-from ..service.service import Service
+from ..service.handle import ServiceLike
 from .collectives import broadcast_async_, resolve_root, resolve_service
 
 
@@ -31,7 +31,7 @@ def broadcast_parameters(
     prefix: str = "broadcast.",
     *,
     root_rank: int | None = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> None:
     """Overwrite every rank's tensors with rank ``root``'s, in place.
 
@@ -69,7 +69,7 @@ def broadcast_object(
     name: str = "broadcast_object",
     *,
     root_rank: int | None = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> Any:
     """Return rank ``root``'s ``obj`` on every rank (pickled; other ranks' ``obj`` is ignored).
 
@@ -99,7 +99,7 @@ def broadcast_object(
 
 
 def allgather_object(
-    obj: Any, name: str = "allgather_object", *, service: Service | None = None
+    obj: Any, name: str = "allgather_object", *, service: ServiceLike | None = None
 ) -> list[Any]:
     """Every rank's ``obj``, in rank order (Horovod's ``allgather_object``).
 
@@ -129,7 +129,7 @@ def broadcast_optimizer_state(
     name: str = "broadcast_optimizer_state",
     *,
     root_rank: int | None = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> None:
     """Load rank ``root``'s optimizer state and hyper-parameters on every rank.
 

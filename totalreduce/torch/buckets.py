@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..service.service import Service
+from ..service.handle import ServiceLike
 from .collectives import allreduce_async_
 from .compression import Compressor
 from .tensors import TensorHandle
@@ -107,7 +107,7 @@ class Bucket:
 
     plan: BucketPlan
     op: str
-    service: Service
+    service: ServiceLike
     offsets: list[int] = field(default_factory=list)
     ready: set[int] = field(default_factory=set)
     handle: TensorHandle | None = None

@@ -24,7 +24,7 @@ import torch
 
 from ..api import default_service
 from ..errors import InvalidArgumentError
-from ..service.service import Service
+from ..service.handle import ServiceLike
 from .tensors import HostBuffer, PinnedPool, TensorHandle, host_buffer
 
 #: Horovod's op constants (``hvd.Average`` ...): the engine's op names.
@@ -43,7 +43,7 @@ def resolve_root(root: int, root_rank: int | None) -> int:
     return root_rank
 
 
-def resolve_service(service: Service | None) -> Service:
+def resolve_service(service: ServiceLike | None) -> ServiceLike:
     """``service``, or the default one (``totalreduce.init()`` must have run)."""
     return default_service() if service is None else service
 
@@ -85,7 +85,7 @@ def allreduce_async(
     priority: int | None = None,
     *,
     group: Any = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> TensorHandle:
     """Start reducing ``tensor`` across ranks into a new tensor (``op``: avg, sum, max, min).
 
@@ -114,7 +114,7 @@ def allreduce_async_(
     *,
     group: Any = None,
     staging: PinnedPool | None = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> TensorHandle:
     """Start reducing ``tensor`` across ranks in place; ``wait()`` returns ``tensor``."""
     svc = resolve_service(service)
@@ -137,7 +137,7 @@ def allreduce(
     op: str = "avg",
     priority: int | None = None,
     *,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`allreduce_async`: the reduced values in a new tensor."""
     return allreduce_async(tensor, name, op, priority, service=service).wait()
@@ -149,7 +149,7 @@ def allreduce_(
     op: str = "avg",
     priority: int | None = None,
     *,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`allreduce_async_`: reduces ``tensor`` in place and returns it."""
     return allreduce_async_(tensor, name, op, priority, service=service).wait()
@@ -166,7 +166,7 @@ def broadcast_async(
     *,
     root_rank: int | None = None,
     group: Any = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> TensorHandle:
     """Start copying rank ``root``'s ``tensor`` to every rank, into a new tensor.
 
@@ -197,7 +197,7 @@ def broadcast_async_(
     root_rank: int | None = None,
     group: Any = None,
     staging: PinnedPool | None = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> TensorHandle:
     """Start overwriting ``tensor`` with rank ``root``'s, in place; ``wait()`` returns it."""
     svc = resolve_service(service)
@@ -222,7 +222,7 @@ def broadcast(
     priority: int | None = None,
     *,
     root_rank: int | None = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`broadcast_async`: rank ``root``'s values in a new tensor."""
     return broadcast_async(
@@ -237,7 +237,7 @@ def broadcast_(
     priority: int | None = None,
     *,
     root_rank: int | None = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`broadcast_async_`: overwrites ``tensor`` with rank ``root``'s."""
     return broadcast_async_(
@@ -258,7 +258,7 @@ def reduce_scatter_async(
     priority: int | None = None,
     *,
     staging: PinnedPool | None = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> TensorHandle:
     """Start a reduce-scatter; ``wait()`` returns this rank's part as a new tensor.
 
@@ -293,7 +293,7 @@ def reduce_scatter(
     group: Any = None,
     priority: int | None = None,
     *,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`reduce_scatter_async`."""
     return reduce_scatter_async(
@@ -311,7 +311,7 @@ def allgather_async(
     *,
     flat: bool = False,
     staging: PinnedPool | None = None,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> TensorHandle:
     """Start an all-gather: every rank's tensor joined in rank order, as a new tensor.
 
@@ -365,7 +365,7 @@ def allgather(
     priority: int | None = None,
     *,
     flat: bool = False,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`allgather_async`."""
     return allgather_async(
@@ -376,7 +376,7 @@ def allgather(
 # ---------------------------------------------------------------- barrier
 
 
-def barrier(name: str | int | None = None, *, service: Service | None = None) -> None:
+def barrier(name: str | int | None = None, *, service: ServiceLike | None = None) -> None:
     """Return once every rank has entered the barrier (Horovod's ``hvd.barrier()``)."""
     resolve_service(service).barrier(name)
 
@@ -390,7 +390,7 @@ def _neighbor(
     in_place: bool,
     kwargs: dict[str, Any],
     priority: int | None,
-    service: Service | None,
+    service: ServiceLike | None,
 ) -> TensorHandle:
     svc = resolve_service(service)
     buf = host_buffer(tensor)
@@ -412,7 +412,7 @@ def neighbor_allreduce_async(
     dst_weights: Any = None,
     priority: int | None = None,
     *,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> TensorHandle:
     """Start averaging ``tensor`` with this rank's neighbors, into a new tensor.
 
@@ -441,7 +441,7 @@ def neighbor_allreduce_async_(
     dst_weights: Any = None,
     priority: int | None = None,
     *,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> TensorHandle:
     """In-place :func:`neighbor_allreduce_async`; ``wait()`` returns ``tensor``."""
     kwargs = dict(
@@ -464,7 +464,7 @@ def neighbor_allreduce(
     dst_weights: Any = None,
     priority: int | None = None,
     *,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`neighbor_allreduce_async`."""
     return neighbor_allreduce_async(
@@ -490,7 +490,7 @@ def neighbor_allreduce_(
     dst_weights: Any = None,
     priority: int | None = None,
     *,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`neighbor_allreduce_async_`."""
     return neighbor_allreduce_async_(

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgumentError
+from ..service.handle import ServiceLike
 from ..service.service import Service
 from .collectives import allreduce_async_, resolve_service
 from .tensors import TensorHandle
@@ -44,7 +45,7 @@ class CommHookState:
     ... # doctest: +SKIP
     """
 
-    service: Service | None = None
+    service: ServiceLike | None = None
     prefix: str = "ddp."
     calls: int = 0
 
@@ -55,7 +56,7 @@ _DEFAULT_PREFIX = CommHookState.prefix
 GradBucket: Any = dist.GradBucket if dist.is_available() else Any
 
 
-def _state(state: Any) -> tuple[Service, str, CommHookState | None]:
+def _state(state: Any) -> tuple[ServiceLike, str, CommHookState | None]:
     if state is None:
         return resolve_service(None), _DEFAULT_PREFIX, None
     if isinstance(state, CommHookState):

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError
-from ..service.service import Service
+from ..service.handle import ServiceLike
 from ..topology import MixingTopology, get_topology, topology_options
 from .broadcast_state import broadcast_parameters
 from .collectives import allreduce_async_, resolve_service
@@ -33,7 +33,7 @@ from .optimizer import priority_of
 from .tensors import array_to_tensor, host_buffer
 
 
-def detect_local_size(service: Service) -> int:
+def detect_local_size(service: ServiceLike) -> int:
     """The number of ranks on this rank's node: the transport's node layout.
 
     Over MPI that is the shared-memory split the transport made once at its
@@ -43,7 +43,7 @@ def detect_local_size(service: Service) -> int:
 
 
 def resolve_topology(
-    topology: str | MixingTopology, service: Service, local_size: int | None
+    topology: str | MixingTopology, service: ServiceLike, local_size: int | None
 ) -> MixingTopology:
     """The topology object for a name (filling in ``local_size`` where it takes one)."""
     try:
@@ -88,7 +88,7 @@ class DecentralizedDataParallel(torch.nn.Module):
         topology: str | MixingTopology = "alternating-exp-ring",
         local_size: int | None = None,
         *,
-        service: Service | None = None,
+        service: ServiceLike | None = None,
         prefix: str = "decentralized.",
         priority: Any = None,
         sync_initial: bool = True,
@@ -137,7 +137,7 @@ class DecentralizedDataParallel(torch.nn.Module):
 
     def _start(self) -> None:
         """Start this step's neighbor averaging of every parameter (most urgent first)."""
-        svc: Service = self.service
+        svc: ServiceLike = self.service
         step = self._step
         self._step += 1
         for p in self._order:

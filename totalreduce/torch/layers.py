@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidArgumentError
-from ..service.service import Service
+from ..service.handle import ServiceLike
 from .collectives import allgather, reduce_scatter, resolve_service
 
 
@@ -45,7 +45,7 @@ class _Collective(torch.nn.Module):
         axes: Any = None,
         name: str | None = None,
         *,
-        service: Service | None = None,
+        service: ServiceLike | None = None,
     ) -> None:
         super().__init__()
         if partition is None and axes not in (None, (), (0,), 0):

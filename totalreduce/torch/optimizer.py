@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidArgumentError, TotalReduceError
+from ..service.handle import ServiceLike
 from ..service.service import Service
 from .buckets import Bucket, describe, member_index, plan_buckets
 from .collectives import allreduce_async_, resolve_service
@@ -80,7 +81,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory that returns
     *,
     fusion_bytes: int = DEFAULT_FUSION_BYTES,
     compression: type[Compressor] = Compression.none,
-    service: Service | None = None,
+    service: ServiceLike | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so its gradients are averaged across ranks as backward makes them.
 

@@ -46,7 +46,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 from ..api import init
 from ..errors import InvalidArgumentError, TotalReduceError
 from ..group import Group
-from ..service.service import Service
+from ..service.handle import ServiceLike
 from .broadcast_state import broadcast_object
 from .collectives import allgather_async, allreduce_async_, broadcast_async_, reduce_scatter_async
 from .tensors import PinnedPool, TensorHandle
@@ -133,7 +133,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
     order; ``group_id`` is torch's name of the group (the same on every rank).
     """
 
-    def __init__(self, service: Service, ranks: list[int], group_id: str) -> None:
+    def __init__(self, service: ServiceLike, ranks: list[int], group_id: str) -> None:
         me = ranks.index(service.rank)
         super().__init__(me, len(ranks))
         self.service = service
@@ -350,7 +350,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
 
 
 def create_process_group(
-    options: Any, _backend_options: Any = None, *, service: Service | None = None
+    options: Any, _backend_options: Any = None, *, service: ServiceLike | None = None
 ) -> TotalReduceProcessGroup:
     """What torch calls for ``init_process_group``/``new_group`` with this backend.
 

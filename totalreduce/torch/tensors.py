@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError
-from ..service.handle import Handle
+from ..service.handle import HandleLike
 
 #: The tensor dtypes every collective accepts.
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
@@ -223,7 +223,7 @@ class TensorHandle:
 
     __slots__ = ("handle", "_finish", "_result", "_lock")
 
-    def __init__(self, handle: Handle, finish: Callable[[Any], torch.Tensor]) -> None:
+    def __init__(self, handle: HandleLike, finish: Callable[[Any], torch.Tensor]) -> None:
         self.handle = handle
         self._finish: Callable[[Any], torch.Tensor] | None = finish
         self._result: torch.Tensor | None = None

@@ -1,0 +1,232 @@
+"""Whole-array collectives: allreduce, broadcast, barrier and the pairwise exchange.
+
+Each is one op with one compiled schedule (:func:`~.ops.compile_op`), named,
+launched and returned as a :class:`~.handle.Handle` by :meth:`OpSubmitter._simple`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.codes import OpKind
+from ..dtypes import DType, ReduceOp
+from ..errors import InvalidArgumentError
+from ..group import Group
+from . import checks
+from .checks import as_array
+from .handle import Handle
+from .ops import choose_allreduce, choose_broadcast, compile_op
+from .submit import OpSubmitter
+
+
+class CollectiveOps(OpSubmitter):
+    """Allreduce, broadcast, barrier and pairwise exchange of a service."""
+
+    def allreduce_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        op: str | ReduceOp = "sum",
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str | None = None,
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> Handle:
+        """Start reducing ``x`` across all ranks (or ``group``); ``wait()`` returns the result.
+
+        ``out`` receives the result (a new array by default; ``out=x`` reduces in
+        place).  ``op`` is ``sum``, ``avg``, ``max`` or ``min``.  Higher
+        ``priority`` goes first.  ``dtype="bfloat16"`` marks a ``uint16`` array
+        as bfloat16 bit patterns.
+        """
+        arr, dt = as_array(x, "x", dtype)
+        rop = checks.reduce_op(op)
+        o, in_place = checks.output(arr, out)
+        grp, me = self._group(group)
+        algo = choose_allreduce(
+            algorithm or self.config.algorithm,
+            grp.size,
+            arr.nbytes,
+            self.config.tuning_file or None,
+            dt.name.lower(),
+        )
+        code, sched = compile_op(
+            OpKind.ALLREDUCE, algo, me, grp.size, int(arr.size), rop is ReduceOp.AVG
+        )
+        return self._simple(
+            kind=OpKind.ALLREDUCE,
+            x=arr,
+            dtype=dt,
+            out=o,
+            in_place=in_place,
+            name=name,
+            op=rop,
+            priority=priority,
+            group=grp,
+            code=code,
+            schedule=sched,
+            result=o.reshape(arr.shape),
+        )
+
+    def allreduce(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        op: str | ReduceOp = "sum",
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str | None = None,
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> np.ndarray:
+        """Blocking :meth:`allreduce_async`: returns the reduced array."""
+        return self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype).wait()
+
+    def broadcast_async(
+        self,
+        x: Any,
+        root: int = 0,
+        name: str | int | None = None,
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str = "auto",
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> Handle:
+        """Start copying ``x`` of rank ``root`` to every rank; ``wait()`` returns it.
+
+        Every rank passes an array of the same shape and dtype; ``out=x``
+        overwrites ``x`` in place on the receivers, as ``MPI_Bcast`` does.
+        ``algorithm`` is ``one_to_all``, ``pipelined`` (large buffers) or ``auto`` (the tuning
+        table's choice, like allreduce's).  With a
+        ``group``, ``root`` is a rank of the group.
+        """
+        arr, dt = as_array(x, "x", dtype)
+        grp, me = self._group(group)
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+            raise InvalidArgumentError(f"broadcast root must be an int, got {root!r}")
+        if not 0 <= root < grp.size:
+            raise InvalidArgumentError(f"broadcast root {root} outside 0..{grp.size - 1}")
+        algorithm = choose_broadcast(
+            algorithm, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
+        )
+        o, in_place = checks.output(arr, out)
+        code, sched = compile_op(
+            OpKind.BROADCAST, algorithm, me, grp.size, int(arr.size), False, (("root", int(root)),)
+        )
+        return self._simple(
+            kind=OpKind.BROADCAST,
+            x=arr,
+            dtype=dt,
+            out=o,
+            in_place=in_place,
+            name=name,
+            op=ReduceOp.SUM,
+            priority=priority,
+            group=grp,
+            code=code,
+            schedule=sched,
+            param=int(root),
+            result=o.reshape(arr.shape),
+        )
+
+    def broadcast(
+        self,
+        x: Any,
+        root: int = 0,
+        name: str | int | None = None,
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str = "auto",
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> np.ndarray:
+        """Blocking :meth:`broadcast_async`."""
+        return self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype).wait()
+
+    def barrier_async(
+        self,
+        name: str | int | None = None,
+        priority: int = 0,
+        algorithm: str = "all_to_all",
+        group: Group | None = None,
+    ) -> Handle:
+        """Start a barrier: ``wait()`` returns once every rank (of ``group``) has entered it."""
+        if algorithm not in ("all_to_all", "all_to_one"):
+            raise InvalidArgumentError(
+                f"unknown barrier algorithm {algorithm!r}; known: all_to_all, all_to_one"
+            )
+        grp, me = self._group(group)
+        code, sched = compile_op(OpKind.BARRIER, algorithm, me, grp.size, 0, False)
+        empty = np.empty(0, dtype=np.int64)
+        return self._simple(
+            kind=OpKind.BARRIER,
+            x=empty,
+            dtype=DType.INT64,
+            out=empty,
+            in_place=True,
+            name=name,
+            op=ReduceOp.SUM,
+            priority=priority,
+            group=grp,
+            code=code,
+            schedule=sched,
+        )
+
+    def barrier(
+        self,
+        name: str | int | None = None,
+        algorithm: str = "all_to_all",
+        group: Group | None = None,
+    ) -> None:
+        """Blocking barrier."""
+        self.barrier_async(name, algorithm=algorithm, group=group).wait()
+
+    def pairwise_exchange_async(
+        self,
+        x: Any,
+        steps: int,
+        name: str | int | None = None,
+        group: Group | None = None,
+        priority: int = 0,
+    ) -> Handle:
+        """Gloo's benchmark pattern: ``steps`` pairwise swaps of ``x.size / steps`` elements.
+
+        Needs a power-of-two number of ranks and ``1 <= steps <= lg P``.  Part
+        ``k`` of the result is part ``k`` of the input of rank ``r XOR 2^k``.
+        """
+        arr, dt = as_array(x, "x")
+        grp, me = self._group(group)
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
+            raise InvalidArgumentError(f"steps must be an int, got {steps!r}")
+        try:
+            code, sched = compile_op(
+                OpKind.PAIRWISE_EXCHANGE,
+                "pairwise",
+                me,
+                grp.size,
+                int(arr.size),
+                False,
+                (("steps", int(steps)),),
+            )
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        o = np.empty_like(arr)
+        return self._simple(
+            kind=OpKind.PAIRWISE_EXCHANGE,
+            x=arr,
+            dtype=dt,
+            out=o,
+            in_place=False,
+            name=name,
+            op=ReduceOp.SUM,
+            priority=priority,
+            group=grp,
+            code=code,
+            schedule=sched,
+            param=int(steps),
+            result=o,
+        )

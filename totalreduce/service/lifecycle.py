@@ -1,0 +1,113 @@
+"""Thread lifecycle: start a service's comm and reduce threads, and shut them down.
+
+The comm thread runs the engine's :class:`~totalreduce.engine.loop.CommLoop`
+(threads blocked in ``wait()`` run it too); the reduce thread runs the
+:class:`~totalreduce.service.reducer.Reducer` over the loop's computation list.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+
+from ..engine.loop import CommLoop, LoopConfig
+from ..errors import TotalReduceError
+from ..group import Group
+from ..transport.base import Transport
+from .config import Config
+from .names import NameTable
+from .submit import OpSubmitter
+
+log = logging.getLogger("totalreduce.service")
+
+
+class Lifecycle(OpSubmitter):
+    """Starts (:meth:`_start`) and stops (:meth:`shutdown`) the threads of a service."""
+
+    def _start(self, transport: Transport, config: Config) -> None:
+        """Set up the loop, the reducer and the name table, then start both threads."""
+        from .reducer import Reducer, execute, run  # the Numba kernels: only when a service starts
+
+        self.config = cfg = config
+        self.transport = transport
+        self.rank = transport.rank
+        self.size = transport.size
+        self.loop = CommLoop(
+            transport,
+            LoopConfig(
+                micro_bytes=cfg.micro_bytes,
+                max_inflight_sends=cfg.max_inflight_sends,
+                floating_pool_bytes=cfg.floating_pool_bytes,
+                stall_warning_s=cfg.stall_warning_s,
+                stall_shutdown_s=cfg.stall_shutdown_s,
+                backoff_max_s=cfg.backoff_max_s,
+                idle_backoff_max_s=cfg.idle_backoff_max_s,
+                inline_compute_bytes=cfg.inline_compute_bytes,
+                segment_bytes=cfg.segment_bytes,
+            ),
+            execute=execute,
+            run=run,
+        )
+        self.reducer = Reducer(self.loop.compute, self.loop.notify)
+        if cfg.timeline:
+            from ..timeline import Timeline
+
+            self.loop.trace = self.reducer.trace = Timeline(cfg.timeline, self.rank)
+        self._names = NameTable()
+        self._closed = False
+        self._stop = threading.Event()
+        self._world_group = Group.world(self.size)
+        self._comm_thread = threading.Thread(
+            target=self._run_loop, name=f"totalreduce-comm-{self.rank}", daemon=True
+        )
+        self._reduce_thread = threading.Thread(
+            target=self.reducer.run, name=f"totalreduce-reduce-{self.rank}", daemon=True
+        )
+        self._reduce_thread.start()
+        self._comm_thread.start()
+
+    def _run_loop(self) -> None:
+        self.loop.run(self._stop)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Let in-flight ops finish (up to ``timeout``), then stop the threads.
+
+        Ops still in flight after the timeout fail with an error naming them.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        limit = self.config.shutdown_timeout_s if timeout is None else timeout
+        if timeout is None and getattr(sys, "last_value", None) is not None:
+            limit = 0.0  # the program is dying of an exception: do not keep peers waiting
+        deadline = time.monotonic() + limit
+        while (self.loop.busy or self.loop.sending) and time.monotonic() < deadline:
+            self.loop.poll()
+            time.sleep(0.0005)
+        # Let the last control messages (credit, errors) leave.
+        for _ in range(20):
+            self.loop.poll()
+        left = self.loop.stalled()
+        self._stop.set()
+        self.loop.notify()
+        self._comm_thread.join(timeout=10)
+        if left:
+            err = TotalReduceError(f"shut down with ops in flight: {'; '.join(left)}")
+            log.error("%s", err)
+            self.loop.fail_all(err)
+        self.loop.say_goodbye()
+        deadline = time.monotonic() + 1.0  # let the goodbyes (and what is queued before them) leave
+        while self.loop.sending and time.monotonic() < deadline:
+            self.loop.poll()
+            time.sleep(0.001)
+        self.loop.compute.close()
+        self._reduce_thread.join(timeout=10)
+        if self.loop.trace is not None:
+            self.loop.trace.close()
+        self.transport.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

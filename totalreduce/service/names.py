@@ -1,0 +1,74 @@
+"""The one name and generation table of a service: which generation of which name an op is.
+
+The k-th submission of name N on a rank matches the k-th submission of N on
+every other rank.  An unnamed op is named from the count of unnamed calls on
+this rank, so unnamed calls match by call order, as in MPI.  A name reused
+while an earlier generation is in flight must keep its signature (kind, dtype,
+count, op, parameter).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidArgumentError
+
+
+@dataclass
+class _NameState:
+    next_generation: int = 0
+    in_flight: int = 0
+    signature: tuple[Any, ...] = ()
+
+
+class NameTable:
+    """Per name: the next generation, the generations in flight and their signature."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: dict[str | int, _NameState] = {}
+        self._unnamed = 0
+
+    def name(self, name: str | int | None, signature: tuple[Any, ...]) -> tuple[str | int, int]:
+        """Name and generation of a new op; checks a reused name keeps its shape."""
+        with self._lock:
+            if name is None:
+                name = f"__unnamed__.{self._unnamed}"
+                self._unnamed += 1
+            elif isinstance(name, bool) or not isinstance(name, (str, int)):
+                raise InvalidArgumentError(f"op names are str or int, got {name!r}")
+            st = self._names.get(name)
+            if st is None:
+                st = self._names[name] = _NameState()
+            if st.in_flight and st.signature != signature:
+                raise InvalidArgumentError(
+                    f"op {name!r}: generation {st.next_generation - 1} is still in flight as "
+                    f"{_sig_text(st.signature)}; this call is {_sig_text(signature)}"
+                )
+            st.signature = signature
+            st.in_flight += 1
+            gen = st.next_generation
+            st.next_generation += 1
+            return name, gen
+
+    def ended(self, name: str | int) -> None:
+        """One generation of ``name`` is no longer in flight."""
+        with self._lock:
+            st = self._names.get(name)
+            if st is not None:
+                st.in_flight -= 1
+                if (
+                    name.__class__ is str
+                    and str(name).startswith("__unnamed__.")
+                    and not st.in_flight
+                ):
+                    del self._names[name]
+
+
+def _sig_text(sig: tuple[Any, ...]) -> str:
+    if not sig:
+        return "?"
+    kind, dtype, count, op, param = sig
+    return f"{kind} of {count} {dtype} (op {op}, param {param})"

@@ -1,0 +1,313 @@
+"""Neighbor ops on a virtual topology: averaging, all-gather, and node-then-machine averaging.
+
+The topology and its weights come from :mod:`.weights`; the schedules from
+:mod:`totalreduce.algorithms.neighbor`.  ``step`` defaults to the op's
+generation, so calling an op every iteration with the same name walks a
+dynamic topology by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.codes import AlgorithmCode, OpKind
+from ..algorithms.schedule import Schedule
+from ..dtypes import ReduceOp
+from ..engine.payload import OpSpec
+from ..errors import InvalidArgumentError
+from ..group import Group
+from . import checks
+from .checks import as_array
+from .handle import Handle
+from .ops import cached_edge, compile_op
+from .submit import OpSubmitter
+from .weights import (
+    DEFAULT_TOPOLOGY,
+    edge_topology,
+    graph_weights,
+    neighbor_ranks,
+    neighbor_weights,
+    resolve_topology,
+)
+
+
+class NeighborOps(OpSubmitter):
+    """Neighbor averaging, neighbor all-gather and hierarchical averaging of a service."""
+
+    def neighbor_allreduce_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        topology: Any = None,
+        step: int | None = None,
+        self_weight: float | None = None,
+        src_weights: Any = None,
+        dst_weights: Any = None,
+        out: Any = None,
+        dtype: str | None = None,
+        priority: int = 0,
+    ) -> Handle:
+        """Average ``x`` with this rank's neighbors: ``x_i <- sum_j W[i, j] x_j``.
+
+        ``topology`` is a name or a topology object (see
+        :mod:`totalreduce.topology`; default ``exponential-2``).  A Decent-DP
+        topology (``complete``, ``ring``, ``exp``, ``alternating-exp-ring``)
+        averages over the rank's edge of the step with the edge's weight (an
+        allreduce over the edge's group); a BlueFog graph uses its mixing matrix.
+        ``step`` defaults to this op's generation, so calling it every iteration
+        with the same ``name`` walks a dynamic topology by itself.
+
+        Dynamic weights (BlueFog's meaning): ``self_weight``, ``src_weights``
+        (``{rank: weight}`` of what this rank receives) and ``dst_weights``
+        (``{rank: weight}`` scaling what it sends, or a list of ranks) given per
+        call.  A send/receive pattern that does not match between ranks fails
+        on the ranks involved, naming them.
+        """
+        arr, dt = as_array(x, "x", dtype)
+        checks.floating(dt)
+        self._check_open()
+        prio = checks.priority(priority)
+        o, in_place = checks.output(arr, out)
+        n = int(arr.size)
+        edge_topo = None
+        if topology is not None and not any(v is not None for v in (self_weight, src_weights)):
+            topology = resolve_topology(topology, self.size)
+            if edge_topology(topology):
+                edge_topo = topology
+        op_name, gen = self._names.name(name, ("neighbor_allreduce", dt.name.lower(), n, "avg", 0))
+        t = gen if step is None else int(step)
+        try:
+            if edge_topo is not None:
+                edge = edge_topo.edge_of(self.rank, t)
+                grp = (
+                    self._world_group if len(edge.ranks) == self.size else Group(sorted(edge.ranks))
+                )
+                me = grp.rank_of(self.rank)
+                assert me is not None
+                sched = cached_edge(me, grp.size, n, float(edge.weight))
+                code = AlgorithmCode.EDGE
+            else:
+                from ..algorithms.neighbor import neighbor_allreduce
+
+                sw, src, dst = neighbor_weights(
+                    self.rank, self.size, topology, t, self_weight, src_weights, dst_weights
+                )
+                sched = neighbor_allreduce(
+                    self.rank, self.size, n, self_weight=sw, src_weights=src, dst_weights=dst
+                )
+                grp = self._world_group
+                code = AlgorithmCode.NEIGHBOR
+        except (ValueError, TypeError) as exc:
+            self._names.ended(op_name)
+            raise InvalidArgumentError(f"neighbor_allreduce {op_name!r} step {t}: {exc}") from None
+        return self._simple(
+            kind=OpKind.NEIGHBOR_ALLREDUCE,
+            x=arr,
+            dtype=dt,
+            out=o,
+            in_place=in_place,
+            name=op_name,
+            op=ReduceOp.SUM,
+            priority=prio,
+            group=grp,
+            code=code,
+            schedule=sched,
+            result=o.reshape(arr.shape),
+            reserved=(op_name, gen),
+        )
+
+    def neighbor_allreduce(self, x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
+        """Blocking :meth:`neighbor_allreduce_async`."""
+        return self.neighbor_allreduce_async(x, name, **kw).wait()
+
+    def neighbor_allgather_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        topology: Any = None,
+        step: int | None = None,
+        src_ranks: Any = None,
+        dst_ranks: Any = None,
+        dtype: str | None = None,
+        priority: int = 0,
+    ) -> Handle:
+        """Gather the ``x`` of every in-neighbor: shape ``(len(sources), *x.shape)``.
+
+        Sources are in ascending rank order; they come from ``topology`` at
+        ``step`` (default: this op's generation), or from ``src_ranks`` and
+        ``dst_ranks`` given per call.  All ranks pass arrays of the same shape.
+        """
+        arr, dt = as_array(x, "x", dtype)
+        self._check_open()
+        prio = checks.priority(priority)
+        n = int(arr.size)
+        op_name, gen = self._names.name(name, ("neighbor_allgather", dt.name.lower(), n, "sum", 0))
+        t = gen if step is None else int(step)
+        try:
+            src, dst = neighbor_ranks(self.rank, self.size, topology, t, src_ranks, dst_ranks)
+            from ..algorithms.neighbor import neighbor_allgather
+
+            sched = neighbor_allgather(self.rank, self.size, n, src_ranks=src, dst_ranks=dst)
+        except (ValueError, TypeError, InvalidArgumentError) as exc:
+            self._names.ended(op_name)
+            raise InvalidArgumentError(f"neighbor_allgather {op_name!r} step {t}: {exc}") from None
+        out = np.empty(len(src) * n, dtype=arr.dtype)
+        return self._simple(
+            kind=OpKind.NEIGHBOR_ALLGATHER,
+            x=arr,
+            dtype=dt,
+            out=out,
+            in_place=False,
+            name=op_name,
+            op=ReduceOp.SUM,
+            priority=prio,
+            group=self._world_group,
+            code=AlgorithmCode.NEIGHBOR,
+            schedule=sched,
+            result=out.reshape((len(src), *arr.shape)),
+            reserved=(op_name, gen),
+        )
+
+    def neighbor_allgather(self, x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
+        """Blocking :meth:`neighbor_allgather_async`."""
+        return self.neighbor_allgather_async(x, name, **kw).wait()
+
+    def hierarchical_neighbor_allreduce_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        topology: Any = None,
+        local_size: int = 1,
+        step: int | None = None,
+        out: Any = None,
+        dtype: str | None = None,
+        priority: int = 0,
+    ) -> Handle:
+        """Average within each node, then with neighbor nodes on a machine topology.
+
+        Ranks ``node * local_size .. node * local_size + local_size - 1`` form a
+        node.  Phase 1 averages over the node (an allreduce over its group);
+        phase 2 averages node results over ``topology``, a topology of the
+        ``size // local_size`` nodes (name or object; default ``exponential-2``):
+        local rank ``l`` of a node exchanges with local rank ``l`` of its neighbor
+        nodes, so every link of a node is used in parallel and every rank ends
+        with its node's averaged result.
+
+        Both phases are compiled here, in the caller's thread (a bad topology
+        raises at the call); the node phase's completion only queues the
+        machine phase, whose input is the node phase's output.
+        """
+        arr, dt = as_array(x, "x", dtype)
+        if (
+            not isinstance(local_size, (int, np.integer))
+            or local_size < 1
+            or self.size % local_size
+        ):
+            raise InvalidArgumentError(
+                f"local_size must divide the world size {self.size}, got {local_size!r}"
+            )
+        checks.floating(dt)
+        self._check_open()
+        prio = checks.priority(priority)
+        o, in_place = checks.output(arr, out)
+        n = int(arr.size)
+        L = int(local_size)
+        node, local = divmod(self.rank, L)
+        local_grp = Group(range(node * L, node * L + L))
+        machine_topo = resolve_topology(topology or DEFAULT_TOPOLOGY, self.size // L)
+        names = self._names
+        op_name, gen = names.name(name, ("hierarchical", dt.name.lower(), n, "avg", L))
+        local_name, local_gen = names.name(
+            f"{op_name}#node", ("allreduce", dt.name.lower(), n, "avg", 0)
+        )
+        t = gen if step is None else int(step)
+        try:
+            grp, code, sched = self._machine_phase(machine_topo, L, t, n)
+        except Exception as exc:  # a bad topology fails the call, with the op's name
+            names.ended(local_name)
+            names.ended(op_name)
+            raise InvalidArgumentError(f"hierarchical {op_name!r}: {exc}") from None
+        mid = np.empty(n, dtype=arr.dtype)
+        handle = Handle(op_name, gen, o.reshape(arr.shape), self.loop)
+
+        def machine_done(error: BaseException | None) -> None:
+            names.ended(op_name)
+            handle._finish(error)
+
+        machine: OpSpec = self._spec(
+            kind=OpKind.NEIGHBOR_ALLREDUCE,
+            name=op_name,
+            generation=gen,
+            code=code,
+            schedule=sched,
+            x=mid,
+            out=o,
+            in_place=False,
+            dtype=dt,
+            op=ReduceOp.SUM,
+            priority=prio,
+            group=grp,
+            param=L,
+            on_done=machine_done,
+        )
+
+        def local_done(error: BaseException | None) -> None:
+            names.ended(local_name)
+            if error is not None:
+                names.ended(op_name)
+                handle._finish(error)
+                return
+            # The engine has no "start after op K completes": queue the compiled phase 2 now.
+            self._submit(machine, handle)
+
+        code, sched = compile_op(OpKind.ALLREDUCE, "ring", local, L, n, True)
+        node_phase = self._spec(
+            kind=OpKind.ALLREDUCE,
+            name=local_name,
+            generation=local_gen,
+            code=code,
+            schedule=sched,
+            x=arr,
+            out=mid,
+            in_place=False,
+            dtype=dt,
+            op=ReduceOp.AVG,
+            priority=prio,
+            group=local_grp,
+            param=0,
+            on_done=local_done,
+        )
+        self._submit(node_phase, handle)
+        return handle
+
+    def _machine_phase(
+        self, machine_topo: Any, L: int, step: int, n: int
+    ) -> tuple[Group, AlgorithmCode, Schedule]:
+        """Group, code and schedule of the machine phase of hierarchical averaging."""
+        node, local = divmod(self.rank, L)
+        if edge_topology(machine_topo):
+            edge = machine_topo.edge_of(node, step)
+            grp = Group(sorted(m * L + local for m in edge.ranks))
+            me = grp.rank_of(self.rank)
+            assert me is not None
+            return grp, AlgorithmCode.EDGE, cached_edge(me, grp.size, n, float(edge.weight))
+        from ..algorithms.neighbor import neighbor_allreduce
+
+        sw, src, dst = graph_weights(machine_topo, node, step)
+        sched = neighbor_allreduce(
+            self.rank,
+            self.size,
+            n,
+            self_weight=sw,
+            src_weights={m * L + local: w for m, w in src.items()},
+            dst_weights={m * L + local: 1.0 for m in dst},
+        )
+        return self._world_group, AlgorithmCode.NEIGHBOR, sched
+
+    def hierarchical_neighbor_allreduce(
+        self, x: Any, name: str | int | None = None, **kw: Any
+    ) -> np.ndarray:
+        """Blocking :meth:`hierarchical_neighbor_allreduce_async`."""
+        return self.hierarchical_neighbor_allreduce_async(x, name, **kw).wait()

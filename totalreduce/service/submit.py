@@ -1,0 +1,163 @@
+"""Submission: turn a checked, named, compiled op into an engine op and queue it.
+
+:class:`OpSubmitter` is the base of the service's op families
+(:mod:`.collectives`, :mod:`.partitions`, :mod:`.neighbors`): it holds what
+they share (the configuration, the comm loop, the name table, the world
+group) and builds the :class:`~totalreduce.engine.payload.OpSpec` of an op.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.codes import AlgorithmCode, OpKind
+from ..algorithms.schedule import Schedule
+from ..dtypes import DType, ReduceOp
+from ..engine.loop import CommLoop
+from ..engine.payload import OpSpec
+from ..engine.wire import wire_id
+from ..errors import NotInitializedError, TotalReduceError
+from ..group import Group
+from ..transport.base import Transport
+from . import checks
+from .config import Config
+from .handle import Handle
+from .names import NameTable
+from .ops import alias_for, plan_for
+
+
+class OpSubmitter:
+    """What every op family of a service shares; :class:`~.service.Service` sets it up."""
+
+    config: Config
+    transport: Transport
+    rank: int
+    size: int
+    loop: CommLoop
+    _names: NameTable
+    _world_group: Group
+    _closed: bool
+    _stop: threading.Event
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise NotInitializedError("totalreduce was shut down; call init() again to use it")
+        if self.loop.fatal is not None:
+            raise TotalReduceError(f"the comm thread stopped: {self.loop.fatal}")
+        late = self.loop.late_errors
+        if late:
+            # An op this rank finished failed elsewhere: its result may be wrong.
+            raise late.popleft()
+
+    def _group(self, group: Group | None) -> tuple[Group, int]:
+        """The group an op runs over and this rank's rank in it."""
+        return checks.group_of(group, self._world_group, self.rank)
+
+    def _spec(
+        self,
+        *,
+        kind: OpKind,
+        name: str | int,
+        generation: int,
+        code: AlgorithmCode,
+        schedule: Schedule,
+        x: np.ndarray,
+        out: np.ndarray,
+        in_place: bool,
+        dtype: DType,
+        op: ReduceOp,
+        priority: int,
+        group: Group,
+        param: int,
+        on_done: Callable[[BaseException | None], None],
+    ) -> OpSpec:
+        """The engine's description of a named, compiled op (any thread may call this)."""
+        seg = max(1, self.config.segment_bytes // dtype.itemsize)
+        if in_place:
+            aliased = alias_for(schedule)
+            if aliased is not None:
+                schedule = aliased
+        return OpSpec(
+            name=name,
+            wire_id=wire_id(name),
+            generation=generation,
+            kind=kind,
+            algorithm=code,
+            dtype=dtype,
+            # All-gather-v inputs differ per rank; the whole output does not.
+            count=int(out.size) if kind is OpKind.ALLGATHER else int(x.size),
+            op=op,
+            priority=priority,
+            inbuf=x.reshape(-1),
+            outbuf=out.reshape(-1),
+            schedule=schedule,
+            plan=plan_for(schedule, seg),
+            group=group.ranks,
+            context=0 if group is self._world_group else group.context,
+            param=param,
+            in_place=in_place,
+            on_done=on_done,
+        )
+
+    def _submit(self, spec: OpSpec, handle: Handle | None = None) -> None:
+        """Queue an op for the comm thread (any thread may call this)."""
+        if handle is not None:
+            handle._attach(spec)
+        self.loop.submit(spec)
+
+    def _simple(
+        self,
+        *,
+        kind: OpKind,
+        x: np.ndarray,
+        dtype: DType,
+        out: np.ndarray,
+        in_place: bool,
+        name: str | int | None,
+        op: ReduceOp,
+        priority: Any,
+        group: Group,
+        code: AlgorithmCode,
+        schedule: Schedule,
+        param: int = 0,
+        result: Any = None,
+        finalize: Callable[[], Any] | None = None,
+        reserved: tuple[str | int, int] | None = None,
+    ) -> Handle:
+        """Name (unless ``reserved`` already), launch and return the handle of a one-phase op."""
+        self._check_open()
+        prio = checks.priority(priority)
+        if reserved is None:
+            sig = (kind.name.lower(), dtype.name.lower(), int(x.size), op.name.lower(), param)
+            op_name, gen = self._names.name(name, sig)
+        else:
+            op_name, gen = reserved
+        handle = Handle(op_name, gen, result, self.loop, finalize)
+        names = self._names
+
+        def done(error: BaseException | None) -> None:
+            names.ended(op_name)
+            handle._finish(error)
+
+        spec = self._spec(
+            kind=kind,
+            name=op_name,
+            generation=gen,
+            code=code,
+            schedule=schedule,
+            x=x,
+            out=out,
+            in_place=in_place,
+            dtype=dtype,
+            op=op,
+            priority=prio,
+            group=group,
+            param=param,
+            on_done=done,
+        )
+        self._submit(spec, handle)
+        return handle
