@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import NotInitializedError
+from .errors import InvalidArgumentError, NotInitializedError
 from .group import Group, set_rank_source
 from .service.config import Config
 from .service.handle import HandleLike, ServiceLike
@@ -36,44 +36,30 @@ def init(comm: Any = None, **options: Any) -> ServiceLike:
     ``TOTALREDUCE_<NAME>`` environment variables; keywords win.
 
     ``service="daemon"`` (or ``TOTALREDUCE_SERVICE=daemon``, or passing
-    ``socket=``) attaches to the node's ``totalreduce serve`` instead and returns
-    a :class:`~totalreduce.daemon.DaemonClient` with the same methods: ``socket``
-    (or ``TOTALREDUCE_SOCKET``) is its path, ``local_rank`` (or
-    ``TOTALREDUCE_LOCAL_RANK``) the local rank to take.  See docs/daemon.md.
+    ``socket=``) makes this process a client rank of its node's ``totalreduce
+    serve`` instead of an MPI rank: the same service, the same calls, over
+    shared memory.  ``socket`` (or ``TOTALREDUCE_SOCKET``) is the service's
+    path, ``local_rank`` (or ``TOTALREDUCE_LOCAL_RANK``) the slot to take.  See
+    docs/daemon.md.
     """
     global _default
-    # --- service modes (docs/daemon.md) ---
-    import os
-
-    socket_path = options.pop("socket", None)
-    mode = options.pop("service", None)
-    if mode is None:
-        mode = "daemon" if socket_path is not None else None
-    mode = (mode or os.environ.get("TOTALREDUCE_SERVICE") or "embedded").strip().lower()
-    if mode not in ("embedded", "daemon"):
-        from .errors import InvalidArgumentError
-
-        raise InvalidArgumentError(f"service must be 'embedded' or 'daemon', got {mode!r}")
-    if mode == "embedded" and ("local_rank" in options or socket_path is not None):
-        from .errors import InvalidArgumentError
-
-        raise InvalidArgumentError("socket= and local_rank= are options of service='daemon'")
-    # --- end of service modes ---
+    if options.get("socket") is not None and options.get("service") is None:
+        options["service"] = "daemon"  # a socket says which service to use
     with _init_lock:
         if _default is not None and not _default.closed:
             _check_same(_default, comm, options)
             return _default
-        if mode == "daemon":
-            if comm is not None:
-                from .errors import InvalidArgumentError
-
-                raise InvalidArgumentError("comm= is an option of the embedded service")
-            from .daemon.client import connect
-
-            _default = connect(socket_path, **options)
-            return _default
         config = Config.load(**options)
-        _default = Service(open_transport(config, comm), config)
+        if config.service == "embedded" and (
+            options.get("socket") is not None or options.get("local_rank") is not None
+        ):
+            raise InvalidArgumentError("socket= and local_rank= are options of service='daemon'")
+        transport = open_transport(config, comm)
+        try:
+            _default = Service(transport, config)
+        except BaseException:
+            transport.close()
+            raise
         return _default
 
 
@@ -214,14 +200,14 @@ def broadcast(
 
 
 def barrier_async(
-    name: str | int | None = None, algorithm: str = "all_to_all", group: Group | None = None
+    name: str | int | None = None, algorithm: str = "auto", group: Group | None = None
 ) -> HandleLike:
     """Start a barrier."""
     return default_service().barrier_async(name, algorithm=algorithm, group=group)
 
 
 def barrier(
-    name: str | int | None = None, algorithm: str = "all_to_all", group: Group | None = None
+    name: str | int | None = None, algorithm: str = "auto", group: Group | None = None
 ) -> None:
     """Return once every rank (of ``group``) has entered the barrier."""
     default_service().barrier(name, algorithm=algorithm, group=group)

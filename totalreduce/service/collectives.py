@@ -10,14 +10,20 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.codes import OpKind
+from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
 from ..errors import InvalidArgumentError
 from ..group import Group
 from . import checks
 from .checks import as_array
 from .handle import Handle
-from .ops import choose_allreduce, choose_broadcast, compile_op
+from .ops import (
+    choose_allreduce,
+    choose_broadcast,
+    choose_hierarchical,
+    compile_hierarchical,
+    compile_op,
+)
 from .submit import OpSubmitter
 
 
@@ -46,16 +52,20 @@ class CollectiveOps(OpSubmitter):
         rop = checks.reduce_op(op)
         o, in_place = checks.output(arr, out)
         grp, me = self._group(group)
-        algo = choose_allreduce(
-            algorithm or self.config.algorithm,
-            grp.size,
-            arr.nbytes,
-            self.config.tuning_file or None,
-            dt.name.lower(),
-        )
-        code, sched = compile_op(
-            OpKind.ALLREDUCE, algo, me, grp.size, int(arr.size), rop is ReduceOp.AVG
-        )
+        wanted = algorithm or self.config.algorithm
+        avg = rop is ReduceOp.AVG
+        hier = self._hierarchical(OpKind.ALLREDUCE, wanted, grp, arr.nbytes, dt)
+        param = 0
+        if hier is not None:
+            code = AlgorithmCode.HIERARCHICAL
+            param, sched = compile_hierarchical(
+                OpKind.ALLREDUCE, self.rank, self._layout, int(arr.size), avg, 0, *hier
+            )
+        else:
+            algo = choose_allreduce(
+                wanted, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
+            )
+            code, sched = compile_op(OpKind.ALLREDUCE, algo, me, grp.size, int(arr.size), avg)
         return self._simple(
             kind=OpKind.ALLREDUCE,
             x=arr,
@@ -68,8 +78,25 @@ class CollectiveOps(OpSubmitter):
             group=grp,
             code=code,
             schedule=sched,
+            param=param,
             result=o.reshape(arr.shape),
         )
+
+    def _hierarchical(
+        self, kind: OpKind, algorithm: str, group: Group, nbytes: int, dtype: DType
+    ) -> tuple[str, str] | None:
+        """The relays' algorithms when this op runs hierarchically (daemon mode), else None."""
+        if self._layout is None or group is not self._world_group:
+            if algorithm == "hierarchical":
+                raise InvalidArgumentError(
+                    "algorithm 'hierarchical' runs through the nodes' services: it needs daemon "
+                    "mode and the whole world (no group=)"
+                )
+            return None
+        return choose_hierarchical(
+            kind, algorithm, self._layout, nbytes, self.config.tuning_file or None,
+            dtype.name.lower(),
+        )  # fmt: skip
 
     def allreduce(
         self,
@@ -110,13 +137,22 @@ class CollectiveOps(OpSubmitter):
             raise InvalidArgumentError(f"broadcast root must be an int, got {root!r}")
         if not 0 <= root < grp.size:
             raise InvalidArgumentError(f"broadcast root {root} outside 0..{grp.size - 1}")
-        algorithm = choose_broadcast(
-            algorithm, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
-        )
         o, in_place = checks.output(arr, out)
-        code, sched = compile_op(
-            OpKind.BROADCAST, algorithm, me, grp.size, int(arr.size), False, (("root", int(root)),)
-        )
+        hier = self._hierarchical(OpKind.BROADCAST, algorithm, grp, arr.nbytes, dt)
+        if hier is not None:
+            code = AlgorithmCode.HIERARCHICAL
+            param, sched = compile_hierarchical(
+                OpKind.BROADCAST, self.rank, self._layout, int(arr.size), False, int(root), *hier
+            )
+        else:
+            algorithm = choose_broadcast(
+                algorithm, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
+            )
+            param = int(root)
+            code, sched = compile_op(
+                OpKind.BROADCAST, algorithm, me, grp.size, int(arr.size), False,
+                (("root", int(root)),),
+            )  # fmt: skip
         return self._simple(
             kind=OpKind.BROADCAST,
             x=arr,
@@ -129,7 +165,7 @@ class CollectiveOps(OpSubmitter):
             group=grp,
             code=code,
             schedule=sched,
-            param=int(root),
+            param=param,
             result=o.reshape(arr.shape),
         )
 
@@ -151,16 +187,30 @@ class CollectiveOps(OpSubmitter):
         self,
         name: str | int | None = None,
         priority: int = 0,
-        algorithm: str = "all_to_all",
+        algorithm: str = "auto",
         group: Group | None = None,
     ) -> Handle:
-        """Start a barrier: ``wait()`` returns once every rank (of ``group``) has entered it."""
-        if algorithm not in ("all_to_all", "all_to_one"):
+        """Start a barrier: ``wait()`` returns once every rank (of ``group``) has entered it.
+
+        ``algorithm``: ``all_to_all``, ``all_to_one``, ``hierarchical`` (daemon mode) or
+        ``auto`` (hierarchical in daemon mode, else all-to-all).
+        """
+        if algorithm not in ("auto", "all_to_all", "all_to_one", "hierarchical"):
             raise InvalidArgumentError(
-                f"unknown barrier algorithm {algorithm!r}; known: all_to_all, all_to_one"
+                f"unknown barrier algorithm {algorithm!r}; known: auto, all_to_all, all_to_one, "
+                "hierarchical"
             )
         grp, me = self._group(group)
-        code, sched = compile_op(OpKind.BARRIER, algorithm, me, grp.size, 0, False)
+        hier = self._hierarchical(OpKind.BARRIER, algorithm, grp, 0, DType.INT64)
+        param = 0
+        if hier is not None:
+            code = AlgorithmCode.HIERARCHICAL
+            param, sched = compile_hierarchical(
+                OpKind.BARRIER, self.rank, self._layout, 0, False, 0, *hier
+            )
+        else:
+            flat = "all_to_all" if algorithm == "auto" else algorithm
+            code, sched = compile_op(OpKind.BARRIER, flat, me, grp.size, 0, False)
         empty = np.empty(0, dtype=np.int64)
         return self._simple(
             kind=OpKind.BARRIER,
@@ -174,12 +224,13 @@ class CollectiveOps(OpSubmitter):
             group=grp,
             code=code,
             schedule=sched,
+            param=param,
         )
 
     def barrier(
         self,
         name: str | int | None = None,
-        algorithm: str = "all_to_all",
+        algorithm: str = "auto",
         group: Group | None = None,
     ) -> None:
         """Blocking barrier."""

@@ -48,6 +48,12 @@ class Config:
     - ``shutdown_timeout_s``: how long ``shutdown()`` lets in-flight ops finish.
     - ``allow_serialized``: accept an MPI with only THREAD_SERIALIZED (your
       code must then make no MPI calls while totalreduce runs).
+    - ``service``: ``embedded`` (this process runs its engine over MPI) or
+      ``daemon`` (this process is a client rank of its node's ``totalreduce
+      serve``; see docs/daemon.md).
+    - ``socket``: daemon mode: the node service's socket (default: the one
+      socket of the default directory).
+    - ``local_rank``: daemon mode: the local slot to take (-1: the lowest free).
     - ``timeline``: write a Chrome trace of this rank's ops to this path
       (``{rank}`` in it is replaced by the rank, else ``.<rank>.json`` is
       appended); empty: no trace.  See docs/timeline.md.
@@ -66,6 +72,9 @@ class Config:
     tuning_file: str = ""
     shutdown_timeout_s: float = 30.0
     allow_serialized: bool = False
+    service: str = "embedded"
+    socket: str = ""
+    local_rank: int = -1
     timeline: str = ""
 
     @classmethod
@@ -89,6 +98,21 @@ class Config:
         cfg.check()
         return cfg
 
+    def joining(self, shared: dict[str, int], where: str) -> Config:
+        """This configuration with the options a daemon world shares (``shared``, from the
+        node's service at ``where``).  An option this process set to something else
+        (not left at its default) is an error naming both values."""
+        default = Config()
+        for k, theirs in shared.items():
+            mine = getattr(self, k)
+            if mine != theirs and mine != getattr(default, k):
+                raise InvalidArgumentError(
+                    f"the service on {where} runs with {k}={theirs}, this process asks for "
+                    f"{k}={mine}: every rank must agree (start the service with "
+                    f"{ENV_PREFIX}{k.upper()}={mine}, or leave the option to the service)"
+                )
+        return dataclasses.replace(self, **shared)
+
     def check(self) -> None:
         if self.segment_bytes < 64:
             raise InvalidArgumentError(f"segment_bytes must be >= 64, got {self.segment_bytes}")
@@ -98,6 +122,12 @@ class Config:
             raise InvalidArgumentError(
                 f"max_inflight_sends must be >= 1, got {self.max_inflight_sends}"
             )
+        if self.service not in ("embedded", "daemon"):
+            raise InvalidArgumentError(
+                f"service must be 'embedded' or 'daemon', got {self.service!r}"
+            )
+        if self.local_rank < -1:
+            raise InvalidArgumentError(f"local_rank must be >= 0 (or -1), got {self.local_rank}")
         if self.floating_pool_bytes < 0:
             raise InvalidArgumentError(
                 f"floating_pool_bytes must be >= 0, got {self.floating_pool_bytes}"

@@ -121,14 +121,14 @@ class ServiceLike(Protocol):
         self,
         name: str | int | None = None,
         priority: int = 0,
-        algorithm: str = "all_to_all",
+        algorithm: str = "auto",
         group: Group | None = None,
     ) -> HandleLike: ...
 
     def barrier(
         self,
         name: str | int | None = None,
-        algorithm: str = "all_to_all",
+        algorithm: str = "auto",
         group: Group | None = None,
     ) -> None: ...
 

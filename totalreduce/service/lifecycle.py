@@ -12,7 +12,9 @@ import sys
 import threading
 import time
 
+from ..algorithms.hierarchical import NodeLayout
 from ..engine.loop import CommLoop, LoopConfig
+from ..engine.wire import wire_id
 from ..errors import TotalReduceError
 from ..group import Group
 from ..transport.base import Transport
@@ -30,6 +32,9 @@ class Lifecycle(OpSubmitter):
         """Set up the loop, the reducer and the name table, then start both threads."""
         from .reducer import Reducer, execute, run  # the Numba kernels: only when a service starts
 
+        shared = getattr(transport, "options", None)
+        if shared:  # a client of a daemon world: the service's engine options hold
+            config = config.joining(shared, getattr(transport, "socket_path", "the service"))
         self.config = cfg = config
         self.transport = transport
         self.rank = transport.rank
@@ -59,6 +64,13 @@ class Lifecycle(OpSubmitter):
         self._closed = False
         self._stop = threading.Event()
         self._world_group = Group.world(self.size)
+        relays = int(getattr(transport, "relays", 0))
+        # Daemon mode: the nodes' services are ranks after the clients, and hierarchical
+        # ops span them all; the node's session is mixed into every op's wire id, so a
+        # new job never meets what the services remember of an old one.
+        self._layout = NodeLayout(relays, self.size // relays) if relays else None
+        epoch = int(getattr(transport, "epoch", 0))
+        self._salt = wire_id(f"\0session {epoch}") if epoch else 0
         self._comm_thread = threading.Thread(
             target=self._run_loop, name=f"totalreduce-comm-{self.rank}", daemon=True
         )

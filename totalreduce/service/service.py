@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..engine.wire import wire_id
 from ..transport.base import Transport
 from .checks import as_array, reduce_op
 from .collectives import CollectiveOps
@@ -44,7 +43,7 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, Lifecycle):
         Every rank's handle of that op fails with ``OpFailedError(reason)``, even
         on ranks (including this one) that have not submitted it yet.
         """
-        self.loop.request_abort((wire_id(name), int(generation)), str(name), reason)
+        self.loop.request_abort((self._wire_id(name), int(generation)), str(name), reason)
 
 
 if TYPE_CHECKING:  # mypy checks that the embedded service and handle satisfy the protocols

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.codes import AlgorithmCode, OpKind
+from ..algorithms.hierarchical import NodeLayout
 from ..algorithms.schedule import Schedule
 from ..dtypes import DType, ReduceOp
 from ..engine.loop import CommLoop
@@ -40,6 +41,8 @@ class OpSubmitter:
     loop: CommLoop
     _names: NameTable
     _world_group: Group
+    _layout: NodeLayout | None
+    _salt: int
     _closed: bool
     _stop: threading.Event
 
@@ -52,6 +55,15 @@ class OpSubmitter:
         if late:
             # An op this rank finished failed elsewhere: its result may be wrong.
             raise late.popleft()
+
+    def _wire_id(self, name: str | int) -> int:
+        return wire_id(name) ^ self._salt
+
+    def _ranks(self, code: AlgorithmCode, group: Group) -> tuple[int, ...]:
+        """The engine ranks an op spans: its group's, and the services' for hierarchical ops."""
+        if code is AlgorithmCode.HIERARCHICAL and self._layout is not None:
+            return tuple(range(self._layout.world))
+        return group.ranks
 
     def _group(self, group: Group | None) -> tuple[Group, int]:
         """The group an op runs over and this rank's rank in it."""
@@ -83,7 +95,7 @@ class OpSubmitter:
                 schedule = aliased
         return OpSpec(
             name=name,
-            wire_id=wire_id(name),
+            wire_id=self._wire_id(name),
             generation=generation,
             kind=kind,
             algorithm=code,
@@ -96,7 +108,7 @@ class OpSubmitter:
             outbuf=out.reshape(-1),
             schedule=schedule,
             plan=plan_for(schedule, seg),
-            group=group.ranks,
+            group=self._ranks(code, group),
             context=0 if group is self._world_group else group.context,
             param=param,
             in_place=in_place,

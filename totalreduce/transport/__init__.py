@@ -1,4 +1,5 @@
-"""Transports behind one protocol: ``mpi`` (mpi4py) and ``local`` (threads, for tests)."""
+"""Transports behind one protocol: ``mpi`` (mpi4py), ``shm`` and ``relay`` (daemon mode: a
+node's client processes and its service) and ``local`` (threads, for tests)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,35 @@ class TransportOptions(Protocol):
     @property
     def allow_serialized(self) -> bool: ...
 
+    @property
+    def service(self) -> str: ...
+
+    @property
+    def socket(self) -> str: ...
+
+    @property
+    def local_rank(self) -> int: ...
+
 
 def open_transport(config: TransportOptions, comm: Any = None) -> Transport:
-    """The transport an embedded service runs over: MPI on ``comm`` (default: the world).
+    """The transport a service runs over, as ``config.service`` says.
 
-    ``config`` is the service's :class:`~totalreduce.service.config.Config`.
-    totalreduce works on a private duplicate of ``comm``.  MPI is imported (and
-    started) here, not when the package is imported.
+    ``embedded``: MPI on ``comm`` (default: the world); totalreduce works on a
+    private duplicate of it.  MPI is imported (and started) here, not when the
+    package is imported.  ``daemon``: this process becomes a client rank of its
+    node's service (``config.socket``, ``config.local_rank``); the transport's
+    ``options`` then hold the engine options every rank of that world shares
+    (see :func:`.hello.attach`).
     """
+    if config.service == "daemon":
+        if comm is not None:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError("comm= is an option of the embedded service")
+        from .hello import attach
+
+        local = config.local_rank if config.local_rank >= 0 else None
+        return attach(config.socket or None, local)  # type: ignore[no-any-return]
     from .mpi import MPITransport
 
     return MPITransport(comm, allow_serialized=config.allow_serialized)

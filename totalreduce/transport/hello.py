@@ -355,23 +355,19 @@ def attach(
     t = ShmClientTransport(
         w.rank, w.size, w.relays, w.relay, channel, own_fd, relay_fd, w.pid, tag_span=w.tag_span
     )
-    return AttachedClient(t, sock, w)
+    t.epoch = w.epoch
+    t.options = dict(w.options)
+    t.socket_path = str(where)
+    t.on_close = lambda: _goodbye(sock)
+    return t
 
 
-class AttachedClient:
-    """A client transport and the socket that keeps its place (closed last)."""
-
-    def __init__(self, transport: Any, sock: socket.socket, welcome: Welcome) -> None:
-        self.transport = transport
-        self.sock = sock
-        self.welcome = welcome
-
-    def close(self) -> None:
-        """Say bye (the engine said goodbye already) and leave; idempotent."""
-        if self.sock.fileno() < 0:
-            return
-        try:
-            send(self.sock, {"t": "bye"})
-        except OSError:
-            pass
-        self.sock.close()
+def _goodbye(sock: socket.socket) -> None:
+    """Say bye (the engine said goodbye already) and leave."""
+    if sock.fileno() < 0:
+        return
+    try:
+        send(sock, {"t": "bye"})
+    except OSError:
+        pass
+    sock.close()

@@ -56,6 +56,7 @@ import stat
 import struct
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -762,6 +763,12 @@ class ShmClientTransport:
         self.eventfd = own_eventfd
         self.relay_eventfd = relay_eventfd
         self.relay_pid = relay_pid
+        #: The node's session (daemon/node.py), the engine options of the world, and
+        #: what to do after closing (say bye on the socket): set by ``hello.attach``.
+        self.epoch = 0
+        self.options: dict[str, int] = {}
+        self.socket_path = ""
+        self.on_close: Callable[[], None] | None = None
         per_node = size // relays
         node = relay - size
         if rank // per_node != node:
@@ -867,3 +874,5 @@ class ShmClientTransport:
                 os.close(fd)
             except OSError:
                 pass
+        if self.on_close is not None:
+            self.on_close()
