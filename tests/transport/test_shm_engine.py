@@ -1,8 +1,8 @@
 """The engine (Service / CommLoop) over a relay and shared-memory clients on one node.
 
-The relay runs a Service of its own that submits nothing: its comm loop's passes
-are what forward the clients' messages.  The collectives run among the clients
-(ranks 0..L-1) with exact integer results.
+The relay runs a Service of its own that submits nothing: it joins hierarchical ops
+from their frames, and its comm loop's passes forward the clients' messages for
+flat ones.  Exact integer results.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import threading
 import numpy as np
 import pytest
 
+from totalreduce.algorithms.hierarchical import NodeLayout
+from totalreduce.daemon.adopt import MAX_OP_BYTES, relay_adopter
 from totalreduce.service.config import Config
 from totalreduce.service.service import Service
 from totalreduce.transport.shm import Channel, ShmClientTransport, new_eventfd
@@ -43,10 +45,12 @@ def test_collectives_among_clients_through_the_relay(L: int) -> None:
             )
         )
         relay.attach(k, ch, os.dup(cfd), os.getpid())
-    # The engine sleeps on its own event, not in transport.wait(): keep its idle
-    # sleeps short so forwarding is not held up by them.
-    config = Config.load(env={}, idle_backoff_max_s=2e-3)
+    config = Config.load(env={})
     services = [Service(relay, config)] + [Service(c, config) for c in clients]
+    # The relay joins hierarchical ops (auto in daemon mode) from their frames.
+    services[0].loop.adopt = relay_adopter(
+        NodeLayout(1, L), relay.rank, config.segment_bytes, MAX_OP_BYTES
+    )
     results: list = [None] * L
     errors: list = []
 
@@ -55,10 +59,11 @@ def test_collectives_among_clients_through_the_relay(L: int) -> None:
             s = services[k + 1]
             x = np.arange(200_000, dtype=np.int64) * (k + 1)  # bodies far larger than a ring
             a = s.allreduce(x, name="a")
+            flat = s.allreduce(x, name="flat", algorithm="ring")  # among the clients only
             g = s.allgather(np.full(3, k, np.int32), name="g")
             b = s.broadcast(np.arange(10, dtype=np.int64) + k, root=L - 1, name="b")
             small = [s.allreduce(np.full(4, k, np.int64), name="s") for _ in range(5)]
-            results[k] = (a, g, b, small)
+            results[k] = (a, g, b, small, flat)
         except BaseException as exc:
             errors.append(exc)
 
@@ -72,8 +77,9 @@ def test_collectives_among_clients_through_the_relay(L: int) -> None:
         assert not errors, errors
         total = L * (L + 1) // 2
         for k in range(L):
-            a, g, b, small = results[k]
+            a, g, b, small, flat = results[k]
             assert np.array_equal(a, np.arange(200_000, dtype=np.int64) * total)
+            assert np.array_equal(flat, a)
             assert np.array_equal(g, np.repeat(np.arange(L, dtype=np.int32), 3))
             assert np.array_equal(b, np.arange(10, dtype=np.int64) + L - 1)
             for v in small:

@@ -110,8 +110,7 @@ class RelayTransport:
     ``comm``: an mpi4py communicator with one rank per node (the relay sends and
     probes every tag on it, so give it a communicator of its own), or None for a
     world of one node without MPI.  ``local_clients``: ``L``.  ``capacity``: the
-    ring size of channels made by :meth:`new_channel`.  ``poll_interval``: the
-    longest :meth:`wait` sleeps while other nodes exist (MPI cannot wake an eventfd).
+    ring size of channels made by :meth:`new_channel`.
     """
 
     def __init__(
@@ -119,8 +118,6 @@ class RelayTransport:
         comm: Any,
         local_clients: int,
         capacity: int = DEFAULT_CAPACITY,
-        *,
-        poll_interval: float = 1e-3,
     ) -> None:
         if local_clients < 1:
             raise TransportError(f"a relay needs at least one local client, got {local_clients}")
@@ -145,7 +142,6 @@ class RelayTransport:
         self.relays = nodes
         self.rank = self.size + node
         self.capacity = capacity
-        self.poll_interval = poll_interval
         self.description = (
             f"relay (node {node} of {nodes}, {local_clients} local clients, "
             f"shared memory{' + mpi' if nodes > 1 else ''})"
@@ -499,12 +495,10 @@ class RelayTransport:
     def wait(self, timeout: float) -> None:
         """Block until a client may have written, :meth:`wake` was called, or ``timeout``.
 
-        Never longer than ``poll_interval`` while other nodes exist: MPI traffic
-        cannot wake the eventfd.
+        Moves no data: another thread may be running a pass of the loop meanwhile.
+        MPI traffic cannot wake the eventfd: the loop's sleeps are short (its busy
+        ceiling, ``backoff_max_s``) while ops are in flight.
         """
-        self._progress()
-        if self.nodes > 1:
-            timeout = min(timeout, self.poll_interval)
         if timeout <= 0 or self._ready():
             return
         slots = [s for s in self._slots if s is not None]
@@ -561,4 +555,7 @@ def agree(relay: RelayTransport, values: list[int]) -> list[int]:
         return list(values)
     from mpi4py import MPI
 
-    return [int(v) for v in relay.comm.allreduce(np.array(values, np.int64), op=MPI.MAX)]
+    mine = np.array(values, np.int64)
+    out = np.empty_like(mine)
+    relay.comm.Allreduce(mine, out, op=MPI.MAX)
+    return [int(v) for v in out]

@@ -845,8 +845,10 @@ class ShmClientTransport:
         return self._layout
 
     def wait(self, timeout: float) -> None:
-        """Block until something may have arrived, :meth:`wake` was called, or ``timeout``."""
-        self._progress()
+        """Block until something may have arrived, :meth:`wake` was called, or ``timeout``.
+
+        Moves no data: another thread may be running a pass of the loop meanwhile.
+        """
         if timeout <= 0 or self._reader.pending() or self._writer.can_write():
             return
         ctl = self._ctl
