@@ -9,12 +9,13 @@ the socket:
   checked with ``SO_PEERCRED``), says hello with its pid and the slot it wants;
   the service gives it a slot, a fresh shared-memory channel and an eventfd,
   attaches the slot to the relay transport, tells every rank that the slot's
-  rank is a new process (the engine's JOIN), and answers ``welcome`` with the
-  descriptors;
+  rank is a new process (the engine's JOIN: whoever saw the old one leave
+  forgets it), and answers ``welcome`` with the descriptors;
 - **liveness**: the connection stays open while the client lives.  Its end
-  (``bye`` first: a clean exit; without: the process died) detaches the slot;
-  the transport then reports the rank gone, and the engine fails only the ops
-  that rank was part of, on every rank, naming it;
+  detaches the slot.  With ``bye`` first the client exited cleanly (its engine
+  said goodbye to every rank itself); without, the process died, and the
+  engine fails the ops that rank was part of, here and on every rank (GONE),
+  with an error naming it;
 - **teardown**: a detached slot's channel is unmapped and closed (its memory
   is freed when the client's mapping goes too) and the slot is free for a new
   client.
@@ -269,6 +270,8 @@ class Node:
             return
         rank = self.node * self.local_clients + slot
         (log.info if conn.said_bye else log.error)("rank %d (pid %d) %s", rank, conn.pid, how)
+        if not conn.said_bye:  # its ops fail everywhere now, as if it had said goodbye
+            self.service.loop.peer_gone(rank)
         released = self.transport.detach(slot)
         self.slots[slot] = None
         channel, self.channels[slot] = self.channels[slot], None

@@ -81,6 +81,7 @@ from .wire import (
     F_WID,
     FLAG_NEED,
     FRAME_SIZE,
+    GONE,
     HAVE,
     JOIN,
     MSG_SIZE,
@@ -461,7 +462,12 @@ class CommLoop:
                 if item[0] == "abort":
                     self._abort(item[1], item[2], item[3])
                 elif item[0] == "rejoin":
-                    self._rejoin(item[1], announce=True)
+                    self._rejoin(item[1])
+                    self._announce(JOIN, item[1])
+                elif item[0] == "gone":
+                    if item[1] not in self._left:
+                        self._peer_left(item[1])
+                    self._announce(GONE, item[1])
                 elif item[0] == "need":
                     p = self.table.get(item[1])
                     if p is not None:
@@ -1205,9 +1211,14 @@ class CommLoop:
                     self._remember(self._needed, key, True)
             elif ftype == BYE:
                 self._peer_left(source)
-            elif ftype == JOIN:
-                if 0 <= f[F_AUX] < self.world and f[F_AUX] != self.rank:
-                    self._rejoin(f[F_AUX])
+            elif ftype == GONE or ftype == JOIN:
+                peer = f[F_AUX]
+                if 0 <= peer < self.size and peer != self.rank and peer != source:
+                    if ftype == GONE:
+                        if peer not in self._left:
+                            self._peer_left(peer)
+                    else:
+                        self._rejoin(peer)
             elif ftype == PROBE:
                 key = (f[F_WID], f[F_GEN])
                 if key in self.table or key in self.completed:
@@ -1289,19 +1300,27 @@ class CommLoop:
         self._activate(spec)
         return self.table.get(key)
 
+    def peer_gone(self, peer: int) -> None:
+        """Daemon mode, a node's service: client rank ``peer``'s process died (any thread).
+        Its ops fail here and, told by GONE, on every rank, as if it had said BYE."""
+        self.submissions.append(("gone", peer))
+        self._ring()
+
     def rejoin(self, peer: int) -> None:
-        """Rank ``peer`` is a new process in an old slot (any thread): forget the old one
-        here and tell every other rank to (JOIN)."""
+        """Daemon mode, a node's service: a new process has client rank ``peer`` (any
+        thread).  Every rank that saw the old one leave forgets it (JOIN)."""
         self.submissions.append(("rejoin", peer))
         self._ring()
 
-    def _rejoin(self, peer: int, announce: bool = False) -> None:
-        if announce:
-            for world in range(self.world):
-                if world not in (self.rank, peer) and world not in self._unreachable:
-                    self._control(world, JOIN, _NO_SHAPE, (0, 0), aux=peer)
-        for p in [p for p in self.table.values() if peer in p.group_rank]:
-            self._fail(p, OpFailedError(f"{p.spec.describe()}: rank {peer} was replaced"))
+    def _announce(self, ftype: int, peer: int) -> None:
+        for world in range(self.world):
+            if world not in (self.rank, peer) and world not in self._unreachable:
+                self._control(world, ftype, _NO_SHAPE, (0, 0), aux=peer)
+
+    def _rejoin(self, peer: int) -> None:
+        """Forget the process that had rank ``peer`` if it left (its ops failed then)."""
+        if peer not in self._left and peer not in self.bad_peers:
+            return  # never seen leave: nothing to forget (a rank's first process)
         self.bad_peers.pop(peer, None)
         self._left.discard(peer)
         self._unreachable.discard(peer)

@@ -35,8 +35,11 @@ Frame types:
   group who has submitted it; ranks that have answer ``HAVE``, so the stall
   warning can name the ranks that have not.
 - ``BYE``: the sender's service shut down; its ops in flight will never finish.
-- ``JOIN`` (daemon mode): rank ``aux`` is a new process in an old slot; forget
-  the process that had it (its ops fail, its credits start afresh).
+- ``GONE`` (daemon mode, from a node's service): the process of client rank
+  ``aux`` died; treat it as if it had said ``BYE``.
+- ``JOIN`` (daemon mode, from a node's service): a new process has client rank
+  ``aux``; if the old one left (``BYE`` or ``GONE``), forget it: its credits and
+  tags start afresh.
 
 :func:`split` validates every field of a message and its frames in one place
 and raises :class:`FrameError` on anything malformed, so garbage never reaches
@@ -78,10 +81,11 @@ ERROR = 7
 PROBE = 8
 HAVE = 9
 BYE = 10
-JOIN = 11
+GONE = 11
+JOIN = 12
 FRAME_TYPES = {DATA: "DATA", RTS: "RTS", CTS: "CTS", REJECT: "REJECT", READY: "READY"}
 FRAME_TYPES.update({NEED: "NEED", ERROR: "ERROR", PROBE: "PROBE", HAVE: "HAVE", BYE: "BYE"})
-FRAME_TYPES[JOIN] = "JOIN"
+FRAME_TYPES.update({GONE: "GONE", JOIN: "JOIN"})
 
 # Frame flags.
 FLAG_NEED = 1  # someone on the sender waits for this op
