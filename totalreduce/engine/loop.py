@@ -878,6 +878,8 @@ class CommLoop:
         in order), so the ops that still need it fail; those with only local work left
         finish."""
         why = f"rank {peer} stopped (its service shut down: the program ended or failed)"
+        if self._reqs:  # sends it received may not be marked done here yet
+            self._poll_requests()
         self.bad_peers[peer] = OpFailedError(f"rank {self.rank}: {why}; ops with it fail")
         self._left.add(peer)
         hit = [p for p in self.table.values() if peer in p.group_rank and p.needs(peer)]

@@ -628,12 +628,17 @@ class RingWriter:
         return True
 
     def can_write(self) -> bool:
-        """Whether a message waits and the ring has room for its next piece."""
-        q = self.q
-        if not q:
+        """Whether a message waits and the ring has room for its next piece.
+
+        Safe to call from a thread other than the one writing (a sleeper's check):
+        a message taken meanwhile only makes the answer stale, never an error.
+        """
+        try:
+            m = self.q[0]
+        except IndexError:
             return False
         free = self.ring.cap - (self.head - self.ring.tail())
-        return free >= (MSG_SIZE if q[0].off < 0 else 1)
+        return free >= (MSG_SIZE if m.off < 0 else 1)
 
     def drop(self) -> None:
         """Forget queued messages (their sends complete: the receiver is gone)."""
