@@ -527,7 +527,8 @@ class CommLoop:
         if err is not None:
             for ff in frames:
                 self._drop_floating(ff)
-            self._fail(p, _error_from_peer(err[0], err[1]), tell_peers=True)
+            message = self._named(err[0], key, spec.name)
+            self._fail(p, _error_from_peer(message, err[1]), tell_peers=True)
             return
         for i, ff in enumerate(frames):
             if ff.eager:
@@ -807,12 +808,25 @@ class CommLoop:
         shape = (0, 0, 0, 0, 0, code, 0)
         self._control(dest, ERROR, shape, key, body=body)
 
+    def _who(self, rank: int) -> str:
+        """A rank in words: the nodes' services (daemon mode) are ranks after the users'."""
+        if rank < self.size:
+            return f"rank {rank}"
+        return f"the service of node {rank - self.size} (rank {rank})"
+
+    @staticmethod
+    def _named(message: str, key: OpKey, name: str | int) -> str:
+        """An error a node's service wrote names the op by its id: name it as users do."""
+        return message.replace(f"op '#{key[0]:016x}'", f"op {name!r}")
+
     def _on_error(self, key: OpKey, message: str, code: int, source: int) -> None:
         """An op failed on rank ``source``: fail it here and pass it on to its group."""
         if key in self.failed:
             return  # heard already: relayed once, no loops
-        err = _error_from_peer(message, code)
         p = self.table.get(key)
+        if p is not None:
+            message = self._named(message, key, p.spec.name)
+        err = _error_from_peer(message, code)
         if p is not None:
             self._fail(p, err, tell_peers=True)
             return
@@ -1242,7 +1256,7 @@ class CommLoop:
 
     def _match(self, p: Payload, f: wire.Frame, source: int) -> int | None:
         """The receive segment frame ``f`` fills, or None after failing the op."""
-        why = p.mismatch(f, source, self.rank)
+        why = p.mismatch(f, self._who(source), self._who(self.rank))
         if why is not None:
             self._fail(p, OpMismatchError(why), tell_peers=True, also=source)
             return None
@@ -1293,7 +1307,10 @@ class CommLoop:
         try:
             spec = None if self.fatal is not None else self.adopt(source, f)  # type: ignore[misc]
         except Exception as exc:  # a frame this rank cannot join: refuse it, loudly
-            msg = f"rank {self.rank} cannot take part in op {key[0]:#x} generation {key[1]}: {exc}"
+            msg = (
+                f"{self._who(self.rank)} cannot take part in op '#{key[0]:016x}' generation "
+                f"{key[1]}: {exc}"
+            )
             self._on_error(key, msg, ERROR_MISMATCH, source)
             self._error_frame(key, source, msg, ERROR_MISMATCH)
             return None
@@ -1432,7 +1449,7 @@ class CommLoop:
             if q is not None and q in p.precleared:
                 # Cleared already (the clear and this announcement crossed, or the sender
                 # had not submitted the op then): answer with the same tag.
-                why = p.mismatch(f, source, self.rank)
+                why = p.mismatch(f, self._who(source), self._who(self.rank))
                 if why is not None:
                     self._fail(p, OpMismatchError(why), tell_peers=True, also=source)
                     return

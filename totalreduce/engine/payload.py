@@ -163,8 +163,9 @@ class Payload:
     def region(self, buffer: Buffer, offset: int, count: int) -> np.ndarray:
         return self.bufs[buffer][offset : offset + count]
 
-    def mismatch(self, f: wire.Frame, sender: int, my_rank: int) -> str | None:
-        """Describe how a peer's frame disagrees with this op, or None."""
+    def mismatch(self, f: wire.Frame, sender: str, me: str) -> str | None:
+        """Describe how a peer's frame disagrees with this op, or None (``sender`` and
+        ``me`` name the two ranks, e.g. ``"rank 3"``)."""
         theirs = (
             f[wire.F_DTYPE],
             f[wire.F_KIND],
@@ -181,8 +182,8 @@ class Payload:
             what, mine, other = _SHAPE_FIELDS[k], self.shape[k], theirs[k]
             if mine != other:
                 return (
-                    f"{self.spec.describe()}: rank {my_rank} has {what} {_show(what, mine, self)}, "
-                    f"rank {sender} has {what} {_show(what, other, self)}"
+                    f"{self.spec.describe()}: {me} has {what} {_show(what, mine, self)}, "
+                    f"{sender} has {what} {_show(what, other, self)}"
                 )
         return None  # pragma: no cover - some field differs
 
