@@ -8,14 +8,17 @@ the services (SIGTERM, then SIGKILL).
 from __future__ import annotations
 
 import os
-import selectors
+import queue
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 MPIEXEC = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
 
@@ -87,8 +90,13 @@ def serve(
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     served = Served(nodes, local_clients, directory, proc, log=log)
     assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read(out: Any) -> None:  # a thread: buffered reads never hide a line from select
+        for line in out:
+            lines.put(line)
+
+    threading.Thread(target=read, args=(proc.stdout,), daemon=True).start()
     deadline = time.monotonic() + start_timeout
     while len(served.lines) < nodes:
         left = deadline - time.monotonic()
@@ -97,11 +105,13 @@ def serve(
             raise AssertionError(
                 f"totalreduce serve did not start ({served.lines}):\n{served.stderr()}"
             )
-        if sel.select(min(left, 1.0)):
-            line = proc.stdout.readline()
-            if line:
-                served.lines.append(line.strip())
-    sel.close()
+        try:
+            line = lines.get(timeout=min(left, 1.0))
+        except queue.Empty:
+            continue
+        # mpiexec may run two nodes' lines together: split them again
+        for part in re.findall(r"totalreduce serve: node \d+ of .*?of \d+\)", line):
+            served.lines.append(part)
     return served
 
 
@@ -133,10 +143,11 @@ def run_clients(
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            out, _ = p.communicate()
+            outs = [q.communicate()[0] for q in procs]
+            text = "\n".join(f"--- client {k}:\n{o[-3000:]}" for k, o in enumerate(outs))
             raise AssertionError(
-                f"client {r} did not finish within {timeout} s:\n{out}\n--- service log:\n"
-                f"{served.stderr()}"
+                f"client {r} did not finish within {timeout} s:\n{text}\n--- service log:\n"
+                f"{served.stderr()[-20000:]}"
             ) from None
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
     if check:

@@ -21,7 +21,9 @@ the socket:
   client.
 
 Sessions.  A node's clients form a session from the first hello after the node
-had none until the last one leaves.  The session number (``epoch``) is mixed
+had none until the last one leaves.  A session in which a client died admits no
+new client (its survivors' ops with that rank failed; a job restarts as a
+whole): the next session, once they have left, does.  The session number (``epoch``) is mixed
 into every op's wire id, so a new job that reuses op names never meets what
 the engine remembers of the previous job's ops.  Every node counts its own
 sessions: a job spans all nodes, and each node's session starts and ends with
@@ -84,6 +86,7 @@ class Node:
         self.channels: list[Any] = [None] * local_clients
         self.epoch = 0
         self.sessions = 0
+        self.failed: str | None = None  # why this session admits no new client
         self._stop = threading.Event()
         self._releasing: list[tuple[threading.Event, Any]] = []
         self._sel = selectors.DefaultSelector()
@@ -209,9 +212,17 @@ class Node:
             )
         else:
             slot = want
+        if self.failed is not None:
+            holders = [c.pid for c in self.slots if c is not None]
+            raise ProtocolError(
+                f"node {self.node}'s session {self.epoch} failed ({self.failed}); a new job "
+                f"starts when its clients have left (still attached: pids {holders})",
+                fatal=True,
+            )
         if not any(self.slots):
             self.sessions += 1
             self.epoch = self.sessions
+            self.transport.new_session()
             log.info("session %d starts", self.epoch)
         from ..transport.shm import Channel, new_eventfd
 
@@ -272,6 +283,7 @@ class Node:
         (log.info if conn.said_bye else log.error)("rank %d (pid %d) %s", rank, conn.pid, how)
         if not conn.said_bye:  # its ops fail everywhere now, as if it had said goodbye
             self.service.loop.peer_gone(rank)
+            self.failed = self.failed or f"rank {rank} (pid {conn.pid}) died"
         released = self.transport.detach(slot)
         self.slots[slot] = None
         channel, self.channels[slot] = self.channels[slot], None
@@ -279,3 +291,4 @@ class Node:
             self._releasing.append((released, channel))
         if not any(self.slots):
             log.info("session %d ends", self.epoch)
+            self.failed = None

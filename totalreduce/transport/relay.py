@@ -150,6 +150,10 @@ class RelayTransport:
         self.pid = os.getpid()
         self._slots: list[_Slot | None] = [None] * local_clients
         self._state: list[str | None] = [None] * local_clients  # None, "attached", "gone"
+        # Forwarded messages for slots whose client has not arrived yet this session:
+        # the clients of a job start at different moments, and a peer's first frames
+        # may come before their receiver does.  Delivered at its attach.
+        self._early: list[list[_Out]] = [[] for _ in range(local_clients)]
         self._matcher = Matcher()
         self._ops: list[tuple[Any, ...]] = []
         self._ops_lock = threading.Lock()
@@ -177,6 +181,14 @@ class RelayTransport:
             self._has_ops = True
         self.wake()
 
+    def new_session(self) -> None:
+        """The node's clients all left and a new set starts (any thread): every slot not
+        attached now waits for a client again, keeping what is forwarded to it."""
+        with self._ops_lock:
+            self._ops.append(("session",))
+            self._has_ops = True
+        self.wake()
+
     def detach(self, slot: int) -> threading.Event:
         """Disconnect ``slot`` (its client died or left; any thread).
 
@@ -198,13 +210,20 @@ class RelayTransport:
             ops, self._ops = self._ops, []
             self._has_ops = False
         for op in ops:
-            if op[0] == "attach":
+            if op[0] == "session":
+                for i, state in enumerate(self._state):
+                    if state == "gone":
+                        self._state[i] = None
+                        self._early[i].clear()
+            elif op[0] == "attach":
                 _, i, channel, fd, pid = op
                 self._release(i, "gone")
                 s = _Slot(i, self.node * self.local_clients + i, channel, fd, pid)
                 s.reader = RingReader(channel.c2s, self._begin_for(s), self._end)
                 self._slots[i] = s
                 self._state[i] = "attached"
+                s.writer.q.extend(self._early[i])
+                self._early[i].clear()
             else:
                 _, i, done = op
                 self._release(i, "gone")
@@ -265,10 +284,13 @@ class RelayTransport:
             self._matcher.complete(target)
 
     def _to_local(self, source: int, dest: int, tag: int, body: np.ndarray, req: Any) -> None:
-        s = self._slots[dest - self.node * self.local_clients]
+        i = dest - self.node * self.local_clients
+        s = self._slots[i]
         if s is None:
-            if req is not None:
-                req.done = True  # dropped: the client is gone
+            if req is None and self._state[i] is None:  # forwarded, its client yet to come
+                self._early[i].append(_Out(source, dest, tag, body, None))
+            elif req is not None:
+                req.done = True  # dropped: the client is gone (or this relay's own notice)
             return
         s.writer.q.append(_Out(source, dest, tag, body, req))
 

@@ -1,0 +1,130 @@
+"""A client process of the daemon tests (started by test_daemon.py with the daemon's variables).
+
+Modes:
+- ``every``: every collective and neighbor op, in a per-rank random order with random
+  priorities, waited for in another random order; groups; exact results.
+- ``big``: prints READY, then 64 MiB float32 allreduces until one fails (a test kills a
+  client in the middle of one); prints the error.
+- ``stuck``: prints READY, then an allreduce that the other node never joins; prints
+  the error it ends with.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import numpy as np
+
+import totalreduce as tr
+
+
+def mode_every(p: int, rank: int) -> None:
+    from totalreduce.topology import get_topology, mixing_matrix
+
+    rng = random.Random(100 + rank)
+    X = np.random.default_rng(0).integers(-1000, 1000, size=(p, 301)).astype(np.int64)
+    F = X.astype(np.float64)
+    checks = {}  # name -> (handle, expected)
+
+    def add(name: str, start, want) -> None:
+        checks[name] = (start, want)
+
+    for op, fn in (("sum", np.sum), ("max", np.max), ("min", np.min)):
+        for n in (0, 1, p + 1, 301):
+            add(
+                f"ar.{op}.{n}",
+                lambda op=op, n=n: tr.allreduce_async(
+                    X[rank, :n], name=f"ar.{op}.{n}", op=op, priority=rng.randrange(5)
+                ),
+                fn(X[:, :n], axis=0),
+            )
+    add("ar.avg", lambda: tr.allreduce_async(F[rank], name="ar.avg", op="avg"), F.mean(axis=0))
+    add(
+        "ar.ring",
+        lambda: tr.allreduce_async(X[rank], name="ar.ring", algorithm="ring"),
+        X.sum(axis=0),
+    )
+    for root in range(p):
+        add(
+            f"bc.{root}",
+            lambda root=root: tr.broadcast_async(
+                X[rank] if rank == root else np.zeros(301, np.int64),
+                root=root,
+                name=f"bc.{root}",
+                priority=rng.randrange(5),
+            ),
+            X[root],
+        )
+    add("barrier", lambda: tr.barrier_async(name="barrier"), None)
+    total = X.sum(axis=0)
+    add("rs", lambda: tr.reduce_scatter_async(X[rank], name="rs"), np.array_split(total, p)[rank])
+    add(
+        "ag",
+        lambda: tr.allgather_async(np.full(3, rank, np.int64), name="ag"),
+        np.repeat(np.arange(p), 3),
+    )
+    topo = get_topology("exponential-2", p)
+    add(
+        "nar",
+        lambda: tr.neighbor_allreduce_async(F[rank], name="nar", topology="exponential-2"),
+        (mixing_matrix(topo, 0) @ F)[rank],
+    )
+    evens = tr.Group(range(0, p, 2))
+    if rank % 2 == 0:
+        add("grp", lambda: tr.allreduce_async(X[rank], name="grp", group=evens), X[::2].sum(axis=0))
+    order = list(checks)
+    rng.shuffle(order)
+    handles = {}
+    for name in order:
+        handles[name] = checks[name][0]()
+        if rng.random() < 0.2:
+            time.sleep(rng.random() * 0.002)
+    bad = 0
+    rng.shuffle(order)
+    for name in order:
+        got = handles[name].wait(timeout=60)
+        want = checks[name][1]
+        if want is not None and not np.allclose(got, want, rtol=0, atol=1e-9):
+            bad += 1
+            print(f"rank {rank}: WRONG {name}", flush=True)
+    print(f"rank {rank}: EVERY {'OK' if bad == 0 else 'FAILED'}", flush=True)
+
+
+def mode_big(p: int, rank: int) -> None:
+    x = np.ones(16 << 20, dtype=np.float32)  # 64 MiB
+    print("READY", flush=True)
+    t0 = time.monotonic()
+    k = 0
+    try:
+        while time.monotonic() - t0 < 120:
+            tr.allreduce(x, name="big", out=x, op="avg")
+            k += 1
+            if k == 1:
+                print("FIRST DONE", flush=True)
+        print("NO ERROR", flush=True)
+    except tr.TotalReduceError as exc:
+        print(f"rank {rank}: ERROR after {k} ops: {exc}", flush=True)
+
+
+def mode_stuck(p: int, rank: int) -> None:
+    print("READY", flush=True)
+    t0 = time.monotonic()
+    try:
+        tr.allreduce(np.ones(4), name="stuck")
+        print("NO ERROR", flush=True)
+    except tr.TotalReduceError as exc:
+        print(f"rank {rank}: ERROR after {time.monotonic() - t0:.1f}s: {exc}", flush=True)
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    tr.init()
+    modes = {"every": mode_every, "big": mode_big, "stuck": mode_stuck}
+    modes[mode](tr.size(), tr.rank())
+    tr.shutdown(timeout=5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""Daemon mode: ``mpiexec totalreduce serve`` and client processes, what an operator relies on.
+
+The collectives themselves run against daemons in tests/mpi/test_mpi.py (the
+embedded suite, with a ``service`` parameter); here: eight clients on two nodes
+doing everything at once, faults, the socket, memory and shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cluster import MPIEXEC, have_mpiexec, run_clients, serve
+
+from totalreduce.transport import hello
+
+HERE = Path(__file__).parent
+WORKER = str(HERE / "daemon_worker.py")
+ROOT = HERE.parents[1]
+
+pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec missing (install mpich)")
+
+
+def memfds(pid: int) -> int:
+    """Shared-memory channels a process holds open (memfd descriptors)."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += "memfd:totalreduce" in os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            pass
+    return n
+
+
+def service_pids(served) -> list[int]:
+    """The pids of the ``totalreduce serve`` processes (children of mpiexec's proxies)."""
+    out = subprocess.run(
+        [
+            "pgrep",
+            "-f",
+            f"serve --local-clients {served.local_clients} --socket-dir {served.directory}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    return [int(x) for x in out.stdout.split() if int(x) != served.proc.pid]
+
+
+def test_eight_clients_on_two_nodes_every_op_random_orders(tmp_path: Path) -> None:
+    served = serve(2, 4, tmp_path / "s")
+    try:
+        for line in served.lines:
+            assert "listening on" in line, line
+        directory = served.directory
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        for node in range(2):
+            assert stat.S_IMODE(served.socket(node).stat().st_mode) == 0o600
+        results = run_clients(served, [WORKER, "every"], timeout=240)
+        for r, res in enumerate(results):
+            assert f"rank {r}: EVERY OK" in res.stdout, res.stdout
+    finally:
+        status = served.stop()
+    log = served.stderr()
+    assert status == 0, log
+    assert "ERROR" not in log and "Traceback" not in log, log
+
+
+def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path) -> None:
+    """SIGKILL one client in the middle of a 64 MiB allreduce: every other client's op
+    fails naming it, the service frees its memory and serves a new job in the slots."""
+    served = serve(2, 1, tmp_path / "s")
+    try:
+        pids = service_pids(served)
+        assert len(pids) == 2, pids
+        base = {pid: memfds(pid) for pid in pids}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, WORKER, "big"],
+                env=served.client_env(r),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for r in range(2)
+        ]
+        for p in procs:
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == "READY"
+        assert procs[1].stdout is not None
+        assert procs[1].stdout.readline().strip() == "FIRST DONE"
+        time.sleep(0.05)  # in the middle of one of the next ops
+        procs[1].kill()
+        out0, _ = procs[0].communicate(timeout=60)
+        procs[1].wait(10)
+        assert "rank 0: ERROR" in out0 and "rank 1" in out0, out0
+        assert "'big'" in out0, out0
+        deadline = time.monotonic() + 10  # the channels go once the transports let go
+        while any(memfds(pid) > base[pid] for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(memfds(pid) == base[pid] for pid in pids), (base, served.stderr())
+        # a new job: fresh clients in both slots, the same names, generation 0 again
+        results = run_clients(served, [WORKER, "every"], timeout=120)
+        for r, res in enumerate(results):
+            assert f"rank {r}: EVERY OK" in res.stdout, res.stdout
+    finally:
+        status = served.stop()
+    log = served.stderr()
+    assert status == 0, log
+    assert "rank 1 (pid" in log and "died" in log, log
+    assert "Traceback" not in log, log
+
+
+def raw_reply(path: Path, data: bytes) -> dict | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    try:
+        s.connect(str(path))
+        s.sendall(data)
+        reader = hello.MessageReader()
+        return hello.read_message(s, reader)
+    except (ConnectionError, OSError):
+        return None
+    finally:
+        s.close()
+
+
+def test_garbage_on_the_socket_is_refused_and_the_service_goes_on(tmp_path: Path) -> None:
+    served = serve(1, 2, tmp_path / "s")
+    try:
+        path = served.socket(0)
+        for junk in [
+            b"\xff\xff\xff\xffGARBAGE",
+            b"\x10\x00\x00\x00" + bytes(range(200, 216)),
+            b"\x04\x00\x00\x00null",
+            hello.encode({"t": "hello", "version": hello.VERSION, "pid": "x"}),
+            hello.encode({"t": "hello", "version": 1, "pid": 5}),
+            hello.encode({"t": "bye"}),
+            hello.encode({"t": "hello", "version": hello.VERSION, "pid": 5, "local_rank": 7}),
+        ]:
+            reply = raw_reply(path, junk)
+            assert reply is not None and reply["t"] == "error", (junk, reply)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # half a message, then gone
+        s.connect(str(path))
+        s.sendall(b"\x10\x00")
+        s.close()
+        results = run_clients(served, [WORKER, "every"], timeout=120)
+        assert all("EVERY OK" in r.stdout for r in results), [r.stdout for r in results]
+    finally:
+        status = served.stop()
+    log = served.stderr()
+    assert status == 0, log
+    assert "protocol version 1" in log, log
+
+
+def test_a_taken_slot_and_a_full_node_are_refused_clearly(tmp_path: Path) -> None:
+    served = serve(1, 1, tmp_path / "s")
+    try:
+        code = (
+            "import totalreduce as tr, sys\n"
+            "tr.init()\n"
+            "print('IN', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "tr.shutdown()\n"
+        )
+        first = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=served.client_env(0),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert first.stdout is not None and first.stdout.readline().strip() == "IN"
+        second = subprocess.run(
+            [sys.executable, "-c", "import totalreduce as tr; tr.init()"],
+            env=served.client_env(0),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode != 0
+        assert "refused" in second.stderr and "taken by pid" in second.stderr, second.stderr
+        first.communicate("\n", timeout=60)
+        assert first.returncode == 0
+    finally:
+        status = served.stop()
+    assert status == 0, served.stderr()
+
+
+def test_engine_options_must_agree_with_the_service(tmp_path: Path) -> None:
+    served = serve(1, 1, tmp_path / "s", TOTALREDUCE_SEGMENT_BYTES="65536")
+    try:
+        code = "import totalreduce as tr; tr.init(segment_bytes=4096)"
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env=served.client_env(0),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode != 0
+        assert "segment_bytes=65536" in out.stderr and "segment_bytes=4096" in out.stderr
+        code = "import totalreduce as tr; s = tr.init(); print(s.config.segment_bytes)"
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env=served.client_env(0),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0 and out.stdout.strip() == "65536", out.stderr
+    finally:
+        served.stop()
+
+
+def test_second_service_on_the_same_socket_refuses_to_start(tmp_path: Path) -> None:
+    served = serve(1, 1, tmp_path / "s")
+    try:
+        env = dict(os.environ, MPIEXEC_TIMEOUT="60")
+        proc = subprocess.run(
+            [
+                MPIEXEC,
+                "-n",
+                "1",
+                sys.executable,
+                "-m",
+                "totalreduce.cli",
+                "serve",
+                "--socket-dir",
+                str(served.directory),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=env,
+        )
+        assert proc.returncode != 0
+        assert "already served" in proc.stderr, proc.stderr
+        assert served.socket(0).exists()
+        assert served.proc.poll() is None
+    finally:
+        served.stop()
+
+
+def test_sigterm_fails_in_flight_ops_and_exits_cleanly(tmp_path: Path) -> None:
+    served = serve(2, 1, tmp_path / "s")
+    client = subprocess.Popen(
+        [sys.executable, WORKER, "stuck"],
+        env=served.client_env(0),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert client.stdout is not None and client.stdout.readline().strip() == "READY"
+        time.sleep(0.5)
+        status = served.stop()
+        out, _ = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+        served.stop()
+    log = served.stderr()
+    assert status == 0, log
+    assert "ERROR after" in out and "'stuck'" in out, out + log
+    assert not any(served.socket(n).exists() for n in range(2))
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a client as another user")
+def test_another_user_cannot_connect(tmp_path: Path) -> None:
+    served = serve(1, 1, tmp_path / "s")
+    try:
+        path = served.socket(0)
+        assert "REFUSED" in _connect_as_nobody(str(path))  # 0700 directory, 0600 socket
+        opened = [served.directory.parent, served.directory]
+        modes = [d.stat().st_mode & 0o777 for d in opened] + [path.stat().st_mode & 0o777]
+        for d in opened:
+            os.chmod(d, 0o711)
+        os.chmod(path, 0o666)
+        try:
+            out = _connect_as_nobody(str(path))
+        finally:
+            for d, mode in zip([*opened, path], modes, strict=True):
+                os.chmod(d, mode)
+        # the service checks the peer's uid whatever the permissions say: it hangs up
+        assert "REFUSED" in out or out == "REPLY ", out
+    finally:
+        served.stop()
+    assert "refused a connection" in served.stderr()
+
+
+def _connect_as_nobody(path: str) -> str:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no exec, so it needs no access to the interpreter's files
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(10)
+            try:
+                s.connect(path)
+                data = b"REPLY " + s.recv(300)
+            except OSError as exc:
+                data = f"REFUSED {exc}".encode()
+            os.write(w, data)
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 4096):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _mpmd(served, script: list[str]) -> list[str]:
+    """``mpiexec`` with one rank per client, each given its node's socket (MPMD)."""
+    cmd = [MPIEXEC]
+    for r in range(served.nodes * served.local_clients):
+        env = served.client_env(r)
+        cmd += ["-n", "1"]
+        for k in ("TOTALREDUCE_SERVICE", "TOTALREDUCE_SOCKET", "TOTALREDUCE_LOCAL_RANK"):
+            cmd += ["-env", k, env[k]]
+        cmd += [sys.executable, *script, ":"]
+    return cmd[:-1]
+
+
+@pytest.mark.parametrize("script", ["train_distributed_optimizer.py", "train_ddp_comm_hook.py"])
+def test_torch_examples_run_unchanged_on_a_daemon(tmp_path: Path, script: str) -> None:
+    pytest.importorskip("torch", reason="the training examples need torch")
+    served = serve(2, 1, tmp_path / "s")
+    try:
+        args = [str(ROOT / "examples" / script), "--epochs", "1", "--points", "50", "--plot", ""]
+        env = dict(
+            os.environ,
+            MPIEXEC_TIMEOUT="150",
+            PYTHONUNBUFFERED="1",
+            PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        )
+        proc = subprocess.run(
+            _mpmd(served, args), capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out + served.stderr()
+        assert "epoch   1" in out, out
+    finally:
+        status = served.stop()
+    assert status == 0, served.stderr()
+    assert "rank 0 (pid" in served.stderr()  # the clients really were the daemon's
+
+
+def test_info_reports_daemon_mode(tmp_path: Path) -> None:
+    served = serve(1, 1, tmp_path / "s")
+    try:
+        code = "import totalreduce as tr; s = tr.init(); print(s.transport.description)"
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env=served.client_env(0),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "shared memory" in out.stdout or "shm" in out.stdout, out.stdout
+    finally:
+        served.stop()
