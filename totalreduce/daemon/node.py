@@ -124,7 +124,7 @@ class Node:
                 self._close_released()
         finally:
             for conn in [c for c in self.slots if c is not None]:
-                self._drop(conn, "the service stopped")
+                self._drop(conn, "was disconnected: the service stops")
             self._sel.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -280,7 +280,10 @@ class Node:
         if slot is None or self.slots[slot] is not conn:
             return
         rank = self.node * self.local_clients + slot
-        (log.info if conn.said_bye else log.error)("rank %d (pid %d) %s", rank, conn.pid, how)
+        level = logging.INFO if conn.said_bye else logging.ERROR
+        if self._stop.is_set():
+            level = logging.WARNING
+        log.log(level, "rank %d (pid %d) %s", rank, conn.pid, how)
         if not conn.said_bye:  # its ops fail everywhere now, as if it had said goodbye
             self.service.loop.peer_gone(rank)
             self.failed = self.failed or f"rank {rank} (pid {conn.pid}) died"

@@ -876,7 +876,7 @@ class CommLoop:
         if not reachable:
             self._unreachable.add(peer)
         for p in [p for p in self.table.values() if peer in p.group_rank]:
-            self._fail(p, err, tell_peers=True)
+            self._fail(p, type(err)(f"{p.spec.describe()}: {err}"), tell_peers=True)
         self.bad_peers[peer] = err
         log.error("%s", err)
         self._cancel_from(peer)
@@ -905,8 +905,8 @@ class CommLoop:
 
     def _left_error(self, p: Payload, peer: int) -> OpFailedError:
         return OpFailedError(
-            f"rank {self.rank}: {p.spec.describe()}: rank {peer} stopped (its service shut "
-            "down: the program ended or failed) before it completed"
+            f"rank {self.rank}: {p.spec.describe()}: {self._who(peer)} stopped (its service "
+            "shut down: the program ended or failed) before it completed"
         )
 
     # ------------------------------------------------------------------ sending
@@ -1768,8 +1768,8 @@ class CommLoop:
                 self._bad_peer(
                     peer,
                     TransportError(
-                        f"rank {self.rank}: rank {peer} is gone (its process exited); every op "
-                        f"with rank {peer} fails"
+                        f"rank {self.rank}: {self._who(peer)} is gone (its process exited); "
+                        "every op with it fails"
                     ),
                 )
 
