@@ -242,6 +242,8 @@ class CommLoop:
         # (description, group, unexpected-frame hints, segments cleared unasked)
         self.completed: OrderedDict[OpKey, tuple[Any, ...]] = OrderedDict()
         self.late_errors: deque[TotalReduceError] = deque()
+        # Ops submitted to start after another op of this rank completes (OpSpec.after).
+        self._held: dict[OpKey, list[OpSpec]] = {}
         self.stats = LoopStats()
         self.fatal: BaseException | None = None
         self.bad_peers: dict[int, TotalReduceError] = {}
@@ -496,6 +498,14 @@ class CommLoop:
         if self.fatal is not None:
             self._finish_spec(spec, TotalReduceError(f"the comm loop stopped: {self.fatal}"))
             return
+        if spec.after is not None:
+            first = spec.after
+            if first in self.table:
+                self._held.setdefault(first, []).append(spec)
+                return
+            if first in self.failed:
+                self._fail_unsubmitted(spec, self._chain_error(spec, self.failed[first]))
+                return
         bad = [self.bad_peers[w] for w in spec.group if w in self.bad_peers and w not in self._left]
         if bad:
             self._fail_unsubmitted(spec, bad[0])
@@ -686,6 +696,8 @@ class CommLoop:
         p.state = OpState.DONE
         del self.table[p.key]
         self.stats.ops_completed += 1
+        for spec in self._held.pop(p.key, ()):  # the next phases of a chain
+            self._activate(spec)
         if self.trace is not None:
             self.trace.op(p.spec.name, p.spec.generation, "done", p.spec.priority)
         self._finish_spec(p.spec, None)
@@ -731,6 +743,8 @@ class CommLoop:
         self._rejected.pop(p.key, None)
         self._remember(self.failed, p.key, str(error))
         self.stats.ops_failed += 1
+        for spec in self._held.pop(p.key, ()):  # p left the table: they fail, not wait
+            self._fail_unsubmitted(spec, self._chain_error(spec, str(error)))
         if tell_peers:
             if isinstance(error, OpMismatchError):
                 code = ERROR_MISMATCH
@@ -753,6 +767,10 @@ class CommLoop:
         if self.trace is not None:
             self.trace.op(p.spec.name, p.spec.generation, "failed", p.spec.priority)
         self._finish_spec(p.spec, error)
+
+    @staticmethod
+    def _chain_error(spec: OpSpec, why: str) -> OpFailedError:
+        return OpFailedError(f"{spec.describe()}: the phase it starts after failed: {why}")
 
     def _fail_unsubmitted(self, spec: OpSpec, error: TotalReduceError) -> None:
         """An op fails before it entered the table: tell its group, drop its floating frames."""

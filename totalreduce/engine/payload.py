@@ -56,6 +56,9 @@ class OpSpec:
     param: int = 0
     in_place: bool = False
     urgent: bool = False  # someone waits on it: set by the client, read by the sender
+    #: Start only once this op (of this rank) completed; fail if it fails (a chain of
+    #: schedules: a later phase reads what an earlier one wrote).
+    after: tuple[int, int] | None = None
     on_done: Callable[[BaseException | None], None] | None = None
 
     @property

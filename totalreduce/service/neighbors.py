@@ -195,9 +195,10 @@ class NeighborOps(OpSubmitter):
         nodes, so every link of a node is used in parallel and every rank ends
         with its node's averaged result.
 
-        Both phases are compiled here, in the caller's thread (a bad topology
-        raises at the call); the node phase's completion only queues the
-        machine phase, whose input is the node phase's output.
+        Both phases are compiled and submitted here, in the caller's thread (a
+        bad topology raises at the call), as a chain: the engine starts the
+        machine phase, whose input is the node phase's output, when the node
+        phase completes, and fails it if the node phase fails.
         """
         arr, dt = as_array(x, "x", dtype)
         if (
@@ -254,13 +255,7 @@ class NeighborOps(OpSubmitter):
         )
 
         def local_done(error: BaseException | None) -> None:
-            names.ended(local_name)
-            if error is not None:
-                names.ended(op_name)
-                handle._finish(error)
-                return
-            # The engine has no "start after op K completes": queue the compiled phase 2 now.
-            self._submit(machine, handle)
+            names.ended(local_name)  # the machine phase starts (or fails) in the engine
 
         code, sched = compile_op(OpKind.ALLREDUCE, "ring", local, L, n, True)
         node_phase = self._spec(
@@ -279,7 +274,9 @@ class NeighborOps(OpSubmitter):
             param=0,
             on_done=local_done,
         )
+        machine.after = node_phase.key  # a chain: it reads what the node phase wrote
         self._submit(node_phase, handle)
+        self._submit(machine)
         return handle
 
     def _machine_phase(
