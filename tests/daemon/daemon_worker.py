@@ -5,8 +5,8 @@ Modes:
   priorities, waited for in another random order; groups; exact results.
 - ``big``: prints READY, then 64 MiB float32 allreduces until one fails (a test kills a
   client in the middle of one); prints the error.
-- ``stuck``: prints READY, then an allreduce that the other node never joins; prints
-  the error it ends with.
+- ``stuck``: prints READY, then an allreduce that the other client never joins (it
+  runs ``sleep``); prints the error it ends with.
 """
 
 from __future__ import annotations
@@ -118,10 +118,15 @@ def mode_stuck(p: int, rank: int) -> None:
         print(f"rank {rank}: ERROR after {time.monotonic() - t0:.1f}s: {exc}", flush=True)
 
 
+def mode_sleep(p: int, rank: int) -> None:
+    print("READY", flush=True)
+    time.sleep(60)
+
+
 def main() -> None:
     mode = sys.argv[1]
     tr.init()
-    modes = {"every": mode_every, "big": mode_big, "stuck": mode_stuck}
+    modes = {"every": mode_every, "big": mode_big, "stuck": mode_stuck, "sleep": mode_sleep}
     modes[mode](tr.size(), tr.rank())
     tr.shutdown(timeout=5)
 

@@ -249,21 +249,27 @@ def test_second_service_on_the_same_socket_refuses_to_start(tmp_path: Path) -> N
 
 def test_sigterm_fails_in_flight_ops_and_exits_cleanly(tmp_path: Path) -> None:
     served = serve(2, 1, tmp_path / "s")
-    client = subprocess.Popen(
-        [sys.executable, WORKER, "stuck"],
-        env=served.client_env(0),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    clients = [
+        subprocess.Popen(
+            [sys.executable, WORKER, mode],
+            env=served.client_env(r),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r, mode in enumerate(["stuck", "sleep"])
+    ]
     try:
-        assert client.stdout is not None and client.stdout.readline().strip() == "READY"
+        for c in clients:
+            assert c.stdout is not None and c.stdout.readline().strip() == "READY"
         time.sleep(0.5)
         status = served.stop()
-        out, _ = client.communicate(timeout=60)
+        out, _ = clients[0].communicate(timeout=60)
     finally:
-        if client.poll() is None:
-            client.kill()
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+                c.wait(10)
         served.stop()
     log = served.stderr()
     assert status == 0, log

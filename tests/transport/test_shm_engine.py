@@ -46,11 +46,23 @@ def test_collectives_among_clients_through_the_relay(L: int) -> None:
         )
         relay.attach(k, ch, os.dup(cfd), os.getpid())
     config = Config.load(env={})
-    services = [Service(relay, config)] + [Service(c, config) for c in clients]
+    relay_service = Service(relay, config)
     # The relay joins hierarchical ops (auto in daemon mode) from their frames.
-    services[0].loop.adopt = relay_adopter(
+    relay_service.loop.adopt = relay_adopter(
         NodeLayout(1, L), relay.rank, config.segment_bytes, MAX_OP_BYTES
     )
+    # A client's start returns once the whole job is there: start them together.
+    services: list = [relay_service] + [None] * L
+
+    def start(k: int) -> None:
+        services[k + 1] = Service(clients[k], config)
+
+    starters = [threading.Thread(target=start, args=(k,), daemon=True) for k in range(L)]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join(60)
+    assert all(s is not None for s in services), "a client did not start"
     results: list = [None] * L
     errors: list = []
 

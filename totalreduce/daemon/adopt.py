@@ -78,6 +78,7 @@ def relay_adopter(
             group=world,
             context=int(f[wire.F_CONTEXT]),
             param=param,
+            joined=True,
         )
 
     return adopt

@@ -222,7 +222,6 @@ class Node:
         if not any(self.slots):
             self.sessions += 1
             self.epoch = self.sessions
-            self.transport.new_session()
             log.info("session %d starts", self.epoch)
         from ..transport.shm import Channel, new_eventfd
 
@@ -295,3 +294,4 @@ class Node:
         if not any(self.slots):
             log.info("session %d ends", self.epoch)
             self.failed = None
+            self.transport.new_session()  # the slots wait for the next job's clients

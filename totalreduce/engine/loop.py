@@ -248,6 +248,8 @@ class CommLoop:
         self.fatal: BaseException | None = None
         self.bad_peers: dict[int, TotalReduceError] = {}
         self.trace: Any = None  # a timeline recorder, when one is on
+        # Daemon mode, a client: the rank every message goes through (its node's service).
+        self._via: int | None = getattr(transport, "relay", None)
         # Daemon mode: a node's service takes part in ops it never submitted (the relay
         # steps of hierarchical schedules).  ``adopt(source, frame)`` returns the spec of
         # the op a frame for an unknown op belongs to, if this rank is to join it.
@@ -507,7 +509,7 @@ class CommLoop:
                 self._fail_unsubmitted(spec, self._chain_error(spec, self.failed[first]))
                 return
         bad = [self.bad_peers[w] for w in spec.group if w in self.bad_peers and w not in self._left]
-        if bad:
+        if bad and not spec.joined:
             self._fail_unsubmitted(spec, bad[0])
             return
         if key in self.table:
@@ -552,7 +554,7 @@ class CommLoop:
             self._on_body(p, q, ff.body)
         for peer in self._rejected.pop(key, ()):
             self._control(peer, READY, p.shape, key)
-        for peer in self._left.intersection(spec.group):
+        for peer in () if spec.joined else self._left.intersection(spec.group):
             if p.needs(peer):  # frames it sent before leaving are filed above
                 self._fail(p, self._left_error(p, peer), tell_peers=True)
                 return
@@ -704,6 +706,8 @@ class CommLoop:
 
     @staticmethod
     def _remember(table: OrderedDict[OpKey, Any], key: OpKey, value: Any) -> None:
+        if key[0] == wire.SESSION_ID:
+            return  # every job starts with it: a memory of it would meet the next job
         table[key] = value
         if len(table) > 4096:
             table.popitem(last=False)
@@ -898,6 +902,8 @@ class CommLoop:
         self.bad_peers[peer] = err
         log.error("%s", err)
         self._cancel_from(peer)
+        if peer == self._via:
+            self._cut_off(peer)
 
     def _cancel_from(self, peer: int) -> None:
         """Cancel receives posted for bodies from ``peer``; they complete empty (given up)."""
@@ -920,6 +926,20 @@ class CommLoop:
         for p in hit:
             self._fail(p, self._left_error(p, peer), tell_peers=True)
         self._cancel_from(peer)
+        if peer == self._via:
+            self._cut_off(peer)
+
+    def _cut_off(self, via: int) -> None:
+        """Every message goes through rank ``via`` and it is gone: every op fails."""
+        for p in list(self.table.values()):
+            self._fail(
+                p,
+                OpFailedError(
+                    f"rank {self.rank}: {p.spec.describe()}: {self._who(via)} stopped; this "
+                    "rank reaches no other rank without it"
+                ),
+                tell_peers=False,
+            )
 
     def _left_error(self, p: Payload, peer: int) -> OpFailedError:
         return OpFailedError(

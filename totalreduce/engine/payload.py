@@ -59,6 +59,9 @@ class OpSpec:
     #: Start only once this op (of this rank) completed; fail if it fails (a chain of
     #: schedules: a later phase reads what an earlier one wrote).
     after: tuple[int, int] | None = None
+    #: A node's service joined it from a frame (daemon mode): whether its ranks are
+    #: still there is for the ranks that submitted it to say.
+    joined: bool = False
     on_done: Callable[[BaseException | None], None] | None = None
 
     @property

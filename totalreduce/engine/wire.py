@@ -119,6 +119,11 @@ def wire_id(name: str | int) -> int:
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
 
 
+#: Daemon mode: the op by which a job's clients agree on their session at start.  Every
+#: job starts with it, so no rank keeps a memory of it (see CommLoop._remember).
+SESSION_ID = wire_id("\0totalreduce session")
+
+
 def padded(nbytes: int) -> int:
     """Bytes an eager body takes in a message (frames start 8-byte aligned)."""
     return (nbytes + 7) & ~7

@@ -12,6 +12,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from ..algorithms.hierarchical import NodeLayout
 from ..engine.loop import CommLoop, LoopConfig
 from ..engine.wire import wire_id
@@ -69,8 +71,7 @@ class Lifecycle(OpSubmitter):
         # ops span them all; the node's session is mixed into every op's wire id, so a
         # new job never meets what the services remember of an old one.
         self._layout = NodeLayout(relays, self.size // relays) if relays else None
-        epoch = int(getattr(transport, "epoch", 0))
-        self._salt = wire_id(f"\0session {epoch}") if epoch else 0
+        self._salt = 0
         self._comm_thread = threading.Thread(
             target=self._run_loop, name=f"totalreduce-comm-{self.rank}", daemon=True
         )
@@ -79,6 +80,57 @@ class Lifecycle(OpSubmitter):
         )
         self._reduce_thread.start()
         self._comm_thread.start()
+        if self._layout is not None and getattr(transport, "relay", None) is not None:
+            self._join_session(int(getattr(transport, "epoch", 0)))  # a daemon's client
+
+    def _join_session(self, epoch: int) -> None:
+        """Daemon mode: agree with every client of the job on its session, before any op.
+
+        Each node counts its own sessions (its sets of clients); the job's clients take
+        the largest of their nodes' numbers and mix it into every op's wire id, so a
+        job that reuses the names of an earlier one never meets what the services
+        remember of it.  Returns when every client of the job has attached (as
+        ``MPI_Init`` does): the stall warning names the ranks still missing.
+        """
+        from ..algorithms.codes import AlgorithmCode, OpKind
+        from ..dtypes import DType, ReduceOp
+        from ..engine.payload import OpSpec
+        from ..engine.wire import SESSION_ID
+        from .handle import Handle
+        from .ops import compile_hierarchical, plan_for
+
+        x = np.array([epoch], dtype=np.int64)
+        out = np.empty_like(x)
+        param, sched = compile_hierarchical(
+            OpKind.ALLREDUCE, self.rank, self._layout, 1, False, 0, "ring", "one_to_all"
+        )
+        handle = Handle("totalreduce session", 0, out, self.loop)
+        spec = OpSpec(
+            name="totalreduce session",
+            wire_id=SESSION_ID,
+            generation=0,
+            kind=OpKind.ALLREDUCE,
+            algorithm=AlgorithmCode.HIERARCHICAL,
+            dtype=DType.INT64,
+            count=1,
+            op=ReduceOp.MAX,
+            priority=0,
+            inbuf=x,
+            outbuf=out,
+            schedule=sched,
+            plan=plan_for(sched, max(1, self.config.segment_bytes // 8)),
+            group=tuple(range(self._layout.world)),
+            param=param,
+            on_done=handle._finish,
+        )
+        handle._attach(spec)
+        self.loop.submit(spec)
+        try:
+            handle.wait()
+        except BaseException:
+            self.shutdown(timeout=0)
+            raise
+        self._salt = wire_id(f"\0session {int(out[0])}")
 
     def _run_loop(self) -> None:
         self.loop.run(self._stop)

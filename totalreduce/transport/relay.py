@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,9 @@ log = logging.getLogger("totalreduce.transport.relay")
 
 #: The MPI tag of forwarded messages (with their envelope); the engine's tags are >= 1.
 ENVELOPE_TAG = 0
+#: How long after the last MPI traffic the relay polls MPI every POLL_S while asleep.
+BUSY_S = 0.5
+POLL_S = 1e-3
 
 
 class _Fwd:
@@ -162,6 +166,10 @@ class RelayTransport:
         self._env_in: list[tuple[Any, np.ndarray, int]] = []  # envelopes, in probe order
         self._fwd_sends: list[tuple[Any, np.ndarray, int]] = []  # forwarded over MPI
         self._closed = False
+        # MPI cannot wake the eventfd: while traffic moves (and for BUSY_S after), a
+        # sleep is cut to POLL_S so forwarded messages are not held up by the loop's
+        # idle backoff; a quiet relay sleeps as long as the loop asks.
+        self._busy_until = 0.0
 
     # ------------------------------------------------------------------ slots (any thread)
 
@@ -296,6 +304,7 @@ class RelayTransport:
 
     def _forward_mpi(self, env: np.ndarray, node: int) -> None:
         MPI = self._MPI
+        self._busy_until = time.monotonic() + BUSY_S
         try:
             r = self.comm.Isend([env, MPI.BYTE], dest=node, tag=ENVELOPE_TAG)
         except MPI.Exception as exc:
@@ -364,6 +373,7 @@ class RelayTransport:
                 raise self._error("probe", None, exc) from None
             if msg is None:
                 break
+            self._busy_until = time.monotonic() + BUSY_S
             node, tag, n = st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE)
             try:
                 if tag == ENVELOPE_TAG:
@@ -519,8 +529,11 @@ class RelayTransport:
 
         Moves no data: another thread may be running a pass of the loop meanwhile.
         MPI traffic cannot wake the eventfd: the loop's sleeps are short (its busy
-        ceiling, ``backoff_max_s``) while ops are in flight.
+        ceiling, ``backoff_max_s``) while its own ops are in flight, and this caps
+        them at ``POLL_S`` for ``BUSY_S`` after any MPI traffic (forwarded ops).
         """
+        if self.nodes > 1 and time.monotonic() < self._busy_until:
+            timeout = min(timeout, POLL_S)
         if timeout <= 0 or self._ready():
             return
         slots = [s for s in self._slots if s is not None]
