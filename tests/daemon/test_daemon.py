@@ -377,3 +377,33 @@ def test_info_reports_daemon_mode(tmp_path: Path) -> None:
         assert "shared memory" in out.stdout or "shm" in out.stdout, out.stdout
     finally:
         served.stop()
+
+
+def test_later_jobs_with_staggered_starts_reuse_names(tmp_path: Path) -> None:
+    """Second and third jobs whose clients start seconds apart, one node's client alone
+    first: init waits for the whole job, then the same names work again."""
+    served = serve(2, 1, tmp_path / "s")
+    try:
+        run_clients(served, [WORKER, "every"], timeout=120)
+        for _ in range(2):
+            first = subprocess.Popen(
+                [sys.executable, WORKER, "every"],
+                env=served.client_env(0),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            time.sleep(2)
+            second = subprocess.run(
+                [sys.executable, WORKER, "every"],
+                env=served.client_env(1),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            out, _ = first.communicate(timeout=120)
+            assert "rank 0: EVERY OK" in out, out + served.stderr()
+            assert "rank 1: EVERY OK" in second.stdout, second.stdout + second.stderr
+    finally:
+        status = served.stop()
+    assert status == 0, served.stderr()
