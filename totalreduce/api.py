@@ -117,8 +117,8 @@ def _node_layout() -> tuple[int, int, int, int]:
     svc = default_service()
     if not hasattr(svc, "node_layout"):
         raise NotInitializedError(
-            "local_rank(), local_size(), cross_rank() and cross_size() need the embedded "
-            "service (init()); a daemon client knows its own local_rank attribute only"
+            "local_rank(), local_size(), cross_rank() and cross_size() need a service that "
+            "knows its node layout"
         )
     return svc.node_layout()
 
