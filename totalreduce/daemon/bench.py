@@ -2,13 +2,13 @@
 
 ``python -m totalreduce.daemon.bench`` runs, one after the other:
 
-1. embedded: ``mpiexec -n P`` training processes, each with its own engine;
-2. daemon: ``mpiexec -n P totalreduce serve --local-clients 1`` and P plain
-   training processes attached to it (one per simulated node);
+1. embedded: ``mpiexec -n P`` training processes, each with its own engine
+   (``P = nodes * local clients``);
+2. daemon: ``mpiexec -n NODES totalreduce serve --local-clients L`` and P plain
+   training processes attached to it (``--local-clients`` per simulated node);
 
 and in each the same worker (``--role worker``), written against the embedded
-API only.  For every size (float32, in place, in registered memory in daemon
-mode) it measures:
+API only.  For every size (float32, in place) it measures:
 
 - latency: submission (``allreduce_async``) to completion (``wait()``
   returned), ranks started together by a barrier; an iteration counts the
@@ -80,13 +80,12 @@ def worker(args: argparse.Namespace) -> None:
 
     svc = tr.init()
     rank, size = tr.rank(), tr.size()
-    empty = getattr(svc, "empty", None)
     report: dict[str, Any] = {"mode": type(svc).__name__, "size": size, "sizes": {}}
     for label, nbytes in SIZES.items():
         if label not in args.sizes.split(","):
             continue
         count = nbytes // 4
-        x = empty(count, np.float32) if empty is not None else np.empty(count, np.float32)
+        x = np.empty(count, np.float32)
         x[:] = 1.0
         iters = _iterations(nbytes)
         name = f"bench.{label}"
@@ -113,10 +112,7 @@ def worker(args: argparse.Namespace) -> None:
         }
     if args.layers:
         count = args.layer_bytes // 4
-        if empty is not None:
-            grads = [empty(count, np.float32) for _ in range(args.layers)]
-        else:
-            grads = [np.empty(count, np.float32) for _ in range(args.layers)]
+        grads = [np.empty(count, np.float32) for _ in range(args.layers)]
         steps = []
         for step in range(args.steps + 2):
             tr.barrier(name="bench.sync")
@@ -163,12 +159,13 @@ def _env(**extra: str) -> dict[str, str]:
 class _Service:
     """``totalreduce serve`` for the daemon half of the run."""
 
-    def __init__(self, nodes: int, directory: Path) -> None:
+    def __init__(self, nodes: int, local: int, directory: Path) -> None:
         self.directory = directory
         self.log = directory.parent / "serve.log"
         cmd = [
             "mpiexec", "-n", str(nodes), sys.executable, "-m", "totalreduce.cli", "serve",
-            "--local-clients", "1", "--socket-dir", str(directory), "--log-level", "WARNING",
+            "--local-clients", str(local), "--socket-dir", str(directory),
+            "--log-level", "WARNING",
         ]  # fmt: skip
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(
@@ -194,7 +191,7 @@ class _Service:
 
 
 def _run_embedded(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    cmd = ["mpiexec", "-n", str(args.nodes), *_worker_cmd(args, out)]
+    cmd = ["mpiexec", "-n", str(args.nodes * args.local_clients), *_worker_cmd(args, out)]
     subprocess.run(cmd, check=True, env=_env(), timeout=1200)
     return json.loads(out.read_text())
 
@@ -206,10 +203,11 @@ def _run_daemon(args: argparse.Namespace, service: _Service, out: Path) -> dict[
             env=_env(
                 TOTALREDUCE_SERVICE="daemon",
                 TOTALREDUCE_SOCKET=str(service.socket(n)),
-                TOTALREDUCE_LOCAL_RANK="0",
+                TOTALREDUCE_LOCAL_RANK=str(k),
             ),
         )
         for n in range(args.nodes)
+        for k in range(args.local_clients)
     ]
     for p in procs:
         if p.wait(1200) != 0:
@@ -225,15 +223,18 @@ def _example_step(args: argparse.Namespace, service: _Service | None) -> float |
     example = Path(args.example)
     common = ["--epochs", "1", "--compare", "--compare-steps", str(args.example_steps),
               "--plot", os.devnull]  # fmt: skip
+    P = args.nodes * args.local_clients
     if service is None:
-        cmd = ["mpiexec", "-n", str(args.nodes), sys.executable, example.name, *common]
-    else:  # one rank per node, each attached to its node's service; MPI only for the example
+        cmd = ["mpiexec", "-n", str(P), sys.executable, example.name, *common]
+    else:  # each rank attached to its node's service; MPI only for the example's timings
         cmd = ["mpiexec"]
-        for n in range(args.nodes):
-            if n:
+        for r in range(P):
+            if r:
                 cmd.append(":")
+            n, k = divmod(r, args.local_clients)
             cmd += ["-n", "1", "-env", "TOTALREDUCE_SERVICE", "daemon",
                     "-env", "TOTALREDUCE_SOCKET", str(service.socket(n)),
+                    "-env", "TOTALREDUCE_LOCAL_RANK", str(k),
                     sys.executable, example.name, *common]  # fmt: skip
     res = subprocess.run(
         cmd, cwd=example.parent, capture_output=True, text=True, env=_env(), timeout=1200
@@ -254,10 +255,12 @@ def _default_example() -> str:
     return str(path) if path.exists() else ""
 
 
-def _print(emb: dict[str, Any], dmn: dict[str, Any], steps: tuple[Any, Any], nodes: int) -> None:
+def _print(
+    emb: dict[str, Any], dmn: dict[str, Any], steps: tuple[Any, Any], nodes: int, local: int
+) -> None:
     print(
-        f"\nallreduce, float32 in place, P = {nodes} (daemon: {nodes} services x 1 client); "
-        "medians over the rounds"
+        f"\nallreduce, float32 in place, P = {nodes * local} (daemon: {nodes} services x "
+        f"{local} clients); medians over the rounds"
     )
     print(
         f"{'size':>6}  {'latency embedded':>17} {'daemon':>9} {'ratio':>6}   "
@@ -314,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--role", choices=("run", "worker"), default="run", help=argparse.SUPPRESS)
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
-    p.add_argument("--nodes", type=int, default=2, help="P: ranks / services (default 2)")
+    p.add_argument("--nodes", type=int, default=2, help="services (default 2)")
+    p.add_argument("--local-clients", type=int, default=1, help="clients per service (default 1)")
     p.add_argument("--sizes", default=",".join(SIZES), help="of " + ", ".join(SIZES))
     p.add_argument("--layers", type=int, default=8, help="overlapped step: gradients (0: skip)")
     p.add_argument("--layer-bytes", type=int, default=1 << 20)
@@ -342,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             emb = _run_embedded(args, work / "embedded.json")
             step_emb = _example_step(args, None) if args.example else None
             print(f"round {r + 1} of {args.repeat}: daemon ...", flush=True)
-            service = _Service(args.nodes, work / "sockets")
+            service = _Service(args.nodes, args.local_clients, work / "sockets")
             try:
                 dmn = _run_daemon(args, service, work / "daemon.json")
                 step_dmn = _example_step(args, service) if args.example else None
@@ -353,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     emb, dmn = _median_report([r[0] for r in rounds]), _median_report([r[1] for r in rounds])
     step_emb, step_dmn = (_median([r[i] for r in rounds]) for i in (2, 3))
-    _print(emb, dmn, (step_emb, step_dmn), args.nodes)
+    _print(emb, dmn, (step_emb, step_dmn), args.nodes, args.local_clients)
     if args.json:
         Path(args.json).write_text(
             json.dumps({"embedded": emb, "daemon": dmn, "example_step_s": [step_emb, step_dmn]})
