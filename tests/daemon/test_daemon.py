@@ -407,3 +407,19 @@ def test_later_jobs_with_staggered_starts_reuse_names(tmp_path: Path) -> None:
     finally:
         status = served.stop()
     assert status == 0, served.stderr()
+
+
+def test_torch_backend_runs_unchanged_on_a_daemon(tmp_path: Path) -> None:
+    """The "totalreduce" torch.distributed backend (init_method totalreduce://) over daemon
+    clients: collectives and an unchanged DDP, as under mpiexec."""
+    pytest.importorskip("torch", reason="the backend needs torch")
+    served = serve(2, 1, tmp_path / "s")
+    try:
+        script = str(ROOT / "tests" / "torch" / "check_process_group.py")
+        results = run_clients(served, [script, "collectives,ddp", "totalreduce://"], timeout=150)
+        for r, res in enumerate(results):
+            assert f"COLLECTIVES OK rank {r}" in res.stdout, res.stdout
+            assert f"DDP OK rank {r}" in res.stdout, res.stdout
+    finally:
+        status = served.stop()
+    assert status == 0, served.stderr()

@@ -231,6 +231,10 @@ class CommLoop:
         self._t_wait: Callable[[float], None] | None = getattr(transport, "wait", None)
         self._t_wake: Callable[[], None] | None = getattr(transport, "wake", None)
         self._t_sleepers: set[int] = set()
+        # A waiter spins (MPI_Wait-like) only where nothing can wake it: a transport that
+        # wakes a sleeper when a message arrives (shared memory) makes spinning a waste of
+        # the cores the other processes of the node need.
+        self._wait_spin = cfg.wait_spin_s if self._t_wake is None else min(cfg.wait_spin_s, 5e-5)
         self.pool = BufferPool()
         self.floating = FloatingList(cfg.floating_pool_bytes, self.world)
         self.table: dict[OpKey, Payload] = {}
@@ -418,7 +422,7 @@ class CommLoop:
                 if spec is not None and not needed and now - start > cfg.need_after_s:
                     needed = True
                     self.submissions.append(("ask", spec.key))
-                if now - last < cfg.wait_spin_s:
+                if now - last < self._wait_spin:
                     # Frames are likely on their way: spin (as MPI_Wait does), letting
                     # other threads run; only a long silence turns into sleeping.
                     _yield()

@@ -186,12 +186,14 @@ def drain_eventfd(fd: int) -> None:
 
 
 def sleep_on(fd: int, timeout: float) -> None:
-    """Block until ``fd`` is readable or ``timeout`` seconds passed, then drain it."""
+    """Block until ``fd`` is readable or ``timeout`` seconds passed, then drain it.
+
+    ``select`` takes microseconds (``poll`` only milliseconds: a 20 µs nap would last a
+    whole millisecond), so short sleeps stay short.
+    """
     if timeout > 0:
-        p = select.poll()
-        p.register(fd, select.POLLIN)
         try:
-            p.poll(max(0, int(timeout * 1000 + 0.999)))
+            select.select((fd,), (), (), timeout)
         except InterruptedError:
             pass
     drain_eventfd(fd)
