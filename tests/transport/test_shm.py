@@ -499,3 +499,27 @@ def test_ring_latency_between_processes() -> None:
             proc.kill()
             proc.join(5)
         relay.close()
+
+
+def test_what_a_departing_client_wrote_is_still_delivered() -> None:
+    """A client writes its last messages and leaves before the relay read them: the detach
+    drains its ring first, so a local peer and the relay itself still get them."""
+    relay, (a, b) = node(2)
+    try:
+        to_b = np.arange(300, dtype=np.uint8)
+        to_relay = np.arange(40, dtype=np.uint8)
+        sends = [a.isend(to_b, 1, 5), a.isend(to_relay, relay.rank, 6)]
+        assert a.testsome(sends) == [0, 1]  # written into the ring: done for the client
+        gone = relay.detach(0)  # before the relay ever looked at the ring
+        got_relay = np.zeros(40, np.uint8)
+        r = relay.irecv(got_relay, 0, 6)
+        until(relay, lambda: gone.is_set())
+        until(relay, lambda: relay.test(r)[0])
+        got_b = np.zeros(300, np.uint8)
+        rb = b.irecv(got_b, 0, 5)
+        until(b, lambda: (relay.testsome([]), b.test(rb)[0])[1])
+        assert np.array_equal(got_b, to_b) and np.array_equal(got_relay, to_relay)
+    finally:
+        a.close()
+        b.close()
+        relay.close()

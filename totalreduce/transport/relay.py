@@ -234,8 +234,20 @@ class RelayTransport:
                 self._early[i].clear()
             else:
                 _, i, done = op
+                s = self._slots[i]
+                if s is not None:  # what the client wrote before it went is still delivered
+                    self._drain(s)
                 self._release(i, "gone")
                 done.set()
+
+    def _drain(self, s: _Slot) -> None:
+        """Read every whole message left in a departing client's ring (its last frames and
+        its goodbye may not have been read yet); a message cut off stays behind."""
+        try:
+            while s.reader.pump():
+                pass
+        except Corrupt as exc:
+            log.error("relay %d: client rank %d: %s", self.rank, s.rank, exc)
 
     def _release(self, i: int, state: str) -> None:
         s = self._slots[i]
