@@ -6,8 +6,9 @@ everything the op is: kind, algorithm, dtype, count, reduce op, root and the
 cross-node algorithm (in ``param``), wire id and generation.  The engine
 calls :func:`relay_adopter`'s function with that frame; it compiles this
 relay's part of the hierarchical schedule and returns the op's spec, and the
-engine runs it like any other op.  Frames of other algorithms are not the
-relay's (it only forwards them), so the function returns None for them.
+engine runs it like any other op, at the priority the frame carries.  Frames
+of other algorithms are not the relay's (it only forwards them), so the
+function returns None for them.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def relay_adopter(
             dtype=dtype,
             count=count,
             op=op,
-            priority=0,
+            priority=wire.priority_of(f),
             inbuf=np.empty(schedule.count, dtype.numpy),
             outbuf=np.empty(schedule.out_count, dtype.numpy),
             schedule=schedule,

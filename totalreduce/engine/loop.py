@@ -1065,7 +1065,18 @@ class CommLoop:
             self.trace.op(p.spec.name, p.spec.generation, "first_send", p.spec.priority)
         carried = 0 if body is None else wire.padded(n)
         ob = self._outbox(dest, FRAME_SIZE + carried)
-        wire.pack_frame(ob, ftype, p.shape, FLAG_NEED if p.hot else 0, 0, step, segment, p.key, n)
+        wire.pack_frame(
+            ob,
+            ftype,
+            p.shape,
+            FLAG_NEED if p.hot else 0,
+            0,
+            step,
+            segment,
+            p.key,
+            n,
+            p.spec.priority,
+        )
         if body is not None:
             ob += body.data
             if carried > n:

@@ -17,7 +17,7 @@ Message header (little-endian, ``MSG_SIZE`` = 24 bytes)::
 Frame header (``FRAME_SIZE`` = 72 bytes)::
 
     type u8 | dtype u8 | kind u8 | algorithm u8 | reduce op u8 | flags u8 | reserved u16 |
-    aux u32 | step u32 | segment u32 | reserved u32 |
+    aux u32 | step u32 | segment u32 | priority i32 (as u32) |
     wire id u64 | generation u64 | byte count u64 | element count u64 | param i64 |
     context u64
 
@@ -100,7 +100,7 @@ _OPS = frozenset(int(o) for o in ReduceOp)
 
 # Field positions in a decoded frame tuple.
 F_TYPE, F_DTYPE, F_KIND, F_ALGO, F_OP, F_FLAGS = 0, 1, 2, 3, 4, 5
-F_AUX, F_STEP, F_SEGMENT = 7, 8, 9
+F_AUX, F_STEP, F_SEGMENT, F_PRIO = 7, 8, 9, 10
 F_WID, F_GEN, F_NBYTES, F_COUNT, F_PARAM, F_CONTEXT = 11, 12, 13, 14, 15, 16
 
 Frame = tuple  # the 17 fields of FRAME, as unpacked
@@ -139,14 +139,22 @@ def pack_frame(
     segment: int,
     key: tuple[int, int],
     nbytes: int,
+    priority: int = 0,
 ) -> None:
     """Append a frame header to ``buf``; ``shape`` is an op's (dtype, kind, algorithm,
-    op, count, param, context), all ints."""
+    op, count, param, context), all ints; ``priority`` the op's (a node's service in
+    daemon mode runs the op it joins at the priority its frames carry)."""
     dt, kind, algo, op, count, param, ctx = shape
     buf += FRAME.pack(
-        ftype, dt, kind, algo, op, flags, 0, aux, step, segment, 0, key[0], key[1], nbytes,
-        count, param, ctx,
+        ftype, dt, kind, algo, op, flags, 0, aux, step, segment, priority & 0xFFFFFFFF, key[0],
+        key[1], nbytes, count, param, ctx,
     )  # fmt: skip
+
+
+def priority_of(f: Frame) -> int:
+    """The op priority a frame carries (a signed 32-bit value)."""
+    v = f[F_PRIO]
+    return v - (1 << 32) if v >= 1 << 31 else v
 
 
 def pack_message_header(buf: bytearray, nframes: int, sender: int, ctl: int, eager: int) -> None:

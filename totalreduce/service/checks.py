@@ -83,6 +83,8 @@ def priority(value: Any) -> int:
     """An op's priority as an int (bools and floats refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgumentError(f"priority must be an int, got {value!r}")
+    if not -(1 << 31) <= value < 1 << 31:
+        raise InvalidArgumentError(f"priority must fit in 32 bits (frames carry it), got {value!r}")
     return int(value)
 
 
