@@ -1390,7 +1390,14 @@ class CommLoop:
                 self._control(world, ftype, _NO_SHAPE, (0, 0), aux=peer)
 
     def _rejoin(self, peer: int) -> None:
-        """Forget the process that had rank ``peer`` if it left (its ops failed then)."""
+        """Forget the process that had rank ``peer`` if it left (its ops failed then).
+
+        Between nodes' services a JOIN travels on MPI's control tag and the new
+        process's own frames in envelopes on another tag, so MPI does not order them:
+        a frame of the new process could be counted before the JOIN resets its
+        credits.  Its session agreement at ``init()`` comes first in practice (every
+        client waits for it before its first op), which is what the tests exercise.
+        """
         if peer not in self._left and peer not in self.bad_peers:
             return  # never seen leave: nothing to forget (a rank's first process)
         self.bad_peers.pop(peer, None)
