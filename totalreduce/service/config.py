@@ -111,7 +111,7 @@ class Config:
                     f"{k}={mine}: every rank must agree (start the service with "
                     f"{ENV_PREFIX}{k.upper()}={mine}, or leave the option to the service)"
                 )
-        return dataclasses.replace(self, **shared)
+        return dataclasses.replace(self, **shared)  # type: ignore[arg-type]
 
     def check(self) -> None:
         if self.segment_bytes < 64:

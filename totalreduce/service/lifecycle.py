@@ -99,10 +99,12 @@ class Lifecycle(OpSubmitter):
         from .handle import Handle
         from .ops import compile_hierarchical, plan_for
 
+        layout = self._layout
+        assert layout is not None  # a daemon world's client
         x = np.array([epoch], dtype=np.int64)
         out = np.empty_like(x)
         param, sched = compile_hierarchical(
-            OpKind.ALLREDUCE, self.rank, self._layout, 1, False, 0, "ring", "one_to_all"
+            OpKind.ALLREDUCE, self.rank, layout, 1, False, 0, "ring", "one_to_all"
         )
         handle = Handle("totalreduce session", 0, out, self.loop)
         spec = OpSpec(
@@ -119,7 +121,7 @@ class Lifecycle(OpSubmitter):
             outbuf=out,
             schedule=sched,
             plan=plan_for(sched, max(1, self.config.segment_bytes // 8)),
-            group=tuple(range(self._layout.world)),
+            group=tuple(range(layout.world)),
             param=param,
             on_done=handle._finish,
         )

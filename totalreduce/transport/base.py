@@ -75,5 +75,8 @@ class Transport(Protocol):
     def cancel(self, req: Any) -> None:
         """Cancel a receive that has not matched; it then completes in ``testsome``."""
 
+    def node_layout(self) -> tuple[int, int, int, int]:
+        """(local rank, local size, node, nodes) of this rank."""
+
     def close(self) -> None:
         """Release the transport's resources; no call may follow."""
