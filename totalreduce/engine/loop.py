@@ -345,6 +345,12 @@ class CommLoop:
         """Messages queued for a peer and not handed to the transport yet."""
         return bool(self._dirty)
 
+    @property
+    def sends_in_flight(self) -> bool:
+        """Sends handed to the transport that have not completed: their buffers must live
+        (and the transport stay open) until they have, or a peer gets freed memory."""
+        return any(what != _RECV for what, _ in self._owners)
+
     # ------------------------------------------------------------------ driving the loop
 
     def run(self, stop: threading.Event) -> None:

@@ -164,8 +164,10 @@ class Lifecycle(OpSubmitter):
             log.error("%s", err)
             self.loop.fail_all(err)
         self.loop.say_goodbye()
-        deadline = time.monotonic() + 1.0  # let the goodbyes (and what is queued before them) leave
-        while self.loop.sending and time.monotonic() < deadline:
+        # Let the goodbyes (and what is queued before them) leave, and every send complete:
+        # the transport must not close, nor the buffers go, under a send still in flight.
+        deadline = time.monotonic() + 1.0
+        while (self.loop.sending or self.loop.sends_in_flight) and time.monotonic() < deadline:
             self.loop.poll()
             time.sleep(0.001)
         self.loop.compute.close()
