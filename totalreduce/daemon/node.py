@@ -71,7 +71,6 @@ class Node:
         nodes: int,
         local_clients: int,
         options: dict[str, int],
-        channel_bytes: int,
     ) -> None:
         self.service = service
         self.transport = transport
@@ -81,7 +80,6 @@ class Node:
         self.nodes = nodes
         self.local_clients = local_clients
         self.options = options
-        self.channel_bytes = channel_bytes
         self.slots: list[_Conn | None] = [None] * local_clients
         self.channels: list[Any] = [None] * local_clients
         self.epoch = 0
@@ -223,9 +221,9 @@ class Node:
             self.sessions += 1
             self.epoch = self.sessions
             log.info("session %d starts", self.epoch)
-        from ..transport.shm import Channel, new_eventfd
+        from ..transport.shm import new_eventfd
 
-        channel = Channel.create(self.channel_bytes)
+        channel = self.transport.new_channel()
         client_efd = new_eventfd()
         rank = self.node * self.local_clients + slot
         conn.slot = slot

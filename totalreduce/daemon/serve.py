@@ -137,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         nodes=nodes,
         local_clients=args.local_clients,
         options=options,
-        channel_bytes=args.channel_bytes,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda num, _frame: server.stop(signal.Signals(num).name))

@@ -9,6 +9,7 @@ from one sender on one tag are received in the order they were sent
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
 import numpy as np
@@ -16,6 +17,21 @@ import numpy as np
 from ..errors import TransportError
 
 ANY_SOURCE = -1
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # an exited process its parent has not reaped yet
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 class OversizeMessage(TransportError):

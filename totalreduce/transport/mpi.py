@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TransportError
-from .base import OversizeMessage
+from .base import OversizeMessage, pid_alive
 
 log = logging.getLogger("totalreduce.transport.mpi")
 
@@ -186,17 +186,7 @@ class MPITransport:
         host, pid = self._where[peer]
         if host != self._host:
             return None  # another node: only MPI can tell, by failing a call
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:  # an exited process its parent has not reaped yet
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-        except (OSError, IndexError):
-            return True
+        return pid_alive(pid)
 
     def cancel(self, req: Any) -> None:
         try:

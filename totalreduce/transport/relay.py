@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TransportError
+from .base import pid_alive
 from .shm import (
     CLIENT_SLEEPING,
     DEFAULT_CAPACITY,
@@ -67,7 +68,6 @@ from .shm import (
     collect,
     fence,
     new_eventfd,
-    pid_alive,
     request_state,
     signal_eventfd,
     sleep_on,

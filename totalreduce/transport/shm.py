@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TotalReduceError, TransportError
-from .base import ANY_SOURCE, OversizeMessage
+from .base import ANY_SOURCE, OversizeMessage, pid_alive
 
 log = logging.getLogger("totalreduce.transport.shm")
 
@@ -197,21 +197,6 @@ def sleep_on(fd: int, timeout: float) -> None:
         except InterruptedError:
             pass
     drain_eventfd(fd)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # an exited process its parent has not reaped yet
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 # ---------------------------------------------------------------------- channel
