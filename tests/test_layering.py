@@ -20,6 +20,7 @@ EXCLUDED_FROM_CYCLES: tuple[str, ...] = ()
 #: algorithms/ and topology/ are pure: they import none of these.
 PURE = ("totalreduce.algorithms", "totalreduce.topology")
 ABOVE_PURE = (
+    "totalreduce.native",
     "totalreduce.service",
     "totalreduce.engine",
     "totalreduce.transport",
@@ -139,6 +140,13 @@ def test_no_import_cycle_among_the_package_modules() -> None:
 def test_algorithms_and_topology_are_pure(module: str) -> None:
     above = sorted(d for d in GRAPH[module] if _within(d, ABOVE_PURE))
     assert above == [], f"{module} imports {above}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _within(m, ("totalreduce.native",))))
+def test_native_is_the_bottom_layer(module: str) -> None:
+    """The compiled building blocks import nothing of the package but each other."""
+    above = sorted(d for d in GRAPH[module] if not _within(d, ("totalreduce.native",)))
+    assert above in ([], ["totalreduce"]), f"{module} imports {above}"
 
 
 def test_group_does_not_reach_up_to_the_api() -> None:
