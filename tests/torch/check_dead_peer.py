@@ -1,9 +1,10 @@
 """Run under ``mpiexec -n 2``: rank 1 dies at step 2; rank 0 must raise, not crash or hang.
 
-Usage: ``check_dead_peer.py PATH DEATH`` with ``PATH`` one of ``ddp`` (unchanged DDP
+Usage: ``check_dead_peer.py PATH DEATH [uncaught]`` with ``PATH`` one of ``ddp`` (unchanged DDP
 on the ``"totalreduce"`` backend), ``hook`` (DDP over gloo with
 ``trt.allreduce_hook``) or ``optimizer`` (``trt.DistributedOptimizer``), and
-``DEATH`` one of ``raise``, ``exit`` (``os._exit(3)``) or ``kill`` (SIGKILL).
+``DEATH`` one of ``raise``, ``exit`` (``os._exit(3)``) or ``kill`` (SIGKILL);
+with ``uncaught`` the survivor lets the error end the program (status 1).
 
 Each rank runs the training as a child process of itself (the supervisor, the
 process ``mpiexec`` started), so that the survivor's own exit status can be seen:
@@ -126,6 +127,8 @@ def main() -> None:
             print(f"SURVIVOR WORK RAISED {type(again).__name__}: {again}", flush=True)
         else:
             print("SURVIVOR WORK DID NOT RAISE", flush=True)
+        if sys.argv[3:] == ["uncaught"]:
+            raise  # the interpreter ends with status 1 through the usual shutdown path
     else:
         if rank == 0:
             print("SURVIVOR DID NOT RAISE", flush=True)

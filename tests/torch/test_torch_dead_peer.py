@@ -49,19 +49,25 @@ OPS = {
     "optimizer": (r"grad\.bucket\.\d", r"'after'"),
 }
 
+KEEP = ["-disable-auto-cleanup"]
+#: (path, death, mpiexec flags, extra argument, the survivor's exit status)
 CASES = [
-    (path, death, ["-disable-auto-cleanup"])
-    for path in ("ddp", "hook", "optimizer")
-    for death in ("raise", "exit", "kill")
-] + [("ddp", "raise", [])]
+    *((path, death, KEEP, "", 0) for path in OPS for death in ("raise", "exit", "kill")),
+    ("ddp", "raise", [], "", 0),  # Hydra's default cleanup
+    ("optimizer", "exit", KEEP, "uncaught", 1),  # the error ends the program
+]
 
 
 @pytest.mark.parametrize(
-    ("path", "death", "flags"),
+    ("path", "death", "flags", "extra", "status"),
     CASES,
-    ids=[f"{p}-{d}{'-cleanup' if not f else ''}" for p, d, f in CASES],
+    ids=[
+        f"{c[0]}-{c[1]}{'-cleanup' if not c[2] else ''}{'-' + c[3] if c[3] else ''}" for c in CASES
+    ],
 )
-def test_survivor_raises_and_exits(path: str, death: str, flags: list[str]) -> None:
+def test_survivor_raises_and_exits(
+    path: str, death: str, flags: list[str], extra: str, status: int
+) -> None:
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [
@@ -73,6 +79,7 @@ def test_survivor_raises_and_exits(path: str, death: str, flags: list[str]) -> N
             str(HERE / "check_dead_peer.py"),
             path,
             death,
+            *([extra] if extra else []),
         ],
         capture_output=True,
         text=True,
@@ -83,7 +90,9 @@ def test_survivor_raises_and_exits(path: str, death: str, flags: list[str]) -> N
     step_op, plain_op = OPS[path]
     exit_line = re.search(r"RANK 0 EXIT STATUS (-?\d+) AT ([\d.]+)", out)
     assert exit_line is not None, f"the survivor did not end:\n{out}"
-    assert int(exit_line.group(1)) == 0, f"the survivor ended with {exit_line.group(1)}:\n{out}"
+    assert int(exit_line.group(1)) == status, (
+        f"the survivor ended with {exit_line.group(1)}:\n{out}"
+    )
     raised = re.search(r"SURVIVOR RAISED (\w+): (.*)", out)
     assert raised is not None, out
     assert re.search(step_op, raised.group(2)) and "rank 1" in raised.group(2), raised.group(0)

@@ -159,3 +159,23 @@ def test_wait_with_a_timeout_leaves_the_op_in_flight() -> None:
         assert work.wait(timedelta(seconds=30))
         h1.wait()
         assert torch.equal(work.get_future().wait(), torch.full((3,), 2.0))
+
+
+def test_a_callback_may_wait_on_another_future() -> None:
+    """As on gloo, a callback chained on one future may block on another one's completion."""
+
+    def rank(s):
+        t1, t2 = torch.ones(2), torch.full((2,), 2.0)
+        h1 = trt.allreduce_async_(t1, name="fut.first", op="sum", service=s)
+        h2 = trt.allreduce_async_(t2, name="fut.second", op="sum", service=s)
+
+        def then(f):
+            inner = torch_future([h2], lambda: h2.wait())  # completed by the completion threads
+            return f.value() + inner.wait()
+
+        chained = torch_future([h1], lambda: h1.wait()).then(then)
+        return chained.wait()
+
+    with local_services(2) as svcs:
+        got = run_ranks(svcs, rank, timeout=60)
+    assert all(torch.equal(g, torch.full((2,), 6.0)) for g in got)

@@ -25,7 +25,8 @@ Two rules, learned from a survivor that segfaulted when its peer died:
   (DDP's, a user's ``fut.then(...)``) and the copies out of the engine's
   buffers.  On the comm thread those would stall every other op, and a callback
   that waits on another op would raise (the loop cannot wait for itself).  A
-  single daemon thread completes them instead; a thread blocked in
+  completion thread completes them instead (another starts while one is blocked
+  in a callback); a thread blocked in
   :meth:`Work.wait <torch_work>` completes its own op at once (it has just
   driven the engine to it), so synchronous torch.distributed calls cross no
   thread hand-off.
@@ -110,28 +111,44 @@ class _Completion:
 
 
 class _Completer:
-    """The daemon thread that settles completions handed over by the comm thread."""
+    """The threads that settle completions handed over by the comm thread.
+
+    One thread does the work while callbacks are short.  A callback chained on a
+    future may block, even on another totalreduce future (as it may on gloo's);
+    that future is completed here too, so a completion that finds no thread idle
+    starts another (idle extra threads leave after ``_IDLE_S``).
+    """
+
+    _IDLE_S = 2.0
 
     def __init__(self) -> None:
         self._queue: deque[_Completion] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._pid = -1
+        self._threads = 0
+        self._idle = 0
 
     def put(self, completion: _Completion) -> None:
         with self._cond:
-            if self._pid != os.getpid():  # first use, or a forked child without the thread
-                self._pid = os.getpid()
-                threading.Thread(
-                    target=self._run, name="totalreduce-torch-futures", daemon=True
-                ).start()
+            if self._pid != os.getpid():  # first use, or a forked child without the threads
+                self._pid, self._threads, self._idle = os.getpid(), 0, 0
             self._queue.append(completion)
-            self._cond.notify()
+            if self._idle >= len(self._queue):
+                self._cond.notify()
+                return
+            self._threads += 1
+        threading.Thread(target=self._run, name="totalreduce-torch-futures", daemon=True).start()
 
     def _run(self) -> None:
         while True:
             with self._cond:
+                self._idle += 1
                 while not self._queue:
-                    self._cond.wait()
+                    if not self._cond.wait(self._IDLE_S) and self._threads > 1 and not self._queue:
+                        self._idle -= 1
+                        self._threads -= 1
+                        return
+                self._idle -= 1
                 completion = self._queue.popleft()
             try:
                 completion.settle()
