@@ -21,8 +21,8 @@ group.  Rules:
   every rank; an op is named after its group, kind, dtype, size and reduce op
   or root, so the k-th such call on one rank meets the k-th on the others and
   the set of names stays small however long training runs.
-- **Async.** Every op returns at once with a ``Work`` whose future the engine
-  completes from its comm thread; ``wait()`` blocks the caller only.
+- **Async.** Every op returns at once with a ``Work`` (:mod:`.futures`);
+  ``wait()`` blocks the caller only and raises the op's error.
 - **Coverage.** ``all_reduce`` (SUM, AVG, MIN, MAX), ``broadcast``,
   ``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter`` and
   ``reduce_scatter_tensor`` (SUM, AVG), ``barrier``, ``new_group``.  Any other
@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import importlib
 import socket
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from ..api import init
 from ..errors import InvalidArgumentError, TotalReduceError
@@ -49,6 +47,7 @@ from ..group import Group
 from ..service.handle import ServiceLike
 from .broadcast_state import broadcast_object
 from .collectives import allgather_async, allreduce_async_, broadcast_async_, reduce_scatter_async
+from .futures import torch_work
 from .tensors import PinnedPool, TensorHandle
 
 #: The name ``init_process_group(backend=...)`` takes.
@@ -78,52 +77,15 @@ def _reduce_op(what: str, op: Any, allowed: tuple[str, ...] = ("sum", "avg", "mi
 
 
 def _work(handles: list[TensorHandle], result: Any, finish: Any = None) -> Any:
-    """A ``Work`` whose future completes (with ``result``) when every handle has.
+    """A ``Work`` (:func:`~totalreduce.torch.futures.torch_work`) whose future is ``result``
+    once every handle completed and ``finish`` (copies out of the engine's buffers) ran."""
 
-    The first failure fails the future; otherwise the last handle to end runs
-    ``finish`` (copies out of the engine's buffers) on the comm thread.
-    """
-    fut: torch.futures.Future[Any] = torch.futures.Future()
-    state = {"left": len(handles), "settled": False}
-    lock = threading.Lock()
-
-    def settle(error: BaseException | None) -> None:
-        with lock:
-            if state["settled"]:
-                return
-            state["settled"] = True
-        if error is None:
-            fut.set_result(result)
-        else:
-            fut.set_exception(error)
-
-    def one_done(h: TensorHandle) -> None:
-        error = h.exception()
-        with lock:
-            state["left"] -= 1
-            last = state["left"] == 0
-        if error is not None:
-            settle(error)
-            return
-        if not last:
-            return
-        try:
-            for each in handles:
-                each.wait()  # copies staged results back (CUDA, non-contiguous)
-            if finish is not None:
-                finish()
-        except BaseException as exc:  # a failed copy must reach the waiter, not the comm thread
-            settle(exc)
-            return
-        settle(None)
-
-    if not handles:
+    def value() -> Any:
         if finish is not None:
             finish()
-        settle(None)
-    for h in handles:
-        h.add_done_callback(one_done)
-    return _create_work_from_future(fut)
+        return result
+
+    return torch_work(handles, value)
 
 
 class TotalReduceProcessGroup(dist.ProcessGroup):
