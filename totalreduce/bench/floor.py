@@ -27,6 +27,7 @@ from ..transport.mpi_native import (
     B_SIZE,
     STATUS_MAX,
     binding,
+    error_text,
     mpi_irecv,
     mpi_isend,
     mpi_testall,
@@ -141,7 +142,9 @@ def floor_ring(
     def run() -> None:
         rc = floor_ring_allreduce(b, ws, xa, oa, sa, n)
         if rc < 0:
-            raise TransportError(f"floor ring on rank {comm.Get_rank()}: MPI error {-rc}")
+            raise TransportError(
+                f"floor ring of {int(n)} float32 on rank {comm.Get_rank()}: {error_text(-rc)}"
+            )
 
     run.keep = (x, out, scratch, ws, b)  # type: ignore[attr-defined]
     return run

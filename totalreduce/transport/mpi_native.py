@@ -221,6 +221,18 @@ def binding(comm: Any) -> np.ndarray:
     return b
 
 
+def error_text(code: int) -> str:
+    """What a wrapper's ``-code`` means: MPI's error string for ``code`` (positive)."""
+    if code == ERR_COUNT:
+        return "a message longer than a C int counts (2**31 - 1 bytes)"
+    from mpi4py import MPI
+
+    try:
+        return f"{MPI.Get_error_string(code).strip()} (MPI error {code})"
+    except Exception:  # a code the library does not know
+        return f"MPI error {code}"
+
+
 def handle_dtype(b: np.ndarray) -> np.dtype:
     """The numpy type of one handle of the record's ABI (``int32`` or ``int64``)."""
     return np.dtype(np.int32 if int(b[B_HANDLE_BYTES]) == 4 else np.int64)
