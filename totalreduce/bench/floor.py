@@ -20,7 +20,7 @@ from numba import carray, njit
 
 from ..errors import TransportError
 from ..native.intrinsics import ptr_f32
-from ..native.libc import memcpy
+from ..native.libc import memcpy, yield_cpu
 from ..transport.mpi_native import (
     B_HANDLE_BYTES,
     B_RANK,
@@ -36,11 +36,17 @@ from ..transport.mpi_native import (
 #: The workspace: two request handles (at most 8 bytes each), then two statuses.
 _WS_STATUSES = 16
 _WS_WORDS = (_WS_STATUSES + 2 * STATUS_MAX) // 8
+#: MPICH's default (``MPIR_CVAR_POLLS_BEFORE_YIELD``).
+_POLLS_BEFORE_YIELD = 1000
 
 
 @njit(nogil=True, cache=True)
 def _exchange(b, ws_addr, send_addr, send_bytes, recv_addr, recv_bytes, right, left, tag):  # type: ignore[no-untyped-def]
-    """Receive from ``left`` and send to ``right`` on ``tag``; spin until both complete."""
+    """Receive from ``left`` and send to ``right`` on ``tag``; spin until both complete.
+
+    After ``_POLLS_BEFORE_YIELD`` polls it yields the core between polls, as MPICH's
+    blocking calls do: on a machine with more runnable processes than cores, the peer
+    being waited for may need this core to make progress."""
     reqs = ws_addr
     rc = mpi_irecv(b, recv_addr, recv_bytes, left, tag, reqs)
     if rc < 0:
@@ -48,10 +54,14 @@ def _exchange(b, ws_addr, send_addr, send_bytes, recv_addr, recv_bytes, right, l
     rc = mpi_isend(b, send_addr, send_bytes, right, tag, reqs + b[B_HANDLE_BYTES])
     if rc < 0:
         return rc
+    polls = 0
     while True:
         rc = mpi_testall(b, 2, reqs, ws_addr + _WS_STATUSES)
         if rc != 0:
             return rc if rc < 0 else 0
+        polls += 1
+        if polls > _POLLS_BEFORE_YIELD:
+            yield_cpu()
 
 
 @njit(nogil=True, cache=True)
