@@ -116,7 +116,8 @@ def _loaded_libmpi_paths() -> list[str]:
         with open("/proc/self/maps", encoding="utf-8") as maps:
             for line in maps:
                 path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
-                if os.path.basename(path).startswith("libmpi.") and path not in paths:
+                # libmpi.so.12 (MPICH, Intel MPI), libmpi.so.40 (Open MPI), libmpi_abi.so
+                if os.path.basename(path).startswith("libmpi") and path not in paths:
                     paths.append(path)
     except OSError:
         pass
