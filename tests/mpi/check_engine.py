@@ -15,6 +15,8 @@ Modes:
   middle of an op; every other rank fails it with an error naming that rank.
 - ``raise``: the last rank dies of an exception (its interpreter exits normally);
   every other rank's op with it fails at once, naming it.
+- ``bcast_mismatch``: broadcasts whose ranks disagree on the root or the count:
+  every rank raises at the call, and the next broadcast of the name works.
 - ``garbage``: the last rank sends a malformed message into the engine's own
   communicator; rank 0 refuses it with a FrameError naming that rank.
 """
@@ -248,6 +250,29 @@ def mode_disagree(p: int, rank: int) -> None:
     print(f"rank {rank}: DISAGREE {'OK' if ok else 'FAILED'} | {root} | {group}", flush=True)
 
 
+def mode_bcast_mismatch(p: int, rank: int) -> None:
+    last = rank == p - 1
+    cases = {"root": (p - 1 if last else 0, 4), "count": (0, 5 if last else 4)}
+    said = []
+    for k, (case, (root, n)) in enumerate(cases.items()):
+        for algorithm in ("one_to_all", "pipelined"):
+            name = f"b.{case}.{algorithm}"
+            try:
+                tr.broadcast(np.full(n, float(rank)), root=root, name=name, algorithm=algorithm)
+                said.append(f"{name}: NO ERROR")
+            except tr.OpMismatchError as exc:
+                said.append(f"{name}: raised ({exc})")
+            again = tr.broadcast(
+                np.full(3, float(rank + k)), root=0, name=name, algorithm=algorithm
+            )
+            if not np.array_equal(again, np.full(3, float(k))):
+                said.append(f"{name}: next generation got {again}")
+    ok = all(s.endswith(")") and "raised" in s for s in said)
+    print(
+        f"rank {rank}: BCAST-MISMATCH {'OK' if ok else 'FAILED'} | {' | '.join(said)}", flush=True
+    )
+
+
 def mode_garbage(p: int, rank: int) -> None:
     svc = tr.default_service()
     if rank == p - 1:
@@ -318,6 +343,7 @@ def main() -> None:
         "user_traffic": mode_user_traffic,
         "flow": mode_flow,
         "disagree": mode_disagree,
+        "bcast_mismatch": mode_bcast_mismatch,
         "garbage": mode_garbage,
         "dead": mode_dead,
         "raise": mode_raise,
