@@ -153,7 +153,13 @@ def allreduce_async(
     group: Group | None = None,
     dtype: str | None = None,
 ) -> HandleLike:
-    """Start an allreduce of ``x``; see :meth:`Service.allreduce_async`."""
+    """Start an allreduce of ``x``; see :meth:`Service.allreduce_async`.
+
+    ``op``: ``"sum"``, ``"avg"``, ``"max"``, ``"min"``, ``"product"``, and on
+    integer and bool arrays the bitwise ``"band"``, ``"bor"``, ``"bxor"``.
+    Element types: float16, float32, float64, bfloat16 (``dtype="bfloat16"``),
+    uint8, int8, int16, int32, int64 and bool.
+    """
     return default_service().allreduce_async(x, name, op, out, priority, algorithm, group, dtype)
 
 
