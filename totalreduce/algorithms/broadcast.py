@@ -76,20 +76,35 @@ def _check(rank: int, size: int, count: int, root: int) -> None:
 TOKEN = Region(Buffer.WORK, 0, 1)
 
 
-def _confirm(rank: int, size: int, root: int, release_step: int, steps: list[Step]) -> None:
-    """Add the confirmation tokens to ``steps``: to the root at step 0, back at ``release_step``."""
+def confirm(
+    rank: int,
+    size: int,
+    root: int,
+    release_step: int,
+    steps: list[Step],
+    *,
+    always_release: bool = False,
+    token_step: int = 0,
+) -> None:
+    """Add the confirmation tokens to ``steps``: to the root at ``token_step``, back at
+    ``release_step`` (later steps are added as needed).
+
+    With ``always_release``, the release goes out at ``P = 2`` too: for ops whose
+    non-roots only send (reduce, gather) and so never hear the root otherwise.
+    """
     if size == 1:
         return
-    others = [p for p in range(size) if p != root]
-    first = steps[0]
-    if rank == root:
-        steps[0] = Step(first.sends, first.recvs + tuple(Recv(p, TOKEN) for p in others))
-    else:
-        steps[0] = Step(first.sends + (Send(root, TOKEN),), first.recvs)
-    if size == 2:
-        return  # the one exchange checked both ways
-    while len(steps) <= release_step:
+    release = size > 2 or always_release
+    while len(steps) <= (release_step if release else token_step):
         steps.append(Step())
+    others = [p for p in range(size) if p != root]
+    at = steps[token_step]
+    if rank == root:
+        steps[token_step] = Step(at.sends, at.recvs + tuple(Recv(p, TOKEN) for p in others))
+    else:
+        steps[token_step] = Step(at.sends + (Send(root, TOKEN),), at.recvs)
+    if not release:
+        return  # two ranks: the one exchange checked both ways
     last = steps[release_step]
     if rank == root:
         steps[release_step] = Step(last.sends + tuple(Send(p, TOKEN) for p in others), last.recvs)
@@ -114,7 +129,7 @@ def broadcast_one_to_all(rank: int, size: int, count: int, *, root: int = 0) -> 
             steps = [Step(sends=tuple(Send(p, whole) for p in range(size) if p != root))]
         else:
             steps = [Step(recvs=(Recv(root, whole, Action.COPY),))]
-    _confirm(rank, size, root, 1, steps)
+    confirm(rank, size, root, 1, steps)
     return Schedule(
         rank=rank,
         size=size,
@@ -160,7 +175,7 @@ def broadcast_pipelined(
                 sends[c + position].append(Send(succ, piece))
         steps = [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
         # The release gets a step of its own: at step 1 it would meet a piece from the root.
-        _confirm(rank, size, root, total, steps)
+        confirm(rank, size, root, total, steps)
     return Schedule(
         rank=rank,
         size=size,
