@@ -150,6 +150,7 @@ def test_bad_input_is_named() -> None:
         assert "itself" in errors[5]
         assert "'band' is bitwise" in errors[6] and "float64" in errors[6]
         assert "op 'gm' generation 0" in errors[7] and "float32" in errors[7], errors[7]
+        assert "op 'send 0->1 tag 1' generation 0" in errors[8], errors[8]
         assert "count 3" in errors[8] and "count 4" in errors[8], errors[8]
         if r == 1:
             np.testing.assert_array_equal(after, [3, 3])
