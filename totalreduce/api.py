@@ -153,7 +153,13 @@ def allreduce_async(
     group: Group | None = None,
     dtype: str | None = None,
 ) -> HandleLike:
-    """Start an allreduce of ``x``; see :meth:`Service.allreduce_async`."""
+    """Start an allreduce of ``x``; see :meth:`Service.allreduce_async`.
+
+    ``op``: ``"sum"``, ``"avg"``, ``"max"``, ``"min"``, ``"product"``, and on
+    integer and bool arrays the bitwise ``"band"``, ``"bor"``, ``"bxor"``.
+    Element types: float16, float32, float64, bfloat16 (``dtype="bfloat16"``),
+    uint8, int8, int16, int32, int64 and bool.
+    """
     return default_service().allreduce_async(x, name, op, out, priority, algorithm, group, dtype)
 
 
@@ -277,6 +283,82 @@ def hierarchical_neighbor_allreduce_async(
 def hierarchical_neighbor_allreduce(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
     """Average within the node, then with neighbor nodes (blocking)."""
     return default_service().hierarchical_neighbor_allreduce(x, name, **kw)
+
+
+def reduce_async(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> HandleLike:
+    """Start a reduce to ``root``; see :meth:`Service.reduce_async` (``op=``, ``out=``, ...)."""
+    return default_service().reduce_async(x, root, name, **kw)
+
+
+def reduce(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
+    """Reduce every rank's ``x`` into rank ``root``: the result there, None elsewhere.
+
+    ``op`` is any of :func:`allreduce_async`'s; ``out=x`` reduces in place on the root.
+    """
+    return default_service().reduce(x, root, name, **kw)
+
+
+def gather_async(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> HandleLike:
+    """Start a gather to ``root``; see :meth:`Service.gather_async`."""
+    return default_service().gather_async(x, root, name, **kw)
+
+
+def gather(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
+    """Every rank's ``x`` stacked on rank ``root`` (shape ``(P, *x.shape)``), None elsewhere."""
+    return default_service().gather(x, root, name, **kw)
+
+
+def scatter_async(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> HandleLike:
+    """Start a scatter from ``root``; see :meth:`Service.scatter_async`."""
+    return default_service().scatter_async(x, root, name, **kw)
+
+
+def scatter(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
+    """Part ``r`` of the root's ``x`` on rank ``r``; elsewhere ``x`` is the receiving array.
+
+    >>> part = tr.scatter(table if tr.rank() == 0 else np.empty(4), root=0)  # doctest: +SKIP
+    """
+    return default_service().scatter(x, root, name, **kw)
+
+
+def alltoall_async(x: Any, name: str | int | None = None, **kw: Any) -> HandleLike:
+    """Start an all-to-all; see :meth:`Service.alltoall_async` (``splits=``, ``recv_splits=``)."""
+    return default_service().alltoall_async(x, name, **kw)
+
+
+def alltoall(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
+    """Part ``j`` of ``x`` to rank ``j``; part ``j`` of the result from rank ``j`` (blocking).
+
+    Equal parts by default; ``splits=[...]`` and ``recv_splits=[...]`` give
+    uneven ones, as torch's ``all_to_all_single`` does.
+    """
+    return default_service().alltoall(x, name, **kw)
+
+
+def send_async(x: Any, dst: int, tag: int = 0, **kw: Any) -> HandleLike:
+    """Start sending ``x`` to rank ``dst``; see :meth:`Service.send_async`."""
+    return default_service().send_async(x, dst, tag, **kw)
+
+
+def send(x: Any, dst: int, tag: int = 0, **kw: Any) -> None:
+    """Send ``x`` to rank ``dst`` with ``tag``; it meets ``dst``'s matching :func:`recv`.
+
+    Messages from one rank to another on one tag arrive in the order sent (MPI's rule).
+    """
+    default_service().send(x, dst, tag, **kw)
+
+
+def recv_async(x: Any, src: int, tag: int = 0, **kw: Any) -> HandleLike:
+    """Start receiving from rank ``src`` into ``x``; see :meth:`Service.recv_async`."""
+    return default_service().recv_async(x, src, tag, **kw)
+
+
+def recv(x: Any, src: int, tag: int = 0, **kw: Any) -> np.ndarray:
+    """Receive into ``x`` the next message from rank ``src`` with ``tag``; returns ``x``.
+
+    ``x`` must have the sent element count and dtype (both ranks raise otherwise).
+    """
+    return default_service().recv(x, src, tag, **kw)
 
 
 def poll(handle: HandleLike) -> bool:

@@ -1,7 +1,7 @@
 """Element types and reduce operations: the codes every layer agrees on.
 
 The codes travel on the wire (engine/wire.py) and select kernels (kernels/),
-so they must never be renumbered.  bfloat16 has no numpy dtype: it is carried
+so they must never be renumbered: new ones are appended.  bfloat16 has no numpy dtype: it is carried
 as its 16-bit pattern in a ``uint16`` array and reduced by its own kernel.
 """
 
@@ -21,6 +21,10 @@ class DType(enum.IntEnum):
     INT32 = 4
     INT64 = 5
     BFLOAT16 = 6
+    UINT8 = 7
+    INT8 = 8
+    INT16 = 9
+    BOOL = 10
 
     @property
     def itemsize(self) -> int:
@@ -30,6 +34,11 @@ class DType(enum.IntEnum):
     def numpy(self) -> np.dtype:
         """The numpy dtype of a buffer holding this type (uint16 for bfloat16)."""
         return _NUMPY[self]
+
+    @property
+    def integral(self) -> bool:
+        """An integer or bool type: the bitwise reduce ops apply, scaling does not."""
+        return self in _INTEGRAL
 
     @classmethod
     def of(cls, dtype: object) -> DType:
@@ -56,6 +65,10 @@ _ITEMSIZE: dict[DType, int] = {
     DType.INT32: 4,
     DType.INT64: 8,
     DType.BFLOAT16: 2,
+    DType.UINT8: 1,
+    DType.INT8: 1,
+    DType.INT16: 2,
+    DType.BOOL: 1,
 }
 _NUMPY: dict[DType, np.dtype] = {
     DType.FLOAT16: np.dtype(np.float16),
@@ -64,8 +77,13 @@ _NUMPY: dict[DType, np.dtype] = {
     DType.INT32: np.dtype(np.int32),
     DType.INT64: np.dtype(np.int64),
     DType.BFLOAT16: np.dtype(np.uint16),
+    DType.UINT8: np.dtype(np.uint8),
+    DType.INT8: np.dtype(np.int8),
+    DType.INT16: np.dtype(np.int16),
+    DType.BOOL: np.dtype(np.bool_),
 }
 _FROM_NUMPY = {v: k for k, v in _NUMPY.items() if k is not DType.BFLOAT16}
+_INTEGRAL = frozenset({DType.INT32, DType.INT64, DType.UINT8, DType.INT8, DType.INT16, DType.BOOL})
 
 
 class ReduceOp(enum.IntEnum):
@@ -73,13 +91,37 @@ class ReduceOp(enum.IntEnum):
 
     ``AVG`` reduces as ``SUM`` and divides by the number of contributions at
     the end; on integer types that division rounds toward negative infinity
-    (numpy's ``//``).
+    (numpy's ``//``); bool has no average.  ``PRODUCT`` multiplies.  The
+    bitwise ``BAND``, ``BOR`` and ``BXOR`` apply to integer and bool types
+    only.  On bool, as in gloo and numpy, ``SUM`` and ``MAX`` are a logical
+    or, ``PRODUCT`` and ``MIN`` a logical and.  Integer ``SUM`` and
+    ``PRODUCT`` wrap around.
     """
 
     SUM = 1
     AVG = 2
     MAX = 3
     MIN = 4
+    PRODUCT = 5
+    BAND = 6
+    BOR = 7
+    BXOR = 8
+
+    @property
+    def bitwise(self) -> bool:
+        """``BAND``, ``BOR`` or ``BXOR``: integer and bool types only."""
+        return self in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+
+    def refuses(self, dtype: DType) -> str | None:
+        """Why this op cannot reduce ``dtype``, or None when it can."""
+        if self.bitwise and not dtype.integral:
+            return (
+                f"reduce op {self.name.lower()!r} is bitwise: it needs an integer or bool "
+                f"array, got {dtype.name.lower()}"
+            )
+        if self is ReduceOp.AVG and dtype is DType.BOOL:
+            return "reduce op 'avg' has no meaning on bool arrays (use 'sum', 'max' or 'min')"
+        return None
 
     @classmethod
     def of(cls, op: object) -> ReduceOp:
@@ -90,5 +132,11 @@ class ReduceOp(enum.IntEnum):
                 return cls[op.upper()]
             except KeyError:
                 pass
+        if isinstance(op, str) and op.lower() in _ALIASES:
+            return _ALIASES[op.lower()]
         names = ", ".join(repr(o.name.lower()) for o in cls)
         raise ValueError(f"unsupported reduce op {op!r}; supported: {names}")
+
+
+#: Other names of the reduce ops (torch's and MPI's spellings).
+_ALIASES = {"prod": ReduceOp.PRODUCT}

@@ -12,10 +12,24 @@ from totalreduce.algorithms.broadcast import (
     broadcast_pipelined,
     default_chunks,
 )
-from totalreduce.algorithms.schedule import Schedule
+from totalreduce.algorithms.schedule import Buffer, Schedule
 from totalreduce.algorithms.simulator import simulate
 
 COUNTS = [0, 1, 7, 1000]
+
+
+def data_bytes(s: Schedule, itemsize: int) -> int:
+    """Bytes of the broadcast data a rank sends (the confirmation tokens left out)."""
+    return itemsize * sum(
+        x.region.count for st in s.steps for x in st.sends if x.region.buffer is Buffer.OUTPUT
+    )
+
+
+def tokens(s: Schedule) -> tuple[list[int], list[int]]:
+    """Peers a rank sends confirmation tokens to, and receives them from."""
+    sent = [x.peer for st in s.steps for x in st.sends if x.region.buffer is Buffer.WORK]
+    got = [x.peer for st in s.steps for x in st.recvs if x.region.buffer is Buffer.WORK]
+    return sent, got
 
 
 def check(p: int, make: Callable[[int, int, int, int], Schedule]) -> None:
@@ -37,7 +51,7 @@ def check(p: int, make: Callable[[int, int, int, int], Schedule]) -> None:
                     )
 
 
-@pytest.mark.parametrize("p", range(1, 10))
+@pytest.mark.parametrize("p", range(1, 17))
 def test_broadcast_one_to_all(p: int) -> None:
     check(p, lambda r, p, n, root: broadcast_one_to_all(r, p, n, root=root))
 
@@ -54,8 +68,8 @@ def test_broadcast_one_to_all_steps_and_bytes(p: int) -> None:
     for root in range(p):
         for r in range(p):
             s = broadcast_one_to_all(r, p, n, root=root)
-            assert len(s.steps) == 1
-            assert s.bytes_sent(4) == (4 * (p - 1) * n if r == root else 0)
+            assert len(s.steps) == (1 if p == 2 else 2)  # data, then the release
+            assert data_bytes(s, 4) == (4 * (p - 1) * n if r == root else 0)
 
 
 @pytest.mark.parametrize("p", [2, 3, 8])
@@ -66,11 +80,54 @@ def test_broadcast_pipelined_steps_and_bytes(p: int, chunks: int | None) -> None
     root = p // 2
     for r in range(p):
         s = broadcast_pipelined(r, p, n, root=root, chunks=chunks)
-        assert len(s.steps) == c + p - 2
+        assert len(s.steps) == c + p - (2 if p == 2 else 1)  # the pieces, then the release
         last = (r - root) % p == p - 1
-        assert s.bytes_sent(4) == (0 if last else 4 * n)
+        assert data_bytes(s, 4) == (0 if last else 4 * n)
         # One link each way: at most one piece sent and one received per step.
-        assert all(len(st.sends) <= 1 and len(st.recvs) <= 1 for st in s.steps)
+        pieces = [
+            (
+                [x for x in st.sends if x.region.buffer is Buffer.OUTPUT],
+                [x for x in st.recvs if x.region.buffer is Buffer.OUTPUT],
+            )
+            for st in s.steps
+        ]
+        assert all(len(a) <= 1 and len(b) <= 1 for a, b in pieces)
+
+
+@pytest.mark.parametrize("make", [broadcast_one_to_all, broadcast_pipelined])
+@pytest.mark.parametrize("p", range(1, 17))
+def test_broadcast_root_hears_every_rank_before_anyone_finishes(make, p: int) -> None:
+    # Every non-root sends the root a token (its frame carries the op's shape);
+    # with P > 2 the root releases each non-root only after every token came.
+    for root in range(p):
+        for r in range(p):
+            sent, got = tokens(make(r, p, 10, root=root))
+            others = [q for q in range(p) if q != root]
+            if p == 1:
+                assert (sent, got) == ([], [])
+            elif r == root:
+                assert sorted(got) == others
+                assert sorted(sent) == (others if p > 2 else [])
+            else:
+                assert sent == [root]
+                assert got == ([root] if p > 2 else [])
+    if p > 2:
+        # The release waits for every token: the root's release sends depend on its receives.
+        from totalreduce.algorithms.schedule import plan_segments
+
+        plan = plan_segments(make(0, p, 10, root=0), 4)
+        release = {i for i, x in enumerate(plan.sends) if x.region.buffer is Buffer.WORK}
+        for q, x in enumerate(plan.recvs):
+            # every token reaches every release, maybe through the other tokens
+            if x.region.buffer is Buffer.WORK:
+                seen, todo = set(), [(False, q)]
+                while todo:
+                    is_send, k = todo.pop()
+                    if (is_send, k) in seen:
+                        continue
+                    seen.add((is_send, k))
+                    todo += [] if is_send else plan.after_recv[k]
+                assert release <= {k for is_send, k in seen if is_send}
 
 
 def test_broadcast_pipelined_pieces_overlap_along_the_chain() -> None:

@@ -113,3 +113,53 @@ def test_mismatch_message_names_both_ranks_and_values() -> None:
     assert any("rank 0 has count 4, rank 1 has count 5" in m for m in msgs) or any(
         "rank 1 has count 5, rank 0 has count 4" in m for m in msgs
     ), msgs
+
+
+def _bcast_args(case: str, rank: int, p: int) -> tuple[int, int]:
+    """(root, count) of a broadcast on which the last rank disagrees in ``case``."""
+    last = rank == p - 1
+    if case == "root_other":  # the last rank names another rank as the root
+        return (1 if last else 0), 4
+    if case == "root_self":  # the last rank thinks it is the root
+        return (p - 1 if last else 0), 4
+    return 0, (5 if last else 4)  # count
+
+
+@pytest.mark.parametrize("algorithm", ["one_to_all", "pipelined"])
+@pytest.mark.parametrize("case", ["root_other", "root_self", "count"])
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_broadcast_mismatch_raises_at_the_call_on_every_rank(
+    p: int, case: str, algorithm: str
+) -> None:
+    """No rank finishes a broadcast its ranks disagree on, and the name goes on working."""
+
+    def rank_main(svc):
+        root, n = _bcast_args(case, svc.rank, p)
+        try:
+            svc.broadcast(np.full(n, float(svc.rank)), root=root, name="b", algorithm=algorithm)
+        except tr.TotalReduceError as exc:
+            err: BaseException | None = exc
+        else:
+            err = None
+        # Nothing is left to raise later: a one-rank op passes.
+        svc.allreduce(np.zeros(1), group=tr.Group([svc.rank]))
+        # The next broadcast of that name (generation 1) works on every rank.
+        again = svc.broadcast(
+            np.full(3, float(svc.rank + 7)), root=0, name="b", algorithm=algorithm
+        )
+        return err, again
+
+    if case == "root_other" and p == 2:
+        pytest.skip("with two ranks, root 1 on the last rank is root_self")
+    with local_services(p) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=60)
+    for rank, (err, again) in enumerate(results):
+        assert err is not None, f"rank {rank} finished a mismatched broadcast ({case})"
+        assert isinstance(err, tr.OpMismatchError), repr(err)
+        assert "op 'b' generation 0" in str(err), str(err)
+        np.testing.assert_array_equal(again, np.full(3, 7.0))
+    texts = " ".join(str(e) for e, _ in results)
+    if case == "count":
+        assert "count 4" in texts and "count 5" in texts, texts
+    else:
+        assert "root" in texts or "finished the op without" in texts, texts

@@ -15,6 +15,10 @@ Modes:
   middle of an op; every other rank fails it with an error naming that rank.
 - ``raise``: the last rank dies of an exception (its interpreter exits normally);
   every other rank's op with it fails at once, naming it.
+- ``bcast_mismatch``: broadcasts whose ranks disagree on the root or the count:
+  every rank raises at the call, and the next broadcast of the name works.
+- ``rooted``: reduce, gather, scatter from every root, all-to-all with equal and
+  uneven parts, send/recv on two tags, the new dtypes and ops; exact results.
 - ``garbage``: the last rank sends a malformed message into the engine's own
   communicator; rank 0 refuses it with a FrameError naming that rank.
 """
@@ -248,6 +252,73 @@ def mode_disagree(p: int, rank: int) -> None:
     print(f"rank {rank}: DISAGREE {'OK' if ok else 'FAILED'} | {root} | {group}", flush=True)
 
 
+def mode_bcast_mismatch(p: int, rank: int) -> None:
+    last = rank == p - 1
+    cases = {"root": (p - 1 if last else 0, 4), "count": (0, 5 if last else 4)}
+    said = []
+    for k, (case, (root, n)) in enumerate(cases.items()):
+        for algorithm in ("one_to_all", "pipelined"):
+            name = f"b.{case}.{algorithm}"
+            try:
+                tr.broadcast(np.full(n, float(rank)), root=root, name=name, algorithm=algorithm)
+                said.append(f"{name}: NO ERROR")
+            except tr.OpMismatchError as exc:
+                said.append(f"{name}: raised ({exc})")
+            again = tr.broadcast(
+                np.full(3, float(rank + k)), root=0, name=name, algorithm=algorithm
+            )
+            if not np.array_equal(again, np.full(3, float(k))):
+                said.append(f"{name}: next generation got {again}")
+    ok = all(s.endswith(")") and "raised" in s for s in said)
+    print(
+        f"rank {rank}: BCAST-MISMATCH {'OK' if ok else 'FAILED'} | {' | '.join(said)}", flush=True
+    )
+
+
+def mode_rooted(p: int, rank: int) -> None:
+    n = 3000  # several segments of SEGMENT bytes
+    bad = []
+
+    def expect(what: str, got, want) -> None:
+        if got is None or want is None:
+            if got is not want:
+                bad.append(f"{what}: got {got!r}")
+        elif not np.array_equal(got, want):
+            bad.append(f"{what}: wrong")
+
+    xs = [data(0, n, "int64", r, p) for r in range(p)]
+    for root in range(p):
+        x = xs[rank]
+        expect(f"reduce {root}", tr.reduce(x, root=root, name="r"),
+               np.add.reduce(xs) if rank == root else None)  # fmt: skip
+        expect(f"gather {root}", tr.gather(x, root=root, name="g"),
+               np.stack(xs) if rank == root else None)  # fmt: skip
+        whole = np.concatenate(xs)
+        part = tr.scatter(whole if rank == root else np.empty(n, np.int64), root=root, name="s")
+        expect(f"scatter {root}", part, xs[rank])  # part r of the root's whole
+        u8 = [np.arange(n, dtype=np.uint8) * (r + 3) for r in range(p)]
+        expect(f"reduce band {root}", tr.reduce(u8[rank], root=root, op="band", name="rb"),
+               np.bitwise_and.reduce(u8) if rank == root else None)  # fmt: skip
+    a = tr.alltoall(np.arange(p * 5, dtype=np.float32) + 100 * rank, name="a")
+    mine = np.arange(5 * rank, 5 * rank + 5, dtype=np.float32)
+    expect("alltoall", a, np.concatenate([mine + 100 * j for j in range(p)]))
+    sizes = [[(i + 2 * j) % 4 * 1000 for j in range(p)] for i in range(p)]
+    x = np.full(sum(sizes[rank]), rank, dtype=np.int16)
+    v = tr.alltoall(x, name="av", splits=sizes[rank], recv_splits=[s[rank] for s in sizes])
+    expect("alltoallv", v, np.concatenate([np.full(sizes[j][rank], j, np.int16) for j in range(p)]))
+    flags = tr.allreduce(np.array([rank == 0, rank == 1, False]), name="bools", op="sum")
+    expect("bool sum", flags, np.array([True, p > 1, False]))
+    nxt, prv = (rank + 1) % p, (rank - 1) % p
+    if p > 1:
+        hs = [tr.send_async(np.full(k + 1, rank, np.int8), dst=nxt, tag=k % 2) for k in range(4)]
+        for k in (1, 3, 0, 2):  # tag 1 first: tags are separate streams
+            got = tr.recv(np.zeros(k + 1, np.int8), src=prv, tag=k % 2)
+            expect(f"recv {k}", got, np.full(k + 1, prv, np.int8))
+        for h in hs:
+            h.wait(timeout=30)
+    print(f"rank {rank}: ROOTED {'OK' if not bad else 'FAILED ' + '; '.join(bad)}", flush=True)
+
+
 def mode_garbage(p: int, rank: int) -> None:
     svc = tr.default_service()
     if rank == p - 1:
@@ -318,6 +389,8 @@ def main() -> None:
         "user_traffic": mode_user_traffic,
         "flow": mode_flow,
         "disagree": mode_disagree,
+        "bcast_mismatch": mode_bcast_mismatch,
+        "rooted": mode_rooted,
         "garbage": mode_garbage,
         "dead": mode_dead,
         "raise": mode_raise,

@@ -140,6 +140,18 @@ def test_root_and_group_disagreements_over_mpi(n: int, service: str) -> None:
     assert out.count("DISAGREE OK") == n, out
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_broadcast_mismatch_raises_on_every_rank_over_mpi(n: int) -> None:
+    out = mpirun(n, str(HERE / "check_engine.py"), "bcast_mismatch")
+    assert out.count("BCAST-MISMATCH OK") == n, out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_rooted_and_point_to_point_over_mpi(n: int) -> None:
+    out = mpirun(n, str(HERE / "check_engine.py"), "rooted")
+    assert out.count("ROOTED OK") == n, out
+
+
 def test_malformed_message_over_mpi() -> None:
     out = mpirun(2, str(HERE / "check_engine.py"), "garbage")
     assert "rank 0: GARBAGE OK" in out, out

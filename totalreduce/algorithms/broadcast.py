@@ -27,6 +27,24 @@ none; the time is about ``(P - 2 + C) · (alpha + beta · S / C)``, smallest
 near ``C = sqrt((P - 2) · beta · S / alpha)``.  The default
 ``C = min(count, 2P)`` (at least 1) keeps the start-up share of ``P - 2``
 piece times to about a third of the total without making pieces tiny.
+
+Confirmation (both algorithms).  A broadcast's data flows one way, so
+without more a rank could finish before a rank that disagrees on the root
+or the count has said so: the root would return its buffer and raise the
+error only at its next call, and the ranks would disagree from then on on
+which generation of the name comes next.  So every non-root also sends the
+root a one-element token at step 0 (its frame carries the op's shape, which
+the root checks), and for ``P > 2`` the root, once every token has arrived,
+sends each non-root a release token in a last step of its own.  The root
+finishes only after hearing every rank, a non-root only after the root has:
+a disagreement anywhere fails the op on every rank before any finishes.
+With ``P = 2`` the one exchange checks both ways and no release is needed.
+The tokens are one element of ``WORK`` (their value is never read): an empty
+region overlaps nothing, so it could not order the release after the
+tokens (as in :mod:`.barrier`).  Cost: the root receives ``P - 1`` tokens and
+sends ``P - 1`` more; a non-root finishes about ``2 alpha`` after it sent
+its token, so a small one-to-all broadcast takes ``2 alpha`` instead of
+``alpha``; a pipelined one hides the confirmation behind its pieces.
 """
 
 from __future__ import annotations
@@ -54,6 +72,46 @@ def _check(rank: int, size: int, count: int, root: int) -> None:
         raise ValueError(f"broadcast count must be >= 0, got {count}")
 
 
+#: The confirmation token (see the module docstring).
+TOKEN = Region(Buffer.WORK, 0, 1)
+
+
+def confirm(
+    rank: int,
+    size: int,
+    root: int,
+    release_step: int,
+    steps: list[Step],
+    *,
+    always_release: bool = False,
+    token_step: int = 0,
+) -> None:
+    """Add the confirmation tokens to ``steps``: to the root at ``token_step``, back at
+    ``release_step`` (later steps are added as needed).
+
+    With ``always_release``, the release goes out at ``P = 2`` too: for ops whose
+    non-roots only send (reduce, gather) and so never hear the root otherwise.
+    """
+    if size == 1:
+        return
+    release = size > 2 or always_release
+    while len(steps) <= (release_step if release else token_step):
+        steps.append(Step())
+    others = [p for p in range(size) if p != root]
+    at = steps[token_step]
+    if rank == root:
+        steps[token_step] = Step(at.sends, at.recvs + tuple(Recv(p, TOKEN) for p in others))
+    else:
+        steps[token_step] = Step(at.sends + (Send(root, TOKEN),), at.recvs)
+    if not release:
+        return  # two ranks: the one exchange checked both ways
+    last = steps[release_step]
+    if rank == root:
+        steps[release_step] = Step(last.sends + tuple(Send(p, TOKEN) for p in others), last.recvs)
+    else:
+        steps[release_step] = Step(last.sends, last.recvs + (Recv(root, TOKEN),))
+
+
 def _root_prologue(rank: int, root: int, count: int) -> tuple[LocalOp, ...]:
     if rank != root:
         return ()
@@ -65,19 +123,21 @@ def broadcast_one_to_all(rank: int, size: int, count: int, *, root: int = 0) -> 
     """Broadcast schedule in one step: ``root`` sends ``count`` elements to every rank."""
     _check(rank, size, count, root)
     whole = Region(Buffer.OUTPUT, 0, count)
-    steps: tuple[Step, ...] = ()
+    steps: list[Step] = []
     if size > 1:
         if rank == root:
-            steps = (Step(sends=tuple(Send(p, whole) for p in range(size) if p != root)),)
+            steps = [Step(sends=tuple(Send(p, whole) for p in range(size) if p != root))]
         else:
-            steps = (Step(recvs=(Recv(root, whole, Action.COPY),)),)
+            steps = [Step(recvs=(Recv(root, whole, Action.COPY),))]
+    confirm(rank, size, root, 1, steps)
     return Schedule(
         rank=rank,
         size=size,
         count=count,
         out_count=count,
-        steps=steps,
+        steps=tuple(steps),
         prologue=_root_prologue(rank, root, count),
+        work_count=1 if size > 1 else 0,
     )
 
 
@@ -102,7 +162,7 @@ def broadcast_pipelined(
     position = (rank - root) % size
     succ, pred = (rank + 1) % size, (rank - 1) % size
 
-    steps: tuple[Step, ...] = ()
+    steps: list[Step] = []
     if size > 1:
         total = pieces + size - 2
         sends: list[list[Send]] = [[] for _ in range(total)]
@@ -113,12 +173,15 @@ def broadcast_pipelined(
                 recvs[c + position - 1].append(Recv(pred, piece, Action.COPY))
             if position < size - 1:
                 sends[c + position].append(Send(succ, piece))
-        steps = tuple(Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True))
+        steps = [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
+        # The release gets a step of its own: at step 1 it would meet a piece from the root.
+        confirm(rank, size, root, total, steps)
     return Schedule(
         rank=rank,
         size=size,
         count=count,
         out_count=count,
-        steps=steps,
+        steps=tuple(steps),
         prologue=_root_prologue(rank, root, count),
+        work_count=1 if size > 1 else 0,
     )

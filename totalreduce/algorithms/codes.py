@@ -22,6 +22,11 @@ class OpKind(enum.IntEnum):
     NEIGHBOR_ALLREDUCE = 6
     NEIGHBOR_ALLGATHER = 7
     PAIRWISE_EXCHANGE = 8
+    REDUCE = 9
+    GATHER = 10
+    SCATTER = 11
+    ALLTOALL = 12
+    SEND_RECV = 13
 
 
 class AlgorithmCode(enum.IntEnum):
@@ -41,3 +46,4 @@ class AlgorithmCode(enum.IntEnum):
     EDGE = 11
     RECURSIVE_DOUBLING = 12
     HIERARCHICAL = 13  # three phases over clients and per-node relays (algorithms/hierarchical.py)
+    DIRECT = 14  # one step straight to each destination (algorithms/rooted.py)

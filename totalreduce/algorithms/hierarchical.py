@@ -304,7 +304,10 @@ def broadcast_hierarchical(
     >>> lay = NodeLayout(3, 2)
     >>> s = broadcast_hierarchical(lay.relay_of(1), lay, 10, root=3)
     >>> [len(st.sends) for st in s.steps], [len(st.recvs) for st in s.steps]
-    ([0, 2, 1], [1, 0, 0])
+    ([0, 2, 2, 1], [1, 2, 0, 0])
+
+    (Steps 1 and 2 among the relays carry the cross-node broadcast's data, the
+    other relays' confirmation tokens and its release: see :mod:`.broadcast`.)
     """
     layout.check_rank(rank)
     _check_count(count)

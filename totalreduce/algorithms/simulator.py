@@ -38,6 +38,10 @@ _REDUCERS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "avg": np.add,
     "max": np.maximum,
     "min": np.minimum,
+    "product": np.multiply,
+    "band": np.bitwise_and,
+    "bor": np.bitwise_or,
+    "bxor": np.bitwise_xor,
 }
 
 

@@ -39,7 +39,7 @@ __all__ = [
 Kernel = Callable[..., None]
 
 _U16 = np.dtype(np.uint16)
-_INTEGER = frozenset({DType.INT32, DType.INT64})
+_INTEGER = frozenset(d for d in DType if d.integral)  # bool included: nothing to scale
 
 # ReduceOp -> the integer the reduce kernels branch on.  SUM and AVG both add.
 _OP_CODES: dict[ReduceOp, int] = {
@@ -47,6 +47,10 @@ _OP_CODES: dict[ReduceOp, int] = {
     ReduceOp.AVG: nk.OP_AVG,
     ReduceOp.MAX: nk.OP_MAX,
     ReduceOp.MIN: nk.OP_MIN,
+    ReduceOp.PRODUCT: nk.OP_PRODUCT,
+    ReduceOp.BAND: nk.OP_BAND,
+    ReduceOp.BOR: nk.OP_BOR,
+    ReduceOp.BXOR: nk.OP_BXOR,
 }
 
 
@@ -58,7 +62,7 @@ class _Table(NamedTuple):
     view16: bool  # float16: pass ``a.view(uint16)`` to the kernel
     reduce: Kernel
     copy: Kernel
-    average: Kernel
+    average: Kernel | None  # None: bool (no average)
     scale: Kernel | None  # None: integer type
     axpy: Kernel | None
     signatures: tuple[tuple[Any, tuple[Any, ...]], ...]
@@ -72,8 +76,9 @@ def _table(dtype: DType, reduce: Any, average: Any, scale: Any, axpy: Any) -> _T
     sigs: list[tuple[Any, tuple[Any, ...]]] = [
         (reduce, (dst, src, types.int64)),
         (nk.copy_array, (dst, src)),
-        (average, (dst, types.int64)),
     ]
+    if average is not None:
+        sigs.append((average, (dst, types.int64)))
     if scale is not None:
         sigs += [(scale, (dst, types.float64)), (axpy, (dst, src, types.float64))]
     return _Table(
@@ -97,8 +102,12 @@ _TABLES: dict[DType, _Table] = {
     DType.FLOAT64: _table(
         DType.FLOAT64, nk.reduce_native, nk.average_float, nk.scale_float, nk.axpy_float
     ),
-    DType.INT32: _table(DType.INT32, nk.reduce_native, nk.average_int, None, None),
-    DType.INT64: _table(DType.INT64, nk.reduce_native, nk.average_int, None, None),
+    DType.INT32: _table(DType.INT32, nk.reduce_integer, nk.average_int, None, None),
+    DType.INT64: _table(DType.INT64, nk.reduce_integer, nk.average_int, None, None),
+    DType.UINT8: _table(DType.UINT8, nk.reduce_integer, nk.average_int, None, None),
+    DType.INT8: _table(DType.INT8, nk.reduce_integer, nk.average_int, None, None),
+    DType.INT16: _table(DType.INT16, nk.reduce_integer, nk.average_int, None, None),
+    DType.BOOL: _table(DType.BOOL, nk.reduce_bool, None, None, None),
     DType.BFLOAT16: _table(
         DType.BFLOAT16, nk.reduce_bf16, nk.average_bf16, nk.scale_bf16, nk.axpy_bf16
     ),
@@ -156,7 +165,8 @@ def _prime(table: _Table) -> None:
         a, b = a.view(_U16), b.view(_U16)
     table.reduce(a, b, nk.OP_SUM)
     table.copy(a, b)
-    table.average(a, 1)
+    if table.average is not None:
+        table.average(a, 1)
     if table.scale is not None and table.axpy is not None:
         table.scale(a, 1.0)
         table.axpy(a, b, 1.0)
@@ -214,10 +224,15 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp, dtype: DType) ->
 
     ``SUM`` and ``AVG`` both add (the division of ``AVG`` is
     :func:`finish_average`); ``MAX``/``MIN`` follow ``np.maximum``/``np.minimum``
-    (NaN wins).  Integer sums wrap; float16 and bfloat16 add in float32 and
-    round back to nearest even.  Raises ``ValueError`` for arrays of
-    different lengths or an unknown op/dtype, ``TypeError`` for arrays that
-    are not 1-D, C-contiguous and of ``dtype`` (``dst`` also writable).
+    (NaN wins); ``PRODUCT`` multiplies; ``BAND``/``BOR``/``BXOR`` are bitwise
+    (integer and bool types only).  Integer sums and products wrap; float16
+    and bfloat16 compute in float32 and round back to nearest even.  On bool,
+    ``SUM``/``MAX`` are a logical or and ``PRODUCT``/``MIN`` a logical and
+    (numpy's ``add``/``multiply`` on bool, and gloo's).  Raises ``ValueError``
+    for arrays of different lengths, an unknown op/dtype or an op the dtype
+    has not (a bitwise op on floats, ``AVG`` on bool), ``TypeError`` for
+    arrays that are not 1-D, C-contiguous and of ``dtype`` (``dst`` also
+    writable).
     """
     n = len(dst)
     if len(src) != n:
@@ -228,6 +243,10 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp, dtype: DType) ->
     if code is None:
         names = ", ".join(o.name for o in ReduceOp)
         raise ValueError(f"reduce_into: unsupported op {op!r}; expected a ReduceOp ({names})")
+    if (code >= nk.OP_BAND or code == nk.OP_AVG) and isinstance(dtype, DType):
+        why = ReduceOp(code).refuses(dtype)
+        if why is not None:
+            raise ValueError(f"reduce_into: {why}")
     table = _READY.get(dtype)
     if table is None:
         table = _prepare(dtype)
@@ -284,6 +303,8 @@ def finish_average(dst: np.ndarray, divisor: int, dtype: DType) -> None:
     table = _READY.get(dtype)
     if table is None:
         table = _prepare(dtype)
+    if table.average is None:
+        raise TypeError(f"finish_average({_name(dtype)}): bool arrays have no average")
     if getattr(dst, "dtype", None) is not table.public:
         _check_dtypes("finish_average", table, dst)
     a = dst.view(_U16) if table.view16 else dst

@@ -6,8 +6,12 @@ buffer into another, copying, the final division of an average, scaling and
 kernel by :class:`~totalreduce.dtypes.DType` and hand it arrays already viewed
 as the storage type the kernel expects:
 
-* ``float32``, ``float64``, ``int32``, ``int64``: one generic kernel per
-  operation, compiled once per storage type;
+* ``float32``, ``float64``, ``int32``, ``int64``, ``int16``, ``int8``,
+  ``uint8``: one generic kernel per operation, compiled once per storage type
+  (integer types have their own reduce kernel, with the bitwise ops);
+* ``bool``: its own reduce kernel (``SUM``/``MAX``/``BOR`` are a logical or,
+  ``PRODUCT``/``MIN``/``BAND`` a logical and, ``BXOR`` an exclusive or, as
+  numpy and gloo compute them);
 * ``float16``: ``uint16`` arrays of IEEE half bit patterns (Numba has no half
   arithmetic), widened to float32, computed there and rounded back to nearest
   even;
@@ -16,7 +20,8 @@ as the storage type the kernel expects:
 
 Reduce kernels take the operation as an integer (the :class:`ReduceOp` value)
 and branch on it once, outside the element loop.  ``MAX``/``MIN`` follow
-``np.maximum``/``np.minimum``: a NaN operand wins.  Integer ``SUM`` wraps.
+``np.maximum``/``np.minimum``: a NaN operand wins.  Integer ``SUM`` and
+``PRODUCT`` wrap.
 
 Every two-array kernel tolerates ``dst`` and ``src`` sharing memory: if the two
 ranges partially overlap, ``src`` is copied first, so the result is the one
@@ -34,6 +39,10 @@ OP_SUM = int(ReduceOp.SUM)
 OP_AVG = int(ReduceOp.AVG)
 OP_MAX = int(ReduceOp.MAX)
 OP_MIN = int(ReduceOp.MIN)
+OP_PRODUCT = int(ReduceOp.PRODUCT)
+OP_BAND = int(ReduceOp.BAND)
+OP_BOR = int(ReduceOp.BOR)
+OP_BXOR = int(ReduceOp.BXOR)
 
 # ---------------------------------------------------------------------------
 # Scalar helpers (inlined by LLVM into the kernels below).
@@ -131,11 +140,14 @@ def _partial_overlap(dst: np.ndarray, src: np.ndarray) -> bool:
 
 @numba.njit(nogil=True, cache=True)
 def reduce_native(dst: np.ndarray, src: np.ndarray, op: int) -> None:
-    """``dst[i] = dst[i] (op) src[i]`` on a numba-native element type."""
+    """``dst[i] = dst[i] (op) src[i]`` on float32/float64 (no bitwise ops)."""
     if _partial_overlap(dst, src):
         src = src.copy()
     n = dst.shape[0]
-    if op == OP_MAX:
+    if op == OP_PRODUCT:
+        for i in range(n):
+            dst[i] = dst[i] * src[i]
+    elif op == OP_MAX:
         for i in range(n):
             a = dst[i]
             b = src[i]
@@ -148,6 +160,52 @@ def reduce_native(dst: np.ndarray, src: np.ndarray, op: int) -> None:
     else:
         for i in range(n):
             dst[i] = dst[i] + src[i]
+
+
+@numba.njit(nogil=True, cache=True)
+def reduce_integer(dst: np.ndarray, src: np.ndarray, op: int) -> None:
+    """``dst[i] = dst[i] (op) src[i]`` on an integer type; sums and products wrap."""
+    if _partial_overlap(dst, src):
+        src = src.copy()
+    n = dst.shape[0]
+    if op == OP_PRODUCT:
+        for i in range(n):
+            dst[i] = dst[i] * src[i]
+    elif op == OP_MAX:
+        for i in range(n):
+            dst[i] = max(dst[i], src[i])
+    elif op == OP_MIN:
+        for i in range(n):
+            dst[i] = min(dst[i], src[i])
+    elif op == OP_BAND:
+        for i in range(n):
+            dst[i] = dst[i] & src[i]
+    elif op == OP_BOR:
+        for i in range(n):
+            dst[i] = dst[i] | src[i]
+    elif op == OP_BXOR:
+        for i in range(n):
+            dst[i] = dst[i] ^ src[i]
+    else:
+        for i in range(n):
+            dst[i] = dst[i] + src[i]
+
+
+@numba.njit(nogil=True, cache=True)
+def reduce_bool(dst: np.ndarray, src: np.ndarray, op: int) -> None:
+    """``dst[i] = dst[i] (op) src[i]`` on bool: or, and, or exclusive or."""
+    if _partial_overlap(dst, src):
+        src = src.copy()
+    n = dst.shape[0]
+    if op == OP_PRODUCT or op == OP_MIN or op == OP_BAND:
+        for i in range(n):
+            dst[i] = dst[i] and src[i]
+    elif op == OP_BXOR:
+        for i in range(n):
+            dst[i] = dst[i] != src[i]
+    else:  # SUM, MAX, BOR
+        for i in range(n):
+            dst[i] = dst[i] or src[i]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -208,11 +266,14 @@ def axpy_float(dst: np.ndarray, src: np.ndarray, weight: float) -> None:
 
 @numba.njit(nogil=True, cache=True)
 def reduce_f16(dst: np.ndarray, src: np.ndarray, op: int) -> None:
-    """Reduce IEEE half bits: sums in float32, MAX/MIN pick an operand's bits."""
+    """Reduce IEEE half bits: sums and products in float32, MAX/MIN pick an operand's bits."""
     if _partial_overlap(dst, src):
         src = src.copy()
     n = dst.shape[0]
-    if op == OP_MAX:
+    if op == OP_PRODUCT:
+        for i in range(n):
+            dst[i] = _float_to_half(_half_to_float(dst[i]) * _half_to_float(src[i]))
+    elif op == OP_MAX:
         for i in range(n):
             a = dst[i]
             b = src[i]
@@ -264,11 +325,14 @@ def axpy_f16(dst: np.ndarray, src: np.ndarray, weight: float) -> None:
 
 @numba.njit(nogil=True, cache=True)
 def reduce_bf16(dst: np.ndarray, src: np.ndarray, op: int) -> None:
-    """Reduce bfloat16 bits: sums in float32, MAX/MIN pick an operand's bits."""
+    """Reduce bfloat16 bits: sums and products in float32, MAX/MIN pick an operand's bits."""
     if _partial_overlap(dst, src):
         src = src.copy()
     n = dst.shape[0]
-    if op == OP_MAX:
+    if op == OP_PRODUCT:
+        for i in range(n):
+            dst[i] = _float_to_bf16(_bf16_to_float(dst[i]) * _bf16_to_float(src[i]))
+    elif op == OP_MAX:
         for i in range(n):
             a = dst[i]
             b = src[i]

@@ -111,9 +111,17 @@ def floating(dt: DType) -> None:
         )
 
 
-def reduce_op(op: Any) -> ReduceOp:
-    """The ReduceOp a call names, or InvalidArgumentError listing the known ones."""
+def reduce_op(op: Any, dt: DType | None = None, what: str = "") -> ReduceOp:
+    """The ReduceOp a call names, or InvalidArgumentError listing the known ones.
+
+    With ``dt``, also refuse an op the element type has not (a bitwise op on a
+    floating type, ``avg`` on bool), naming the call ``what``, the op and the type.
+    """
     try:
-        return ReduceOp.of(op)
+        rop = ReduceOp.of(op)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from None
+    why = None if dt is None else rop.refuses(dt)
+    if why is not None:
+        raise InvalidArgumentError(f"{what}: {why}" if what else why)
+    return rop

@@ -44,12 +44,16 @@ class CollectiveOps(OpSubmitter):
         """Start reducing ``x`` across all ranks (or ``group``); ``wait()`` returns the result.
 
         ``out`` receives the result (a new array by default; ``out=x`` reduces in
-        place).  ``op`` is ``sum``, ``avg``, ``max`` or ``min``.  Higher
-        ``priority`` goes first.  ``dtype="bfloat16"`` marks a ``uint16`` array
+        place).  ``op`` is ``sum``, ``avg``, ``max``, ``min``, ``product``
+        (or ``prod``), or, on integer and bool arrays only, the bitwise
+        ``band``, ``bor`` and ``bxor`` (a ReduceOp works too).  Integer sums
+        and products wrap; on bool, ``sum`` and ``max`` are a logical or,
+        ``product`` and ``min`` a logical and (as in gloo), and ``avg`` is
+        refused.  Higher ``priority`` goes first.  ``dtype="bfloat16"`` marks a ``uint16`` array
         as bfloat16 bit patterns.
         """
         arr, dt = as_array(x, "x", dtype)
-        rop = checks.reduce_op(op)
+        rop = checks.reduce_op(op, dt, "allreduce")
         o, in_place = checks.output(arr, out)
         grp, me = self._group(group)
         wanted = algorithm or self.config.algorithm

@@ -85,6 +85,11 @@ def _choose(
     return choice
 
 
+_ROOTED = frozenset(
+    {OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER, OpKind.ALLTOALL, OpKind.SEND_RECV}
+)
+
+
 @functools.lru_cache(maxsize=1024)
 def compile_op(
     kind: OpKind,
@@ -133,6 +138,20 @@ def compile_op(
 
         code = AlgorithmCode.PAIRWISE
         sched = pairwise_exchange(rank, size, count, **opts)
+    elif kind in _ROOTED:
+        from ..algorithms import rooted
+
+        code = AlgorithmCode.DIRECT
+        if kind is OpKind.REDUCE:
+            sched = rooted.reduce_direct(rank, size, count, average=average, **opts)
+        elif kind is OpKind.GATHER:
+            sched = rooted.gather_direct(rank, size, count, **opts)
+        elif kind is OpKind.SCATTER:
+            sched = rooted.scatter_direct(rank, size, count, **opts)
+        elif kind is OpKind.ALLTOALL:
+            sched = rooted.alltoall_direct(rank, size, **opts)
+        else:
+            sched = rooted.send_recv(rank, count, **opts)
     else:
         raise InvalidArgumentError(f"no schedule for op kind {kind.name.lower()}")
     sched.validate()

@@ -107,7 +107,7 @@ class PartitionOps(OpSubmitter):
         (``axes=()``) every rank gets a copy of its input.
         """
         arr, dt = as_array(x, "x", dtype)
-        rop = checks.reduce_op(op)
+        rop = checks.reduce_op(op, dt, "reduce_scatter")
         split = self._split_axis(arr, partition, axes, group)
         if split is None:
             return done_handle(name, arr.copy())

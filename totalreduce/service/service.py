@@ -8,7 +8,8 @@ its name and generation (:mod:`.names`), compile its schedule and queue it
 (:mod:`.submit`); the comm thread does the rest.  The op families live in
 :mod:`.collectives` (allreduce, broadcast, barrier, pairwise exchange),
 :mod:`.partitions` (reduce-scatter, all-gather) and :mod:`.neighbors`
-(neighbor ops, with the weights of :mod:`.weights`).
+(neighbor ops, with the weights of :mod:`.weights`) and :mod:`.rooted` (reduce,
+gather, scatter, all-to-all, send/recv).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from .handle import Handle, HandleLike, ServiceLike
 from .lifecycle import Lifecycle
 from .neighbors import NeighborOps
 from .partitions import PartitionOps
+from .rooted import RootedOps
 
 __all__ = ["Service", "as_array", "reduce_op"]  # the daemon client imports the checks from here
 
 
-class Service(CollectiveOps, PartitionOps, NeighborOps, Lifecycle):
+class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, Lifecycle):
     """One rank's totalreduce engine and its client API (see the module docstring)."""
 
     def __init__(self, transport: Transport, config: Config | None = None) -> None:

@@ -86,8 +86,16 @@ class OpSubmitter:
         group: Group,
         param: int,
         on_done: Callable[[BaseException | None], None],
+        count: int | None = None,
     ) -> OpSpec:
-        """The engine's description of a named, compiled op (any thread may call this)."""
+        """The engine's description of a named, compiled op (any thread may call this).
+
+        ``count`` is the count every rank's frames carry (the ranks must agree on
+        it); by default the input's size (the output's for an all-gather).
+        """
+        if count is None:
+            # All-gather-v inputs differ per rank; the whole output does not.
+            count = int(out.size) if kind is OpKind.ALLGATHER else int(x.size)
         seg = max(1, self.config.segment_bytes // dtype.itemsize)
         if in_place:
             aliased = alias_for(schedule)
@@ -100,8 +108,7 @@ class OpSubmitter:
             kind=kind,
             algorithm=code,
             dtype=dtype,
-            # All-gather-v inputs differ per rank; the whole output does not.
-            count=int(out.size) if kind is OpKind.ALLGATHER else int(x.size),
+            count=count,
             op=op,
             priority=priority,
             inbuf=x.reshape(-1),
@@ -139,6 +146,7 @@ class OpSubmitter:
         result: Any = None,
         finalize: Callable[[], Any] | None = None,
         reserved: tuple[str | int, int] | None = None,
+        count: int | None = None,
     ) -> Handle:
         """Name (unless ``reserved`` already), launch and return the handle of a one-phase op."""
         self._check_open()
@@ -170,6 +178,7 @@ class OpSubmitter:
             group=group,
             param=param,
             on_done=done,
+            count=count,
         )
         self._submit(spec, handle)
         return handle

@@ -1,0 +1,333 @@
+"""Rooted and personalised ops: reduce, gather, scatter, all-to-all, and send/recv.
+
+Each is one op with one schedule of :mod:`totalreduce.algorithms.rooted`, named,
+launched and returned as a :class:`~.handle.Handle` by :meth:`OpSubmitter._simple`.
+
+Send/recv is the two-rank op of that module too: the k-th ``send`` from rank
+``s`` to rank ``d`` with tag ``t`` meets the k-th ``recv`` on ``d`` from ``s``
+with tag ``t``, because both name the op after ``(s, d, t)`` and names match
+by generation, which is MPI's matching by (source, tag, order).  What the
+schedule model cannot express is a receive from any source (the receiver would
+have to know the name before the message says it), so ``recv`` needs ``src``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.codes import OpKind
+from ..dtypes import DType, ReduceOp
+from ..errors import InvalidArgumentError
+from ..group import Group
+from . import checks
+from .checks import as_array
+from .handle import Handle
+from .ops import compile_op
+from .submit import OpSubmitter
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgumentError(f"{what} must be an int, got {value!r}")
+    return int(value)
+
+
+def _root(op: str, root: Any, grp: Group) -> int:
+    r = _int(root, f"{op} root")
+    if not 0 <= r < grp.size:
+        raise InvalidArgumentError(f"{op} root {r} outside 0..{grp.size - 1}")
+    return r
+
+
+def _writable(out: Any, dtype: np.dtype, size: int, what: str) -> np.ndarray:
+    """``out`` checked to hold ``size`` elements of ``dtype`` (a new array for None)."""
+    if out is None:
+        return np.empty(size, dtype=dtype)
+    o, _ = as_array(out, what, "bfloat16" if dtype == np.uint16 else None)
+    if o.dtype != dtype or o.size != size:
+        raise InvalidArgumentError(
+            f"{what} has dtype {o.dtype} and {o.size} elements; expected {dtype} and {size}"
+        )
+    if not o.flags.writeable:
+        raise InvalidArgumentError(f"{what} is read-only")
+    return o
+
+
+class RootedOps(OpSubmitter):
+    """Reduce, gather, scatter, all-to-all and send/recv of a service."""
+
+    def reduce_async(
+        self,
+        x: Any,
+        root: int = 0,
+        name: str | int | None = None,
+        op: str | ReduceOp = "sum",
+        out: Any = None,
+        priority: int = 0,
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> Handle:
+        """Start reducing ``x`` of every rank into rank ``root``; ``wait()`` returns the
+        result on the root and None elsewhere.
+
+        ``op`` as for :meth:`allreduce_async`; ``out`` (the root's only) receives
+        the result, ``out=x`` reduces in place.  With a ``group``, ``root`` is a
+        rank of the group.
+        """
+        arr, dt = as_array(x, "x", dtype)
+        rop = checks.reduce_op(op, dt, "reduce")
+        grp, me = self._group(group)
+        r = _root("reduce", root, grp)
+        if me == r:
+            o, in_place = checks.output(arr, out)
+            result: Any = o.reshape(arr.shape)
+        else:
+            o, in_place, result = np.empty(0, dtype=arr.dtype), False, None
+        code, sched = compile_op(
+            OpKind.REDUCE, "direct", me, grp.size, int(arr.size), rop is ReduceOp.AVG,
+            (("root", r),),
+        )  # fmt: skip
+        return self._simple(
+            kind=OpKind.REDUCE, x=arr, dtype=dt, out=o, in_place=in_place, name=name, op=rop,
+            priority=priority, group=grp, code=code, schedule=sched, param=r, result=result,
+        )  # fmt: skip
+
+    def reduce(self, x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
+        """Blocking :meth:`reduce_async`: the result on the root, None elsewhere."""
+        return self.reduce_async(x, root, name, **kw).wait()
+
+    def gather_async(
+        self,
+        x: Any,
+        root: int = 0,
+        name: str | int | None = None,
+        out: Any = None,
+        priority: int = 0,
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> Handle:
+        """Start gathering every rank's ``x`` on rank ``root``; ``wait()`` returns, on the
+        root, an array of shape ``(P, *x.shape)`` (rank ``r``'s ``x`` at ``[r]``) and None
+        elsewhere.
+
+        Every rank passes the same shape and dtype; ``out`` (the root's only) holds
+        ``P * x.size`` elements.
+        """
+        arr, dt = as_array(x, "x", dtype)
+        grp, me = self._group(group)
+        r = _root("gather", root, grp)
+        result: Any = None
+        if me == r:
+            o = _writable(out, arr.dtype, grp.size * arr.size, "out")
+            result = o.reshape((grp.size, *arr.shape))
+        else:
+            o = np.empty(0, dtype=arr.dtype)
+        code, sched = compile_op(
+            OpKind.GATHER, "direct", me, grp.size, int(arr.size), False, (("root", r),)
+        )
+        return self._simple(
+            kind=OpKind.GATHER, x=arr, dtype=dt, out=o, in_place=False, name=name,
+            op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched, param=r,
+            result=result,
+        )  # fmt: skip
+
+    def gather(self, x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
+        """Blocking :meth:`gather_async`."""
+        return self.gather_async(x, root, name, **kw).wait()
+
+    def scatter_async(
+        self,
+        x: Any,
+        root: int = 0,
+        name: str | int | None = None,
+        out: Any = None,
+        priority: int = 0,
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> Handle:
+        """Start scattering the root's ``x`` (``P`` equal parts along its first axis, or of
+        its flat elements): ``wait()`` returns this rank's part.
+
+        On the root ``x`` holds the data; on every other rank ``x`` is the
+        receiving array (its shape and dtype say what comes; it is the result,
+        as ``out=`` would be) unless ``out`` is given.  Every rank's part has the
+        same number of elements.
+        """
+        arr, dt = as_array(x, "x", dtype)
+        grp, me = self._group(group)
+        r = _root("scatter", root, grp)
+        if me == r:
+            if arr.size % grp.size:
+                raise InvalidArgumentError(
+                    f"scatter: the root's x has {arr.size} elements, not a multiple of the "
+                    f"{grp.size} ranks"
+                )
+            n = arr.size // grp.size
+            shape = arr.shape[1:] if arr.ndim > 1 and arr.shape[0] == grp.size else (n,)
+            o = _writable(out, arr.dtype, n, "out")
+            src = arr
+        else:  # x (or out) is where this rank's part lands
+            what = "x" if out is None else "out"
+            target = arr if out is None else as_array(out, "out", dtype)[0]
+            o = _writable(target, arr.dtype, int(target.size), what)
+            n, shape, src = int(o.size), target.shape, np.empty(0, dtype=arr.dtype)
+        code, sched = compile_op(OpKind.SCATTER, "direct", me, grp.size, n, False, (("root", r),))
+        return self._simple(
+            kind=OpKind.SCATTER, x=src, dtype=dt, out=o, in_place=False, name=name,
+            op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched, param=r,
+            result=o.reshape(shape), count=n,
+        )  # fmt: skip
+
+    def scatter(self, x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
+        """Blocking :meth:`scatter_async`: this rank's part."""
+        return self.scatter_async(x, root, name, **kw).wait()
+
+    def alltoall_async(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        splits: Sequence[int] | None = None,
+        recv_splits: Sequence[int] | None = None,
+        out: Any = None,
+        priority: int = 0,
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> Handle:
+        """Start an all-to-all: part ``j`` of ``x`` goes to rank ``j``, and part ``j`` of the
+        result comes from rank ``j``; ``wait()`` returns the flat result.
+
+        Without ``splits`` the parts are equal (``x.size / P`` elements each).
+        ``splits[j]`` / ``recv_splits[j]`` give the elements sent to / received
+        from rank ``j`` (torch's ``all_to_all_single`` input and output split
+        sizes); the two ranks of each pair must agree, or both fail naming the
+        counts.  ``out=x`` works (the input is copied first).
+        """
+        arr, dt = as_array(x, "x", dtype)
+        grp, me = self._group(group)
+        p = grp.size
+        if splits is None:
+            if arr.size % p:
+                raise InvalidArgumentError(
+                    f"alltoall: x has {arr.size} elements, not a multiple of the {p} ranks; "
+                    "pass splits="
+                )
+            send = [arr.size // p] * p
+        else:
+            send = [_int(v, "alltoall splits entry") for v in splits]
+        recv = send if recv_splits is None else [_int(v, "recv_splits entry") for v in recv_splits]
+        for what, sizes in (("splits", send), ("recv_splits", recv)):
+            if len(sizes) != p or any(v < 0 for v in sizes):
+                raise InvalidArgumentError(f"alltoall {what} must be {p} counts >= 0, got {sizes}")
+        if sum(send) != arr.size:
+            raise InvalidArgumentError(
+                f"alltoall splits {send} add up to {sum(send)}, but x has {arr.size} elements"
+            )
+        if send[me] != recv[me]:
+            raise InvalidArgumentError(
+                f"alltoall: rank {self.rank} sends itself {send[me]} elements (splits) but "
+                f"expects {recv[me]} (recv_splits)"
+            )
+        total = sum(recv)
+        if out is None:
+            o, in_place = np.empty(total, dtype=arr.dtype), False
+        else:
+            o = _writable(out, arr.dtype, total, "out")
+            in_place = o.ctypes.data == arr.ctypes.data and o.nbytes == arr.nbytes
+            if not in_place and np.shares_memory(o, arr):
+                raise InvalidArgumentError("out overlaps x without being the same array")
+        equal = splits is None and recv_splits is None
+        code, sched = compile_op(
+            OpKind.ALLTOALL, "direct", me, p, int(arr.size), False,
+            (("split", tuple(send)), ("recv_split", tuple(recv))),
+        )  # fmt: skip
+        result = o.reshape(arr.shape) if equal and out is None else o
+        # Equal parts: every rank has the same count.  Uneven ones: each pair's
+        # frames are checked against the receive they fill instead.
+        return self._simple(
+            kind=OpKind.ALLTOALL, x=arr, dtype=dt, out=o, in_place=in_place, name=name,
+            op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched,
+            param=0 if equal else 1, result=result, count=int(arr.size) if equal else 0,
+        )  # fmt: skip
+
+    def alltoall(self, x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
+        """Blocking :meth:`alltoall_async`."""
+        return self.alltoall_async(x, name, **kw).wait()
+
+    def _p2p(self, what: str, peer: Any, tag: Any, sending: bool) -> tuple[int, str, Group]:
+        """The sender, the op name and the two-rank group of a message."""
+        peer_rank = _int(peer, f"{what} {'dst' if sending else 'src'}")
+        t = _int(tag, f"{what} tag")
+        if not 0 <= peer_rank < self.size:
+            raise InvalidArgumentError(f"{what}: rank {peer_rank} outside 0..{self.size - 1}")
+        if peer_rank == self.rank:
+            raise InvalidArgumentError(f"{what}: rank {self.rank} cannot {what} to itself")
+        src, dst = (self.rank, peer_rank) if sending else (peer_rank, self.rank)
+        return src, f"send {src}->{dst} tag {t}", Group(sorted((src, dst)))
+
+    def send_async(
+        self, x: Any, dst: int, tag: int = 0, priority: int = 0, dtype: str | None = None
+    ) -> Handle:
+        """Start sending ``x`` to rank ``dst`` with ``tag``; ``wait()`` returns None once
+        the matching receive is posted there and ``x`` may be reused (a synchronous
+        send, ``MPI_Ssend``'s rule: two ranks that both send before they receive
+        wait for each other; use the ``_async`` forms for exchanges).
+
+        The k-th send to ``dst`` with ``tag`` meets the k-th :meth:`recv` there from
+        this rank with ``tag`` (MPI's order); the receiver's array must have the
+        same number of elements and dtype, or both raise naming the two.
+        """
+        arr, dt = as_array(x, "x", dtype)
+        src, name, grp = self._p2p("send", dst, tag, True)
+        return self._point(arr, np.empty(0, dtype=arr.dtype), dt, grp, src, name, priority, None)
+
+    def send(self, x: Any, dst: int, tag: int = 0, **kw: Any) -> None:
+        """Blocking :meth:`send_async`."""
+        self.send_async(x, dst, tag, **kw).wait()
+
+    def recv_async(
+        self, x: Any, src: int, tag: int = 0, priority: int = 0, dtype: str | None = None
+    ) -> Handle:
+        """Start receiving from rank ``src`` with ``tag`` into ``x``; ``wait()`` returns ``x``.
+
+        ``src`` must be given: a receive from any source has no place in the
+        name-and-generation matching (see the module docstring).
+        """
+        arr, dt = as_array(x, "x", dtype)
+        if not arr.flags.writeable:
+            raise InvalidArgumentError("recv: x is read-only")
+        s, name, grp = self._p2p("recv", src, tag, False)
+        empty = np.empty(0, dtype=arr.dtype)
+        return self._point(empty, arr.reshape(-1), dt, grp, s, name, priority, arr)
+
+    def recv(self, x: Any, src: int, tag: int = 0, **kw: Any) -> np.ndarray:
+        """Blocking :meth:`recv_async`: ``x``, filled."""
+        return self.recv_async(x, src, tag, **kw).wait()
+
+    def _point(
+        self,
+        x: np.ndarray,
+        o: np.ndarray,
+        dt: DType,
+        grp: Group,
+        src: int,
+        name: str,
+        priority: Any,
+        result: Any,
+    ) -> Handle:
+        n = int(max(x.size, o.size))
+        me = grp.rank_of(self.rank)
+        assert me is not None
+        sender = grp.rank_of(src)
+        code, sched = compile_op(OpKind.SEND_RECV, "direct", me, 2, n, False, (("sender", sender),))
+        self._check_open()
+        checks.priority(priority)  # before the name: a refused call must not use a generation
+        # Consecutive messages on one tag may differ in size: no signature to keep.
+        reserved = self._names.name(name, ("send_recv", "", 0, "", 0))
+        return self._simple(
+            kind=OpKind.SEND_RECV, x=x, dtype=dt, out=o, in_place=False, name=None,
+            op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched,
+            result=result, reserved=reserved, count=n,
+        )  # fmt: skip
