@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, NotInitializedError
 from .group import Group, set_rank_source
+from .launch import MPILaunch, check_world, provide_torchrun_env
 from .service.config import Config
 from .service.handle import HandleLike, ServiceLike
 from .service.service import Service
@@ -54,12 +56,27 @@ def init(comm: Any = None, **options: Any) -> ServiceLike:
             options.get("socket") is not None or options.get("local_rank") is not None
         ):
             raise InvalidArgumentError("socket= and local_rank= are options of service='daemon'")
+        if config.service == "embedded" and os.environ.get("TOTALREDUCE_SOCKET"):
+            raise InvalidArgumentError(
+                f"TOTALREDUCE_SOCKET={os.environ['TOTALREDUCE_SOCKET']!r} names a node service, "
+                "but this process runs embedded (its own MPI rank, alone unless launched by "
+                "mpiexec): set TOTALREDUCE_SERVICE=daemon to be a client of that service, or "
+                "unset TOTALREDUCE_SOCKET"
+            )
         transport = open_transport(config, comm)
         try:
+            if comm is None:  # the world: it must be the job the launcher started
+                world = "the node services' job" if config.service == "daemon" else "its MPI world"
+                check_world(transport.size, world)
             _default = Service(transport, config)
         except BaseException:
             transport.close()
             raise
+        if comm is None and config.service == "embedded":
+            local, local_size, _cross, _nodes = _default.node_layout()
+            provide_torchrun_env(
+                launch=MPILaunch("MPI", _default.rank, _default.size, local, local_size)
+            )
         return _default
 
 

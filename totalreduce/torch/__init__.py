@@ -108,11 +108,20 @@ from .layers import AllGather, ReduceScatter
 from .optimizer import DistributedOptimizer, GradientSyncError
 from .tensors import SUPPORTED_DTYPES, TensorHandle
 
+from ..launch import provide_torchrun_env as _provide_torchrun_env
+
+# Under mpiexec, torchrun-style scripts read RANK, LOCAL_RANK and WORLD_SIZE before they
+# initialise anything: the MPI launcher's placement provides them (never overwritten).
+_provide_torchrun_env()
+
 if _torch.distributed.is_available():
     from .process_group import TotalReduceProcessGroup, UnsupportedOpError
     from .process_group import register as _register_backend
 
     _register_backend()
+    from .launching import install as _install_env_over_mpi
+
+    _install_env_over_mpi()
 
 __all__ = [
     "SUPPORTED_DTYPES",

@@ -1,0 +1,81 @@
+"""totalreduce.launch: launchers' variables read, torchrun's provided, lonely worlds refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from totalreduce.launch import (
+    LaunchError,
+    MPILaunch,
+    check_world,
+    expected_processes,
+    mpi_launch,
+    provide_torchrun_env,
+)
+
+HYDRA = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+OMPI = {
+    "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "6",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
+}  # fmt: skip
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "none"}
+
+
+def test_mpi_launchers_are_read() -> None:
+    assert mpi_launch(HYDRA) == MPILaunch("MPICH's mpiexec (Hydra)", 3, 4, 1, 2)
+    assert mpi_launch(OMPI) == MPILaunch("Open MPI's mpiexec", 2, 6, 0, 3)
+    assert mpi_launch(TORCHRUN) is None
+    assert mpi_launch({}) is None
+    assert mpi_launch({"PMI_RANK": "x", "PMI_SIZE": "2"}) is None
+
+
+def test_torchrun_variables_are_provided_and_never_overwritten() -> None:
+    env = dict(HYDRA, LOCAL_RANK="7")
+    set_now = provide_torchrun_env(env)
+    assert env["RANK"] == "3" and env["WORLD_SIZE"] == "4"
+    assert env["LOCAL_RANK"] == "7"  # the user's
+    assert "LOCAL_RANK" not in set_now
+    assert env["LOCAL_WORLD_SIZE"] == "2"
+    assert env["GROUP_RANK"] == "1" and env["GROUP_WORLD_SIZE"] == "2"
+    assert env["ROLE_RANK"] == "3" and env["ROLE_WORLD_SIZE"] == "4"
+    assert "MASTER_ADDR" not in env  # MPI answers env:// instead (totalreduce.torch)
+    assert provide_torchrun_env(dict(TORCHRUN)) == {}  # not an MPI launch: nothing set
+
+
+def test_expected_processes() -> None:
+    assert expected_processes(TORCHRUN) == (2, "torchrun")
+    assert expected_processes({"WORLD_SIZE": "3"}) == (3, "WORLD_SIZE")
+    assert expected_processes(HYDRA) == (4, "MPICH's mpiexec (Hydra)")
+    assert expected_processes({"WORLD_SIZE": "1"}) is None
+    assert expected_processes({"SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}) == (
+        4,
+        "srun (SLURM_NTASKS)",
+    )
+    assert expected_processes({"SLURM_NTASKS": "4"}) is None  # an allocation, not a step
+
+
+def test_a_lonely_world_under_torchrun_is_refused() -> None:
+    with pytest.raises(LaunchError) as e:
+        check_world(1, env=TORCHRUN)
+    text = str(e.value)
+    assert "torchrun" in text and "mpiexec -n 2" in text and "alone" in text
+    with pytest.raises(LaunchError, match="has 3 ranks, but WORLD_SIZE says the job has 2"):
+        check_world(3, env={"WORLD_SIZE": "2"})
+    check_world(2, env=TORCHRUN)  # consistent
+    check_world(1, env={})  # a plain single process
+    assert isinstance(LaunchError("x"), RuntimeError)
+
+
+def test_a_socket_without_daemon_mode_is_refused() -> None:
+    code = "import totalreduce as tr; tr.init()"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOTALREDUCE_")}
+    env["TOTALREDUCE_SOCKET"] = "/tmp/nowhere.sock"
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode != 0
+    assert "TOTALREDUCE_SOCKET" in r.stderr and "TOTALREDUCE_SERVICE=daemon" in r.stderr, r.stderr
