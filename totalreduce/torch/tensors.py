@@ -34,6 +34,10 @@ SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
     torch.bfloat16,
     torch.int32,
     torch.int64,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.bool,
 )
 
 # Types a broadcast may carry by widening them to int64 (a copy, not a reduction,
