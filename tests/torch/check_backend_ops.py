@@ -220,6 +220,7 @@ def check_timeout(rank: int, size: int, tr: Any, gloo: Any) -> None:
         else:
             raise AssertionError("an allreduce only rank 0 joined completed")
     dist.barrier(group=gloo)  # the others stay until rank 0 timed out
+    tr.monitored_barrier(timedelta(seconds=60))  # everyone comes: it returns
     # The op stayed in flight: once the others join, it completes.
     if rank == 0:
         (got,) = work.get_future().wait()

@@ -23,11 +23,20 @@ group.  Rules:
   the set of names stays small however long training runs.
 - **Async.** Every op returns at once with a ``Work`` whose future the engine
   completes from its comm thread; ``wait()`` blocks the caller only.
-- **Coverage.** ``all_reduce`` (SUM, AVG, MIN, MAX), ``broadcast``,
-  ``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter`` and
-  ``reduce_scatter_tensor`` (SUM, AVG), ``barrier``, ``new_group``.  Any other
-  op (``reduce``, ``gather``, ``scatter``, ``all_to_all``, ``send``/``recv``,
-  PRODUCT and bitwise reductions) raises :class:`UnsupportedOpError` naming it.
+- **Named.** torch keeps a group's name in its backend; this group is its own
+  backend and keeps the name c10d sets, so DeviceMesh, DTensor, the
+  functional collectives and ``torch.distributed.checkpoint`` find it.
+- **Coverage.** Every op gloo has on CPU, each on the engine's op of the same
+  kind: ``all_reduce`` and ``reduce`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR,
+  BXOR), ``broadcast``, ``all_gather`` (into a list or a tensor), ``gather``,
+  ``scatter``, ``reduce_scatter`` (list or tensor), ``all_to_all`` and
+  ``all_to_all_single`` (equal or unequal splits), ``send``/``recv`` (tags; not
+  from any source), the coalesced forms, ``barrier`` and a
+  ``monitored_barrier`` method; dtypes float16/32/64, bfloat16, int8/16/32/64,
+  uint8 and bool, none widened.
+- **Timeouts.** ``Work.wait()`` raises :class:`~totalreduce.OpTimeoutError`
+  naming the op once ``opts.timeout`` (else the group's timeout) has passed
+  since submission, and re-raises an op's failure.
 """
 
 from __future__ import annotations
@@ -423,8 +432,26 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> Any:
         """``dist.barrier``: returns once every rank of the group has entered it."""
+        return self._barrier(opts, "barrier")
+
+    def _barrier(self, opts: Any, what: str) -> Any:
         h = self.service.barrier_async(f"{self._prefix}barrier", group=self._group)
-        return self._timed(_work([self._handle(h)], None), "barrier", opts)
+        return self._timed(_work([self._handle(h)], None), what, opts)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's ``monitored_barrier`` as a method: a barrier that raises once ``timeout`` passes.
+
+        ``torch.distributed.monitored_barrier`` itself accepts gloo groups only;
+        call ``group.monitored_barrier(timedelta(...))`` on this one.  The error
+        names the op and the group; the ranks still missing are in the engine's
+        stall warning, not in the error (``wait_all_ranks`` changes nothing).
+        """
+        opts = dist.BarrierOptions()
+        if isinstance(timeout, (int, float)):
+            timeout = timedelta(seconds=timeout)
+        if isinstance(timeout, timedelta):
+            opts.timeout = timeout
+        self._barrier(opts, "monitored_barrier").wait()
 
     # ------------------------------------------------------------------ rooted and point-to-point
 
