@@ -4,7 +4,8 @@ The default group is ``"totalreduce"``; a ``gloo`` group over the same ranks run
 each op beside it on the same inputs, and the results must be equal exactly
 (bitwise for floating types, where the reduction order may differ only sums of
 integer-valued inputs are used).  Then DeviceMesh, DTensor, the functional
-collectives and torch.distributed.checkpoint run on the totalreduce group.
+collectives, FSDP2 (against FSDP2 on the gloo group) and torch.distributed.checkpoint run
+on the totalreduce group.
 Each rank prints ``ALL OK rank R`` at the end (see test_backend_ops.py).
 """
 
@@ -247,6 +248,33 @@ def check_mesh(rank: int, size: int) -> None:
     assert torch.equal(r.to_local(), full)
 
 
+def check_fsdp(rank: int, size: int, gloo: Any) -> None:
+    """FSDP2 (fully_shard) on a totalreduce mesh trains as on a gloo mesh over the same ranks."""
+    import copy
+
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    template = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)
+    ).double()
+    x = torch.randn(6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    params = []
+    for mesh in (DeviceMesh.from_group(gloo, "cpu"), init_device_mesh("cpu", (size,))):
+        m = copy.deepcopy(template)
+        fully_shard(m[0], mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+        params.append([p.full_tensor().detach() for p in m.parameters()])
+    for a, b in zip(*params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def check_dcp(rank: int, size: int) -> None:
     import torch.distributed.checkpoint as dcp
 
@@ -266,7 +294,9 @@ def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     tr = dist.group.WORLD
     gloo = dist.new_group(backend="gloo")
-    checks = sys.argv[1].split(",") if len(sys.argv) > 1 else ["ops", "mesh", "dcp", "timeout"]
+    checks = (
+        sys.argv[1].split(",") if len(sys.argv) > 1 else ["ops", "mesh", "fsdp", "dcp", "timeout"]
+    )
     if "ops" in checks:
         check_ops(rank, size, gloo, tr)
         assert COUNTS["compared"] > 150, COUNTS  # gloo took most combinations
@@ -274,6 +304,9 @@ def main() -> None:
     if "mesh" in checks:
         check_mesh(rank, size)
         print(f"mesh OK rank {rank}", flush=True)
+    if "fsdp" in checks:
+        check_fsdp(rank, size, gloo)
+        print(f"fsdp OK rank {rank}", flush=True)
     if "dcp" in checks:
         check_dcp(rank, size)
         print(f"dcp OK rank {rank}", flush=True)

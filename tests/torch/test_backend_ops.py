@@ -3,7 +3,7 @@
 One launch per size runs every check (importing torch is the slow part): every
 op gloo provides on CPU for every dtype and ReduceOp gloo accepts, compared
 exactly with gloo in the same job; DeviceMesh, DTensor and the functional
-collectives; torch.distributed.checkpoint; a timeout naming its op.
+collectives; FSDP2 against FSDP2 on gloo; torch.distributed.checkpoint; a timeout naming its op.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ torch = import_torch()
 
 HERE = Path(__file__).parent
 TIMEOUT = 300
-CHECKS = ["ops", "mesh", "dcp", "timeout"]
+CHECKS = ["ops", "mesh", "fsdp", "dcp", "timeout"]
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
