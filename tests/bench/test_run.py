@@ -38,19 +38,25 @@ def test_latency_mode_table_csv_json_plot(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("# totalreduce bench (latency): P=2, float32")
     assert lines[-1].startswith("# idle service CPU over 0.2 s")
-    # 4 sizes x (MPI, bare loop, every algorithm, auto), then the burst and in-flight rows.
-    per_size = 2 + len(ALLREDUCE) + 1
+    # 4 sizes x (MPI, bare loop, compiled floor, every algorithm, auto), then the burst and
+    # in-flight rows.
+    per_size = 3 + len(ALLREDUCE) + 1
     csv_rows = read_csv((tmp_path / "r.csv").read_text())
     sized = [r for r in csv_rows if r["mode"] == "size"]
     assert len(sized) == 4 * per_size
     assert [int(r["size"]) for r in sized[::per_size]] == [8, 16, 32, 64]
-    assert {r["impl"] for r in sized} >= {"mpi.Allreduce", "bare.ring", "tr.recursive_doubling"}
+    assert {r["impl"] for r in sized} >= {
+        "mpi.Allreduce",
+        "bare.ring",
+        "floor.ring",
+        "tr.recursive_doubling",
+    }
     for r in csv_rows:
         assert r["wrong"] == "0", r
         assert r["ip_wrong"] in ("0", ""), r
         assert float(r["time_us"]) > 0
     for r in sized:
-        assert float(r["vs_mpi"]) > 0 and float(r["vs_bare"]) > 0
+        assert float(r["vs_mpi"]) > 0 and float(r["vs_bare"]) > 0 and float(r["vs_floor"]) > 0
         assert r["type"] == "float32" and r["redop"] == "sum" and r["root"] == "-1"
     assert {r["chosen"] for r in sized if r["impl"] == "tr.auto"} <= set(ALLREDUCE)
     burst = [r for r in csv_rows if r["mode"] == "burst"]
@@ -71,7 +77,38 @@ def test_latency_mode_without_burst_or_in_flight(tmp_path: Path) -> None:
     bench(2, "--latency", "-b", "4K", "-e", "4K", "-n", "2", "--no-burst", "--inflight", "",
           "--idle-seconds", "0", "--csv", "r.csv", cwd=tmp_path)  # fmt: skip
     rows = read_csv((tmp_path / "r.csv").read_text())
-    assert {r["mode"] for r in rows} == {"size"} and len(rows) == 2 + len(ALLREDUCE) + 1
+    assert {r["mode"] for r in rows} == {"size"} and len(rows) == 3 + len(ALLREDUCE) + 1
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_latency_mode_sets_the_compiled_floor_beside_mpi(n: int, tmp_path: Path) -> None:
+    """The compiled floor's row: exact sums (out of place and in place), a vs_floor column."""
+    out = bench(
+        n,
+        "--latency",
+        "-b", "4",
+        "-e", "16K",
+        "-f", "64",
+        "-n", "2",
+        "--no-burst",
+        "--inflight", "",
+        "--idle-seconds", "0",
+        "--csv", "r.csv",
+        cwd=tmp_path,
+    )  # fmt: skip
+    header = next(ln for ln in out.splitlines() if "#wrong" in ln).split()
+    assert header[-3:] == ["vs_mpi", "vs_bare", "vs_floor"], header
+    rows = read_csv((tmp_path / "r.csv").read_text())
+    floor = [r for r in rows if r["impl"] == "floor.ring"]
+    # 4 B (one float: fewer than P chunks hold data), 256 B, 16 KiB.
+    assert [int(r["size"]) for r in floor] == [4, 256, 16384], out
+    for r in floor:
+        assert r["wrong"] == "0" and r["ip_wrong"] == "0", r
+        assert float(r["vs_floor"]) == pytest.approx(1.0)
+    for r in rows:
+        assert float(r["vs_floor"]) > 0, r
+    text = [ln for ln in rows_of(out) if ln[5] == "floor.ring"]
+    assert len(text) == 3 and all(ln[9] == "0" and ln[13] == "0" for ln in text), out
 
 
 def test_every_collective_int64_max(tmp_path: Path) -> None:

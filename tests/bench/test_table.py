@@ -29,7 +29,7 @@ def test_rows_and_headers() -> None:
         assert cols[:6] == ["4096", "1024", "float32", "sum", "-1", "tr.ring"]
         assert cols[6:10] == ["120.0", "0.034", "0.034", "0"]
         assert cols[10:14] == ["-", "-", "-", "N/A"]  # no in-place call
-        assert len(cols) == (16 if latency else 15)
+        assert len(cols) == (17 if latency else 15)
 
 
 def test_csv_round_trip() -> None:

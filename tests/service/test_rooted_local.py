@@ -150,6 +150,7 @@ def test_bad_input_is_named() -> None:
         assert "itself" in errors[5]
         assert "'band' is bitwise" in errors[6] and "float64" in errors[6]
         assert "op 'gm' generation 0" in errors[7] and "float32" in errors[7], errors[7]
+        assert "op 'send 0->1 tag 1' generation 0" in errors[8], errors[8]
         assert "count 3" in errors[8] and "count 4" in errors[8], errors[8]
         if r == 1:
             np.testing.assert_array_equal(after, [3, 3])
@@ -185,6 +186,7 @@ def test_rooted_mismatch_fails_every_rank_at_the_call() -> None:
         assert all(e is not None for e in errs), (r, errs)
         for e, name in zip(errs, ("red", "gat", "sca"), strict=True):
             assert f"op '{name}' generation 0" in e, e
+            assert "the root" in e or "finished the op without" in e, e
         if r == 0:
             np.testing.assert_array_equal(again, np.full(2, 3.0))
 

@@ -14,13 +14,15 @@ write the same results to files.
   ``Allgather`` and ``Bcast``;
 - ``--neighbor``: ``neighbor_allreduce`` on three topologies beside an
   averaging allreduce (time only);
-- ``--latency``: 8 B to 256 KiB, every allreduce algorithm, MPI and a bare
-  Python ring loop (:mod:`.bare`, the floor of any Python engine), then a
-  burst of ResNet-50's 161 gradients and thousands of small ops in flight.
+- ``--latency``: 8 B to 256 KiB, every allreduce algorithm, MPI, a bare
+  Python ring loop (:mod:`.bare`, the floor of any Python engine) and the same
+  ring compiled (:mod:`.floor`, one Numba function calling MPI: the floor of
+  any compiled engine), then a burst of ResNet-50's 161 gradients and
+  thousands of small ops in flight.
 
 Modules: :mod:`.run` (command line and loop), :mod:`.cases` (what is timed and
 checked), :mod:`.timing`, :mod:`.table` (text, CSV, JSON, plot), :mod:`.bare`,
-:mod:`.resnet50`, :mod:`.tune` (``totalreduce tune``).
+:mod:`.floor`, :mod:`.resnet50`, :mod:`.tune` (``totalreduce tune``).
 
 Benchmarks are not tests: nothing here asserts a figure.
 """

@@ -89,8 +89,10 @@ def allreduce_cases(
     op: str,
     algorithms: Sequence[str],
     bare_comm: Any = None,
+    floor_comm: Any = None,
 ) -> list[Case]:
-    """MPI ``Allreduce``, totalreduce's ``algorithms`` and, with ``bare_comm``, the bare loop."""
+    """MPI ``Allreduce``, totalreduce's ``algorithms``; with ``bare_comm``, the bare loop;
+    with ``floor_comm``, the compiled floor (float32 sums only)."""
     from mpi4py import MPI
 
     from ..service.ops import choose_allreduce
@@ -141,6 +143,24 @@ def allreduce_cases(
                 -1,
                 Timed(lambda: bare_ring_allreduce(bare_comm, x, out, scratch, op)),
                 Timed(lambda: bare_ring_allreduce(bare_comm, buf, buf, scratch, op), restore),
+                lambda: wrong(out, want),
+                lambda: wrong(buf, want),
+                redop=op,
+            )
+        )
+    if floor_comm is not None and x.dtype == np.float32 and op == "sum":
+        from .floor import floor_ring
+
+        fscratch = np.empty(-(-n // p), dtype=x.dtype)
+        cases.append(
+            Case(
+                "allreduce",
+                "floor.ring",
+                nbytes,
+                n,
+                -1,
+                Timed(floor_ring(floor_comm, x, out, fscratch)),
+                Timed(floor_ring(floor_comm, buf, buf, fscratch), restore),
                 lambda: wrong(out, want),
                 lambda: wrong(buf, want),
                 redop=op,

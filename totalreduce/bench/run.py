@@ -161,7 +161,8 @@ def _time_of(r: Result) -> float | None:
 
 
 def _ratios(results: list[Result]) -> None:
-    """vs_mpi: the MPI row of the same collective; vs_bare: the bare loop's row."""
+    """vs_mpi: the MPI row of the same collective; vs_bare: the bare loop's row; vs_floor:
+    the compiled floor's row."""
     for r in results:
         mine = _time_of(r)
         anchors = [x for x in results if x.collective == r.collective and x.impl.startswith("mpi")]
@@ -172,6 +173,9 @@ def _ratios(results: list[Result]) -> None:
         bare = [x for x in results if x.impl.startswith("bare")]
         if bare and mine:
             r.vs_bare = (_time_of(bare[0]) or 0.0) / mine
+        floor = [x for x in results if x.impl.startswith("floor")]
+        if floor and mine:
+            r.vs_floor = (_time_of(floor[0]) or 0.0) / mine
 
 
 def run(args: argparse.Namespace) -> list[Result]:
@@ -192,6 +196,8 @@ def run(args: argparse.Namespace) -> list[Result]:
     if args.neighbor and not np.issubdtype(dtype, np.floating):
         raise SystemExit("totalreduce bench --neighbor: averaging needs a floating-point --dtype")
     bare_comm = comm.Dup() if latency else None
+    # The compiled floor (float32 sums only) on a communicator of its own.
+    floor_comm = comm.Dup() if latency and dtype == np.float32 and args.op == "sum" else None
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"# totalreduce bench ({mode}): P={p}, {dtype.name}, op {args.op}")
     say(f"# transport: {tr.default_service().transport.description}")
@@ -205,7 +211,12 @@ def run(args: argparse.Namespace) -> list[Result]:
     )
     say(
         "# vs_mpi = MPI's time / this time (above 1: faster than MPI)"
-        + ("; vs_bare = the bare Python ring loop's time / this time" if latency else "")
+        + (
+            "; vs_bare = the bare Python ring loop's time / this time; vs_floor = the compiled "
+            "floor's (the same ring as one Numba function calling MPI) time / this time"
+            if latency
+            else ""
+        )
     )
     for line in header(latency):
         say(line)
@@ -218,7 +229,7 @@ def run(args: argparse.Namespace) -> list[Result]:
 
             cases = neighbor_cases(comm, n, dtype, NEIGHBOR_TOPOLOGIES)
         else:
-            cases = allreduce_cases(comm, n, dtype, args.op, algorithms, bare_comm)
+            cases = allreduce_cases(comm, n, dtype, args.op, algorithms, bare_comm, floor_comm)
             if everything:
                 cases += collective_cases(comm, n, dtype, args.op)
         iters = args.iters or iterations_for(nbytes)
@@ -247,8 +258,9 @@ def run(args: argparse.Namespace) -> list[Result]:
             )
     if rank == 0:
         _write(args, results, meta, f"totalreduce bench ({mode}), P={p}, {dtype.name}")
-    if bare_comm is not None:
-        bare_comm.Free()
+    for extra in (bare_comm, floor_comm):
+        if extra is not None:
+            extra.Free()
     tr.shutdown()
     return results
 

@@ -35,8 +35,9 @@ class Result:
 
     ``mode`` is ``size`` for the per-size rows, ``burst`` and ``inflight`` for
     many ops submitted at once (then ``ops`` counts them and ``size`` / ``count``
-    are their totals).  ``vs_mpi`` / ``vs_bare`` are the anchor's out-of-place
-    time over this row's (above 1: faster than the anchor).
+    are their totals).  ``vs_mpi`` / ``vs_bare`` / ``vs_floor`` are the anchor's
+    out-of-place time over this row's (above 1: faster than the anchor); the anchors
+    are MPI, the bare mpi4py loop and the compiled floor (:mod:`.floor`).
     """
 
     mode: str
@@ -58,6 +59,7 @@ class Result:
     ip_wrong: int | None = None
     vs_mpi: float | None = None
     vs_bare: float | None = None
+    vs_floor: float | None = None
     time_avg_us: float | None = None
     time_min_us: float | None = None
     time_max_us: float | None = None
@@ -89,7 +91,7 @@ _PART = 8 + 8 + 8 + 7  # time, algbw, busbw, #wrong
 def header(latency: bool) -> list[str]:
     """The column header lines of the per-size table (``#``-prefixed)."""
     lead = f"{'':>12} {'':>11} {'':>8} {'':>5} {'':>5} {'':<26}"
-    ratio = f" {'vs_mpi':>7}" + (f" {'vs_bare':>7}" if latency else "")
+    ratio = f" {'vs_mpi':>7}" + (f" {'vs_bare':>7} {'vs_floor':>8}" if latency else "")
     return [
         f"#{lead} {'out-of-place':^{_PART + 3}} {'in-place':^{_PART + 3}}",
         f"#{'size':>11} {'count':>11} {'type':>8} {'redop':>5} {'root':>5} {'impl':<26}"
@@ -112,7 +114,7 @@ def row(r: Result, latency: bool) -> str:
         f" {_num(r.vs_mpi, 7, '.2f')}"
     )
     if latency:
-        text += f" {_num(r.vs_bare, 7, '.2f')}"
+        text += f" {_num(r.vs_bare, 7, '.2f')} {_num(r.vs_floor, 8, '.2f')}"
     return text
 
 
@@ -170,7 +172,7 @@ def plot(results: Sequence[Result], path: str, title: str) -> None:
     fig, (bw_ax, lat_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
     for impl in impls:
         mine = sorted((r for r in rows if r.impl == impl), key=lambda r: r.size)
-        style = "--" if impl.startswith(("mpi", "bare")) else "-"
+        style = "--" if impl.startswith(("mpi", "bare", "floor")) else "-"
         sizes = [r.size for r in mine]
         lat_ax.plot(sizes, [r.time_us for r in mine], style, marker="o", ms=3, label=impl)
         if all(r.busbw is not None for r in mine):

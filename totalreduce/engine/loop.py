@@ -520,7 +520,7 @@ class CommLoop:
                 return
         bad = [self.bad_peers[w] for w in spec.group if w in self.bad_peers and w not in self._left]
         if bad and not spec.joined:
-            self._fail_unsubmitted(spec, bad[0])
+            self._fail_unsubmitted(spec, type(bad[0])(f"{spec.describe()}: {bad[0]}"))
             return
         if key in self.table:
             self._finish_spec(
@@ -999,7 +999,8 @@ class CommLoop:
             if p.state is not OpState.ACTIVE:
                 continue
             if dest in self.bad_peers:
-                self._fail(p, self.bad_peers[dest], tell_peers=True)
+                err = self.bad_peers[dest]
+                self._fail(p, type(err)(f"{p.spec.describe()}: {err}"), tell_peers=True)
                 continue
             seg = p.spec.plan.sends[i]
             reg = seg.region

@@ -221,6 +221,10 @@ class Payload:
         return recv_from, sorted(send_to)
 
 
+#: Kinds whose parameter is the root.
+_ROOTED = frozenset({OpKind.BROADCAST, OpKind.REDUCE, OpKind.GATHER, OpKind.SCATTER})
+
+
 def _show(what: str, value: int, p: Payload) -> str:
     """A shape field in words (the codes are ints on the wire)."""
     try:
@@ -237,6 +241,6 @@ def _show(what: str, value: int, p: Payload) -> str:
     if what == "group":
         mine = value == p.spec.context
         return f"{list(p.spec.group)} (context {value:#x})" if mine else f"context {value:#x}"
-    if what == "param" and p.spec.kind is OpKind.BROADCAST:
+    if what == "param" and p.spec.kind in _ROOTED:
         return f"{value} (the root)"
     return str(value)

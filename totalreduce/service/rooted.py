@@ -265,7 +265,7 @@ class RootedOps(OpSubmitter):
         if peer_rank == self.rank:
             raise InvalidArgumentError(f"{what}: rank {self.rank} cannot {what} to itself")
         src, dst = (self.rank, peer_rank) if sending else (peer_rank, self.rank)
-        return src, f"__p2p__.{src}.{dst}.{t}", Group(sorted((src, dst)))
+        return src, f"send {src}->{dst} tag {t}", Group(sorted((src, dst)))
 
     def send_async(
         self, x: Any, dst: int, tag: int = 0, priority: int = 0, dtype: str | None = None

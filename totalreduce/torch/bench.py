@@ -11,7 +11,8 @@ with the same parameter tensors) on random images and labels, with SGD, in:
 - ``DDP over totalreduce``: the same DDP on the ``"totalreduce"`` backend.
 
 The methods alternate round by round (``--rounds`` rounds of ``--steps``
-steps, after one warm-up round each), so all see the same machine state.  A
+steps, after one warm-up round each; each round starts with the next method),
+so all see the same machine state.  A
 round's time is the slowest rank's; the figure printed is the median round's
 samples per second over all ranks, and ``vs first`` its ratio to the first
 row's (above 1 is faster).
@@ -151,9 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         x, y = x.to(device), y.to(device)
         methods = _methods(args, template)
         times: dict[str, list[float]] = {m: [] for m in methods}
-        for warm in [True] + [False] * args.rounds:
-            for name, step in methods.items():
-                t = _round(step, x, y, 1 if warm else args.steps, device)
+        names = list(methods)
+        for r in range(args.rounds + 1):
+            warm = r == 0
+            # Each round starts with another method, so none always runs right after
+            # the barrier or right after the same neighbour.
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                t = _round(methods[name], x, y, 1 if warm else args.steps, device)
                 if not warm:
                     times[name].append(t)
         if rank == 0:
@@ -167,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.image_size}x{args.image_size} images, {args.threads} thread(s)/rank"
             )
             print(
-                f"# median of {args.rounds} rounds of {args.steps} steps, methods alternating; "
-                "a round is timed on its slowest rank"
+                f"# median of {args.rounds} rounds of {args.steps} steps, methods alternating "
+                "(each round starting with the next); a round is timed on its slowest rank"
             )
             print(f"{'method':<48} {'samples/s':>10} {'vs first':>9}")
             for m, r in rates.items():

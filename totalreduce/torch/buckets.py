@@ -10,18 +10,29 @@ Rules the optimizer and its users rely on:
   dtypes, ``fusion_bytes`` and the compressor, so every rank computes the same
   buckets without exchanging anything.  Ranks may complete their buckets in
   different orders: the engine pairs ops by name and generation.
-- **Order.** Parameters are taken in reverse registration order (the order
-  backward produces them, roughly), so the first bucket fills first; a bucket
-  holds one device and one dtype and at most ``fusion_bytes`` of wire bytes, or
-  one parameter larger than that.  Buckets are numbered in the order they are
-  opened and named ``prefix + "bucket.<i>"``.  With ``fusion_bytes=0`` every
-  parameter is its own bucket named ``prefix + parameter name``.
+- **Order.** A bucket holds consecutive parameters of one device and one
+  dtype and at most ``fusion_bytes`` of wire bytes, or one parameter larger
+  than that.  Boundaries are drawn from the input side, where the bucket
+  nearest the input holds at most :data:`LAST_BUCKET_BYTES` (1 MiB): backward
+  completes it last, so no gradient computation can hide its op, and a small
+  one keeps the step's tail short (with one large bucket there, as the plan
+  drawn from the output side gave ResNet-18, the whole 24 MiB went after
+  backward).  Buckets and their members are then listed in reverse
+  registration order (the order backward produces them, roughly), numbered
+  in that order and named ``prefix + "bucket.<i>"``.  With ``fusion_bytes=0``
+  every parameter is its own bucket named ``prefix + parameter name``.
 - **Priority.** A bucket's priority is that of its most urgent member, so the
   buckets nearest the input still go first.
-- **Buffers.** A bucket's flat buffer is allocated once and reused every step;
-  a gradient is copied in once and the result copied out once.  A bucket of one
-  parameter on the CPU without compression skips both copies: the gradient
-  itself is reduced in place.
+- **Buffers.** A bucket's flat buffer is allocated once and reused every step,
+  with a view of it per member made once; a gradient is copied in once and the
+  result copied out once.  A bucket of one parameter on the CPU without
+  compression skips both copies: the gradient itself is reduced in place.
+- **Averages.** A floating-point bucket averages by multiplying each gradient
+  by ``1/P`` as it is copied in (the copy that happens anyway; DDP does the
+  same) and summing: the engine's ``avg`` would divide the whole result again
+  after the last segment arrived, one more pass over the bucket at the end of
+  the op.  Integer buckets (a floor division) and buckets reduced in place
+  keep the engine's ``avg``.
 """
 
 from __future__ import annotations
@@ -36,6 +47,10 @@ from ..service.handle import ServiceLike
 from .collectives import allreduce_async_
 from .compression import Compressor
 from .tensors import TensorHandle
+
+#: Cap of the bucket nearest the input (of each device and dtype): backward completes it
+#: last, so no gradient computation hides its op; a small one keeps that tail short.
+LAST_BUCKET_BYTES = 1 << 20
 
 
 @dataclass
@@ -61,38 +76,61 @@ def plan_buckets(
     fusion_bytes: int,
     compressor: type[Compressor],
     prefix: str,
+    last_bytes: int | None = None,
 ) -> list[BucketPlan]:
     """The buckets of ``named`` (parameters in registration order, with their priorities).
+
+    Bucket boundaries are drawn from the input side: the bucket nearest the
+    input (the last one backward completes) holds at most ``last_bytes``
+    (default :data:`LAST_BUCKET_BYTES`), the others at most ``fusion_bytes``
+    (or one larger parameter).  The buckets and their members are then listed
+    in backward order, from the output side.
 
     >>> [b.name for b in plan_buckets(model.named_parameters(), [2, 1], 0, NoneCompressor, "g.")]
     ... # doctest: +SKIP
     ['g.fc.weight', 'g.fc.bias']
     """
+    items = list(zip(named, priorities, strict=True))
     plans: list[BucketPlan] = []
     if fusion_bytes <= 0:
-        for (n, p), prio in zip(named, priorities, strict=True):
+        for (n, p), prio in items:
             wire = compressor.wire(p.dtype)
             plans.append(
                 BucketPlan(len(plans), prefix + n, [(n, p)], p.dtype, wire, p.device, prio)
             )
         return plans
-    open_: dict[tuple[torch.device, torch.dtype], tuple[BucketPlan, int]] = {}
-    for (n, p), prio in reversed(list(zip(named, priorities, strict=True))):
-        wire = compressor.wire(p.dtype)
-        nbytes = p.numel() * wire.itemsize
+    if last_bytes is None:
+        last_bytes = LAST_BUCKET_BYTES
+    groups: list[list[int]] = []  # positions in ``items``, from the input side
+    open_: dict[tuple[torch.device, torch.dtype], tuple[list[int], int, int]] = {}
+    for k, ((_, p), _) in enumerate(items):
+        nbytes = p.numel() * compressor.wire(p.dtype).itemsize
         key = (p.device, p.dtype)
         current = open_.get(key)
-        if current is not None and current[1] + nbytes <= fusion_bytes:
-            plan, used = current
-            plan.members.append((n, p))
-            plan.priority = max(plan.priority, prio)
-            open_[key] = (plan, used + nbytes)
+        if current is not None and current[1] + nbytes <= current[2]:
+            current[0].append(k)
+            open_[key] = (current[0], current[1] + nbytes, current[2])
             continue
-        plan = BucketPlan(
-            len(plans), f"{prefix}bucket.{len(plans)}", [(n, p)], p.dtype, wire, p.device, prio
+        # The first group of a device and dtype is the one nearest the input.
+        cap = min(last_bytes, fusion_bytes) if current is None else fusion_bytes
+        group = [k]
+        groups.append(group)
+        open_[key] = (group, nbytes, cap)
+    # Backward order: the bucket holding the last parameter first, members last first.
+    for group in sorted(groups, key=lambda g: -g[-1]):
+        members = [items[k][0] for k in reversed(group)]
+        _, p = members[0]
+        plans.append(
+            BucketPlan(
+                len(plans),
+                f"{prefix}bucket.{len(plans)}",
+                members,
+                p.dtype,
+                compressor.wire(p.dtype),
+                p.device,
+                max(items[k][1] for k in group),
+            )
         )
-        plans.append(plan)
-        open_[key] = (plan, nbytes)
     return plans
 
 
@@ -133,8 +171,17 @@ class Bucket:
             and self.plan.device.type == "cpu"
             and self.plan.wire_dtype == self.plan.dtype
         )
-        self.prescale = self.plan.wire_dtype != self.plan.dtype and self.op == "avg"
+        # Averages of a copied floating-point bucket are scaled on the way in (see the
+        # module docstring); a narrower wire dtype needs it anyway, so the 16-bit sum
+        # cannot overflow where the mean would not.
+        self.prescale = (
+            self.op == "avg"
+            and not self.direct
+            and self.plan.wire_dtype.is_floating_point
+            and self.plan.dtype.is_floating_point
+        )
         self.wire_op = "sum" if self.prescale else self.op
+        self._views: list[torch.Tensor] | None = None
 
     @property
     def name(self) -> str:
@@ -174,23 +221,34 @@ class Bucket:
             )
         return self.buffer
 
-    def _slice(self, i: int) -> torch.Tensor:
-        p = self.plan.members[i][1]
-        return self._flat()[self.offsets[i] : self.offsets[i] + p.numel()]
+    def views(self) -> list[torch.Tensor]:
+        """Each member's part of the flat buffer, in the member's shape (made once)."""
+        if self._views is None:
+            flat = self._flat()
+            self._views = [
+                flat[o : o + p.numel()].view(p.shape)
+                for o, (_, p) in zip(self.offsets, self.plan.members, strict=True)
+            ]
+        return self._views
 
     def fill(self, i: int, grad: torch.Tensor | None) -> None:
         """Member ``i`` is ready with ``grad`` (None: zeros, it was not used here)."""
         self.ready.add(i)
         if self.direct:
             return
-        dst = self._slice(i)
-        with torch.no_grad():
-            if grad is None:
-                dst.zero_()
-            elif self.prescale:
-                torch.div(grad.reshape(-1), self.service.size, out=dst)
+        dst = self.views()[i]
+        if grad is None:
+            dst.zero_()
+            return
+        # Detached: the buffer must never join a graph (backward(create_graph=True)).
+        grad = grad.detach()
+        if self.prescale:
+            if self.plan.wire_dtype == self.plan.dtype:
+                torch.mul(grad, 1.0 / self.service.size, out=dst)
             else:
-                dst.copy_(grad.reshape(-1))
+                torch.div(grad, self.service.size, out=dst)
+        else:
+            dst.copy_(grad)
 
     @property
     def complete(self) -> bool:
@@ -234,8 +292,7 @@ class Bucket:
         if self.direct or not write:
             return
         with torch.no_grad():
-            for i, (_, p) in enumerate(self.plan.members):
-                part = self._slice(i).view(p.shape)
+            for part, (_, p) in zip(self.views(), self.plan.members, strict=True):
                 if p.grad is None:
                     p.grad = torch.empty_like(p)
                 p.grad.copy_(part)

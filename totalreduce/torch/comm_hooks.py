@@ -3,9 +3,9 @@
 This module owns :func:`allreduce_hook` and its compressed variants
 :func:`fp16_compress_hook` and :func:`bfloat16_compress_hook`.  Each submits a
 bucket's flat gradient buffer as an averaging allreduce and returns a
-``torch.futures.Future`` that the engine completes (from its comm thread) when
-the average is in the buffer, so DDP keeps its own bucketing and overlap and a
-DDP user switches with one line::
+``torch.futures.Future`` (:mod:`.futures`) that completes when the average is
+in the buffer (or fails with the op's error), so DDP keeps its own bucketing
+and overlap and a DDP user switches with one line::
 
     ddp = DistributedDataParallel(model)
     ddp.register_comm_hook(None, totalreduce.torch.allreduce_hook)
@@ -19,7 +19,6 @@ DDP models in one process need two states with different prefixes
 
 # No ``from __future__ import annotations`` here: DDP's register_comm_hook compares
 # the hook's annotations with dist.GradBucket and Future[Tensor] as objects.
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +29,7 @@ from ..errors import InvalidArgumentError
 from ..service.handle import ServiceLike
 from ..service.service import Service
 from .collectives import allreduce_async_, resolve_service
-from .tensors import TensorHandle
+from .futures import torch_future
 
 
 @dataclass
@@ -76,28 +75,10 @@ def _bucket_op(
     index = int(bucket.index())
     if counted is not None:
         counted.calls += 1
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     # Buckets with higher indices hold the layers nearer the input, which the
     # next forward pass needs first.
     handle = allreduce_async_(tensor, f"{prefix}bucket{index}", op, index, service=svc)
-
-    once = threading.Lock()
-
-    def complete(h: TensorHandle) -> None:
-        # A future completes once, even if the callback were to run twice.
-        if not once.acquire(blocking=False):
-            return
-        error = h.exception()
-        if error is not None:
-            fut.set_exception(error)
-            return
-        try:
-            fut.set_result(finish(h.wait()))
-        except BaseException as exc:  # a failed copy must reach DDP, not the comm thread
-            fut.set_exception(exc)
-
-    handle.add_done_callback(complete)
-    return fut
+    return torch_future([handle], lambda: finish(handle.wait()))
 
 
 def allreduce_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:

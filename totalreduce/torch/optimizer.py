@@ -4,15 +4,18 @@ This module owns the life of one step's gradients: a hook on every parameter
 that requires a gradient copies it into its fusion bucket the moment autograd
 has accumulated it, and the bucket's average starts as soon as its last member
 is in; ``step()`` waits for those averages (and submits what never came), then
-runs the wrapped optimizer.
+runs the wrapped optimizer.  While it waits, the comm thread drives the
+engine and each bucket is copied out as soon as its op ends, in whatever order
+they end.
 
 Rules a user can rely on:
 
-- **Buckets.** Gradients travel in buckets of at most ``fusion_bytes`` (see
-  ``buckets.py``: a pure function of the parameter list, so no rank asks
-  another; ``fusion_bytes=0`` sends each gradient alone, named
-  ``prefix + parameter name``).  The k-th step of a bucket on one rank meets
-  the k-th on every other rank, whatever order backward filled them in.
+- **Buckets.** Gradients travel in buckets of at most ``fusion_bytes``, the
+  one nearest the input at most 1 MiB (see ``buckets.py``: a pure function of
+  the parameter list, so no rank asks another; ``fusion_bytes=0`` sends each
+  gradient alone, named ``prefix + parameter name``).  The k-th step of a
+  bucket on one rank meets the k-th on every other rank, whatever order
+  backward filled them in.
 - **Unused parameters.** A parameter whose gradient this rank did not produce
   by ``step()`` is submitted then, with its current gradient or zeros if it has
   none, so the ranks that did use it never wait forever.  Its gradient after
@@ -38,6 +41,7 @@ Rules a user can rely on:
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -314,7 +318,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         try:
             if self._tr_launcher is not None:
                 self._tr_launcher.flush()
-            for b in self._tr_buckets:
+            for b in _in_completion_order(self._tr_buckets):
                 b.finish()
             if flag is not None:
                 flag.wait()
@@ -432,6 +436,45 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def buckets(self) -> dict[str, list[str]]:
         """``{op name: [parameter names]}``: which gradients travel together."""
         return describe(self._tr_buckets)
+
+
+def _in_completion_order(buckets: list[Bucket]) -> Iterator[Bucket]:
+    """``buckets``, each yielded once its op has ended (those without an op first).
+
+    The comm thread drives the ops meanwhile and this thread blocks, as a DDP
+    step blocks on its buckets' futures: a waiter that drove the engine itself
+    would spin between passes on a core the other ranks' backward passes need.
+    Copying a finished bucket out overlaps the ops still in flight.  Once a
+    second without news, every op still in flight gets one pass of the engine
+    from here (``done()``, as ``MPI_Test``), so nothing depends on the comm
+    thread alone.
+    """
+    ended: queue.SimpleQueue[Bucket] = queue.SimpleQueue()
+
+    def report(b: Bucket) -> Callable[[TensorHandle], None]:
+        return lambda _h: ended.put(b)
+
+    pending = 0
+    for b in buckets:
+        if b.handle is None:
+            yield b
+            continue
+        pending += 1
+        b.handle.add_done_callback(report(b))
+    while pending:
+        try:
+            b = ended.get(timeout=_POLL_S)
+        except queue.Empty:
+            for other in buckets:
+                if other.handle is not None:
+                    other.handle.done()
+            continue
+        pending -= 1
+        yield b
+
+
+#: How long :func:`_in_completion_order` blocks before it progresses the engine itself.
+_POLL_S = 1.0
 
 
 def _check_names(

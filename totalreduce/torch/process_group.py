@@ -21,8 +21,8 @@ group.  Rules:
   every rank; an op is named after its group, kind, dtype, size and reduce op
   or root, so the k-th such call on one rank meets the k-th on the others and
   the set of names stays small however long training runs.
-- **Async.** Every op returns at once with a ``Work`` whose future the engine
-  completes from its comm thread; ``wait()`` blocks the caller only.
+- **Async.** Every op returns at once with a ``Work`` (:mod:`.futures`);
+  ``wait()`` blocks the caller only and raises the op's error.
 - **Named.** torch keeps a group's name in its backend; this group is its own
   backend and keeps the name c10d sets, so DeviceMesh, DTensor, the
   functional collectives and ``torch.distributed.checkpoint`` find it.
@@ -51,7 +51,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from ..api import init
 from ..errors import InvalidArgumentError, OpTimeoutError, TotalReduceError
@@ -59,6 +58,7 @@ from ..group import Group
 from ..service.handle import ServiceLike
 from .broadcast_state import broadcast_object
 from .collectives import allgather_async, allreduce_async_, broadcast_async_, reduce_scatter_async
+from .futures import torch_work
 from .tensors import HostBuffer, PinnedPool, TensorHandle, host_buffer
 
 #: The name ``init_process_group(backend=...)`` takes.
@@ -93,82 +93,28 @@ def _reduce_op(what: str, op: Any, allowed: tuple[str, ...] = _ALL_OPS) -> str:
 
 
 def _work(handles: list[TensorHandle], result: Any, finish: Any = None) -> Any:
-    """A ``Work`` whose future completes (with ``result``) when every handle has.
+    """A ``Work`` (:func:`~totalreduce.torch.futures.torch_work`) whose future is ``result``
+    once every handle completed and ``finish`` (copies out of the engine's buffers) ran."""
 
-    The first failure fails the future; otherwise the last handle to end runs
-    ``finish`` (copies out of the engine's buffers) on the comm thread.
-    """
-    fut: torch.futures.Future[Any] = torch.futures.Future()
-    state = {"left": len(handles), "settled": False}
-    lock = threading.Lock()
-
-    def settle(error: BaseException | None) -> None:
-        with lock:
-            if state["settled"]:
-                return
-            state["settled"] = True
-        if error is None:
-            fut.set_result(result)
-        else:
-            fut.set_exception(error)
-
-    def one_done(h: TensorHandle) -> None:
-        error = h.exception()
-        with lock:
-            state["left"] -= 1
-            last = state["left"] == 0
-        if error is not None:
-            settle(error)
-            return
-        if not last:
-            return
-        try:
-            for each in handles:
-                each.wait()  # copies staged results back (CUDA, non-contiguous)
-            if finish is not None:
-                finish()
-        except BaseException as exc:  # a failed copy must reach the waiter, not the comm thread
-            settle(exc)
-            return
-        settle(None)
-
-    if not handles:
+    def value() -> Any:
         if finish is not None:
             finish()
-        settle(None)
-    for h in handles:
-        h.add_done_callback(one_done)
-    return _create_work_from_future(fut)
+        return result
 
-
-def _join(works: list[Any], result: Any) -> Any:
-    """One ``Work`` completing when every one of ``works`` has (the first failure fails it)."""
-    futs = [w.get_future() for w in works]
-    joined: torch.futures.Future[Any] = torch.futures.Future()
-
-    def all_done(f: Any) -> None:
-        try:
-            for each in f.value():
-                each.value()
-        except BaseException as exc:
-            joined.set_exception(exc)
-            return
-        joined.set_result(result)
-
-    torch.futures.collect_all(futs).add_done_callback(all_done)
-    return _create_work_from_future(joined)
+    return torch_work(handles, value)
 
 
 _NO_TIMEOUT_S = 1e7  # c10d's "unset" is -1 ms, "none" a huge value: neither is a deadline
 
 
 class _TimedWork(dist.Work):
-    """A ``Work`` over a future whose ``wait()`` raises the op's error, or a timeout.
+    """The ``Work`` of one torch op over the ``Work`` of its engine ops, with a deadline.
 
-    ``_create_work_from_future``'s ``wait()`` returns True even when its future
-    failed; this one re-raises the failure, and raises :class:`OpTimeoutError`
-    naming the op once its timeout (counted from submission) has passed.  The
-    op stays in flight after a timeout.
+    ``wait()`` waits for every inner ``Work`` (each drives the engine and raises
+    its op's error, :mod:`.futures`) and raises :class:`OpTimeoutError` naming
+    the torch op once its timeout, counted from submission, has passed; the op
+    stays in flight.  ``get_future()`` is the inner future, or one joining them
+    (failing as C++ sees it when one fails: raising in a ``then`` callback).
     """
 
     # A Python Work subclass dies with its last Python reference even while C++
@@ -176,20 +122,30 @@ class _TimedWork(dist.Work):
     _alive: set[_TimedWork] = set()
     _alive_lock = threading.Lock()
 
-    def __init__(self, fut: Any, what: str, seconds: float, pg: TotalReduceProcessGroup) -> None:
+    def __init__(
+        self, works: list[Any], result: Any, what: str, seconds: float, pg: TotalReduceProcessGroup
+    ) -> None:
         super().__init__()
-        self._fut = fut
+        self._works = works
         self._what = what
         self._pg = pg
         self._seconds = seconds
         self._deadline = time.monotonic() + seconds
-        self._done = threading.Event()
+        if len(works) == 1:
+            self._fut = works[0].get_future()
+        else:
+
+            def joined(f: Any) -> Any:
+                for each in f.value():
+                    each.value()  # raises the first failure: torch then fails the future
+                return result
+
+            self._fut = torch.futures.collect_all([w.get_future() for w in works]).then(joined)
         with _TimedWork._alive_lock:
             _TimedWork._alive.add(self)
-        fut.add_done_callback(self._ended)
+        self._fut.add_done_callback(self._ended)
 
     def _ended(self, _fut: Any) -> None:
-        self._done.set()
         with _TimedWork._alive_lock:
             _TimedWork._alive.discard(self)
 
@@ -198,14 +154,19 @@ class _TimedWork(dist.Work):
         deadline = self._deadline
         if timeout is not None and timedelta(0) < timeout:
             deadline = min(deadline, time.monotonic() + timeout.total_seconds())
-        if not self._done.wait(max(0.0, deadline - time.monotonic())):
-            pg = self._pg
-            raise OpTimeoutError(
-                f"{self._what} on torch.distributed group {pg.group_id!r} (rank {pg.rank()} of "
-                f"{pg.size()}, world ranks {pg.ranks}) did not complete within its timeout of "
-                f"{self._seconds:g} s"
-            )
-        self._fut.wait()  # raises the op's error
+        for w in self._works:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0 and not w.is_completed():
+                    raise OpTimeoutError("no time left")
+                w.wait(timedelta(seconds=max(left, 1e-3)))
+            except OpTimeoutError as exc:
+                pg = self._pg
+                raise OpTimeoutError(
+                    f"{self._what} on torch.distributed group {pg.group_id!r} (rank {pg.rank()} "
+                    f"of {pg.size()}, world ranks {pg.ranks}) did not complete within its timeout "
+                    f"of {self._seconds:g} s"
+                ) from exc
         return True
 
     def get_future(self) -> Any:
@@ -218,13 +179,11 @@ class _TimedWork(dist.Work):
 
     def is_success(self) -> bool:
         """True once the op completed without an error."""
-        if not self._fut.done():
-            return False
-        try:
-            self._fut.wait()
-        except BaseException:
-            return False
-        return True
+        return self.is_completed() and all(w.is_success() for w in self._works)
+
+    def exception(self) -> BaseException | None:
+        """The first inner op's error once it failed, else None."""
+        return next((e for w in self._works if (e := w.exception()) is not None), None)
 
 
 class TotalReduceProcessGroup(dist.ProcessGroup):
@@ -651,24 +610,24 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         works = [
             self.allgather([outs], [x], opts) for outs, x in zip(output_lists, inputs, strict=True)
         ]
-        return _join(works, output_lists)
+        return self._timed(works, "all_gather_coalesced", opts, output_lists)
 
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """The coalescing manager's all_gather_into_tensor: one per pair, all in flight."""
         works = [self._allgather_base(o, i) for o, i in zip(outputs, inputs, strict=True)]
-        return _join(works, outputs)
+        return self._timed(works, "all_gather_into_tensor_coalesced", opts, outputs)
 
     def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """The coalescing manager's reduce_scatter_tensor: one per pair, all in flight."""
         works = [
             self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)
         ]
-        return _join(works, outputs)
+        return self._timed(works, "reduce_scatter_tensor_coalesced", opts, outputs)
 
     # ------------------------------------------------------------------ timeouts
 
-    def _timed(self, work: Any, what: str, opts: Any) -> Any:
-        """``work`` whose ``wait()`` raises :class:`OpTimeoutError` naming ``what`` in time.
+    def _timed(self, work: Any, what: str, opts: Any, result: Any = None) -> Any:
+        """``work`` (or several, joined with ``result``) whose ``wait()`` times out naming ``what``.
 
         The time is ``opts.timeout`` where the caller set one, else the group's
         (``init_process_group(timeout=...)``, 30 minutes unless set), as gloo's.
@@ -677,7 +636,8 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else -1.0
         if not 0 < seconds < _NO_TIMEOUT_S:
             seconds = self.timeout_s
-        return _TimedWork(work.get_future(), what, seconds, self)
+        works = work if isinstance(work, list) else [work]
+        return _TimedWork(works, result, what, seconds, self)
 
     def __repr__(self) -> str:
         return (

@@ -201,3 +201,45 @@ class MPITransport:
                 self.comm.Free()
             except Exception as exc:  # the job may be tearing down
                 log.debug("freeing the communicator failed: %s", exc)
+            gone = [p for p in range(self.size) if p != self.rank and self.alive(p) is False]
+            if gone:
+                _finalize_without_peers(self._MPI, gone)
+
+
+def _finalize_without_peers(MPI: Any, gone: list[int]) -> None:
+    """Make this process's ``MPI_Finalize`` local: ranks ``gone`` exited without it.
+
+    MPICH's ``MPI_Finalize`` waits at a barrier of the process manager for every
+    rank, so after a peer that never finalized (``os._exit``, a signal) the
+    survivor would hang at interpreter exit (mpi4py finalizes then).  A peer that
+    finalized cannot have exited before this rank reached that barrier, so a
+    peer already gone here is one that never will.  MPICH's control variable
+    ``MPIR_CVAR_NO_COLLECTIVE_FINALIZE`` (set through the MPI tool interface)
+    skips the barrier; with another MPI, or where it cannot be set, nothing
+    changes.
+    """
+    import ctypes
+
+    vendor = MPI.get_vendor()[0] if hasattr(MPI, "get_vendor") else ""
+    if vendor != "MPICH":
+        log.warning("ranks %s exited without finalizing MPI; MPI_Finalize may hang", gone)
+        return
+    try:
+        lib = ctypes.CDLL("libmpi.so.12")  # the copy mpi4py loaded (same soname)
+        provided, index, count = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        handle, one = ctypes.c_void_p(), ctypes.c_int(1)
+        ok = (
+            lib.MPI_T_init_thread(MPI.THREAD_MULTIPLE, ctypes.byref(provided)) == 0
+            and lib.MPI_T_cvar_get_index(b"MPIR_CVAR_NO_COLLECTIVE_FINALIZE", ctypes.byref(index))
+            == 0
+            and lib.MPI_T_cvar_handle_alloc(index, None, ctypes.byref(handle), ctypes.byref(count))
+            == 0
+            and lib.MPI_T_cvar_write(handle, ctypes.byref(one)) == 0
+        )
+    except (OSError, AttributeError) as exc:
+        ok = False
+        log.debug("the MPI tool interface is not reachable: %s", exc)
+    if ok:
+        log.info("ranks %s exited without finalizing MPI: finalizing locally", gone)
+    else:
+        log.warning("ranks %s exited without finalizing MPI; MPI_Finalize may hang", gone)
