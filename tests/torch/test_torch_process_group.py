@@ -15,7 +15,7 @@ if not dist.is_available():
 
 import totalreduce.torch as trt  # noqa: E402
 from conftest import local_services, run_ranks  # noqa: E402
-from totalreduce.errors import TotalReduceError  # noqa: E402
+from totalreduce.errors import InvalidArgumentError, TotalReduceError  # noqa: E402
 from totalreduce.torch.process_group import create_process_group  # noqa: E402
 
 torch.set_num_threads(1)
@@ -58,8 +58,13 @@ def test_group_ops_and_futures() -> None:
             u = torch.ones(3)
             sub.allreduce([u]).wait()
             assert torch.all(u == 2) and sub.size() == 2
-        with pytest.raises(trt.UnsupportedOpError, match="all_to_all"):
+        with pytest.raises(InvalidArgumentError, match="all_to_all"):
             pg.alltoall([], [])
+        with pytest.raises(trt.UnsupportedOpError, match="any source"):
+            pg.recv_anysource([torch.ones(1)], 0)
+        # The group keeps the name c10d gives it (DeviceMesh and funcol find groups by name).
+        pg.setGroupName("named")
+        assert pg.group_name == "named"
         return b, out, part
 
     with local_services(P) as svcs:

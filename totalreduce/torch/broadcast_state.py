@@ -88,14 +88,14 @@ def broadcast_object(
         data = b""
         length = np.zeros(1, dtype=np.int64)
     svc.broadcast(length, root, name=f"{name}.length", out=length)
-    words = (int(length[0]) + 7) // 8
-    body = np.zeros(words, dtype=np.int64)
-    if svc.rank == root:
-        body.view(np.uint8)[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    # The pickle travels as its own bytes (uint8), not padded to words.
+    body = np.frombuffer(data, dtype=np.uint8).copy() if svc.rank == root else None
+    if body is None:
+        body = np.zeros(int(length[0]), dtype=np.uint8)
     svc.broadcast(body, root, name=f"{name}.bytes", out=body)
     if svc.rank == root:
         return obj
-    return pickle.loads(body.view(np.uint8)[: int(length[0])].tobytes())
+    return pickle.loads(body.tobytes())
 
 
 def allgather_object(
@@ -113,13 +113,12 @@ def allgather_object(
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     length = np.array([len(data)], dtype=np.int64)
     lengths = svc.allgather(length, f"{name}.length")
-    body = np.zeros((len(data) + 7) // 8, dtype=np.int64)
-    body.view(np.uint8)[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-    joined = svc.allgather(body, f"{name}.bytes").view(np.uint8)
+    body = np.frombuffer(data, dtype=np.uint8).copy()
+    joined = svc.allgather(body, f"{name}.bytes")
     out, start = [], 0
     for n in (int(v) for v in lengths):
         out.append(pickle.loads(joined[start : start + n].tobytes()))
-        start += (n + 7) // 8 * 8
+        start += n
     return out
 
 

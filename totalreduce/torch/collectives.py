@@ -170,9 +170,7 @@ def broadcast_async(
 ) -> TensorHandle:
     """Start copying rank ``root``'s ``tensor`` to every rank, into a new tensor.
 
-    ``root_rank=`` is Horovod's name for ``root``.  Besides the reduction
-    dtypes, a broadcast carries bool, uint8, int8 and int16 tensors (as int64
-    copies).
+    ``root_rank=`` is Horovod's name for ``root``.
     """
     svc = resolve_service(service)
     root = resolve_root(root, root_rank)

@@ -23,17 +23,28 @@ group.  Rules:
   the set of names stays small however long training runs.
 - **Async.** Every op returns at once with a ``Work`` (:mod:`.futures`);
   ``wait()`` blocks the caller only and raises the op's error.
-- **Coverage.** ``all_reduce`` (SUM, AVG, MIN, MAX), ``broadcast``,
-  ``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter`` and
-  ``reduce_scatter_tensor`` (SUM, AVG), ``barrier``, ``new_group``.  Any other
-  op (``reduce``, ``gather``, ``scatter``, ``all_to_all``, ``send``/``recv``,
-  PRODUCT and bitwise reductions) raises :class:`UnsupportedOpError` naming it.
+- **Named.** torch keeps a group's name in its backend; this group is its own
+  backend and keeps the name c10d sets, so DeviceMesh, DTensor, the
+  functional collectives and ``torch.distributed.checkpoint`` find it.
+- **Coverage.** Every op gloo has on CPU, each on the engine's op of the same
+  kind: ``all_reduce`` and ``reduce`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR,
+  BXOR), ``broadcast``, ``all_gather`` (into a list or a tensor), ``gather``,
+  ``scatter``, ``reduce_scatter`` (list or tensor), ``all_to_all`` and
+  ``all_to_all_single`` (equal or unequal splits), ``send``/``recv`` (tags; not
+  from any source), the coalesced forms, ``barrier`` and a
+  ``monitored_barrier`` method; dtypes float16/32/64, bfloat16, int8/16/32/64,
+  uint8 and bool, none widened.
+- **Timeouts.** ``Work.wait()`` raises :class:`~totalreduce.OpTimeoutError`
+  naming the op once ``opts.timeout`` (else the group's timeout) has passed
+  since submission, and re-raises an op's failure.
 """
 
 from __future__ import annotations
 
 import importlib
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -42,13 +53,13 @@ import torch
 import torch.distributed as dist
 
 from ..api import init
-from ..errors import InvalidArgumentError, TotalReduceError
+from ..errors import InvalidArgumentError, OpTimeoutError, TotalReduceError
 from ..group import Group
 from ..service.handle import ServiceLike
 from .broadcast_state import broadcast_object
 from .collectives import allgather_async, allreduce_async_, broadcast_async_, reduce_scatter_async
 from .futures import torch_work
-from .tensors import PinnedPool, TensorHandle
+from .tensors import HostBuffer, PinnedPool, TensorHandle, host_buffer
 
 #: The name ``init_process_group(backend=...)`` takes.
 BACKEND_NAME = "totalreduce"
@@ -63,10 +74,15 @@ _REDUCE_OPS = {
     dist.ReduceOp.AVG: "avg",
     dist.ReduceOp.MIN: "min",
     dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.PRODUCT: "product",
+    dist.ReduceOp.BAND: "band",
+    dist.ReduceOp.BOR: "bor",
+    dist.ReduceOp.BXOR: "bxor",
 }
+_ALL_OPS = tuple(_REDUCE_OPS.values())
 
 
-def _reduce_op(what: str, op: Any, allowed: tuple[str, ...] = ("sum", "avg", "min", "max")) -> str:
+def _reduce_op(what: str, op: Any, allowed: tuple[str, ...] = _ALL_OPS) -> str:
     for torch_op, name in _REDUCE_OPS.items():
         if op == torch_op and name in allowed:
             return name
@@ -88,6 +104,88 @@ def _work(handles: list[TensorHandle], result: Any, finish: Any = None) -> Any:
     return torch_work(handles, value)
 
 
+_NO_TIMEOUT_S = 1e7  # c10d's "unset" is -1 ms, "none" a huge value: neither is a deadline
+
+
+class _TimedWork(dist.Work):
+    """The ``Work`` of one torch op over the ``Work`` of its engine ops, with a deadline.
+
+    ``wait()`` waits for every inner ``Work`` (each drives the engine and raises
+    its op's error, :mod:`.futures`) and raises :class:`OpTimeoutError` naming
+    the torch op once its timeout, counted from submission, has passed; the op
+    stays in flight.  ``get_future()`` is the inner future, or one joining them
+    (failing as C++ sees it when one fails: raising in a ``then`` callback).
+    """
+
+    # A Python Work subclass dies with its last Python reference even while C++
+    # holds it (pytorch/pytorch#79176): each stays referenced here until it is done.
+    _alive: set[_TimedWork] = set()
+    _alive_lock = threading.Lock()
+
+    def __init__(
+        self, works: list[Any], result: Any, what: str, seconds: float, pg: TotalReduceProcessGroup
+    ) -> None:
+        super().__init__()
+        self._works = works
+        self._what = what
+        self._pg = pg
+        self._seconds = seconds
+        self._deadline = time.monotonic() + seconds
+        if len(works) == 1:
+            self._fut = works[0].get_future()
+        else:
+
+            def joined(f: Any) -> Any:
+                for each in f.value():
+                    each.value()  # raises the first failure: torch then fails the future
+                return result
+
+            self._fut = torch.futures.collect_all([w.get_future() for w in works]).then(joined)
+        with _TimedWork._alive_lock:
+            _TimedWork._alive.add(self)
+        self._fut.add_done_callback(self._ended)
+
+    def _ended(self, _fut: Any) -> None:
+        with _TimedWork._alive_lock:
+            _TimedWork._alive.discard(self)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until the op completes; raise its error, or OpTimeoutError when time runs out."""
+        deadline = self._deadline
+        if timeout is not None and timedelta(0) < timeout:
+            deadline = min(deadline, time.monotonic() + timeout.total_seconds())
+        for w in self._works:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0 and not w.is_completed():
+                    raise OpTimeoutError("no time left")
+                w.wait(timedelta(seconds=max(left, 1e-3)))
+            except OpTimeoutError as exc:
+                pg = self._pg
+                raise OpTimeoutError(
+                    f"{self._what} on torch.distributed group {pg.group_id!r} (rank {pg.rank()} "
+                    f"of {pg.size()}, world ranks {pg.ranks}) did not complete within its timeout "
+                    f"of {self._seconds:g} s"
+                ) from exc
+        return True
+
+    def get_future(self) -> Any:
+        """The op's future (DDP and ``work.get_future()`` wait on it)."""
+        return self._fut
+
+    def is_completed(self) -> bool:
+        """True once the op completed or failed."""
+        return bool(self._fut.done())
+
+    def is_success(self) -> bool:
+        """True once the op completed without an error."""
+        return self.is_completed() and all(w.is_success() for w in self._works)
+
+    def exception(self) -> BaseException | None:
+        """The first inner op's error once it failed, else None."""
+        return next((e for w in self._works if (e := w.exception()) is not None), None)
+
+
 class TotalReduceProcessGroup(dist.ProcessGroup):
     """One ``torch.distributed`` group on a totalreduce service (see the module docstring).
 
@@ -95,12 +193,24 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
     order; ``group_id`` is torch's name of the group (the same on every rank).
     """
 
-    def __init__(self, service: ServiceLike, ranks: list[int], group_id: str) -> None:
+    def __init__(
+        self,
+        service: ServiceLike,
+        ranks: list[int],
+        group_id: str,
+        timeout: timedelta = timedelta(minutes=30),
+    ) -> None:
         me = ranks.index(service.rank)
         super().__init__(me, len(ranks))
         self.service = service
         self.ranks = list(ranks)
         self.group_id = group_id
+        self._group_name = group_id
+        #: How long an op may take before ``Work.wait()`` raises (unless the op sets its own).
+        self.timeout_s = (
+            float(timeout.total_seconds()) if isinstance(timeout, timedelta) else 1800.0
+        )
+        self._group_desc = ""
         self._group = None if len(ranks) == service.size else Group(self.ranks)
         self._prefix = f"torch.distributed.{group_id}."
         # Staging copies (CUDA, non-contiguous tensors) reuse buffers: pinned ones are slow to make.
@@ -111,8 +221,28 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
     def _name(self, kind: str, t: torch.Tensor, detail: Any = "") -> str:
         return f"{self._prefix}{kind}.{str(t.dtype).removeprefix('torch.')}.{t.numel()}.{detail}"
 
+    def _uneven(self, kind: str, t: torch.Tensor) -> str:
+        """The name of an op whose sizes differ between ranks (all-to-all with splits)."""
+        return f"{self._prefix}{kind}.{str(t.dtype).removeprefix('torch.')}.v"
+
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
         return BACKEND_NAME
+
+    # c10d keeps a group's name in its backend; this group is its own backend, so it keeps the
+    # name itself (torch's trampoline forwards these four to Python).  Without them
+    # ``pg.group_name`` raises "ProcessGroup name not set" and DeviceMesh, DTensor and the
+    # functional collectives (which find groups by name) cannot use the group.
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - c10d's name
+        self._group_name = str(name)
+
+    def getGroupName(self) -> str:  # noqa: N802 - c10d's name
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - c10d's name
+        self._group_desc = str(desc)
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - c10d's name
+        return self._group_desc
 
     def _tensors(self, what: str, tensors: Any) -> list[torch.Tensor]:
         if isinstance(tensors, torch.Tensor):
@@ -139,7 +269,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             )
             for t in ts
         ]
-        return _work(handles, ts)
+        return self._timed(_work(handles, ts), "all_reduce", opts)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         """``dist.all_reduce_coalesced``: one allreduce per tensor, all in flight together."""
@@ -160,7 +290,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             )
             for t in ts
         ]
-        return _work(handles, ts)
+        return self._timed(_work(handles, ts), "broadcast", opts)
 
     def allgather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
         """``dist.all_gather``: every rank's tensor into ``output_lists[0][r]``."""
@@ -181,7 +311,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
                 for r, o in enumerate(outs):
                     o.copy_(whole[r * x.numel() : (r + 1) * x.numel()].view(o.shape))
 
-        return _work([h], output_lists, scatter_out)
+        return self._timed(_work([h], output_lists, scatter_out), "all_gather", opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """``dist.all_gather_into_tensor``: every rank's tensor, joined along dimension 0."""
@@ -196,7 +326,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             with torch.no_grad():
                 output.copy_(h.wait().view(output.shape))
 
-        return _work([h], output, copy_out)
+        return self._timed(_work([h], output, copy_out), "all_gather_into_tensor", opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """``dist.all_gather_into_tensor`` (torch >= 2.13 calls it by this name)."""
@@ -219,7 +349,6 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         op = _reduce_op(
             "reduce_scatter_tensor",
             (opts or dist.ReduceScatterOptions()).reduceOp,
-            ("sum", "avg"),
         )
         if input.numel() != output.numel() * self.size():
             raise InvalidArgumentError(
@@ -239,7 +368,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             with torch.no_grad():
                 output.copy_(h.wait().view(output.shape))
 
-        return _work([h], output, copy_out)
+        return self._timed(_work([h], output, copy_out), "reduce_scatter_tensor", opts)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -262,47 +391,253 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> Any:
         """``dist.barrier``: returns once every rank of the group has entered it."""
+        return self._barrier(opts, "barrier")
+
+    def _barrier(self, opts: Any, what: str) -> Any:
         h = self.service.barrier_async(f"{self._prefix}barrier", group=self._group)
-        return _work([TensorHandle(h, lambda _raw: torch.empty(0))], None)
+        return self._timed(_work([self._handle(h)], None), what, opts)
 
-    # ------------------------------------------------------------------ what it refuses
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's ``monitored_barrier`` as a method: a barrier that raises once ``timeout`` passes.
 
-    def _unsupported(self, op: str) -> UnsupportedOpError:
-        return UnsupportedOpError(
-            f"the totalreduce torch.distributed backend does not provide {op}; it provides "
-            "all_reduce, broadcast, all_gather, all_gather_into_tensor, reduce_scatter, "
-            "reduce_scatter_tensor and barrier (use backend='cpu:gloo' beside it for the rest)"
+        ``torch.distributed.monitored_barrier`` itself accepts gloo groups only;
+        call ``group.monitored_barrier(timedelta(...))`` on this one.  The error
+        names the op and the group; the ranks still missing are in the engine's
+        stall warning, not in the error (``wait_all_ranks`` changes nothing).
+        """
+        opts = dist.BarrierOptions()
+        if isinstance(timeout, (int, float)):
+            timeout = timedelta(seconds=timeout)
+        if isinstance(timeout, timedelta):
+            opts.timeout = timeout
+        self._barrier(opts, "monitored_barrier").wait()
+
+    # ------------------------------------------------------------------ rooted and point-to-point
+
+    def _buffer(self, t: torch.Tensor, what: str) -> HostBuffer:
+        return host_buffer(t, what, pool=self.staging)
+
+    def _finish(self, bufs: list[HostBuffer], then: Any = None) -> Any:
+        """Copy staged results back into the callers' tensors, release staging, then ``then``."""
+
+        def finish() -> None:
+            for b in bufs:
+                b.copy_back()
+                b.release()
+            if then is not None:
+                then()
+
+        return finish
+
+    def _handle(self, h: Any) -> TensorHandle:
+        return TensorHandle(h, lambda _raw: torch.empty(0))
+
+    def reduce(self, tensors: Any, opts: Any = None) -> Any:
+        """``dist.reduce``: every rank's tensor reduced into group rank ``opts.rootRank``'s."""
+        opts = opts or dist.ReduceOptions()
+        op = _reduce_op("reduce", opts.reduceOp)
+        root = int(opts.rootRank)
+        ts = self._tensors("reduce", tensors)
+        bufs = [self._buffer(t, "reduce") for t in ts]
+        handles = [
+            self._handle(
+                self.service.reduce_async(
+                    b.array,
+                    root,
+                    self._name("reduce", b.tensor, f"{op}.{root}"),
+                    op=op,
+                    out=b.array if self.rank() == root else None,
+                    group=self._group,
+                    **b.engine_kwargs,
+                )
+            )
+            for b in bufs
+        ]
+        return self._timed(_work(handles, ts, self._finish(bufs)), "reduce", opts)
+
+    def gather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
+        """``dist.gather``: every rank's tensor into ``output_lists[0][r]`` on the root."""
+        opts = opts or dist.GatherOptions()
+        root = int(opts.rootRank)
+        ins = self._tensors("gather", inputs)
+        if len(ins) != 1:
+            raise UnsupportedOpError("the totalreduce backend's gather takes one tensor")
+        b = self._buffer(ins[0], "gather")
+        h = self.service.gather_async(
+            b.array,
+            root,
+            self._name("gather", b.tensor, root),
+            group=self._group,
+            **b.engine_kwargs,
+        )
+        outs = list(output_lists[0]) if self.rank() == root else []
+
+        def copy_out() -> None:
+            b.release()
+            if outs:
+                whole = b.as_tensor(h.wait())
+                with torch.no_grad():
+                    for r, o in enumerate(outs):
+                        o.copy_(whole[r].view(o.shape))
+
+        return self._timed(_work([self._handle(h)], output_lists, copy_out), "gather", opts)
+
+    def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
+        """``dist.scatter``: ``input_lists[0][r]`` of the root into rank ``r``'s output."""
+        opts = opts or dist.ScatterOptions()
+        root = int(opts.rootRank)
+        outs = self._tensors("scatter", outputs)
+        if len(outs) != 1:
+            raise UnsupportedOpError("the totalreduce backend's scatter takes one tensor")
+        out = self._buffer(outs[0], "scatter")
+        if self.rank() == root:
+            whole = torch.cat([p.detach().reshape(-1).cpu() for p in input_lists[0]])
+            x = host_buffer(whole, "scatter")
+            h = self.service.scatter_async(
+                x.array,
+                root,
+                self._name("scatter", outs[0], root),
+                out=out.array.reshape(-1),
+                group=self._group,
+                **x.engine_kwargs,
+            )
+        else:
+            h = self.service.scatter_async(
+                out.array,
+                root,
+                self._name("scatter", outs[0], root),
+                group=self._group,
+                **out.engine_kwargs,
+            )
+        return self._timed(_work([self._handle(h)], outs, self._finish([out])), "scatter", opts)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Any,
+        input_split_sizes: Any,
+        opts: Any = None,
+    ) -> Any:
+        """``dist.all_to_all_single``: equal parts, or rows along dimension 0 as split."""
+        p = self.size()
+        ob, ib = self._buffer(output, "all_to_all_single"), self._buffer(input, "all_to_all")
+        splits = recv_splits = None
+        if list(input_split_sizes) or list(output_split_sizes):
+            in_row = input.numel() // max(input.shape[0], 1) if input.dim() else 1
+            out_row = output.numel() // max(output.shape[0], 1) if output.dim() else 1
+            ins = list(input_split_sizes) or [input.shape[0] // p] * p
+            outs = list(output_split_sizes) or [output.shape[0] // p] * p
+            splits = [int(n) * in_row for n in ins]
+            recv_splits = [int(n) * out_row for n in outs]
+        h = self.service.alltoall_async(
+            ib.array.reshape(-1),
+            # Uneven splits give every rank its own sizes: the name carries none then.
+            self._name("alltoall", input) if splits is None else self._uneven("alltoall", input),
+            splits=splits,
+            recv_splits=recv_splits,
+            out=ob.array.reshape(-1),
+            group=self._group,
+            **ib.engine_kwargs,
+        )
+        done = self._finish([ob], ib.release)
+        return self._timed(_work([self._handle(h)], output, done), "all_to_all_single", opts)
+
+    def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+        """``dist.all_to_all``: ``input_tensors[j]`` to rank ``j``, rank ``j``'s into ``[j]``."""
+        outs, ins = list(output_tensors), list(input_tensors)
+        if len(outs) != self.size() or len(ins) != self.size():
+            raise InvalidArgumentError(
+                f"all_to_all on {self.size()} ranks takes {self.size()} input and output tensors; "
+                f"got {len(ins)} and {len(outs)}"
+            )
+        joined_in = torch.cat([t.detach().reshape(-1).cpu() for t in ins])
+        joined_out = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
+        ib, ob = host_buffer(joined_in, "all_to_all"), host_buffer(joined_out, "all_to_all")
+        h = self.service.alltoall_async(
+            ib.array,
+            self._uneven("alltoall_list", joined_in),
+            splits=[t.numel() for t in ins],
+            recv_splits=[o.numel() for o in outs],
+            out=ob.array,
+            group=self._group,
+            **ib.engine_kwargs,
         )
 
-    def reduce(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("reduce")
+        def copy_out() -> None:
+            at = 0
+            with torch.no_grad():
+                for o in outs:
+                    o.copy_(joined_out[at : at + o.numel()].view(o.shape))
+                    at += o.numel()
 
-    def gather(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("gather")
+        return self._timed(_work([self._handle(h)], outs, copy_out), "all_to_all", opts)
 
-    def scatter(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("scatter")
+    def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
+        """``dist.send``/``isend`` to group rank ``dst`` (completes once received there)."""
+        bufs = [self._buffer(t, "send") for t in self._tensors("send", tensors)]
+        handles = [
+            self._handle(
+                self.service.send_async(b.array, self.ranks[int(dst)], int(tag), **b.engine_kwargs)
+            )
+            for b in bufs
+        ]
+        return _work(handles, None, lambda: [b.release() for b in bufs])
 
-    def alltoall(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("all_to_all")
-
-    def alltoall_base(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("all_to_all_single")
-
-    def send(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("send")
-
-    def recv(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("recv")
+    def recv(self, tensors: Any, src: int, tag: int = 0) -> Any:
+        """``dist.recv``/``irecv`` from group rank ``src`` into the tensor."""
+        ts = self._tensors("recv", tensors)
+        bufs = [self._buffer(t, "recv") for t in ts]
+        handles = [
+            self._handle(
+                self.service.recv_async(b.array, self.ranks[int(src)], int(tag), **b.engine_kwargs)
+            )
+            for b in bufs
+        ]
+        return _work(handles, ts, self._finish(bufs))
 
     def recv_anysource(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("recv from any source")
+        """Refused: a receive from any source has no place in name-and-generation matching."""
+        raise UnsupportedOpError(
+            "the totalreduce backend's recv needs src=: a receive from any source cannot be "
+            "matched by name and generation"
+        )
 
-    def allgather_coalesced(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("all_gather_coalesced")
+    # ------------------------------------------------------------------ coalesced forms
 
-    def monitored_barrier(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._unsupported("monitored_barrier")
+    def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
+        """``all_gather_coalesced``: one all_gather per input, all in flight together."""
+        works = [
+            self.allgather([outs], [x], opts) for outs, x in zip(output_lists, inputs, strict=True)
+        ]
+        return self._timed(works, "all_gather_coalesced", opts, output_lists)
+
+    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        """The coalescing manager's all_gather_into_tensor: one per pair, all in flight."""
+        works = [self._allgather_base(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._timed(works, "all_gather_into_tensor_coalesced", opts, outputs)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        """The coalescing manager's reduce_scatter_tensor: one per pair, all in flight."""
+        works = [
+            self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)
+        ]
+        return self._timed(works, "reduce_scatter_tensor_coalesced", opts, outputs)
+
+    # ------------------------------------------------------------------ timeouts
+
+    def _timed(self, work: Any, what: str, opts: Any, result: Any = None) -> Any:
+        """``work`` (or several, joined with ``result``) whose ``wait()`` times out naming ``what``.
+
+        The time is ``opts.timeout`` where the caller set one, else the group's
+        (``init_process_group(timeout=...)``, 30 minutes unless set), as gloo's.
+        """
+        timeout = getattr(opts, "timeout", None)
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else -1.0
+        if not 0 < seconds < _NO_TIMEOUT_S:
+            seconds = self.timeout_s
+        works = work if isinstance(work, list) else [work]
+        return _TimedWork(works, result, what, seconds, self)
 
     def __repr__(self) -> str:
         return (
@@ -336,7 +671,9 @@ def create_process_group(
             f"{options.group_rank} of group {group_id!r} (world ranks {ranks}), but it is MPI "
             f"rank {service.rank}; let MPI set the ranks (init_method='totalreduce://')"
         )
-    return TotalReduceProcessGroup(service, ranks, group_id)
+    return TotalReduceProcessGroup(
+        service, ranks, group_id, getattr(options, "timeout", None) or timedelta(minutes=30)
+    )
 
 
 def rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **_kw: Any) -> Iterator[Any]:

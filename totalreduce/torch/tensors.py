@@ -34,15 +34,10 @@ SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
     torch.bfloat16,
     torch.int32,
     torch.int64,
-)
-
-# Types a broadcast may carry by widening them to int64 (a copy, not a reduction,
-# so the widening cannot change a value).
-_WIDENED_FOR_COPY: tuple[torch.dtype, ...] = (
-    torch.bool,
     torch.uint8,
     torch.int8,
     torch.int16,
+    torch.bool,
 )
 
 
@@ -158,10 +153,11 @@ def host_buffer(
 ) -> HostBuffer:
     """The :class:`HostBuffer` for ``tensor``, holding its current values.
 
-    ``widen=True`` (broadcasts only) also accepts bool, uint8, int8 and int16
-    tensors, carried as int64 copies.  ``pool``: where a staging copy takes
-    its buffer from (and :meth:`HostBuffer.release` gives it back); without
-    one each staged call allocates (pinned when CUDA is available).
+    ``widen`` is kept for its callers: every supported dtype now travels as
+    itself (bool, uint8, int8 and int16 were once widened to int64).
+    ``pool``: where a staging copy takes its buffer from (and
+    :meth:`HostBuffer.release` gives it back); without one each staged call
+    allocates (pinned when CUDA is available).
 
     >>> b = host_buffer(torch.ones(3))
     >>> b.staged, b.array.dtype
@@ -174,13 +170,7 @@ def host_buffer(
         )
     carried = t.dtype
     if t.dtype not in SUPPORTED_DTYPES:
-        if widen and t.dtype in _WIDENED_FOR_COPY:
-            carried = torch.int64
-        else:
-            extra = ", and for broadcasts bool, uint8, int8, int16" if widen else ""
-            raise InvalidArgumentError(
-                f"{what} has dtype {t.dtype}; supported: {_dtype_names()}{extra}"
-            )
+        raise InvalidArgumentError(f"{what} has dtype {t.dtype}; supported: {_dtype_names()}")
     flat = None
     if t.device.type == "cpu" and t.is_contiguous() and carried == t.dtype:
         host, staged = t, False
