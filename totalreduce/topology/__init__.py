@@ -43,6 +43,14 @@ from .analysis import (
     rho_period,
     spectral_gap,
 )
+from .compat import (
+    GetDynamicSendRecvRanks,
+    GetRecvWeights,
+    GetSendWeights,
+    IsRegularGraph,
+    IsTopologyEquivalent,
+    TopologyReg,
+)
 from .edge_model import Edge, Topology
 from .edge_topologies import (
     AlternatingExpRingTopology,
@@ -65,6 +73,12 @@ from .one_peer import OnePeerGraph, one_peer_dynamic, one_peer_matrix
 from .registry import get_topology, known_topologies, register, topology_options
 
 __all__ = [
+    "GetDynamicSendRecvRanks",
+    "GetRecvWeights",
+    "GetSendWeights",
+    "IsRegularGraph",
+    "IsTopologyEquivalent",
+    "TopologyReg",
     "AlternatingExpRingTopology",
     "CompleteTopology",
     "Edge",

@@ -16,7 +16,6 @@ and doubly stochastic by construction.
 
 from __future__ import annotations
 
-import abc
 import math
 from dataclasses import dataclass
 
@@ -82,9 +81,18 @@ class Topology(MixingTopology):
         # _owner[t][r] is the index, within iteration t, of the edge holding rank r.
         self._owner = [self._owners(iteration) for iteration in self._schedule]
 
-    @abc.abstractmethod
     def _edges(self) -> list[list[Edge]]:
-        """One list of edges per iteration of the period."""
+        """One list of edges per iteration of the period.
+
+        Subclasses implement this, or Decent-DP's name for it, ``_get_topo_edges`` (which
+        may read ``self._world_size``): a Decent-DP topology registers unchanged."""
+        getter = getattr(self, "_get_topo_edges", None)
+        if getter is None:
+            raise TypeError(
+                f"{type(self).__qualname__} must implement _edges() (or Decent-DP's "
+                "_get_topo_edges()), returning one list of Edge per iteration"
+            )
+        return [list(iteration) for iteration in getter()]
 
     @property
     def period(self) -> int:

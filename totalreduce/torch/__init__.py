@@ -70,6 +70,13 @@ from ..api import (
     shutdown,
     size,
 )
+from .bluefog import (
+    in_neighbor_ranks,
+    is_topo_weighted,
+    load_topology,
+    out_neighbor_ranks,
+    set_topology,
+)
 from .broadcast_state import (
     allgather_object,
     broadcast_object,
@@ -124,6 +131,11 @@ if _torch.distributed.is_available():
     _install_env_over_mpi()
 
 __all__ = [
+    "in_neighbor_ranks",
+    "is_topo_weighted",
+    "load_topology",
+    "out_neighbor_ranks",
+    "set_topology",
     "SUPPORTED_DTYPES",
     "AllGather",
     "Average",

@@ -57,6 +57,26 @@ def priority_value(priority: Any) -> int:
     return priority
 
 
+def _op_of(op: str, average: bool | None) -> str:
+    """Horovod's and BlueFog's ``average=`` (True: "avg", False: "sum") over ``op``."""
+    if average is None:
+        return op
+    return "avg" if average else "sum"
+
+
+def _bluefog_positional(
+    name: Any, topology: Any, step: Any, self_weight: Any, src_weights: Any, dst_weights: Any
+) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """BlueFog's positional order ``(tensor, self_weight, src_weights, dst_weights,
+    enable_topo_check, name)`` read from this module's ``(tensor, name, topology, step,
+    self_weight, src_weights, ...)``: a float where the name goes is BlueFog's
+    ``self_weight`` (a name is a str or an int)."""
+    if not isinstance(name, float):
+        return name, topology, step, self_weight, src_weights, dst_weights
+    bf_name = src_weights if isinstance(src_weights, (str, int)) else None
+    return bf_name, None, None, name, topology, step
+
+
 def _in_place(buf: HostBuffer) -> Any:
     def finish(_raw: Any) -> torch.Tensor:
         out = buf.copy_back()
@@ -84,6 +104,7 @@ def allreduce_async(
     op: str = "avg",
     priority: int | None = None,
     *,
+    average: bool | None = None,
     group: Any = None,
     service: ServiceLike | None = None,
 ) -> TensorHandle:
@@ -93,6 +114,7 @@ def allreduce_async(
     >>> h.wait()                                                         # doctest: +SKIP
     tensor([4., 4., 4., 4.])
     """
+    op = _op_of(op, average)
     svc = resolve_service(service)
     buf = host_buffer(tensor)
     h = svc.allreduce_async(
@@ -112,11 +134,13 @@ def allreduce_async_(
     op: str = "avg",
     priority: int | None = None,
     *,
+    average: bool | None = None,
     group: Any = None,
     staging: PinnedPool | None = None,
     service: ServiceLike | None = None,
 ) -> TensorHandle:
     """Start reducing ``tensor`` across ranks in place; ``wait()`` returns ``tensor``."""
+    op = _op_of(op, average)
     svc = resolve_service(service)
     buf = host_buffer(tensor, pool=staging)
     h = svc.allreduce_async(
@@ -137,9 +161,11 @@ def allreduce(
     op: str = "avg",
     priority: int | None = None,
     *,
+    average: bool | None = None,
     service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`allreduce_async`: the reduced values in a new tensor."""
+    op = _op_of(op, average)
     return allreduce_async(tensor, name, op, priority, service=service).wait()
 
 
@@ -149,9 +175,11 @@ def allreduce_(
     op: str = "avg",
     priority: int | None = None,
     *,
+    average: bool | None = None,
     service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`allreduce_async_`: reduces ``tensor`` in place and returns it."""
+    op = _op_of(op, average)
     return allreduce_async_(tensor, name, op, priority, service=service).wait()
 
 
@@ -394,6 +422,14 @@ def _neighbor(
     buf = host_buffer(tensor)
     if in_place:
         kwargs = dict(kwargs, out=buf.array)
+    if (
+        kwargs.get("topology") is None
+        and kwargs.get("self_weight") is None
+        and kwargs.get("src_weights") is None
+    ):
+        from .bluefog import current_topology
+
+        kwargs = dict(kwargs, topology=current_topology())  # set_topology's, if any
     h = svc.neighbor_allreduce_async(
         buf.array, name, priority=priority_value(priority), **kwargs, **buf.engine_kwargs
     )
@@ -410,6 +446,9 @@ def neighbor_allreduce_async(
     dst_weights: Any = None,
     priority: int | None = None,
     *,
+    neighbor_weights: Any = None,
+    send_neighbors: Any = None,
+    enable_topo_check: bool = True,
     service: ServiceLike | None = None,
 ) -> TensorHandle:
     """Start averaging ``tensor`` with this rank's neighbors, into a new tensor.
@@ -419,6 +458,12 @@ def neighbor_allreduce_async(
     (default: the op's generation), or BlueFog's dynamic ``self_weight`` /
     ``src_weights`` / ``dst_weights``.  Floating-point tensors only.
     """
+    name, topology, step, self_weight, src_weights, dst_weights = _bluefog_positional(
+        name, topology, step, self_weight, src_weights, dst_weights
+    )
+    src_weights = neighbor_weights if src_weights is None else src_weights  # BlueFog's older names
+    dst_weights = send_neighbors if dst_weights is None else dst_weights
+    del enable_topo_check  # the engine always checks that senders and receivers agree
     kwargs = dict(
         topology=topology,
         step=step,
@@ -439,9 +484,18 @@ def neighbor_allreduce_async_(
     dst_weights: Any = None,
     priority: int | None = None,
     *,
+    neighbor_weights: Any = None,
+    send_neighbors: Any = None,
+    enable_topo_check: bool = True,
     service: ServiceLike | None = None,
 ) -> TensorHandle:
     """In-place :func:`neighbor_allreduce_async`; ``wait()`` returns ``tensor``."""
+    name, topology, step, self_weight, src_weights, dst_weights = _bluefog_positional(
+        name, topology, step, self_weight, src_weights, dst_weights
+    )
+    src_weights = neighbor_weights if src_weights is None else src_weights  # BlueFog's older names
+    dst_weights = send_neighbors if dst_weights is None else dst_weights
+    del enable_topo_check  # the engine always checks that senders and receivers agree
     kwargs = dict(
         topology=topology,
         step=step,
@@ -462,9 +516,18 @@ def neighbor_allreduce(
     dst_weights: Any = None,
     priority: int | None = None,
     *,
+    neighbor_weights: Any = None,
+    send_neighbors: Any = None,
+    enable_topo_check: bool = True,
     service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`neighbor_allreduce_async`."""
+    name, topology, step, self_weight, src_weights, dst_weights = _bluefog_positional(
+        name, topology, step, self_weight, src_weights, dst_weights
+    )
+    src_weights = neighbor_weights if src_weights is None else src_weights  # BlueFog's older names
+    dst_weights = send_neighbors if dst_weights is None else dst_weights
+    del enable_topo_check  # the engine always checks that senders and receivers agree
     return neighbor_allreduce_async(
         tensor,
         name,
@@ -488,9 +551,18 @@ def neighbor_allreduce_(
     dst_weights: Any = None,
     priority: int | None = None,
     *,
+    neighbor_weights: Any = None,
+    send_neighbors: Any = None,
+    enable_topo_check: bool = True,
     service: ServiceLike | None = None,
 ) -> torch.Tensor:
     """Blocking :func:`neighbor_allreduce_async_`."""
+    name, topology, step, self_weight, src_weights, dst_weights = _bluefog_positional(
+        name, topology, step, self_weight, src_weights, dst_weights
+    )
+    src_weights = neighbor_weights if src_weights is None else src_weights  # BlueFog's older names
+    dst_weights = send_neighbors if dst_weights is None else dst_weights
+    del enable_topo_check  # the engine always checks that senders and receivers agree
     return neighbor_allreduce_async_(
         tensor,
         name,
