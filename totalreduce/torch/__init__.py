@@ -70,6 +70,7 @@ from ..api import (
     shutdown,
     size,
 )
+from ..launch import provide_torchrun_env as _provide_torchrun_env
 from .bluefog import (
     in_neighbor_ranks,
     is_topo_weighted,
@@ -111,11 +112,17 @@ from .collectives import (
 from .comm_hooks import CommHookState, allreduce_hook, bfloat16_compress_hook, fp16_compress_hook
 from .compression import Compression
 from .decentralized import DecentralizedDataParallel
+from .horovod import (
+    GroupHandle,
+    alltoall,
+    grouped_allreduce,
+    grouped_allreduce_async,
+    join,
+    reducescatter,
+)
 from .layers import AllGather, ReduceScatter
 from .optimizer import DistributedOptimizer, GradientSyncError
 from .tensors import SUPPORTED_DTYPES, TensorHandle
-
-from ..launch import provide_torchrun_env as _provide_torchrun_env
 
 # Under mpiexec, torchrun-style scripts read RANK, LOCAL_RANK and WORLD_SIZE before they
 # initialise anything: the MPI launcher's placement provides them (never overwritten).
@@ -131,6 +138,12 @@ if _torch.distributed.is_available():
     _install_env_over_mpi()
 
 __all__ = [
+    "GroupHandle",
+    "alltoall",
+    "grouped_allreduce",
+    "grouped_allreduce_async",
+    "join",
+    "reducescatter",
     "in_neighbor_ranks",
     "is_topo_weighted",
     "load_topology",

@@ -36,9 +36,10 @@ def broadcast_parameters(
     """Overwrite every rank's tensors with rank ``root``'s, in place.
 
     ``params`` is a ``state_dict()`` (parameters and buffers), an iterable of
-    ``(name, tensor)`` such as ``model.named_parameters()``, or a module (its
-    state dict).  All broadcasts start at once and are waited for together; each
-    is named ``prefix + name``, so every rank must pass the same names.
+    ``(name, tensor)`` such as ``model.named_parameters()``, bare tensors such as
+    ``model.parameters()`` (named by position), or a module (its state dict).  All
+    broadcasts start at once and are waited for together; each is named ``prefix +
+    name``, so every rank must pass the same names.
 
     >>> trt.broadcast_parameters(model.state_dict(), root=0)   # doctest: +SKIP
     """
@@ -47,7 +48,9 @@ def broadcast_parameters(
         params = params.state_dict()
     items = list(params.items()) if isinstance(params, Mapping) else list(params)
     handles = []
-    for item in items:
+    for k, item in enumerate(items):
+        if isinstance(item, torch.Tensor):  # model.parameters(): named by position
+            item = (f"param.{k}", item)
         if not (isinstance(item, tuple) and len(item) == 2):
             raise InvalidArgumentError(
                 "broadcast_parameters takes a state dict or (name, tensor) pairs, got an item "

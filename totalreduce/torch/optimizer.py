@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -78,13 +79,17 @@ class GradientSyncError(TotalReduceError):
 def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory that returns an optimizer
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-    op: str = "avg",
-    priority: PriorityRule = None,
-    backward_passes_per_step: int = 1,
-    prefix: str = "grad.",
-    *,
+    op: Any = "avg",
+    priority: Any = None,
+    backward_passes_per_step: Any = 1,
+    prefix: Any = "grad.",
+    *args: Any,
     fusion_bytes: int = DEFAULT_FUSION_BYTES,
     compression: type[Compressor] = Compression.none,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
     service: ServiceLike | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so its gradients are averaged across ranks as backward makes them.
@@ -99,12 +104,66 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory that returns
     gradients without stepping, e.g. to clip them), ``skip_synchronize()``,
     ``join()``, ``buckets()``, ``gradient_names()``, ``remove_hooks()``.
 
+    Horovod's positional order ``(optimizer, named_parameters, compression,
+    backward_passes_per_step, op, ...)`` is accepted (a compression third says
+    which order), and so are Horovod's ``gradient_predivide_factor`` (with
+    ``op=Average`` the result is the same average; checked, not needed by the
+    engine's exact sum), ``num_groups``/``groups`` (fusion here is planned from
+    the parameter list, so these are checked and otherwise have no effect) and
+    ``sparse_as_dense``.
+
     >>> opt = trt.DistributedOptimizer(                     # doctest: +SKIP
     ...     torch.optim.SGD(model.parameters(), lr=0.1),
     ...     named_parameters=model.named_parameters())
     >>> loss.backward()       # each gradient leaves when ready    # doctest: +SKIP
     >>> opt.step()            # waits for the averages, then steps  # doctest: +SKIP
     """
+    if isinstance(op, type) and issubclass(op, Compressor):
+        # Horovod's positional order: (optimizer, named_parameters, compression,
+        # backward_passes_per_step, op, gradient_predivide_factor, num_groups, groups,
+        # sparse_as_dense).
+        given = [op, priority, backward_passes_per_step, prefix, *args]
+        names = ["compression", "backward_passes_per_step", "op", "gradient_predivide_factor",
+                 "num_groups", "groups", "sparse_as_dense"]  # fmt: skip
+        if len(given) > len(names):
+            raise InvalidArgumentError(f"DistributedOptimizer takes at most {len(names) + 2} "
+                                       "positional arguments in Horovod's order")  # fmt: skip
+        values = dict(zip(names, given, strict=False))
+        compression = values.get("compression", compression)
+        backward_passes_per_step = values.get("backward_passes_per_step", 1)
+        op = values.get("op", "avg")
+        gradient_predivide_factor = values.get(
+            "gradient_predivide_factor", gradient_predivide_factor
+        )
+        num_groups = values.get("num_groups", num_groups)
+        groups = values.get("groups", groups)
+        sparse_as_dense = values.get("sparse_as_dense", sparse_as_dense)
+        priority, prefix = None, "grad."
+    elif args:
+        raise InvalidArgumentError(
+            "DistributedOptimizer takes (optimizer, named_parameters, op, priority, "
+            "backward_passes_per_step, prefix) positionally, or Horovod's order with a "
+            "compression third"
+        )
+    op = {"Average": "avg", "Sum": "sum", "Adasum": "adasum"}.get(getattr(op, "__name__", op), op)
+    if op == "adasum":
+        raise InvalidArgumentError(
+            "DistributedOptimizer: op=Adasum is not available yet; use op=Average (the default)"
+        )
+    if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
+        raise InvalidArgumentError(
+            f"gradient_predivide_factor must be a number > 0, got {gradient_predivide_factor!r}"
+        )
+    if gradient_predivide_factor != 1.0 and op != "avg":
+        raise InvalidArgumentError(
+            f"gradient_predivide_factor only applies to op=Average (as in Horovod); got op={op!r}"
+        )
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise InvalidArgumentError(f"num_groups must be an int >= 0, got {num_groups!r}")
+    if groups is not None and not (isinstance(groups, int) or isinstance(groups, (list, tuple))):
+        raise InvalidArgumentError(
+            f"groups must be an int or a list of lists of parameters, got {groups!r}"
+        )
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError(
             f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
@@ -142,7 +201,21 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory that returns
         fusion_bytes,
         compression,
     )
+    wrapped._tr_sparse_as_dense = bool(sparse_as_dense)
+    _LIVE.append(weakref.ref(wrapped))
     return wrapped
+
+
+#: Every DistributedOptimizer made in this process (Horovod's module-level ``join()`` finds
+#: the live one).
+_LIVE: list[weakref.ref[Any]] = []
+
+
+def _live_optimizers() -> list[Any]:
+    """The DistributedOptimizers still alive, oldest first."""
+    alive = [o for o in (r() for r in _LIVE) if o is not None]
+    _LIVE[:] = [weakref.ref(o) for o in alive]
+    return alive
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -287,7 +360,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._tr_delay[p] > 0:
                 return
             self._tr_open_round()
-            bucket.fill(i, p.grad)
+            bucket.fill(i, self._tr_dense(p))
             if bucket.complete:
                 bucket.submit()
             if self._tr_launcher is not None:
@@ -298,6 +371,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     torch.autograd.Variable._execution_engine.queue_callback(
                         self._tr_end_of_backward
                     )
+
+    def _tr_dense(self, p: torch.Tensor) -> Any:
+        """``p.grad``, dense: a sparse gradient is made dense with ``sparse_as_dense=True``
+        (Horovod's option), else refused naming the parameter."""
+        g = p.grad
+        if g is not None and g.is_sparse:
+            if not getattr(self, "_tr_sparse_as_dense", False):
+                raise InvalidArgumentError(
+                    f"gradient {self._tr_names.get(p, '?')!r} is sparse: pass "
+                    "sparse_as_dense=True to DistributedOptimizer to average it densely"
+                )
+            g = g.to_dense()
+        return g
 
     def synchronize(self) -> None:
         """Wait until every gradient is averaged (submitting those backward did not make).
@@ -311,7 +397,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if not b.submitted:
                     for i, (_, p) in enumerate(b.plan.members):
                         if i not in b.ready:
-                            b.fill(i, p.grad)
+                            b.fill(i, self._tr_dense(p))
                     b.submit()
             flag, self._tr_round = self._tr_round, None
             self._tr_polling = False  # in case a failed backward never ran its callback

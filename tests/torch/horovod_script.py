@@ -1,0 +1,66 @@
+"""A Horovod ``pytorch_synthetic_benchmark``-style script with only its import changed, plus
+the Horovod names it and others use (test_horovod_script.py runs it under mpiexec -n 2)."""
+
+import torch
+import torch.nn.functional as F
+
+import totalreduce.torch as hvd  # was: import horovod.torch as hvd
+
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+compression = hvd.Compression.none
+# Horovod's positional order: (optimizer, named_parameters, compression, ...).
+optimizer = hvd.DistributedOptimizer(
+    optimizer, model.named_parameters(), compression, 1, hvd.Average, 1.0
+)
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+hvd.broadcast_parameters(model.parameters(), root_rank=0)  # bare parameters work too
+data = torch.randn(32, 8, generator=torch.Generator().manual_seed(hvd.rank()))
+target = torch.randint(0, 4, (32,), generator=torch.Generator().manual_seed(7 + hvd.rank()))
+for _ in range(3):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(data), target)
+    loss.backward()
+    optimizer.step()
+# Every rank ends with the same parameters.
+for name, p in model.named_parameters():
+    ref = hvd.broadcast(p.detach().clone(), root_rank=0, name=f"check.{name}")
+    assert torch.equal(ref, p.detach()), name
+
+r, n = hvd.rank(), hvd.size()
+# allreduce with Horovod's average=
+t = torch.tensor([float(r + 1)])
+assert hvd.allreduce(t, average=False, name="s").item() == n * (n + 1) / 2
+assert hvd.allreduce(t, average=True, name="a").item() == (n + 1) / 2
+# grouped_allreduce
+outs = hvd.grouped_allreduce([torch.ones(3) * (r + 1), torch.full((2,), 2.0)], average=False)
+assert torch.equal(outs[0], torch.ones(3) * n * (n + 1) / 2) and torch.equal(
+    outs[1], torch.full((2,), 2.0 * n)
+)
+# alltoall: equal rows, and splits with the received counts back
+x = torch.arange(n * 2, dtype=torch.float32).reshape(n, 2) + 100 * r
+y = hvd.alltoall(x, name="a2a")
+assert torch.equal(
+    y, torch.stack([torch.tensor([2.0 * r, 2.0 * r + 1]) + 100 * j for j in range(n)])
+)
+splits = [j + 1 for j in range(n)]
+z = torch.full((sum(splits), 3), float(r))
+got, received = hvd.alltoall(z, splits=splits, name="a2a.uneven")
+assert received.tolist() == [r + 1] * n and got.shape == (n * (r + 1), 3)
+assert torch.equal(got[:, 0], torch.repeat_interleave(torch.arange(n, dtype=torch.float32), r + 1))
+# reducescatter: Horovod's average by default, split along dimension 0
+rows = 2 * n + 1
+full = torch.arange(rows * 2, dtype=torch.float64).reshape(rows, 2) * (r + 1)
+part = hvd.reducescatter(full, name="rs")
+mine = [3 if j == 0 else 2 for j in range(n)]
+start = sum(mine[:r])
+want = torch.arange(rows * 2, dtype=torch.float64).reshape(rows, 2)[start : start + mine[r]]
+assert torch.allclose(part, want * (n + 1) / 2), (part, want)
+# join: this rank is done (the optimizer keeps the others' steps going)
+last = hvd.join()
+assert 0 <= last < n
+print(f"HOROVOD OK {r}", flush=True)
+hvd.shutdown()

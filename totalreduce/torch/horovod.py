@@ -1,0 +1,168 @@
+"""Horovod's module-level names that ``totalreduce.torch`` did not have, with Horovod's meaning.
+
+``import totalreduce.torch as hvd`` then runs scripts that call ``hvd.alltoall``,
+``hvd.reducescatter``, ``hvd.grouped_allreduce`` and ``hvd.join``:
+
+- :func:`alltoall`: rows (dimension 0) split among the ranks, ``splits[j]`` rows to rank
+  ``j`` (equal parts without ``splits``); returns the rows received, in rank order, and,
+  when ``splits`` was given, how many came from each rank;
+- :func:`reducescatter`: the sum (average by default, as Horovod) of every rank's tensor,
+  split along dimension 0, earlier ranks taking one more row when it does not divide;
+- :func:`grouped_allreduce`: a list of tensors reduced together (one handle for all);
+- :func:`join`: this rank is out of data; returns the rank that joined last.  With a
+  :class:`DistributedOptimizer` it keeps the others' steps going (its ``join()``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InvalidArgumentError
+from ..service.handle import ServiceLike
+from .collectives import allreduce_async, resolve_service
+from .tensors import TensorHandle, host_buffer
+
+
+def _rows_split(rows: int, p: int) -> list[int]:
+    """Horovod's split of ``rows`` among ``p`` ranks: earlier ranks take the remainder."""
+    base, extra = divmod(rows, p)
+    return [base + (1 if j < extra else 0) for j in range(p)]
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Sequence[int] | torch.Tensor | None = None,
+    name: str | int | None = None,
+    *,
+    service: ServiceLike | None = None,
+) -> Any:
+    """Send ``splits[j]`` rows of ``tensor`` to rank ``j``; returns the rows received (and,
+    with ``splits``, a tensor of how many rows came from each rank)."""
+    svc = resolve_service(service)
+    p = svc.size
+    rows = tensor.shape[0] if tensor.dim() else 0
+    row_elems = int(np.prod(tensor.shape[1:])) if tensor.dim() > 1 else 1
+    given = splits is not None
+    if splits is None:
+        if rows % p:
+            raise InvalidArgumentError(
+                f"alltoall {name!r}: {rows} rows do not divide among {p} ranks; pass splits="
+            )
+        send_rows = [rows // p] * p
+    else:
+        listed = splits.tolist() if isinstance(splits, torch.Tensor) else splits
+        send_rows = [int(v) for v in listed]
+        if len(send_rows) != p or any(v < 0 for v in send_rows) or sum(send_rows) != rows:
+            raise InvalidArgumentError(
+                f"alltoall {name!r}: splits {send_rows} must be {p} counts >= 0 adding up to "
+                f"the tensor's {rows} rows"
+            )
+    base = "alltoall" if name is None else str(name)
+    counts = svc.alltoall(np.array(send_rows, dtype=np.int64), name=f"{base}.splits")
+    recv_rows = [int(v) for v in counts]
+    src = tensor.detach().contiguous().cpu()
+    buf = host_buffer(src)
+    out = svc.alltoall(
+        buf.array.reshape(-1), name=base,
+        splits=[r * row_elems for r in send_rows], recv_splits=[r * row_elems for r in recv_rows],
+        **buf.engine_kwargs,
+    )  # fmt: skip
+    result = buf.as_tensor(out).reshape(sum(recv_rows), *tensor.shape[1:]).to(tensor.device)
+    buf.release()
+    if given:
+        return result, torch.tensor(recv_rows, dtype=torch.int32)
+    return result
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | int | None = None,
+    op: str | None = None,
+    *,
+    average: bool | None = None,
+    service: ServiceLike | None = None,
+) -> torch.Tensor:
+    """Horovod's ``reducescatter``: this rank's rows of the reduction (average by default)."""
+    svc = resolve_service(service)
+    p = svc.size
+    op_name = "avg" if op is None and average is None else ("avg" if average else (op or "sum"))
+    op_name = {"Average": "avg", "Sum": "sum"}.get(op_name, op_name)
+    if op_name not in ("avg", "sum"):
+        raise InvalidArgumentError(f"reducescatter {name!r}: op must be average or sum, got {op!r}")
+    rows = tensor.shape[0]
+    parts = _rows_split(rows, p)
+    base = "reducescatter" if name is None else str(name)
+    # Each rank's part of every rank's tensor comes to it (one all-to-all: the bytes of a
+    # direct reduce-scatter), then the parts add up here in rank order.
+    gathered = alltoall(tensor, parts, name=base, service=service)[0]
+    mine = parts[svc.rank]
+    total = gathered.reshape(p, mine, *tensor.shape[1:]).sum(dim=0)
+    return total / p if op_name == "avg" else total
+
+
+class GroupHandle:
+    """The handle of :func:`grouped_allreduce_async`: ``wait()`` returns the list."""
+
+    def __init__(self, handles: list[TensorHandle]) -> None:
+        self.handles = handles
+
+    def done(self) -> bool:
+        """Whether every op of the group completed (never blocks)."""
+        return all(h.done() for h in self.handles)
+
+    def wait(self, timeout: float | None = None) -> list[torch.Tensor]:
+        """The reduced tensors, in the order given."""
+        return [h.wait(timeout) for h in self.handles]
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | int | None = None,
+    op: str | None = None,
+    *,
+    service: ServiceLike | None = None,
+) -> GroupHandle:
+    """Start reducing every tensor of ``tensors`` (average by default, as Horovod)."""
+    base = "grouped_allreduce" if name is None else str(name)
+    how = "avg" if op is None else op
+    return GroupHandle(
+        [
+            allreduce_async(t, f"{base}.{k}", how, average=average, service=service)
+            for k, t in enumerate(tensors)
+        ]
+    )
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | int | None = None,
+    op: str | None = None,
+    *,
+    service: ServiceLike | None = None,
+) -> list[torch.Tensor]:
+    """Blocking :func:`grouped_allreduce_async`."""
+    return grouped_allreduce_async(tensors, average, name, op, service=service).wait()
+
+
+def join(device: int = -1, *, service: ServiceLike | None = None) -> int:
+    """This rank has no more data: returns, on every rank, the rank that joined last.
+
+    With a :class:`DistributedOptimizer` alive, its ``join()`` runs (zeros keep the other
+    ranks' steps going until they join too); otherwise every rank waits for the others.
+    """
+    from .optimizer import _live_optimizers
+
+    del device  # Horovod's device argument: CPU or CUDA, the same here
+    live = _live_optimizers()
+    if live:
+        return live[-1].join()
+    svc = resolve_service(service)
+    stamps = svc.allgather(np.array([time.time()], dtype=np.float64), name="hvd.join")
+    return int(np.argmax(np.asarray(stamps).reshape(-1)))
