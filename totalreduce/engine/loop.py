@@ -238,6 +238,12 @@ class CommLoop:
         self.pool = BufferPool()
         self.floating = FloatingList(cfg.floating_pool_bytes, self.world)
         self.table: dict[OpKey, Payload] = {}
+        # Daemon mode: which process of its rank this one is, and the latest process of
+        # each peer this rank has heard of (JOIN).  BYE, GONE and JOIN carry it in their
+        # op id, so a late notice about an earlier process of a rank is ignored.
+        self.incarnation = int(getattr(transport, "incarnation", 0) or 0)
+        self._incarnations = [0] * self.world
+        self._passive = 0  # standing receives in the table (OpSpec.passive)
         # Bounded memories of finished ops: OrderedDict, because evicting the oldest
         # entry of a plain dict scans past every deleted slot (quadratic over a run).
         self.failed: OrderedDict[OpKey, str] = OrderedDict()
@@ -338,7 +344,12 @@ class CommLoop:
 
     @property
     def busy(self) -> bool:
-        return bool(self.table or self.submissions or len(self.compute) or self.compute.done)
+        return bool(
+            len(self.table) > self._passive
+            or self.submissions
+            or len(self.compute)
+            or self.compute.done
+        )
 
     @property
     def sending(self) -> bool:
@@ -540,6 +551,7 @@ class CommLoop:
         self._seq += 1
         p = Payload(spec, self._seq, bufs)
         self.table[key] = p
+        self._passive += spec.passive
         if self.trace is not None:
             self.trace.op(spec.name, spec.generation, "submitted", spec.priority)
         if self._needed.pop(key, False):
@@ -707,6 +719,7 @@ class CommLoop:
         self._remember(self.completed, p.key, done)
         p.state = OpState.DONE
         del self.table[p.key]
+        self._passive -= p.spec.passive
         self.stats.ops_completed += 1
         for spec in self._held.pop(p.key, ()):  # the next phases of a chain
             self._activate(spec)
@@ -737,7 +750,8 @@ class CommLoop:
         if p.state in (OpState.DONE, OpState.FAILED):
             return
         p.state = OpState.FAILED
-        self.table.pop(p.key, None)
+        if self.table.pop(p.key, None) is not None:
+            self._passive -= p.spec.passive
         p.ready.clear()
         p.parked.clear()
         for buf in p.pending.values():
@@ -775,8 +789,10 @@ class CommLoop:
                 if world != self.rank:
                     self._error_frame(p.key, world, str(error), code)
         text = str(error)
-        log.error(
-            "%s", text if text.startswith(f"rank {self.rank}:") else f"rank {self.rank}: {text}"
+        log.log(
+            logging.INFO if p.spec.passive else logging.ERROR,  # its owner reports it
+            "%s",
+            text if text.startswith(f"rank {self.rank}:") else f"rank {self.rank}: {text}",
         )
         if self.trace is not None:
             self.trace.op(p.spec.name, p.spec.generation, "failed", p.spec.priority)
@@ -1850,6 +1866,8 @@ class CommLoop:
         warn, shut = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
         first = min(x for x in (warn, shut, float("inf")) if x > 0)
         for p in list(self.table.values()):
+            if p.spec.passive:
+                continue  # a window's standing receive waits as long as its peer likes
             if p.given_up is not None and now - p.given_up[0] > 1.0:
                 self._fail(p, OpFailedError(p.given_up[1]), tell_peers=True)
                 continue
@@ -1892,6 +1910,8 @@ class CommLoop:
         out = []
         with self.lock:  # the comm thread may be in a pass
             for p in list(self.table.values()):
+                if p.spec.passive:
+                    continue
                 recv_from, _ = p.waiting_on()
                 out.append(f"{p.spec.describe()} waits for ranks {recv_from}")
         return out

@@ -62,6 +62,10 @@ class OpSpec:
     #: A node's service joined it from a frame (daemon mode): whether its ranks are
     #: still there is for the ranks that submitted it to say.
     joined: bool = False
+    #: A standing receive (a window's): it waits for a peer to act whenever that peer
+    #: chooses, so it is never a stall, keeps no loop busy and is not "in flight" at
+    #: shutdown (its owner cancels it).
+    passive: bool = False
     on_done: Callable[[BaseException | None], None] | None = None
 
     @property

@@ -11,6 +11,7 @@ import logging
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,8 @@ class Lifecycle(OpSubmitter):
             config = config.joining(shared, getattr(transport, "socket_path", "the service"))
         self.config = cfg = config
         self.transport = transport
+        self._windows: Any = None  # made by the first window call (Service.windows)
+        self._windows_lock = threading.Lock()
         self.rank = transport.rank
         self.size = transport.size
         self.loop = CommLoop(
@@ -144,11 +147,13 @@ class Lifecycle(OpSubmitter):
         """
         if self._closed:
             return
-        self._closed = True
         limit = self.config.shutdown_timeout_s if timeout is None else timeout
         if timeout is None and getattr(sys, "last_value", None) is not None:
             limit = 0.0  # the program is dying of an exception: do not keep peers waiting
         deadline = time.monotonic() + limit
+        if self._windows is not None:  # freed with the neighbours while they still listen
+            self._windows.close(limit)
+        self._closed = True
         while (self.loop.busy or self.loop.sending) and time.monotonic() < deadline:
             self.loop.poll()
             time.sleep(0.0005)

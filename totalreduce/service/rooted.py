@@ -316,6 +316,7 @@ class RootedOps(OpSubmitter):
         name: str,
         priority: Any,
         result: Any,
+        passive: bool = False,
     ) -> Handle:
         n = int(max(x.size, o.size))
         me = grp.rank_of(self.rank)
@@ -329,5 +330,5 @@ class RootedOps(OpSubmitter):
         return self._simple(
             kind=OpKind.SEND_RECV, x=x, dtype=dt, out=o, in_place=False, name=None,
             op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched,
-            result=result, reserved=reserved, count=n,
+            result=result, reserved=reserved, count=n, passive=passive,
         )  # fmt: skip

@@ -25,6 +25,7 @@ from .lifecycle import Lifecycle
 from .neighbors import NeighborOps
 from .partitions import PartitionOps
 from .rooted import RootedOps
+from .windows import Windows
 
 __all__ = ["Service", "as_array", "reduce_op"]  # the daemon client imports the checks from here
 
@@ -34,6 +35,14 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, Lifecycle):
 
     def __init__(self, transport: Transport, config: Config | None = None) -> None:
         self._start(transport, config or Config.load())
+
+    @property
+    def windows(self) -> Windows:
+        """This rank's windows: one-sided put, get and accumulate (:mod:`.windows`)."""
+        with self._windows_lock:
+            if self._windows is None:
+                self._windows = Windows(self)
+            return self._windows
 
     def node_layout(self) -> tuple[int, int, int, int]:
         """(local_rank, local_size, cross_rank, cross_size) of this rank, from the transport."""

@@ -147,6 +147,7 @@ class OpSubmitter:
         finalize: Callable[[], Any] | None = None,
         reserved: tuple[str | int, int] | None = None,
         count: int | None = None,
+        passive: bool = False,
     ) -> Handle:
         """Name (unless ``reserved`` already), launch and return the handle of a one-phase op."""
         self._check_open()
@@ -180,5 +181,6 @@ class OpSubmitter:
             on_done=done,
             count=count,
         )
+        spec.passive = passive
         self._submit(spec, handle)
         return handle

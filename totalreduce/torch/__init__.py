@@ -123,6 +123,26 @@ from .horovod import (
 from .layers import AllGather, ReduceScatter
 from .optimizer import DistributedOptimizer, GradientSyncError
 from .tensors import SUPPORTED_DTYPES, TensorHandle
+from .windows import (
+    DistributedWinPutOptimizer,
+    get_win_version,
+    turn_off_win_ops_with_associated_p,
+    turn_on_win_ops_with_associated_p,
+    win_accumulate,
+    win_accumulate_nonblocking,
+    win_associated_p,
+    win_create,
+    win_free,
+    win_get,
+    win_get_nonblocking,
+    win_mutex,
+    win_poll,
+    win_put,
+    win_put_nonblocking,
+    win_update,
+    win_update_then_collect,
+    win_wait,
+)
 
 # Under mpiexec, torchrun-style scripts read RANK, LOCAL_RANK and WORLD_SIZE before they
 # initialise anything: the MPI launcher's placement provides them (never overwritten).
@@ -200,4 +220,22 @@ __all__ = [
     "shutdown",
     "size",
     "synchronize",
+    "DistributedWinPutOptimizer",
+    "get_win_version",
+    "turn_off_win_ops_with_associated_p",
+    "turn_on_win_ops_with_associated_p",
+    "win_accumulate",
+    "win_accumulate_nonblocking",
+    "win_associated_p",
+    "win_create",
+    "win_free",
+    "win_get",
+    "win_get_nonblocking",
+    "win_mutex",
+    "win_poll",
+    "win_put",
+    "win_put_nonblocking",
+    "win_update",
+    "win_update_then_collect",
+    "win_wait",
 ]
