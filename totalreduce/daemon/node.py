@@ -55,6 +55,7 @@ class _Conn:
     reader: MessageReader = field(default_factory=MessageReader)
     slot: int | None = None
     said_bye: bool = False
+    incarnation: int = 0
 
 
 class Node:
@@ -84,6 +85,7 @@ class Node:
         self.channels: list[Any] = [None] * local_clients
         self.epoch = 0
         self.sessions = 0
+        self.admitted = 0  # clients admitted so far: each one's incarnation
         self.failed: str | None = None  # why this session admits no new client
         self._stop = threading.Event()
         self._releasing: list[tuple[threading.Event, Any]] = []
@@ -226,11 +228,13 @@ class Node:
         channel = self.transport.new_channel()
         client_efd = new_eventfd()
         rank = self.node * self.local_clients + slot
+        self.admitted += 1
+        conn.incarnation = self.admitted
         conn.slot = slot
         self.slots[slot] = conn
         self.channels[slot] = channel
         self.transport.attach(slot, channel, os.dup(client_efd), pid)
-        self.service.loop.rejoin(rank)
+        self.service.loop.rejoin(rank, conn.incarnation)
         welcome = {
             "t": "welcome",
             "rank": rank,
@@ -245,6 +249,7 @@ class Node:
             "region_bytes": channel.size,
             "tag_span": self.transport.tag_span,
             "options": self.options,
+            "incarnation": conn.incarnation,
         }
         # The client gets its own copies of the descriptors; the transport owns ours.
         try:
@@ -282,7 +287,7 @@ class Node:
             level = logging.WARNING
         log.log(level, "rank %d (pid %d) %s", rank, conn.pid, how)
         if not conn.said_bye:  # its ops fail everywhere now, as if it had said goodbye
-            self.service.loop.peer_gone(rank)
+            self.service.loop.peer_gone(rank, conn.incarnation)
             self.failed = self.failed or f"rank {rank} (pid {conn.pid}) died"
         released = self.transport.detach(slot)
         self.slots[slot] = None

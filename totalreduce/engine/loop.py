@@ -487,12 +487,15 @@ class CommLoop:
                 if item[0] == "abort":
                     self._abort(item[1], item[2], item[3])
                 elif item[0] == "rejoin":
-                    self._rejoin(item[1])
-                    self._announce(JOIN, item[1])
+                    peer, inc = item[1], item[2]
+                    self._incarnations[peer] = max(self._incarnations[peer], inc)
+                    self._rejoin(peer)
+                    self._announce(JOIN, peer, inc)
                 elif item[0] == "gone":
-                    if item[1] not in self._left:
-                        self._peer_left(item[1])
-                    self._announce(GONE, item[1])
+                    peer, inc = item[1], item[2]
+                    if self._current(peer, inc) and peer not in self._left:
+                        self._peer_left(peer)
+                    self._announce(GONE, peer, inc)
                 elif item[0] == "need":
                     p = self.table.get(item[1])
                     if p is not None:
@@ -845,7 +848,7 @@ class CommLoop:
         with self.lock:
             for peer in range(self.world):
                 if peer != self.rank and peer not in self.bad_peers:
-                    self._control(peer, BYE, _NO_SHAPE, (0, 0))
+                    self._control(peer, BYE, _NO_SHAPE, (self.incarnation, 0))
             self._flush()
 
     def _error_frame(self, key: OpKey, dest: int, message: str, code: int) -> None:
@@ -1302,14 +1305,20 @@ class CommLoop:
                 else:
                     self._remember(self._needed, key, True)
             elif ftype == BYE:
-                self._peer_left(source)
+                if self._current(source, f[F_WID]):  # else an earlier process's goodbye
+                    self._peer_left(source)
             elif ftype == GONE or ftype == JOIN:
-                peer = f[F_AUX]
-                if 0 <= peer < self.size and peer != self.rank and peer != source:
+                peer, inc = f[F_AUX], f[F_WID]
+                if (
+                    0 <= peer < self.size
+                    and peer != self.rank
+                    and peer != source
+                ):
                     if ftype == GONE:
-                        if peer not in self._left:
+                        if peer not in self._left and self._current(peer, inc):
                             self._peer_left(peer)
-                    else:
+                    elif inc >= self._incarnations[peer]:  # else an earlier process's JOIN
+                        self._incarnations[peer] = inc
                         self._rejoin(peer)
             elif ftype == PROBE:
                 key = (f[F_WID], f[F_GEN])
@@ -1395,22 +1404,36 @@ class CommLoop:
         self._activate(spec)
         return self.table.get(key)
 
-    def peer_gone(self, peer: int) -> None:
-        """Daemon mode, a node's service: client rank ``peer``'s process died (any thread).
-        Its ops fail here and, told by GONE, on every rank, as if it had said BYE."""
-        self.submissions.append(("gone", peer))
+    def peer_gone(self, peer: int, incarnation: int = 0) -> None:
+        """Daemon mode, a node's service: client rank ``peer``'s process (``incarnation``)
+        died (any thread).  Its ops fail here and, told by GONE, on every rank, as if it
+        had said BYE."""
+        self.submissions.append(("gone", peer, int(incarnation)))
         self._ring()
 
-    def rejoin(self, peer: int) -> None:
-        """Daemon mode, a node's service: a new process has client rank ``peer`` (any
-        thread).  Every rank that saw the old one leave forgets it (JOIN)."""
-        self.submissions.append(("rejoin", peer))
+    def rejoin(self, peer: int, incarnation: int = 0) -> None:
+        """Daemon mode, a node's service: a new process (``incarnation``) has client rank
+        ``peer`` (any thread).  Every rank that saw the old one leave forgets it (JOIN), and
+        a late BYE or GONE of the old one is ignored."""
+        self.submissions.append(("rejoin", peer, int(incarnation)))
         self._ring()
 
-    def _announce(self, ftype: int, peer: int) -> None:
+    def _current(self, peer: int, incarnation: int) -> bool:
+        """Whether a BYE or GONE about client rank ``peer``'s process ``incarnation`` is
+        about the process this rank knows.  In daemon mode a node forwards what comes for
+        a slot between jobs to the slot's next client, so a goodbye of a rank's process
+        from the job before can reach the next job's ranks, before or after the JOIN of
+        the rank's new process: only a notice about the process JOIN announced counts.
+        """
+        if self.world == self.size or peer >= self.size:
+            return True  # embedded (no incarnations), or a node's service
+        known = self._incarnations[peer]
+        return known > 0 and incarnation >= known
+
+    def _announce(self, ftype: int, peer: int, incarnation: int) -> None:
         for world in range(self.world):
             if world not in (self.rank, peer) and world not in self._unreachable:
-                self._control(world, ftype, _NO_SHAPE, (0, 0), aux=peer)
+                self._control(world, ftype, _NO_SHAPE, (incarnation, 0), aux=peer)
 
     def _rejoin(self, peer: int) -> None:
         """Forget the process that had rank ``peer`` if it left (its ops failed then).

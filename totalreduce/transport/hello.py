@@ -256,7 +256,7 @@ SHARED_OPTIONS = ("segment_bytes", "micro_bytes", "floating_pool_bytes")
 HELLO_FIELDS = frozenset({"version", "pid", "local_rank"})
 WELCOME_FIELDS = frozenset(
     {"rank", "size", "relays", "node", "nodes", "local", "local_clients", "epoch", "pid",
-     "region_bytes", "tag_span", "options"}
+     "region_bytes", "tag_span", "options", "incarnation"}
 )  # fmt: skip
 
 
@@ -276,6 +276,10 @@ class Welcome:
     region_bytes: int
     tag_span: int
     options: dict[str, int]
+    #: Which process of its rank this client is (increases with every client a node
+    #: admits): a goodbye or death notice of an earlier process of the rank that arrives
+    #: late is told apart from this one's.
+    incarnation: int = 0
 
     @property
     def relay(self) -> int:
@@ -305,6 +309,7 @@ def parse_welcome(msg: dict[str, Any]) -> Welcome:
         region_bytes=f.int("region_bytes", 1, MAX_SIZE),
         tag_span=f.int("tag_span", 1, 1 << 30),
         options={k: int(options[k]) for k in SHARED_OPTIONS},
+        incarnation=f.int("incarnation", 1, 1 << 62),
     )
     if w.rank != w.node * local_clients + w.local:
         raise ProtocolError(f"welcome: rank {w.rank} is not node {w.node}, local {w.local}")
@@ -356,6 +361,7 @@ def attach(
         w.rank, w.size, w.relays, w.relay, channel, own_fd, relay_fd, w.pid, tag_span=w.tag_span
     )
     t.epoch = w.epoch
+    t.incarnation = w.incarnation
     t.options = dict(w.options)
     t.socket_path = str(where)
     t.on_close = lambda: _goodbye(sock)

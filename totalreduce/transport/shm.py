@@ -758,6 +758,7 @@ class ShmClientTransport:
         #: The node's session (daemon/node.py), the engine options of the world, and
         #: what to do after closing (say bye on the socket): set by ``hello.attach``.
         self.epoch = 0
+        self.incarnation = 0  # which process of its rank this client is (from the welcome)
         self.options: dict[str, int] = {}
         self.socket_path = ""
         self.on_close: Callable[[], None] | None = None
