@@ -28,6 +28,7 @@ from ..dtypes import DType, ReduceOp
 from . import numba_kernels as nk
 
 __all__ = [
+    "adasum_into",
     "axpy_into",
     "copy_into",
     "finish_average",
@@ -368,6 +369,23 @@ def axpy_into(dst: np.ndarray, src: np.ndarray, weight: float, dtype: DType) -> 
         table.axpy(a, b, float(weight))
     except TypeError:
         raise _bad_arrays("axpy_into", table, dst, src) from None
+
+
+def adasum_into(dst: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: DType) -> None:
+    """Adasum's combine of ``a`` and ``b`` into ``dst`` (float32/float64; ``dst`` may be
+    either): ``(1 - a.b/2|a|^2) a + (1 - a.b/2|b|^2) b``, dot products in float64.  The
+    result depends on which operand is ``a``: a pair of ranks passes the lower rank's
+    gradient as ``a`` on both sides, and both get the same bits."""
+    if dtype not in (DType.FLOAT32, DType.FLOAT64):
+        raise TypeError(f"adasum_into({_name(dtype)}): Adasum combines float32 or float64")
+    n = len(dst)
+    if len(a) != n or len(b) != n:
+        raise _length_error("adasum_into", dst, a if len(a) != n else b, dtype)
+    pub = dtype.numpy
+    for arr in (dst, a, b):
+        if getattr(arr, "dtype", None) != pub or arr.ndim != 1:
+            raise _bad_arrays("adasum_into", _prepare(dtype), dst, a)
+    nk.adasum_float(dst, a, b)
 
 
 def warm_up(dtypes: Iterable[DType] | None = None) -> None:

@@ -259,6 +259,28 @@ def axpy_float(dst: np.ndarray, src: np.ndarray, weight: float) -> None:
         dst[i] = dst[i] + w * src[i]
 
 
+@numba.njit(nogil=True, cache=True)
+def adasum_float(dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """Adasum's combine of two gradients on float32/float64:
+    ``dst = (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b`` (a coefficient stays 1 when its
+    norm is below 1e-8, as Horovod's).  The sums run in float64, in index order, so the
+    two ranks of a pair that call it with the same ``a`` and ``b`` get the same bits;
+    ``dst`` may be ``a`` or ``b``."""
+    dot = 0.0
+    aa = 0.0
+    bb = 0.0
+    for i in range(a.shape[0]):
+        x = np.float64(a[i])
+        y = np.float64(b[i])
+        dot += x * y
+        aa += x * x
+        bb += y * y
+    ca = 1.0 - dot / aa * 0.5 if aa >= 1e-8 else 1.0
+    cb = 1.0 - dot / bb * 0.5 if bb >= 1e-8 else 1.0
+    for i in range(dst.shape[0]):
+        dst[i] = ca * np.float64(a[i]) + cb * np.float64(b[i])
+
+
 # ---------------------------------------------------------------------------
 # float16 as uint16 bits, computed in float32.
 # ---------------------------------------------------------------------------

@@ -50,9 +50,14 @@ class CollectiveOps(OpSubmitter):
         and products wrap; on bool, ``sum`` and ``max`` are a logical or,
         ``product`` and ``min`` a logical and (as in gloo), and ``avg`` is
         refused.  Higher ``priority`` goes first.  ``dtype="bfloat16"`` marks a ``uint16`` array
-        as bfloat16 bit patterns.
+        as bfloat16 bit patterns.  ``op="adasum"`` (float32/float64) combines by Horovod's
+        Adasum rule instead of adding (:mod:`.adasum`).
         """
         arr, dt = as_array(x, "x", dtype)
+        if isinstance(op, str) and op.lower() == "adasum":  # Horovod's: service/adasum.py
+            o, _ = checks.output(arr, out)
+            grp, _ = self._group(group)
+            return self._adasum(arr, dt, name, o, grp, priority)  # type: ignore[attr-defined, no-any-return]
         rop = checks.reduce_op(op, dt, "allreduce")
         o, in_place = checks.output(arr, out)
         grp, me = self._group(group)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..transport.base import Transport
+from .adasum import AdasumOps
 from .checks import as_array, reduce_op
 from .collectives import CollectiveOps
 from .config import Config
@@ -30,7 +31,7 @@ from .windows import Windows
 __all__ = ["Service", "as_array", "reduce_op"]  # the daemon client imports the checks from here
 
 
-class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, Lifecycle):
+class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Lifecycle):
     """One rank's totalreduce engine and its client API (see the module docstring)."""
 
     def __init__(self, transport: Transport, config: Config | None = None) -> None:
