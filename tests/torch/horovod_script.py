@@ -59,6 +59,28 @@ mine = [3 if j == 0 else 2 for j in range(n)]
 start = sum(mine[:r])
 want = torch.arange(rows * 2, dtype=torch.float64).reshape(rows, 2)[start : start + mine[r]]
 assert torch.allclose(part, want * (n + 1) / 2), (part, want)
+# Adasum: orthogonal gradients add, equal ones average; the same bits on every rank
+e = torch.zeros(n, dtype=torch.float64)
+e[r] = r + 1.0
+assert torch.equal(hvd.allreduce(e, op=hvd.Adasum, name="ada"), torch.arange(1.0, n + 1))
+g = torch.randn(5, generator=torch.Generator().manual_seed(r))
+ada = hvd.allreduce(g, op=hvd.Adasum, name="ada.g")
+assert torch.equal(hvd.broadcast(ada.clone(), root_rank=0, name="ada.check"), ada)
+# --use-adasum: DistributedOptimizer(op=hvd.Adasum) combines the updates; ranks agree
+m2 = torch.nn.Linear(8, 4)
+hvd.broadcast_parameters(m2.state_dict(), root_rank=0)
+opt2 = hvd.DistributedOptimizer(
+    torch.optim.SGD(m2.parameters(), lr=0.1), named_parameters=m2.named_parameters(),
+    op=hvd.Adasum,
+)  # fmt: skip
+before = [p.detach().clone() for p in m2.parameters()]
+for _ in range(2):
+    opt2.zero_grad()
+    F.cross_entropy(m2(data), target).backward()
+    opt2.step()
+for i, p in enumerate(m2.parameters()):
+    ref = hvd.broadcast(p.detach().clone(), root_rank=0, name=f"ada.param.{i}")
+    assert torch.equal(ref, p.detach()) and not torch.equal(p.detach(), before[i])
 # join: this rank is done (the optimizer keeps the others' steps going)
 last = hvd.join()
 assert 0 <= last < n

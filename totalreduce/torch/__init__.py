@@ -85,6 +85,7 @@ from .broadcast_state import (
     broadcast_parameters,
 )
 from .collectives import (
+    Adasum,
     Average,
     Max,
     Min,
@@ -171,6 +172,7 @@ __all__ = [
     "set_topology",
     "SUPPORTED_DTYPES",
     "AllGather",
+    "Adasum",
     "Average",
     "CommHookState",
     "Compression",

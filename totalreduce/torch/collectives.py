@@ -30,6 +30,8 @@ from .tensors import HostBuffer, PinnedPool, TensorHandle, host_buffer
 #: Horovod's op constants (``hvd.Average`` ...): the engine's op names.
 Average = "avg"
 Sum = "sum"
+#: Horovod's Adasum (float32/float64): see :mod:`totalreduce.service.adasum`.
+Adasum = "adasum"
 Min = "min"
 Max = "max"
 

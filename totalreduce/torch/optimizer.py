@@ -146,10 +146,6 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory that returns
             "compression third"
         )
     op = {"Average": "avg", "Sum": "sum", "Adasum": "adasum"}.get(getattr(op, "__name__", op), op)
-    if op == "adasum":
-        raise InvalidArgumentError(
-            "DistributedOptimizer: op=Adasum is not available yet; use op=Average (the default)"
-        )
     if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
         raise InvalidArgumentError(
             f"gradient_predivide_factor must be a number > 0, got {gradient_predivide_factor!r}"
@@ -186,6 +182,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory that returns
         raise InvalidArgumentError(
             f"compression must be Compression.none or Compression.fp16, got {compression!r}"
         )
+    if op == "adasum":  # Horovod's Adasum combines the model's updates: its own wrapper
+        from .adasum import adasum_optimizer
+
+        return adasum_optimizer(
+            optimizer, named_parameters, str(prefix), backward_passes_per_step,
+            resolve_service(service),
+        )  # fmt: skip
     base = type(optimizer)
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
     wrapped = cls.__new__(cls)
