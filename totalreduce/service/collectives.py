@@ -51,7 +51,7 @@ class CollectiveOps(OpSubmitter):
         ``product`` and ``min`` a logical and (as in gloo), and ``avg`` is
         refused.  Higher ``priority`` goes first.  ``dtype="bfloat16"`` marks a ``uint16`` array
         as bfloat16 bit patterns.  ``op="adasum"`` (float32/float64) combines by Horovod's
-        Adasum rule instead of adding (:mod:`.adasum`).
+        Adasum rule instead of adding (:mod:`totalreduce.service.adasum`).
         """
         arr, dt = as_array(x, "x", dtype)
         if isinstance(op, str) and op.lower() == "adasum":  # Horovod's: service/adasum.py
