@@ -60,7 +60,8 @@ class Kind(enum.Enum):
     AXES = "the partition axes"
     TOPOLOGY = "the topology"
     STEP = "the topology's step"
-    WEIGHTS = "neighbor weights"
+    WEIGHTS = "the weights of what a rank receives (its own and its sources')"
+    SEND_WEIGHTS = "the weights of what a rank sends"
     RANKS = "neighbor ranks"
     SPLITS = "the parts' sizes"
     COUNT = "a count"
@@ -92,6 +93,7 @@ ANNOTATIONS: dict[Kind, str] = {
     Kind.TOPOLOGY: "Any",
     Kind.STEP: "int",
     Kind.WEIGHTS: "Any",
+    Kind.SEND_WEIGHTS: "Any",
     Kind.RANKS: "Any",
     Kind.SPLITS: "Sequence[int]",
     Kind.COUNT: "int",

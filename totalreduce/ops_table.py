@@ -275,7 +275,7 @@ OPS: tuple[OpDecl, ...] = (
             STEP,
             Param("self_weight", Kind.WEIGHTS, None, annotation="float"),
             Param("src_weights", Kind.WEIGHTS, None),
-            Param("dst_weights", Kind.WEIGHTS, None),
+            Param("dst_weights", Kind.SEND_WEIGHTS, None),
             OUT,
             DTYPE,
             PRIORITY,
@@ -293,7 +293,7 @@ OPS: tuple[OpDecl, ...] = (
                 STEP,
                 Param("self_weight", Kind.WEIGHTS, None, annotation="float"),
                 Param("src_weights", Kind.WEIGHTS, None),
-                Param("dst_weights", Kind.WEIGHTS, None),
+                Param("dst_weights", Kind.SEND_WEIGHTS, None),
                 TORCH_PRIORITY,
                 # BlueFog's older names of src_weights and dst_weights.
                 Param("neighbor_weights", Kind.OLDER_NAME, None, True, of="src_weights"),
