@@ -251,7 +251,8 @@ class OpDecl:
     explicitly (None: all of them), with :data:`MORE` (``"**kw"``) where the
     rest follow as keywords.  ``doc`` is the blocking numpy function's
     docstring, ``async_doc`` the ``_async`` one's.  ``torch``: its torch forms
-    (None: none).  ``aliases``: its Horovod and BlueFog names.
+    (None: none).  ``aliases``: its Horovod and BlueFog names.  ``c10d``: the
+    ``torch.distributed`` calls the ``"totalreduce"`` backend runs on this op.
     """
 
     name: str
@@ -263,6 +264,7 @@ class OpDecl:
     api: tuple[str, ...] | None = None
     torch: TorchDecl | None = None
     aliases: tuple[Alias, ...] = field(default=())
+    c10d: tuple[str, ...] = ()
 
     @property
     def method(self) -> str:

@@ -80,6 +80,7 @@ OPS: tuple[OpDecl, ...] = (
         (X, NAME, OP, OUT, PRIORITY, Param("algorithm", Kind.ALGORITHM, None), GROUP, DTYPE),
         Takes.ONE,
         Returns.ARRAY,
+        c10d=("all_reduce", "all_reduce_coalesced"),
         doc="Reduce ``x`` across ranks and return the result (blocking).",
         async_doc="""Start an allreduce of ``x``; see :meth:`Service.allreduce_async`.
 
@@ -135,6 +136,7 @@ OPS: tuple[OpDecl, ...] = (
         (X, ROOT, NAME, OUT, PRIORITY, Param("algorithm", Kind.ALGORITHM, "auto"), GROUP, DTYPE),
         Takes.ONE,
         Returns.ARRAY,
+        c10d=("broadcast",),
         doc="Return rank ``root``'s ``x`` on every rank (blocking).",
         async_doc="Start a broadcast from ``root``; see :meth:`Service.broadcast_async`.",
         torch=TorchDecl(
@@ -162,6 +164,7 @@ OPS: tuple[OpDecl, ...] = (
         (NAME, PRIORITY, Param("algorithm", Kind.ALGORITHM, "auto"), GROUP),
         Takes.NONE,
         Returns.NOTHING,
+        c10d=("barrier", "monitored_barrier"),
         api=("name", "algorithm", "group"),
         doc="Return once every rank (of ``group``) has entered the barrier.",
         async_doc="Start a barrier.",
@@ -185,6 +188,7 @@ OPS: tuple[OpDecl, ...] = (
         (X, NAME, OP, PARTITION, AXES, GROUP, DTYPE, PRIORITY),
         Takes.ONE,
         Returns.ARRAY,
+        c10d=("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"),
         api=("x", "name", "op", MORE),
         doc="This rank's balanced part of the sum of every rank's ``x`` (a new array).",
         async_doc="Start a reduce-scatter; see :meth:`Service.reduce_scatter_async`.",
@@ -234,6 +238,12 @@ OPS: tuple[OpDecl, ...] = (
         (X, NAME, PARTITION, AXES, GROUP, DTYPE, PRIORITY),
         Takes.ONE,
         Returns.ARRAY,
+        c10d=(
+            "all_gather",
+            "all_gather_into_tensor",
+            "all_gather_coalesced",
+            "all_gather_into_tensor_coalesced",
+        ),
         api=("x", "name", MORE),
         doc="Every rank's ``x`` concatenated in rank order (parts may differ in length).",
         async_doc="Start an all-gather; see :meth:`Service.allgather_async`.",
@@ -358,6 +368,7 @@ OPS: tuple[OpDecl, ...] = (
         (X, ROOT, NAME, OP, OUT, PRIORITY, GROUP, DTYPE),
         Takes.ONE,
         Returns.ON_ROOT,
+        c10d=("reduce",),
         api=("x", "root", "name", MORE),
         doc="""Reduce every rank's ``x`` into rank ``root``: the result there, None elsewhere.
 
@@ -371,6 +382,7 @@ OPS: tuple[OpDecl, ...] = (
         (X, ROOT, NAME, OUT, PRIORITY, GROUP, DTYPE),
         Takes.ONE,
         Returns.ON_ROOT,
+        c10d=("gather",),
         api=("x", "root", "name", MORE),
         doc="Every rank's ``x`` stacked on rank ``root`` (shape ``(P, *x.shape)``), None "
         "elsewhere.",
@@ -381,6 +393,7 @@ OPS: tuple[OpDecl, ...] = (
         (X, ROOT, NAME, OUT, PRIORITY, GROUP, DTYPE),
         Takes.ONE,
         Returns.ARRAY,
+        c10d=("scatter",),
         api=("x", "root", "name", MORE),
         doc="""Part ``r`` of the root's ``x`` on rank ``r``; elsewhere ``x`` is the receiving array.
 
@@ -402,6 +415,7 @@ OPS: tuple[OpDecl, ...] = (
         ),
         Takes.ONE,
         Returns.ARRAY,
+        c10d=("all_to_all", "all_to_all_single"),
         api=("x", "name", MORE),
         doc="Part ``j`` of ``x`` to rank ``j``; part ``j`` of the result from rank ``j`` "
         """(blocking).
@@ -433,6 +447,7 @@ OPS: tuple[OpDecl, ...] = (
         (X, Param("dst", Kind.PEER), Param("tag", Kind.TAG, 0), PRIORITY, DTYPE),
         Takes.ONE,
         Returns.NOTHING,
+        c10d=("send", "isend"),
         api=("x", "dst", "tag", MORE),
         doc="""Send ``x`` to rank ``dst`` with ``tag``; it meets ``dst``'s matching :func:`recv`.
 
@@ -445,6 +460,7 @@ OPS: tuple[OpDecl, ...] = (
         (X, Param("src", Kind.PEER), Param("tag", Kind.TAG, 0), PRIORITY, DTYPE),
         Takes.ONE,
         Returns.ARRAY,
+        c10d=("recv", "irecv"),
         api=("x", "src", "tag", MORE),
         doc="""Receive into ``x`` the next message from rank ``src`` with ``tag``; returns ``x``.
 
