@@ -13,13 +13,16 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
+from .declare import build_function as _build_function
+from .declare import forward as _forward
+from .declare import signature as _signature
 from .errors import InvalidArgumentError, NotInitializedError
-from .group import Group, set_rank_source
+from .group import set_rank_source
 from .launch import MPILaunch, check_world, provide_torchrun_env
+from .ops_table import op as _op_declaration
 from .service.config import Config
 from .service.handle import HandleLike, ServiceLike
 from .service.service import Service
@@ -160,222 +163,51 @@ def cross_size() -> int:
     return _node_layout()[3]
 
 
-def allreduce_async(
-    x: Any,
-    name: str | int | None = None,
-    op: str = "sum",
-    out: Any = None,
-    priority: int = 0,
-    algorithm: str | None = None,
-    group: Group | None = None,
-    dtype: str | None = None,
-) -> HandleLike:
-    """Start an allreduce of ``x``; see :meth:`Service.allreduce_async`.
-
-    ``op``: ``"sum"``, ``"avg"``, ``"max"``, ``"min"``, ``"product"``, and on
-    integer and bool arrays the bitwise ``"band"``, ``"bor"``, ``"bxor"``.
-    Element types: float16, float32, float64, bfloat16 (``dtype="bfloat16"``),
-    uint8, int8, int16, int32, int64 and bool.
-    """
-    return default_service().allreduce_async(x, name, op, out, priority, algorithm, group, dtype)
-
-
-def allreduce(
-    x: Any,
-    name: str | int | None = None,
-    op: str = "sum",
-    out: Any = None,
-    priority: int = 0,
-    algorithm: str | None = None,
-    group: Group | None = None,
-    dtype: str | None = None,
-) -> np.ndarray:
-    """Reduce ``x`` across ranks and return the result (blocking)."""
-    return default_service().allreduce(x, name, op, out, priority, algorithm, group, dtype)
-
-
-def broadcast_async(
-    x: Any,
-    root: int = 0,
-    name: str | int | None = None,
-    out: Any = None,
-    priority: int = 0,
-    algorithm: str = "auto",
-    group: Group | None = None,
-    dtype: str | None = None,
-) -> HandleLike:
-    """Start a broadcast from ``root``; see :meth:`Service.broadcast_async`."""
-    return default_service().broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
-
-
-def broadcast(
-    x: Any,
-    root: int = 0,
-    name: str | int | None = None,
-    out: Any = None,
-    priority: int = 0,
-    algorithm: str = "auto",
-    group: Group | None = None,
-    dtype: str | None = None,
-) -> np.ndarray:
-    """Return rank ``root``'s ``x`` on every rank (blocking)."""
-    return default_service().broadcast(x, root, name, out, priority, algorithm, group, dtype)
-
-
-def barrier_async(
-    name: str | int | None = None, algorithm: str = "auto", group: Group | None = None
-) -> HandleLike:
-    """Start a barrier."""
-    return default_service().barrier_async(name, algorithm=algorithm, group=group)
-
-
-def barrier(
-    name: str | int | None = None, algorithm: str = "auto", group: Group | None = None
-) -> None:
-    """Return once every rank (of ``group``) has entered the barrier."""
-    default_service().barrier(name, algorithm=algorithm, group=group)
-
-
-def pairwise_exchange_async(
-    x: Any, steps: int, name: str | int | None = None, **kw: Any
-) -> HandleLike:
-    """Start Gloo's pairwise-exchange benchmark pattern; see the Service method."""
-    return default_service().pairwise_exchange_async(x, steps, name, **kw)
-
-
-def pairwise_exchange(x: Any, steps: int, name: str | int | None = None, **kw: Any) -> np.ndarray:
-    """Gloo's pairwise-exchange benchmark pattern (blocking)."""
-    return default_service().pairwise_exchange_async(x, steps, name, **kw).wait()
-
-
-def reduce_scatter_async(
-    x: Any, name: str | int | None = None, op: str = "sum", **kw: Any
-) -> HandleLike:
-    """Start a reduce-scatter; see :meth:`Service.reduce_scatter_async`."""
-    return default_service().reduce_scatter_async(x, name, op, **kw)
-
-
-def reduce_scatter(x: Any, name: str | int | None = None, op: str = "sum", **kw: Any) -> np.ndarray:
-    """This rank's balanced part of the sum of every rank's ``x`` (a new array)."""
-    return default_service().reduce_scatter(x, name, op, **kw)
-
-
-def allgather_async(x: Any, name: str | int | None = None, **kw: Any) -> HandleLike:
-    """Start an all-gather; see :meth:`Service.allgather_async`."""
-    return default_service().allgather_async(x, name, **kw)
-
-
-def allgather(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
-    """Every rank's ``x`` concatenated in rank order (parts may differ in length)."""
-    return default_service().allgather(x, name, **kw)
-
-
-def neighbor_allreduce_async(x: Any, name: str | int | None = None, **kw: Any) -> HandleLike:
-    """Start neighbor averaging; see :meth:`Service.neighbor_allreduce_async`."""
-    return default_service().neighbor_allreduce_async(x, name, **kw)
-
-
-def neighbor_allreduce(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
-    """``x`` averaged with this rank's neighbors on a topology (blocking)."""
-    return default_service().neighbor_allreduce(x, name, **kw)
-
-
-def neighbor_allgather_async(x: Any, name: str | int | None = None, **kw: Any) -> HandleLike:
-    """Start a neighbor all-gather; see :meth:`Service.neighbor_allgather_async`."""
-    return default_service().neighbor_allgather_async(x, name, **kw)
-
-
-def neighbor_allgather(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
-    """The ``x`` of every in-neighbor, stacked in ascending rank order (blocking)."""
-    return default_service().neighbor_allgather(x, name, **kw)
-
-
-def hierarchical_neighbor_allreduce_async(
-    x: Any, name: str | int | None = None, **kw: Any
-) -> HandleLike:
-    """Start node-then-neighbor-nodes averaging; see the Service method."""
-    return default_service().hierarchical_neighbor_allreduce_async(x, name, **kw)
-
-
-def hierarchical_neighbor_allreduce(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
-    """Average within the node, then with neighbor nodes (blocking)."""
-    return default_service().hierarchical_neighbor_allreduce(x, name, **kw)
-
-
-def reduce_async(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> HandleLike:
-    """Start a reduce to ``root``; see :meth:`Service.reduce_async` (``op=``, ``out=``, ...)."""
-    return default_service().reduce_async(x, root, name, **kw)
-
-
-def reduce(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
-    """Reduce every rank's ``x`` into rank ``root``: the result there, None elsewhere.
-
-    ``op`` is any of :func:`allreduce_async`'s; ``out=x`` reduces in place on the root.
-    """
-    return default_service().reduce(x, root, name, **kw)
-
-
-def gather_async(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> HandleLike:
-    """Start a gather to ``root``; see :meth:`Service.gather_async`."""
-    return default_service().gather_async(x, root, name, **kw)
-
-
-def gather(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
-    """Every rank's ``x`` stacked on rank ``root`` (shape ``(P, *x.shape)``), None elsewhere."""
-    return default_service().gather(x, root, name, **kw)
-
-
-def scatter_async(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> HandleLike:
-    """Start a scatter from ``root``; see :meth:`Service.scatter_async`."""
-    return default_service().scatter_async(x, root, name, **kw)
-
-
-def scatter(x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
-    """Part ``r`` of the root's ``x`` on rank ``r``; elsewhere ``x`` is the receiving array.
-
-    >>> part = tr.scatter(table if tr.rank() == 0 else np.empty(4), root=0)  # doctest: +SKIP
-    """
-    return default_service().scatter(x, root, name, **kw)
-
-
-def alltoall_async(x: Any, name: str | int | None = None, **kw: Any) -> HandleLike:
-    """Start an all-to-all; see :meth:`Service.alltoall_async` (``splits=``, ``recv_splits=``)."""
-    return default_service().alltoall_async(x, name, **kw)
-
-
-def alltoall(x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
-    """Part ``j`` of ``x`` to rank ``j``; part ``j`` of the result from rank ``j`` (blocking).
-
-    Equal parts by default; ``splits=[...]`` and ``recv_splits=[...]`` give
-    uneven ones, as torch's ``all_to_all_single`` does.
-    """
-    return default_service().alltoall(x, name, **kw)
-
-
-def send_async(x: Any, dst: int, tag: int = 0, **kw: Any) -> HandleLike:
-    """Start sending ``x`` to rank ``dst``; see :meth:`Service.send_async`."""
-    return default_service().send_async(x, dst, tag, **kw)
-
-
-def send(x: Any, dst: int, tag: int = 0, **kw: Any) -> None:
-    """Send ``x`` to rank ``dst`` with ``tag``; it meets ``dst``'s matching :func:`recv`.
-
-    Messages from one rank to another on one tag arrive in the order sent (MPI's rule).
-    """
-    default_service().send(x, dst, tag, **kw)
-
-
-def recv_async(x: Any, src: int, tag: int = 0, **kw: Any) -> HandleLike:
-    """Start receiving from rank ``src`` into ``x``; see :meth:`Service.recv_async`."""
-    return default_service().recv_async(x, src, tag, **kw)
-
-
-def recv(x: Any, src: int, tag: int = 0, **kw: Any) -> np.ndarray:
-    """Receive into ``x`` the next message from rank ``src`` with ``tag``; returns ``x``.
-
-    ``x`` must have the sent element count and dtype (both ranks raise otherwise).
-    """
-    return default_service().recv(x, src, tag, **kw)
+# ---------------------------------------------------------------- the ops, from the table
+#
+# Each op's two functions come from its record in ops_table.py: ``{name}_async``
+# calls the default service's ``{name}_async`` with the declared parameters, and
+# ``{name}`` is the same call and ``.wait()``.  Nothing else here takes an op's
+# arguments (tests/test_declarations.py checks it).
+
+
+def _numpy_forms(name: str) -> tuple[Callable[..., HandleLike], Callable[..., Any]]:
+    """``{name}_async`` and ``{name}`` of the op ``name`` declares (see the comment above)."""
+    decl = _op_declaration(name)
+    params, more = decl.api_params(), decl.api_more
+    start = _signature(params, more=more, returns="HandleLike")
+    wait = _signature(params, more=more, returns=decl.returns.value)
+    call = f"_service().{decl.method}({_forward(start)})"
+    env = {"_service": default_service}
+    return (
+        _build_function(
+            decl.method, start, f"return {call}", env, doc=decl.async_doc, module=__name__,
+            declared=(decl.name, "async"),
+        ),
+        _build_function(
+            decl.name, wait, f"return {call}.wait()", env, doc=decl.doc, module=__name__,
+            declared=(decl.name, "blocking"),
+        ),
+    )  # fmt: skip
+
+
+allreduce_async, allreduce = _numpy_forms("allreduce")
+broadcast_async, broadcast = _numpy_forms("broadcast")
+barrier_async, barrier = _numpy_forms("barrier")
+pairwise_exchange_async, pairwise_exchange = _numpy_forms("pairwise_exchange")
+reduce_scatter_async, reduce_scatter = _numpy_forms("reduce_scatter")
+allgather_async, allgather = _numpy_forms("allgather")
+neighbor_allreduce_async, neighbor_allreduce = _numpy_forms("neighbor_allreduce")
+neighbor_allgather_async, neighbor_allgather = _numpy_forms("neighbor_allgather")
+hierarchical_neighbor_allreduce_async, hierarchical_neighbor_allreduce = _numpy_forms(
+    "hierarchical_neighbor_allreduce"
+)
+reduce_async, reduce = _numpy_forms("reduce")
+gather_async, gather = _numpy_forms("gather")
+scatter_async, scatter = _numpy_forms("scatter")
+alltoall_async, alltoall = _numpy_forms("alltoall")
+send_async, send = _numpy_forms("send")
+recv_async, recv = _numpy_forms("recv")
 
 
 def poll(handle: HandleLike) -> bool:

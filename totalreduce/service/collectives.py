@@ -107,20 +107,6 @@ class CollectiveOps(OpSubmitter):
             dtype.name.lower(),
         )  # fmt: skip
 
-    def allreduce(
-        self,
-        x: Any,
-        name: str | int | None = None,
-        op: str | ReduceOp = "sum",
-        out: Any = None,
-        priority: int = 0,
-        algorithm: str | None = None,
-        group: Group | None = None,
-        dtype: str | None = None,
-    ) -> np.ndarray:
-        """Blocking :meth:`allreduce_async`: returns the reduced array."""
-        return self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype).wait()
-
     def broadcast_async(
         self,
         x: Any,
@@ -178,20 +164,6 @@ class CollectiveOps(OpSubmitter):
             result=o.reshape(arr.shape),
         )
 
-    def broadcast(
-        self,
-        x: Any,
-        root: int = 0,
-        name: str | int | None = None,
-        out: Any = None,
-        priority: int = 0,
-        algorithm: str = "auto",
-        group: Group | None = None,
-        dtype: str | None = None,
-    ) -> np.ndarray:
-        """Blocking :meth:`broadcast_async`."""
-        return self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype).wait()
-
     def barrier_async(
         self,
         name: str | int | None = None,
@@ -235,15 +207,6 @@ class CollectiveOps(OpSubmitter):
             schedule=sched,
             param=param,
         )
-
-    def barrier(
-        self,
-        name: str | int | None = None,
-        algorithm: str = "auto",
-        group: Group | None = None,
-    ) -> None:
-        """Blocking barrier."""
-        self.barrier_async(name, algorithm=algorithm, group=group).wait()
 
     def pairwise_exchange_async(
         self,

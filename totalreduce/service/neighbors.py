@@ -118,10 +118,6 @@ class NeighborOps(OpSubmitter):
             reserved=(op_name, gen),
         )
 
-    def neighbor_allreduce(self, x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
-        """Blocking :meth:`neighbor_allreduce_async`."""
-        return self.neighbor_allreduce_async(x, name, **kw).wait()
-
     def neighbor_allgather_async(
         self,
         x: Any,
@@ -169,10 +165,6 @@ class NeighborOps(OpSubmitter):
             result=out.reshape((len(src), *arr.shape)),
             reserved=(op_name, gen),
         )
-
-    def neighbor_allgather(self, x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
-        """Blocking :meth:`neighbor_allgather_async`."""
-        return self.neighbor_allgather_async(x, name, **kw).wait()
 
     def hierarchical_neighbor_allreduce_async(
         self,
@@ -302,9 +294,3 @@ class NeighborOps(OpSubmitter):
             dst_weights={m * L + local: 1.0 for m in dst},
         )
         return self._world_group, AlgorithmCode.NEIGHBOR, sched
-
-    def hierarchical_neighbor_allreduce(
-        self, x: Any, name: str | int | None = None, **kw: Any
-    ) -> np.ndarray:
-        """Blocking :meth:`hierarchical_neighbor_allreduce_async`."""
-        return self.hierarchical_neighbor_allreduce_async(x, name, **kw).wait()

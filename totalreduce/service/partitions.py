@@ -147,12 +147,6 @@ class PartitionOps(OpSubmitter):
             finalize=finalize,
         )
 
-    def reduce_scatter(
-        self, x: Any, name: str | int | None = None, op: str = "sum", **kw: Any
-    ) -> Any:
-        """Blocking :meth:`reduce_scatter_async`."""
-        return self.reduce_scatter_async(x, name, op, **kw).wait()
-
     def allgather_async(
         self,
         x: Any,
@@ -260,7 +254,3 @@ class PartitionOps(OpSubmitter):
         )
         self._submit(spec, handle)
         return handle
-
-    def allgather(self, x: Any, name: str | int | None = None, **kw: Any) -> Any:
-        """Blocking :meth:`allgather_async`."""
-        return self.allgather_async(x, name, **kw).wait()

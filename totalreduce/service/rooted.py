@@ -95,10 +95,6 @@ class RootedOps(OpSubmitter):
             priority=priority, group=grp, code=code, schedule=sched, param=r, result=result,
         )  # fmt: skip
 
-    def reduce(self, x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
-        """Blocking :meth:`reduce_async`: the result on the root, None elsewhere."""
-        return self.reduce_async(x, root, name, **kw).wait()
-
     def gather_async(
         self,
         x: Any,
@@ -133,10 +129,6 @@ class RootedOps(OpSubmitter):
             op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched, param=r,
             result=result,
         )  # fmt: skip
-
-    def gather(self, x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
-        """Blocking :meth:`gather_async`."""
-        return self.gather_async(x, root, name, **kw).wait()
 
     def scatter_async(
         self,
@@ -180,10 +172,6 @@ class RootedOps(OpSubmitter):
             op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched, param=r,
             result=o.reshape(shape), count=n,
         )  # fmt: skip
-
-    def scatter(self, x: Any, root: int = 0, name: str | int | None = None, **kw: Any) -> Any:
-        """Blocking :meth:`scatter_async`: this rank's part."""
-        return self.scatter_async(x, root, name, **kw).wait()
 
     def alltoall_async(
         self,
@@ -252,10 +240,6 @@ class RootedOps(OpSubmitter):
             param=0 if equal else 1, result=result, count=int(arr.size) if equal else 0,
         )  # fmt: skip
 
-    def alltoall(self, x: Any, name: str | int | None = None, **kw: Any) -> np.ndarray:
-        """Blocking :meth:`alltoall_async`."""
-        return self.alltoall_async(x, name, **kw).wait()
-
     def _p2p(self, what: str, peer: Any, tag: Any, sending: bool) -> tuple[int, str, Group]:
         """The sender, the op name and the two-rank group of a message."""
         peer_rank = _int(peer, f"{what} {'dst' if sending else 'src'}")
@@ -283,10 +267,6 @@ class RootedOps(OpSubmitter):
         src, name, grp = self._p2p("send", dst, tag, True)
         return self._point(arr, np.empty(0, dtype=arr.dtype), dt, grp, src, name, priority, None)
 
-    def send(self, x: Any, dst: int, tag: int = 0, **kw: Any) -> None:
-        """Blocking :meth:`send_async`."""
-        self.send_async(x, dst, tag, **kw).wait()
-
     def recv_async(
         self, x: Any, src: int, tag: int = 0, priority: int = 0, dtype: str | None = None
     ) -> Handle:
@@ -301,10 +281,6 @@ class RootedOps(OpSubmitter):
         s, name, grp = self._p2p("recv", src, tag, False)
         empty = np.empty(0, dtype=arr.dtype)
         return self._point(empty, arr.reshape(-1), dt, grp, s, name, priority, arr)
-
-    def recv(self, x: Any, src: int, tag: int = 0, **kw: Any) -> np.ndarray:
-        """Blocking :meth:`recv_async`: ``x``, filled."""
-        return self.recv_async(x, src, tag, **kw).wait()
 
     def _point(
         self,

@@ -9,13 +9,18 @@ its name and generation (:mod:`.names`), compile its schedule and queue it
 :mod:`.collectives` (allreduce, broadcast, barrier, pairwise exchange),
 :mod:`.partitions` (reduce-scatter, all-gather) and :mod:`.neighbors`
 (neighbor ops, with the weights of :mod:`.weights`) and :mod:`.rooted` (reduce,
-gather, scatter, all-to-all, send/recv).
+gather, scatter, all-to-all, send/recv).  Each op's blocking method
+(``Service.allreduce`` ...) is its ``_async`` method and ``wait()``, built from its
+record in :mod:`totalreduce.ops_table`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from ..declare import build_function, forward, signature
+from ..ops_table import OPS, OpDecl
 from ..transport.base import Transport
 from .adasum import AdasumOps
 from .checks import as_array, reduce_op
@@ -56,6 +61,25 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Li
         on ranks (including this one) that have not submitted it yet.
         """
         self.loop.request_abort((self._wire_id(name), int(generation)), str(name), reason)
+
+
+def _blocking_method(decl: OpDecl) -> Callable[..., Any]:
+    """``Service.{name}``: ``self.{name}_async(...).wait()`` with the numpy API's parameters."""
+    sig = signature(decl.api_params(), more=decl.api_more, first="self", returns=decl.returns.value)
+    return build_function(
+        decl.name,
+        sig,
+        f"return self.{decl.method}({forward(sig, skip=('self',))}).wait()",
+        {},
+        doc=f"Blocking :meth:`{decl.method}`.",
+        module=__name__,
+        qualname=f"Service.{decl.name}",
+        declared=(decl.name, "service blocking"),
+    )
+
+
+for _decl in OPS:
+    setattr(Service, _decl.name, _blocking_method(_decl))
 
 
 if TYPE_CHECKING:  # mypy checks that the embedded service and handle satisfy the protocols

@@ -6,6 +6,7 @@ does, and raises an ImportError saying what to install when torch is missing.
 - Tensors (``collectives.py``): :func:`allreduce_async` and friends take CPU
   tensors of float32, float64, float16, bfloat16, int32 and int64 without a copy
   when they are contiguous; CUDA tensors travel through a pinned host buffer.
+  Each op's forms are built from its record in :mod:`totalreduce.ops_table`.
 - :func:`DistributedOptimizer` (``optimizer.py``): Horovod's optimizer wrapper;
   gradients travel in fusion buckets (``buckets.py``), each submitted the moment
   its last gradient is ready; CUDA buckets are staged on a side stream

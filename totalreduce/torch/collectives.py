@@ -11,6 +11,11 @@ None means 0); the ones the torch.distributed backend uses take ``staging=``, a
 Contiguous CPU tensors go to the engine without a copy, so a tensor must not be
 modified until its op is done.  Other tensors are staged (see ``tensors.py``).
 
+Every form is built from its op's record in :mod:`totalreduce.ops_table` by
+:func:`tensor_forms`, and every call runs through :func:`submit`: the one place
+where a torch call's arguments become the service call, and the engine's handle
+a :class:`~totalreduce.torch.TensorHandle`.
+
 >>> h = trt.allreduce_async(grad, name="fc1.weight", op="avg")   # doctest: +SKIP
 >>> avg = h.wait()                                                # doctest: +SKIP
 >>> trt.allreduce_(grad, name="fc1.weight")      # in place, blocking   # doctest: +SKIP
@@ -18,14 +23,17 @@ modified until its op is done.  Other tensors are staged (see ``tensors.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..api import default_service
+from ..declare import Form, Kind, OpDecl, Takes, build_function, forward, signature
 from ..errors import InvalidArgumentError
+from ..ops_table import op as op_declaration
 from ..service.handle import ServiceLike
-from .tensors import HostBuffer, PinnedPool, TensorHandle, host_buffer
+from .tensors import HostBuffer, TensorHandle, host_buffer
 
 #: Horovod's op constants (``hvd.Average`` ...): the engine's op names.
 Average = "avg"
@@ -59,27 +67,10 @@ def priority_value(priority: Any) -> int:
     return priority
 
 
-def _op_of(op: str, average: bool | None) -> str:
-    """Horovod's and BlueFog's ``average=`` (True: "avg", False: "sum") over ``op``."""
-    if average is None:
-        return op
-    return "avg" if average else "sum"
+def in_place_result(buf: HostBuffer) -> Callable[[Any], torch.Tensor]:
+    """A :class:`TensorHandle` finish for an op that wrote into ``buf``: the caller's tensor
+    (a staged result copied back), the staging buffer released."""
 
-
-def _bluefog_positional(
-    name: Any, topology: Any, step: Any, self_weight: Any, src_weights: Any, dst_weights: Any
-) -> tuple[Any, Any, Any, Any, Any, Any]:
-    """BlueFog's positional order ``(tensor, self_weight, src_weights, dst_weights,
-    enable_topo_check, name)`` read from this module's ``(tensor, name, topology, step,
-    self_weight, src_weights, ...)``: a float where the name goes is BlueFog's
-    ``self_weight`` (a name is a str or an int)."""
-    if not isinstance(name, float):
-        return name, topology, step, self_weight, src_weights, dst_weights
-    bf_name = src_weights if isinstance(src_weights, (str, int)) else None
-    return bf_name, None, None, name, topology, step
-
-
-def _in_place(buf: HostBuffer) -> Any:
     def finish(_raw: Any) -> torch.Tensor:
         out = buf.copy_back()
         buf.release()
@@ -88,7 +79,10 @@ def _in_place(buf: HostBuffer) -> Any:
     return finish
 
 
-def _new_tensor(buf: HostBuffer) -> Any:
+def new_tensor_result(buf: HostBuffer) -> Callable[[Any], torch.Tensor]:
+    """A :class:`TensorHandle` finish for an op whose result is a new engine array: that
+    array as a tensor of the input's dtype and device, the input's staging released."""
+
     def finish(raw: Any) -> torch.Tensor:
         out = buf.as_tensor(raw)
         buf.release()  # the input's staging copy; the result is the engine's own array
@@ -97,485 +91,158 @@ def _new_tensor(buf: HostBuffer) -> Any:
     return finish
 
 
-# ---------------------------------------------------------------- allreduce
-
-
-def allreduce_async(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    op: str = "avg",
-    priority: int | None = None,
-    *,
-    average: bool | None = None,
-    group: Any = None,
-    service: ServiceLike | None = None,
-) -> TensorHandle:
-    """Start reducing ``tensor`` across ranks into a new tensor (``op``: avg, sum, max, min).
-
-    >>> h = trt.allreduce_async(torch.ones(4), name="ones", op="sum")   # doctest: +SKIP
-    >>> h.wait()                                                         # doctest: +SKIP
-    tensor([4., 4., 4., 4.])
-    """
-    op = _op_of(op, average)
-    svc = resolve_service(service)
-    buf = host_buffer(tensor)
-    h = svc.allreduce_async(
-        buf.array,
-        name=name,
-        op=op,
-        priority=priority_value(priority),
-        group=group,
-        **buf.engine_kwargs,
-    )
-    return TensorHandle(h, _new_tensor(buf))
-
-
-def allreduce_async_(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    op: str = "avg",
-    priority: int | None = None,
-    *,
-    average: bool | None = None,
-    group: Any = None,
-    staging: PinnedPool | None = None,
-    service: ServiceLike | None = None,
-) -> TensorHandle:
-    """Start reducing ``tensor`` across ranks in place; ``wait()`` returns ``tensor``."""
-    op = _op_of(op, average)
-    svc = resolve_service(service)
-    buf = host_buffer(tensor, pool=staging)
-    h = svc.allreduce_async(
-        buf.array,
-        name=name,
-        op=op,
-        out=buf.array,
-        priority=priority_value(priority),
-        group=group,
-        **buf.engine_kwargs,
-    )
-    return TensorHandle(h, _in_place(buf))
-
-
-def allreduce(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    op: str = "avg",
-    priority: int | None = None,
-    *,
-    average: bool | None = None,
-    service: ServiceLike | None = None,
-) -> torch.Tensor:
-    """Blocking :func:`allreduce_async`: the reduced values in a new tensor."""
-    op = _op_of(op, average)
-    return allreduce_async(tensor, name, op, priority, service=service).wait()
-
-
-def allreduce_(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    op: str = "avg",
-    priority: int | None = None,
-    *,
-    average: bool | None = None,
-    service: ServiceLike | None = None,
-) -> torch.Tensor:
-    """Blocking :func:`allreduce_async_`: reduces ``tensor`` in place and returns it."""
-    op = _op_of(op, average)
-    return allreduce_async_(tensor, name, op, priority, service=service).wait()
-
-
-# ---------------------------------------------------------------- broadcast
-
-
-def broadcast_async(
-    tensor: torch.Tensor,
-    root: int = 0,
-    name: str | int | None = None,
-    priority: int | None = None,
-    *,
-    root_rank: int | None = None,
-    group: Any = None,
-    service: ServiceLike | None = None,
-) -> TensorHandle:
-    """Start copying rank ``root``'s ``tensor`` to every rank, into a new tensor.
-
-    ``root_rank=`` is Horovod's name for ``root``.
-    """
-    svc = resolve_service(service)
-    root = resolve_root(root, root_rank)
-    buf = host_buffer(tensor, widen=True)
-    h = svc.broadcast_async(
-        buf.array,
-        root,
-        name=name,
-        priority=priority_value(priority),
-        group=group,
-        **buf.engine_kwargs,
-    )
-    return TensorHandle(h, _new_tensor(buf))
-
-
-def broadcast_async_(
-    tensor: torch.Tensor,
-    root: int = 0,
-    name: str | int | None = None,
-    priority: int | None = None,
-    *,
-    root_rank: int | None = None,
-    group: Any = None,
-    staging: PinnedPool | None = None,
-    service: ServiceLike | None = None,
-) -> TensorHandle:
-    """Start overwriting ``tensor`` with rank ``root``'s, in place; ``wait()`` returns it."""
-    svc = resolve_service(service)
-    root = resolve_root(root, root_rank)
-    buf = host_buffer(tensor, widen=True, pool=staging)
-    h = svc.broadcast_async(
-        buf.array,
-        root,
-        name=name,
-        out=buf.array,
-        priority=priority_value(priority),
-        group=group,
-        **buf.engine_kwargs,
-    )
-    return TensorHandle(h, _in_place(buf))
-
-
-def broadcast(
-    tensor: torch.Tensor,
-    root: int = 0,
-    name: str | int | None = None,
-    priority: int | None = None,
-    *,
-    root_rank: int | None = None,
-    service: ServiceLike | None = None,
-) -> torch.Tensor:
-    """Blocking :func:`broadcast_async`: rank ``root``'s values in a new tensor."""
-    return broadcast_async(
-        tensor, root, name, priority, root_rank=root_rank, service=service
-    ).wait()
-
-
-def broadcast_(
-    tensor: torch.Tensor,
-    root: int = 0,
-    name: str | int | None = None,
-    priority: int | None = None,
-    *,
-    root_rank: int | None = None,
-    service: ServiceLike | None = None,
-) -> torch.Tensor:
-    """Blocking :func:`broadcast_async_`: overwrites ``tensor`` with rank ``root``'s."""
-    return broadcast_async_(
-        tensor, root, name, priority, root_rank=root_rank, service=service
-    ).wait()
-
-
-# ---------------------------------------------------------------- reduce-scatter / all-gather
-
-
-def reduce_scatter_async(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    op: str = "sum",
-    partition: Any = None,
-    axes: Any = None,
-    group: Any = None,
-    priority: int | None = None,
-    *,
-    staging: PinnedPool | None = None,
-    service: ServiceLike | None = None,
-) -> TensorHandle:
-    """Start a reduce-scatter; ``wait()`` returns this rank's part as a new tensor.
-
-    Without ``partition`` the tensor is flattened and each rank gets its
-    balanced 1-D part of the sum.  With ``partition=totalreduce.Partition(shape)``
-    and ``axes=(k,)`` the sum runs over the ranks along partition dimension
-    ``k`` and tensor dimension ``k`` is split among them (a 3x7x12 tensor on a
-    2x2x3 partition along axis 2 gives 3x7x4).  A rank outside the partition
-    gets a copy of its zero-volume input.
-    """
-    svc = resolve_service(service)
-    buf = host_buffer(tensor, pool=staging)
-    h = svc.reduce_scatter_async(
-        buf.array,
-        name,
-        op,
-        partition=partition,
-        axes=axes,
-        group=group,
-        priority=priority_value(priority),
-        **buf.engine_kwargs,
-    )
-    return TensorHandle(h, _new_tensor(buf))
-
-
-def reduce_scatter(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    op: str = "sum",
-    partition: Any = None,
-    axes: Any = None,
-    group: Any = None,
-    priority: int | None = None,
-    *,
-    service: ServiceLike | None = None,
-) -> torch.Tensor:
-    """Blocking :func:`reduce_scatter_async`."""
-    return reduce_scatter_async(
-        tensor, name, op, partition, axes, group, priority, service=service
-    ).wait()
-
-
-def allgather_async(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    partition: Any = None,
-    axes: Any = None,
-    group: Any = None,
-    priority: int | None = None,
-    *,
-    flat: bool = False,
-    staging: PinnedPool | None = None,
-    service: ServiceLike | None = None,
-) -> TensorHandle:
-    """Start an all-gather: every rank's tensor joined in rank order, as a new tensor.
-
-    Without ``partition`` the tensors are concatenated along dimension 0, as
-    Horovod's and torch's ``allgather`` do: ranks may differ in dimension 0
-    only (a ``(2, 5)`` and a ``(3, 5)`` give ``(5, 5)``; a 0-d tensor counts as
-    ``(1,)``).  ``flat=True`` joins the flattened tensors into one 1-D tensor
-    instead, whatever their shapes.  With ``partition`` and ``axes=(k,)`` the
-    parts of the ranks along partition dimension ``k`` are joined along tensor
-    dimension ``k`` (the adjoint of :func:`reduce_scatter_async`).
-
-    >>> trt.allgather(torch.ones(2, 5)).shape     # on 3 ranks   # doctest: +SKIP
-    torch.Size([6, 5])
-    """
-    svc = resolve_service(service)
-    buf = host_buffer(tensor, pool=staging)
-    h = svc.allgather_async(
-        buf.array,
-        name,
-        partition=partition,
-        axes=axes,
-        group=group,
-        priority=priority_value(priority),
-        **buf.engine_kwargs,
-    )
-    if partition is not None or flat or tensor.dim() <= 1:
-        return TensorHandle(h, _new_tensor(buf))
-    rows = tuple(tensor.shape[1:])
+def rows_result(buf: HostBuffer, name: Any) -> Callable[[Any], torch.Tensor]:
+    """A finish joining every rank's tensor along dimension 0 (Horovod's and torch's
+    all-gather): the gathered elements as rows of the input's row shape."""
+    rows = tuple(buf.tensor.shape[1:])
     per_row = max(1, int(torch.Size(rows).numel()))
 
-    def joined(raw: Any) -> torch.Tensor:
+    def finish(raw: Any) -> torch.Tensor:
         out = buf.as_tensor(raw)
         buf.release()
         if out.numel() % per_row:
             raise InvalidArgumentError(
-                f"allgather {h.name!r}: the ranks' tensors differ beyond dimension 0 "
+                f"allgather {name!r}: the ranks' tensors differ beyond dimension 0 "
                 f"({out.numel()} elements gathered, not a multiple of this rank's row shape "
                 f"{rows}); pass flat=True to join them flattened"
             )
         return out.reshape(-1, *rows)
 
-    return TensorHandle(h, joined)
+    return finish
 
 
-def allgather(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    partition: Any = None,
-    axes: Any = None,
-    group: Any = None,
-    priority: int | None = None,
-    *,
-    flat: bool = False,
-    service: ServiceLike | None = None,
-) -> torch.Tensor:
-    """Blocking :func:`allgather_async`."""
-    return allgather_async(
-        tensor, name, partition, axes, group, priority, flat=flat, service=service
-    ).wait()
+class _Plan:
+    """How the torch arguments of one op become its service call, read off its record."""
+
+    def __init__(self, decl: OpDecl) -> None:
+        t = decl.torch
+        assert t is not None, f"{decl.name} declares no torch forms"
+        engine = set(decl.param_names)
+        self.decl = decl
+        self.method = decl.method
+        self.takes_tensor = decl.takes is Takes.ONE
+        kinds = {p.name: p.kind for p in t.params}
+        self.input = next((n for n, k in kinds.items() if k is Kind.INPUT), "")
+        #: passed on under their own names (priority after its check)
+        self.passed = tuple(n for n, k in kinds.items() if n in engine and k is not Kind.INPUT)
+        self.older = tuple((p.name, p.of) for p in t.params if p.kind is Kind.OLDER_NAME)
+        self.average = next((n for n, k in kinds.items() if k is Kind.AVERAGE), "")
+        self.root_rank = next((n for n, k in kinds.items() if k is Kind.ROOT_RANK), "")
+        self.topology = next((n for n, k in kinds.items() if k is Kind.TOPOLOGY), "")
+        self.weights = tuple(n for n, k in kinds.items() if k is Kind.WEIGHTS)
+        self.rows = t.rows
+        self.bluefog = t.bluefog_order
+        self.positional = tuple(p for p in t.params if not p.keyword_only)
+
+    def from_bluefog(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``args`` read in BlueFog's positional order (see ``TorchDecl.bluefog_order``)."""
+        slots = self.positional[: len(self.bluefog)]
+        moved = dict(args)
+        for p in slots:
+            moved[p.name] = p.default
+        for name, p in zip(self.bluefog, slots, strict=True):
+            moved[name] = args[p.name]
+        if not isinstance(moved.get("name"), (str, int)):
+            moved["name"] = None  # BlueFog's name goes last; what came there is no name
+        return moved
 
 
-# ---------------------------------------------------------------- barrier
+_PLANS: dict[str, _Plan] = {}
 
 
-def barrier(name: str | int | None = None, *, service: ServiceLike | None = None) -> None:
-    """Return once every rank has entered the barrier (Horovod's ``hvd.barrier()``)."""
-    resolve_service(service).barrier(name)
+def submit(name: str, in_place: bool, args: dict[str, Any]) -> Any:
+    """Start op ``name`` on the tensor in ``args`` (a torch form's arguments, by name).
 
-
-# ---------------------------------------------------------------- neighbor averaging
-
-
-def _neighbor(
-    tensor: torch.Tensor,
-    name: str | int | None,
-    in_place: bool,
-    kwargs: dict[str, Any],
-    priority: int | None,
-    service: ServiceLike | None,
-) -> TensorHandle:
-    svc = resolve_service(service)
-    buf = host_buffer(tensor)
-    if in_place:
-        kwargs = dict(kwargs, out=buf.array)
-    if (
-        kwargs.get("topology") is None
-        and kwargs.get("self_weight") is None
-        and kwargs.get("src_weights") is None
-    ):
-        from .bluefog import current_topology
-
-        kwargs = dict(kwargs, topology=current_topology())  # set_topology's, if any
-    h = svc.neighbor_allreduce_async(
-        buf.array, name, priority=priority_value(priority), **kwargs, **buf.engine_kwargs
-    )
-    return TensorHandle(h, _in_place(buf) if in_place else _new_tensor(buf))
-
-
-def neighbor_allreduce_async(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    topology: Any = None,
-    step: int | None = None,
-    self_weight: float | None = None,
-    src_weights: Any = None,
-    dst_weights: Any = None,
-    priority: int | None = None,
-    *,
-    neighbor_weights: Any = None,
-    send_neighbors: Any = None,
-    enable_topo_check: bool = True,
-    service: ServiceLike | None = None,
-) -> TensorHandle:
-    """Start averaging ``tensor`` with this rank's neighbors, into a new tensor.
-
-    ``x_i <- sum_j W(step)[i, j] x_j`` with ``W`` the mixing matrix of
-    ``topology`` (a name or a :mod:`totalreduce.topology` object) at ``step``
-    (default: the op's generation), or BlueFog's dynamic ``self_weight`` /
-    ``src_weights`` / ``dst_weights``.  Floating-point tensors only.
+    Returns a :class:`TensorHandle` whose ``wait()`` gives the result tensor (the
+    one passed, written in place, when ``in_place``); an op that takes no tensor
+    (a barrier) returns the engine's handle.
     """
-    name, topology, step, self_weight, src_weights, dst_weights = _bluefog_positional(
-        name, topology, step, self_weight, src_weights, dst_weights
-    )
-    src_weights = neighbor_weights if src_weights is None else src_weights  # BlueFog's older names
-    dst_weights = send_neighbors if dst_weights is None else dst_weights
-    del enable_topo_check  # the engine always checks that senders and receivers agree
-    kwargs = dict(
-        topology=topology,
-        step=step,
-        self_weight=self_weight,
-        src_weights=src_weights,
-        dst_weights=dst_weights,
-    )
-    return _neighbor(tensor, name, False, kwargs, priority, service)
+    plan = _PLANS[name]
+    if plan.bluefog and isinstance(args.get("name"), float):  # BlueFog's self_weight
+        args = plan.from_bluefog(args)
+    svc = resolve_service(args.get("service"))
+    call = {n: args[n] for n in plan.passed if n in args}
+    if "priority" in call:
+        call["priority"] = priority_value(call["priority"])
+    if plan.average and args.get(plan.average) is not None:
+        call["op"] = "avg" if args[plan.average] else "sum"
+    if plan.root_rank:
+        call["root"] = resolve_root(call["root"], args.get(plan.root_rank))
+    for older, of in plan.older:
+        if call.get(of) is None:
+            call[of] = args[older]
+    if plan.topology and call.get(plan.topology) is None:
+        if all(call.get(w) is None for w in plan.weights):
+            from .bluefog import current_topology
+
+            call[plan.topology] = current_topology()  # set_topology's, if any
+    if not plan.takes_tensor:
+        return getattr(svc, plan.method)(**call)
+    tensor = args[plan.input]
+    buf = host_buffer(tensor, plan.input, pool=args.get("staging"))
+    if in_place:
+        call["out"] = buf.array
+    h = getattr(svc, plan.method)(buf.array, **call, **buf.engine_kwargs)
+    if in_place:
+        finish = in_place_result(buf)
+    elif plan.rows and not args.get("flat") and call.get("partition") is None and tensor.dim() > 1:
+        finish = rows_result(buf, h.name)
+    else:
+        finish = new_tensor_result(buf)
+    return TensorHandle(h, finish)
 
 
-def neighbor_allreduce_async_(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    topology: Any = None,
-    step: int | None = None,
-    self_weight: float | None = None,
-    src_weights: Any = None,
-    dst_weights: Any = None,
-    priority: int | None = None,
-    *,
-    neighbor_weights: Any = None,
-    send_neighbors: Any = None,
-    enable_topo_check: bool = True,
-    service: ServiceLike | None = None,
-) -> TensorHandle:
-    """In-place :func:`neighbor_allreduce_async`; ``wait()`` returns ``tensor``."""
-    name, topology, step, self_weight, src_weights, dst_weights = _bluefog_positional(
-        name, topology, step, self_weight, src_weights, dst_weights
-    )
-    src_weights = neighbor_weights if src_weights is None else src_weights  # BlueFog's older names
-    dst_weights = send_neighbors if dst_weights is None else dst_weights
-    del enable_topo_check  # the engine always checks that senders and receivers agree
-    kwargs = dict(
-        topology=topology,
-        step=step,
-        self_weight=self_weight,
-        src_weights=src_weights,
-        dst_weights=dst_weights,
-    )
-    return _neighbor(tensor, name, True, kwargs, priority, service)
+def tensor_forms(name: str) -> tuple[Callable[..., Any], ...]:
+    """The torch forms op ``name`` declares, in :class:`~totalreduce.declare.Form` order
+    (``_async``, ``_async_``, blocking, blocking ``_``), each a call of :func:`submit`."""
+    decl = op_declaration(name)
+    assert decl.torch is not None, f"{name} declares no torch forms"
+    _PLANS[name] = _Plan(decl)
+    handle = "TensorHandle" if decl.takes is Takes.ONE else "HandleLike"
+    value = "torch.Tensor" if decl.takes is Takes.ONE else decl.returns.value
+    out = []
+    for form in Form:
+        if form not in decl.torch.forms:
+            continue
+        sig = signature(decl.torch.params_of(form), returns=value if form.blocking else handle)
+        call = f"_submit({name!r}, {form.in_place}, dict({forward(sig)}))"
+        out.append(
+            build_function(
+                form.name_of(name),
+                sig,
+                f"return {call}.wait()" if form.blocking else f"return {call}",
+                {"_submit": submit},
+                doc=_doc(decl, form),
+                module=__name__,
+                declared=(name, f"torch {form.name.lower()}"),
+            )
+        )
+    return tuple(out)
 
 
-def neighbor_allreduce(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    topology: Any = None,
-    step: int | None = None,
-    self_weight: float | None = None,
-    src_weights: Any = None,
-    dst_weights: Any = None,
-    priority: int | None = None,
-    *,
-    neighbor_weights: Any = None,
-    send_neighbors: Any = None,
-    enable_topo_check: bool = True,
-    service: ServiceLike | None = None,
-) -> torch.Tensor:
-    """Blocking :func:`neighbor_allreduce_async`."""
-    name, topology, step, self_weight, src_weights, dst_weights = _bluefog_positional(
-        name, topology, step, self_weight, src_weights, dst_weights
-    )
-    src_weights = neighbor_weights if src_weights is None else src_weights  # BlueFog's older names
-    dst_weights = send_neighbors if dst_weights is None else dst_weights
-    del enable_topo_check  # the engine always checks that senders and receivers agree
-    return neighbor_allreduce_async(
-        tensor,
-        name,
-        topology,
-        step,
-        self_weight,
-        src_weights,
-        dst_weights,
-        priority,
-        service=service,
-    ).wait()
+def _doc(decl: OpDecl, form: Form) -> str:
+    assert decl.torch is not None
+    if form is Form.ASYNC:
+        return decl.torch.doc
+    if form is Form.ASYNC_IN_PLACE:
+        return decl.torch.doc_in_place
+    if Form.ASYNC in decl.torch.forms:
+        start = (Form.ASYNC_IN_PLACE if form.in_place else Form.ASYNC).name_of(decl.name)
+        what = "in place, returning ``tensor``" if form.in_place else "the result in a new tensor"
+        return f"Blocking :func:`{start}`: {what}."
+    return decl.torch.doc
 
 
-def neighbor_allreduce_(
-    tensor: torch.Tensor,
-    name: str | int | None = None,
-    topology: Any = None,
-    step: int | None = None,
-    self_weight: float | None = None,
-    src_weights: Any = None,
-    dst_weights: Any = None,
-    priority: int | None = None,
-    *,
-    neighbor_weights: Any = None,
-    send_neighbors: Any = None,
-    enable_topo_check: bool = True,
-    service: ServiceLike | None = None,
-) -> torch.Tensor:
-    """Blocking :func:`neighbor_allreduce_async_`."""
-    name, topology, step, self_weight, src_weights, dst_weights = _bluefog_positional(
-        name, topology, step, self_weight, src_weights, dst_weights
-    )
-    src_weights = neighbor_weights if src_weights is None else src_weights  # BlueFog's older names
-    dst_weights = send_neighbors if dst_weights is None else dst_weights
-    del enable_topo_check  # the engine always checks that senders and receivers agree
-    return neighbor_allreduce_async_(
-        tensor,
-        name,
-        topology,
-        step,
-        self_weight,
-        src_weights,
-        dst_weights,
-        priority,
-        service=service,
-    ).wait()
+# ---------------------------------------------------------------- the ops, from the table
+
+allreduce_async, allreduce_async_, allreduce, allreduce_ = tensor_forms("allreduce")
+broadcast_async, broadcast_async_, broadcast, broadcast_ = tensor_forms("broadcast")
+reduce_scatter_async, reduce_scatter = tensor_forms("reduce_scatter")
+allgather_async, allgather = tensor_forms("allgather")
+(barrier,) = tensor_forms("barrier")
+neighbor_allreduce_async, neighbor_allreduce_async_, neighbor_allreduce, neighbor_allreduce_ = (
+    tensor_forms("neighbor_allreduce")
+)
 
 
 # ---------------------------------------------------------------- handles

@@ -2,9 +2,11 @@
 
 This module owns :func:`torch_future` and :func:`torch_work`, the adapter every
 part of ``totalreduce.torch`` uses to hand an engine op to torch (the DDP comm
-hooks, the ``"totalreduce"`` process group), and the thread that completes
-those futures.  When the engine changes how completions reach Python, this
-module is what changes.
+hooks, the ``"totalreduce"`` process group, with its timeouts), and the thread
+that completes those futures.  ``Work`` objects handed to torch are this
+module's; a result tensor is made by the op's :class:`~.tensors.TensorHandle`
+(its ``wait()``), which ``finish`` reads.  When the engine changes how
+completions reach Python, this module is what changes.
 
 Two rules, learned from a survivor that segfaulted when its peer died:
 
@@ -46,6 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import OpTimeoutError
 from ..service.handle import HandleLike
 
 log = logging.getLogger("totalreduce.torch.futures")
@@ -187,10 +190,17 @@ class _Work(dist.Work):
     _alive: set[_Work] = set()
     _alive_lock = threading.Lock()
 
-    def __init__(self, completion: _Completion) -> None:
+    def __init__(
+        self,
+        completion: _Completion,
+        timeout_s: float | None = None,
+        timeout_error: Callable[[], str] | None = None,
+    ) -> None:
         super().__init__()
         self._completion = completion
         self._claimed = False
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._timeout_error = timeout_error
         with _Work._alive_lock:
             _Work._alive.add(self)
         completion.future.add_done_callback(lambda _f: self._release())
@@ -207,19 +217,25 @@ class _Work(dist.Work):
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until the op completes (driving the engine); raise its error if it failed.
 
-        ``timeout`` (torch passes ``timedelta(0)`` for none) raises
+        ``timeout`` (torch passes ``timedelta(0)`` for none), or the work's own
+        deadline (``torch_work(timeout_s=...)``, counted from submission), raises
         :class:`~totalreduce.OpTimeoutError` when it runs out; the op stays in flight.
         """
         self._claim()
-        deadline = None
+        deadline = self._deadline
         if timeout is not None and timeout > timedelta(0):
-            deadline = time.monotonic() + timeout.total_seconds()
+            asked = time.monotonic() + timeout.total_seconds()
+            deadline = asked if deadline is None else min(deadline, asked)
         c = self._completion
         try:
             for h in c.handles:
                 h.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        except BaseException:
-            if not any(h.exception() is not None for h in c.handles):
+        except BaseException as exc:
+            if any(h.exception() is not None for h in c.handles):
+                pass  # the op failed: settled below, raising its own error
+            elif isinstance(exc, OpTimeoutError) and self._timeout_error is not None:
+                raise OpTimeoutError(self._timeout_error()) from exc  # the op goes on
+            else:
                 raise  # a timeout: the op goes on
         c.settle()  # here, at once, unless the completion thread is at it already
         try:
@@ -253,15 +269,24 @@ class _Work(dist.Work):
         return self._completion.future.value()
 
 
-def torch_work(handles: Sequence[HandleLike], finish: Callable[[], Any]) -> dist.Work:
+def torch_work(
+    handles: Sequence[HandleLike],
+    finish: Callable[[], Any],
+    *,
+    timeout_s: float | None = None,
+    timeout_error: Callable[[], str] | None = None,
+) -> dist.Work:
     """A ``torch.distributed`` ``Work`` over ``handles``, for a process group to return.
 
     ``get_future()`` is :func:`torch_future` of the same handles and ``finish``;
     ``wait()`` drives the engine in the calling thread, completes the future
     there and raises the op's own error (a :class:`~totalreduce.TotalReduceError`,
-    which is a ``RuntimeError``) naming the op and the ranks.
+    which is a ``RuntimeError``) naming the op and the ranks.  With
+    ``timeout_s``, ``wait()`` raises :class:`~totalreduce.OpTimeoutError` once that
+    many seconds have passed since this call, with the message
+    ``timeout_error()`` (the engine's, naming the ranks waited for, is its cause).
     """
     c = _Completion(handles, finish)
-    work = _Work(c)
+    work = _Work(c, timeout_s, timeout_error)
     c.start()
     return work

@@ -16,15 +16,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..declare import Alias, Form, Kind, Takes, build_function, forward, signature
 from ..errors import InvalidArgumentError
+from ..ops_table import op as op_declaration
 from ..service.handle import ServiceLike
-from .collectives import allreduce_async, resolve_service
+from .collectives import resolve_service, submit
 from .tensors import TensorHandle, host_buffer
 
 
@@ -120,35 +122,53 @@ class GroupHandle:
         return [h.wait(timeout) for h in self.handles]
 
 
-def grouped_allreduce_async(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | int | None = None,
-    op: str | None = None,
-    *,
-    service: ServiceLike | None = None,
-) -> GroupHandle:
-    """Start reducing every tensor of ``tensors`` (average by default, as Horovod)."""
-    base = "grouped_allreduce" if name is None else str(name)
-    how = "avg" if op is None else op
+def _alias(op: str, name: str) -> Alias:
+    return next(a for a in op_declaration(op).aliases if a.name == name)
+
+
+def _grouped(op: str, alias: str, args: dict[str, Any]) -> GroupHandle:
+    """Op ``op`` on every tensor of the list in ``args``: one op each, named ``name.k``
+    (``alias.k`` without a name); an argument left None takes the op's default."""
+    torch_decl = op_declaration(op).torch
+    assert torch_decl is not None
+    listed = next(p.name for p in _alias(op, alias).params if p.kind is Kind.INPUT)
+    tensors = args.pop(listed)
+    each = {p.name: p.default for p in torch_decl.params_of(Form.ASYNC) if not p.required}
+    each.update((k, v) for k, v in args.items() if v is not None)
+    base = alias if args.get("name") is None else str(args["name"])
+    one = next(p.name for p in torch_decl.params if p.kind is Kind.INPUT)
     return GroupHandle(
-        [
-            allreduce_async(t, f"{base}.{k}", how, average=average, service=service)
-            for k, t in enumerate(tensors)
-        ]
+        [submit(op, False, {**each, one: t, "name": f"{base}.{k}"}) for k, t in enumerate(tensors)]
     )
 
 
-def grouped_allreduce(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | int | None = None,
-    op: str | None = None,
-    *,
-    service: ServiceLike | None = None,
-) -> list[torch.Tensor]:
-    """Blocking :func:`grouped_allreduce_async`."""
-    return grouped_allreduce_async(tensors, average, name, op, service=service).wait()
+def grouped_forms(op: str, alias: str) -> tuple[Callable[..., Any], ...]:
+    """``{alias}_async`` and ``{alias}`` (Horovod's ``grouped_allreduce``): op ``op`` on every
+    tensor of a list, with the alias's parameters from :mod:`totalreduce.ops_table`;
+    ``wait()`` returns the list of results."""
+    a = _alias(op, alias)
+    assert a.derived and a.takes is Takes.LIST, f"{alias} is not a derived list form of {op}"
+    out = []
+    for form in (Form.ASYNC, Form.BLOCKING):
+        if form not in a.forms:
+            continue
+        sig = signature(a.params, returns="list[torch.Tensor]" if form.blocking else "GroupHandle")
+        call = f"_grouped({op!r}, {alias!r}, dict({forward(sig)}))"
+        out.append(
+            build_function(
+                form.name_of(alias),
+                sig,
+                f"return {call}.wait()" if form.blocking else f"return {call}",
+                {"_grouped": _grouped},
+                doc=f"Blocking :func:`{alias}_async`." if form.blocking else a.doc,
+                module=__name__,
+                declared=(op, f"{a.dialect} {form.name.lower()}"),
+            )
+        )
+    return tuple(out)
+
+
+grouped_allreduce_async, grouped_allreduce = grouped_forms("allreduce", "grouped_allreduce")
 
 
 def join(device: int = -1, *, service: ServiceLike | None = None) -> int:

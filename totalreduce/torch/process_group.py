@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import importlib
 import socket
-import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -53,11 +51,19 @@ import torch
 import torch.distributed as dist
 
 from ..api import init
-from ..errors import InvalidArgumentError, OpTimeoutError, TotalReduceError
+from ..declare import OpDecl
+from ..errors import InvalidArgumentError, TotalReduceError
 from ..group import Group
-from ..service.handle import ServiceLike
+from ..ops_table import OPS
+from ..service.handle import HandleLike, ServiceLike
 from .broadcast_state import broadcast_object
-from .collectives import allgather_async, allreduce_async_, broadcast_async_, reduce_scatter_async
+from .collectives import (
+    allgather_async,
+    allreduce_async_,
+    broadcast_async_,
+    in_place_result,
+    reduce_scatter_async,
+)
 from .futures import torch_work
 from .tensors import HostBuffer, PinnedPool, TensorHandle, host_buffer
 
@@ -92,98 +98,23 @@ def _reduce_op(what: str, op: Any, allowed: tuple[str, ...] = _ALL_OPS) -> str:
     )
 
 
-def _work(handles: list[TensorHandle], result: Any, finish: Any = None) -> Any:
-    """A ``Work`` (:func:`~totalreduce.torch.futures.torch_work`) whose future is ``result``
-    once every handle completed and ``finish`` (copies out of the engine's buffers) ran."""
-
-    def value() -> Any:
-        if finish is not None:
-            finish()
-        return result
-
-    return torch_work(handles, value)
-
-
 _NO_TIMEOUT_S = 1e7  # c10d's "unset" is -1 ms, "none" a huge value: neither is a deadline
 
+#: The engine op each torch.distributed call runs on (the ``c10d`` names of the table).
+_C10D: dict[str, OpDecl] = {name: decl for decl in OPS for name in decl.c10d}
 
-class _TimedWork(dist.Work):
-    """The ``Work`` of one torch op over the ``Work`` of its engine ops, with a deadline.
+#: What one torch op submits: its handles, its result, what runs once they completed.
+_Part = tuple[list[HandleLike], Any, Callable[[], Any]]
 
-    ``wait()`` waits for every inner ``Work`` (each drives the engine and raises
-    its op's error, :mod:`.futures`) and raises :class:`OpTimeoutError` naming
-    the torch op once its timeout, counted from submission, has passed; the op
-    stays in flight.  ``get_future()`` is the inner future, or one joining them
-    (failing as C++ sees it when one fails: raising in a ``then`` callback).
-    """
 
-    # A Python Work subclass dies with its last Python reference even while C++
-    # holds it (pytorch/pytorch#79176): each stays referenced here until it is done.
-    _alive: set[_TimedWork] = set()
-    _alive_lock = threading.Lock()
+def _joined(parts: list[_Part], result: Any) -> _Part:
+    """Several ops' parts as one: every handle, ``result``, every finish in order."""
 
-    def __init__(
-        self, works: list[Any], result: Any, what: str, seconds: float, pg: TotalReduceProcessGroup
-    ) -> None:
-        super().__init__()
-        self._works = works
-        self._what = what
-        self._pg = pg
-        self._seconds = seconds
-        self._deadline = time.monotonic() + seconds
-        if len(works) == 1:
-            self._fut = works[0].get_future()
-        else:
+    def finish() -> None:
+        for _handles, _result, each in parts:
+            each()
 
-            def joined(f: Any) -> Any:
-                for each in f.value():
-                    each.value()  # raises the first failure: torch then fails the future
-                return result
-
-            self._fut = torch.futures.collect_all([w.get_future() for w in works]).then(joined)
-        with _TimedWork._alive_lock:
-            _TimedWork._alive.add(self)
-        self._fut.add_done_callback(self._ended)
-
-    def _ended(self, _fut: Any) -> None:
-        with _TimedWork._alive_lock:
-            _TimedWork._alive.discard(self)
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        """Block until the op completes; raise its error, or OpTimeoutError when time runs out."""
-        deadline = self._deadline
-        if timeout is not None and timedelta(0) < timeout:
-            deadline = min(deadline, time.monotonic() + timeout.total_seconds())
-        for w in self._works:
-            left = deadline - time.monotonic()
-            try:
-                if left <= 0 and not w.is_completed():
-                    raise OpTimeoutError("no time left")
-                w.wait(timedelta(seconds=max(left, 1e-3)))
-            except OpTimeoutError as exc:
-                pg = self._pg
-                raise OpTimeoutError(
-                    f"{self._what} on torch.distributed group {pg.group_id!r} (rank {pg.rank()} "
-                    f"of {pg.size()}, world ranks {pg.ranks}) did not complete within its timeout "
-                    f"of {self._seconds:g} s"
-                ) from exc
-        return True
-
-    def get_future(self) -> Any:
-        """The op's future (DDP and ``work.get_future()`` wait on it)."""
-        return self._fut
-
-    def is_completed(self) -> bool:
-        """True once the op completed or failed."""
-        return bool(self._fut.done())
-
-    def is_success(self) -> bool:
-        """True once the op completed without an error."""
-        return self.is_completed() and all(w.is_success() for w in self._works)
-
-    def exception(self) -> BaseException | None:
-        """The first inner op's error once it failed, else None."""
-        return next((e for w in self._works if (e := w.exception()) is not None), None)
+    return [h for handles, _r, _f in parts for h in handles], result, finish
 
 
 class TotalReduceProcessGroup(dist.ProcessGroup):
@@ -218,11 +149,15 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ naming
 
-    def _name(self, kind: str, t: torch.Tensor, detail: Any = "") -> str:
+    def _name(self, what: str, t: torch.Tensor, detail: Any = "") -> str:
+        """The op name of torch op ``what`` on ``t``: its engine op (the table's ``c10d``
+        names) and the group, dtype, size and ``detail`` (reduce op, root)."""
+        kind = _C10D[what].name
         return f"{self._prefix}{kind}.{str(t.dtype).removeprefix('torch.')}.{t.numel()}.{detail}"
 
-    def _uneven(self, kind: str, t: torch.Tensor) -> str:
+    def _uneven(self, what: str, t: torch.Tensor, suffix: str = "") -> str:
         """The name of an op whose sizes differ between ranks (all-to-all with splits)."""
+        kind = _C10D[what].name + suffix
         return f"{self._prefix}{kind}.{str(t.dtype).removeprefix('torch.')}.v"
 
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
@@ -252,6 +187,60 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             raise InvalidArgumentError(f"{what} got no tensors")
         return out
 
+    # ------------------------------------------------------------------ Work
+
+    def _work(
+        self,
+        what: str,
+        opts: Any,
+        handles: list[HandleLike],
+        result: Any,
+        finish: Callable[[], Any] | None = None,
+    ) -> dist.Work:
+        """The ``Work`` of torch op ``what`` (:func:`~totalreduce.torch.futures.torch_work`):
+        its future is ``result`` once every handle completed and ``finish`` (copies out
+        of the engine's buffers) ran; ``wait()`` raises :class:`OpTimeoutError` naming
+        ``what`` and the group once ``opts.timeout`` (where the caller set one, else the
+        group's: ``init_process_group(timeout=...)``, 30 minutes unless set, as gloo's)
+        has passed since submission.  The op stays in flight."""
+        assert what in _C10D, f"{what} is no c10d name of an op in totalreduce.ops_table"
+        timeout = getattr(opts, "timeout", None)
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else -1.0
+        if not 0 < seconds < _NO_TIMEOUT_S:
+            seconds = self.timeout_s
+
+        def value() -> Any:
+            if finish is not None:
+                finish()
+            return result
+
+        def timed_out() -> str:
+            return (
+                f"{what} on torch.distributed group {self.group_id!r} (rank {self.rank()} of "
+                f"{self.size()}, world ranks {self.ranks}) did not complete within its timeout "
+                f"of {seconds:g} s"
+            )
+
+        return torch_work(handles, value, timeout_s=seconds, timeout_error=timed_out)
+
+    def _untimed(
+        self,
+        what: str,
+        handles: list[HandleLike],
+        result: Any,
+        finish: Callable[[], Any] | None = None,
+    ) -> dist.Work:
+        """The ``Work`` of ``what`` without a deadline (send and recv: c10d gives them no
+        options)."""
+        assert what in _C10D, f"{what} is no c10d name of an op in totalreduce.ops_table"
+
+        def value() -> Any:
+            if finish is not None:
+                finish()
+            return result
+
+        return torch_work(handles, value)
+
     # ------------------------------------------------------------------ collectives
 
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
@@ -261,7 +250,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         handles = [
             allreduce_async_(
                 t,
-                self._name("allreduce", t, op),
+                self._name("all_reduce", t, op),
                 op,
                 group=self._group,
                 staging=self.staging,
@@ -269,7 +258,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             )
             for t in ts
         ]
-        return self._timed(_work(handles, ts), "all_reduce", opts)
+        return self._work("all_reduce", opts, handles, ts)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         """``dist.all_reduce_coalesced``: one allreduce per tensor, all in flight together."""
@@ -290,10 +279,13 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             )
             for t in ts
         ]
-        return self._timed(_work(handles, ts), "broadcast", opts)
+        return self._work("broadcast", opts, handles, ts)
 
     def allgather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
         """``dist.all_gather``: every rank's tensor into ``output_lists[0][r]``."""
+        return self._work("all_gather", opts, *self._all_gather(output_lists, inputs))
+
+    def _all_gather(self, output_lists: Any, inputs: Any) -> _Part:
         ins = self._tensors("all_gather", inputs)
         if len(ins) != 1 or len(output_lists) != 1:
             raise UnsupportedOpError("the totalreduce backend's all_gather takes one tensor")
@@ -311,10 +303,14 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
                 for r, o in enumerate(outs):
                     o.copy_(whole[r * x.numel() : (r + 1) * x.numel()].view(o.shape))
 
-        return self._timed(_work([h], output_lists, scatter_out), "all_gather", opts)
+        return [h], output_lists, scatter_out
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """``dist.all_gather_into_tensor``: every rank's tensor, joined along dimension 0."""
+        parts = self._all_gather_into_tensor(output, input)
+        return self._work("all_gather_into_tensor", opts, *parts)
+
+    def _all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> _Part:
         if output.numel() != input.numel() * self.size():
             raise InvalidArgumentError(
                 f"all_gather_into_tensor: the output has {output.numel()} elements, expected "
@@ -326,7 +322,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             with torch.no_grad():
                 output.copy_(h.wait().view(output.shape))
 
-        return self._timed(_work([h], output, copy_out), "all_gather_into_tensor", opts)
+        return [h], output, copy_out
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """``dist.all_gather_into_tensor`` (torch >= 2.13 calls it by this name)."""
@@ -335,7 +331,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
     def _gather(self, x: torch.Tensor) -> TensorHandle:
         return allgather_async(
             x,
-            self._name("allgather", x),
+            self._name("all_gather", x),
             group=self._group,
             flat=True,
             staging=self.staging,
@@ -346,6 +342,10 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> Any:
         """``dist.reduce_scatter_tensor``: part ``r`` of the sum (or mean) to group rank ``r``."""
+        parts = self._reduce_scatter_tensor(output, input, opts)
+        return self._work("reduce_scatter_tensor", opts, *parts)
+
+    def _reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Part:
         op = _reduce_op(
             "reduce_scatter_tensor",
             (opts or dist.ReduceScatterOptions()).reduceOp,
@@ -357,7 +357,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             )
         h = reduce_scatter_async(
             input,
-            self._name("reduce_scatter", input, op),
+            self._name("reduce_scatter_tensor", input, op),
             op,
             group=self._group,
             staging=self.staging,
@@ -368,7 +368,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
             with torch.no_grad():
                 output.copy_(h.wait().view(output.shape))
 
-        return self._timed(_work([h], output, copy_out), "reduce_scatter_tensor", opts)
+        return [h], output, copy_out
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -395,7 +395,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
 
     def _barrier(self, opts: Any, what: str) -> Any:
         h = self.service.barrier_async(f"{self._prefix}barrier", group=self._group)
-        return self._timed(_work([self._handle(h)], None), what, opts)
+        return self._work(what, opts, [h], None)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """gloo's ``monitored_barrier`` as a method: a barrier that raises once ``timeout`` passes.
@@ -417,21 +417,6 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
     def _buffer(self, t: torch.Tensor, what: str) -> HostBuffer:
         return host_buffer(t, what, pool=self.staging)
 
-    def _finish(self, bufs: list[HostBuffer], then: Any = None) -> Any:
-        """Copy staged results back into the callers' tensors, release staging, then ``then``."""
-
-        def finish() -> None:
-            for b in bufs:
-                b.copy_back()
-                b.release()
-            if then is not None:
-                then()
-
-        return finish
-
-    def _handle(self, h: Any) -> TensorHandle:
-        return TensorHandle(h, lambda _raw: torch.empty(0))
-
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
         """``dist.reduce``: every rank's tensor reduced into group rank ``opts.rootRank``'s."""
         opts = opts or dist.ReduceOptions()
@@ -439,8 +424,8 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         root = int(opts.rootRank)
         ts = self._tensors("reduce", tensors)
         bufs = [self._buffer(t, "reduce") for t in ts]
-        handles = [
-            self._handle(
+        handles: list[HandleLike] = [
+            TensorHandle(
                 self.service.reduce_async(
                     b.array,
                     root,
@@ -449,11 +434,12 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
                     out=b.array if self.rank() == root else None,
                     group=self._group,
                     **b.engine_kwargs,
-                )
+                ),
+                in_place_result(b),
             )
             for b in bufs
         ]
-        return self._timed(_work(handles, ts, self._finish(bufs)), "reduce", opts)
+        return self._work("reduce", opts, handles, ts)
 
     def gather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
         """``dist.gather``: every rank's tensor into ``output_lists[0][r]`` on the root."""
@@ -480,7 +466,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
                     for r, o in enumerate(outs):
                         o.copy_(whole[r].view(o.shape))
 
-        return self._timed(_work([self._handle(h)], output_lists, copy_out), "gather", opts)
+        return self._work("gather", opts, [h], output_lists, copy_out)
 
     def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
         """``dist.scatter``: ``input_lists[0][r]`` of the root into rank ``r``'s output."""
@@ -509,7 +495,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
                 group=self._group,
                 **out.engine_kwargs,
             )
-        return self._timed(_work([self._handle(h)], outs, self._finish([out])), "scatter", opts)
+        return self._work("scatter", opts, [TensorHandle(h, in_place_result(out))], outs)
 
     def alltoall_base(
         self,
@@ -520,6 +506,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         opts: Any = None,
     ) -> Any:
         """``dist.all_to_all_single``: equal parts, or rows along dimension 0 as split."""
+        what = "all_to_all_single"
         p = self.size()
         ob, ib = self._buffer(output, "all_to_all_single"), self._buffer(input, "all_to_all")
         splits = recv_splits = None
@@ -533,15 +520,15 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         h = self.service.alltoall_async(
             ib.array.reshape(-1),
             # Uneven splits give every rank its own sizes: the name carries none then.
-            self._name("alltoall", input) if splits is None else self._uneven("alltoall", input),
+            self._name(what, input) if splits is None else self._uneven(what, input),
             splits=splits,
             recv_splits=recv_splits,
             out=ob.array.reshape(-1),
             group=self._group,
             **ib.engine_kwargs,
         )
-        done = self._finish([ob], ib.release)
-        return self._timed(_work([self._handle(h)], output, done), "all_to_all_single", opts)
+        handles: list[HandleLike] = [TensorHandle(h, in_place_result(ob))]
+        return self._work(what, opts, handles, output, ib.release)
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         """``dist.all_to_all``: ``input_tensors[j]`` to rank ``j``, rank ``j``'s into ``[j]``."""
@@ -556,7 +543,7 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         ib, ob = host_buffer(joined_in, "all_to_all"), host_buffer(joined_out, "all_to_all")
         h = self.service.alltoall_async(
             ib.array,
-            self._uneven("alltoall_list", joined_in),
+            self._uneven("all_to_all", joined_in, "_list"),
             splits=[t.numel() for t in ins],
             recv_splits=[o.numel() for o in outs],
             out=ob.array,
@@ -571,30 +558,29 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
                     o.copy_(joined_out[at : at + o.numel()].view(o.shape))
                     at += o.numel()
 
-        return self._timed(_work([self._handle(h)], outs, copy_out), "all_to_all", opts)
+        return self._work("all_to_all", opts, [h], outs, copy_out)
 
     def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
         """``dist.send``/``isend`` to group rank ``dst`` (completes once received there)."""
         bufs = [self._buffer(t, "send") for t in self._tensors("send", tensors)]
         handles = [
-            self._handle(
-                self.service.send_async(b.array, self.ranks[int(dst)], int(tag), **b.engine_kwargs)
-            )
+            self.service.send_async(b.array, self.ranks[int(dst)], int(tag), **b.engine_kwargs)
             for b in bufs
         ]
-        return _work(handles, None, lambda: [b.release() for b in bufs])
+        return self._untimed("send", handles, None, lambda: [b.release() for b in bufs])
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> Any:
         """``dist.recv``/``irecv`` from group rank ``src`` into the tensor."""
         ts = self._tensors("recv", tensors)
         bufs = [self._buffer(t, "recv") for t in ts]
-        handles = [
-            self._handle(
-                self.service.recv_async(b.array, self.ranks[int(src)], int(tag), **b.engine_kwargs)
+        handles: list[HandleLike] = [
+            TensorHandle(
+                self.service.recv_async(b.array, self.ranks[int(src)], int(tag), **b.engine_kwargs),
+                in_place_result(b),
             )
             for b in bufs
         ]
-        return _work(handles, ts, self._finish(bufs))
+        return self._untimed("recv", handles, ts)
 
     def recv_anysource(self, *args: Any, **kwargs: Any) -> Any:
         """Refused: a receive from any source has no place in name-and-generation matching."""
@@ -604,40 +590,26 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         )
 
     # ------------------------------------------------------------------ coalesced forms
+    # One Work over every part's handles: its future completes when all of them have.
 
     def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
         """``all_gather_coalesced``: one all_gather per input, all in flight together."""
-        works = [
-            self.allgather([outs], [x], opts) for outs, x in zip(output_lists, inputs, strict=True)
+        parts = [
+            self._all_gather([outs], [x]) for outs, x in zip(output_lists, inputs, strict=True)
         ]
-        return self._timed(works, "all_gather_coalesced", opts, output_lists)
+        return self._work("all_gather_coalesced", opts, *_joined(parts, output_lists))
 
     def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """The coalescing manager's all_gather_into_tensor: one per pair, all in flight."""
-        works = [self._allgather_base(o, i) for o, i in zip(outputs, inputs, strict=True)]
-        return self._timed(works, "all_gather_into_tensor_coalesced", opts, outputs)
+        parts = [self._all_gather_into_tensor(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._work("all_gather_into_tensor_coalesced", opts, *_joined(parts, outputs))
 
     def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         """The coalescing manager's reduce_scatter_tensor: one per pair, all in flight."""
-        works = [
-            self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)
+        parts = [
+            self._reduce_scatter_tensor(o, i, opts) for o, i in zip(outputs, inputs, strict=True)
         ]
-        return self._timed(works, "reduce_scatter_tensor_coalesced", opts, outputs)
-
-    # ------------------------------------------------------------------ timeouts
-
-    def _timed(self, work: Any, what: str, opts: Any, result: Any = None) -> Any:
-        """``work`` (or several, joined with ``result``) whose ``wait()`` times out naming ``what``.
-
-        The time is ``opts.timeout`` where the caller set one, else the group's
-        (``init_process_group(timeout=...)``, 30 minutes unless set), as gloo's.
-        """
-        timeout = getattr(opts, "timeout", None)
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else -1.0
-        if not 0 < seconds < _NO_TIMEOUT_S:
-            seconds = self.timeout_s
-        works = work if isinstance(work, list) else [work]
-        return _TimedWork(works, result, what, seconds, self)
+        return self._work("reduce_scatter_tensor_coalesced", opts, *_joined(parts, outputs))
 
     def __repr__(self) -> str:
         return (
