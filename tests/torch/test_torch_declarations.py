@@ -48,6 +48,7 @@ NOT_FORMS = {
     "new_tensor_result",
     "rows_result",
     "submit",
+    "run",
     "tensor_forms",
     "poll",
     "synchronize",

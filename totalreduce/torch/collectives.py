@@ -112,27 +112,29 @@ def rows_result(buf: HostBuffer, name: Any) -> Callable[[Any], torch.Tensor]:
 
 
 class _Plan:
-    """How the torch arguments of one op become its service call, read off its record."""
+    """How the arguments of one torch form become its service call, read off the op's record."""
 
-    def __init__(self, decl: OpDecl) -> None:
+    def __init__(self, decl: OpDecl, form: Form) -> None:
         t = decl.torch
         assert t is not None, f"{decl.name} declares no torch forms"
         engine = set(decl.param_names)
-        self.decl = decl
+        params = t.params_of(form)
+        kinds = {p.name: p.kind for p in params}
         self.method = decl.method
+        self.in_place = form.in_place
         self.takes_tensor = decl.takes is Takes.ONE
-        kinds = {p.name: p.kind for p in t.params}
         self.input = next((n for n, k in kinds.items() if k is Kind.INPUT), "")
         #: passed on under their own names (priority after its check)
         self.passed = tuple(n for n, k in kinds.items() if n in engine and k is not Kind.INPUT)
-        self.older = tuple((p.name, p.of) for p in t.params if p.kind is Kind.OLDER_NAME)
+        self.priority = "priority" in self.passed
+        self.older = tuple((p.name, p.of) for p in params if p.kind is Kind.OLDER_NAME)
         self.average = next((n for n, k in kinds.items() if k is Kind.AVERAGE), "")
         self.root_rank = next((n for n, k in kinds.items() if k is Kind.ROOT_RANK), "")
         self.topology = next((n for n, k in kinds.items() if k is Kind.TOPOLOGY), "")
         self.weights = tuple(n for n, k in kinds.items() if k is Kind.WEIGHTS)
         self.rows = t.rows
         self.bluefog = t.bluefog_order
-        self.positional = tuple(p for p in t.params if not p.keyword_only)
+        self.positional = tuple(p for p in params if not p.keyword_only)
 
     def from_bluefog(self, args: dict[str, Any]) -> dict[str, Any]:
         """``args`` read in BlueFog's positional order (see ``TorchDecl.bluefog_order``)."""
@@ -147,32 +149,37 @@ class _Plan:
         return moved
 
 
-_PLANS: dict[str, _Plan] = {}
+_PLANS: dict[tuple[str, Form], _Plan] = {}
 
 
-def submit(name: str, in_place: bool, args: dict[str, Any]) -> Any:
-    """Start op ``name`` on the tensor in ``args`` (a torch form's arguments, by name).
+def submit(name: str, form: Form, args: dict[str, Any]) -> Any:
+    """Start op ``name`` in torch form ``form`` with ``args`` (that form's arguments, by name).
 
     Returns a :class:`TensorHandle` whose ``wait()`` gives the result tensor (the
-    one passed, written in place, when ``in_place``); an op that takes no tensor
-    (a barrier) returns the engine's handle.
+    one passed, written in place, for the in-place forms); an op that takes no
+    tensor (a barrier) returns the engine's handle.  The generated forms call
+    :func:`run` with their plan directly.
     """
-    plan = _PLANS[name]
+    return run(_PLANS[name, form], args)
+
+
+def run(plan: _Plan, args: dict[str, Any]) -> Any:
+    """:func:`submit` with the form's plan at hand (what every torch form calls)."""
     if plan.bluefog and isinstance(args.get("name"), float):  # BlueFog's self_weight
         args = plan.from_bluefog(args)
-    svc = resolve_service(args.get("service"))
-    call = {n: args[n] for n in plan.passed if n in args}
-    if "priority" in call:
+    svc = resolve_service(args["service"])
+    call = {n: args[n] for n in plan.passed}
+    if plan.priority:
         call["priority"] = priority_value(call["priority"])
-    if plan.average and args.get(plan.average) is not None:
+    if plan.average and args[plan.average] is not None:
         call["op"] = "avg" if args[plan.average] else "sum"
     if plan.root_rank:
-        call["root"] = resolve_root(call["root"], args.get(plan.root_rank))
+        call["root"] = resolve_root(call["root"], args[plan.root_rank])
     for older, of in plan.older:
-        if call.get(of) is None:
+        if call[of] is None:
             call[of] = args[older]
-    if plan.topology and call.get(plan.topology) is None:
-        if all(call.get(w) is None for w in plan.weights):
+    if plan.topology and call[plan.topology] is None:
+        if all(call[w] is None for w in plan.weights):
             from .bluefog import current_topology
 
             call[plan.topology] = current_topology()  # set_topology's, if any
@@ -180,12 +187,12 @@ def submit(name: str, in_place: bool, args: dict[str, Any]) -> Any:
         return getattr(svc, plan.method)(**call)
     tensor = args[plan.input]
     buf = host_buffer(tensor, plan.input, pool=args.get("staging"))
-    if in_place:
+    if plan.in_place:
         call["out"] = buf.array
     h = getattr(svc, plan.method)(buf.array, **call, **buf.engine_kwargs)
-    if in_place:
+    if plan.in_place:
         finish = in_place_result(buf)
-    elif plan.rows and not args.get("flat") and call.get("partition") is None and tensor.dim() > 1:
+    elif plan.rows and not args["flat"] and call["partition"] is None and tensor.dim() > 1:
         finish = rows_result(buf, h.name)
     else:
         finish = new_tensor_result(buf)
@@ -194,24 +201,24 @@ def submit(name: str, in_place: bool, args: dict[str, Any]) -> Any:
 
 def tensor_forms(name: str) -> tuple[Callable[..., Any], ...]:
     """The torch forms op ``name`` declares, in :class:`~totalreduce.declare.Form` order
-    (``_async``, ``_async_``, blocking, blocking ``_``), each a call of :func:`submit`."""
+    (``_async``, ``_async_``, blocking, blocking ``_``), each a call of :func:`run`."""
     decl = op_declaration(name)
     assert decl.torch is not None, f"{name} declares no torch forms"
-    _PLANS[name] = _Plan(decl)
     handle = "TensorHandle" if decl.takes is Takes.ONE else "HandleLike"
     value = "torch.Tensor" if decl.takes is Takes.ONE else decl.returns.value
     out = []
     for form in Form:
         if form not in decl.torch.forms:
             continue
+        plan = _PLANS[name, form] = _Plan(decl, form)
         sig = signature(decl.torch.params_of(form), returns=value if form.blocking else handle)
-        call = f"_submit({name!r}, {form.in_place}, dict({forward(sig)}))"
+        call = f"_run(_plan, dict({forward(sig)}))"
         out.append(
             build_function(
                 form.name_of(name),
                 sig,
                 f"return {call}.wait()" if form.blocking else f"return {call}",
-                {"_submit": submit},
+                {"_run": run, "_plan": plan},
                 doc=_doc(decl, form),
                 module=__name__,
                 declared=(name, f"torch {form.name.lower()}"),

@@ -186,7 +186,8 @@ class _Work(dist.Work):
     # Python objects of Work subclasses die with their last Python reference even
     # while C++ holds the Work (pytorch/pytorch#79176); a C++ caller of wait() on
     # such an orphan would find no override and block.  Each one therefore stays
-    # referenced here until its op ended and someone took its future or waited.
+    # referenced here until its op ended and someone took its future or waited
+    # (with hold_until_claimed=False: until its op ended, whoever holds it).
     _alive: set[_Work] = set()
     _alive_lock = threading.Lock()
 
@@ -195,10 +196,11 @@ class _Work(dist.Work):
         completion: _Completion,
         timeout_s: float | None = None,
         timeout_error: Callable[[], str] | None = None,
+        hold_until_claimed: bool = True,
     ) -> None:
         super().__init__()
         self._completion = completion
-        self._claimed = False
+        self._claimed = not hold_until_claimed
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._timeout_error = timeout_error
         with _Work._alive_lock:
@@ -275,6 +277,7 @@ def torch_work(
     *,
     timeout_s: float | None = None,
     timeout_error: Callable[[], str] | None = None,
+    hold_until_claimed: bool = True,
 ) -> dist.Work:
     """A ``torch.distributed`` ``Work`` over ``handles``, for a process group to return.
 
@@ -285,8 +288,12 @@ def torch_work(
     ``timeout_s``, ``wait()`` raises :class:`~totalreduce.OpTimeoutError` once that
     many seconds have passed since this call, with the message
     ``timeout_error()`` (the engine's, naming the ranks waited for, is its cause).
+    The ``Work`` stays referenced until its op ended and someone waited on it or
+    took its future (pytorch/pytorch#79176); ``hold_until_claimed=False`` lets it
+    go once its op ended, so a ``Work`` nobody waits on is not kept (the backend's
+    collectives).
     """
     c = _Completion(handles, finish)
-    work = _Work(c, timeout_s, timeout_error)
+    work = _Work(c, timeout_s, timeout_error, hold_until_claimed)
     c.start()
     return work

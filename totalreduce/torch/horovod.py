@@ -138,7 +138,10 @@ def _grouped(op: str, alias: str, args: dict[str, Any]) -> GroupHandle:
     base = alias if args.get("name") is None else str(args["name"])
     one = next(p.name for p in torch_decl.params if p.kind is Kind.INPUT)
     return GroupHandle(
-        [submit(op, False, {**each, one: t, "name": f"{base}.{k}"}) for k, t in enumerate(tensors)]
+        [
+            submit(op, Form.ASYNC, {**each, one: t, "name": f"{base}.{k}"})
+            for k, t in enumerate(tensors)
+        ]
     )
 
 

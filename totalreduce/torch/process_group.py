@@ -221,7 +221,9 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
                 f"of {seconds:g} s"
             )
 
-        return torch_work(handles, value, timeout_s=seconds, timeout_error=timed_out)
+        return torch_work(
+            handles, value, timeout_s=seconds, timeout_error=timed_out, hold_until_claimed=False
+        )
 
     def _untimed(
         self,
