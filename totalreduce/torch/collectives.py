@@ -23,6 +23,7 @@ a :class:`~totalreduce.torch.TensorHandle`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -213,18 +214,40 @@ def tensor_forms(name: str) -> tuple[Callable[..., Any], ...]:
         plan = _PLANS[name, form] = _Plan(decl, form)
         sig = signature(decl.torch.params_of(form), returns=value if form.blocking else handle)
         call = f"_run(_plan, dict({forward(sig)}))"
-        out.append(
-            build_function(
-                form.name_of(name),
-                sig,
-                f"return {call}.wait()" if form.blocking else f"return {call}",
-                {"_run": run, "_plan": plan},
-                doc=_doc(decl, form),
-                module=__name__,
-                declared=(name, f"torch {form.name.lower()}"),
-            )
+        fn = build_function(
+            form.name_of(name),
+            sig,
+            f"return {call}.wait()" if form.blocking else f"return {call}",
+            {"_run": run, "_plan": plan},
+            doc=_doc(decl, form),
+            module=__name__,
+            declared=(name, f"torch {form.name.lower()}"),
         )
+        out.append(_bluefog_calls(fn, plan.bluefog) if plan.bluefog else fn)
     return tuple(out)
+
+
+def _bluefog_calls(fn: Callable[..., Any], order: tuple[str, ...]) -> Callable[..., Any]:
+    """``fn`` that also takes BlueFog's positional order (a float where the name goes is
+    BlueFog's ``self_weight``) together with keywords, ``name=`` included:
+    ``neighbor_allreduce(t, 0.5, src_weights, dst_weights, name="x")``.  Its signature
+    (``inspect.signature``) stays the declared one."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) < 2 or not isinstance(args[1], float):
+            return fn(*args, **kwargs)
+        if len(args) > len(order):
+            raise TypeError(
+                f"{fn.__name__}() takes at most {len(order)} positional arguments in BlueFog's "
+                f"order ({', '.join(order)}), got {len(args)}"
+            )
+        named = dict(zip(order, args, strict=False))
+        twice = sorted(set(named) & set(kwargs))
+        if twice:
+            raise TypeError(f"{fn.__name__}() got multiple values for {twice} (BlueFog's order)")
+        return fn(**named, **kwargs)
+
+    return functools.update_wrapper(call, fn)
 
 
 def _doc(decl: OpDecl, form: Form) -> str:
