@@ -309,6 +309,47 @@ class OpDecl:
                 raise ValueError(f"{self.name}: BlueFog's order {order} names unknown parameters")
 
 
+@dataclass(frozen=True)
+class WinDecl:
+    """A window op (BlueFog's one-sided ops): its name, parameters and what it calls.
+
+    ``params`` are the numpy function's, in order; a parameter whose ``forms`` is
+    the empty set is the numpy function's only (the torch one leaves it out), and
+    an ``INPUT`` parameter is the array, which the torch function takes as a
+    tensor named ``tensor``.  ``call`` is the call of the service's
+    :class:`~totalreduce.service.windows.Windows` that runs it, over the
+    parameters' names.  ``nonblocking``: the op also has ``{name}_nonblocking``,
+    which returns the transfer's handle, and the plain form waits for it.
+    ``returns``: the plain numpy form's annotation; ``torch_body``: the torch
+    function's statement where it differs from "the numpy function on the
+    tensor's memory" (``_view`` is that memory), with helpers of
+    ``totalreduce.torch.windows``.
+    """
+
+    name: str
+    params: tuple[Param, ...]
+    call: str
+    returns: str
+    doc: str
+    nonblocking: bool = False
+    torch_body: str = ""
+    torch_returns: str = ""
+
+    def numpy_params(self) -> tuple[Param, ...]:
+        return self.params
+
+    def torch_params(self) -> tuple[Param, ...]:
+        """The torch function's: the tensor for the array, numpy-only ones left out."""
+        out = []
+        for p in self.params:
+            if p.forms is not None and not p.forms:
+                continue
+            if p.kind is Kind.INPUT:
+                p = p.but(name="tensor", annotation="torch.Tensor")
+            out.append(p)
+        return tuple(out)
+
+
 # ---------------------------------------------------------------- signatures and functions
 
 

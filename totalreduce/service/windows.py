@@ -554,6 +554,18 @@ class Windows:
                 win.held -= 1
                 self._drain(win)
 
+    def hold(self, name: str, for_self: bool = False) -> contextlib.AbstractContextManager[None]:
+        """``win_mutex``: this rank's window held with ``for_self``; other ranks' windows
+        need no holding (arrivals apply there atomically), so nothing is held for them."""
+        if for_self:
+            return self.mutex(name)
+        self.window(name, f"win_mutex({name!r})")  # it must exist
+        return contextlib.nullcontext()
+
+    def set_associated_p(self, on: bool) -> None:
+        """Whether puts, accumulates and updates carry and combine the associated ``p``."""
+        self.associated_p = bool(on)
+
     # ------------------------------------------------------------------ free
 
     def free(self, name: str | None = None, timeout: float | None = None) -> bool:

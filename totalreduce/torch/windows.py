@@ -22,16 +22,17 @@ was created.  How the engine carries them: :mod:`totalreduce.service.windows`.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .. import windows as _w
 from ..api import default_service
+from ..declare import WinDecl, build_function, signature
 from ..errors import InvalidArgumentError
+from ..ops_table import window_op
 from ..service.windows import WinHandle
 from .bluefog import is_topo_weighted, load_topology
 from .tensors import array_to_tensor, check_tensor, host_buffer
@@ -73,9 +74,7 @@ def _engine_view(tensor: Any, what: str) -> tuple[Any, dict[str, Any]]:
     return buf.array, buf.engine_kwargs
 
 
-def win_create(tensor: torch.Tensor, name: str, zero_init: bool = False) -> bool:
-    """Make ``tensor`` (CPU, contiguous, floating) this rank's window ``name`` over the
-    topology of :func:`~totalreduce.torch.set_topology` (collective).  Returns True."""
+def _create(tensor: torch.Tensor, name: str, zero_init: bool) -> bool:
     arr, kw = _engine_view(tensor, f"win_create({name!r}): tensor")
     ok = _w.win_create(arr, name, zero_init, topology=load_topology(), **kw)
     with _lock:
@@ -83,8 +82,7 @@ def win_create(tensor: torch.Tensor, name: str, zero_init: bool = False) -> bool
     return ok
 
 
-def win_free(name: str | None = None) -> bool:
-    """Free window ``name`` (every window if None); collective among neighbours."""
+def _free(name: str | None) -> bool:
     ok = _w.win_free(name)
     with _lock:
         if name is None:
@@ -94,85 +92,11 @@ def win_free(name: str | None = None) -> bool:
     return ok
 
 
-def _putlike(
-    fn: Callable[..., WinHandle],
-    tensor: torch.Tensor,
-    name: str,
-    self_weight: float | None,
-    dst_weights: Any,
-    what: str,
-) -> WinHandle:
-    t = check_tensor(tensor, f"{what}({name!r}): tensor")
-    if self_weight is not None or t.device.type == "cpu" and t.is_contiguous():
-        arr, kw = _engine_view(t, f"{what}({name!r}): tensor")  # scaled in place
-    else:
-        buf = host_buffer(t, f"{what}({name!r}): tensor")  # copied into the message at once
-        arr, kw = buf.array, buf.engine_kwargs
-    del kw  # the window knows its dtype
-    return fn(arr, name, self_weight, dst_weights)
-
-
-def win_put_nonblocking(
-    tensor: torch.Tensor,
-    name: str,
-    self_weight: float | None = None,
-    dst_weights: Any = None,
-    require_mutex: bool = False,
-) -> WinHandle:
-    """Start writing ``tensor`` times each of ``dst_weights`` (out-neighbour -> weight,
-    default every out-neighbour with 1.0) into the out-neighbours' slots for this rank;
-    with ``self_weight``, ``tensor`` is then scaled in place.  A handle for ``win_wait``."""
-    del require_mutex
-    return _putlike(_w.win_put_nonblocking, tensor, name, self_weight, dst_weights, "win_put")
-
-
-def win_put(
-    tensor: torch.Tensor,
-    name: str,
-    self_weight: float | None = None,
-    dst_weights: Any = None,
-    require_mutex: bool = False,
-) -> bool:
-    """Blocking :func:`win_put_nonblocking`."""
-    return win_put_nonblocking(tensor, name, self_weight, dst_weights, require_mutex).wait()
-
-
-def win_accumulate_nonblocking(
-    tensor: torch.Tensor,
-    name: str,
-    self_weight: float | None = None,
-    dst_weights: Any = None,
-    require_mutex: bool = False,
-) -> WinHandle:
-    """As :func:`win_put_nonblocking`, but adds into the slots."""
-    del require_mutex
-    return _putlike(
-        _w.win_accumulate_nonblocking, tensor, name, self_weight, dst_weights, "win_accumulate"
-    )
-
-
-def win_accumulate(
-    tensor: torch.Tensor,
-    name: str,
-    self_weight: float | None = None,
-    dst_weights: Any = None,
-    require_mutex: bool = False,
-) -> bool:
-    """Blocking :func:`win_accumulate_nonblocking`."""
-    handle = win_accumulate_nonblocking(tensor, name, self_weight, dst_weights, require_mutex)
-    return handle.wait()
-
-
-def win_get_nonblocking(
-    name: str, src_weights: Any = None, require_mutex: bool = False
-) -> WinHandle:
-    """Start reading the in-neighbours' tensors (times ``src_weights``) into the slots."""
-    return _w.win_get_nonblocking(name, src_weights, require_mutex)
-
-
-def win_get(name: str, src_weights: Any = None, require_mutex: bool = False) -> bool:
-    """Blocking :func:`win_get_nonblocking`."""
-    return _w.win_get(name, src_weights, require_mutex)
+def _view(tensor: Any, what: str) -> Any:
+    """The memory a put or accumulate reads (and, with ``self_weight``, scales): the
+    tensor's own (a window op on a CPU tensor copies nothing until the message)."""
+    arr, _ = _engine_view(tensor, f"{what}: tensor")
+    return arr
 
 
 def _registered(name: str, what: str) -> torch.Tensor:
@@ -184,18 +108,9 @@ def _registered(name: str, what: str) -> torch.Tensor:
     return t
 
 
-def win_update(
-    name: str,
-    self_weight: float | None = None,
-    neighbor_weights: Any = None,
-    reset: bool = False,
-    clone: bool = False,
-    require_mutex: bool = False,
+def _update(
+    name: str, self_weight: Any, neighbor_weights: Any, reset: bool, clone: bool
 ) -> torch.Tensor:
-    """``self_weight * tensor + sum(w * slot)`` (default: the topology's weights if
-    ``set_topology(..., is_weighted=True)``, else the plain average), into the window's
-    tensor, which is returned (a new tensor with ``clone``); ``reset`` zeroes the slots."""
-    del require_mutex
     t = _registered(name, f"win_update({name!r})")
     out = default_service().windows.update(
         name, self_weight, neighbor_weights, reset, clone, topology_weights=is_topo_weighted()
@@ -206,26 +121,63 @@ def win_update(
     return array_to_tensor(out, kw, t.dtype, t.device)
 
 
-def win_update_then_collect(name: str, require_mutex: bool = True) -> torch.Tensor:
-    """Push-sum's collect: ``tensor += sum(slots)``, the slots reset; returns the tensor."""
+def _collect(name: str) -> torch.Tensor:
     t = _registered(name, f"win_update_then_collect({name!r})")
-    _w.win_update_then_collect(name, require_mutex)
+    default_service().windows.update_then_collect(name)
     return t
 
 
+_ENV = {"_np": _w, "_view": _view, "_create": _create, "_free": _free, "_update": _update,
+        "_collect": _collect}  # fmt: skip
+
+
+def _torch_form(d: WinDecl, fname: str, returns: str, doc: str, form: str) -> Any:
+    params = d.torch_params()
+    sig = signature(params, returns=returns)
+    if d.torch_body and form == "torch window":
+        body = d.torch_body
+    else:  # the numpy function on the tensor's memory
+        args = ", ".join(
+            f"_view(tensor, {fname!r})" if p.name == "tensor" else p.name for p in params
+        )
+        body = f"return _np.{fname}({args})"
+    return build_function(fname, sig, body, _ENV, doc=doc, module=__name__,
+                          declared=(d.name, form))  # fmt: skip
+
+
+def _plain(op: str) -> Callable[..., Any]:
+    """The torch function of window op ``op`` (see ``WINDOW_OPS``)."""
+    d = window_op(op)
+    returns = d.torch_returns or d.returns
+    return _torch_form(d, d.name, returns, d.doc.replace("``x``", "``tensor``"), "torch window")  # type: ignore[no-any-return]
+
+
+def _nonblocking(op: str) -> tuple[Callable[..., WinHandle], Callable[..., bool]]:
+    d = window_op(op)
+    doc = d.doc.replace("``x``", "``tensor``")
+    return (
+        _torch_form(d, f"{d.name}_nonblocking", "WinHandle",
+                    f"Start: {doc}\n\n        Returns the transfer's handle (``win_wait``).",
+                    "torch window nonblocking"),
+        _torch_form(d, d.name, d.returns,
+                    f"{doc}\n\n        Blocks until done (a put: landed); True.", "torch window"),
+    )  # fmt: skip
+
+
+win_create = _plain("win_create")
+win_free = _plain("win_free")
+win_put_nonblocking, win_put = _nonblocking("win_put")
+win_accumulate_nonblocking, win_accumulate = _nonblocking("win_accumulate")
+win_get_nonblocking, win_get = _nonblocking("win_get")
+win_update = _plain("win_update")
+win_update_then_collect = _plain("win_update_then_collect")
+win_mutex = _plain("win_mutex")
+get_win_version = _plain("get_win_version")
+win_associated_p = _plain("win_associated_p")
+turn_on_win_ops_with_associated_p = _plain("turn_on_win_ops_with_associated_p")
+turn_off_win_ops_with_associated_p = _plain("turn_off_win_ops_with_associated_p")
 win_poll = _w.win_poll
 win_wait = _w.win_wait
-get_win_version = _w.get_win_version
-win_associated_p = _w.win_associated_p
-turn_on_win_ops_with_associated_p = _w.turn_on_win_ops_with_associated_p
-turn_off_win_ops_with_associated_p = _w.turn_off_win_ops_with_associated_p
-
-
-@contextlib.contextmanager
-def win_mutex(name: str, for_self: bool = False, ranks: Any = None) -> Iterator[None]:
-    """Hold window ``name`` (see :func:`totalreduce.windows.win_mutex`)."""
-    with _w.win_mutex(name, for_self, ranks):
-        yield
 
 
 def DistributedWinPutOptimizer(  # noqa: N802 - BlueFog's name, a factory like Horovod's
