@@ -57,7 +57,9 @@ KEYWORDS = {
     "for_self": "True",
     "num_steps_per_communication": "1",
     "window_prefix": '"wpo."',
-    "compression": "trt.Compression.none",
+    "compression": "trt.Compression.fp16",
+    "prescale_factor": "2.0",
+    "postscale_factor": "0.5",
     "group": "tr.Group([0, 1])",
 }
 

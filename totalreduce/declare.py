@@ -73,6 +73,9 @@ class Kind(enum.Enum):
     OLDER_NAME = "an older name of another parameter"
     UNUSED = "accepted for compatibility, changes nothing"
     FLAT = "join the parts flattened"
+    COMPRESSION = "Horovod's compression: the dtype the tensor travels in"
+    PRESCALE = "a factor the input is multiplied by before the reduction (Horovod's)"
+    POSTSCALE = "a factor the result is multiplied by after the reduction (Horovod's)"
 
 
 #: The annotation a parameter of each kind shows (``| None`` is added for a None default).
@@ -104,6 +107,9 @@ ANNOTATIONS: dict[Kind, str] = {
     Kind.OLDER_NAME: "Any",
     Kind.UNUSED: "bool",
     Kind.FLAT: "bool",
+    Kind.COMPRESSION: "Any",
+    Kind.PRESCALE: "float",
+    Kind.POSTSCALE: "float",
 }
 
 

@@ -99,11 +99,18 @@ OPS: tuple[OpDecl, ...] = (
                 AVERAGE,
                 TORCH_GROUP.but(keyword_only=True, forms=ASYNC_FORMS),
                 _staging(frozenset({Form.ASYNC_IN_PLACE})),
+                # Horovod's: the wire dtype, and factors before and after the reduction.
+                Param("compression", Kind.COMPRESSION, None, keyword_only=True),
+                Param("prescale_factor", Kind.PRESCALE, 1.0, keyword_only=True),
+                Param("postscale_factor", Kind.POSTSCALE, 1.0, keyword_only=True),
                 SERVICE,
             ),
             ALL_FORMS,
             doc="""Start reducing ``tensor`` across ranks into a new tensor (``op``: avg, sum,
-            max, min; Horovod's and BlueFog's ``average=True``/``False`` means avg/sum).
+            max, min, adasum; Horovod's and BlueFog's ``average=True``/``False`` means
+            avg/sum).  Horovod's ``compression=Compression.fp16`` sends a floating tensor as
+            float16 (the result comes back in its own dtype); ``prescale_factor`` multiplies
+            the input before the reduction and ``postscale_factor`` the result after it.
 
             >>> h = trt.allreduce_async(torch.ones(4), name="ones", op="sum")   # doctest: +SKIP
             >>> h.wait()                                                         # doctest: +SKIP

@@ -35,6 +35,18 @@ r, n = hvd.rank(), hvd.size()
 t = torch.tensor([float(r + 1)])
 assert hvd.allreduce(t, average=False, name="s").item() == n * (n + 1) / 2
 assert hvd.allreduce(t, average=True, name="a").item() == (n + 1) / 2
+# Horovod's compression, prescale_factor and postscale_factor
+f = torch.arange(6, dtype=torch.float32) + r
+want_avg = torch.arange(6, dtype=torch.float32) + (n - 1) / 2
+got = hvd.allreduce(f, average=True, name="fp16", compression=hvd.Compression.fp16)
+assert got.dtype == torch.float32 and torch.allclose(got, want_avg), got
+got = hvd.allreduce(f, op=hvd.Sum, name="scaled", prescale_factor=2.0, postscale_factor=0.25)
+assert torch.allclose(got, want_avg * n * 0.5), got
+g2 = f.clone()
+hvd.allreduce_(
+    g2, op=hvd.Sum, name="scaled_", prescale_factor=0.5, compression=hvd.Compression.fp16
+)
+assert torch.allclose(g2, want_avg * n * 0.5) and torch.equal(f, torch.arange(6.0) + r), g2
 # grouped_allreduce
 outs = hvd.grouped_allreduce([torch.ones(3) * (r + 1), torch.full((2,), 2.0)], average=False)
 assert torch.equal(outs[0], torch.ones(3) * n * (n + 1) / 2) and torch.equal(

@@ -34,7 +34,8 @@ from ..declare import Form, Kind, OpDecl, Takes, build_function, forward, signat
 from ..errors import InvalidArgumentError
 from ..ops_table import op as op_declaration
 from ..service.handle import ServiceLike
-from .tensors import HostBuffer, TensorHandle, host_buffer
+from .compression import Compression, Compressor
+from .tensors import HostBuffer, TensorHandle, check_tensor, host_buffer
 
 #: Horovod's op constants (``hvd.Average`` ...): the engine's op names.
 Average = "avg"
@@ -135,6 +136,10 @@ class _Plan:
         self.weights = tuple(n for n, k in kinds.items() if k is Kind.WEIGHTS)
         self.rows = t.rows
         self.bluefog = t.bluefog_order
+        self.scaled = tuple(  # Horovod's compression, prescale_factor, postscale_factor
+            next((n for n, k in kinds.items() if k is kind), "")
+            for kind in (Kind.COMPRESSION, Kind.PRESCALE, Kind.POSTSCALE)
+        )
         self.positional = tuple(p for p in params if not p.keyword_only)
 
     def from_bluefog(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -187,6 +192,10 @@ def run(plan: _Plan, args: dict[str, Any]) -> Any:
     if not plan.takes_tensor:
         return getattr(svc, plan.method)(**call)
     tensor = args[plan.input]
+    if plan.scaled[0]:
+        compression, pre, post = (args[n] for n in plan.scaled)
+        if compression not in (None, Compression.none) or pre != 1.0 or post != 1.0:
+            return _scaled(plan, svc, call, tensor, compression, pre, post)
     buf = host_buffer(tensor, plan.input, pool=args.get("staging"))
     if plan.in_place:
         call["out"] = buf.array
@@ -197,6 +206,47 @@ def run(plan: _Plan, args: dict[str, Any]) -> Any:
         finish = rows_result(buf, h.name)
     else:
         finish = new_tensor_result(buf)
+    return TensorHandle(h, finish)
+
+
+def _scaled(
+    plan: _Plan, svc: Any, call: dict[str, Any], tensor: Any, compression: Any, pre: Any,
+    post: Any,
+) -> TensorHandle:  # fmt: skip
+    """Horovod's allreduce with ``compression``, ``prescale_factor``, ``postscale_factor``:
+    the engine reduces a private copy (in the wire dtype, scaled), the result comes back
+    in the tensor's dtype, scaled again, into the tensor for the in-place forms."""
+    t = check_tensor(tensor, plan.input)
+    if compression is not None and not (
+        isinstance(compression, type) and issubclass(compression, Compressor)
+    ):
+        raise InvalidArgumentError(
+            f"compression must be Compression.none or Compression.fp16, got {compression!r}"
+        )
+    for what, f in (("prescale_factor", pre), ("postscale_factor", post)):
+        if isinstance(f, bool) or not isinstance(f, (int, float)):
+            raise InvalidArgumentError(f"{what} must be a number, got {f!r}")
+    if (pre != 1.0 or post != 1.0) and not t.is_floating_point():
+        raise InvalidArgumentError(
+            f"prescale_factor/postscale_factor scale floating tensors; {plan.input} is {t.dtype}"
+        )
+    with torch.no_grad():
+        wire, ctx = (compression or Compression.none).compress(t.detach())
+        wire = wire.mul(pre) if pre != 1.0 else wire.clone()  # private: the engine writes it
+    buf = host_buffer(wire, plan.input)
+    call = dict(call, out=buf.array)
+    h = getattr(svc, plan.method)(buf.array, **call, **buf.engine_kwargs)
+
+    def finish(_raw: Any) -> torch.Tensor:
+        with torch.no_grad():
+            out = (compression or Compression.none).decompress(buf.copy_back(), ctx)
+            if post != 1.0:
+                out = out.mul(post)
+            if plan.in_place:
+                t.copy_(out)
+                return t  # type: ignore[no-any-return]
+            return out.to(t.device) if out.device != t.device else out
+
     return TensorHandle(h, finish)
 
 
