@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ ARGS = {
     "neighbor_allreduce": "t, name='k{n}'",
     "hierarchical_neighbor_allreduce": "x, topology='ring', local_size=1",
     "ExponentialGraph": "tr.size()",
+    "start_timeline": "os.path.join(tempfile.mkdtemp(), 'trace')",
 }
 
 NOT_PYTHON = (
@@ -109,6 +111,7 @@ def samples() -> dict[str, Any]:
         "src_weights": {(tr.rank() + 1) % tr.size(): 0.5},
         "dst_weights": {(tr.rank() + 1) % tr.size(): 1.0},
         "DistributedOptimizer": trt.DistributedOptimizer,
+        "path": os.path.join(tempfile.mkdtemp(), "trace"),
     }
 
 

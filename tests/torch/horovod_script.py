@@ -93,6 +93,22 @@ for _ in range(2):
 for i, p in enumerate(m2.parameters()):
     ref = hvd.broadcast(p.detach().clone(), root_rank=0, name=f"ada.param.{i}")
     assert torch.equal(ref, p.detach()) and not torch.equal(p.detach(), before[i])
+# what Horovod was built with, and a timeline started and stopped at run time
+assert hvd.mpi_built() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
+assert not (hvd.nccl_built() or hvd.gloo_built() or hvd.cuda_built() or hvd.ddl_built())
+assert hvd.is_homogeneous()
+import json  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+
+trace = os.path.join(tempfile.gettempdir(), f"hvd-timeline-{os.getppid()}")
+hvd.start_timeline(trace)
+hvd.allreduce(torch.ones(3), name="timed")
+hvd.stop_timeline()
+with open(f"{trace}.{r}.json") as fh:
+    events = json.load(fh)
+assert any("timed" in str(e.get("name", "")) for e in events), events[:5]
+os.remove(f"{trace}.{r}.json")
 # join: this rank is done (the optimizer keeps the others' steps going)
 last = hvd.join()
 assert 0 <= last < n

@@ -358,8 +358,9 @@ class Handle:
                     loop.mark_needed(spec)
                 t0 = time.perf_counter_ns()
                 finished = loop.progress(self._event, timeout, spec)
-                if loop.trace is not None:
-                    loop.trace.wait(self.name, self.generation, t0, time.perf_counter_ns())
+                trace = loop.trace  # read once: stop_timeline may clear it meanwhile
+                if trace is not None:
+                    trace.wait(self.name, self.generation, t0, time.perf_counter_ns())
                 if not finished:
                     raise loop.timeout_error(spec, self.name, self.generation, timeout or 0.0)
         if self._error is not None:

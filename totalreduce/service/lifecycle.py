@@ -18,7 +18,7 @@ import numpy as np
 from ..algorithms.hierarchical import NodeLayout
 from ..engine.loop import CommLoop, LoopConfig
 from ..engine.wire import wire_id
-from ..errors import TotalReduceError
+from ..errors import InvalidArgumentError, TotalReduceError
 from ..group import Group
 from ..transport.base import Transport
 from .config import Config
@@ -180,6 +180,27 @@ class Lifecycle(OpSubmitter):
         if self.loop.trace is not None:
             self.loop.trace.close()
         self.transport.close()
+
+    def start_timeline(self, path: str) -> None:
+        """Record a timeline of this rank's ops into ``path`` from now on (Horovod's
+        ``start_timeline``; ``TOTALREDUCE_TIMELINE`` does it from the start).  One that
+        is recording ends first."""
+        from ..timeline import Timeline
+
+        if not isinstance(path, str) or not path:
+            raise InvalidArgumentError(f"start_timeline: path must be a file path, got {path!r}")
+        self.stop_timeline()
+        new = Timeline(path, self.rank)
+        with self.loop.lock:  # the comm thread reads the recorder only inside a pass
+            self.loop.trace = self.reducer.trace = new
+
+    def stop_timeline(self) -> None:
+        """Stop recording the timeline and write the rest of it (nothing if none records)."""
+        with self.loop.lock:
+            old, self.loop.trace = self.loop.trace, None
+            self.reducer.trace = None
+        if old is not None:
+            old.close()
 
     @property
     def closed(self) -> bool:

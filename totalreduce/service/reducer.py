@@ -72,9 +72,10 @@ class Reducer:
             try:
                 execute(req)
                 self.elements += req.dst.size
-                if self.trace is not None:
+                trace = self.trace  # read once: start/stop_timeline may swap it
+                if trace is not None:
                     spec = req.owner.spec
-                    self.trace.compute(
+                    trace.compute(
                         spec.name,
                         spec.generation,
                         req.kind.name.lower(),

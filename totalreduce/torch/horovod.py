@@ -189,3 +189,97 @@ def join(device: int = -1, *, service: ServiceLike | None = None) -> int:
     svc = resolve_service(service)
     stamps = svc.allgather(np.array([time.time()], dtype=np.float64), name="hvd.join")
     return int(np.argmax(np.asarray(stamps).reshape(-1)))
+
+
+# ---------------------------------------------------------------- what Horovod was built with
+
+# Horovod scripts ask these to pick a code path (``if hvd.nccl_built(): ...``).  The answers
+# describe totalreduce: MPI underneath (mpi4py), its own engine rather than the Gloo or NCCL
+# libraries, CUDA tensors staged through host memory rather than reduced on the GPU.
+
+
+def mpi_built() -> bool:
+    """True: totalreduce runs over MPI (mpi4py) when it is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def mpi_enabled() -> bool:
+    """Whether this process's world runs over MPI (False before ``init()`` or in a
+    one-rank world without MPI)."""
+    from ..api import default_service, is_initialized
+
+    if not is_initialized():
+        return False
+    t = default_service().transport
+    return type(t).__module__.endswith((".mpi", ".relay")) or bool(getattr(t, "relay", None))
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with ``MPI_THREAD_MULTIPLE`` (the engine asks for it)."""
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    return bool(mpi is not None and mpi.Is_initialized()
+                and mpi.Query_thread() == mpi.THREAD_MULTIPLE)  # fmt: skip
+
+
+def gloo_built() -> bool:
+    """False: totalreduce has Gloo's algorithms in its own engine, not the Gloo library."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False (see :func:`gloo_built`)."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: CUDA tensors are staged through host memory, not reduced by NCCL."""
+    return False
+
+
+def cuda_built() -> bool:
+    """False: no GPU kernels (CUDA tensors work, staged through host memory)."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False (see :func:`cuda_built`)."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: no IBM DDL."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: no oneCCL."""
+    return False
+
+
+def is_homogeneous() -> bool:
+    """Whether every node runs as many ranks as this one, read off this rank's layout
+    (``local_size * cross_size == size`` holds only then)."""
+    from ..api import cross_size, local_size, size
+
+    return bool(local_size() * cross_size() == size())
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Record a timeline of this rank's ops into ``file_path`` from now on (a Chrome trace,
+    one file per rank: ``file_path.<rank>.json`` unless it has ``{rank}``).
+    ``mark_cycles`` is Horovod's; there are no cycles here."""
+    from ..api import default_service
+
+    del mark_cycles
+    default_service().start_timeline(file_path)
+
+
+def stop_timeline() -> None:
+    """Stop recording the timeline and write the rest of it."""
+    from ..api import default_service
+
+    default_service().stop_timeline()
