@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
@@ -229,6 +230,22 @@ def check_timeout(rank: int, size: int, tr: Any, gloo: Any) -> None:
         got = torch.ones(3)
         pg.allreduce([got]).wait()
     assert torch.equal(got, torch.full((3,), float(size))), got
+    # torch's own dist.monitored_barrier (it refuses other backends than gloo by name) on a
+    # totalreduce group: on time it returns; with a late rank, rank 0 raises naming it.
+    dist.monitored_barrier(group=tr, timeout=timedelta(seconds=60))
+    late = size - 1
+    if rank == late:
+        time.sleep(3)
+    if rank == 0:
+        try:
+            dist.monitored_barrier(group=tr, timeout=timedelta(seconds=1))
+        except RuntimeError as exc:
+            assert f"group ranks [{late}] did not pass it" in str(exc), exc
+        else:
+            raise AssertionError("monitored_barrier passed without the late rank")
+    else:
+        dist.monitored_barrier(group=tr, timeout=timedelta(seconds=60))
+    dist.barrier(group=gloo)
 
 
 def check_mesh(rank: int, size: int) -> None:

@@ -32,7 +32,8 @@ group.  Rules:
   ``scatter``, ``reduce_scatter`` (list or tensor), ``all_to_all`` and
   ``all_to_all_single`` (equal or unequal splits), ``send``/``recv`` (tags; not
   from any source), the coalesced forms, ``barrier`` and a
-  ``monitored_barrier`` method; dtypes float16/32/64, bfloat16, int8/16/32/64,
+  ``monitored_barrier`` (``dist.monitored_barrier`` on a totalreduce group is routed to
+  it); dtypes float16/32/64, bfloat16, int8/16/32/64,
   uint8 and bool, none widened.
 - **Timeouts.** ``Work.wait()`` raises :class:`~totalreduce.OpTimeoutError`
   naming the op once ``opts.timeout`` (else the group's timeout) has passed
@@ -52,7 +53,7 @@ import torch.distributed as dist
 
 from ..api import init
 from ..declare import OpDecl
-from ..errors import InvalidArgumentError, TotalReduceError
+from ..errors import InvalidArgumentError, OpTimeoutError, TotalReduceError
 from ..group import Group
 from ..ops_table import OPS
 from ..service.handle import HandleLike, ServiceLike
@@ -400,19 +401,42 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         return self._work(what, opts, [h], None)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """gloo's ``monitored_barrier`` as a method: a barrier that raises once ``timeout`` passes.
-
-        ``torch.distributed.monitored_barrier`` itself accepts gloo groups only;
-        call ``group.monitored_barrier(timedelta(...))`` on this one.  The error
-        names the op and the group; the ranks still missing are in the engine's
-        stall warning, not in the error (``wait_all_ranks`` changes nothing).
-        """
-        opts = dist.BarrierOptions()
-        if isinstance(timeout, (int, float)):
-            timeout = timedelta(seconds=timeout)
+        """gloo's ``monitored_barrier``: a barrier that raises once ``timeout`` passed,
+        naming the group ranks it still waits for (``dist.monitored_barrier`` on a
+        totalreduce group comes here).  The engine knows every rank it waits for at
+        once, so ``wait_all_ranks`` changes nothing.  The barrier stays in flight: a late
+        rank that enters its own completes it."""
         if isinstance(timeout, timedelta):
-            opts.timeout = timeout
-        self._barrier(opts, "monitored_barrier").wait()
+            seconds: float | None = timeout.total_seconds()
+        elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            seconds = float(timeout)
+        elif timeout is None:
+            seconds = self.timeout_s
+        else:
+            raise InvalidArgumentError(
+                f"monitored_barrier: timeout must be a timedelta or seconds, got {timeout!r}"
+            )
+        h = self.service.barrier_async(f"{self._prefix}monitored_barrier", group=self._group)
+        try:
+            h.wait(seconds)
+        except OpTimeoutError as exc:
+            waiting = self._missing(h)
+            raise OpTimeoutError(
+                f"monitored_barrier on torch.distributed group {self.group_id!r} (rank "
+                f"{self.rank()} of {self.size()}): group ranks {waiting} did not pass it "
+                f"within {seconds:g} s ({exc})"
+            ) from None
+
+    def _missing(self, h: Any) -> list[int]:
+        """The group ranks op ``h`` still waits for (from the engine's view of it)."""
+        spec = getattr(h, "_spec", None)
+        loop = self.service.loop
+        if spec is None:
+            return []
+        with loop.lock:
+            p = loop.table.get(spec.key)
+            recv_from = p.waiting_on()[0] if p is not None else []
+        return sorted(self.ranks.index(r) for r in recv_from if r in self.ranks)
 
     # ------------------------------------------------------------------ rooted and point-to-point
 
@@ -684,3 +708,29 @@ def register() -> None:
     rdzv = importlib.import_module("torch.distributed.rendezvous")
     if BACKEND_NAME not in rdzv._rendezvous_handlers:
         rdzv.register_rendezvous_handler(BACKEND_NAME, rendezvous)
+    _route_monitored_barrier()
+
+
+def _route_monitored_barrier() -> None:
+    """``dist.monitored_barrier`` refuses every backend but gloo by name; on a totalreduce
+    group it runs the group's own (a barrier that raises naming the op and the ranks it
+    still waits for once ``timeout`` passed).  Every other group goes to torch's, unchanged.
+    """
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    torchs = c10d.monitored_barrier
+    if getattr(torchs, "__totalreduce__", False):
+        return
+
+    def monitored_barrier(
+        group: Any = None, timeout: Any = None, wait_all_ranks: bool = False
+    ) -> None:
+        pg = group if group is not None else c10d._get_default_group()
+        if isinstance(pg, TotalReduceProcessGroup):
+            return pg.monitored_barrier(timeout, wait_all_ranks)
+        return torchs(group, timeout, wait_all_ranks)  # type: ignore[no-any-return]
+
+    monitored_barrier.__doc__ = torchs.__doc__
+    monitored_barrier.__wrapped__ = torchs  # type: ignore[attr-defined]
+    monitored_barrier.__totalreduce__ = True  # type: ignore[attr-defined]
+    c10d.monitored_barrier = monitored_barrier
+    dist.monitored_barrier = monitored_barrier
