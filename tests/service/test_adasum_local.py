@@ -74,5 +74,38 @@ def test_adasum_adds_orthogonal_gradients_and_averages_equal_ones() -> None:
 
 def test_adasum_refuses_integers() -> None:
     with local_services(1, **OPTIONS) as svcs:
-        with pytest.raises(InvalidArgumentError, match="float32 or float64 gradients, got int64"):
+        with pytest.raises(InvalidArgumentError, match="floating gradients .* got int64"):
             svcs[0].allreduce(np.arange(3), op="adasum")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_adasum_of_16_bit_floats_combines_in_float32(dtype: str) -> None:
+    import totalreduce.kernels as k
+    from totalreduce.dtypes import DType
+
+    dt = DType.FLOAT16 if dtype == "float16" else DType.BFLOAT16
+    p, n = 3, 9
+    rng = np.random.default_rng(5)
+    xs32 = [rng.normal(size=n).astype(np.float32) for _ in range(p)]
+    xs16 = []
+    for x in xs32:
+        bits = np.empty(n, np.uint16)
+        k.narrow_into(bits, x, dt)
+        back = np.empty(n, np.float32)
+        k.widen_into(back, bits, dt)
+        xs16.append((bits, back))
+    want32 = reference([b for _, b in xs16])
+    want = np.empty(n, np.uint16)
+    k.narrow_into(want, want32, dt)
+
+    def rank_main(svc):
+        bits = xs16[svc.rank][0]
+        x = bits if dtype == "bfloat16" else bits.view(np.float16)
+        kw = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
+        return svc.allreduce(x, op="adasum", name="h", **kw).view(np.uint16)
+
+    with local_services(p, **OPTIONS) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=60)
+    for got in results:
+        np.testing.assert_array_equal(got, results[0])
+        np.testing.assert_array_equal(got, want)

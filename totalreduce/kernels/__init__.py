@@ -32,8 +32,10 @@ __all__ = [
     "axpy_into",
     "copy_into",
     "finish_average",
+    "narrow_into",
     "reduce_into",
     "scale_into",
+    "widen_into",
     "warm_up",
 ]
 
@@ -386,6 +388,32 @@ def adasum_into(dst: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: DType) -> 
         if getattr(arr, "dtype", None) != pub or arr.ndim != 1:
             raise _bad_arrays("adasum_into", _prepare(dtype), dst, a)
     nk.adasum_float(dst, a, b)
+
+
+def widen_into(dst: np.ndarray, src: np.ndarray, dtype: DType) -> None:
+    """``dst`` (float32) = the float16 or bfloat16 values of ``src`` (their 16-bit patterns)."""
+    if dtype not in (DType.FLOAT16, DType.BFLOAT16):
+        raise TypeError(f"widen_into({_name(dtype)}): float16 or bfloat16 only")
+    if len(dst) != len(src):
+        raise _length_error("widen_into", dst, src, dtype)
+    bits = src.view(_U16)
+    if dtype is DType.FLOAT16:
+        nk.half_bits_to_float32(bits, dst)
+    else:
+        nk.bf16_bits_to_float32(bits, dst)
+
+
+def narrow_into(dst: np.ndarray, src: np.ndarray, dtype: DType) -> None:
+    """``dst`` (float16 or bfloat16 patterns) = ``src`` (float32) rounded to nearest even."""
+    if dtype not in (DType.FLOAT16, DType.BFLOAT16):
+        raise TypeError(f"narrow_into({_name(dtype)}): float16 or bfloat16 only")
+    if len(dst) != len(src):
+        raise _length_error("narrow_into", dst, src, dtype)
+    bits = dst.view(_U16)
+    if dtype is DType.FLOAT16:
+        nk.float32_to_half_bits(src, bits)
+    else:
+        nk.float32_to_bf16_bits(src, bits)
 
 
 def warm_up(dtypes: Iterable[DType] | None = None) -> None:

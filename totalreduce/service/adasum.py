@@ -26,9 +26,12 @@ import numpy as np
 from ..dtypes import DType
 from ..errors import InvalidArgumentError, OpTimeoutError
 from ..group import Group
-from ..kernels import adasum_into, copy_into
+from ..kernels import adasum_into, copy_into, narrow_into, widen_into
 
 __all__ = ["AdasumHandle", "AdasumOps"]
+
+_NARROW = (DType.FLOAT16, DType.BFLOAT16)
+_FLOATS = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)
 
 
 class AdasumHandle:
@@ -108,20 +111,25 @@ class AdasumOps:
     def _adasum(
         self, arr: np.ndarray, dt: DType, name: Any, out: np.ndarray, grp: Group, priority: Any
     ) -> AdasumHandle:
-        if dt not in (DType.FLOAT32, DType.FLOAT64):
+        if dt not in _FLOATS:
             raise InvalidArgumentError(
-                f"allreduce op 'adasum' combines float32 or float64 gradients, got "
-                f"{dt.name.lower()}"
+                f"allreduce op 'adasum' combines floating gradients (float16, bfloat16, "
+                f"float32, float64), got {dt.name.lower()}"
             )
-        sig = ("allreduce", dt.name.lower(), int(arr.size), "adasum", 0)
+        sig = ("allreduce", dt.name.lower(), int(arr.size), "adasum", 0)  # the caller's dtype
         op_name, gen = self._names.name(name, sig)  # type: ignore[attr-defined]
         names = self._names  # type: ignore[attr-defined]
         handle = AdasumHandle(op_name, gen, out.reshape(arr.shape))
         members = list(grp.ranks)
         p = len(members)
         me = members.index(self.rank)
+        # 16-bit floats combine (and travel) as float32, rounded back once at the end.
+        user_dt, dt = dt, (DType.FLOAT32 if dt in _NARROW else dt)
         vec = np.empty(arr.size, dtype=dt.numpy)
-        copy_into(vec, arr.reshape(-1), dt)
+        if user_dt in _NARROW:
+            widen_into(vec, arr.reshape(-1), user_dt)
+        else:
+            copy_into(vec, arr.reshape(-1), dt)
         tmp = np.empty_like(vec)
         m = 1
         while m * 2 <= p:
@@ -179,7 +187,9 @@ class AdasumOps:
                     return
                 finished[0] = True
             names.ended(op_name)
-            if error is None:
+            if error is None and user_dt in _NARROW:
+                narrow_into(out.reshape(-1), vec, user_dt)
+            elif error is None:
                 copy_into(out.reshape(-1), vec, dt)
             handle._current = []
             handle._finish(error)

@@ -50,7 +50,7 @@ class CollectiveOps(OpSubmitter):
         and products wrap; on bool, ``sum`` and ``max`` are a logical or,
         ``product`` and ``min`` a logical and (as in gloo), and ``avg`` is
         refused.  Higher ``priority`` goes first.  ``dtype="bfloat16"`` marks a ``uint16`` array
-        as bfloat16 bit patterns.  ``op="adasum"`` (float32/float64) combines by Horovod's
+        as bfloat16 bit patterns.  ``op="adasum"`` (floating arrays) combines by Horovod's
         Adasum rule instead of adding (:mod:`totalreduce.service.adasum`).
         """
         arr, dt = as_array(x, "x", dtype)

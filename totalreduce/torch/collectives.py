@@ -40,7 +40,7 @@ from .tensors import HostBuffer, TensorHandle, check_tensor, host_buffer
 #: Horovod's op constants (``hvd.Average`` ...): the engine's op names.
 Average = "avg"
 Sum = "sum"
-#: Horovod's Adasum (float32/float64): see :mod:`totalreduce.service.adasum`.
+#: Horovod's Adasum (floating tensors): see :mod:`totalreduce.service.adasum`.
 Adasum = "adasum"
 Min = "min"
 Max = "max"
