@@ -3,6 +3,7 @@
 Modes:
 - ``every``: every collective and neighbor op, in a per-rank random order with random
   priorities, waited for in another random order; groups; exact results.
+- ``windows``: window ops (put, update, free) between the clients, exact results.
 - ``big``: prints READY, then 64 MiB float32 allreduces until one fails (a test kills a
   client in the middle of one); prints the error.
 - ``stuck``: prints READY, then an allreduce that the other client never joins (it
@@ -92,6 +93,23 @@ def mode_every(p: int, rank: int) -> None:
     print(f"rank {rank}: EVERY {'OK' if bad == 0 else 'FAILED'}", flush=True)
 
 
+def mode_windows(p: int, rank: int) -> None:
+    """Window ops between daemon clients: put, barrier, update; push-sum's mass kept."""
+    x = np.full(7, float(rank + 1))
+    tr.win_create(x, "w", topology="ring")
+    tr.win_put(x, "w")
+    tr.barrier(name="put")
+    tr.win_update("w")  # the average of x and the ring neighbours' puts
+    from totalreduce.topology import get_topology, plan
+
+    ins = sorted(plan(get_topology("ring", p), rank, 0).src_weights)
+    want = (rank + 1 + sum(r + 1 for r in ins)) / (len(ins) + 1)
+    ok = np.allclose(x, want)
+    tr.barrier(name="read")
+    tr.win_free("w")
+    print(f"rank {rank}: WINDOWS {'OK' if ok else f'FAILED {x} != {want}'}", flush=True)
+
+
 def mode_big(p: int, rank: int) -> None:
     x = np.ones(16 << 20, dtype=np.float32)  # 64 MiB
     print("READY", flush=True)
@@ -126,7 +144,13 @@ def mode_sleep(p: int, rank: int) -> None:
 def main() -> None:
     mode = sys.argv[1]
     tr.init()
-    modes = {"every": mode_every, "big": mode_big, "stuck": mode_stuck, "sleep": mode_sleep}
+    modes = {
+        "every": mode_every,
+        "windows": mode_windows,
+        "big": mode_big,
+        "stuck": mode_stuck,
+        "sleep": mode_sleep,
+    }
     modes[mode](tr.size(), tr.rank())
     tr.shutdown(timeout=5)
 

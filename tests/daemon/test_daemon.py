@@ -71,6 +71,18 @@ def test_eight_clients_on_two_nodes_every_op_random_orders(tmp_path: Path) -> No
     assert "ERROR" not in log and "Traceback" not in log, log
 
 
+def test_window_ops_between_daemon_clients(tmp_path: Path) -> None:
+    """One-sided window ops work between the clients of two nodes' services."""
+    served = serve(2, 2, tmp_path / "s")
+    try:
+        results = run_clients(served, [WORKER, "windows"], timeout=120)
+        for r, res in enumerate(results):
+            assert f"rank {r}: WINDOWS OK" in res.stdout, res.stdout + res.stderr
+    finally:
+        status = served.stop()
+    assert status == 0, served.stderr()
+
+
 def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path) -> None:
     """SIGKILL one client in the middle of a 64 MiB allreduce: every other client's op
     fails naming it, the service frees its memory and serves a new job in the slots."""

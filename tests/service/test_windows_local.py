@@ -215,3 +215,37 @@ def test_shutdown_frees_windows_and_leaves_no_op_in_flight(caplog) -> None:
         assert not any(s.loop.table for s in svcs)
     assert "in flight" not in caplog.text
     assert "not freed" not in caplog.text
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_16_bit_windows(dtype: str) -> None:
+    """float16 and bfloat16 windows (bfloat16 as uint16 patterns with dtype="bfloat16")."""
+    import totalreduce.kernels as k
+    from totalreduce.dtypes import DType
+
+    p, n = 2, 5
+
+    def as_bits(values: np.ndarray) -> np.ndarray:
+        if dtype == "float16":
+            return values.astype(np.float16)
+        if dtype == "float32":
+            return values.astype(np.float32)
+        bits = np.empty(values.size, np.uint16)
+        k.narrow_into(bits, values.astype(np.float32), DType.BFLOAT16)
+        return bits
+
+    def rank_main(svc):
+        w = svc.windows
+        x = as_bits(np.full(n, float(svc.rank + 1)))
+        w.create(x, "h", topology="ring", dtype="bfloat16" if dtype == "bfloat16" else None)
+        w.put_async(x, "h").wait(30)
+        svc.barrier(name="b")
+        w.update("h", 0.5, {1 - svc.rank: 0.5})
+        svc.barrier(name="c")
+        w.free("h")
+        return x.copy()
+
+    with local_services(p, **OPTIONS) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=60)
+    for got in results:
+        np.testing.assert_array_equal(got, as_bits(np.full(n, 1.5)))
