@@ -156,9 +156,10 @@ def run_span(span: str, n: int, ns: dict[str, Any]) -> str:
         want = value if var == "TOTALREDUCE_TIMELINE" else 7
         assert getattr(cfg, field) == want, (var, getattr(cfg, field))
         return "environment"
-    op = re.fullmatch(r'(?:op=)?"(sum|avg|max|min|product|adasum)"', span)
+    op = re.fullmatch(r'(?:op=)?"(sum|avg|max|min|product|adasum|band|bor|bxor)"', span)
     if op:  # a value of op=
-        tr.allreduce(np.ones(3), op=op.group(1), name=f"k{n}.{op.group(1)}")
+        x = np.arange(3) if op.group(1).startswith("b") else np.ones(3)  # bitwise: integers
+        tr.allreduce(x, op=op.group(1), name=f"k{n}.{op.group(1)}")
         return f"allreduce op={op.group(1)}"
     if re.fullmatch(r'"[a-z0-9-]+"', span):  # a topology by name
         topology_util.get_topology(span.strip('"'), tr.size())

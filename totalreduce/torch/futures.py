@@ -36,6 +36,7 @@ Two rules, learned from a survivor that segfaulted when its peer died:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -130,6 +131,7 @@ class _Completer:
         self._pid = -1
         self._threads = 0
         self._idle = 0
+        self._busy = 0  # threads inside settle(): inside torch's C++ (future callbacks)
 
     def put(self, completion: _Completion) -> None:
         with self._cond:
@@ -153,13 +155,46 @@ class _Completer:
                         return
                 self._idle -= 1
                 completion = self._queue.popleft()
+                self._busy += 1
             try:
                 completion.settle()
             except Exception:  # torch's own failure; the future's waiters must not kill us
                 log.exception("completing a torch future failed")
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until no completion is queued or being settled (True), or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pid == os.getpid() and (self._queue or self._busy):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
 
 
 _COMPLETER = _Completer()
+
+
+def _at_exit() -> None:
+    """Before the interpreter finalizes: stop the engine (its last failures complete
+    futures) and let every completion finish.  A completion thread caught inside torch's
+    C++ (a future's callbacks) when the interpreter finalizes is unwound by force there,
+    which aborts the process ("terminate called without an active exception")."""
+    from ..api import shutdown
+
+    try:
+        shutdown()
+    finally:
+        if not _COMPLETER.drain(10.0):
+            log.warning("torch futures still completing at exit")
+
+
+atexit.register(_at_exit)  # runs before totalreduce's own (registered earlier)
 
 
 def torch_future(
