@@ -244,3 +244,14 @@ def test_a_work_with_a_deadline_names_the_op_and_stays_in_flight() -> None:
         other.start()
         other.join(30)
         assert work.get_future().wait() is t and t.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_bluefogs_nonblocking_spellings_are_the_declared_forms() -> None:
+    """``bf.neighbor_allreduce_nonblocking`` and the rest are the ``_async`` forms built from
+    the table, not functions of their own."""
+    from totalreduce.torch import bluefog
+
+    assert len(bluefog.NONBLOCKING) >= 7
+    for spelling, form in bluefog.NONBLOCKING.items():
+        assert getattr(trt, spelling) is getattr(trt, form), spelling
+        assert spelling in trt.__all__, spelling

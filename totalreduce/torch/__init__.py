@@ -73,11 +73,20 @@ from ..api import (
 )
 from ..launch import provide_torchrun_env as _provide_torchrun_env
 from .bluefog import (
+    allgather_nonblocking,
+    allreduce_nonblocking,
+    allreduce_nonblocking_,
+    broadcast_nonblocking,
+    broadcast_nonblocking_,
     in_neighbor_ranks,
     is_topo_weighted,
     load_topology,
+    machine_rank,
+    machine_size,
+    neighbor_allreduce_nonblocking,
     out_neighbor_ranks,
     set_topology,
+    wait,
 )
 from .broadcast_state import (
     allgather_object,
@@ -267,4 +276,13 @@ __all__ = [
     "rocm_built",
     "start_timeline",
     "stop_timeline",
+    "allgather_nonblocking",
+    "allreduce_nonblocking",
+    "allreduce_nonblocking_",
+    "broadcast_nonblocking",
+    "broadcast_nonblocking_",
+    "machine_rank",
+    "machine_size",
+    "neighbor_allreduce_nonblocking",
+    "wait",
 ]

@@ -19,6 +19,7 @@ from ..api import rank as _rank
 from ..api import size as _size
 from ..errors import InvalidArgumentError
 from ..topology import ExponentialTwoGraph, MixingTopology, get_topology, plan
+from . import collectives as _collectives
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"topology": None, "weighted": False}
@@ -74,3 +75,43 @@ def in_neighbor_ranks() -> list[int]:
 def out_neighbor_ranks() -> list[int]:
     """The ranks this rank sends to (first step of the topology)."""
     return sorted(plan(load_topology(), _rank(), 0).dst_ranks)
+
+
+# ---------------------------------------------------------------- BlueFog's other spellings
+
+# BlueFog calls the ``_async`` forms ``_nonblocking`` and ``synchronize`` also ``wait``: the
+# same functions (declared once, in totalreduce/ops_table.py), under BlueFog's names.
+
+allreduce_nonblocking = _collectives.allreduce_async
+allreduce_nonblocking_ = _collectives.allreduce_async_
+broadcast_nonblocking = _collectives.broadcast_async
+broadcast_nonblocking_ = _collectives.broadcast_async_
+allgather_nonblocking = _collectives.allgather_async
+neighbor_allreduce_nonblocking = _collectives.neighbor_allreduce_async
+wait = _collectives.synchronize
+
+#: BlueFog's spelling -> the declared form it is.
+NONBLOCKING = {
+    "allreduce_nonblocking": "allreduce_async",
+    "allreduce_nonblocking_": "allreduce_async_",
+    "broadcast_nonblocking": "broadcast_async",
+    "broadcast_nonblocking_": "broadcast_async_",
+    "allgather_nonblocking": "allgather_async",
+    "neighbor_allreduce_nonblocking": "neighbor_allreduce_async",
+    "wait": "synchronize",
+}
+
+
+def machine_rank() -> int:
+    """BlueFog's machine (node) index of this rank: ``cross_rank()`` (its nodes run as many
+    ranks each, as BlueFog requires)."""
+    from ..api import cross_rank
+
+    return cross_rank()
+
+
+def machine_size() -> int:
+    """BlueFog's number of machines (nodes): ``cross_size()``."""
+    from ..api import cross_size
+
+    return cross_size()
