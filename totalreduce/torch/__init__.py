@@ -73,20 +73,13 @@ from ..api import (
 )
 from ..launch import provide_torchrun_env as _provide_torchrun_env
 from .bluefog import (
-    allgather_nonblocking,
-    allreduce_nonblocking,
-    allreduce_nonblocking_,
-    broadcast_nonblocking,
-    broadcast_nonblocking_,
     in_neighbor_ranks,
     is_topo_weighted,
     load_topology,
     machine_rank,
     machine_size,
-    neighbor_allreduce_nonblocking,
     out_neighbor_ranks,
     set_topology,
-    wait,
 )
 from .broadcast_state import (
     allgather_object,
@@ -102,23 +95,30 @@ from .collectives import (
     Sum,
     allgather,
     allgather_async,
+    allgather_nonblocking,
     allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
+    allreduce_nonblocking,
+    allreduce_nonblocking_,
     barrier,
     broadcast,
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    broadcast_nonblocking,
+    broadcast_nonblocking_,
     neighbor_allreduce,
     neighbor_allreduce_,
     neighbor_allreduce_async,
     neighbor_allreduce_async_,
+    neighbor_allreduce_nonblocking,
     poll,
     reduce_scatter,
     reduce_scatter_async,
     synchronize,
+    wait,
 )
 from .comm_hooks import CommHookState, allreduce_hook, bfloat16_compress_hook, fp16_compress_hook
 from .compression import Compression

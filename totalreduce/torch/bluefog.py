@@ -19,7 +19,6 @@ from ..api import rank as _rank
 from ..api import size as _size
 from ..errors import InvalidArgumentError
 from ..topology import ExponentialTwoGraph, MixingTopology, get_topology, plan
-from . import collectives as _collectives
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"topology": None, "weighted": False}
@@ -78,28 +77,6 @@ def out_neighbor_ranks() -> list[int]:
 
 
 # ---------------------------------------------------------------- BlueFog's other spellings
-
-# BlueFog calls the ``_async`` forms ``_nonblocking`` and ``synchronize`` also ``wait``: the
-# same functions (declared once, in totalreduce/ops_table.py), under BlueFog's names.
-
-allreduce_nonblocking = _collectives.allreduce_async
-allreduce_nonblocking_ = _collectives.allreduce_async_
-broadcast_nonblocking = _collectives.broadcast_async
-broadcast_nonblocking_ = _collectives.broadcast_async_
-allgather_nonblocking = _collectives.allgather_async
-neighbor_allreduce_nonblocking = _collectives.neighbor_allreduce_async
-wait = _collectives.synchronize
-
-#: BlueFog's spelling -> the declared form it is.
-NONBLOCKING = {
-    "allreduce_nonblocking": "allreduce_async",
-    "allreduce_nonblocking_": "allreduce_async_",
-    "broadcast_nonblocking": "broadcast_async",
-    "broadcast_nonblocking_": "broadcast_async_",
-    "allgather_nonblocking": "allgather_async",
-    "neighbor_allreduce_nonblocking": "neighbor_allreduce_async",
-    "wait": "synchronize",
-}
 
 
 def machine_rank() -> int:

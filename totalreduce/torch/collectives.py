@@ -325,6 +325,30 @@ neighbor_allreduce_async, neighbor_allreduce_async_, neighbor_allreduce, neighbo
 )
 
 
+# ---------------------------------------------------------------- BlueFog's spellings
+
+# BlueFog calls the ``_async`` forms ``_nonblocking`` and ``synchronize`` also ``wait``: the
+# same functions (declared once, in totalreduce/ops_table.py), under BlueFog's names.
+
+allreduce_nonblocking = allreduce_async
+allreduce_nonblocking_ = allreduce_async_
+broadcast_nonblocking = broadcast_async
+broadcast_nonblocking_ = broadcast_async_
+allgather_nonblocking = allgather_async
+neighbor_allreduce_nonblocking = neighbor_allreduce_async
+
+#: BlueFog's spelling -> the declared form it is.
+NONBLOCKING = {
+    "allreduce_nonblocking": "allreduce_async",
+    "allreduce_nonblocking_": "allreduce_async_",
+    "broadcast_nonblocking": "broadcast_async",
+    "broadcast_nonblocking_": "broadcast_async_",
+    "allgather_nonblocking": "allgather_async",
+    "neighbor_allreduce_nonblocking": "neighbor_allreduce_async",
+    "wait": "synchronize",
+}
+
+
 # ---------------------------------------------------------------- handles
 
 
@@ -336,3 +360,6 @@ def poll(handle: TensorHandle) -> bool:
 def synchronize(handle: TensorHandle, timeout: float | None = None) -> torch.Tensor:
     """Wait for ``handle``'s op and return its tensor (Horovod's name for ``wait``)."""
     return handle.wait(timeout)
+
+
+wait = synchronize  # BlueFog's name (see NONBLOCKING)
