@@ -133,45 +133,8 @@ __all__ = [
     "send_async",
 ]
 
-# Window ops (one-sided; BlueFog's names): totalreduce/windows.py.
-from .windows import (  # noqa: E402
-    WinHandle,
-    get_win_version,
-    turn_off_win_ops_with_associated_p,
-    turn_on_win_ops_with_associated_p,
-    win_accumulate,
-    win_accumulate_nonblocking,
-    win_associated_p,
-    win_create,
-    win_free,
-    win_get,
-    win_get_nonblocking,
-    win_mutex,
-    win_poll,
-    win_put,
-    win_put_nonblocking,
-    win_update,
-    win_update_then_collect,
-    win_wait,
-)
+# Window ops (one-sided; BlueFog's names), every name listed once: totalreduce/windows.py.
+from . import windows as _windows  # noqa: E402
+from .windows import *  # noqa: E402, F403
 
-__all__ += [
-    "WinHandle",
-    "get_win_version",
-    "turn_off_win_ops_with_associated_p",
-    "turn_on_win_ops_with_associated_p",
-    "win_accumulate",
-    "win_accumulate_nonblocking",
-    "win_associated_p",
-    "win_create",
-    "win_free",
-    "win_get",
-    "win_get_nonblocking",
-    "win_mutex",
-    "win_poll",
-    "win_put",
-    "win_put_nonblocking",
-    "win_update",
-    "win_update_then_collect",
-    "win_wait",
-]
+__all__ += _windows.__all__

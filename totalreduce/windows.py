@@ -27,28 +27,14 @@ from typing import Any
 
 from .api import default_service
 from .declare import WinDecl, build_function, signature
-from .ops_table import window_op
+from .ops_table import WINDOW_OPS, window_op
 from .service.windows import WinHandle
 
-__all__ = [
-    "WinHandle",
-    "get_win_version",
-    "turn_off_win_ops_with_associated_p",
-    "turn_on_win_ops_with_associated_p",
-    "win_accumulate",
-    "win_accumulate_nonblocking",
-    "win_associated_p",
-    "win_create",
-    "win_free",
-    "win_get",
-    "win_get_nonblocking",
-    "win_mutex",
-    "win_poll",
-    "win_put",
-    "win_put_nonblocking",
-    "win_update",
-    "win_update_then_collect",
-    "win_wait",
+#: Every window op's functions (from WINDOW_OPS), the handle and the handle utilities.
+__all__ = ["WinHandle", "win_poll", "win_wait"] + [
+    f"{d.name}{suffix}"
+    for d in WINDOW_OPS
+    for suffix in (("", "_nonblocking") if d.nonblocking else ("",))
 ]
 
 

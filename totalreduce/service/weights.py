@@ -8,6 +8,7 @@ step).  Per-call (dynamic) weights follow BlueFog's meaning.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidArgumentError
@@ -43,6 +44,13 @@ def graph_weights(
     return p.self_weight, dict(p.src_weights), {d: 1.0 for d in p.dst_ranks}
 
 
+def weight_map(weights: Any) -> dict[int, float]:
+    """Rank -> weight from BlueFog's two spellings: a mapping, or ranks (weight 1 each)."""
+    if isinstance(weights, Mapping):
+        return {int(k): float(v) for k, v in weights.items()}
+    return {int(r): 1.0 for r in weights}
+
+
 def neighbor_weights(
     rank: int,
     size: int,
@@ -60,17 +68,15 @@ def neighbor_weights(
                 "dynamic neighbor_allreduce needs self_weight and src_weights "
                 "(and dst_weights, or a topology to take the destinations from)"
             )
-        src = {int(k): float(v) for k, v in dict(src_weights).items()}
+        src = weight_map(dict(src_weights))
         if dst_weights is None:
             if topology is None:
                 raise InvalidArgumentError(
                     "neighbor_allreduce with src_weights needs dst_weights or a topology"
                 )
             _, _, dst = graph_weights(resolve_topology(topology, size), rank, step)
-        elif isinstance(dst_weights, dict):
-            dst = {int(k): float(v) for k, v in dst_weights.items()}
         else:
-            dst = {int(d): 1.0 for d in dst_weights}
+            dst = weight_map(dst_weights)
         return float(self_weight), src, dst
     return graph_weights(resolve_topology(topology or DEFAULT_TOPOLOGY, size), rank, step)
 

@@ -53,8 +53,9 @@ from ..dtypes import DType
 from ..errors import InvalidArgumentError, OpFailedError, OpTimeoutError, TotalReduceError
 from ..group import Group
 from ..kernels import axpy_into, copy_into, scale_into
-from ..topology import MixingTopology, get_topology, plan
+from ..topology import MixingTopology
 from .checks import as_array
+from .weights import DEFAULT_TOPOLOGY, graph_weights, resolve_topology, weight_map
 
 log = logging.getLogger("totalreduce.windows")
 
@@ -65,7 +66,6 @@ HEADER = 16  # int32 kind, int32 spare, float64 p (or a GET's weight)
 DATA, ASK = 0, 1  # the channels: data (into a slot) and get requests
 _KINDS = {DATA: (PUT, ACCUMULATE, REPLY, FREE), ASK: (GET, FREE)}
 _FLOATS = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)
-DEFAULT_TOPOLOGY = "exponential-2"
 
 
 def _channel(window: str, src: int, dst: int, chan: int) -> str:
@@ -237,9 +237,9 @@ class Windows:
                 f"{DType(int(seen[1])).name.lower()} (rank {self.rank} has {arr.size} "
                 f"{dt.name.lower()})"
             )
-        step = plan(topo, self.rank, 0)
-        in_ranks = tuple(sorted(step.src_weights))
-        out_ranks = tuple(sorted(step.dst_ranks))
+        self_w, src_w, dst_w = graph_weights(topo, self.rank, 0)
+        in_ranks = tuple(sorted(src_w))
+        out_ranks = tuple(sorted(dst_w))
         flat = arr.reshape(-1)
         slots = {}
         for r in in_ranks:
@@ -255,7 +255,7 @@ class Windows:
             in_ranks=in_ranks,
             out_ranks=out_ranks,
             slots=slots,
-            weights=(float(step.self_weight), {r: float(w) for r, w in step.src_weights.items()}),
+            weights=(self_w, src_w),
             slot_p={r: 0.0 if zero_init else 1.0 for r in in_ranks},
             versions=dict.fromkeys(in_ranks, 0),
             gets={r: [] for r in in_ranks},
@@ -274,7 +274,7 @@ class Windows:
         return True
 
     def _topology(self, topology: Any, name: str) -> MixingTopology:
-        topo = get_topology(DEFAULT_TOPOLOGY if topology is None else topology, self.size)
+        topo = resolve_topology(topology or DEFAULT_TOPOLOGY, self.size)
         if not isinstance(topo, MixingTopology):
             raise InvalidArgumentError(
                 f"win_create({name!r}): windows need a static topology (RingGraph, "
@@ -392,12 +392,14 @@ class Windows:
     ) -> dict[int, float]:
         if weights is None:
             return dict.fromkeys(allowed, 1.0)
-        if isinstance(weights, Mapping):
-            out = {}
-            for r, w in weights.items():
-                out[int(r)] = _weight(w, f"{what}: the weight of rank {r}")
-        else:
-            out = dict.fromkeys((int(r) for r in weights), 1.0)
+        try:
+            out = weight_map(weights)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"{what}: weights are a mapping rank -> weight or a list of ranks, got {weights!r}"
+            ) from None
+        for r, w in out.items():
+            _weight(w, f"{what}: the weight of rank {r}")
         bad = sorted(set(out) - set(allowed))
         if bad:
             raise InvalidArgumentError(

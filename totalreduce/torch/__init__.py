@@ -72,6 +72,7 @@ from ..api import (
     size,
 )
 from ..launch import provide_torchrun_env as _provide_torchrun_env
+from . import windows as _windows
 from .bluefog import (
     in_neighbor_ranks,
     is_topo_weighted,
@@ -147,26 +148,7 @@ from .horovod import (
 from .layers import AllGather, ReduceScatter
 from .optimizer import DistributedOptimizer, GradientSyncError
 from .tensors import SUPPORTED_DTYPES, TensorHandle
-from .windows import (
-    DistributedWinPutOptimizer,
-    get_win_version,
-    turn_off_win_ops_with_associated_p,
-    turn_on_win_ops_with_associated_p,
-    win_accumulate,
-    win_accumulate_nonblocking,
-    win_associated_p,
-    win_create,
-    win_free,
-    win_get,
-    win_get_nonblocking,
-    win_mutex,
-    win_poll,
-    win_put,
-    win_put_nonblocking,
-    win_update,
-    win_update_then_collect,
-    win_wait,
-)
+from .windows import *  # noqa: F403 (the window ops: torch/windows.py's __all__)
 
 # Under mpiexec, torchrun-style scripts read RANK, LOCAL_RANK and WORLD_SIZE before they
 # initialise anything: the MPI launcher's placement provides them (never overwritten).
@@ -245,24 +227,6 @@ __all__ = [
     "shutdown",
     "size",
     "synchronize",
-    "DistributedWinPutOptimizer",
-    "get_win_version",
-    "turn_off_win_ops_with_associated_p",
-    "turn_on_win_ops_with_associated_p",
-    "win_accumulate",
-    "win_accumulate_nonblocking",
-    "win_associated_p",
-    "win_create",
-    "win_free",
-    "win_get",
-    "win_get_nonblocking",
-    "win_mutex",
-    "win_poll",
-    "win_put",
-    "win_put_nonblocking",
-    "win_update",
-    "win_update_then_collect",
-    "win_wait",
     "ccl_built",
     "cuda_built",
     "ddl_built",
@@ -286,3 +250,4 @@ __all__ = [
     "neighbor_allreduce_nonblocking",
     "wait",
 ]
+__all__ += _windows.__all__

@@ -37,26 +37,7 @@ from ..service.windows import WinHandle
 from .bluefog import is_topo_weighted, load_topology
 from .tensors import array_to_tensor, check_tensor, host_buffer
 
-__all__ = [
-    "DistributedWinPutOptimizer",
-    "get_win_version",
-    "turn_off_win_ops_with_associated_p",
-    "turn_on_win_ops_with_associated_p",
-    "win_accumulate",
-    "win_accumulate_nonblocking",
-    "win_associated_p",
-    "win_create",
-    "win_free",
-    "win_get",
-    "win_get_nonblocking",
-    "win_mutex",
-    "win_poll",
-    "win_put",
-    "win_put_nonblocking",
-    "win_update",
-    "win_update_then_collect",
-    "win_wait",
-]
+__all__ = ["DistributedWinPutOptimizer"] + [n for n in _w.__all__ if n != "WinHandle"]
 
 _lock = threading.Lock()
 _tensors: dict[str, torch.Tensor] = {}  # window name -> the registered tensor
