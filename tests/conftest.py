@@ -15,6 +15,16 @@ from totalreduce.service.service import Service
 from totalreduce.transport.local import LocalWorld
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_lane() -> None:
+    """Compile the compiled lane once, in this process, before any test starts ranks:
+    on a fresh install its first compile takes tens of seconds, which ranks compiling
+    at once (and racing for the cache) would spend inside their tests' timeouts."""
+    from totalreduce.engine.lane_core import compile_all
+
+    compile_all()
+
+
 def import_torch() -> Any:
     """torch, for the modules in tests/torch: a skip where it is missing, a failure under CI.
 

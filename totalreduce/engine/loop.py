@@ -65,6 +65,8 @@ from ..transport.base import OversizeMessage, Transport
 from . import wire
 from .compute import ComputeKind, ComputeList, ComputeRequest
 from .floating import BufferPool, FloatingFrame, FloatingList
+from .lane import Lane
+from .lane_loop import LaneHooks
 from .payload import OpKey, OpSpec, OpState, Payload
 from .wire import (
     BYE,
@@ -194,7 +196,7 @@ def _set_timer_slack(ns: int = 1000) -> None:
             log.debug("could not set the timer slack: %s", exc)
 
 
-class CommLoop:
+class CommLoop(LaneHooks):
     """Executes payloads' segment plans over a transport (see the module docstring)."""
 
     def __init__(
@@ -205,6 +207,8 @@ class CommLoop:
         run: Callable[..., None] | None = None,
     ) -> None:
         self.t = transport
+        #: The compiled lane for small ops (``attach_lane``), or None.
+        self.lane: Lane | None = None
         # Small reductions run right here (through the kernels the service hands
         # in), sparing two thread hand-offs; big ones go to the reducer thread.
         self._execute = execute
@@ -303,9 +307,21 @@ class CommLoop:
 
     # ------------------------------------------------------------------ client side
 
+    def attach_lane(self, lane: Lane) -> None:
+        """Run the small ops the compiled lane can run there (before any op is submitted)."""
+        self.lane = lane
+
     def submit(self, spec: OpSpec) -> None:
-        """Queue an op (any thread)."""
+        """Queue an op (any thread); with the lane, enter it now if no pass is running."""
         self.submissions.append(spec)
+        if self.lane is not None and self.lock.acquire(blocking=False):
+            self._owner = threading.get_ident()
+            try:
+                self._take_submissions()
+            finally:
+                self._owner = 0
+                self.lock.release()
+            return
         if self._asleep:  # wake the comm thread only if it sleeps (a futex call saved)
             self._ring()
 
@@ -346,6 +362,7 @@ class CommLoop:
     def busy(self) -> bool:
         return bool(
             len(self.table) > self._passive
+            or (self.lane is not None and self.lane.inflight > 0)
             or self.submissions
             or len(self.compute)
             or self.compute.done
@@ -360,6 +377,8 @@ class CommLoop:
     def sends_in_flight(self) -> bool:
         """Sends handed to the transport that have not completed: their buffers must live
         (and the transport stay open) until they have, or a peer gets freed memory."""
+        if self.lane is not None and self.lane.sends_busy:
+            return True
         return any(what != _RECV for what, _ in self._owners)
 
     # ------------------------------------------------------------------ driving the loop
@@ -427,8 +446,13 @@ class CommLoop:
         last = start
         delay = 0.0
         needed = False
+        lane = self.lane
         with _Waiting(self):
             while not done.is_set():
+                if lane is not None and spec is not None:
+                    lop = lane.by_key.get(spec.key)
+                    if lop is not None and lop.spec is spec:
+                        return self._lane_progress(lop, done, deadline, self._wait_spin)
                 now = time.perf_counter()
                 if deadline is not None and now >= deadline:
                     return done.is_set()
@@ -458,6 +482,8 @@ class CommLoop:
         progressed = False
         if self.submissions:
             progressed = self._take_submissions()
+        if self.lane is not None and self._lane_pump():
+            progressed = True
         done = self.compute.done
         while done:
             self._on_computed(done.popleft())
@@ -500,6 +526,8 @@ class CommLoop:
                     p = self.table.get(item[1])
                     if p is not None:
                         self._raise(p)
+                    elif self.lane is not None and item[1] in self.lane.by_key:
+                        self.lane.set_urgent(self.lane.by_key[item[1]])
                 else:  # "ask": the waiter is still waiting: ask the peers too
                     self._ask(item[1])
                 continue
@@ -526,7 +554,7 @@ class CommLoop:
             return
         if spec.after is not None:
             first = spec.after
-            if first in self.table:
+            if first in self.table or (self.lane is not None and first in self.lane.by_key):
                 self._held.setdefault(first, []).append(spec)
                 return
             if first in self.failed:
@@ -535,6 +563,8 @@ class CommLoop:
         bad = [self.bad_peers[w] for w in spec.group if w in self.bad_peers and w not in self._left]
         if bad and not spec.joined:
             self._fail_unsubmitted(spec, type(bad[0])(f"{spec.describe()}: {bad[0]}"))
+            return
+        if self.lane is not None and not spec.joined and self._lane_activate(spec):
             return
         if key in self.table:
             self._finish_spec(
@@ -722,6 +752,8 @@ class CommLoop:
         self._remember(self.completed, p.key, done)
         p.state = OpState.DONE
         del self.table[p.key]
+        if self.lane is not None:
+            self.lane.set_foreign(p.key, False)
         self._passive -= p.spec.passive
         self.stats.ops_completed += 1
         for spec in self._held.pop(p.key, ()):  # the next phases of a chain
@@ -755,6 +787,8 @@ class CommLoop:
         p.state = OpState.FAILED
         if self.table.pop(p.key, None) is not None:
             self._passive -= p.spec.passive
+            if self.lane is not None:
+                self.lane.set_foreign(p.key, False)
         p.ready.clear()
         p.parked.clear()
         for buf in p.pending.values():
@@ -833,6 +867,7 @@ class CommLoop:
     def _fail_all(self, error: BaseException) -> None:
         for p in list(self.table.values()):
             self._fail(p, error, tell_peers=False)
+        self._lane_fail_all(error)
         while self.submissions:
             item = self.submissions.popleft()
             if not isinstance(item, tuple):  # aborts and notes need no answer
@@ -881,6 +916,11 @@ class CommLoop:
         if p is not None:
             self._fail(p, err, tell_peers=True)
             return
+        lop = None if self.lane is None else self.lane.by_key.get(key)
+        if lop is not None:
+            message = self._named(message, key, lop.spec.name)
+            self._lane_fail(lop, _error_from_peer(message, code), tell_peers=True)
+            return
         done = self.completed.get(key)
         if done is not None:
             # Finished here already: the result may be wrong. Say so at once and
@@ -907,6 +947,10 @@ class CommLoop:
         if p is not None:
             self._fail(p, err, tell_peers=True)
             return
+        lop = None if self.lane is None else self.lane.by_key.get(key)
+        if lop is not None:
+            self._lane_fail(lop, err, tell_peers=True)
+            return
         # Not submitted here (yet): remember, and tell every rank.
         for ff in self.floating.take(key):
             self._drop_floating(ff)
@@ -928,6 +972,7 @@ class CommLoop:
             self._unreachable.add(peer)
         for p in [p for p in self.table.values() if peer in p.group_rank]:
             self._fail(p, type(err)(f"{p.spec.describe()}: {err}"), tell_peers=True)
+        self._lane_fail_with(peer, lambda s: type(err)(f"{s.describe()}: {err}"))
         self.bad_peers[peer] = err
         log.error("%s", err)
         self._cancel_from(peer)
@@ -949,17 +994,28 @@ class CommLoop:
             self._poll_requests()
         self.bad_peers[peer] = OpFailedError(f"rank {self.rank}: {why}; ops with it fail")
         self._left.add(peer)
+        if self.lane is not None:
+            self._lane_pump()  # what it sent before its goodbye has arrived: take it first
         hit = [p for p in self.table.values() if peer in p.group_rank and p.needs(peer)]
         if not hit:
             log.info("rank %d: %s", self.rank, why)
         for p in hit:
             self._fail(p, self._left_error(p, peer), tell_peers=True)
+        self._lane_fail_with(
+            peer,
+            lambda s: OpFailedError(
+                f"rank {self.rank}: {s.describe()}: {self._who(peer)} stopped (its service "
+                "shut down: the program ended or failed) before it completed"
+            ),
+            only_needed=True,
+        )
         self._cancel_from(peer)
         if peer == self._via:
             self._cut_off(peer)
 
     def _cut_off(self, via: int) -> None:
         """Every message goes through rank ``via`` and it is gone: every op fails."""
+        self._lane_fail_all(OpFailedError(f"rank {self.rank}: {self._who(via)} stopped"))
         for p in list(self.table.values()):
             self._fail(
                 p,
@@ -1302,6 +1358,8 @@ class CommLoop:
                 p = self.table.get(key)
                 if p is not None:
                     self._raise(p)
+                elif self.lane is not None and key in self.lane.by_key:
+                    self.lane.set_urgent(self.lane.by_key[key])
                 else:
                     self._remember(self._needed, key, True)
             elif ftype == BYE:
@@ -1309,11 +1367,7 @@ class CommLoop:
                     self._peer_left(source)
             elif ftype == GONE or ftype == JOIN:
                 peer, inc = f[F_AUX], f[F_WID]
-                if (
-                    0 <= peer < self.size
-                    and peer != self.rank
-                    and peer != source
-                ):
+                if 0 <= peer < self.size and peer != self.rank and peer != source:
                     if ftype == GONE:
                         if peer not in self._left and self._current(peer, inc):
                             self._peer_left(peer)
@@ -1322,12 +1376,18 @@ class CommLoop:
                         self._rejoin(peer)
             elif ftype == PROBE:
                 key = (f[F_WID], f[F_GEN])
-                if key in self.table or key in self.completed:
+                if (
+                    key in self.table
+                    or key in self.completed
+                    or (self.lane is not None and key in self.lane.by_key)
+                ):
                     self._control(source, HAVE, _NO_SHAPE, key)
             elif ftype == HAVE:
                 p = self.table.get((f[F_WID], f[F_GEN]))
                 if p is not None:
                     p.have.add(source)
+                elif self.lane is not None and (f[F_WID], f[F_GEN]) in self.lane.by_key:
+                    self.lane.by_key[(f[F_WID], f[F_GEN])].have.add(source)
             elif ftype == ERROR:
                 n = f[F_NBYTES]
                 text = bytes(buf[off : off + n]).decode(errors="replace")
@@ -1466,6 +1526,19 @@ class CommLoop:
     def _unknown_op(self, source: int, f: wire.Frame, key: OpKey) -> bool:
         """A frame for an op not in the table: True if it was dealt with (failed/finished)."""
         if key in self.failed or self.floating.has_error(key):
+            return True
+        lop = None if self.lane is None else self.lane.by_key.get(key)
+        if lop is not None:
+            self._lane_fail(
+                lop,
+                OpMismatchError(
+                    f"{lop.spec.describe()}: ranks disagree about the op (its dtype, count, "
+                    f"reduce op or algorithm): {self._who(source)} runs it in the main loop, "
+                    f"{self._who(self.rank)} in the compiled lane"
+                ),
+                tell_peers=True,
+                also=source,
+            )
             return True
         done = self.completed.get(key)
         if done is None:
@@ -1868,6 +1941,8 @@ class CommLoop:
     def _check_peers(self) -> None:
         """Fail every op of a peer whose process is gone (where the transport can tell)."""
         peers = {w for p in self.table.values() for w in p.spec.group}
+        if self.lane is not None:
+            peers.update(w for lop in self.lane.ops.values() for w in lop.spec.group)
         peers.discard(self.rank)
         for peer in sorted(peers - set(self.bad_peers)):
             if self.t.alive(peer) is False:
@@ -1888,6 +1963,7 @@ class CommLoop:
         """
         warn, shut = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
         first = min(x for x in (warn, shut, float("inf")) if x > 0)
+        self._lane_stalls(now, first, warn, shut)
         for p in list(self.table.values()):
             if p.spec.passive:
                 continue  # a window's standing receive waits as long as its peer likes
@@ -1937,6 +2013,10 @@ class CommLoop:
                     continue
                 recv_from, _ = p.waiting_on()
                 out.append(f"{p.spec.describe()} waits for ranks {recv_from}")
+            if self.lane is not None:
+                for lop in list(self.lane.ops.values()):
+                    recv_from = self.lane.waiting_on(lop)
+                    out.append(f"{lop.spec.describe()} waits for ranks {recv_from}")
         return out
 
     def timeout_error(
@@ -1946,11 +2026,14 @@ class CommLoop:
         who = ""
         with self.lock:  # another thread may be in a pass
             p = None if spec is None else self.table.get(spec.key)
+            lop = None if spec is None or self.lane is None else self.lane.by_key.get(spec.key)
             if p is not None:
                 recv_from, send_to = p.waiting_on()
                 who = f"; it waits for frames from ranks {recv_from}"
                 if send_to:
                     who += f" and has frames for ranks {send_to}"
+            elif lop is not None:
+                who = f"; it waits for frames from ranks {self.lane.waiting_on(lop)}"
         return OpTimeoutError(
             f"op {name!r} generation {generation} did not complete within {timeout} s on rank "
             f"{self.rank}{who} (it stays in flight; wait again or check the peers)"

@@ -57,6 +57,9 @@ class Config:
     - ``timeline``: write a Chrome trace of this rank's ops to this path
       (``{rank}`` in it is replaced by the rank, else ``.<rank>.json`` is
       appended); empty: no trace.  See docs/timeline.md.
+    - ``lane``: run small allreduces (up to 256 KiB per rank) in the compiled
+      lane, a Numba loop that calls MPI itself (embedded mode over MPI only).
+      All ranks must agree; ``TOTALREDUCE_LANE=0`` turns it off.
     """
 
     segment_bytes: int = 1 << 20
@@ -76,6 +79,7 @@ class Config:
     socket: str = ""
     local_rank: int = -1
     timeline: str = ""
+    lane: bool = True
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, **overrides: Any) -> Config:

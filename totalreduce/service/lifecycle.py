@@ -60,6 +60,21 @@ class Lifecycle(OpSubmitter):
             execute=execute,
             run=run,
         )
+        bind = getattr(transport, "native_binding", None)  # MPI: compiled code may call it
+        if cfg.lane and cfg.micro_bytes >= 64 and bind is not None and self.loop.world == self.size:
+            from ..engine.lane import Lane
+            from ..engine.wire import CONTROL_TAG
+
+            self.loop.attach_lane(
+                Lane(
+                    bind(),
+                    self.rank,
+                    self.size,
+                    cfg.micro_bytes,
+                    ctl_tag=CONTROL_TAG,
+                    pool_bytes=cfg.floating_pool_bytes,
+                )  # fmt: skip
+            )
         self.reducer = Reducer(self.loop.compute, self.loop.notify)
         if cfg.timeline:
             from ..timeline import Timeline

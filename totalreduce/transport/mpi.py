@@ -93,6 +93,13 @@ class MPITransport:
         err.peer = peer  # type: ignore[attr-defined]
         return err
 
+    def native_binding(self) -> Any:
+        """The record compiled code calls MPI on this transport's communicator with
+        (:func:`.mpi_native.binding`; the communicator returns error codes)."""
+        from . import mpi_native
+
+        return mpi_native.binding(self.comm)
+
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> Any:
         try:
             return self.comm.Isend(self._spec(buf), dest=dest, tag=tag)

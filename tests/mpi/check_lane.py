@@ -1,0 +1,241 @@
+"""Run under ``mpiexec -n P``: the compiled lane over real MPI (launched by test_lane.py).
+
+Modes:
+- ``exact``: every element type and reduce op, every allreduce algorithm the lane
+  runs, sizes from 0 to the lane's limit, in place and not; the lane ran them all;
+  results equal numpy's (bitwise for floats, as the main loop's kernels give).
+- ``flood``: 10,000 small ops in flight at once, each rank in its own random order
+  with random priorities; exact results; the lane's pool stays within its slots.
+- ``credit``: a pool of 16 slots and ranks submitting 300 ops in opposite orders,
+  rank 0 all at once, the others blocking one by one: frames beyond the credit go as
+  announcements and wait for READY; exact results, no deadlock.
+- ``mismatch``: ranks disagree on an op's count inside the lane, and across the lane
+  and the main loop (one rank's count is over the lane's limit), and on its dtype:
+  every rank raises ``OpMismatchError`` naming the op, and the next op works.
+- ``threads``: four threads submit and wait on their own ops at once; a fifth waits
+  on an op that only completes after the others.
+- ``peer_error``: the last rank aborts an op before submitting it: every rank's wait
+  raises with its reason, and the next op works.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+
+import numpy as np
+
+import totalreduce as tr
+from totalreduce.errors import OpFailedError, OpMismatchError
+
+DTYPES = ["float32", "float64", "int32", "int64", "int16", "int8", "uint8", "bool", "float16"]
+#: The types the lane reduces; the others run in the main loop (checked here too).
+LANE_TYPES = {"float32", "float64", "int32", "int64", "float16"}
+OPS = ["sum", "max", "min", "product", "avg", "band", "bor", "bxor"]
+ALGOS = ["ring", "ring_chunked", "halving_doubling", "recursive_doubling", "bcube", "auto"]
+
+
+def value(k: int, n: int, dtype: str, rank: int) -> np.ndarray:
+    idx = np.arange(n, dtype=np.int64)
+    if dtype == "bool":
+        return (idx + rank + k) % 3 == 0
+    return ((idx * 7 + rank * 3 + k) % 11 + 1).astype(dtype)
+
+
+def reference(k: int, n: int, dtype: str, op: str, p: int) -> np.ndarray:
+    xs = [value(k, n, dtype, r) for r in range(p)]
+    if dtype == "bool":
+        f = {"sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or,
+             "product": np.logical_and, "min": np.logical_and, "band": np.logical_and,
+             "bxor": np.logical_xor}[op]  # fmt: skip
+    else:
+        f = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum,
+             "product": np.multiply, "band": np.bitwise_and, "bor": np.bitwise_or,
+             "bxor": np.bitwise_xor}[op]  # fmt: skip
+    out = xs[0].copy()
+    for x in xs[1:]:
+        out = f(out, x).astype(xs[0].dtype)
+    if op == "avg":
+        out = (out / p).astype(dtype) if dtype.startswith("float") else out // p
+    return out
+
+
+def valid(dtype: str, op: str) -> bool:
+    if op in ("band", "bor", "bxor") and dtype.startswith("float"):
+        return False
+    return not (op == "avg" and dtype in ("bool", "int8", "uint8", "int16"))
+
+
+def lane_done() -> int:
+    lane = tr.default_service().loop.lane
+    assert lane is not None, "the lane is off"
+    return lane.stats()["ops_done"]
+
+
+def mode_exact(p: int, rank: int) -> None:
+    before = lane_done()
+    bad = 0
+    k = 0
+    cases = []
+    for algo in ALGOS:
+        for n in (0, 1, p + 1, 257, 2048):
+            for dtype in DTYPES:
+                for op in OPS:
+                    if valid(dtype, op) and (op in ("sum", "avg") or n == 257):
+                        cases.append((algo, n, dtype, op))
+    handles = []
+    for algo, n, dtype, op in cases:
+        k += 1
+        x = value(k, n, dtype, rank)
+        handles.append(
+            (k, algo, n, dtype, op, x, tr.allreduce_async(x, op=op, algorithm=algo, name=f"e{k}"))
+        )
+    for k, algo, n, dtype, op, _x, h in handles:
+        got = h.wait(timeout=60)
+        want = reference(k, n, dtype, op, p)
+        if dtype == "float16" and op == "avg":
+            ok = np.allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3)
+        else:
+            ok = np.array_equal(got, want) and got.dtype == want.dtype
+        if not ok:
+            bad += 1
+            print(
+                f"rank {rank}: WRONG {algo} n={n} {dtype} {op}: {got[:4]} vs {want[:4]}", flush=True
+            )
+    # in place
+    for algo in ALGOS:
+        x = value(1, 1000, "float64", rank)
+        tr.allreduce(x, out=x, algorithm=algo, name=f"inplace.{algo}")
+        if not np.array_equal(x, reference(1, 1000, "float64", "sum", p)):
+            bad += 1
+            print(f"rank {rank}: WRONG in place {algo}", flush=True)
+    ran = lane_done() - before
+    expect = sum(1 for c in cases if c[2] in LANE_TYPES) + len(ALGOS)
+    ok = bad == 0 and ran == expect
+    print(
+        f"rank {rank}: EXACT {'OK' if ok else 'FAILED'} lane ran {ran} of {expect}",
+        flush=True,
+    )
+
+
+def mode_flood(p: int, rank: int) -> None:
+    n_ops = 10_000
+    rng = random.Random(1000 + rank)
+    order = list(range(n_ops))
+    rng.shuffle(order)
+    hs = {}
+    for k in order:
+        x = np.full(4 + k % 5, k * 10 + rank, dtype=np.int64)
+        hs[k] = tr.allreduce_async(x, name=f"fl{k}", priority=rng.randint(-3, 3))
+    bad = 0
+    for k in range(n_ops):
+        got = hs[k].wait(timeout=120)
+        if not np.all(got == sum(k * 10 + r for r in range(p))) or got.size != 4 + k % 5:
+            bad += 1
+    lane = tr.default_service().loop.lane
+    st = lane.stats()
+    print(f"rank {rank}: FLOOD {'OK' if bad == 0 else 'FAILED'} {st}", flush=True)
+
+
+def mode_credit(p: int, rank: int) -> None:
+    n_ops = 300
+    got = {}
+    if rank == 0:
+        hs = {
+            k: tr.allreduce_async(np.full(700, k, dtype=np.int64), name=f"c{k}")
+            for k in range(n_ops)
+        }
+        got = {k: h.wait(timeout=120) for k, h in hs.items()}
+    else:
+        for k in reversed(range(n_ops)):
+            got[k] = tr.allreduce(np.full(700, k + rank, dtype=np.int64), name=f"c{k}")
+    want = {k: np.full(700, k * p + p * (p - 1) // 2, dtype=np.int64) for k in range(n_ops)}
+    ok = all(np.array_equal(got[k], want[k]) for k in range(n_ops))
+    st = tr.default_service().loop.lane.stats()
+    print(f"rank {rank}: CREDIT {'OK' if ok else 'FAILED'} {st}", flush=True)
+
+
+def _raises(fn) -> str:
+    try:
+        fn()
+    except OpMismatchError as exc:
+        return str(exc)
+    return ""
+
+
+def mode_mismatch(p: int, rank: int) -> None:
+    texts = []
+    # inside the lane: counts differ
+    n = 100 if rank == 0 else 101
+    texts.append(_raises(lambda: tr.allreduce(np.ones(n, np.float32), name="m.count")))
+    # across the lane and the main loop: one rank's op is over the lane's limit
+    n = 64 if rank == 0 else 1 << 17
+    texts.append(_raises(lambda: tr.allreduce(np.ones(n, np.float32), name="m.cross")))
+    # dtype differs (same byte count)
+    dt = np.float32 if rank == 0 else np.int32
+    texts.append(_raises(lambda: tr.allreduce(np.ones(64, dt), name="m.dtype")))
+    after = tr.allreduce(np.ones(10, np.float32), name="m.count")
+    named = zip(texts, ("count", "cross", "dtype"), strict=True)
+    ok = all(f"op 'm.{w}'" in t for t, w in named) and np.all(after == p)
+    print(f"rank {rank}: MISMATCH {'OK' if ok else 'FAILED'} {texts}", flush=True)
+
+
+def mode_threads(p: int, rank: int) -> None:
+    results = {}
+    late = tr.allreduce_async(np.ones(8, np.int64) * (rank + 1), name="late") if rank == 0 else None
+
+    def work(t: int) -> None:
+        acc = 0
+        for k in range(200):
+            acc += int(tr.allreduce(np.full(16, t + k, np.int64), name=f"t{t}")[0])
+        results[t] = acc
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    if rank != 0:
+        late = tr.allreduce_async(np.ones(8, np.int64) * (rank + 1), name="late")
+    got = late.wait(timeout=60)
+    ok = all(results[t] == sum((t + k) * p for k in range(200)) for t in range(4))
+    ok = ok and np.all(got == p * (p + 1) // 2)
+    print(f"rank {rank}: THREADS {'OK' if ok else 'FAILED'}", flush=True)
+
+
+def mode_peer_error(p: int, rank: int) -> None:
+    svc = tr.default_service()
+    if rank == p - 1:
+        svc.abort("doomed", 0, reason="given up by the test")
+    h = tr.allreduce_async(np.ones(32, np.float32), name="doomed")
+    try:
+        h.wait(timeout=30)
+        text = ""
+    except (OpFailedError, OpMismatchError) as exc:
+        text = str(exc)
+    after = tr.allreduce(np.ones(4, np.float32), name="fine")
+    ok = "given up by the test" in text and np.all(after == p)
+    print(f"rank {rank}: PEER_ERROR {'OK' if ok else 'FAILED'} {text!r}", flush=True)
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    opts = {"stall_warning_s": 30}
+    if mode == "credit":
+        opts["floating_pool_bytes"] = 16 * (16 << 10)
+    tr.init(**opts)
+    p, rank = tr.size(), tr.rank()
+    {
+        "exact": mode_exact,
+        "flood": mode_flood,
+        "credit": mode_credit,
+        "mismatch": mode_mismatch,
+        "threads": mode_threads,
+        "peer_error": mode_peer_error,
+    }[mode](p, rank)
+    tr.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""The compiled lane's tables: where each field lives in its arrays (pure constants).
+
+The lane (``engine/lane_core.py``, driven by ``engine/lane.py``) keeps all of its
+state in three preallocated arrays that Python and compiled code share:
+
+- ``mem`` (int64): the control words, the op table, the key hash tables, the
+  per-op segment state, the pool's slot records, the per-peer words, the event and
+  completion queues and a work stack;
+- ``prog`` (int64): compiled plans (one record per (plan, element size): segments,
+  their waits and successors, local ops) and groups (world ranks), appended by
+  Python when a new shape first runs; it grows by reallocation;
+- ``arena`` (uint8): the pool's slots (frames of ops not submitted here, and
+  bodies that came before their turn), the per-peer outboxes, the send buffers and
+  their requests, the landing buffer of received messages, the event frames.
+
+Every record is a fixed number of int64 words at an offset kept in ``mem``'s
+control words (``C_*``), so compiled code indexes them without Python objects.
+"""
+
+from __future__ import annotations
+
+# -- control words: mem[C_*] -------------------------------------------------------
+C_RANK = 0
+C_WORLD = 1
+C_NOPS = 2  # op table capacity
+C_HCAP = 3  # hash capacity (power of two)
+C_NSLOTS = 4
+C_SLOT = 5  # bytes per pool slot
+C_OUTCAP = 6  # bytes per outbox / send buffer / landing buffer
+C_NSB = 7  # send buffers
+C_CREDIT = 8  # slots each peer may fill here (and we there)
+C_MICRO = 9
+C_TAG = 10
+C_SEQ = 11
+C_OPS = 12  # offsets of the tables in mem
+C_HASH = 13
+C_FHASH = 14
+C_DYN = 15
+C_META = 16
+C_FREESLOT = 17
+C_NFREE = 18
+C_FREEOP = 19
+C_NFREEOP = 20
+C_PEERS = 21
+C_EVQ = 22
+C_NEV = 23
+C_EVCAP = 24
+C_DONEQ = 25
+C_NDONE = 26
+C_STK = 27
+C_STKCAP = 28
+C_SBSTATE = 29
+C_FAILQ = 30
+C_FAILCAP = 31
+C_FAILHEAD = 32
+C_A_SLOTS = 33  # offsets in the arena
+C_A_OUT = 34
+C_A_SB = 35
+C_A_REQ = 36
+C_A_LAND = 37
+C_A_STATUS = 38
+C_A_MSG = 39
+C_A_EVB = 40
+C_INFLIGHT = 41  # ops in the table
+C_FLOATING = 42  # slots holding frames of ops not submitted here
+C_PEAK = 43  # most slots held at once
+C_SEGCAP = 44
+C_FULL = 45  # 1: a frame waits in the landing buffer for a free slot
+C_LANDLEN = 46
+C_LANDSRC = 47
+C_LANDPOS = 48
+C_SENT_MSGS = 49
+C_SENT_FRAMES = 50
+C_RECV_MSGS = 51
+C_CTL_TAG = 52  # the main loop's control tag: compiled code tells Python a message waits
+C_CTL_WAITING = 53
+C_NSBBUSY = 54
+C_OPS_DONE = 55
+C_LEN = 64
+
+# -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
+O_STATE = 0
+O_WID = 1
+O_GEN = 2
+O_DT = 3
+O_KIND = 4
+O_ALGO = 5
+O_ROP = 6
+O_COUNT = 7
+O_PARAM = 8
+O_CTX = 9
+O_PRIO = 10
+O_PLAN = 11
+O_GROUP = 12
+O_GSIZE = 13
+O_IN = 14
+O_OUT = 15
+O_WORK = 16
+O_SLEFT = 17
+O_RLEFT = 18
+O_SEQ = 19
+O_ME = 20
+O_ERR = 21
+O_URGENT = 22
+O_N = 24
+
+# op states
+S_FREE = 0
+S_ACTIVE = 2
+S_DONE = 4
+S_FAILED = 5
+
+# -- hash tables: mem[hash + i * 3 + {0: wire id, 1: generation, 2: value}] ---------
+H_EMPTY = -1
+H_TOMB = -2
+H_FOREIGN = -3  # an op of the main loop: a frame for it here is a disagreement
+H_FAILED = -4  # an op that failed here: its late frames are dropped
+H_DONE = -5  # an op finished here: a frame for it means the ranks disagree (EV_LATE)
+
+# -- per-op segment state: mem[dyn + slot * 5 * SEGCAP + D_* * SEGCAP + i] ----------
+D_SW = 0  # waits left, per send segment
+D_SS = 1  # state, per send segment
+D_RW = 2  # waits left, per receive segment
+D_RS = 3  # state, per receive segment
+D_RSLOT = 4  # pool slot holding a body that came before its turn
+# send segment states
+SS_WAIT = 0
+SS_HELD = 1  # ready, no credit: announced, waits for READY
+SS_SENT = 2
+# receive segment states
+RS_WAIT = 0
+RS_STAGED = 1
+RS_DONE = 2
+
+# -- pool slot records: mem[meta + slot * M_N + M_*] ---------------------------------
+M_NEXT = 0
+M_SOURCE = 1
+M_TYPE = 2  # 1: a DATA frame (header and body), 2: an announcement (header only)
+M_CREDITED = 3
+M_N = 4
+
+# -- peers: mem[peers + peer * P_N + P_*] --------------------------------------------
+P_CREDIT = 0  # slots we may still fill at the peer
+P_OWED = 1  # slots freed here that the peer has not been told of
+P_OUTLEN = 2  # bytes in the outbox (0: empty; else header and frames)
+P_NFRAMES = 3
+P_CLEARED = 4  # unused
+P_N = 6
+
+# -- events: mem[evq + i * E_N + E_*] ------------------------------------------------
+E_TYPE = 0
+E_SLOT = 1
+E_SOURCE = 2
+E_A = 3
+E_B = 4
+E_N = 6
+EV_MISMATCH = 1  # frame's shape differs from the op's (frame in the event bytes)
+EV_UNEXPECTED = 2  # no receive segment of the op takes the frame
+EV_FOREIGN = 3  # frame for an op the main loop runs
+EV_MALFORMED = 4  # a message that does not parse (a = what)
+EV_MPI = 5  # an MPI call failed (a = -code, b = peer)
+EV_FULL = 6  # no free pool slot: grow the arena
+EV_SIZE = 7  # a frame's byte count differs from its segment's (a = theirs, b = ours)
+EV_KERNEL = 8  # a kernel refused a dtype or op (a bug)
+EV_LOST = 9  # the pass's work stack overflowed (a bug)
+EV_LATE = 10  # a frame for an op finished here (frame in the event bytes)
+
+# malformed reasons (EV_MALFORMED's a)
+MF_SHORT = 1
+MF_MAGIC = 2
+MF_SENDER = 3
+MF_TRUNCATED = 4
+MF_TYPE = 5
+MF_BODY = 6
+MF_CREDIT = 7
+MF_LONG = 8
+
+# -- plan records in prog --------------------------------------------------------------
+PL_NS = 0
+PL_NR = 1
+PL_NPRO = 2
+PL_NEPI = 3
+PL_SENDS = 4
+PL_RECVS = 5
+PL_LOCS = 6
+PL_ISZ = 7
+PL_N = 8
+# segment rows
+G_STEP = 0
+G_SEG = 1
+G_PEER = 2  # group rank
+G_BUF = 3
+G_OFF = 4  # bytes
+G_NBYTES = 5
+G_ACTION = 6
+G_NWAIT = 7
+G_SUCC = 8  # offset of its successors in prog
+G_NSUCC = 9
+G_SBUF = 10  # a receive's base: dst = base (op) body (-1: dst itself)
+G_SOFF = 11
+G_N = 12
+# local op rows
+L_KIND = 0
+L_DBUF = 1
+L_DOFF = 2
+L_SBUF = 3
+L_SOFF = 4
+L_NBYTES = 5
+L_DIV = 6
+L_N = 7
+
+# Schedule codes, repeated (algorithms.schedule.Action / LocalKind).
+ACT_COPY = 1
+ACT_REDUCE = 2
+LK_COPY = 1
+LK_AVERAGE = 3
+
+# -- wire ----------------------------------------------------------------------------
+LANE_MAGIC = 0x4C445254  # b"TRDL"
+LANE_VERSION = 1
+MSG_SIZE = 24
+FRAME_SIZE = 72
+F_DATA = 1
+F_RTS = 2  # "I hold frames of this op for you, and no credit": answered by READY
+F_READY = 5  # "the op is submitted here: send without credit"
+FLAG_CREDIT = 2  # the frame spent a slot of credit

@@ -1,0 +1,424 @@
+"""The main loop's side of the compiled lane: handing ops over, waiting, failures.
+
+:class:`LaneHooks` is a base of :class:`~.loop.CommLoop`.  It routes an op the lane can
+run (``Lane.plan_of``) into the lane, drives the lane in every pass and in ``wait()``,
+turns the lane's events into the errors the main loop raises for its own ops (the same
+words, sent to the same ranks), and takes lane ops through everything that fails ops:
+errors from peers, peers gone, aborts, stalls, shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
+from . import lane_layout as L
+from .lane import Lane, LaneOp
+from .payload import OpKey, OpSpec, Payload
+
+if TYPE_CHECKING:
+    from .floating import FloatingList
+
+log = logging.getLogger("totalreduce.engine")
+
+_FRAME = struct.Struct("<BBBBBBHIIIIQQQQqQ")
+
+_MALFORMED = {
+    L.MF_SHORT: "shorter than its header",
+    L.MF_MAGIC: "bad magic or protocol version",
+    L.MF_SENDER: "names another sender",
+    L.MF_TRUNCATED: "truncated frame",
+    L.MF_TYPE: "unknown frame type",
+    L.MF_BODY: "eager body over micro_bytes",
+    L.MF_CREDIT: "a frame or credit beyond what this rank granted",
+    L.MF_LONG: "longer than any message a peer may send",
+}
+
+
+class LaneHooks:
+    """Lane handling for the main loop (see the module docstring)."""
+
+    lane: Lane | None
+    rank: int
+    table: dict[OpKey, Payload]
+    floating: FloatingList
+    completed: OrderedDict[OpKey, tuple[Any, ...]]
+    failed: OrderedDict[OpKey, str]
+    submissions: deque[Any]
+    trace: Any
+    stats: Any
+    lock: threading.Lock
+    bad_peers: dict[int, TotalReduceError]
+
+    # provided by CommLoop
+    def _remember(self, table: Any, key: OpKey, value: Any) -> None: ...  # pragma: no cover
+    def _finish_spec(
+        self, spec: OpSpec, error: BaseException | None
+    ) -> None: ...  # pragma: no cover
+    def _error_frame(
+        self, key: OpKey, dest: int, message: str, code: int
+    ) -> None: ...  # pragma: no cover
+    def _who(self, rank: int) -> str: ...  # pragma: no cover
+    def _named(self, message: str, key: OpKey, name: str | int) -> str: ...  # pragma: no cover
+
+    # ------------------------------------------------------------------ routing
+
+    def _lane_activate(self, spec: OpSpec) -> bool:
+        """Hand ``spec`` to the lane if it runs it (True), else mark it the main loop's."""
+        lane = self.lane
+        assert lane is not None
+        key = spec.key
+        plan = lane.plan_of(spec)
+        if plan < 0:
+            if lane.has_floating(key):
+                lane.drop_floating(key)
+                self._cross_mismatch(spec, "this rank runs it in the main loop")
+                return True
+            lane.set_foreign(key, True)
+            return False
+        if key in self.floating._frames:  # a peer's main loop runs it: a disagreement
+            for ff in self.floating.take(key):
+                self._drop_floating(ff)  # type: ignore[attr-defined]
+            self._cross_mismatch(spec, "this rank runs it in the compiled lane")
+            return True
+        err = self.floating.take_error(key)
+        if err is not None:
+            lane.drop_floating(key)
+            from .loop import _error_from_peer
+
+            error = _error_from_peer(self._named(err[0], key, spec.name), err[1])
+            self._lane_refuse(spec, error)
+            return True
+        if key in self.table or lane.key_state(key) >= 0:
+            self._finish_spec(
+                spec, OpFailedError(f"{spec.describe()} submitted twice on rank {self.rank}")
+            )
+            return True
+        work = None
+        wc = spec.schedule.work_count
+        if wc:
+            work = np.empty(wc, dtype=spec.dtype.numpy)
+        lop = lane.submit(spec, plan, work)
+        if lop is None:
+            self._lane_refuse(
+                spec,
+                OpFailedError(
+                    f"{spec.describe()}: rank {self.rank} has {lane.inflight} small ops in flight, "
+                    "the most the compiled lane holds; wait for some before submitting more"
+                ),
+            )
+            return True
+        if self.trace is not None:
+            self.trace.op(spec.name, spec.generation, "submitted", spec.priority)
+        self._lane_drain()
+        return True
+
+    def _cross_mismatch(self, spec: OpSpec, mine: str) -> None:
+        self._lane_refuse(
+            spec,
+            OpMismatchError(
+                f"{spec.describe()}: ranks disagree about the op (its dtype, count, reduce op or "
+                f"algorithm): a peer's frames for it came by the other path, {mine}"
+            ),
+        )
+
+    def _lane_refuse(self, spec: OpSpec, error: TotalReduceError) -> None:
+        """Fail an op the lane never entered, telling its group."""
+        self._fail_unsubmitted(spec, error)  # type: ignore[attr-defined]
+        if self.lane is not None:
+            self.lane.remember_failed(spec.key)
+
+    # ------------------------------------------------------------------ driving
+
+    def _lane_pump(self) -> bool:
+        lane = self.lane
+        assert lane is not None
+        if lane.full:
+            lane.grow()
+        moved = lane.pump() > 0
+        if lane.mem[L.C_NEV] or lane.mem[L.C_NDONE]:
+            self._lane_drain()
+            moved = True
+        return moved
+
+    def _lane_drain(self) -> None:
+        """Turn the lane's events into errors and finish the ops it completed."""
+        lane = self.lane
+        assert lane is not None
+        for ev in lane.take_events():
+            self._lane_event(*ev)
+        for lop, ok in lane.take_done():
+            spec = lop.spec
+            if ok:
+                self._remember(
+                    self.completed, spec.key, (spec.describe(), spec.group, (), frozenset())
+                )
+                self.stats.ops_completed += 1
+                if self.trace is not None:
+                    self.trace.op(spec.name, spec.generation, "done", spec.priority)
+                self._finish_spec(spec, None)
+                for later in self._held.pop(spec.key, ()):  # type: ignore[attr-defined]
+                    self._activate(later)  # type: ignore[attr-defined]
+            else:
+                error = lop.error or OpFailedError(f"{spec.describe()}: failed on rank {self.rank}")
+                self._remember(self.failed, spec.key, str(error))
+                self.stats.ops_failed += 1
+                if self.trace is not None:
+                    self.trace.op(spec.name, spec.generation, "failed", spec.priority)
+                self._finish_spec(spec, error)
+                for later in self._held.pop(spec.key, ()):  # type: ignore[attr-defined]
+                    self._fail_unsubmitted(later, self._chain_error(later, str(error)))  # type: ignore[attr-defined]
+
+    def _lane_fail(
+        self, lop: LaneOp, error: BaseException, *, tell_peers: bool, also: int = -1
+    ) -> None:
+        """Fail a lane op here (and, with ``tell_peers``, on its group and rank ``also``)."""
+        lane = self.lane
+        assert lane is not None
+        if lane.state(lop) != L.S_ACTIVE or lop.error is not None:
+            return
+        lop.error = error
+        lane.fail(lop)
+        self._lane_tell(lop.spec, error, tell_peers, also)
+        self._lane_drain()
+
+    def _lane_tell(self, spec: OpSpec, error: BaseException, tell_peers: bool, also: int) -> None:
+        from .loop import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH
+
+        if tell_peers:
+            code = (
+                ERROR_MISMATCH
+                if isinstance(error, OpMismatchError)
+                else ERROR_FRAME
+                if isinstance(error, FrameError)
+                else ERROR_FAILED
+            )
+            dests = set(spec.group)
+            if also >= 0:
+                dests.add(also)
+            for world in sorted(dests):
+                if world != self.rank:
+                    self._error_frame(spec.key, world, str(error), code)
+        text = str(error)
+        log.error(
+            "%s", text if text.startswith(f"rank {self.rank}:") else f"rank {self.rank}: {text}"
+        )
+
+    def _lane_event(self, kind: int, slot: int, source: int, a: int, b: int, raw: bytes) -> None:
+        lane = self.lane
+        assert lane is not None
+        lop = lane.ops.get(slot) if slot >= 0 else None
+        if kind in (L.EV_MISMATCH, L.EV_UNEXPECTED, L.EV_SIZE) and lop is not None:
+            f = _FRAME.unpack(raw)
+            error = OpMismatchError(self._lane_mismatch_text(kind, lop, f, source, a, b))
+            lop.error = error
+            self._lane_tell(lop.spec, error, True, source)
+        elif kind == L.EV_FOREIGN:
+            f = _FRAME.unpack(raw)
+            key = (f[11], f[12])
+            p = self.table.get(key)
+            error = OpMismatchError(
+                f"op generation {key[1]}: ranks disagree about the op (its dtype, count, reduce "
+                f"op or algorithm): rank {source} runs it in the compiled lane, rank {self.rank} "
+                "in the main loop"
+            )
+            if p is not None:
+                error = OpMismatchError(
+                    f"{p.spec.describe()}: ranks disagree about the op (its dtype, count, reduce "
+                    f"op or algorithm): {self._who(source)} runs it in the compiled lane, "
+                    f"{self._who(self.rank)} in the main loop"
+                )
+                self._fail(p, error, tell_peers=True, also=source)  # type: ignore[attr-defined]
+            else:
+                self._error_frame(key, source, str(error), 1)
+        elif kind == L.EV_LATE:
+            f = _FRAME.unpack(raw)
+            key = (f[11], f[12])
+            if key in self.completed:
+                self._unknown_op(source, f, key)  # type: ignore[attr-defined]
+        elif kind == L.EV_MALFORMED:
+            self._bad_peer(  # type: ignore[attr-defined]
+                source,
+                FrameError(
+                    f"rank {self.rank}: message from rank {source} refused: "
+                    f"{_MALFORMED.get(a, 'malformed')} ({b})"
+                ),
+            )
+        elif kind == L.EV_MPI:
+            from ..transport import mpi_native
+
+            err = TotalReduceError(
+                f"rank {self.rank}: MPI call of the compiled lane failed"
+                + (f" with rank {source}" if source >= 0 else "")
+                + f": {mpi_native.error_text(-a)}"
+            )
+            if source >= 0:
+                self._bad_peer(source, err)  # type: ignore[attr-defined]
+            else:
+                raise err
+        elif kind in (L.EV_KERNEL, L.EV_LOST) and lop is not None:
+            error = OpFailedError(
+                f"{lop.spec.describe()}: the compiled lane could not run it on rank {self.rank} "
+                f"(event {kind}, {a}, {b}): a bug, please report it"
+            )
+            lop.error = error
+            if lane.state(lop) == L.S_ACTIVE:
+                lane.fail(lop)
+            self._lane_tell(lop.spec, error, True, -1)
+
+    def _lane_mismatch_text(
+        self, kind: int, lop: LaneOp, f: tuple[int, ...], source: int, a: int, b: int
+    ) -> str:
+        spec = lop.spec
+        if kind == L.EV_MISMATCH:
+            from .payload import Payload
+
+            fake = Payload.__new__(Payload)
+            fake.spec = spec
+            fake.shape = (
+                int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
+                spec.count, spec.param, spec.context,
+            )  # fmt: skip
+            full = (f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10],
+                    f[11], f[12], f[13], f[14], f[15], f[16])  # fmt: skip
+            why = fake.mismatch(full, self._who(source), self._who(self.rank))
+            if why is not None:
+                return why
+        if kind == L.EV_SIZE:
+            return (
+                f"{spec.describe()}: step {f[8]} segment {f[9]}: rank {self.rank} expects {b} "
+                f"bytes, rank {source} sends {a} (do the ranks use the same micro_bytes?)"
+            )
+        return (
+            f"{spec.describe()}: rank {self.rank} got an unexpected frame from rank {source} for "
+            f"step {f[8]} segment {f[9]} (do the ranks use the same algorithm, group and "
+            "micro_bytes?)"
+        )
+
+    # ------------------------------------------------------------------ waiting
+
+    def _lane_progress(
+        self, lop: LaneOp, done: threading.Event, deadline: float | None, spin_s: float
+    ) -> bool:
+        """``wait()`` on a lane op: compiled passes, the main loop's only when it has work."""
+        lane = self.lane
+        assert lane is not None
+        last = time.perf_counter()
+        delay = 0.0
+        while not done.is_set():
+            now = time.perf_counter()
+            if deadline is not None and now >= deadline:
+                return done.is_set()
+            if self.lock.acquire(blocking=False):
+                self._owner = threading.get_ident()  # type: ignore[attr-defined]
+                try:
+                    if self._main_has_work():
+                        if self.run_once():  # type: ignore[attr-defined]
+                            last = now
+                    if done.is_set():
+                        break
+                    span = 2e-4 if deadline is None else min(2e-4, max(0.0, deadline - now))
+                    ended = lane.wait(lop, span, spin_s)
+                    if lane.mem[L.C_NEV] or lane.mem[L.C_NDONE] or lane.full:
+                        self._lane_pump()
+                    if ended:
+                        self._lane_drain()
+                        last = time.perf_counter()
+                except Exception as exc:
+                    if getattr(self, "fatal", None) is None:
+                        log.exception("rank %d: comm loop stopped by an error", self.rank)
+                        self.fatal = exc
+                        self._fail_all(  # type: ignore[attr-defined]
+                            TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}")
+                        )
+                finally:
+                    self._owner = 0  # type: ignore[attr-defined]
+                    self.lock.release()
+                continue
+            if now - last < spin_s:
+                time.sleep(0)
+                continue
+            delay = min(max(2 * delay, 2e-5), 1e-3)
+            done.wait(delay)
+        return True
+
+    def _main_has_work(self) -> bool:
+        lane = self.lane
+        return bool(
+            self.submissions
+            or len(self.table)
+            or (lane is not None and lane.ctl_waiting)
+            or getattr(self, "_dirty", None)
+            or getattr(self, "_reqs", None)
+            or self.compute.done  # type: ignore[attr-defined]
+            or time.monotonic() - self._last_stall_check > self._stall_every  # type: ignore[attr-defined]
+        )
+
+    # ------------------------------------------------------------------ failures
+
+    def _lane_fail_with(self, peer: int, make: Any, *, only_needed: bool = False) -> None:
+        """Fail the lane ops with world rank ``peer`` (``make(spec)`` is the error)."""
+        lane = self.lane
+        if lane is None:
+            return
+        for lop in list(lane.ops.values()):
+            if peer in lop.spec.group and (not only_needed or lane.needs(lop, peer)):
+                self._lane_fail(lop, make(lop.spec), tell_peers=True)
+
+    def _lane_fail_all(self, error: BaseException) -> None:
+        lane = self.lane
+        if lane is None:
+            return
+        for lop in list(lane.ops.values()):
+            self._lane_fail(lop, error, tell_peers=False)
+
+    def _lane_stalls(self, now: float, first: float, warn: float, shut: float) -> None:
+        """The stall inspector's pass over lane ops (see ``CommLoop._check_stalls``)."""
+        from ..errors import OpTimeoutError
+        from .wire import PROBE
+
+        lane = self.lane
+        if lane is None:
+            return
+        for lop in list(lane.ops.values()):
+            idle = now - lop.t0
+            spec = lop.spec
+            if not lop.probed and idle >= first / 2:
+                lop.probed = True
+                shape = (int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
+                         spec.count, spec.param, spec.context)  # fmt: skip
+                for world in spec.group:
+                    if world != self.rank:
+                        self._control(world, PROBE, shape, spec.key)  # type: ignore[attr-defined]
+            if shut > 0 and idle >= shut:
+                self._lane_fail(
+                    lop,
+                    OpTimeoutError(
+                        f"{spec.describe()}: no progress for {idle:.0f} s "
+                        f"(stall_shutdown_s={shut:g}); {self._lane_stall_text(lop)}"
+                    ),
+                    tell_peers=True,
+                )
+            elif warn > 0 and idle >= warn and not lop.warned:
+                lop.warned = True
+                log.warning(
+                    "rank %d: %s made no progress for %.0f s; %s",
+                    self.rank, spec.describe(), idle, self._lane_stall_text(lop),
+                )  # fmt: skip
+
+    def _lane_stall_text(self, lop: LaneOp) -> str:
+        lane = self.lane
+        assert lane is not None
+        recv_from = lane.waiting_on(lop)
+        missing = [
+            w for w in lop.spec.group if w != self.rank and w not in lop.have and w in recv_from
+        ]
+        text = f"ranks {missing} have not submitted it; " if missing and lop.probed else ""
+        return text + f"it waits for frames from ranks {recv_from}"

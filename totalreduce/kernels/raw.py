@@ -1,0 +1,96 @@
+"""The kernels on raw memory: what a compiled loop calls on the bytes of a frame.
+
+A compiled data plane (``engine/lane_core.py``) holds an op's buffers as addresses
+and its element type as the :class:`~totalreduce.dtypes.DType` code, so it cannot
+pick a kernel by array type as :mod:`totalreduce.kernels` does.  These functions do
+the picking in compiled code: each views the two ranges as arrays of the storage type
+(``carray`` over a typed pointer) and calls the same kernel of :mod:`.numba_kernels`
+the rest of the library uses, so a reduction gives the same bits whichever path ran it.
+
+Every function returns 0, or -1 for a dtype code it does not take (the caller checked
+before, so -1 is a bug report, never silently wrong data).  They take the element types
+of gradients (float16, bfloat16, float32, float64, int32, int64); the narrow integer
+and bool types stay with the main loop (each type compiled here adds to the first
+start's compile time).
+"""
+
+from __future__ import annotations
+
+from numba import carray, njit
+
+from ..native.intrinsics import (
+    ptr_f32,
+    ptr_f64,
+    ptr_i32,
+    ptr_i64,
+    ptr_u16,
+)
+from ..native.libc import memmove
+from .numba_kernels import (
+    average_bf16,
+    average_f16,
+    average_float,
+    average_int,
+    reduce_bf16,
+    reduce_f16,
+    reduce_integer,
+    reduce_native,
+)
+
+# DType codes (totalreduce.dtypes.DType), repeated here as compile-time constants.
+DT_F16, DT_F32, DT_F64, DT_I32, DT_I64, DT_BF16, DT_U8, DT_I8, DT_I16, DT_BOOL = range(1, 11)
+
+#: Bytes per element, indexed by DType code (0 unused).
+ITEMSIZE = (0, 2, 4, 8, 4, 8, 2, 1, 1, 2, 1)
+
+
+@njit(nogil=True, cache=True)
+def reduce_raw(dt, op, dst, src, n):  # type: ignore[no-untyped-def]
+    """``dst[i] = dst[i] (op) src[i]`` for ``n`` elements of type ``dt`` at two addresses."""
+    if n <= 0:
+        return 0
+    if dt == DT_F32:
+        reduce_native(carray(ptr_f32(dst), n), carray(ptr_f32(src), n), op)
+    elif dt == DT_F64:
+        reduce_native(carray(ptr_f64(dst), n), carray(ptr_f64(src), n), op)
+    elif dt == DT_I32:
+        reduce_integer(carray(ptr_i32(dst), n), carray(ptr_i32(src), n), op)
+    elif dt == DT_I64:
+        reduce_integer(carray(ptr_i64(dst), n), carray(ptr_i64(src), n), op)
+    elif dt == DT_F16:
+        reduce_f16(carray(ptr_u16(dst), n), carray(ptr_u16(src), n), op)
+    elif dt == DT_BF16:
+        reduce_bf16(carray(ptr_u16(dst), n), carray(ptr_u16(src), n), op)
+    else:
+        return -1
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def average_raw(dt, dst, n, divisor):  # type: ignore[no-untyped-def]
+    """``dst /= divisor`` (floor division on integers) for ``n`` elements of type ``dt``."""
+    if n <= 0:
+        return 0
+    if dt == DT_F32:
+        average_float(carray(ptr_f32(dst), n), divisor)
+    elif dt == DT_F64:
+        average_float(carray(ptr_f64(dst), n), divisor)
+    elif dt == DT_I32:
+        average_int(carray(ptr_i32(dst), n), divisor)
+    elif dt == DT_I64:
+        average_int(carray(ptr_i64(dst), n), divisor)
+    elif dt == DT_F16:
+        average_f16(carray(ptr_u16(dst), n), divisor)
+    elif dt == DT_BF16:
+        average_bf16(carray(ptr_u16(dst), n), divisor)
+    else:
+        return -1
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def copy_raw(dst, src, nbytes):  # type: ignore[no-untyped-def]
+    """``nbytes`` from ``src`` to ``dst`` (the ranges may overlap)."""
+    if nbytes > 0 and dst != src:
+        memmove(dst, src, nbytes)
+    return 0
