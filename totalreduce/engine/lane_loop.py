@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
 from . import lane_layout as L
+from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, _error_from_peer
 from .lane import Lane, LaneOp
 from .payload import OpKey, OpSpec, Payload
 
@@ -91,8 +92,6 @@ class LaneHooks:
         err = self.floating.take_error(key)
         if err is not None:
             lane.drop_floating(key)
-            from .loop import _error_from_peer
-
             error = _error_from_peer(self._named(err[0], key, spec.name), err[1])
             self._lane_refuse(spec, error)
             return True
@@ -117,6 +116,17 @@ class LaneHooks:
             return True
         if self.trace is not None:
             self.trace.op(spec.name, spec.generation, "submitted", spec.priority)
+        left = self._left.intersection(spec.group)  # type: ignore[attr-defined]
+        for peer in sorted(left):  # what they sent before leaving is placed above
+            if lane.state(lop) == L.S_ACTIVE and lane.needs(lop, peer):
+                self._lane_fail(
+                    lop,
+                    OpFailedError(
+                        f"rank {self.rank}: {spec.describe()}: {self._who(peer)} stopped (its "
+                        "service shut down: the program ended or failed) before it completed"
+                    ),
+                    tell_peers=True,
+                )
         self._lane_drain()
         return True
 
@@ -190,8 +200,6 @@ class LaneHooks:
         self._lane_drain()
 
     def _lane_tell(self, spec: OpSpec, error: BaseException, tell_peers: bool, also: int) -> None:
-        from .loop import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH
-
         if tell_peers:
             code = (
                 ERROR_MISMATCH

@@ -64,6 +64,7 @@ from ..errors import (
 from ..transport.base import OversizeMessage, Transport
 from . import wire
 from .compute import ComputeKind, ComputeList, ComputeRequest
+from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, ERROR_TIMEOUT, _error_from_peer
 from .floating import BufferPool, FloatingFrame, FloatingList
 from .lane import Lane
 from .lane_loop import LaneHooks
@@ -96,10 +97,6 @@ from .wire import (
 
 log = logging.getLogger("totalreduce.engine")
 
-ERROR_MISMATCH = 1
-ERROR_FAILED = 2
-ERROR_FRAME = 3
-ERROR_TIMEOUT = 4
 MAX_ERROR_TEXT = 4096
 
 _LOCAL_KIND = {
@@ -501,7 +498,7 @@ class CommLoop(LaneHooks):
         now = time.monotonic()
         if now - self._last_stall_check > self._stall_every:
             self._last_stall_check = now
-            if self.table:
+            if self.table or (self.lane is not None and self.lane.ops):
                 self._check_peers()
             self._check_stalls(now)
         return progressed
@@ -2057,13 +2054,3 @@ class _Waiting:
             self.loop.waiters -= 1
         if self.loop.table:  # ops nobody waits for go on at once, on the comm thread
             self.loop.wake.set()
-
-
-def _error_from_peer(message: str, code: int) -> TotalReduceError:
-    if code == ERROR_MISMATCH:
-        return OpMismatchError(message)
-    if code == ERROR_FRAME:
-        return FrameError(message)
-    if code == ERROR_TIMEOUT:
-        return OpTimeoutError(message)
-    return OpFailedError(message)

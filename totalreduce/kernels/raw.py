@@ -26,16 +26,20 @@ from ..native.intrinsics import (
     ptr_u16,
 )
 from ..native.libc import memmove
-from .numba_kernels import (
-    average_bf16,
-    average_f16,
-    average_float,
-    average_int,
-    reduce_bf16,
-    reduce_f16,
-    reduce_integer,
-    reduce_native,
-)
+from . import numba_kernels as _nk
+
+# The same kernel functions as the rest of the library (one source, the same bits),
+# compiled for the raw, C-contiguous views made here: their own dispatchers, so the
+# library's kernels keep exactly one signature per storage type.
+_jit = njit(nogil=True, cache=True)
+reduce_native = _jit(_nk.reduce_native.py_func)
+reduce_integer = _jit(_nk.reduce_integer.py_func)
+reduce_f16 = _jit(_nk.reduce_f16.py_func)
+reduce_bf16 = _jit(_nk.reduce_bf16.py_func)
+average_float = _jit(_nk.average_float.py_func)
+average_int = _jit(_nk.average_int.py_func)
+average_f16 = _jit(_nk.average_f16.py_func)
+average_bf16 = _jit(_nk.average_bf16.py_func)
 
 # DType codes (totalreduce.dtypes.DType), repeated here as compile-time constants.
 DT_F16, DT_F32, DT_F64, DT_I32, DT_I64, DT_BF16, DT_U8, DT_I8, DT_I16, DT_BOOL = range(1, 11)

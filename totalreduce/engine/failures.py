@@ -1,0 +1,26 @@
+"""The codes an ERROR frame carries, and the error each becomes on the rank that hears it."""
+
+from __future__ import annotations
+
+from ..errors import (
+    FrameError,
+    OpFailedError,
+    OpMismatchError,
+    OpTimeoutError,
+    TotalReduceError,
+)
+
+ERROR_MISMATCH = 1
+ERROR_FAILED = 2
+ERROR_FRAME = 3
+ERROR_TIMEOUT = 4
+
+
+def _error_from_peer(message: str, code: int) -> TotalReduceError:
+    if code == ERROR_MISMATCH:
+        return OpMismatchError(message)
+    if code == ERROR_FRAME:
+        return FrameError(message)
+    if code == ERROR_TIMEOUT:
+        return OpTimeoutError(message)
+    return OpFailedError(message)
