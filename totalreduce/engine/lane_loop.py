@@ -21,11 +21,11 @@ import numpy as np
 from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
 from . import lane_layout as L
 from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, _error_from_peer
-from .lane import Lane, LaneOp
 from .payload import OpKey, OpSpec, Payload
 
 if TYPE_CHECKING:
     from .floating import FloatingList
+    from .lane import Lane, LaneOp
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -95,7 +95,7 @@ class LaneHooks:
             error = _error_from_peer(self._named(err[0], key, spec.name), err[1])
             self._lane_refuse(spec, error)
             return True
-        if key in self.table or lane.key_state(key) >= 0:
+        if key in self.table or key in lane.by_key:
             self._finish_spec(
                 spec, OpFailedError(f"{spec.describe()} submitted twice on rank {self.rank}")
             )
@@ -162,6 +162,9 @@ class LaneHooks:
         """Turn the lane's events into errors and finish the ops it completed."""
         lane = self.lane
         assert lane is not None
+        mem = lane.mem
+        if not (mem[L.C_NEV] or mem[L.C_NDONE]):
+            return
         for ev in lane.take_events():
             self._lane_event(*ev)
         for lop, ok in lane.take_done():

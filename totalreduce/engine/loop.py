@@ -48,7 +48,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -66,7 +66,6 @@ from . import wire
 from .compute import ComputeKind, ComputeList, ComputeRequest
 from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, ERROR_TIMEOUT, _error_from_peer
 from .floating import BufferPool, FloatingFrame, FloatingList
-from .lane import Lane
 from .lane_loop import LaneHooks
 from .payload import OpKey, OpSpec, OpState, Payload
 from .wire import (
@@ -94,6 +93,9 @@ from .wire import (
     REJECT,
     RTS,
 )
+
+if TYPE_CHECKING:
+    from .lane import Lane  # the lane imports the MPI binding: only when a service makes one
 
 log = logging.getLogger("totalreduce.engine")
 
