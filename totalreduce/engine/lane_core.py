@@ -216,17 +216,25 @@ def _write_frame(mem, a, ftype, flags, slot, step, seg, nbytes):  # type: ignore
 
 
 @njit(nogil=True, cache=True)
+def _reap(mem, b, abase):  # type: ignore[no-untyped-def]
+    """Test the busy send buffers; those whose send completed are free again."""
+    sbs = mem[C_SBSTATE]
+    for i in range(mem[C_NSB]):
+        if mem[sbs + i] != 0:
+            r = mpi_test(b, abase + mem[C_A_REQ] + i * 8, abase + mem[C_A_STATUS])
+            if r == 1:
+                mem[sbs + i] = 0
+                mem[C_NSBBUSY] -= 1
+
+
+@njit(nogil=True, cache=True)
 def _free_sb(mem, b, abase):  # type: ignore[no-untyped-def]
-    """A free send buffer (testing busy ones), or -1."""
+    """A free send buffer (testing busy ones if none is), or -1."""
     sbs = mem[C_SBSTATE]
     for i in range(mem[C_NSB]):
         if mem[sbs + i] == 0:
             return i
-    for i in range(mem[C_NSB]):
-        r = mpi_test(b, abase + mem[C_A_REQ] + i * 8, abase + mem[C_A_STATUS])
-        if r == 1:
-            mem[sbs + i] = 0
-            mem[C_NSBBUSY] -= 1
+    _reap(mem, b, abase)
     for i in range(mem[C_NSB]):
         if mem[sbs + i] == 0:
             return i
@@ -895,10 +903,14 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
     _send_ready(mem, prog, arena, b)
     flush_all(mem, arena, b)
     if mem[C_NSBBUSY]:
-        _free_sb(mem, b, abase)
+        _reap(mem, b, abase)
     if mem[C_CTL_TAG] >= 0:
         mem[C_CTL_WAITING] = mpi_iprobe(b, b[B_ANY_SOURCE], mem[C_CTL_TAG], status)
     return got + (mem[C_OPS_DONE] - done0)
+
+
+#: Polls without progress before a waiting thread yields its core between polls.
+_POLLS_BEFORE_YIELD = 64
 
 
 @njit(nogil=True, cache=True)
@@ -908,12 +920,14 @@ def lane_wait(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[
     last progress, then yields the core between passes.  1 when the op ended."""
     t0 = now_ns()
     last = t0
+    idle = 0
     o = _op(mem, slot)
     while True:
         if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
             return 1
         if lane_pass(mem, prog, arena, b, 64) > 0:
             last = now_ns()
+            idle = 0
         if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
             return 1
         if mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL]:
@@ -921,7 +935,11 @@ def lane_wait(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[
         t = now_ns()
         if t - t0 > max_ns:
             return 0
-        if t - last > spin_ns:
+        idle += 1
+        # A few polls with the spin hint, then the core goes to whoever needs it (the
+        # peer this op waits for may share it: more ranks than cores); after
+        # ``spin_ns`` without progress, only yields.
+        if idle > _POLLS_BEFORE_YIELD or t - last > spin_ns:
             yield_cpu()
         else:
             cpu_relax()

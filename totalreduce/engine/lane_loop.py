@@ -337,10 +337,10 @@ class LaneHooks:
                         break
                     span = 2e-4 if deadline is None else min(2e-4, max(0.0, deadline - now))
                     ended = lane.wait(lop, span, spin_s)
-                    if lane.mem[L.C_NEV] or lane.mem[L.C_NDONE] or lane.full:
-                        self._lane_pump()
+                    if lane.full:
+                        lane.grow()
+                    self._lane_drain()
                     if ended:
-                        self._lane_drain()
                         last = time.perf_counter()
                 except Exception as exc:
                     if getattr(self, "fatal", None) is None:

@@ -328,6 +328,10 @@ class CommLoop(LaneHooks):
         """Someone waits for this op (any thread): raise it here, ask the peers to."""
         if not spec.urgent:
             spec.urgent = True
+            lop = None if self.lane is None else self.lane.by_key.get(spec.key)
+            if lop is not None:  # one word in the lane's table: no pass of the main loop
+                self.lane.set_urgent(lop)
+                return
             self.submissions.append(("need", spec.key))
 
     def request_abort(self, key: OpKey, name: str, reason: str) -> None:
