@@ -113,6 +113,7 @@ class Lane:
         evcap = 1024
         stkcap = 1 << 17
         failcap = 4096
+        rqcap = 1 << 16
         sizes = [
             ("ops", nops * L.O_N),
             ("hash", hcap * 3),
@@ -127,6 +128,7 @@ class Lane:
             ("stk", 1 + stkcap * 2 + 1 + stkcap * 4),
             ("sbstate", nsb),
             ("failq", failcap * 2),
+            ("rq", rqcap * 3),
         ]
         off = L.C_LEN
         at = {}
@@ -163,6 +165,8 @@ class Lane:
         mem[L.C_SBSTATE] = at["sbstate"]
         mem[L.C_FAILQ] = at["failq"]
         mem[L.C_FAILCAP] = failcap
+        mem[L.C_RQ] = at["rq"]
+        mem[L.C_RQCAP] = rqcap
         mem[at["hash"] + 2 : at["hash"] + hcap * 3 : 3] = L.H_EMPTY
         mem[at["fhash"] + 2 : at["fhash"] + hcap * 3 : 3] = L.H_EMPTY
         mem[at["freeslot"] : at["freeslot"] + nslots] = np.arange(nslots)[::-1]

@@ -308,6 +308,14 @@ def flush_all(mem, arena, b):  # type: ignore[no-untyped-def]
 # ------------------------------------------------------------------ the ready heap
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _heap_put(mem, f, k1, k2, slot, i):  # type: ignore[no-untyped-def]
+    mem[f] = k1
+    mem[f + 1] = k2
+    mem[f + 2] = slot
+    mem[f + 3] = i
+
+
 @njit(nogil=True, cache=True)
 def _heap_push(mem, slot, i):  # type: ignore[no-untyped-def]
     """Send segment ``i`` of op ``slot`` is ready: into the heap (priority, then age)."""
@@ -325,17 +333,9 @@ def _heap_push(mem, slot, i):  # type: ignore[no-untyped-def]
         e = base + par * 4
         if mem[e] < k1 or (mem[e] == k1 and mem[e + 1] <= k2):
             break
-        f = base + j * 4
-        mem[f] = mem[e]
-        mem[f + 1] = mem[e + 1]
-        mem[f + 2] = mem[e + 2]
-        mem[f + 3] = mem[e + 3]
+        _heap_put(mem, base + j * 4, mem[e], mem[e + 1], mem[e + 2], mem[e + 3])
         j = par
-    f = base + j * 4
-    mem[f] = k1
-    mem[f + 1] = k2
-    mem[f + 2] = slot
-    mem[f + 3] = i
+    _heap_put(mem, base + j * 4, k1, k2, slot, i)
     return True
 
 
@@ -359,17 +359,9 @@ def _heap_pop(mem):  # type: ignore[no-untyped-def]
                 e = e2
         if k1 < mem[e] or (k1 == mem[e] and k2 <= mem[e + 1]):
             break
-        f = base + j * 4
-        mem[f] = mem[e]
-        mem[f + 1] = mem[e + 1]
-        mem[f + 2] = mem[e + 2]
-        mem[f + 3] = mem[e + 3]
+        _heap_put(mem, base + j * 4, mem[e], mem[e + 1], mem[e + 2], mem[e + 3])
         j = c
-    f = base + j * 4
-    mem[f] = k1
-    mem[f + 1] = k2
-    mem[f + 2] = s
-    mem[f + 3] = i
+    _heap_put(mem, base + j * 4, k1, k2, s, i)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -645,6 +637,45 @@ def _send_ready(mem, prog, arena, b):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
+def _owe_ready(mem, arena, slot, peer):  # type: ignore[no-untyped-def]
+    """Op ``slot`` is submitted here and ``peer`` announced frames for it: answer READY
+    (queued, so that no answer is lost when the outbox has no room now)."""
+    n = mem[C_NRQ]
+    if n >= mem[C_RQCAP]:
+        _event(mem, arena, EV_LOST, slot, peer, n, 2, 0)
+        return
+    e = mem[C_RQ] + n * 3
+    mem[e] = slot
+    mem[e + 1] = mem[_op(mem, slot) + O_SEQ]
+    mem[e + 2] = peer
+    mem[C_NRQ] = n + 1
+
+
+@njit(nogil=True, cache=True)
+def _send_readies(mem, arena, b):  # type: ignore[no-untyped-def]
+    """Write the READY answers owed, in order, while the outboxes have room."""
+    n = mem[C_NRQ]
+    done = 0
+    while done < n:
+        e = mem[C_RQ] + done * 3
+        slot = mem[e]
+        o = _op(mem, slot)
+        if mem[o + O_SEQ] == mem[e + 1] and mem[o + O_STATE] == S_ACTIVE:
+            a = _room(mem, arena, b, mem[e + 2], FRAME_SIZE)
+            if a == 0:
+                break
+            _write_frame(mem, a, F_READY, 0, slot, 0, 0, 0)
+        done += 1
+    if done:
+        rq = mem[C_RQ]
+        for k in range(done, n):
+            mem[rq + (k - done) * 3] = mem[rq + k * 3]
+            mem[rq + (k - done) * 3 + 1] = mem[rq + k * 3 + 1]
+            mem[rq + (k - done) * 3 + 2] = mem[rq + k * 3 + 2]
+        mem[C_NRQ] = n - done
+
+
+@njit(nogil=True, cache=True)
 def _find_recv(mem, prog, slot, src, step, seg):  # type: ignore[no-untyped-def]
     g = _group_rank(mem, prog, slot, src)
     if g < 0:
@@ -767,10 +798,7 @@ def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-de
         return size
     if ftype == F_RTS:
         if v >= 0:
-            a = _room(mem, arena, b, src, FRAME_SIZE)
-            if a == 0:
-                return 0
-            _write_frame(mem, a, F_READY, 0, v, 0, 0, 0)
+            _owe_ready(mem, arena, v, src)
         elif v == H_FOREIGN:
             _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
         elif v == H_DONE:
@@ -900,6 +928,8 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
         mem[C_LANDPOS] = 0
         if not _consume(mem, prog, arena, b):
             break
+    if mem[C_NRQ]:
+        _send_readies(mem, arena, b)
     _send_ready(mem, prog, arena, b)
     flush_all(mem, arena, b)
     if mem[C_NSBBUSY]:
@@ -1029,9 +1059,7 @@ def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-
             if mem[m + M_CREDITED]:
                 mem[mem[C_PEERS] + src * P_N + P_OWED] += 1
             if mem[m + M_TYPE] == 2:
-                a = _room(mem, arena, b, src, FRAME_SIZE)
-                if a != 0:
-                    _write_frame(mem, a, F_READY, 0, slot, 0, 0, 0)
+                _owe_ready(mem, arena, slot, src)
                 slot_give(mem, s)
             elif mem[o + O_STATE] == S_ACTIVE:
                 _place(mem, prog, arena, b, slot, src, _slot_addr(mem, abase, s), s)
@@ -1041,6 +1069,8 @@ def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-
     if mem[o + O_STATE] == S_ACTIVE:
         _push_stack(mem, arena, slot, -1)
         _drain_stack(mem, prog, arena)
+    if mem[C_NRQ]:
+        _send_readies(mem, arena, b)
     _send_ready(mem, prog, arena, b)
     flush_all(mem, arena, b)
     return slot

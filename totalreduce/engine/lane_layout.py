@@ -76,6 +76,9 @@ C_CTL_TAG = 52  # the main loop's control tag: compiled code tells Python a mess
 C_CTL_WAITING = 53
 C_NSBBUSY = 54
 C_OPS_DONE = 55
+C_RQ = 56  # READY answers owed (op slot, its submission number, peer), sent as room allows
+C_RQCAP = 57
+C_NRQ = 58
 C_LEN = 64
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
