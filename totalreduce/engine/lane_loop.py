@@ -14,6 +14,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,15 +60,11 @@ class LaneHooks:
     bad_peers: dict[int, TotalReduceError]
 
     # provided by CommLoop
-    def _remember(self, table: Any, key: OpKey, value: Any) -> None: ...  # pragma: no cover
-    def _finish_spec(
-        self, spec: OpSpec, error: BaseException | None
-    ) -> None: ...  # pragma: no cover
-    def _error_frame(
-        self, key: OpKey, dest: int, message: str, code: int
-    ) -> None: ...  # pragma: no cover
-    def _who(self, rank: int) -> str: ...  # pragma: no cover
-    def _named(self, message: str, key: OpKey, name: str | int) -> str: ...  # pragma: no cover
+    _remember: Callable[[Any, OpKey, Any], None]
+    _finish_spec: Callable[[OpSpec, BaseException | None], None]
+    _error_frame: Callable[[OpKey, int, str, int], None]
+    _who: Callable[[int], str]
+    _named: Callable[[str, OpKey, str | int], str]
 
     # ------------------------------------------------------------------ routing
 
@@ -228,7 +225,9 @@ class LaneHooks:
         lop = lane.ops.get(slot) if slot >= 0 else None
         if kind in (L.EV_MISMATCH, L.EV_UNEXPECTED, L.EV_SIZE) and lop is not None:
             f = _FRAME.unpack(raw)
-            error = OpMismatchError(self._lane_mismatch_text(kind, lop, f, source, a, b))
+            error: TotalReduceError = OpMismatchError(
+                self._lane_mismatch_text(kind, lop, f, source, a, b)
+            )
             lop.error = error
             self._lane_tell(lop.spec, error, True, source)
         elif kind == L.EV_FOREIGN:
