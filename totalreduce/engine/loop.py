@@ -849,7 +849,13 @@ class CommLoop(LaneHooks):
         for ff in self.floating.take(key):
             self._drop_floating(ff)
         self._rejected.pop(key, None)
-        code = ERROR_FRAME if isinstance(error, FrameError) else ERROR_FAILED
+        code = (
+            ERROR_MISMATCH
+            if isinstance(error, OpMismatchError)
+            else ERROR_FRAME
+            if isinstance(error, FrameError)
+            else ERROR_FAILED
+        )
         for world in spec.group:
             if world != self.rank:
                 self._error_frame(key, world, str(error), code)
