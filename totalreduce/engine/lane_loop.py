@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
 from . import lane_layout as L
+from .completion import Waitable
 from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, _error_from_peer
 from .payload import OpKey, OpSpec, Payload
 
@@ -315,7 +316,7 @@ class LaneHooks:
     # ------------------------------------------------------------------ waiting
 
     def _lane_progress(
-        self, lop: LaneOp, done: threading.Event, deadline: float | None, spin_s: float
+        self, lop: LaneOp, done: Waitable, deadline: float | None, spin_s: float
     ) -> bool:
         """``wait()`` on a lane op: compiled passes, the main loop's only when it has work."""
         lane = self.lane

@@ -63,6 +63,7 @@ from ..errors import (
 )
 from ..transport.base import OversizeMessage, Transport
 from . import wire
+from .completion import Waitable
 from .compute import ComputeKind, ComputeList, ComputeRequest
 from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, ERROR_TIMEOUT, _error_from_peer
 from .floating import BufferPool, FloatingFrame, FloatingList
@@ -348,7 +349,7 @@ class CommLoop(LaneHooks):
         if self._t_sleepers and self._t_wake is not None:
             self._t_wake()
 
-    def _sleep(self, delay: float, done: threading.Event) -> None:
+    def _sleep(self, delay: float, done: Waitable) -> None:
         """Sleep up to ``delay`` unless ``done`` is set: in the transport if it can wake us."""
         if self._t_wait is None:
             done.wait(delay)
@@ -436,7 +437,7 @@ class CommLoop(LaneHooks):
         if self._owner != threading.get_ident():
             self._pass()
 
-    def progress(self, done: threading.Event, timeout: float | None, spec: OpSpec | None) -> bool:
+    def progress(self, done: Waitable, timeout: float | None, spec: OpSpec | None) -> bool:
         """Drive the loop from a waiting thread until ``done`` is set; False on timeout."""
         if self._owner == threading.get_ident():
             raise TotalReduceError(

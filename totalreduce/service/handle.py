@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ..engine.completion import Completion
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -20,6 +22,10 @@ if TYPE_CHECKING:
     from ..engine.loop import CommLoop
     from ..engine.payload import OpSpec
     from ..group import Group, Partition
+
+
+# Orders a handle's end against a callback being added (uncontended: a few per op).
+_CALLBACKS = threading.Lock()
 
 
 @runtime_checkable
@@ -283,7 +289,6 @@ class Handle:
         "_spec",
         "_loop",
         "_then",
-        "_lock",
     )
 
     def __init__(
@@ -296,7 +301,7 @@ class Handle:
     ) -> None:
         self.name = name
         self.generation = generation
-        self._event = threading.Event()
+        self._event = Completion()
         self._error: BaseException | None = None
         self._result = result
         # Shapes the raw output into the caller's result on first use (e.g.
@@ -305,21 +310,21 @@ class Handle:
         self._finalize = finalize
         self._spec: OpSpec | None = None
         self._loop = loop
-        self._then: list[Callable[[Handle], None]] = []
-        self._lock = threading.Lock()
+        self._then: list[Callable[[Handle], None]] | None = None
 
     def _attach(self, spec: OpSpec) -> None:
         self._spec = spec
 
     def _finish(self, error: BaseException | None) -> None:
         """Called once by the comm thread when the op ends."""
-        with self._lock:
-            self._error = error
-            self._spec = None
+        self._error = error
+        self._spec = None
+        with _CALLBACKS:
             self._event.set()
-            callbacks, self._then = self._then, []
-        for fn in callbacks:
-            fn(self)
+            callbacks, self._then = self._then, None
+        if callbacks:
+            for fn in callbacks:
+                fn(self)
 
     def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         """Call ``fn(handle)`` once when the op ends (at once if it has).
@@ -329,8 +334,10 @@ class Handle:
         already).  Keep it short, take no lock that such a thread may hold, and never
         wait on another op inside it (that raises).
         """
-        with self._lock:
+        with _CALLBACKS:
             if not self._event.is_set():
+                if self._then is None:
+                    self._then = []
                 self._then.append(fn)
                 return
         fn(self)
