@@ -1,10 +1,11 @@
-"""BlueFog's window examples with only the import lines changed (run by
+"""BlueFog's window examples with the import lines changed (run by
 test_bluefog_windows.py under ``mpiexec -n 4``).
 
-1. Asynchronous push-sum average consensus (BlueFog's
-   ``pytorch_average_consensus.py --asynchronous-mode``): every rank runs its own
-   number of rounds, sleeps at its own moments, and nobody waits for anybody; the
-   ratio x / p converges to the average and the total mass is kept exactly.
+1. Push-sum average consensus: BlueFog's ``pytorch_average_consensus.py
+   --asynchronous-mode`` (every rank runs its own number of rounds, sleeps at its own
+   moments, and nobody waits for anybody: the total mass is kept exactly), then
+   synchronous rounds after which x / p is within a bound that the number of rounds
+   gives (how near the asynchronous rounds alone get depends on the scheduler).
 2. put, get, accumulate, update with weights, versions, win_mutex, clone.
 3. ``DistributedWinPutOptimizer`` on a least-squares problem whose data differ per
    rank: the parameters reach consensus near the global optimum.
@@ -12,6 +13,7 @@ test_bluefog_windows.py under ``mpiexec -n 4``).
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -19,10 +21,36 @@ import torch
 import totalreduce.torch as bf  # was: import bluefog.torch as bf
 from totalreduce import topology as topology_util  # was: from bluefog.common import topology_util
 
+SYNC_ROUNDS = 30  # rounds of part 1b: the convergence bound below is checked after them
 
-def push_sum() -> None:
-    bf.set_topology(topology_util.ExponentialTwoGraph(bf.size()))
-    torch.manual_seed(12345 + bf.rank())
+
+def push_sum(stall: tuple[int, float] | None = None) -> None:
+    """Push-sum average consensus: BlueFog's asynchronous rounds, then synchronous ones.
+
+    1a. The asynchronous rounds keep the total mass (sum of x, sum of p) exactly, once
+        the last pushes are collected after a barrier, and every x/p stays a convex
+        combination of the starting values.  How close x/p gets to the average depends
+        on how far the ranks' rounds overlapped, which is the scheduler's doing: a rank
+        that runs its rounds while its in-neighbours are descheduled mixes nothing in
+        (its x/p does not move), and a rank that has stopped only collects.  So no tolerance
+        on x/p after them holds by anything but luck (CI saw 2.1e-6 once, and
+        ``--stall 3:1.5`` makes it 1e-8 to 0.9); it is printed, not checked.
+    1b. ``SYNC_ROUNDS`` synchronous rounds (push, barrier, collect, barrier) apply
+        x <- A x, p <- A p with the column-stochastic push-sum matrix A of the graph.
+        With e = x - avg * p (its entries sum to 0, so A^K e = A^K (I - 11^T/n) e):
+        |x_i / p_i - avg| <= c_K * |e|_1 / p_i, c_K = max |A^K (I - 11^T/n)|, and
+        |e|_1 <= sum_j |x0_j| + n |avg| (pushes split mass into non-negative shares).
+        That bound, from the graph and the number of rounds, is the tolerance (plus
+        1e-12 for rounding: what is seen is ~1e-15).
+
+    ``stall``: (rank, seconds) that rank sleeps before its asynchronous rounds, as a
+    descheduled process would (``--stall``: the test that the check does not depend
+    on timing).
+    """
+    n, me = bf.size(), bf.rank()
+    topo = topology_util.ExponentialTwoGraph(n)
+    bf.set_topology(topo)
+    torch.manual_seed(12345 + me)
     start = torch.randn(50, dtype=torch.float64)
     everyone = bf.allgather(start.reshape(1, -1))
     want = everyone.mean(dim=0)
@@ -30,28 +58,69 @@ def push_sum() -> None:
     x = start.clone()
     bf.turn_on_win_ops_with_associated_p()
     bf.win_create(x, name="x_buff", zero_init=True)
-    outdegree = len(bf.out_neighbor_ranks())
-    share = 1.0 / (outdegree + 1)
-    for i in range(80 + 20 * bf.rank()):
+    outs, ins = bf.out_neighbor_ranks(), bf.in_neighbor_ranks()
+    share = 1.0 / (len(outs) + 1)
+
+    def push() -> None:
         bf.win_accumulate(
             x, name="x_buff", self_weight=share,
-            dst_weights={r: share for r in bf.out_neighbor_ranks()}, require_mutex=True,
+            dst_weights={r: share for r in outs}, require_mutex=True,
         )  # fmt: skip
+
+    def conserved(when: str) -> float:
+        """This rank's p, after checking that the mass of x and of p is the start's."""
+        p = bf.win_associated_p(name="x_buff")
+        mass = bf.allreduce(x, average=False, name=f"mass {when}")
+        ps = torch.tensor([p], dtype=torch.float64)
+        total_p = float(bf.allreduce(ps, average=False, name=f"p {when}"))
+        assert torch.allclose(mass, everyone.sum(dim=0), rtol=1e-12, atol=1e-12), (when, mass)
+        assert abs(total_p - n) < 1e-12, (when, total_p)
+        return p
+
+    # 1a. asynchronous: every rank its own number of rounds, sleeping at its own moments
+    if stall is not None and stall[0] == me:
+        time.sleep(stall[1])
+    for i in range(80 + 20 * me):
+        push()
         bf.win_update_then_collect(name="x_buff")
-        if i % 5 == bf.rank():
+        if i % 5 == me:
             time.sleep(0.002)
-    bf.barrier()
+    bf.barrier()  # every push has landed (a completed accumulate has)
     bf.win_update_then_collect(name="x_buff")  # what arrived after this rank's last round
-    p = bf.win_associated_p(name="x_buff")
-    mass = bf.allreduce(x, average=False, name="mass")
-    total_p = bf.allreduce(torch.tensor([p], dtype=torch.float64), average=False, name="p")
+    ratio = x / conserved("after the asynchronous rounds")
+    slack = 1e-12 * float(everyone.abs().max())
+    lo, hi = everyone.min(dim=0).values - slack, everyone.max(dim=0).values + slack
+    assert bool(((ratio >= lo) & (ratio <= hi)).all()), (ratio, lo, hi)
+    async_err = float((ratio - want).abs().max())
+
+    # 1b. synchronous: each round's pushes land before anyone collects, and are collected
+    # before anyone pushes again
+    for _ in range(SYNC_ROUNDS):
+        push()
+        bf.barrier()
+        arrived = bf.get_win_version(name="x_buff")
+        assert arrived == {r: 1 for r in ins}, arrived  # one push from each, none lost
+        bf.win_update_then_collect(name="x_buff")
+        bf.barrier()
+    p = conserved("after the synchronous rounds")
+    a = torch.zeros(n, n, dtype=torch.float64)
+    for i in range(n):
+        dst = [i, *topo.out_neighbors(i)]
+        a[dst, i] = 1.0 / len(dst)
+    centre = torch.eye(n, dtype=torch.float64) - 1.0 / n
+    c_k = float((torch.linalg.matrix_power(a, SYNC_ROUNDS) @ centre).abs().max())
+    e_1 = everyone.abs().sum(dim=0) + n * want.abs()
+    tol = c_k * e_1 / p + 1e-12
+    err = (x / p - want).abs()
     bf.win_free()
     bf.turn_off_win_ops_with_associated_p()
-    assert torch.allclose(mass, everyone.sum(dim=0), rtol=1e-12, atol=1e-12), (mass, everyone)
-    assert abs(float(total_p) - bf.size()) < 1e-12, float(total_p)
-    err = float((x / p - want).abs().max())
-    assert err < 1e-6, f"rank {bf.rank()}: push-sum error {err}"
-    print(f"PUSH-SUM OK {bf.rank()} err {err:.2e}", flush=True)
+    worst = int((err - tol).argmax())
+    assert err[worst] <= tol[worst], f"rank {me}: push-sum error {err[worst]} > {tol[worst]}"
+    print(
+        f"PUSH-SUM OK {me} err {float(err.max()):.2e} (bound {float(tol.max()):.2e}; "
+        f"after the asynchronous rounds {async_err:.2e})",
+        flush=True,
+    )
 
 
 def window_basics() -> None:
@@ -109,10 +178,19 @@ def win_put_optimizer() -> None:
 
 
 def main() -> None:
+    """All three parts; ``push_sum [--stall RANK:SECONDS]`` runs part 1 alone."""
+    args = sys.argv[1:]
     bf.init()
-    push_sum()
-    window_basics()
-    win_put_optimizer()
+    if args[:1] == ["push_sum"]:
+        stall = None
+        if args[1:2] == ["--stall"]:
+            rank, seconds = args[2].split(":")
+            stall = (int(rank), float(seconds))
+        push_sum(stall)
+    else:
+        push_sum()
+        window_basics()
+        win_put_optimizer()
     bf.shutdown()
 
 
