@@ -361,8 +361,10 @@ class Lane:
         f[13] = g.index(self.rank) if self.rank in g else -1
         f[14] = 1 if spec.urgent else 0
         a = self._addrs
-        a[0] = inbuf.__array_interface__["data"][0]
-        a[1] = spec.outbuf.__array_interface__["data"][0]
+        if spec.dtype is DType.FLOAT16:
+            core.buffer_addresses(inbuf.view(np.uint16), spec.outbuf.view(np.uint16), a)
+        else:
+            core.buffer_addresses(inbuf, spec.outbuf, a)
         a[2] = 0 if work is None else work.__array_interface__["data"][0]
         slot = core.lane_submit(self.mem, self.prog, self.arena, self.b, f, a)
         if slot < 0:

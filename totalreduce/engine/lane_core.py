@@ -979,6 +979,15 @@ def lane_wait(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[
 
 
 @njit(nogil=True, cache=True)
+def buffer_addresses(inb, outb, addrs):  # type: ignore[no-untyped-def]
+    """Write the data addresses of an op's input and output into ``addrs[0:2]`` (one
+    compiled call: reading ``__array_interface__`` twice from Python costs more).
+    Numba has no float16 arrays: those come as uint16 views."""
+    addrs[0] = inb.ctypes.data
+    addrs[1] = outb.ctypes.data
+
+
+@njit(nogil=True, cache=True)
 def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-def]
     """Enter an op: ``fields`` holds (wid, gen, dt, kind, algo, rop, count, param, ctx,
     prio, plan, group, gsize, me, urgent); ``addrs`` the INPUT, OUTPUT and WORK addresses.
@@ -1115,6 +1124,9 @@ def compile_all() -> None:
     i64 = types.int64
     lane_pass.compile((mem, mem, arena, mem, i64))
     lane_submit.compile((mem, mem, arena, mem, mem, mem))
+    for dt in (types.uint16, types.float32, types.float64, types.int32, types.int64):
+        buf = types.Array(dt, 1, "C")
+        buffer_addresses.compile((buf, buf, mem))
     lane_wait.compile((mem, mem, arena, mem, i64, i64, i64, i64))
     lane_fail.compile((mem, mem, arena, i64))
     lane_drop_floating.compile((mem, i64, i64))

@@ -114,8 +114,9 @@ class LaneHooks:
             return True
         if self.trace is not None:
             self.trace.op(spec.name, spec.generation, "submitted", spec.priority)
-        left = self._left.intersection(spec.group)  # type: ignore[attr-defined]
-        for peer in sorted(left):  # what they sent before leaving is placed above
+        left = self._left  # type: ignore[attr-defined]
+        # What peers that left sent before leaving is placed above.
+        for peer in sorted(left.intersection(spec.group)) if left else ():
             if lane.state(lop) == L.S_ACTIVE and lane.needs(lop, peer):
                 self._lane_fail(
                     lop,

@@ -564,7 +564,9 @@ class CommLoop(LaneHooks):
             if first in self.failed:
                 self._fail_unsubmitted(spec, self._chain_error(spec, self.failed[first]))
                 return
-        bad = [self.bad_peers[w] for w in spec.group if w in self.bad_peers and w not in self._left]
+        bad = self.bad_peers and [
+            self.bad_peers[w] for w in spec.group if w in self.bad_peers and w not in self._left
+        ]
         if bad and not spec.joined:
             self._fail_unsubmitted(spec, type(bad[0])(f"{spec.describe()}: {bad[0]}"))
             return

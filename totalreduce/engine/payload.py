@@ -34,7 +34,7 @@ class OpState(enum.IntEnum):
     FAILED = 5
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class OpSpec:
     """What a client submits: the op's identity, arguments, buffers and schedule."""
 

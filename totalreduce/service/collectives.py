@@ -14,7 +14,7 @@ from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
 from ..errors import InvalidArgumentError
 from ..group import Group
-from . import checks
+from . import checks, tuning
 from .checks import as_array
 from .handle import Handle
 from .ops import (
@@ -29,6 +29,8 @@ from .submit import OpSubmitter
 
 class CollectiveOps(OpSubmitter):
     """Allreduce, broadcast, barrier and pairwise exchange of a service."""
+
+    _routes: dict[tuple[Any, ...], tuple[AlgorithmCode, Any]]
 
     def allreduce_async(
         self,
@@ -71,10 +73,17 @@ class CollectiveOps(OpSubmitter):
                 OpKind.ALLREDUCE, self.rank, self._layout, int(arr.size), avg, 0, *hier
             )
         else:
-            algo = choose_allreduce(
-                wanted, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
-            )
-            code, sched = compile_op(OpKind.ALLREDUCE, algo, me, grp.size, int(arr.size), avg)
+            route = (wanted, grp.ranks, arr.nbytes, dt, arr.size, avg, tuning.EPOCH[0])
+            hit = self._routes.get(route)
+            if hit is None:
+                algo = choose_allreduce(
+                    wanted, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
+                )
+                hit = compile_op(OpKind.ALLREDUCE, algo, me, grp.size, int(arr.size), avg)
+                if len(self._routes) >= 4096:
+                    self._routes.clear()
+                self._routes[route] = hit
+            code, sched = hit
         return self._simple(
             kind=OpKind.ALLREDUCE,
             x=arr,

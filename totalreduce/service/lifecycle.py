@@ -42,6 +42,9 @@ class Lifecycle(OpSubmitter):
         self.transport = transport
         self._windows: Any = None  # made by the first window call (Service.windows)
         self._windows_lock = threading.Lock()
+        # (algorithm asked, group, bytes, dtype, count, avg) -> (code, schedule) of an
+        # allreduce: a training step repeats its shapes, and choosing costs more than a frame.
+        self._routes: dict[tuple[Any, ...], tuple[Any, Any]] = {}
         self.rank = transport.rank
         self.size = transport.size
         self.loop = CommLoop(

@@ -165,8 +165,13 @@ def configured_file() -> str | None:
 CHOICES: dict[tuple[Any, ...], str] = {}
 
 
+#: Bumped by :func:`clear_cache`: caches of choices elsewhere (a service's routes) key on it.
+EPOCH = [0]
+
+
 def clear_cache() -> None:
     """Forget every table read, every choice made and the configured file name."""
+    EPOCH[0] += 1
     load_table.cache_clear()
     configured_file.cache_clear()
     CHOICES.clear()
