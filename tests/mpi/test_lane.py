@@ -68,3 +68,8 @@ def test_lane_threads_wait_on_their_own_ops() -> None:
 def test_lane_error_from_a_peer_fails_the_op_everywhere() -> None:
     out = lane_run(3, "peer_error")
     assert out.count("PEER_ERROR OK") == 3, out
+
+
+def test_lane_ops_progress_on_the_comm_thread_without_the_interpreter_lock() -> None:
+    out = lane_run(2, "background")
+    assert out.count("BACKGROUND OK") == 2, out

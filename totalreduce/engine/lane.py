@@ -387,6 +387,20 @@ class Lane:
             )
         )  # fmt: skip
 
+    def drive(self, max_s: float, spin_s: float) -> bool:
+        """The comm thread's compiled passes without the interpreter lock (see
+        ``lane_core.lane_drive``); True when something needs Python.  The caller clears
+        ``C_KICK`` before it checks its own queues, so a kick after the check is seen."""
+        return bool(
+            core.lane_drive(
+                self.mem, self.prog, self.arena, self.b, int(max_s * 1e9), int(spin_s * 1e9)
+            )
+        )
+
+    def kick(self) -> None:
+        """Bring the comm thread back from :meth:`drive` (any thread; no lock needed)."""
+        self.mem[L.C_KICK] = 1
+
     def state(self, lop: LaneOp) -> int:
         o = self.mem[L.C_OPS] + lop.slot * L.O_N
         if self.mem[o + L.O_SEQ] != lop.seq:

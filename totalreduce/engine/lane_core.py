@@ -975,6 +975,36 @@ def lane_wait(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[
             cpu_relax()
 
 
+@njit(nogil=True, cache=True)
+def lane_drive(mem, prog, arena, b, max_ns, spin_ns):  # type: ignore[no-untyped-def]
+    """The comm thread's passes while the lane alone has work, without the interpreter
+    lock: until an op ended, an event or a message for the main loop waits, Python set
+    ``C_KICK``, nothing is left in flight, or ``max_ns`` passed.  Spins ``spin_ns``
+    after the last progress, then yields the core between passes.  1 when something
+    needs Python (ended ops, events, the main loop's message, a kick), else 0."""
+    t0 = now_ns()
+    last = t0
+    idle = 0
+    while True:
+        if mem[C_KICK]:
+            return 1
+        if lane_pass(mem, prog, arena, b, 64) > 0:
+            last = now_ns()
+            idle = 0
+        if mem[C_NDONE] > 0 or mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL]:
+            return 1
+        if mem[C_INFLIGHT] == 0 and mem[C_NSBBUSY] == 0:
+            return 0
+        t = now_ns()
+        if t - t0 > max_ns:
+            return 0
+        idle += 1
+        if idle > _POLLS_BEFORE_YIELD or t - last > spin_ns:
+            yield_cpu()
+        else:
+            cpu_relax()
+
+
 # ------------------------------------------------------------------ submission
 
 
@@ -1128,6 +1158,7 @@ def compile_all() -> None:
         buf = types.Array(dt, 1, "C")
         buffer_addresses.compile((buf, buf, mem))
     lane_wait.compile((mem, mem, arena, mem, i64, i64, i64, i64))
+    lane_drive.compile((mem, mem, arena, mem, i64, i64))
     lane_fail.compile((mem, mem, arena, i64))
     lane_drop_floating.compile((mem, i64, i64))
     hash_value.compile((mem, i64, i64, i64))

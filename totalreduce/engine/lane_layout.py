@@ -79,6 +79,7 @@ C_OPS_DONE = 55
 C_RQ = 56  # READY answers owed (op slot, its submission number, peer), sent as room allows
 C_RQCAP = 57
 C_NRQ = 58
+C_KICK = 59  # Python wants the comm thread back: lane_drive returns at its next check
 C_LEN = 64
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------

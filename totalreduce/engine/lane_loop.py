@@ -59,6 +59,7 @@ class LaneHooks:
     stats: Any
     lock: threading.Lock
     bad_peers: dict[int, TotalReduceError]
+    waiters: int
 
     # provided by CommLoop
     _remember: Callable[[Any, OpKey, Any], None]
@@ -360,6 +361,47 @@ class LaneHooks:
             delay = min(max(2 * delay, 2e-5), 1e-3)
             done.wait(delay)
         return True
+
+    def _lane_spin(self, span: float) -> bool:
+        """The comm thread's spin while only lane ops are in flight: compiled passes for
+        up to ``span`` s that hold the loop's lock but not the interpreter's, so the
+        training loop's Python runs meanwhile.  False when the main loop has work (the
+        caller spins in Python then) or nothing moved."""
+        lane = self.lane
+        assert lane is not None
+        if not self.lock.acquire(blocking=False):
+            return False
+        self._owner = threading.get_ident()  # type: ignore[attr-defined]
+        mem = lane.mem
+        moved = False
+        try:
+            while True:
+                mem[L.C_KICK] = 0  # before the checks: a kick after them is seen
+                if self.waiters or self._main_has_work():
+                    return moved
+                if not (lane.inflight or lane.sends_busy):
+                    return moved
+                self.stats.lane_spins += 1
+                if not lane.drive(span, span):
+                    return moved
+                if lane.full:
+                    lane.grow()
+                moved = True
+                if mem[L.C_NEV] or mem[L.C_CTL_WAITING] or mem[L.C_KICK] or mem[L.C_FULL]:
+                    self._lane_drain()
+                    return True
+                self._lane_drain()  # ops ended: their completions, then drive on
+        except Exception as exc:  # as in CommLoop._pass: never die silently
+            if getattr(self, "fatal", None) is None:
+                log.exception("rank %d: comm loop stopped by an error", self.rank)
+                self.fatal = exc
+                self._fail_all(  # type: ignore[attr-defined]
+                    TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}")
+                )
+            return False
+        finally:
+            self._owner = 0  # type: ignore[attr-defined]
+            self.lock.release()
 
     def _main_has_work(self) -> bool:
         lane = self.lane

@@ -149,6 +149,8 @@ class LoopStats:
     ops_failed: int = 0
     passes: int = 0
     idle_sleeps: int = 0
+    #: The comm thread's compiled passes over lane ops without the interpreter lock.
+    lane_spins: int = 0
 
     @property
     def frames_per_message(self) -> float:
@@ -322,6 +324,8 @@ class CommLoop(LaneHooks):
                 self._owner = 0
                 self.lock.release()
             return
+        if self.lane is not None:  # it may be in compiled passes, holding the lock
+            self.lane.kick()
         if self._asleep:  # wake the comm thread only if it sleeps (a futex call saved)
             self._ring()
 
@@ -345,6 +349,8 @@ class CommLoop(LaneHooks):
 
     def _ring(self) -> None:
         """Wake the comm thread, and any thread asleep in the transport."""
+        if self.lane is not None:
+            self.lane.kick()
         self.wake.set()
         if self._t_sleepers and self._t_wake is not None:
             self._t_wake()
@@ -398,6 +404,12 @@ class CommLoop(LaneHooks):
                 # A waiting thread drives the loop; stay out of its way.
                 self.wake.wait(cfg.backoff_max_s)
                 self.wake.clear()
+                continue
+            # Only lane ops in flight: compiled passes without the interpreter lock, until
+            # something needs Python; the main loop's pass below otherwise.
+            if self.lane is not None and self._lane_spin(cfg.spin_s):
+                delay = cfg.backoff_min_s
+                last = time.perf_counter()
                 continue
             if self._pass():
                 delay = cfg.backoff_min_s
@@ -2063,6 +2075,8 @@ class _Waiting:
     def __enter__(self) -> None:
         with self._lock:
             self.loop.waiters += 1
+        if self.loop.lane is not None:  # the comm thread may be in compiled passes
+            self.loop.lane.kick()
 
     def __exit__(self, *exc: object) -> None:
         with self._lock:
