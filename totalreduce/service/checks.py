@@ -73,6 +73,10 @@ def output(x: np.ndarray, out: Any, what: str = "out") -> tuple[np.ndarray, bool
         )
     if not o.flags.writeable:
         raise InvalidArgumentError(f"{what} is read-only")
+    if o is x:
+        return o, True
+    if not np.may_share_memory(o, x):  # disjoint bounds: the cheap answer
+        return o, False
     same = o.ctypes.data == x.ctypes.data and o.nbytes == x.nbytes
     if not same and np.shares_memory(o, x):
         raise InvalidArgumentError(f"{what} overlaps the input without being the same array")
@@ -117,6 +121,10 @@ def reduce_op(op: Any, dt: DType | None = None, what: str = "") -> ReduceOp:
     With ``dt``, also refuse an op the element type has not (a bitwise op on a
     floating type, ``avg`` on bool), naming the call ``what``, the op and the type.
     """
+    key = (op, dt)
+    hit = _REDUCE_OPS.get(key) if op.__class__ in (str, ReduceOp) else None
+    if hit is not None:
+        return hit
     try:
         rop = ReduceOp.of(op)
     except ValueError as exc:
@@ -124,4 +132,11 @@ def reduce_op(op: Any, dt: DType | None = None, what: str = "") -> ReduceOp:
     why = None if dt is None else rop.refuses(dt)
     if why is not None:
         raise InvalidArgumentError(f"{what}: {why}" if what else why)
+    if op.__class__ in (str, ReduceOp) and len(_REDUCE_OPS) < 1024:
+        _REDUCE_OPS[key] = rop
     return rop
+
+
+#: (op as given, dtype) -> the ReduceOp, for ops that passed the checks: every call of a
+#: training step names its op again.
+_REDUCE_OPS: dict[tuple[Any, DType | None], ReduceOp] = {}

@@ -30,6 +30,9 @@ from .handle import Handle
 from .names import NameTable
 from .ops import alias_for, plan_for
 
+#: (type, name, salt) -> wire id; the type keeps the name 1 apart from True and "1".
+_WIRE_IDS: dict[tuple[type, str | int, int], int] = {}
+
 
 class OpSubmitter:
     """What every op family of a service shares; :class:`~.service.Service` sets it up."""
@@ -57,7 +60,16 @@ class OpSubmitter:
             raise late.popleft()
 
     def _wire_id(self, name: str | int) -> int:
-        return wire_id(name) ^ self._salt
+        """The op's id on the wire (remembered per name: a hash per op costs a frame)."""
+        ids = _WIRE_IDS
+        key = (name.__class__, name, self._salt)
+        wid = ids.get(key)
+        if wid is None:
+            wid = wire_id(name) ^ self._salt
+            if len(ids) >= 65536:
+                ids.clear()
+            ids[key] = wid
+        return wid
 
     def _ranks(self, code: AlgorithmCode, group: Group) -> tuple[int, ...]:
         """The engine ranks an op spans: its group's, and the services' for hierarchical ops."""
