@@ -164,3 +164,29 @@ def test_abort_then_submit_fails_on_every_rank() -> None:
         results = run_ranks(svcs, rank_main, timeout=30)
     for out in results:
         np.testing.assert_array_equal(out, np.full(3, 3.0))
+
+
+def test_remembered_routes_and_checks_still_refuse_and_tell_names_apart() -> None:
+    """What submission remembers per shape (route, reduce op, wire id) never hides a bad
+    argument, a view of the input as ``out`` is in place, and names 1 and "1" are two ops."""
+    with local_services(2) as svcs:
+
+        def rank_main(svc):
+            x = np.arange(6.0)
+            for _ in range(2):  # the second time, from what was remembered
+                np.testing.assert_array_equal(svc.allreduce(x, name="r"), 2 * x)
+                with pytest.raises(tr.InvalidArgumentError, match="bitwise"):
+                    svc.allreduce_async(x, name="r", op="band")
+                with pytest.raises(tr.InvalidArgumentError, match="bool"):
+                    svc.allreduce_async(np.ones(3, dtype=bool), op="avg")
+            y = np.arange(6.0)
+            svc.allreduce(y, name="view", out=y.reshape(2, 3))  # the same memory: in place
+            np.testing.assert_array_equal(y, 2 * np.arange(6.0))
+            a = svc.allreduce_async(np.ones(2), name=1)
+            b = svc.allreduce_async(np.ones(3), name="1")  # another op, not a mismatch
+            return a.wait(30), b.wait(30), (a.generation, b.generation)
+
+        for a, b, gens in run_ranks(svcs, rank_main, timeout=60):
+            np.testing.assert_array_equal(a, np.full(2, 2.0))
+            np.testing.assert_array_equal(b, np.full(3, 2.0))
+            assert gens == (0, 0)
