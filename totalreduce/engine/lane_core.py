@@ -944,31 +944,43 @@ _POLLS_BEFORE_YIELD = 64
 
 
 @njit(nogil=True, cache=True)
-def lane_wait(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-untyped-def]
-    """Drive passes until op ``slot`` (submission ``seq``) left the table, an event or a
-    message for the main loop waits, or ``max_ns`` passed.  Spins ``spin_ns`` after the
-    last progress, then yields the core between passes.  1 when the op ended."""
+def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-untyped-def]
+    """Passes until a condition or ``max_ns``; spins ``spin_ns`` after the last progress,
+    then yields the core between passes.  ``slot >= 0``: until that op (submission
+    ``seq``) left the table (1), or an event or a message for the main loop waits (0).
+    ``slot < 0``: until something needs Python (1: an op ended, an event, the main loop's
+    message, ``C_KICK``), or nothing is left in flight (0)."""
     t0 = now_ns()
     last = t0
     idle = 0
-    o = _op(mem, slot)
+    o = _op(mem, slot) if slot >= 0 else 0
     while True:
-        if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
+        if slot >= 0:
+            if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
+                return 1
+        elif mem[C_KICK]:
             return 1
         if lane_pass(mem, prog, arena, b, 64) > 0:
             last = now_ns()
             idle = 0
-        if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
-            return 1
-        if mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL]:
-            return 0
+        needs = mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL] != 0
+        if slot >= 0:
+            if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
+                return 1
+            if needs:
+                return 0
+        else:
+            if needs or mem[C_NDONE] > 0:
+                return 1
+            if mem[C_INFLIGHT] == 0 and mem[C_NSBBUSY] == 0:
+                return 0
         t = now_ns()
         if t - t0 > max_ns:
             return 0
         idle += 1
         # A few polls with the spin hint, then the core goes to whoever needs it (the
-        # peer this op waits for may share it: more ranks than cores); after
-        # ``spin_ns`` without progress, only yields.
+        # peer an op waits for may share it: more ranks than cores); after ``spin_ns``
+        # without progress, only yields.
         if idle > _POLLS_BEFORE_YIELD or t - last > spin_ns:
             yield_cpu()
         else:
@@ -976,33 +988,18 @@ def lane_wait(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[
 
 
 @njit(nogil=True, cache=True)
+def lane_wait(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-untyped-def]
+    """A waiting thread's passes: until op ``slot`` (submission ``seq``) left the table
+    (1), an event or a message for the main loop waits, or ``max_ns`` passed (0)."""
+    return _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns)
+
+
+@njit(nogil=True, cache=True)
 def lane_drive(mem, prog, arena, b, max_ns, spin_ns):  # type: ignore[no-untyped-def]
     """The comm thread's passes while the lane alone has work, without the interpreter
-    lock: until an op ended, an event or a message for the main loop waits, Python set
-    ``C_KICK``, nothing is left in flight, or ``max_ns`` passed.  Spins ``spin_ns``
-    after the last progress, then yields the core between passes.  1 when something
-    needs Python (ended ops, events, the main loop's message, a kick), else 0."""
-    t0 = now_ns()
-    last = t0
-    idle = 0
-    while True:
-        if mem[C_KICK]:
-            return 1
-        if lane_pass(mem, prog, arena, b, 64) > 0:
-            last = now_ns()
-            idle = 0
-        if mem[C_NDONE] > 0 or mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL]:
-            return 1
-        if mem[C_INFLIGHT] == 0 and mem[C_NSBBUSY] == 0:
-            return 0
-        t = now_ns()
-        if t - t0 > max_ns:
-            return 0
-        idle += 1
-        if idle > _POLLS_BEFORE_YIELD or t - last > spin_ns:
-            yield_cpu()
-        else:
-            cpu_relax()
+    lock: 1 when something needs Python (an op ended, an event, the main loop's message,
+    Python set ``C_KICK``), 0 when nothing is left in flight or ``max_ns`` passed."""
+    return _drive(mem, prog, arena, b, -1, 0, max_ns, spin_ns)
 
 
 # ------------------------------------------------------------------ submission
