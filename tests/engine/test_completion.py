@@ -25,13 +25,17 @@ def test_wait_times_out_then_sees_a_later_set() -> None:
     assert c.wait(10) is True
 
 
+def _append_wait(c: Completion, got: list[bool]) -> None:
+    got.append(c.wait(5))
+
+
 def test_no_lost_wakeup_under_races() -> None:
     # Many rounds of a setter racing several sleepers: every sleeper returns True long
     # before its timeout (a lost wake-up would show as a False or a 5 s wait).
     for _ in range(300):
         c = Completion()
         got: list[bool] = []
-        waiters = [threading.Thread(target=lambda: got.append(c.wait(5))) for _ in range(3)]
+        waiters = [threading.Thread(target=_append_wait, args=(c, got)) for _ in range(3)]
         for w in waiters:
             w.start()
         c.set()

@@ -1139,12 +1139,77 @@ def lane_drop_floating(mem, wid, gen):  # type: ignore[no-untyped-def]
     return k
 
 
+#: The sources the lane's machine code is made of (paths under the package).  Numba
+#: checks a cached function against its own file only, and the lane inlines functions
+#: of all of these: :func:`forget_stale_cache` covers the rest.
+_SOURCES = (
+    "engine/lane_core.py",
+    "engine/lane_layout.py",
+    "kernels/raw.py",
+    "kernels/numba_kernels.py",
+    "transport/mpi_native.py",
+    "native/intrinsics.py",
+    "native/libc.py",
+)
+#: The modules whose cached functions inline the others (flushed together).
+_CACHED = ("engine.lane_core", "kernels.raw", "transport.mpi_native", "native.libc")
+
+
+def sources_digest() -> str:
+    """A digest of :data:`_SOURCES` as they are now."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in _SOURCES:
+        h.update(rel.encode() + b"\0")
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()
+
+
+def forget_stale_cache() -> bool:
+    """Drop Numba's cached code of the lane when any of its sources changed since it was
+    cached (an edited or partly upgraded installation): otherwise a function whose own file
+    is unchanged would be loaded with the old code of what it inlines.  True if dropped."""
+    import importlib
+    from pathlib import Path
+
+    from numba.core.registry import CPUDispatcher
+
+    cache = getattr(lane_pass, "_cache", None)
+    path = getattr(cache, "cache_path", None)
+    if not path:
+        return False
+    stamp = Path(path) / "lane_core.sources"
+    digest = sources_digest()
+    try:
+        if stamp.read_text() == digest:
+            return False
+    except OSError:
+        pass
+    package = __name__.rsplit(".", 2)[0]
+    for name in _CACHED:
+        mod = importlib.import_module(f"{package}.{name}")
+        for obj in vars(mod).values():
+            if isinstance(obj, CPUDispatcher) and getattr(obj, "_cache", None) is not None:
+                obj._cache.flush()
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:  # an unwritable cache: Numba compiles in memory each time anyway
+        pass
+    return True
+
+
 def compile_all() -> None:
     """Compile (or load from Numba's cache) every entry point of the lane, by signature.
 
     A lane calls this when it is made, so the compiling happens in ``init()`` and not
     inside a first op, where a peer's stall timer would count it.  Nothing runs."""
     from numba import types
+
+    forget_stale_cache()
 
     mem = types.Array(types.int64, 1, "C")
     arena = types.Array(types.uint8, 1, "C")

@@ -1,0 +1,42 @@
+"""The lane's Numba cache is dropped when any source its code inlines changed (Numba itself
+checks a cached function against its own file only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from numba.core import caching
+
+from totalreduce.engine import lane_core
+
+
+def test_a_changed_source_drops_every_cached_lane_function(monkeypatch) -> None:
+    flushed: list[str] = []
+    monkeypatch.setattr(
+        caching.FunctionCache, "flush", lambda self: flushed.append(self._name), raising=True
+    )
+    path = getattr(getattr(lane_core.lane_pass, "_cache", None), "cache_path", None)
+    if not path:
+        pytest.skip("Numba gave the lane no cache directory here")
+    stamp = Path(path) / "lane_core.sources"
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text("the digest of an older kernels/raw.py")
+    assert lane_core.forget_stale_cache() is True
+    names = " ".join(flushed)
+    for fn in ("lane_pass", "lane_submit", "lane_drive", "reduce_raw", "mpi_isend"):
+        assert fn in names, names
+    assert stamp.read_text() == lane_core.sources_digest()
+    flushed.clear()
+    assert lane_core.forget_stale_cache() is False  # now current: nothing dropped
+    assert not flushed
+
+
+def test_the_digest_covers_every_source_the_lane_inlines() -> None:
+    root = Path(lane_core.__file__).resolve().parents[1]
+    for rel in lane_core._SOURCES:
+        assert (root / rel).is_file(), rel
+    imported = {"kernels/raw.py", "native/intrinsics.py", "native/libc.py"}
+    imported.add("transport/mpi_native.py")
+    assert imported <= set(lane_core._SOURCES)
+    assert len(lane_core.sources_digest()) == 64
