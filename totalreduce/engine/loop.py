@@ -69,6 +69,7 @@ from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, ERROR_TIMEOUT, 
 from .floating import BufferPool, FloatingFrame, FloatingList
 from .lane_loop import LaneHooks
 from .payload import OpKey, OpSpec, OpState, Payload
+from .sending import _CTL, _NO_SHAPE, _RECV, _SEND, SendHooks
 from .wire import (
     BYE,
     CTS,
@@ -113,7 +114,6 @@ _RECV_KIND = {
     Action.REDUCE: ComputeKind.REDUCE,
     Action.ACCUMULATE: ComputeKind.ACCUMULATE,
 }
-_NO_SHAPE = (0, 0, 0, 0, 0, 0, 0)
 
 
 @dataclass
@@ -180,9 +180,6 @@ class _BodyRecv:
         self.req: Any = None
 
 
-_SEND, _RECV, _CTL = 0, 1, 2
-
-
 # Let other threads run without sleeping: time.sleep(0) is a zero-length nanosleep,
 # which the kernel's timer slack (50 µs by default) turns into a real sleep; measured
 # 90 µs against 0.6 µs for sched_yield on the 2-core machine.
@@ -198,7 +195,7 @@ def _set_timer_slack(ns: int = 1000) -> None:
             log.debug("could not set the timer slack: %s", exc)
 
 
-class CommLoop(LaneHooks):
+class CommLoop(LaneHooks, SendHooks):
     """Executes payloads' segment plans over a transport (see the module docstring)."""
 
     def __init__(
@@ -303,6 +300,8 @@ class CommLoop(LaneHooks):
         # Posted requests and their owners, parallel lists; removal swaps with the last.
         self._reqs: list[Any] = []
         self._owners: list[tuple[int, Any]] = []
+        # What each frame type does (a handler per type).
+        self._handlers = self._frame_handlers()
         self._last_stall_check = time.monotonic()
         stall = [x for x in (cfg.stall_warning_s, cfg.stall_shutdown_s) if x > 0]
         self._stall_every = min([1.0] + [x / 4 for x in stall])
@@ -1058,246 +1057,7 @@ class CommLoop(LaneHooks):
 
     # ------------------------------------------------------------------ sending
 
-    def _push(self, p: Payload, i: int) -> None:
-        """Send segment ``i`` of ``p`` may go: into the heap."""
-        p.ready.add(i)
-        prio, hot, seq = p.sort_key()
-        heapq.heappush(self._heap, (prio, hot, seq, i, p.version, p))
-
-    def _raise(self, p: Payload) -> None:
-        """Someone waits for ``p`` (here or on a peer): its ready segments move up."""
-        if p.hot:
-            return
-        p.hot = True
-        p.version += 1  # the entries already in the heap go stale
-        for i in list(p.ready):
-            self._push(p, i)
-        if any(e[4] is p for e in self._cleared):
-            self._cleared = [(e[0], 0, *e[2:]) if e[4] is p else e for e in self._cleared]
-            heapq.heapify(self._cleared)
-
-    def _ask(self, key: OpKey) -> None:
-        """A waiter still waits: ask the ranks it expects frames from to raise the op."""
-        p = self.table.get(key)
-        if p is None:
-            return
-        recv_from, _ = p.waiting_on()
-        for peer in recv_from:
-            if peer != self.rank:
-                self._control(peer, NEED, p.shape, key)
-
-    def _room(self, peer: int, nbytes: int) -> bool:
-        return self._ctl_credit[peer] - self._queued[peer] >= nbytes
-
-    def _schedule_sends(self) -> bool:
-        progressed = False
-        cleared = self._cleared
-        limit = self.cfg.max_inflight_sends
-        while cleared and self._bodies_inflight < limit:
-            _, _, _, i, p, dest, tag = heapq.heappop(cleared)
-            if p.state is not OpState.ACTIVE:
-                continue
-            if dest in self.bad_peers:
-                err = self.bad_peers[dest]
-                self._fail(p, type(err)(f"{p.spec.describe()}: {err}"), tell_peers=True)
-                continue
-            seg = p.spec.plan.sends[i]
-            reg = seg.region
-            body = p.bytes[reg.buffer][reg.offset * p.isz : reg.end * p.isz]
-            try:
-                req = self.t.isend(body, dest, tag)
-            except TransportError as exc:
-                self._bad_peer(dest, exc)
-                continue
-            self._bodies_inflight += 1
-            if self.trace is not None and not p.sent_any:
-                p.sent_any = True
-                self.trace.op(p.spec.name, p.spec.generation, "first_send", p.spec.priority)
-            self._track(req, _SEND, (p, i, body.nbytes, dest, time.perf_counter_ns()))
-            progressed = True
-        heap = self._heap
-        micro = self.cfg.micro_bytes
-        while heap:
-            entry = heap[0]
-            p = entry[5]
-            i = entry[3]
-            if entry[4] != p.version or i not in p.ready or p.state is not OpState.ACTIVE:
-                heapq.heappop(heap)
-                continue
-            seg = p.spec.plan.sends[i]
-            dest = p.spec.group[seg.peer]
-            reg = seg.region
-            n = reg.count * p.isz
-            if p.early and i in p.early:  # cleared unasked: the body goes, no announcement
-                heapq.heappop(heap)
-                p.ready.discard(i)
-                p.tagged.add(i)
-                prio, hot, seq = p.sort_key()
-                heapq.heappush(self._cleared, (prio, hot, seq, i, p, dest, p.early.pop(i)))
-                progressed = True
-                continue
-            charge = FRAME_SIZE + n
-            if n <= micro and self._eager_credit[dest] >= charge:
-                size = FRAME_SIZE + wire.padded(n)
-                if not self._room(dest, size):
-                    self._blocked[dest].append(heapq.heappop(heap))
-                    continue
-                heapq.heappop(heap)
-                p.ready.discard(i)
-                self._eager_credit[dest] -= charge
-                body = p.bytes[reg.buffer][reg.offset * p.isz : reg.end * p.isz]
-                self._frame(dest, DATA, p, seg.step, seg.segment, n, body)
-                self.stats.bytes_sent += n
-                if self.trace is not None:
-                    t = time.perf_counter_ns()
-                    self.trace.segment(p.spec.name, p.spec.generation, "send", dest, n, t, t)
-                self._sent(p, i)  # the body is copied: the region is free again
-            else:
-                if not self._room(dest, FRAME_SIZE):
-                    self._blocked[dest].append(heapq.heappop(heap))
-                    continue
-                heapq.heappop(heap)
-                p.ready.discard(i)
-                p.awaiting.add(i)
-                self._frame(dest, RTS, p, seg.step, seg.segment, n, None)
-            progressed = True
-        return progressed
-
-    def _frame(
-        self, dest: int, ftype: int, p: Payload, step: int, segment: int, n: int, body: Any
-    ) -> None:
-        if self.trace is not None and not p.sent_any:
-            p.sent_any = True
-            self.trace.op(p.spec.name, p.spec.generation, "first_send", p.spec.priority)
-        carried = 0 if body is None else wire.padded(n)
-        ob = self._outbox(dest, FRAME_SIZE + carried)
-        wire.pack_frame(
-            ob,
-            ftype,
-            p.shape,
-            FLAG_NEED if p.hot else 0,
-            0,
-            step,
-            segment,
-            p.key,
-            n,
-            p.spec.priority,
-        )
-        if body is not None:
-            ob += body.data
-            if carried > n:
-                ob += bytes(carried - n)
-        self._out_frames[dest] += 1
-        self.stats.frames_sent += 1
-
-    def _control(
-        self,
-        dest: int,
-        ftype: int,
-        shape: tuple[int, ...],
-        key: OpKey,
-        *,
-        aux: int = 0,
-        step: int = 0,
-        segment: int = 0,
-        body: bytes = b"",
-    ) -> None:
-        """Queue a control frame for ``dest`` (never refused: its credit comes back)."""
-        n = len(body)
-        ob = self._outbox(dest, FRAME_SIZE + wire.padded(n))
-        wire.pack_frame(ob, ftype, shape, 0, aux, step, segment, key, n)
-        if n:
-            ob += body
-            ob += bytes(wire.padded(n) - n)
-        self._out_frames[dest] += 1
-        self.stats.frames_sent += 1
-
-    def _outbox(self, dest: int, need: int) -> bytearray:
-        ob = self._out[dest]
-        if ob is None:
-            ob = bytearray(MSG_SIZE)
-        elif len(ob) + need > self._msg_cap:
-            self._backlog[dest].append((ob, self._out_frames[dest]))
-            self._out_frames[dest] = 0
-            ob = bytearray(MSG_SIZE)
-        self._out[dest] = ob
-        self._queued[dest] += need
-        self._dirty.add(dest)
-        return ob
-
-    def _owe(self, peer: int, ctl: int, eager: int) -> None:
-        self._owe_ctl[peer] += ctl
-        self._owe_eager[peer] += eager
-        self._dirty.add(peer)
-
-    def _flush(self) -> None:
-        """Send each peer's outgoing messages within its credit, with credit owed attached."""
-        half = self._ctl_window // 2
-        eager_half = max(1, self.floating.eager_share // 2)
-        for dest in list(self._dirty):
-            backlog = self._backlog[dest]
-            ob = self._out[dest]
-            if ob is not None:
-                backlog.append((ob, self._out_frames[dest]))
-                self._out[dest] = None
-                self._out_frames[dest] = 0
-            while backlog and self._ctl_credit[dest] >= len(backlog[0][0]):
-                msg, nframes = backlog.popleft()
-                self._send_message(dest, msg, nframes)
-            owed = self._owe_ctl[dest] or self._owe_eager[dest]
-            # Credit owed travels on its own (costing no credit) when a lot is owed, or
-            # when this rank's own messages wait for credit: the peer may be waiting for
-            # this credit to send the very messages that would return ours.
-            if owed and (
-                backlog or self._owe_ctl[dest] >= half or self._owe_eager[dest] >= eager_half
-            ):
-                self._send_message(dest, bytearray(MSG_SIZE), 0)
-            if not backlog:
-                self._dirty.discard(dest)
-
-    def _send_message(self, dest: int, msg: bytearray, nframes: int) -> None:
-        if dest in self._unreachable or dest in self._left:
-            self._queued[dest] = 0
-            return
-        wire.pack_message_header(
-            msg, nframes, self.rank, self._owe_ctl[dest], self._owe_eager[dest]
-        )
-        self._owe_ctl[dest] = 0
-        self._owe_eager[dest] = 0
-        n = len(msg)
-        if nframes:
-            self._ctl_credit[dest] -= n
-            self._queued[dest] -= n - MSG_SIZE
-        buf = np.frombuffer(msg, dtype=np.uint8)
-        try:
-            req = self.t.isend(buf, dest, wire.CONTROL_TAG)
-        except TransportError as exc:
-            self._bad_peer(dest, exc, reachable=False)
-            return
-        self._track(req, _CTL, buf)
-        self.stats.messages_sent += 1
-
-    def _sent(self, p: Payload, i: int) -> None:
-        """Send segment ``i`` of ``p`` is complete (eager: copied; body: on the wire)."""
-        p.tagged.discard(i)
-        if p.state is not OpState.ACTIVE:
-            return
-        p.sends_left -= 1
-        p.sent[i] = 1
-        p.last_progress = time.monotonic()
-        for is_send, idx in p.spec.plan.after_send[i]:
-            if is_send:  # pragma: no cover - sends never wait for sends
-                continue
-            p.recv_waits[idx] -= 1
-            if p.recv_waits[idx] == 0 and idx in p.pending:
-                self._apply(p, idx, p.pending.pop(idx))
-        self._maybe_finish(p)
-
     # ------------------------------------------------------------------ receiving
-
-    def _track(self, req: Any, what: int, obj: Any) -> None:
-        self._reqs.append(req)
-        self._owners.append((what, obj))
 
     def _poll_messages(self) -> bool:
         got = False
@@ -1341,87 +1101,78 @@ class CommLoop(LaneHooks):
                 self._on_frames(source, buf, frames)
         return got
 
-    def _credit(self, peer: int, ctl: int, eager: int) -> None:
-        self._ctl_credit[peer] += ctl
-        self._eager_credit[peer] += eager
-        blocked = self._blocked[peer]
-        if blocked:
-            for entry in blocked:
-                heapq.heappush(self._heap, entry)
-            blocked.clear()
-        if self._backlog[peer]:
-            self._dirty.add(peer)
+    def _frame_handlers(self) -> dict[int, Callable[[int, wire.Frame, np.ndarray, int], None]]:
+        """What each frame type does: ``handler(source, frame, message, offset of its body)``."""
+        return {
+            DATA: self._on_data,
+            RTS: self._on_rts,
+            CTS: self._on_cts,
+            REJECT: self._on_reject,
+            READY: self._on_ready,
+            NEED: self._on_need,
+            BYE: self._on_bye,
+            GONE: self._on_gone,
+            JOIN: self._on_join,
+            PROBE: self._on_probe,
+            HAVE: self._on_have,
+            ERROR: self._on_error_frame,
+        }
 
     def _on_frames(
         self, source: int, buf: np.ndarray, frames: list[tuple[wire.Frame, int]]
     ) -> None:
+        handlers = self._handlers
         for f, off in frames:
             if source in self.bad_peers and source not in self._left:
                 return  # refused in the middle of this message: the rest is not trusted
             self.stats.frames_received += 1
-            ftype = f[0]
-            if ftype == DATA:
-                self._on_data(source, f, buf, off)
-            elif ftype == RTS:
-                self._on_rts(source, f)
-            elif ftype == CTS:
-                self._on_cts(source, f)
-            elif ftype == REJECT:
-                p = self.table.get((f[F_WID], f[F_GEN]))
-                i = self._send_index(p, f, source)
-                if p is not None and i is not None and i in p.awaiting:
-                    p.awaiting.discard(i)
-                    p.parked.setdefault(source, []).append(i)
-            elif ftype == READY:
-                p = self.table.get((f[F_WID], f[F_GEN]))
-                if p is not None:
-                    for i in p.parked.pop(source, ()):
-                        self._push(p, i)
-            elif ftype == NEED:
-                key = (f[F_WID], f[F_GEN])
-                p = self.table.get(key)
-                if p is not None:
-                    self._raise(p)
-                elif self.lane is not None and key in self.lane.by_key:
-                    self.lane.set_urgent(self.lane.by_key[key])
-                else:
-                    self._remember(self._needed, key, True)
-            elif ftype == BYE:
-                if self._current(source, f[F_WID]):  # else an earlier process's goodbye
-                    self._peer_left(source)
-            elif ftype == GONE or ftype == JOIN:
-                peer, inc = f[F_AUX], f[F_WID]
-                if 0 <= peer < self.size and peer != self.rank and peer != source:
-                    if ftype == GONE:
-                        if peer not in self._left and self._current(peer, inc):
-                            self._peer_left(peer)
-                    elif inc >= self._incarnations[peer]:  # else an earlier process's JOIN
-                        self._incarnations[peer] = inc
-                        self._rejoin(peer)
-            elif ftype == PROBE:
-                key = (f[F_WID], f[F_GEN])
-                if (
-                    key in self.table
-                    or key in self.completed
-                    or (self.lane is not None and key in self.lane.by_key)
-                ):
-                    self._control(source, HAVE, _NO_SHAPE, key)
-            elif ftype == HAVE:
-                p = self.table.get((f[F_WID], f[F_GEN]))
-                if p is not None:
-                    p.have.add(source)
-                elif self.lane is not None and (f[F_WID], f[F_GEN]) in self.lane.by_key:
-                    self.lane.by_key[(f[F_WID], f[F_GEN])].have.add(source)
-            elif ftype == ERROR:
-                n = f[F_NBYTES]
-                text = bytes(buf[off : off + n]).decode(errors="replace")
-                self._on_error((f[F_WID], f[F_GEN]), text, f[F_PARAM], source)
+            handler = handlers.get(f[0])
+            if handler is not None:
+                handler(source, f, buf, off)
 
-    def _send_index(self, p: Payload | None, f: wire.Frame, peer: int) -> int | None:
-        if p is None:
-            return None
-        g = p.group_rank.get(peer)
-        return None if g is None else p.spec.plan.send_index.get((f[F_STEP], g, f[F_SEGMENT]))
+    def _on_bye(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+        """Rank ``source`` shuts down."""
+        if self._current(source, f[F_WID]):  # else an earlier process's goodbye
+            self._peer_left(source)
+
+    def _on_gone(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+        """A node's service says client rank ``f[F_AUX]``'s process died."""
+        peer, inc = f[F_AUX], f[F_WID]
+        if 0 <= peer < self.size and peer != self.rank and peer != source:
+            if peer not in self._left and self._current(peer, inc):
+                self._peer_left(peer)
+
+    def _on_join(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+        """A node's service says a new process has client rank ``f[F_AUX]``."""
+        peer, inc = f[F_AUX], f[F_WID]
+        if 0 <= peer < self.size and peer != self.rank and peer != source:
+            if inc >= self._incarnations[peer]:  # else an earlier process's JOIN
+                self._incarnations[peer] = inc
+                self._rejoin(peer)
+
+    def _on_probe(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+        """A stalled op's rank asks who has submitted it: answer HAVE if this rank has."""
+        key = (f[F_WID], f[F_GEN])
+        if (
+            key in self.table
+            or key in self.completed
+            or (self.lane is not None and key in self.lane.by_key)
+        ):
+            self._control(source, HAVE, _NO_SHAPE, key)
+
+    def _on_have(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+        """Rank ``source`` has submitted the op this rank probed for."""
+        p = self.table.get((f[F_WID], f[F_GEN]))
+        if p is not None:
+            p.have.add(source)
+        elif self.lane is not None and (f[F_WID], f[F_GEN]) in self.lane.by_key:
+            self.lane.by_key[(f[F_WID], f[F_GEN])].have.add(source)
+
+    def _on_error_frame(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+        """An op failed on rank ``source``; the frame's body says why."""
+        n = f[F_NBYTES]
+        text = bytes(buf[off : off + n]).decode(errors="replace")
+        self._on_error((f[F_WID], f[F_GEN]), text, f[F_PARAM], source)
 
     def _match(self, p: Payload, f: wire.Frame, source: int) -> int | None:
         """The receive segment frame ``f`` fills, or None after failing the op."""
@@ -1628,7 +1379,7 @@ class CommLoop(LaneHooks):
         fl.add(key, FloatingFrame(f, copy, source, charge))
         self.stats.floating_frames += 1
 
-    def _on_rts(self, source: int, f: wire.Frame) -> None:
+    def _on_rts(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
         key = (f[F_WID], f[F_GEN])
         n = f[F_NBYTES]
         if n > self.cfg.segment_bytes:
@@ -1706,29 +1457,6 @@ class CommLoop(LaneHooks):
         rec.req = req
         self._track(req, _RECV, (rec, time.perf_counter_ns()))
         return True
-
-    def _on_cts(self, source: int, f: wire.Frame) -> None:
-        key = (f[F_WID], f[F_GEN])
-        p = self.table.get(key)
-        i = self._send_index(p, f, source)
-        if p is None or i is None:
-            if p is None and key in self.failed:
-                self._abandon(source, f[wire.F_AUX])  # its receive is posted: end it
-            return
-        if i not in p.awaiting:
-            # A clear that came before the announcement: keep it for when the segment is
-            # ready (once: an announcement crossing it gets the same tag back).
-            if not p.sent[i] and i not in p.tagged and i not in p.early:
-                p.early[i] = f[wire.F_AUX]
-                if i in p.ready:
-                    # It may wait for control credit to be announced; cleared, it needs
-                    # none: back into the heap, where the clear is taken first.
-                    self._push(p, i)
-            return
-        p.awaiting.discard(i)
-        p.tagged.add(i)
-        prio, hot, seq = p.sort_key()
-        heapq.heappush(self._cleared, (prio, hot, seq, i, p, source, f[wire.F_AUX]))
 
     def _on_body(self, p: Payload, q: int, body: np.ndarray) -> None:
         """A body for receive segment ``q`` is in a scratch buffer."""
