@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from numba.core import caching
 
-from totalreduce.engine import lane_core
+from totalreduce.engine import lane_cache, lane_core
 
 
 def test_a_changed_source_drops_every_cached_lane_function(monkeypatch) -> None:
@@ -22,21 +22,21 @@ def test_a_changed_source_drops_every_cached_lane_function(monkeypatch) -> None:
     stamp = Path(path) / "lane_core.sources"
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text("the digest of an older kernels/raw.py")
-    assert lane_core.forget_stale_cache() is True
+    assert lane_cache.forget_stale_cache() is True
     names = " ".join(flushed)
     for fn in ("lane_pass", "lane_submit", "lane_drive", "reduce_raw", "mpi_isend"):
         assert fn in names, names
-    assert stamp.read_text() == lane_core.sources_digest()
+    assert stamp.read_text() == lane_cache.sources_digest()
     flushed.clear()
-    assert lane_core.forget_stale_cache() is False  # now current: nothing dropped
+    assert lane_cache.forget_stale_cache() is False  # now current: nothing dropped
     assert not flushed
 
 
 def test_the_digest_covers_every_source_the_lane_inlines() -> None:
     root = Path(lane_core.__file__).resolve().parents[1]
-    for rel in lane_core._SOURCES:
+    for rel in lane_cache._SOURCES:
         assert (root / rel).is_file(), rel
     imported = {"kernels/raw.py", "native/intrinsics.py", "native/libc.py"}
     imported.add("transport/mpi_native.py")
-    assert imported <= set(lane_core._SOURCES)
-    assert len(lane_core.sources_digest()) == 64
+    assert imported <= set(lane_cache._SOURCES)
+    assert len(lane_cache.sources_digest()) == 64

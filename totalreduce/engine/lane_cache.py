@@ -1,0 +1,83 @@
+"""The compiled lane's Numba cache, kept consistent with every source the lane inlines.
+
+Numba checks a cached function against its own file only; the lane's code inlines the
+kernels, the MPI binding and libc calls from other modules.  :func:`forget_stale_cache`
+keeps a digest of all of them beside the cache and drops the cached code of every module
+involved when any changed (an edited checkout, a partial upgrade).
+"""
+
+from __future__ import annotations
+
+#: The sources the lane's machine code is made of (paths under the package).  Numba
+#: checks a cached function against its own file only, and the lane inlines functions
+#: of all of these: :func:`forget_stale_cache` covers the rest.
+_SOURCES = (
+    "engine/lane_core.py",
+    "engine/lane_progress.py",
+    "engine/lane_tables.py",
+    "engine/lane_layout.py",
+    "kernels/raw.py",
+    "kernels/numba_kernels.py",
+    "transport/mpi_native.py",
+    "native/intrinsics.py",
+    "native/libc.py",
+)
+#: The modules whose cached functions inline the others (flushed together).
+_CACHED = (
+    "engine.lane_core",
+    "engine.lane_progress",
+    "engine.lane_tables",
+    "kernels.raw",
+    "transport.mpi_native",
+    "native.libc",
+)
+
+
+def sources_digest() -> str:
+    """A digest of :data:`_SOURCES` as they are now."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in _SOURCES:
+        h.update(rel.encode() + b"\0")
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()
+
+
+def forget_stale_cache() -> bool:
+    """Drop Numba's cached code of the lane when any of its sources changed since it was
+    cached (an edited or partly upgraded installation): otherwise a function whose own file
+    is unchanged would be loaded with the old code of what it inlines.  True if dropped."""
+    import importlib
+    from pathlib import Path
+
+    from numba.core.registry import CPUDispatcher
+
+    from . import lane_core
+
+    cache = getattr(lane_core.lane_pass, "_cache", None)
+    path = getattr(cache, "cache_path", None)
+    if not path:
+        return False
+    stamp = Path(path) / "lane_core.sources"
+    digest = sources_digest()
+    try:
+        if stamp.read_text() == digest:
+            return False
+    except OSError:
+        pass
+    package = __name__.rsplit(".", 2)[0]  # totalreduce
+    for name in _CACHED:
+        mod = importlib.import_module(f"{package}.{name}")
+        for obj in vars(mod).values():
+            cached = getattr(obj, "_cache", None) if isinstance(obj, CPUDispatcher) else None
+            if cached is not None:
+                cached.flush()
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:  # an unwritable cache: Numba compiles in memory each time anyway
+        pass
+    return True

@@ -1,0 +1,292 @@
+# ruff: noqa: F405 - the field constants come from lane_layout by a star import (Numba
+# folds module globals into constants; listing ~100 names would only repeat them)
+"""The compiled lane's op progress: segments released and applied (the kernels of
+:mod:`totalreduce.kernels.raw`), local ops, ops finished, failed and remembered, and ready
+segments emitted to their peers.  Numba functions over the arrays of :mod:`.lane_layout`;
+the pass that drives them is :mod:`.lane_core`.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from ..kernels.raw import average_raw, copy_raw, reduce_raw
+from ..native.libc import memcpy
+from .lane_layout import *  # noqa: F403 - the field constants
+from .lane_tables import (
+    _dyn,
+    _event,
+    _heap_len,
+    _heap_pop,
+    _heap_push,
+    _op,
+    _room,
+    _slot_addr,
+    _write_frame,
+    hash_find,
+    hash_put,
+    slot_give,
+)
+
+# ------------------------------------------------------------------ op progress
+
+
+@njit(nogil=True, cache=True)
+def _push_stack(mem, arena, slot, q):  # type: ignore[no-untyped-def]
+    n = mem[mem[C_STK] - 1]
+    if n >= mem[C_STKCAP]:
+        _event(mem, arena, EV_LOST, slot, -1, q, 0, 0)
+        return
+    mem[mem[C_STK] + n * 2] = slot
+    mem[mem[C_STK] + n * 2 + 1] = q
+    mem[mem[C_STK] - 1] = n + 1
+
+
+@njit(nogil=True, cache=True)
+def _release(mem, prog, arena, slot, succ, nsucc):  # type: ignore[no-untyped-def]
+    """One wait of each successor is over: ready sends go to the heap, staged receives to
+    the work stack."""
+    for k in range(nsucc):
+        t = prog[succ + k]
+        if t >= 0:
+            w = _dyn(mem, slot, D_SW) + t
+            mem[w] -= 1
+            if mem[w] == 0:
+                if not _heap_push(mem, slot, t):
+                    _event(mem, arena, EV_LOST, slot, -1, t, 1, 0)
+        else:
+            q = -t - 1
+            w = _dyn(mem, slot, D_RW) + q
+            mem[w] -= 1
+            if mem[w] == 0 and mem[_dyn(mem, slot, D_RS) + q] == RS_STAGED:
+                _push_stack(mem, arena, slot, q)
+
+
+@njit(nogil=True, cache=True)
+def _locals(mem, prog, slot, first, n):  # type: ignore[no-untyped-def]
+    """Run ``n`` local ops (prologue or epilogue) of op ``slot``; 0 or -1 (a kernel refused)."""
+    o = _op(mem, slot)
+    dt = mem[o + O_DT]
+    isz = prog[mem[o + O_PLAN] + PL_ISZ]
+    for k in range(n):
+        r = first + k * L_N
+        dst = mem[o + O_IN + prog[r + L_DBUF]] + prog[r + L_DOFF]
+        kind = prog[r + L_KIND]
+        if kind == LK_COPY:
+            src = mem[o + O_IN + prog[r + L_SBUF]] + prog[r + L_SOFF]
+            copy_raw(dst, src, prog[r + L_NBYTES])
+        elif kind == LK_AVERAGE:
+            if average_raw(dt, dst, prog[r + L_NBYTES] // isz, prog[r + L_DIV]) < 0:
+                return -1
+        else:
+            return -1
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def _finish(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
+    """Every segment of op ``slot`` is done: its epilogue, then done."""
+    o = _op(mem, slot)
+    if mem[o + O_STATE] != S_ACTIVE or mem[o + O_SLEFT] or mem[o + O_RLEFT]:
+        return
+    plan = mem[o + O_PLAN]
+    npro = prog[plan + PL_NPRO]
+    if _locals(mem, prog, slot, prog[plan + PL_LOCS] + npro * L_N, prog[plan + PL_NEPI]) < 0:
+        _fail(mem, prog, arena, slot)
+        _event(mem, arena, EV_KERNEL, slot, -1, 0, 0, 0)
+        return
+    mem[o + O_STATE] = S_DONE
+    remember_key(mem, mem[o + O_WID], mem[o + O_GEN], H_DONE)
+    _end(mem, slot)
+
+
+@njit(nogil=True, cache=True)
+def _end(mem, slot):  # type: ignore[no-untyped-def]
+    """Op ``slot`` left the table (done or failed): Python hears of it in the done queue."""
+    n = mem[C_NDONE]
+    mem[mem[C_DONEQ] + n] = slot
+    mem[C_NDONE] = n + 1
+    mem[C_INFLIGHT] -= 1
+    mem[C_OPS_DONE] += 1
+    fo = mem[C_NFREEOP]
+    mem[mem[C_FREEOP] + fo] = slot
+    mem[C_NFREEOP] = fo + 1
+
+
+@njit(nogil=True, cache=True)
+def _fail(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
+    """Op ``slot`` fails here: give back its staged slots, remember its key as failed."""
+    o = _op(mem, slot)
+    if mem[o + O_STATE] != S_ACTIVE:
+        return
+    mem[o + O_STATE] = S_FAILED
+    plan = mem[o + O_PLAN]
+    rs = _dyn(mem, slot, D_RS)
+    rsl = _dyn(mem, slot, D_RSLOT)
+    for q in range(prog[plan + PL_NR]):
+        if mem[rs + q] == RS_STAGED:
+            slot_give(mem, mem[rsl + q])
+            mem[rs + q] = RS_DONE
+    remember_key(mem, mem[o + O_WID], mem[o + O_GEN], H_FAILED)
+    _end(mem, slot)
+
+
+@njit(nogil=True, cache=True)
+def remember_key(mem, wid, gen, mark):  # type: ignore[no-untyped-def]
+    """Mark key (wid, gen) as finished here (``H_DONE``) or failed (``H_FAILED``): late
+    frames for it are told apart from early ones.  The oldest of ``C_FAILCAP`` such
+    marks is forgotten."""
+    cap = mem[C_FAILCAP]
+    head = mem[C_FAILHEAD]
+    q = mem[C_FAILQ] + (head % cap) * 2
+    if head >= cap:
+        e = hash_find(mem, mem[C_HASH], mem[q], mem[q + 1])
+        if e >= 0 and (mem[e + 2] == H_FAILED or mem[e + 2] == H_DONE):
+            mem[e + 2] = H_TOMB
+    mem[q] = wid
+    mem[q + 1] = gen
+    mem[C_FAILHEAD] = head + 1
+    hash_put(mem, mem[C_HASH], wid, gen, mark)
+
+
+@njit(nogil=True, cache=True)
+def remember_failed(mem, wid, gen):  # type: ignore[no-untyped-def]
+    remember_key(mem, wid, gen, H_FAILED)
+
+
+@njit(nogil=True, cache=True)
+def _applied(mem, prog, arena, slot, q):  # type: ignore[no-untyped-def]
+    o = _op(mem, slot)
+    mem[_dyn(mem, slot, D_RS) + q] = RS_DONE
+    mem[o + O_RLEFT] -= 1
+    r = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
+    _release(mem, prog, arena, slot, prog[r + G_SUCC], prog[r + G_NSUCC])
+
+
+@njit(nogil=True, cache=True)
+def _apply(mem, prog, arena, slot, q, body):  # type: ignore[no-untyped-def]
+    """Apply the body at address ``body`` to receive segment ``q`` of op ``slot``."""
+    o = _op(mem, slot)
+    r = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
+    dst = mem[o + O_IN + prog[r + G_BUF]] + prog[r + G_OFF]
+    n = prog[r + G_NBYTES]
+    if prog[r + G_ACTION] == ACT_COPY:
+        copy_raw(dst, body, n)
+    else:
+        if prog[r + G_SBUF] >= 0:
+            copy_raw(dst, mem[o + O_IN + prog[r + G_SBUF]] + prog[r + G_SOFF], n)
+        isz = prog[mem[o + O_PLAN] + PL_ISZ]
+        if reduce_raw(mem[o + O_DT], mem[o + O_ROP], dst, body, n // isz) < 0:
+            _fail(mem, prog, arena, slot)
+            _event(mem, arena, EV_KERNEL, slot, -1, 0, 0, 0)
+            return
+    _applied(mem, prog, arena, slot, q)
+
+
+@njit(nogil=True, cache=True)
+def _drain_stack(mem, prog, arena):  # type: ignore[no-untyped-def]
+    """Apply staged bodies whose turn came, and finish the ops they complete."""
+    abase = arena.ctypes.data
+    top = mem[C_STK] - 1
+    while mem[top] > 0:
+        n = mem[top] - 1
+        mem[top] = n
+        slot = mem[mem[C_STK] + n * 2]
+        q = mem[mem[C_STK] + n * 2 + 1]
+        o = _op(mem, slot)
+        if mem[o + O_STATE] != S_ACTIVE:
+            continue
+        if q >= 0:
+            if mem[_dyn(mem, slot, D_RS) + q] != RS_STAGED:
+                continue
+            s = mem[_dyn(mem, slot, D_RSLOT) + q]
+            _apply(mem, prog, arena, slot, q, _slot_addr(mem, abase, s) + FRAME_SIZE)
+            slot_give(mem, s)
+        _finish(mem, prog, arena, slot)
+
+
+# ------------------------------------------------------------------ sending
+
+
+@njit(nogil=True, cache=True)
+def _sent(mem, prog, arena, slot, i):  # type: ignore[no-untyped-def]
+    o = _op(mem, slot)
+    ss = _dyn(mem, slot, D_SS) + i
+    mem[ss] = (mem[ss] & ~7) | SS_SENT
+    mem[o + O_SLEFT] -= 1
+    g = prog[mem[o + O_PLAN] + PL_SENDS] + i * G_N
+    _release(mem, prog, arena, slot, prog[g + G_SUCC], prog[g + G_NSUCC])
+    _push_stack(mem, arena, slot, -1)  # finish check after the release
+
+
+@njit(nogil=True, cache=True)
+def _mark_peer(mem, prog, slot, dest, bit):  # type: ignore[no-untyped-def]
+    """Set ``bit`` on every send segment of op ``slot`` to world rank ``dest``; return how
+    many of them were held (and are now ready again, with the bit CLEARED)."""
+    o = _op(mem, slot)
+    plan = mem[o + O_PLAN]
+    s0 = prog[plan + PL_SENDS]
+    ss = _dyn(mem, slot, D_SS)
+    g0 = mem[o + O_GROUP]
+    released = 0
+    for i in range(prog[plan + PL_NS]):
+        if prog[g0 + prog[s0 + i * G_N + G_PEER]] == dest:
+            st = mem[ss + i] | bit
+            if bit == 8 and (st & 7) == SS_HELD:
+                st = st & ~7
+                _heap_push(mem, slot, i)
+                released += 1
+            mem[ss + i] = st
+    return released
+
+
+@njit(nogil=True, cache=True)
+def _emit(mem, prog, arena, b, slot, i):  # type: ignore[no-untyped-def]
+    """Send segment ``i`` of op ``slot`` (or announce it); False: no room, try later."""
+    o = _op(mem, slot)
+    if mem[o + O_STATE] != S_ACTIVE:
+        return True
+    g = prog[mem[o + O_PLAN] + PL_SENDS] + i * G_N
+    dest = prog[mem[o + O_GROUP] + prog[g + G_PEER]]
+    ss = _dyn(mem, slot, D_SS) + i
+    st = mem[ss]
+    if (st & 7) == SS_SENT:
+        return True
+    flags = 0
+    if not st & 8:
+        pw = mem[C_PEERS] + dest * P_N
+        if mem[pw + P_CREDIT] <= 0:
+            if not st & 16:
+                a = _room(mem, arena, b, dest, FRAME_SIZE)
+                if a == 0:
+                    return False
+                _write_frame(mem, a, F_RTS, 0, slot, 0, 0, 0)
+                _mark_peer(mem, prog, slot, dest, 16)
+            mem[ss] = (mem[ss] & ~7) | SS_HELD
+            return True
+        flags = FLAG_CREDIT
+    n = prog[g + G_NBYTES]
+    a = _room(mem, arena, b, dest, FRAME_SIZE + ((n + 7) & ~7))
+    if a == 0:
+        return False
+    if flags:
+        mem[mem[C_PEERS] + dest * P_N + P_CREDIT] -= 1
+    _write_frame(mem, a, F_DATA, flags, slot, prog[g + G_STEP], prog[g + G_SEG], n)
+    if n:
+        memcpy(a + FRAME_SIZE, mem[o + O_IN + prog[g + G_BUF]] + prog[g + G_OFF], n)
+    _sent(mem, prog, arena, slot, i)
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _send_ready(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+    """Send ready segments in priority order while there is room."""
+    while _heap_len(mem) > 0:
+        base = mem[C_STK] + mem[C_STKCAP] * 2 + 1
+        slot = mem[base + 2]
+        i = mem[base + 3]
+        _heap_pop(mem)
+        if not _emit(mem, prog, arena, b, slot, i):
+            _heap_push(mem, slot, i)
+            return
+        _drain_stack(mem, prog, arena)

@@ -1,0 +1,333 @@
+# ruff: noqa: F405 - the field constants come from lane_layout by a star import (Numba
+# folds module globals into constants; listing ~100 names would only repeat them)
+"""The compiled lane's tables: the hash tables of op keys, op and pool-slot records, the
+event queue, frames written into a peer's outbox and sent (``MPI_Isend``, reaped with
+``MPI_Test``), and the ready heap.  Numba functions over the arrays of
+:mod:`.lane_layout`; the protocol that uses them is :mod:`.lane_progress` and
+:mod:`.lane_core`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..native.intrinsics import st_i32, st_i64, st_u8, st_u16, st_u32
+from ..native.libc import memcpy
+from ..transport.mpi_native import mpi_isend, mpi_test
+from .lane_layout import *  # noqa: F403 - the field constants
+
+# ------------------------------------------------------------------ hash tables
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _mix(wid, gen):  # type: ignore[no-untyped-def]
+    h = wid ^ (gen * np.int64(-7046029254386353131))
+    h ^= h >> 31
+    h *= np.int64(-4658895280553007687)
+    return h ^ (h >> 29)
+
+
+@njit(nogil=True, cache=True)
+def hash_find(mem, base, wid, gen):  # type: ignore[no-untyped-def]
+    """The entry of key (wid, gen) in the table at ``mem[base]``, or -1."""
+    mask = mem[C_HCAP] - 1
+    h = _mix(wid, gen)
+    for probe in range(mem[C_HCAP]):
+        e = base + ((h + probe) & mask) * 3
+        v = mem[e + 2]
+        if v == H_EMPTY:
+            return -1
+        if v != H_TOMB and mem[e] == wid and mem[e + 1] == gen:
+            return e
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def hash_put(mem, base, wid, gen, val):  # type: ignore[no-untyped-def]
+    """Set key (wid, gen) to ``val``; the entry, or -1 if the table is full."""
+    e = hash_find(mem, base, wid, gen)
+    if e >= 0:
+        mem[e + 2] = val
+        return e
+    mask = mem[C_HCAP] - 1
+    h = _mix(wid, gen)
+    for probe in range(mem[C_HCAP]):
+        e = base + ((h + probe) & mask) * 3
+        v = mem[e + 2]
+        if v == H_EMPTY or v == H_TOMB:
+            mem[e] = wid
+            mem[e + 1] = gen
+            mem[e + 2] = val
+            return e
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def hash_value(mem, base, wid, gen):  # type: ignore[no-untyped-def]
+    e = hash_find(mem, base, wid, gen)
+    return H_EMPTY if e < 0 else mem[e + 2]
+
+
+@njit(nogil=True, cache=True)
+def hash_rebuild(mem, base):  # type: ignore[no-untyped-def]
+    """Drop the tombstones of the table at ``base`` (rehash its live entries)."""
+    cap = mem[C_HCAP]
+    live = mem[base : base + cap * 3].copy()
+    for i in range(cap):
+        mem[base + i * 3 + 2] = H_EMPTY
+    for i in range(cap):
+        v = live[i * 3 + 2]
+        if v != H_EMPTY and v != H_TOMB:
+            hash_put(mem, base, live[i * 3], live[i * 3 + 1], v)
+
+
+# ------------------------------------------------------------------ small helpers
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _op(mem, slot):  # type: ignore[no-untyped-def]
+    return mem[C_OPS] + slot * O_N
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _dyn(mem, slot, which):  # type: ignore[no-untyped-def]
+    return mem[C_DYN] + (slot * 5 + which) * mem[C_SEGCAP]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _slot_addr(mem, abase, s):  # type: ignore[no-untyped-def]
+    return abase + mem[C_A_SLOTS] + s * mem[C_SLOT]
+
+
+@njit(nogil=True, cache=True)
+def slot_take(mem):  # type: ignore[no-untyped-def]
+    n = mem[C_NFREE]
+    if n == 0:
+        return -1
+    mem[C_NFREE] = n - 1
+    s = mem[mem[C_FREESLOT] + n - 1]
+    used = mem[C_NSLOTS] - n + 1
+    if used > mem[C_PEAK]:
+        mem[C_PEAK] = used
+    return s
+
+
+@njit(nogil=True, cache=True)
+def slot_give(mem, s):  # type: ignore[no-untyped-def]
+    n = mem[C_NFREE]
+    mem[mem[C_FREESLOT] + n] = s
+    mem[C_NFREE] = n + 1
+
+
+@njit(nogil=True, cache=True)
+def _event(mem, arena, kind, slot, source, a, b, frame_addr):  # type: ignore[no-untyped-def]
+    """Queue an event for Python (with a copy of the frame header when given)."""
+    i = mem[C_NEV]
+    if i >= mem[C_EVCAP]:
+        i = mem[C_EVCAP] - 1  # the last entry is overwritten: Python drains every pass
+    else:
+        mem[C_NEV] = i + 1
+    e = mem[C_EVQ] + i * E_N
+    mem[e + E_TYPE] = kind
+    mem[e + E_SLOT] = slot
+    mem[e + E_SOURCE] = source
+    mem[e + E_A] = a
+    mem[e + E_B] = b
+    if frame_addr != 0:
+        memcpy(arena.ctypes.data + mem[C_A_EVB] + i * FRAME_SIZE, frame_addr, FRAME_SIZE)
+
+
+@njit(nogil=True, cache=True)
+def _group_rank(mem, prog, slot, world_rank):  # type: ignore[no-untyped-def]
+    o = _op(mem, slot)
+    g0 = mem[o + O_GROUP]
+    for g in range(mem[o + O_GSIZE]):
+        if prog[g0 + g] == world_rank:
+            return g
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _buf_addr(mem, slot, buf):  # type: ignore[no-untyped-def]
+    return mem[_op(mem, slot) + O_IN + buf]
+
+
+# ------------------------------------------------------------------ frames and outboxes
+
+
+@njit(nogil=True, cache=True)
+def _write_frame(mem, a, ftype, flags, slot, step, seg, nbytes):  # type: ignore[no-untyped-def]
+    """Write the 72-byte header of a frame of op ``slot`` at address ``a``."""
+    o = _op(mem, slot)
+    st_u8(a, np.uint8(ftype))
+    st_u8(a + 1, np.uint8(mem[o + O_DT]))
+    st_u8(a + 2, np.uint8(mem[o + O_KIND]))
+    st_u8(a + 3, np.uint8(mem[o + O_ALGO]))
+    st_u8(a + 4, np.uint8(mem[o + O_ROP]))
+    st_u8(a + 5, np.uint8(flags))
+    st_u16(a + 6, np.uint16(0))
+    st_u32(a + 8, np.uint32(0))
+    st_u32(a + 12, np.uint32(step))
+    st_u32(a + 16, np.uint32(seg))
+    st_u32(a + 20, np.uint32(mem[o + O_PRIO] & 0xFFFFFFFF))
+    st_i64(a + 24, mem[o + O_WID])
+    st_i64(a + 32, mem[o + O_GEN])
+    st_i64(a + 40, nbytes)
+    st_i64(a + 48, mem[o + O_COUNT])
+    st_i64(a + 56, mem[o + O_PARAM])
+    st_i64(a + 64, mem[o + O_CTX])
+
+
+@njit(nogil=True, cache=True)
+def _reap(mem, b, abase):  # type: ignore[no-untyped-def]
+    """Test the busy send buffers; those whose send completed are free again."""
+    sbs = mem[C_SBSTATE]
+    for i in range(mem[C_NSB]):
+        if mem[sbs + i] != 0:
+            r = mpi_test(b, abase + mem[C_A_REQ] + i * 8, abase + mem[C_A_STATUS])
+            if r == 1:
+                mem[sbs + i] = 0
+                mem[C_NSBBUSY] -= 1
+
+
+@njit(nogil=True, cache=True)
+def _free_sb(mem, b, abase):  # type: ignore[no-untyped-def]
+    """A free send buffer (testing busy ones if none is), or -1."""
+    sbs = mem[C_SBSTATE]
+    for i in range(mem[C_NSB]):
+        if mem[sbs + i] == 0:
+            return i
+    _reap(mem, b, abase)
+    for i in range(mem[C_NSB]):
+        if mem[sbs + i] == 0:
+            return i
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _flush_peer(mem, arena, b, peer):  # type: ignore[no-untyped-def]
+    """Send the outbox of ``peer`` (and the credit owed to it) as one message.
+
+    False when no send buffer is free (the outbox stays as it is)."""
+    abase = arena.ctypes.data
+    pw = mem[C_PEERS] + peer * P_N
+    n = mem[pw + P_OUTLEN]
+    if n == 0:
+        n = MSG_SIZE
+    sb = _free_sb(mem, b, abase)
+    if sb < 0:
+        return False
+    out = abase + mem[C_A_OUT] + peer * mem[C_OUTCAP]
+    dst = abase + mem[C_A_SB] + sb * mem[C_OUTCAP]
+    if n > MSG_SIZE:
+        memcpy(dst + MSG_SIZE, out + MSG_SIZE, n - MSG_SIZE)
+    st_u32(dst, np.uint32(LANE_MAGIC))
+    st_u8(dst + 4, np.uint8(LANE_VERSION))
+    st_u8(dst + 5, np.uint8(0))
+    st_u16(dst + 6, np.uint16(mem[pw + P_NFRAMES]))
+    st_i32(dst + 8, np.int32(mem[C_RANK]))
+    st_u32(dst + 12, np.uint32(0))
+    st_i64(dst + 16, mem[pw + P_OWED])
+    rc = mpi_isend(b, dst, n, peer, mem[C_TAG], abase + mem[C_A_REQ] + sb * 8)
+    if rc < 0:
+        _event(mem, arena, EV_MPI, -1, peer, rc, 0, 0)
+        return True
+    mem[mem[C_SBSTATE] + sb] = 1
+    mem[C_NSBBUSY] += 1
+    mem[C_SENT_MSGS] += 1
+    mem[C_SENT_FRAMES] += mem[pw + P_NFRAMES]
+    mem[pw + P_OWED] = 0
+    mem[pw + P_OUTLEN] = 0
+    mem[pw + P_NFRAMES] = 0
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _room(mem, arena, b, peer, need):  # type: ignore[no-untyped-def]
+    """Address in ``peer``'s outbox for ``need`` more bytes (flushing it if full), or 0."""
+    pw = mem[C_PEERS] + peer * P_N
+    n = mem[pw + P_OUTLEN]
+    if n == 0:
+        n = MSG_SIZE
+    if n + need > mem[C_OUTCAP] or mem[pw + P_NFRAMES] >= 65535:
+        if not _flush_peer(mem, arena, b, peer):
+            return 0
+        n = MSG_SIZE
+    mem[pw + P_OUTLEN] = n + need
+    mem[pw + P_NFRAMES] += 1
+    return arena.ctypes.data + mem[C_A_OUT] + peer * mem[C_OUTCAP] + n
+
+
+@njit(nogil=True, cache=True)
+def flush_all(mem, arena, b):  # type: ignore[no-untyped-def]
+    """Send every outbox with frames, and credit owed past a quarter of a peer's share."""
+    thr = max(1, mem[C_CREDIT] // 4)
+    for peer in range(mem[C_WORLD]):
+        pw = mem[C_PEERS] + peer * P_N
+        if mem[pw + P_OUTLEN] > 0 or mem[pw + P_OWED] >= thr:
+            _flush_peer(mem, arena, b, peer)
+
+
+# ------------------------------------------------------------------ the ready heap
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _heap_put(mem, f, k1, k2, slot, i):  # type: ignore[no-untyped-def]
+    mem[f] = k1
+    mem[f + 1] = k2
+    mem[f + 2] = slot
+    mem[f + 3] = i
+
+
+@njit(nogil=True, cache=True)
+def _heap_push(mem, slot, i):  # type: ignore[no-untyped-def]
+    """Send segment ``i`` of op ``slot`` is ready: into the heap (priority, then age)."""
+    o = _op(mem, slot)
+    k1 = -mem[o + O_PRIO] * 2 + (0 if mem[o + O_URGENT] else 1)
+    k2 = mem[o + O_SEQ]
+    base = mem[C_STK] + mem[C_STKCAP] * 2 + 1  # the heap (and its length) follow the stack
+    n = mem[base - 1]
+    if n >= mem[C_STKCAP]:
+        return False
+    j = n
+    mem[base - 1] = n + 1
+    while j > 0:
+        par = (j - 1) >> 1
+        e = base + par * 4
+        if mem[e] < k1 or (mem[e] == k1 and mem[e + 1] <= k2):
+            break
+        _heap_put(mem, base + j * 4, mem[e], mem[e + 1], mem[e + 2], mem[e + 3])
+        j = par
+    _heap_put(mem, base + j * 4, k1, k2, slot, i)
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _heap_pop(mem):  # type: ignore[no-untyped-def]
+    base = mem[C_STK] + mem[C_STKCAP] * 2 + 1
+    n = mem[base - 1] - 1
+    mem[base - 1] = n
+    last = base + n * 4
+    k1, k2, s, i = mem[last], mem[last + 1], mem[last + 2], mem[last + 3]
+    j = 0
+    while True:
+        c = 2 * j + 1
+        if c >= n:
+            break
+        e = base + c * 4
+        if c + 1 < n:
+            e2 = e + 4
+            if mem[e2] < mem[e] or (mem[e2] == mem[e] and mem[e2 + 1] < mem[e + 1]):
+                c += 1
+                e = e2
+        if k1 < mem[e] or (k1 == mem[e] and k2 <= mem[e + 1]):
+            break
+        _heap_put(mem, base + j * 4, mem[e], mem[e + 1], mem[e + 2], mem[e + 3])
+        j = c
+    _heap_put(mem, base + j * 4, k1, k2, s, i)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _heap_len(mem):  # type: ignore[no-untyped-def]
+    return mem[mem[C_STK] + mem[C_STKCAP] * 2]
