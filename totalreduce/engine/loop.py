@@ -39,7 +39,6 @@ time (``lock``).  The loop knows no algorithm: it executes segment plans.
 from __future__ import annotations
 
 import ctypes
-import heapq
 import logging
 import os
 import sys
@@ -52,11 +51,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..algorithms.schedule import Action, Buffer, LocalKind, LocalOp
+from ..algorithms.schedule import Buffer, LocalOp
 from ..errors import (
-    FrameError,
     OpFailedError,
-    OpMismatchError,
     OpTimeoutError,
     TotalReduceError,
     TransportError,
@@ -65,19 +62,18 @@ from ..transport.base import Transport
 from . import wire
 from .completion import Waitable
 from .compute import ComputeKind, ComputeList, ComputeRequest
-from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, ERROR_TIMEOUT, _error_from_peer
+from .failing import FailHooks
+from .failures import _error_from_peer
 from .floating import BufferPool, FloatingList
 from .lane_loop import LaneHooks
 from .payload import OpKey, OpSpec, OpState, Payload
 from .receiving import ReceiveHooks
-from .sending import _CTL, _NO_SHAPE, _RECV, SendHooks
+from .reducing import ReduceHooks
+from .sending import _NO_SHAPE, _RECV, SendHooks
 from .wire import (
     BYE,
-    ERROR,
     F_AUX,
     F_GEN,
-    F_NBYTES,
-    F_PARAM,
     F_WID,
     FRAME_SIZE,
     GONE,
@@ -93,20 +89,6 @@ if TYPE_CHECKING:
     from .lane import Lane  # the lane imports the MPI binding: only when a service makes one
 
 log = logging.getLogger("totalreduce.engine")
-
-MAX_ERROR_TEXT = 4096
-
-_LOCAL_KIND = {
-    LocalKind.COPY: ComputeKind.COPY,
-    LocalKind.SCALE: ComputeKind.SCALE,
-    LocalKind.AVERAGE: ComputeKind.AVERAGE,
-    LocalKind.ACCUMULATE: ComputeKind.ACCUMULATE,
-}
-_RECV_KIND = {
-    Action.COPY: ComputeKind.COPY,
-    Action.REDUCE: ComputeKind.REDUCE,
-    Action.ACCUMULATE: ComputeKind.ACCUMULATE,
-}
 
 
 @dataclass
@@ -165,7 +147,7 @@ def _set_timer_slack(ns: int = 1000) -> None:
             log.debug("could not set the timer slack: %s", exc)
 
 
-class CommLoop(LaneHooks, ReceiveHooks, SendHooks):
+class CommLoop(LaneHooks, FailHooks, ReceiveHooks, SendHooks, ReduceHooks):
     """Executes payloads' segment plans over a transport (see the module docstring)."""
 
     def __init__(
@@ -613,50 +595,6 @@ class CommLoop(LaneHooks, ReceiveHooks, SendHooks):
                 reqs.append(self._local_request(p, lop))
         self._run_locals(reqs)
 
-    def _run_locals(self, reqs: list[ComputeRequest]) -> None:
-        """Run a prologue or epilogue in order: inline when small, else on the reducer."""
-        inline = sum(r.dst.nbytes for r in reqs) <= self.cfg.inline_compute_bytes
-        for req in reqs:
-            self._compute(req, inline)
-
-    def _compute(self, req: ComputeRequest, inline: bool) -> None:
-        """Run a request here (small) or queue it for the reduce thread (large).
-
-        Either way it comes back through ``compute.done``, so finishing it never
-        recurses into the code that queued it.
-        """
-        if inline and self._execute is not None:
-            t0 = time.perf_counter_ns() if self.trace is not None else 0
-            try:
-                self._execute(req)
-            except Exception as exc:  # handed to the op, as the reducer would
-                req.error = exc
-            if self.trace is not None:
-                spec = req.owner.spec
-                self.trace.compute(
-                    spec.name, spec.generation, req.kind.name.lower(), req.dst.nbytes, t0,
-                    time.perf_counter_ns(),
-                )  # fmt: skip
-            self.compute.done.append(req)
-        else:
-            self.compute.put(req)
-
-    def _local_request(self, p: Payload, lop: LocalOp) -> ComputeRequest:
-        d = lop.dst
-        dst = p.region(d.buffer, d.offset, d.count)
-        src = None if lop.src is None else p.region(lop.src.buffer, lop.src.offset, lop.src.count)
-        return ComputeRequest(
-            _LOCAL_KIND[lop.kind],
-            p.spec.dtype,
-            dst,
-            src,
-            op=p.spec.op,
-            weight=lop.weight,
-            divisor=lop.divisor,
-            owner=p,
-            token=-1,
-        )
-
     def _start(self, p: Payload) -> None:
         """Prologue done: sends may go, arrived frames may apply."""
         if p.state is not OpState.PREPARING:
@@ -727,110 +665,6 @@ class CommLoop(LaneHooks, ReceiveHooks, SendHooks):
 
     # ------------------------------------------------------------------ failures
 
-    def _fail(self, p: Payload, error: BaseException, *, tell_peers: bool, also: int = -1) -> None:
-        """Fail op ``p`` here; with ``tell_peers``, tell its group (and rank ``also``)."""
-        if p.state in (OpState.DONE, OpState.FAILED):
-            return
-        p.state = OpState.FAILED
-        if self.table.pop(p.key, None) is not None:
-            self._passive -= p.spec.passive
-            if self.lane is not None:
-                self.lane.set_foreign(p.key, False)
-        p.ready.clear()
-        p.parked.clear()
-        for buf in p.pending.values():
-            self.pool.give(buf)
-        p.pending.clear()
-        # Bodies cleared to send go out as empty messages: the receiver posted a receive
-        # for each and learns from the empty one that this rank gave up. Receives posted
-        # here stay posted until their sender's body (or its giving up) comes.
-        if any(e[4] is p for e in self._cleared):
-            for e in [e for e in self._cleared if e[4] is p]:
-                self._abandon(e[5], e[6])
-            self._cleared = [e for e in self._cleared if e[4] is not p]
-            heapq.heapify(self._cleared)
-        for i, tag in p.early.items():  # clears that came unasked: their receives are up
-            self._abandon(p.spec.group[p.spec.plan.sends[i].peer], tag)
-        p.early.clear()
-        self._rejected.pop(p.key, None)
-        self._remember(self.failed, p.key, str(error))
-        self.stats.ops_failed += 1
-        for spec in self._held.pop(p.key, ()):  # p left the table: they fail, not wait
-            self._fail_unsubmitted(spec, self._chain_error(spec, str(error)))
-        if tell_peers:
-            if isinstance(error, OpMismatchError):
-                code = ERROR_MISMATCH
-            elif isinstance(error, FrameError):
-                code = ERROR_FRAME
-            elif isinstance(error, OpTimeoutError):
-                code = ERROR_TIMEOUT
-            else:
-                code = ERROR_FAILED
-            dests = set(p.spec.group)
-            if also >= 0:
-                dests.add(also)
-            for world in sorted(dests):
-                if world != self.rank:
-                    self._error_frame(p.key, world, str(error), code)
-        text = str(error)
-        log.log(
-            logging.INFO if p.spec.passive else logging.ERROR,  # its owner reports it
-            "%s",
-            text if text.startswith(f"rank {self.rank}:") else f"rank {self.rank}: {text}",
-        )
-        if self.trace is not None:
-            self.trace.op(p.spec.name, p.spec.generation, "failed", p.spec.priority)
-        self._finish_spec(p.spec, error)
-
-    @staticmethod
-    def _chain_error(spec: OpSpec, why: str) -> OpFailedError:
-        return OpFailedError(f"{spec.describe()}: the phase it starts after failed: {why}")
-
-    def _fail_unsubmitted(self, spec: OpSpec, error: TotalReduceError) -> None:
-        """An op fails before it entered the table: tell its group, drop its floating frames."""
-        key = spec.key
-        self._remember(self.failed, key, str(error))
-        for ff in self.floating.take(key):
-            self._drop_floating(ff)
-        self._rejected.pop(key, None)
-        code = (
-            ERROR_MISMATCH
-            if isinstance(error, OpMismatchError)
-            else ERROR_FRAME
-            if isinstance(error, FrameError)
-            else ERROR_FAILED
-        )
-        for world in spec.group:
-            if world != self.rank:
-                self._error_frame(key, world, str(error), code)
-        log.error("rank %d: %s", self.rank, error)
-        self._finish_spec(spec, error)
-
-    def _abandon(self, dest: int, tag: int) -> None:
-        """Tell ``dest`` that a body it cleared will not come: an empty message on its tag."""
-        if dest in self._unreachable:
-            return
-        empty = np.empty(0, dtype=np.uint8)
-        try:
-            self._track(self.t.isend(empty, dest, tag), _CTL, empty)
-        except TransportError as exc:
-            self._unreachable.add(dest)
-            log.debug("giving up a body for rank %d failed: %s", dest, exc)
-
-    def _fail_all(self, error: BaseException) -> None:
-        for p in list(self.table.values()):
-            self._fail(p, error, tell_peers=False)
-        self._lane_fail_all(error)
-        while self.submissions:
-            item = self.submissions.popleft()
-            if not isinstance(item, tuple):  # aborts and notes need no answer
-                self._finish_spec(item, error)
-
-    def fail_all(self, error: BaseException) -> None:
-        """Fail every op in flight (shutdown); takes the lock."""
-        with self.lock:
-            self._fail_all(error)
-
     def say_goodbye(self) -> None:
         """Tell every peer this service stops: their ops with this rank fail at once."""
         with self.lock:
@@ -839,79 +673,11 @@ class CommLoop(LaneHooks, ReceiveHooks, SendHooks):
                     self._control(peer, BYE, _NO_SHAPE, (self.incarnation, 0))
             self._flush()
 
-    def _error_frame(self, key: OpKey, dest: int, message: str, code: int) -> None:
-        """Tell rank ``dest`` that op ``key`` failed."""
-        if dest in self._unreachable or dest in self._left:
-            return
-        body = message.encode()[:MAX_ERROR_TEXT]
-        shape = (0, 0, 0, 0, 0, code, 0)
-        self._control(dest, ERROR, shape, key, body=body)
-
     def _who(self, rank: int) -> str:
         """A rank in words: the nodes' services (daemon mode) are ranks after the users'."""
         if rank < self.size:
             return f"rank {rank}"
         return f"the service of node {rank - self.size} (rank {rank})"
-
-    @staticmethod
-    def _named(message: str, key: OpKey, name: str | int) -> str:
-        """An error a node's service wrote names the op by its id: name it as users do."""
-        return message.replace(f"op '#{key[0]:016x}'", f"op {name!r}")
-
-    def _on_error(self, key: OpKey, message: str, code: int, source: int) -> None:
-        """An op failed on rank ``source``: fail it here and pass it on to its group."""
-        if key in self.failed:
-            return  # heard already: relayed once, no loops
-        p = self.table.get(key)
-        if p is not None:
-            message = self._named(message, key, p.spec.name)
-        err = _error_from_peer(message, code)
-        if p is not None:
-            self._fail(p, err, tell_peers=True)
-            return
-        lop = None if self.lane is None else self.lane.by_key.get(key)
-        if lop is not None:
-            message = self._named(message, key, lop.spec.name)
-            self._lane_fail(lop, _error_from_peer(message, code), tell_peers=True)
-            return
-        done = self.completed.get(key)
-        if done is not None:
-            # Finished here already: the result may be wrong. Say so at once and
-            # raise it at this rank's next call.
-            what, group = done[0], done[1]
-            late = type(err)(
-                f"{what} completed on rank {self.rank}, but failed elsewhere: {message}"
-            )
-            log.error("rank %d: %s", self.rank, late)
-            self.late_errors.append(late)
-            self._remember(self.failed, key, message)
-            for world in group:
-                if world not in (self.rank, source):
-                    self._error_frame(key, world, message, code)
-            return
-        # Not submitted here yet: fail it when it is (and tell the group then).
-        for ff in self.floating.take(key):
-            self._drop_floating(ff)
-        self.floating.add_error(key, message, code)
-
-    def _abort(self, key: OpKey, name: str, reason: str) -> None:
-        err = OpFailedError(reason)
-        p = self.table.get(key)
-        if p is not None:
-            self._fail(p, err, tell_peers=True)
-            return
-        lop = None if self.lane is None else self.lane.by_key.get(key)
-        if lop is not None:
-            self._lane_fail(lop, err, tell_peers=True)
-            return
-        # Not submitted here (yet): remember, and tell every rank.
-        for ff in self.floating.take(key):
-            self._drop_floating(ff)
-        self.floating.add_error(key, reason, ERROR_FAILED)
-        for world in range(self.world):
-            if world != self.rank:
-                self._error_frame(key, world, reason, ERROR_FAILED)
-        log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)
 
     def _bad_peer(self, peer: int, err: TotalReduceError, *, reachable: bool = True) -> None:
         """A peer spoke garbage or failed: fail every op it is part of, now and later.
@@ -1027,12 +793,6 @@ class CommLoop(LaneHooks, ReceiveHooks, SendHooks):
         elif self.lane is not None and (f[F_WID], f[F_GEN]) in self.lane.by_key:
             self.lane.by_key[(f[F_WID], f[F_GEN])].have.add(source)
 
-    def _on_error_frame(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
-        """An op failed on rank ``source``; the frame's body says why."""
-        n = f[F_NBYTES]
-        text = bytes(buf[off : off + n]).decode(errors="replace")
-        self._on_error((f[F_WID], f[F_GEN]), text, f[F_PARAM], source)
-
     def peer_gone(self, peer: int, incarnation: int = 0) -> None:
         """Daemon mode, a node's service: client rank ``peer``'s process (``incarnation``)
         died (any thread).  Its ops fail here and, told by GONE, on every rank, as if it
@@ -1091,137 +851,6 @@ class CommLoop(LaneHooks, ReceiveHooks, SendHooks):
         self._dirty.discard(peer)
         self._blocked[peer].clear()
         self._next_tag[peer] = 0
-
-    def _on_body(self, p: Payload, q: int, body: np.ndarray) -> None:
-        """A body for receive segment ``q`` is in a scratch buffer."""
-        p.got[q] = 1
-        if p.state is OpState.ACTIVE and p.recv_waits[q] == 0:
-            self._apply(p, q, body)
-        else:
-            p.pending[q] = body
-
-    def _apply(self, p: Payload, q: int, body: np.ndarray, scratch: bool = True) -> None:
-        if self._run is not None and body.nbytes <= self.cfg.inline_compute_bytes:
-            # Reduce right here, in order, without recursing through the segments it
-            # releases (a chain of pending segments can be long).
-            self._inline.append((p, q, body, scratch))
-            if not self._draining:
-                self._drain_inline()
-            return
-        seg = p.spec.plan.recvs[q]
-        reg = seg.region
-        dst = p.region(reg.buffer, reg.offset, reg.count)
-        src = body.view(p.spec.dtype.numpy)
-        req = ComputeRequest(
-            _RECV_KIND[seg.action],
-            p.spec.dtype,
-            dst,
-            src,
-            op=p.spec.op,
-            weight=seg.weight,
-            owner=p,
-            token=q,
-            scratch=body if scratch else None,
-        )
-        if seg.src is not None:
-            req.base = p.region(seg.src.buffer, seg.src.offset, seg.src.count)
-        self._compute(req, body.nbytes <= self.cfg.inline_compute_bytes)
-
-    def _drain_inline(self) -> None:
-        self._draining = True
-        run = self._run
-        trace = self.trace
-        try:
-            while self._inline:
-                p, q, body, scratch = self._inline.popleft()
-                if p.state is not OpState.ACTIVE:
-                    if scratch:
-                        self.pool.give(body)
-                    continue
-                seg = p.spec.plan.recvs[q]
-                reg = seg.region
-                dst = p.bufs[reg.buffer][reg.offset : reg.end]
-                src = body.view(p.spec.dtype.numpy)
-                base = None
-                if seg.src is not None:
-                    base = p.bufs[seg.src.buffer][seg.src.offset : seg.src.end]
-                t0 = time.perf_counter_ns() if trace is not None else 0
-                try:
-                    run(
-                        _RECV_KIND[seg.action],
-                        p.spec.dtype,
-                        dst,
-                        src,
-                        p.spec.op,
-                        seg.weight,
-                        1,
-                        base,
-                    )
-                except Exception as exc:  # handed to the op, as the reducer would
-                    if scratch:
-                        self.pool.give(body)
-                    self._fail(
-                        p,
-                        OpFailedError(
-                            f"{p.spec.describe()}: reduction failed on rank {self.rank}: {exc}"
-                        ),
-                        tell_peers=True,
-                    )
-                    continue
-                if trace is not None:
-                    trace.compute(
-                        p.spec.name, p.spec.generation, seg.action.name.lower(), dst.nbytes, t0,
-                        time.perf_counter_ns(),
-                    )  # fmt: skip
-                if scratch:
-                    self.pool.give(body)
-                self._applied(p, q)
-        finally:
-            self._draining = False
-
-    def _applied(self, p: Payload, q: int) -> None:
-        p.recvs_left -= 1
-        p.last_progress = time.monotonic()
-        if self.trace is not None and not p.recvs_left:
-            self.trace.op(p.spec.name, p.spec.generation, "reduced", p.spec.priority)
-        for is_send, idx in p.spec.plan.after_recv[q]:
-            if is_send:
-                p.send_waits[idx] -= 1
-                if p.send_waits[idx] == 0:
-                    self._push(p, idx)
-            else:
-                p.recv_waits[idx] -= 1
-                if p.recv_waits[idx] == 0 and idx in p.pending:
-                    self._apply(p, idx, p.pending.pop(idx))
-        self._maybe_finish(p)
-
-    # ------------------------------------------------------------------ compute results
-
-    def _on_computed(self, req: ComputeRequest) -> None:
-        p: Payload = req.owner
-        if req.scratch is not None:
-            self.pool.give(req.scratch)
-        if p.state in (OpState.FAILED, OpState.DONE):
-            return
-        if req.error is not None:
-            self._fail(
-                p,
-                OpFailedError(
-                    f"{p.spec.describe()}: reduction failed on rank {self.rank}: {req.error}"
-                ),
-                tell_peers=True,
-            )
-            return
-        if req.token >= 0:
-            self._applied(p, req.token)
-            return
-        p.local_left -= 1
-        if p.local_left:
-            return
-        if p.state is OpState.PREPARING:
-            self._start(p)
-        elif p.state is OpState.FINISHING:
-            self._complete(p)
 
     # ------------------------------------------------------------------ stalls
 
