@@ -34,6 +34,21 @@ Progress: the comm thread runs the loop while nobody waits; a thread blocked in
 ``wait()`` runs it itself (:meth:`progress`), as ``MPI_Wait`` progresses MPI, so an
 op someone waits for crosses no thread hand-off.  One thread runs the loop at a
 time (``lock``).  The loop knows no algorithm: it executes segment plans.
+
+This module holds :class:`CommLoop`'s construction (all its state), the client side
+(submitting, urgency, aborts, waking), the drivers (:meth:`~CommLoop.run`,
+:meth:`~CommLoop.progress`, one pass) and activation (an op entering the table,
+starting, completing).  Its other jobs are its bases, one module each:
+``receiving.py`` (:class:`~.receiving.ReceiveHooks`: messages in, a handler per frame
+type, floating frames, body receives), ``sending.py`` (:class:`~.sending.SendHooks`:
+the send heaps, outgoing messages and credit, the receiver's answers),
+``reducing.py`` (:class:`~.reducing.ReduceHooks`: reductions and local steps),
+``failing.py`` (:class:`~.failing.FailHooks`: ops failing, errors to and from peers,
+aborts), ``peers.py`` (:class:`~.peers.PeerHooks`: peers failing, leaving, dying,
+coming back), ``stalls.py`` (:class:`~.stalls.StallHooks`: the stall inspector) and
+``lane_loop.py`` (:class:`~.lane_loop.LaneHooks`: the compiled lane's side).  Each
+base declares what it uses of the others as class annotations; none imports this
+module.
 """
 
 from __future__ import annotations
@@ -52,12 +67,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..algorithms.schedule import Buffer, LocalOp
-from ..errors import (
-    OpFailedError,
-    OpTimeoutError,
-    TotalReduceError,
-    TransportError,
-)
+from ..errors import OpFailedError, TotalReduceError
 from ..transport.base import Transport
 from . import wire
 from .completion import Waitable
@@ -67,22 +77,13 @@ from .failures import _error_from_peer
 from .floating import BufferPool, FloatingList
 from .lane_loop import LaneHooks
 from .payload import OpKey, OpSpec, OpState, Payload
+from .peers import PeerHooks
 from .receiving import ReceiveHooks
 from .reducing import ReduceHooks
-from .sending import _NO_SHAPE, _RECV, SendHooks
-from .wire import (
-    BYE,
-    F_AUX,
-    F_GEN,
-    F_WID,
-    FRAME_SIZE,
-    GONE,
-    HAVE,
-    JOIN,
-    MSG_SIZE,
-    PROBE,
-    READY,
-)
+from .sending import _NO_SHAPE as _NO_SHAPE  # tests import it from here
+from .sending import _RECV, SendHooks
+from .stalls import StallHooks
+from .wire import FRAME_SIZE, GONE, JOIN, MSG_SIZE, READY
 from .wire import NEED as NEED  # tests import it from here
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def _set_timer_slack(ns: int = 1000) -> None:
             log.debug("could not set the timer slack: %s", exc)
 
 
-class CommLoop(LaneHooks, FailHooks, ReceiveHooks, SendHooks, ReduceHooks):
+class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHooks, ReduceHooks):
     """Executes payloads' segment plans over a transport (see the module docstring)."""
 
     def __init__(
@@ -662,298 +663,6 @@ class CommLoop(LaneHooks, FailHooks, ReceiveHooks, SendHooks, ReduceHooks):
                 spec.on_done(error)
             except Exception:  # a user callback must not kill the loop
                 log.exception("completion callback of %s failed", spec.describe())
-
-    # ------------------------------------------------------------------ failures
-
-    def say_goodbye(self) -> None:
-        """Tell every peer this service stops: their ops with this rank fail at once."""
-        with self.lock:
-            for peer in range(self.world):
-                if peer != self.rank and peer not in self.bad_peers:
-                    self._control(peer, BYE, _NO_SHAPE, (self.incarnation, 0))
-            self._flush()
-
-    def _who(self, rank: int) -> str:
-        """A rank in words: the nodes' services (daemon mode) are ranks after the users'."""
-        if rank < self.size:
-            return f"rank {rank}"
-        return f"the service of node {rank - self.size} (rank {rank})"
-
-    def _bad_peer(self, peer: int, err: TotalReduceError, *, reachable: bool = True) -> None:
-        """A peer spoke garbage or failed: fail every op it is part of, now and later.
-
-        Its ops' errors still go to it when it can be reached (it may be able to stop its
-        own ops); its bodies will not come, so receives posted for it are cancelled.
-        """
-        if peer in self.bad_peers and peer not in self._left:
-            return
-        if not reachable:
-            self._unreachable.add(peer)
-        for p in [p for p in self.table.values() if peer in p.group_rank]:
-            self._fail(p, type(err)(f"{p.spec.describe()}: {err}"), tell_peers=True)
-        self._lane_fail_with(peer, lambda s: type(err)(f"{s.describe()}: {err}"))
-        self.bad_peers[peer] = err
-        log.error("%s", err)
-        self._cancel_from(peer)
-        if peer == self._via:
-            self._cut_off(peer)
-
-    def _cancel_from(self, peer: int) -> None:
-        """Cancel receives posted for bodies from ``peer``; they complete empty (given up)."""
-        for what, obj in self._owners:
-            if what == _RECV and obj[0].source == peer:
-                self.t.cancel(obj[0].req)
-
-    def _peer_left(self, peer: int) -> None:
-        """Rank ``peer`` shut down: it sends nothing more (every frame it sent has come,
-        in order), so the ops that still need it fail; those with only local work left
-        finish."""
-        why = f"rank {peer} stopped (its service shut down: the program ended or failed)"
-        if self._reqs:  # sends it received may not be marked done here yet
-            self._poll_requests()
-        self.bad_peers[peer] = OpFailedError(f"rank {self.rank}: {why}; ops with it fail")
-        self._left.add(peer)
-        if self.lane is not None:
-            self._lane_pump()  # what it sent before its goodbye has arrived: take it first
-        hit = [p for p in self.table.values() if peer in p.group_rank and p.needs(peer)]
-        if not hit:
-            log.info("rank %d: %s", self.rank, why)
-        for p in hit:
-            self._fail(p, self._left_error(p, peer), tell_peers=True)
-        self._lane_fail_with(
-            peer,
-            lambda s: OpFailedError(
-                f"rank {self.rank}: {s.describe()}: {self._who(peer)} stopped (its service "
-                "shut down: the program ended or failed) before it completed"
-            ),
-            only_needed=True,
-        )
-        self._cancel_from(peer)
-        if peer == self._via:
-            self._cut_off(peer)
-
-    def _cut_off(self, via: int) -> None:
-        """Every message goes through rank ``via`` and it is gone: every op fails."""
-        self._lane_fail_all(OpFailedError(f"rank {self.rank}: {self._who(via)} stopped"))
-        for p in list(self.table.values()):
-            self._fail(
-                p,
-                OpFailedError(
-                    f"rank {self.rank}: {p.spec.describe()}: {self._who(via)} stopped; this "
-                    "rank reaches no other rank without it"
-                ),
-                tell_peers=False,
-            )
-
-    def _left_error(self, p: Payload, peer: int) -> OpFailedError:
-        return OpFailedError(
-            f"rank {self.rank}: {p.spec.describe()}: {self._who(peer)} stopped (its service "
-            "shut down: the program ended or failed) before it completed"
-        )
-
-    # ------------------------------------------------------------------ sending
-
-    # ------------------------------------------------------------------ receiving
-
-    def _on_bye(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
-        """Rank ``source`` shuts down."""
-        if self._current(source, f[F_WID]):  # else an earlier process's goodbye
-            self._peer_left(source)
-
-    def _on_gone(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
-        """A node's service says client rank ``f[F_AUX]``'s process died."""
-        peer, inc = f[F_AUX], f[F_WID]
-        if 0 <= peer < self.size and peer != self.rank and peer != source:
-            if peer not in self._left and self._current(peer, inc):
-                self._peer_left(peer)
-
-    def _on_join(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
-        """A node's service says a new process has client rank ``f[F_AUX]``."""
-        peer, inc = f[F_AUX], f[F_WID]
-        if 0 <= peer < self.size and peer != self.rank and peer != source:
-            if inc >= self._incarnations[peer]:  # else an earlier process's JOIN
-                self._incarnations[peer] = inc
-                self._rejoin(peer)
-
-    def _on_probe(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
-        """A stalled op's rank asks who has submitted it: answer HAVE if this rank has."""
-        key = (f[F_WID], f[F_GEN])
-        if (
-            key in self.table
-            or key in self.completed
-            or (self.lane is not None and key in self.lane.by_key)
-        ):
-            self._control(source, HAVE, _NO_SHAPE, key)
-
-    def _on_have(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
-        """Rank ``source`` has submitted the op this rank probed for."""
-        p = self.table.get((f[F_WID], f[F_GEN]))
-        if p is not None:
-            p.have.add(source)
-        elif self.lane is not None and (f[F_WID], f[F_GEN]) in self.lane.by_key:
-            self.lane.by_key[(f[F_WID], f[F_GEN])].have.add(source)
-
-    def peer_gone(self, peer: int, incarnation: int = 0) -> None:
-        """Daemon mode, a node's service: client rank ``peer``'s process (``incarnation``)
-        died (any thread).  Its ops fail here and, told by GONE, on every rank, as if it
-        had said BYE."""
-        self.submissions.append(("gone", peer, int(incarnation)))
-        self._ring()
-
-    def rejoin(self, peer: int, incarnation: int = 0) -> None:
-        """Daemon mode, a node's service: a new process (``incarnation``) has client rank
-        ``peer`` (any thread).  Every rank that saw the old one leave forgets it (JOIN), and
-        a late BYE or GONE of the old one is ignored."""
-        self.submissions.append(("rejoin", peer, int(incarnation)))
-        self._ring()
-
-    def _current(self, peer: int, incarnation: int) -> bool:
-        """Whether a BYE or GONE about client rank ``peer``'s process ``incarnation`` is
-        about the process this rank knows.  In daemon mode a node forwards what comes for
-        a slot between jobs to the slot's next client, so a goodbye of a rank's process
-        from the job before can reach the next job's ranks, before or after the JOIN of
-        the rank's new process: only a notice about the process JOIN announced counts.
-        """
-        if self.world == self.size or peer >= self.size:
-            return True  # embedded (no incarnations), or a node's service
-        known = self._incarnations[peer]
-        return known > 0 and incarnation >= known
-
-    def _announce(self, ftype: int, peer: int, incarnation: int) -> None:
-        for world in range(self.world):
-            if world not in (self.rank, peer) and world not in self._unreachable:
-                self._control(world, ftype, _NO_SHAPE, (incarnation, 0), aux=peer)
-
-    def _rejoin(self, peer: int) -> None:
-        """Forget the process that had rank ``peer`` if it left (its ops failed then).
-
-        Between nodes' services a JOIN travels on MPI's control tag and the new
-        process's own frames in envelopes on another tag, so MPI does not order them:
-        a frame of the new process could be counted before the JOIN resets its
-        credits.  Its session agreement at ``init()`` comes first in practice (every
-        client waits for it before its first op), which is what the tests exercise.
-        """
-        if peer not in self._left and peer not in self.bad_peers:
-            return  # never seen leave: nothing to forget (a rank's first process)
-        self.bad_peers.pop(peer, None)
-        self._left.discard(peer)
-        self._unreachable.discard(peer)
-        for key in self.floating.keys_from(peer):
-            for ff in self.floating.take(key):
-                self._drop_floating(ff)
-        self._ctl_credit[peer] = self._ctl_window
-        self._eager_credit[peer] = self.floating.eager_share
-        self._owe_ctl[peer] = self._owe_eager[peer] = 0
-        self._out[peer] = None
-        self._out_frames[peer] = 0
-        self._backlog[peer].clear()
-        self._queued[peer] = 0
-        self._dirty.discard(peer)
-        self._blocked[peer].clear()
-        self._next_tag[peer] = 0
-
-    # ------------------------------------------------------------------ stalls
-
-    def _check_peers(self) -> None:
-        """Fail every op of a peer whose process is gone (where the transport can tell)."""
-        peers = {w for p in self.table.values() for w in p.spec.group}
-        if self.lane is not None:
-            peers.update(w for lop in self.lane.ops.values() for w in lop.spec.group)
-        peers.discard(self.rank)
-        for peer in sorted(peers - set(self.bad_peers)):
-            if self.t.alive(peer) is False:
-                self._bad_peer(
-                    peer,
-                    TransportError(
-                        f"rank {self.rank}: {self._who(peer)} is gone (its process exited); "
-                        "every op with it fails"
-                    ),
-                )
-
-    def _check_stalls(self, now: float) -> None:
-        """Probe, warn about and (with ``stall_shutdown_s``) fail ops that stopped moving.
-
-        Halfway to the warning, a stalled op asks its group who has submitted it
-        (PROBE; submitted ranks answer HAVE), so the warning names the ranks that
-        have not, not only the neighbour the op waits on.
-        """
-        warn, shut = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
-        first = min(x for x in (warn, shut, float("inf")) if x > 0)
-        self._lane_stalls(now, first, warn, shut)
-        for p in list(self.table.values()):
-            if p.spec.passive:
-                continue  # a window's standing receive waits as long as its peer likes
-            if p.given_up is not None and now - p.given_up[0] > 1.0:
-                self._fail(p, OpFailedError(p.given_up[1]), tell_peers=True)
-                continue
-            idle = now - p.last_progress
-            if not p.probed and idle >= first / 2:
-                p.probed = True
-                for world in p.spec.group:
-                    if world != self.rank and world not in p.heard:
-                        self._control(world, PROBE, p.shape, p.key)
-            if shut > 0 and idle >= shut:
-                self._fail(
-                    p,
-                    OpTimeoutError(
-                        f"{p.spec.describe()}: no progress for {idle:.0f} s "
-                        f"(stall_shutdown_s={shut:g}); {self._stall_text(p)}"
-                    ),
-                    tell_peers=True,
-                )
-            elif warn > 0 and idle >= warn and not p.warned:
-                p.warned = True
-                log.warning(
-                    "rank %d: %s made no progress for %.0f s; %s",
-                    self.rank,
-                    p.spec.describe(),
-                    idle,
-                    self._stall_text(p),
-                )
-
-    def _stall_text(self, p: Payload) -> str:
-        recv_from, send_to = p.waiting_on()
-        missing = p.missing(self.rank)
-        text = f"ranks {missing} have not submitted it; " if missing else ""
-        text += f"it waits for frames from ranks {recv_from}"
-        if send_to:
-            text += f" and has frames for ranks {send_to}"
-        return text
-
-    def stalled(self) -> list[str]:
-        """Descriptions of the ops in flight and whom they wait for (for error messages)."""
-        out = []
-        with self.lock:  # the comm thread may be in a pass
-            for p in list(self.table.values()):
-                if p.spec.passive:
-                    continue
-                recv_from, _ = p.waiting_on()
-                out.append(f"{p.spec.describe()} waits for ranks {recv_from}")
-            if self.lane is not None:
-                for lop in list(self.lane.ops.values()):
-                    recv_from = self.lane.waiting_on(lop)
-                    out.append(f"{lop.spec.describe()} waits for ranks {recv_from}")
-        return out
-
-    def timeout_error(
-        self, spec: OpSpec | None, name: Any, generation: int, timeout: float
-    ) -> OpTimeoutError:
-        """The error of a ``wait(timeout=...)`` that ran out, naming whom the op waits for."""
-        who = ""
-        with self.lock:  # another thread may be in a pass
-            p = None if spec is None else self.table.get(spec.key)
-            lop = None if spec is None or self.lane is None else self.lane.by_key.get(spec.key)
-            if p is not None:
-                recv_from, send_to = p.waiting_on()
-                who = f"; it waits for frames from ranks {recv_from}"
-                if send_to:
-                    who += f" and has frames for ranks {send_to}"
-            elif lop is not None:
-                who = f"; it waits for frames from ranks {self.lane.waiting_on(lop)}"
-        return OpTimeoutError(
-            f"op {name!r} generation {generation} did not complete within {timeout} s on rank "
-            f"{self.rank}{who} (it stays in flight; wait again or check the peers)"
-        )
 
 
 class _Waiting:
