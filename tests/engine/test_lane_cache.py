@@ -22,13 +22,14 @@ def test_a_changed_source_drops_every_cached_lane_function(monkeypatch) -> None:
     stamp = Path(path) / "lane_core.sources"
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text("the digest of an older kernels/raw.py")
-    assert lane_cache.forget_stale_cache() is True
+    assert lane_cache.forget_stale_cache(lane_core.lane_pass) is True
     names = " ".join(flushed)
     for fn in ("lane_pass", "lane_submit", "lane_drive", "reduce_raw", "mpi_isend"):
         assert fn in names, names
     assert stamp.read_text() == lane_cache.sources_digest()
     flushed.clear()
-    assert lane_cache.forget_stale_cache() is False  # now current: nothing dropped
+    # now current: nothing dropped
+    assert lane_cache.forget_stale_cache(lane_core.lane_pass) is False
     assert not flushed
 
 

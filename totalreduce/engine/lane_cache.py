@@ -8,6 +8,8 @@ involved when any changed (an edited checkout, a partial upgrade).
 
 from __future__ import annotations
 
+from typing import Any
+
 #: The sources the lane's machine code is made of (paths under the package).  Numba
 #: checks a cached function against its own file only, and the lane inlines functions
 #: of all of these: :func:`forget_stale_cache` covers the rest.
@@ -46,18 +48,17 @@ def sources_digest() -> str:
     return h.hexdigest()
 
 
-def forget_stale_cache() -> bool:
+def forget_stale_cache(probe: Any) -> bool:
     """Drop Numba's cached code of the lane when any of its sources changed since it was
     cached (an edited or partly upgraded installation): otherwise a function whose own file
-    is unchanged would be loaded with the old code of what it inlines.  True if dropped."""
+    is unchanged would be loaded with the old code of what it inlines.  ``probe`` is one of
+    the lane's functions (its cache directory is the lane's).  True if dropped."""
     import importlib
     from pathlib import Path
 
     from numba.core.registry import CPUDispatcher
 
-    from . import lane_core
-
-    cache = getattr(lane_core.lane_pass, "_cache", None)
+    cache = getattr(probe, "_cache", None)  # a lane function: where its cache lives
     path = getattr(cache, "cache_path", None)
     if not path:
         return False

@@ -586,7 +586,7 @@ def compile_all() -> None:
 
     from .lane_cache import forget_stale_cache
 
-    forget_stale_cache()
+    forget_stale_cache(lane_pass)
 
     mem = types.Array(types.int64, 1, "C")
     arena = types.Array(types.uint8, 1, "C")
