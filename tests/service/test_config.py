@@ -53,3 +53,20 @@ def test_init_again_with_other_options_raises(monkeypatch) -> None:
         api.init(segment_bytes=1 << 20)
     with pytest.raises(InvalidArgumentError, match="communicator"):
         api.init(comm=object())
+
+
+def test_one_config_for_service_and_loop() -> None:
+    """The engine's loop takes the service's Config itself (no copy of some fields), so
+    every option, the loop's timing ones included, is set one way and checked once."""
+    from conftest import local_services
+
+    cfg = Config.load(env={"TOTALREDUCE_SPIN_S": "1e-5", "TOTALREDUCE_WAIT_SPIN_S": "0"})
+    assert cfg.spin_s == 1e-5 and cfg.wait_spin_s == 0.0
+    with local_services(1, spin_s=1e-5, need_after_s=0.25) as (svc,):
+        assert svc.loop.cfg is svc.config
+        assert svc.loop.cfg.spin_s == 1e-5 and svc.loop.cfg.need_after_s == 0.25
+    for name in ("spin_s", "wait_spin_s", "need_after_s", "backoff_min_s", "stall_warning_s"):
+        with pytest.raises(InvalidArgumentError, match=f"{name} must be >= 0"):
+            Config.load(env={}, **{name: -1.0})
+    with pytest.raises(InvalidArgumentError, match="spin_s must be >= 0"):
+        Config.load(env={"TOTALREDUCE_SPIN_S": "nan"})

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..algorithms.schedule import Buffer, LocalOp
+from ..config import Config
 from ..errors import OpFailedError, TotalReduceError
 from ..transport.base import Transport
 from . import wire
@@ -90,25 +91,6 @@ if TYPE_CHECKING:
     from .lane import Lane  # the lane imports the MPI binding: only when a service makes one
 
 log = logging.getLogger("totalreduce.engine")
-
-
-@dataclass
-class LoopConfig:
-    """The loop's knobs (see ``service/config.py`` for their documentation)."""
-
-    micro_bytes: int = 16384
-    max_inflight_sends: int = 8
-    floating_pool_bytes: int = 256 << 20
-    stall_warning_s: float = 60.0
-    stall_shutdown_s: float = 0.0
-    backoff_min_s: float = 1e-6
-    backoff_max_s: float = 1e-3
-    idle_backoff_max_s: float = 5e-2
-    spin_s: float = 2e-4
-    wait_spin_s: float = 2e-2
-    inline_compute_bytes: int = 1 << 20
-    need_after_s: float = 5e-4
-    segment_bytes: int = 1 << 20
 
 
 @dataclass
@@ -154,7 +136,7 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
     def __init__(
         self,
         transport: Transport,
-        config: LoopConfig | None = None,
+        config: Config | None = None,
         execute: Callable[[ComputeRequest], None] | None = None,
         run: Callable[..., None] | None = None,
     ) -> None:
@@ -172,7 +154,7 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
         # Ranks the loop may talk to: the user ranks and, in daemon mode, the nodes'
         # services after them (``transport.relays``).
         self.world = transport.size + int(getattr(transport, "relays", 0))
-        self.cfg = cfg = config or LoopConfig()
+        self.cfg = cfg = config or Config()
         # Ops, aborts and urgency notes in one queue, so they are seen in order.
         self.submissions: deque[Any] = deque()
         self.compute = ComputeList()

@@ -87,7 +87,7 @@ class ReceiveHooks:
     rank: int
     world: int
     t: Transport
-    cfg: Any  # LoopConfig
+    cfg: Any  # totalreduce.config.Config
     stats: Any  # LoopStats
     trace: Any
     lane: Lane | None

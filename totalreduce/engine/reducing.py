@@ -42,7 +42,7 @@ class ReduceHooks:
     """Reductions and local work of the main loop (see the module docstring)."""
 
     rank: int
-    cfg: Any  # LoopConfig
+    cfg: Any  # totalreduce.config.Config
     trace: Any
     pool: BufferPool
     compute: ComputeList

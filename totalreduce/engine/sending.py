@@ -45,7 +45,7 @@ class SendHooks:
 
     rank: int
     t: Transport
-    cfg: Any  # LoopConfig
+    cfg: Any  # totalreduce.config.Config
     stats: Any  # LoopStats
     trace: Any
     lane: Lane | None

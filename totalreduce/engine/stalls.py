@@ -36,7 +36,7 @@ class StallHooks:
     """The stall inspector of the main loop (see the module docstring)."""
 
     rank: int
-    cfg: Any  # LoopConfig
+    cfg: Any  # totalreduce.config.Config
     lane: Lane | None
     lock: threading.Lock
     table: dict[OpKey, Payload]

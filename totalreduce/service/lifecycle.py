@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.hierarchical import NodeLayout
-from ..engine.loop import CommLoop, LoopConfig
+from ..engine.loop import CommLoop
 from ..engine.wire import wire_id
 from ..errors import InvalidArgumentError, TotalReduceError
 from ..group import Group
@@ -49,17 +49,7 @@ class Lifecycle(OpSubmitter):
         self.size = transport.size
         self.loop = CommLoop(
             transport,
-            LoopConfig(
-                micro_bytes=cfg.micro_bytes,
-                max_inflight_sends=cfg.max_inflight_sends,
-                floating_pool_bytes=cfg.floating_pool_bytes,
-                stall_warning_s=cfg.stall_warning_s,
-                stall_shutdown_s=cfg.stall_shutdown_s,
-                backoff_max_s=cfg.backoff_max_s,
-                idle_backoff_max_s=cfg.idle_backoff_max_s,
-                inline_compute_bytes=cfg.inline_compute_bytes,
-                segment_bytes=cfg.segment_bytes,
-            ),
+            cfg,
             execute=execute,
             run=run,
         )
