@@ -19,6 +19,8 @@ Modes:
 - ``background``: 300 ops in flight finish on the comm thread while the main thread runs
   pure Python and never waits; the comm thread spun in compiled code, and the main
   thread's Python kept at least half its speed (median of five rounds).
+- ``absent_peer``: an op waits 2 s for a peer that submits late; meanwhile rank 0's
+  process uses under 15% of a core (its comm thread spins only just after progress).
 """
 
 from __future__ import annotations
@@ -259,6 +261,25 @@ def mode_background(p: int, rank: int) -> None:
     )
 
 
+def mode_absent_peer(p: int, rank: int) -> None:
+    """An op in flight whose peer submits 2 s late costs this rank little CPU meanwhile:
+    the comm thread spins only just after progress, then sleeps between passes."""
+    x = np.ones(256, np.float32)
+    tr.allreduce(x, name="ap.warm")
+    if rank != 0:
+        time.sleep(2.0)
+        tr.allreduce(x, name="ap.late")
+        print(f"rank {rank}: ABSENT_PEER OK", flush=True)
+        return
+    h = tr.allreduce_async(x, name="ap.late")
+    c0, t0 = time.process_time(), time.perf_counter()
+    while time.perf_counter() - t0 < 1.5:
+        time.sleep(0.05)  # the training loop does something else
+    share = (time.process_time() - c0) / (time.perf_counter() - t0)
+    ok = not h._event.is_set() and np.all(h.wait(timeout=30) == p) and share < 0.15
+    print(f"rank {rank}: ABSENT_PEER {'OK' if ok else 'FAILED'} cpu={share:.1%}", flush=True)
+
+
 def mode_peer_error(p: int, rank: int) -> None:
     svc = tr.default_service()
     if rank == p - 1:
@@ -289,6 +310,7 @@ def main() -> None:
         "threads": mode_threads,
         "peer_error": mode_peer_error,
         "background": mode_background,
+        "absent_peer": mode_absent_peer,
     }[mode](p, rank)
     tr.shutdown()
 

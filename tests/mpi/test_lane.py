@@ -73,3 +73,8 @@ def test_lane_error_from_a_peer_fails_the_op_everywhere() -> None:
 def test_lane_ops_progress_on_the_comm_thread_without_the_interpreter_lock() -> None:
     out = lane_run(2, "background")
     assert out.count("BACKGROUND OK") == 2, out
+
+
+def test_lane_op_waiting_for_a_late_peer_costs_little_cpu() -> None:
+    out = lane_run(2, "absent_peer")
+    assert out.count("ABSENT_PEER OK") == 2, out

@@ -60,6 +60,7 @@ class LaneHooks:
     lock: threading.Lock
     bad_peers: dict[int, TotalReduceError]
     waiters: int
+    cfg: Any  # totalreduce.config.Config
 
     # provided by CommLoop
     _remember: Callable[[Any, OpKey, Any], None]
@@ -364,9 +365,9 @@ class LaneHooks:
 
     def _lane_spin(self, span: float) -> bool:
         """The comm thread's spin while only lane ops are in flight: compiled passes for
-        up to ``span`` s that hold the loop's lock but not the interpreter's, so the
-        training loop's Python runs meanwhile.  False when the main loop has work (the
-        caller spins in Python then) or nothing moved."""
+        up to ``span`` s (after an op ends, ``spin_s`` again) that hold the loop's lock but
+        not the interpreter's, so the training loop's Python runs meanwhile; ``span`` 0 is
+        one pass.  False when the main loop has work or nothing moved."""
         lane = self.lane
         assert lane is not None
         if not self.lock.acquire(blocking=False):
@@ -391,6 +392,7 @@ class LaneHooks:
                     self._lane_drain()
                     return True
                 self._lane_drain()  # ops ended: their completions, then drive on
+                span = self.cfg.spin_s
         except Exception as exc:  # as in CommLoop._pass: never die silently
             if getattr(self, "fatal", None) is None:
                 log.exception("rank %d: comm loop stopped by an error", self.rank)

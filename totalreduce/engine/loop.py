@@ -341,7 +341,10 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
                 continue
             # Only lane ops in flight: compiled passes without the interpreter lock, until
             # something needs Python; the main loop's pass below otherwise.
-            if self.lane is not None and self._lane_spin(cfg.spin_s):
+            # Spinning only within spin_s of the last progress (else one pass, no spin): a
+            # peer that submits late must not cost a core while its op waits here.
+            spin = cfg.spin_s - (time.perf_counter() - last)
+            if self.lane is not None and self._lane_spin(max(spin, 0.0)):
                 delay = cfg.backoff_min_s
                 last = time.perf_counter()
                 continue
