@@ -112,20 +112,7 @@ class FailHooks:
         for spec in self._held.pop(p.key, ()):  # p left the table: they fail, not wait
             self._fail_unsubmitted(spec, self._chain_error(spec, str(error)))
         if tell_peers:
-            if isinstance(error, OpMismatchError):
-                code = ERROR_MISMATCH
-            elif isinstance(error, FrameError):
-                code = ERROR_FRAME
-            elif isinstance(error, OpTimeoutError):
-                code = ERROR_TIMEOUT
-            else:
-                code = ERROR_FAILED
-            dests = set(p.spec.group)
-            if also >= 0:
-                dests.add(also)
-            for world in sorted(dests):
-                if world != self.rank:
-                    self._error_frame(p.key, world, str(error), code)
+            self._tell_group(p.key, p.spec.group, also, error)
         text = str(error)
         log.log(
             logging.INFO if p.spec.passive else logging.ERROR,  # its owner reports it
@@ -135,6 +122,26 @@ class FailHooks:
         if self.trace is not None:
             self.trace.op(p.spec.name, p.spec.generation, "failed", p.spec.priority)
         self._finish_spec(p.spec, error)
+
+    def _tell_group(
+        self, key: OpKey, group: tuple[int, ...], also: int, error: BaseException
+    ) -> None:
+        """Send op ``key``'s error to the other ranks of ``group`` and to rank ``also``
+        (>= 0), with the code that tells a peer what to raise (main loop and lane alike)."""
+        if isinstance(error, OpMismatchError):
+            code = ERROR_MISMATCH
+        elif isinstance(error, FrameError):
+            code = ERROR_FRAME
+        elif isinstance(error, OpTimeoutError):
+            code = ERROR_TIMEOUT
+        else:
+            code = ERROR_FAILED
+        dests = set(group)
+        if also >= 0:
+            dests.add(also)
+        for world in sorted(dests):
+            if world != self.rank:
+                self._error_frame(key, world, str(error), code)
 
     @staticmethod
     def _chain_error(spec: OpSpec, why: str) -> OpFailedError:

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
 from . import lane_layout as L
 from .completion import Waitable
-from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, _error_from_peer
+from .failures import _error_from_peer
 from .payload import OpKey, OpSpec, Payload
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ class LaneHooks:
     _remember: Callable[[Any, OpKey, Any], None]
     _finish_spec: Callable[[OpSpec, BaseException | None], None]
     _error_frame: Callable[[OpKey, int, str, int], None]
+    _tell_group: Callable[[OpKey, tuple[int, ...], int, BaseException], None]
     _who: Callable[[int], str]
     _named: Callable[[str, OpKey, str | int], str]
 
@@ -205,19 +206,7 @@ class LaneHooks:
 
     def _lane_tell(self, spec: OpSpec, error: BaseException, tell_peers: bool, also: int) -> None:
         if tell_peers:
-            code = (
-                ERROR_MISMATCH
-                if isinstance(error, OpMismatchError)
-                else ERROR_FRAME
-                if isinstance(error, FrameError)
-                else ERROR_FAILED
-            )
-            dests = set(spec.group)
-            if also >= 0:
-                dests.add(also)
-            for world in sorted(dests):
-                if world != self.rank:
-                    self._error_frame(spec.key, world, str(error), code)
+            self._tell_group(spec.key, spec.group, also, error)
         text = str(error)
         log.error(
             "%s", text if text.startswith(f"rank {self.rank}:") else f"rank {self.rank}: {text}"

@@ -76,6 +76,7 @@ from .compute import ComputeKind, ComputeList, ComputeRequest
 from .failing import FailHooks
 from .failures import _error_from_peer
 from .floating import BufferPool, FloatingList
+from .lane_layout import C_INFLIGHT as L_INFLIGHT
 from .lane_loop import LaneHooks
 from .payload import OpKey, OpSpec, OpState, Payload
 from .peers import PeerHooks
@@ -343,8 +344,14 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
             # something needs Python; the main loop's pass below otherwise.
             # Spinning only within spin_s of the last progress (else one pass, no spin): a
             # peer that submits late must not cost a core while its op waits here.
-            spin = cfg.spin_s - (time.perf_counter() - last)
-            if self.lane is not None and self._lane_spin(max(spin, 0.0)):
+            lane = self.lane
+            if (
+                lane is not None
+                and lane.mem[L_INFLIGHT]
+                and not self.table
+                and not self.submissions
+                and self._lane_spin(max(cfg.spin_s - (time.perf_counter() - last), 0.0))
+            ):
                 delay = cfg.backoff_min_s
                 last = time.perf_counter()
                 continue
@@ -667,5 +674,7 @@ class _Waiting:
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self.loop.waiters -= 1
-        if self.loop.table:  # ops nobody waits for go on at once, on the comm thread
+        if self.loop.table or self.loop.submissions:
+            # Ops nobody waits for (and notes this waiter left) go on at once, on the
+            # comm thread, not after its idle sleep.
             self.loop.wake.set()
