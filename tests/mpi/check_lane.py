@@ -12,6 +12,9 @@ Modes:
 - ``mismatch``: ranks disagree on an op's count inside the lane, and across the lane
   and the main loop (one rank's count is over the lane's limit), and on its dtype:
   every rank raises ``OpMismatchError`` naming the op, and the next op works.
+- ``express``: repeats of a name enter the lane from the submitting thread (the express
+  path): exact with every ``out`` form, 600 in flight in random orders and priorities, and
+  a repeat one rank changes (count, dtype) raises on every rank; the name works after.
 - ``threads``: four threads submit and wait on their own ops at once; a fifth waits
   on an op that only completes after the others.
 - ``peer_error``: the last rank aborts an op before submitting it: every rank's wait
@@ -188,6 +191,62 @@ def mode_mismatch(p: int, rank: int) -> None:
     print(f"rank {rank}: MISMATCH {'OK' if ok else 'FAILED'} {texts}", flush=True)
 
 
+def mode_express(p: int, rank: int) -> None:
+    """Repeats of a name take the express path into the lane: exact results with every
+    ``out`` form, many in flight in random orders and priorities, and a repeat that one
+    rank changes is a mismatch on every rank, after which the name works again."""
+    loop = tr.default_service().loop
+    before = loop.stats.lane_express
+    bad = 0
+    x = np.arange(1000, dtype=np.float32) + rank
+    want = sum(np.arange(1000, dtype=np.float32) + r for r in range(p))
+    y = np.empty_like(x)
+    for k in range(60):
+        if k % 3 == 0:
+            got = tr.allreduce(x, name="x.a")
+        elif k % 3 == 1:
+            tr.allreduce(x, name="x.a", out=y)
+            got = y.copy()
+        else:
+            got = x.copy()
+            tr.allreduce(got, name="x.a", out=got)
+        bad += not np.array_equal(got, want)
+    rng = random.Random(rank)
+    for rep in range(3):
+        order = list(range(200))
+        rng.shuffle(order)
+        hs = {
+            i: tr.allreduce_async(
+                np.full(64, i * 10 + rank + rep, np.int64), name=f"x.f{i}",
+                priority=rng.randrange(10),
+            )
+            for i in order
+        }  # fmt: skip
+        for i in sorted(hs):
+            expect = sum(i * 10 + r + rep for r in range(p))
+            bad += not np.all(hs[i].wait(timeout=60) == expect)
+    entered = loop.stats.lane_express - before
+    for _ in range(3):
+        tr.allreduce(np.ones(100, np.float32), name="x.m")
+    n = 101 if rank == 1 else 100
+    count = _raises(lambda: tr.allreduce(np.ones(n, np.float32), name="x.m"))
+    dt = np.int32 if rank == 1 else np.float32
+    dtype = _raises(lambda: tr.allreduce(np.ones(100, dt), name="x.m"))
+    after = tr.allreduce(np.ones(100, np.float32), name="x.m")
+    ok = (
+        bad == 0
+        and entered >= 100
+        and "op 'x.m' generation 3" in count
+        and "op 'x.m' generation 4" in dtype
+        and np.all(after == p)
+    )
+    print(
+        f"rank {rank}: EXPRESS {'OK' if ok else 'FAILED'} bad={bad} entered={entered} "
+        f"{count!r} {dtype!r}",
+        flush=True,
+    )
+
+
 def mode_threads(p: int, rank: int) -> None:
     results = {}
     late = tr.allreduce_async(np.ones(8, np.int64) * (rank + 1), name="late") if rank == 0 else None
@@ -308,6 +367,7 @@ def main() -> None:
         "credit": mode_credit,
         "mismatch": mode_mismatch,
         "threads": mode_threads,
+        "express": mode_express,
         "peer_error": mode_peer_error,
         "background": mode_background,
         "absent_peer": mode_absent_peer,

@@ -60,6 +60,11 @@ def test_lane_mismatches_raise_on_every_rank(n: int) -> None:
     assert out.count("MISMATCH OK") == n, out
 
 
+def test_lane_express_repeats_are_exact_and_mismatches_still_raise_everywhere() -> None:
+    out = lane_run(3, "express")
+    assert out.count("EXPRESS OK") == 3, out
+
+
 def test_lane_threads_wait_on_their_own_ops() -> None:
     out = lane_run(2, "threads")
     assert out.count("THREADS OK") == 2, out

@@ -66,10 +66,11 @@ def _signed(v: int) -> int:
 class LaneOp:
     """Python's record of an op in the lane: its spec, and what keeps its buffers alive."""
 
-    __slots__ = ("spec", "slot", "seq", "keep", "t0", "probed", "warned", "have", "error")
+    __slots__ = ("spec", "key", "slot", "seq", "keep", "t0", "probed", "warned", "have", "error")
 
     def __init__(self, spec: OpSpec, slot: int, seq: int, keep: Any) -> None:
         self.spec = spec
+        self.key = (spec.wire_id, spec.generation)
         self.slot = slot
         self.seq = seq
         self.keep = keep
@@ -78,6 +79,18 @@ class LaneOp:
         self.warned = False
         self.have: set[int] = set()
         self.error: BaseException | None = None
+
+
+class LaneShape:
+    """The lane's fields of an op shape (all but generation, priority and urgency), kept by
+    whoever submits that shape again and again (:meth:`Lane.shape_of`)."""
+
+    __slots__ = ("fields", "copy_in", "work")
+
+    def __init__(self, fields: np.ndarray, copy_in: bool, work: int) -> None:
+        self.fields = fields
+        self.copy_in = copy_in  # in place, and the schedule reads the input after writing
+        self.work = work  # elements of the scratch buffer each op needs (0: none)
 
 
 class Lane:
@@ -335,15 +348,32 @@ class Lane:
 
     def submit(self, spec: OpSpec, plan: int, work: np.ndarray | None) -> LaneOp | None:
         """Enter ``spec`` (its plan from :meth:`plan_of`); None when the table is full."""
+        return self._enter(spec, self._fields_of(spec, plan, self._fields), work, None)
+
+    def shape_of(self, spec: OpSpec) -> LaneShape | None:
+        """What :meth:`enter` needs of ``spec`` and of every later op of its shape (the same
+        name, group, dtype, count, reduce op, schedule): None if the lane does not run it."""
+        plan = self.plan_of(spec)
+        if plan < 0:
+            return None
         sched = spec.schedule
-        inbuf = spec.inbuf
-        keep: Any = None
-        if spec.in_place and sched.reads_input:
-            inbuf = inbuf.copy()
-            keep = inbuf
-        if work is not None:
-            keep = (keep, work)
-        f = self._fields
+        return LaneShape(
+            self._fields_of(spec, plan, np.zeros(16, dtype=np.int64)),
+            spec.in_place and sched.reads_input,
+            sched.work_count,
+        )
+
+    def enter(self, spec: OpSpec, shape: LaneShape) -> LaneOp | None:
+        """Enter a repeat of the shape ``shape`` was made for (its generation, priority,
+        urgency and buffers are this op's); None when the table is full."""
+        f = shape.fields
+        f[1] = spec.generation
+        f[9] = spec.priority
+        f[14] = 1 if spec.urgent else 0
+        work = np.empty(shape.work, dtype=spec.dtype.numpy) if shape.work else None
+        return self._enter(spec, f, work, shape)
+
+    def _fields_of(self, spec: OpSpec, plan: int, f: np.ndarray) -> np.ndarray:
         g = spec.group
         f[0] = _signed(spec.wire_id)
         f[1] = spec.generation
@@ -360,18 +390,32 @@ class Lane:
         f[12] = len(g)
         f[13] = g.index(self.rank) if self.rank in g else -1
         f[14] = 1 if spec.urgent else 0
+        return f
+
+    def _enter(
+        self, spec: OpSpec, f: np.ndarray, work: np.ndarray | None, shape: LaneShape | None
+    ) -> LaneOp | None:
+        inbuf = spec.inbuf
+        keep: Any = None
+        copy_in = (spec.in_place and spec.schedule.reads_input) if shape is None else shape.copy_in
+        if copy_in:
+            inbuf = inbuf.copy()
+            keep = inbuf
+        if work is not None:
+            keep = (keep, work)
         a = self._addrs
         if spec.dtype is DType.FLOAT16:
             core.buffer_addresses(inbuf.view(np.uint16), spec.outbuf.view(np.uint16), a)
         else:
             core.buffer_addresses(inbuf, spec.outbuf, a)
         a[2] = 0 if work is None else work.__array_interface__["data"][0]
-        slot = core.lane_submit(self.mem, self.prog, self.arena, self.b, f, a)
+        mem = self.mem
+        slot = core.lane_submit(mem, self.prog, self.arena, self.b, f, a)
         if slot < 0:
             return None
-        lop = LaneOp(spec, slot, int(self.mem[self.mem[L.C_OPS] + slot * L.O_N + L.O_SEQ]), keep)
+        lop = LaneOp(spec, slot, int(mem[L.C_SEQ]), keep)  # the seq lane_submit just gave
         self.ops[slot] = lop
-        self.by_key[spec.key] = lop
+        self.by_key[lop.key] = lop
         return lop
 
     def pump(self) -> int:
@@ -438,14 +482,15 @@ class Lane:
         d = int(mem[L.C_DONEQ])
         slots = mem[d : d + n].tolist()
         mem[L.C_NDONE] = 0
-        ops = mem[L.C_OPS]
+        states = mem[L.C_OPS] + L.O_STATE
+        ops, by_key = self.ops, self.by_key
         out = []
         for slot in slots:
-            lop = self.ops.pop(slot, None)
+            lop = ops.pop(slot, None)
             if lop is None:
                 continue
-            self.by_key.pop(lop.spec.key, None)
-            out.append((lop, int(mem[ops + slot * L.O_N + L.O_STATE]) == L.S_DONE))
+            by_key.pop(lop.key, None)
+            out.append((lop, mem[states + slot * L.O_N] == L.S_DONE))
         return out
 
     def fail(self, lop: LaneOp) -> None:

@@ -392,6 +392,8 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
     last = t0
     idle = 0
     o = _op(mem, slot) if slot >= 0 else 0
+    if slot >= 0 and mem[o + O_SEQ] == seq:
+        mem[o + O_URGENT] = 1  # a thread waits for it: among equal priorities, it goes first
     while True:
         if slot >= 0:
             if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
@@ -428,7 +430,8 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
 @njit(nogil=True, cache=True)
 def lane_wait(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-untyped-def]
     """A waiting thread's passes: until op ``slot`` (submission ``seq``) left the table
-    (1), an event or a message for the main loop waits, or ``max_ns`` passed (0)."""
+    (1), an event or a message for the main loop waits, or ``max_ns`` passed (0).  The op
+    is urgent from now on (what ``mark_needed`` does for the main loop's ops)."""
     return _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns)
 
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("totalreduce.engine")
 
+_NONE: frozenset[Any] = frozenset()
 _FRAME = struct.Struct("<BBBBBBHIIIIQQQQqQ")
 
 _MALFORMED = {
@@ -132,6 +133,67 @@ class LaneHooks:
         self._lane_drain()
         return True
 
+    def lane_express(self, spec: OpSpec, holder: Any) -> bool:
+        """Enter a repeat of a small allreduce into the lane from the submitting thread,
+        past the submission queue and the main loop's activation (True); False when
+        anything those would look at stands in the way (the caller then submits it the
+        usual way, which sorts it out).  ``holder.lane_shape`` keeps the lane's fields
+        of the shape between calls (made here, under the lock, the first time)."""
+        lane = self.lane
+        if (
+            lane is None
+            or holder.lane_shape is False
+            or self.submissions  # ops queued before this one enter first
+            or self.bad_peers
+            or self.trace is not None
+            or self._held  # type: ignore[attr-defined]
+            or lane.mem[L.C_FULL]
+            or not self.lock.acquire(blocking=False)
+        ):
+            return False
+        self._owner = threading.get_ident()  # type: ignore[attr-defined]
+        try:
+            key = spec.key
+            if (
+                getattr(self, "fatal", None) is not None
+                or key in self.floating._frames
+                or self.floating.has_error(key)
+                or key in self.table
+                or key in lane.by_key
+            ):
+                return False
+            try:
+                shape = holder.lane_shape
+                if shape is None:
+                    shape = lane.shape_of(spec)
+                    holder.lane_shape = False if shape is None else shape
+                    if shape is None:
+                        return False
+                if lane.enter(spec, shape) is None:
+                    return False
+                self.stats.lane_express += 1
+            except Exception:  # the usual path fails the op properly, naming the cause
+                log.exception("rank %d: the lane's express entry failed", self.rank)
+                return False
+            try:
+                self._lane_drain()
+            except Exception as exc:
+                self._stopped_by(exc)
+        finally:
+            self._owner = 0  # type: ignore[attr-defined]
+            self.lock.release()
+        return True
+
+    def _stopped_by(self, exc: Exception) -> None:
+        """The loop met an error of its own (a bug, not an op's): fail every op, once, so
+        nothing waits forever on a loop that stopped (what ``CommLoop._pass`` does)."""
+        if getattr(self, "fatal", None) is None:
+            log.exception("rank %d: comm loop stopped by an error", self.rank)
+            self.fatal = exc
+            self._fail_all(  # type: ignore[attr-defined]
+                TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}")
+            )
+
     def _cross_mismatch(self, spec: OpSpec, mine: str) -> None:
         self._lane_refuse(
             spec,
@@ -165,22 +227,23 @@ class LaneHooks:
         lane = self.lane
         assert lane is not None
         mem = lane.mem
-        if not (mem[L.C_NEV] or mem[L.C_NDONE]):
+        if mem[L.C_NEV]:
+            for ev in lane.take_events():
+                self._lane_event(*ev)
+        if not mem[L.C_NDONE]:
             return
-        for ev in lane.take_events():
-            self._lane_event(*ev)
+        held = self._held  # type: ignore[attr-defined]
         for lop, ok in lane.take_done():
             spec = lop.spec
             if ok:
-                self._remember(
-                    self.completed, spec.key, (spec.describe(), spec.group, (), frozenset())
-                )
+                self._remember(self.completed, lop.key, (spec.describe(), spec.group, (), _NONE))
                 self.stats.ops_completed += 1
                 if self.trace is not None:
                     self.trace.op(spec.name, spec.generation, "done", spec.priority)
                 self._finish_spec(spec, None)
-                for later in self._held.pop(spec.key, ()):  # type: ignore[attr-defined]
-                    self._activate(later)  # type: ignore[attr-defined]
+                if held:
+                    for later in held.pop(lop.key, ()):
+                        self._activate(later)  # type: ignore[attr-defined]
             else:
                 error = lop.error or OpFailedError(f"{spec.describe()}: failed on rank {self.rank}")
                 self._remember(self.failed, spec.key, str(error))
@@ -335,12 +398,7 @@ class LaneHooks:
                     if ended:
                         last = time.perf_counter()
                 except Exception as exc:
-                    if getattr(self, "fatal", None) is None:
-                        log.exception("rank %d: comm loop stopped by an error", self.rank)
-                        self.fatal = exc
-                        self._fail_all(  # type: ignore[attr-defined]
-                            TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}")
-                        )
+                    self._stopped_by(exc)
                 finally:
                     self._owner = 0  # type: ignore[attr-defined]
                     self.lock.release()
@@ -382,13 +440,8 @@ class LaneHooks:
                     return True
                 self._lane_drain()  # ops ended: their completions, then drive on
                 span = self.cfg.spin_s
-        except Exception as exc:  # as in CommLoop._pass: never die silently
-            if getattr(self, "fatal", None) is None:
-                log.exception("rank %d: comm loop stopped by an error", self.rank)
-                self.fatal = exc
-                self._fail_all(  # type: ignore[attr-defined]
-                    TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}")
-                )
+        except Exception as exc:
+            self._stopped_by(exc)
             return False
         finally:
             self._owner = 0  # type: ignore[attr-defined]
@@ -398,11 +451,11 @@ class LaneHooks:
         lane = self.lane
         return bool(
             self.submissions
-            or len(self.table)
-            or (lane is not None and lane.ctl_waiting)
-            or getattr(self, "_dirty", None)
-            or getattr(self, "_reqs", None)
+            or self.table
+            or self._dirty  # type: ignore[attr-defined]
+            or self._reqs  # type: ignore[attr-defined]
             or self.compute.done  # type: ignore[attr-defined]
+            or (lane is not None and lane.mem[L.C_CTL_WAITING] > 0)
             or time.monotonic() - self._last_stall_check > self._stall_every  # type: ignore[attr-defined]
         )
 

@@ -110,6 +110,8 @@ class LoopStats:
     idle_sleeps: int = 0
     #: The comm thread's compiled passes over lane ops without the interpreter lock.
     lane_spins: int = 0
+    #: Ops the submitting thread entered into the lane itself (``lane_express``).
+    lane_express: int = 0
 
     @property
     def frames_per_message(self) -> float:
@@ -265,7 +267,8 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
             self._ring()
 
     def mark_needed(self, spec: OpSpec) -> None:
-        """Someone waits for this op (any thread): raise it here, ask the peers to."""
+        """Someone waits for this op (any thread): raise it here, ask the peers to
+        (:meth:`progress` does it for the op it waits on)."""
         if not spec.urgent:
             spec.urgent = True
             lop = None if self.lane is None else self.lane.by_key.get(spec.key)
@@ -379,10 +382,7 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
         try:
             return self.run_once()
         except Exception as exc:  # never die silently: fail every op
-            if self.fatal is None:
-                log.exception("rank %d: comm loop stopped by an error", self.rank)
-                self.fatal = exc
-                self._fail_all(TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}"))
+            self._stopped_by(exc)
             return False
         finally:
             self._owner = 0
@@ -407,10 +407,16 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
         delay = 0.0
         needed = False
         lane = self.lane
+        if spec is not None:
+            lop = None if lane is None else lane.by_key.get((spec.wire_id, spec.generation))
+            if lop is not None and lop.spec is spec:  # the waiter's compiled passes mark it
+                with _Waiting(self):
+                    return self._lane_progress(lop, done, deadline, self._wait_spin)
+            self.mark_needed(spec)
         with _Waiting(self):
             while not done.is_set():
                 if lane is not None and spec is not None:
-                    lop = lane.by_key.get(spec.key)
+                    lop = lane.by_key.get((spec.wire_id, spec.generation))
                     if lop is not None and lop.spec is spec:
                         return self._lane_progress(lop, done, deadline, self._wait_spin)
                 now = time.perf_counter()

@@ -361,8 +361,6 @@ class Handle:
                 if not self._event.wait(timeout):
                     raise TimeoutError(f"op {self.name!r} did not complete within {timeout} s")
             else:
-                if spec is not None:
-                    loop.mark_needed(spec)
                 t0 = time.perf_counter_ns()
                 finished = loop.progress(self._event, timeout, spec)
                 trace = loop.trace  # read once: stop_timeline may clear it meanwhile

@@ -45,6 +45,8 @@ class Lifecycle(OpSubmitter):
         # (algorithm asked, group, bytes, dtype, count, avg) -> (code, schedule) of an
         # allreduce: a training step repeats its shapes, and choosing costs more than a frame.
         self._routes: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        # (name, op, in place) -> what a repeat of that allreduce needs (service/express.py)
+        self._express: dict[tuple[Any, ...], Any] = {}
         self.rank = transport.rank
         self.size = transport.size
         self.loop = CommLoop(
@@ -144,6 +146,7 @@ class Lifecycle(OpSubmitter):
             self.shutdown(timeout=0)
             raise
         self._salt = wire_id(f"\0session {int(out[0])}")
+        self._express.clear()  # their wire ids had the old salt
 
     def _run_loop(self) -> None:
         self.loop.run(self._stop)

@@ -46,6 +46,7 @@ class OpSubmitter:
     _world_group: Group
     _layout: NodeLayout | None
     _salt: int
+    _express: dict[tuple[Any, ...], Any]
     _closed: bool
     _stop: threading.Event
 
@@ -160,6 +161,7 @@ class OpSubmitter:
         reserved: tuple[str | int, int] | None = None,
         count: int | None = None,
         passive: bool = False,
+        express_key: tuple[Any, ...] | None = None,
     ) -> Handle:
         """Name (unless ``reserved`` already), launch and return the handle of a one-phase op."""
         self._check_open()
@@ -194,5 +196,9 @@ class OpSubmitter:
             count=count,
         )
         spec.passive = passive
+        if express_key is not None and reserved is None:  # repeats take the express path
+            from .express import remember
+
+            remember(self, express_key, spec, x, sig)
         self._submit(spec, handle)
         return handle

@@ -1,0 +1,151 @@
+"""The express path of a repeated allreduce (service/express.py): it changes how fast a
+repeat starts, never what it does.  Every case runs a first call (the whole way, which
+leaves the record) and then repeats that take the record, on local services."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import totalreduce as tr
+from conftest import local_services, run_ranks
+from totalreduce.service import collectives, tuning
+
+
+@pytest.fixture
+def whole_way_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the whole way's argument checks (``as_array`` in ``allreduce_async``)."""
+    calls = [0]
+    real = collectives.as_array
+
+    def counted(*a, **kw):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(collectives, "as_array", counted)
+    return calls
+
+
+def test_repeats_take_the_record_and_give_the_same_results(whole_way_calls: list[int]) -> None:
+    """out=None, out=x, out=y, a 2-d shape, avg/max, int64: repeats are exact and skip the
+    whole way's checks after the first call of each (name, op, in place, algorithm)."""
+    with local_services(2) as svcs:
+
+        def rank_main(svc):
+            r = svc.rank
+            got = []
+            for k in range(4):
+                x = np.arange(6.0) + r + k
+                got.append(svc.allreduce(x, name="a"))
+                y = np.empty(6)
+                svc.allreduce(x, name="a", out=y)
+                got.append(y)
+                z = x.copy()
+                svc.allreduce(z, name="a", out=z)
+                got.append(z)
+                m = (np.arange(12, dtype=np.int64) * (r + 1)).reshape(3, 4)
+                got.append(svc.allreduce(m, name="m", op="max"))
+                got.append(svc.allreduce(x, name="v", op="avg", algorithm="ring"))
+            return got
+
+        out = run_ranks(svcs, rank_main, timeout=60)
+    for k in range(4):
+        base = 2 * np.arange(6.0) + 1 + 2 * k
+        for got in out:
+            a, y, z, m, v = got[5 * k : 5 * k + 5]
+            for arr in (a, y, z):
+                np.testing.assert_array_equal(arr, base)
+            assert m.shape == (3, 4) and m.dtype == np.int64
+            np.testing.assert_array_equal(m, (np.arange(12) * 2).reshape(3, 4))
+            np.testing.assert_array_equal(v, base / 2)
+    # 2 ranks x (a: out None / out y share a record; a in place; m; v): 4 whole-way calls each
+    assert whole_way_calls[0] == 2 * 4
+
+
+def test_a_repeat_with_anything_different_goes_the_whole_way() -> None:
+    """Another dtype, shape, op, algorithm or out form under a known name is a new shape
+    (or the same error as the first time), never a silent reuse of the record."""
+    with local_services(2) as svcs:
+
+        def rank_main(svc):
+            x = np.ones(4)
+            svc.allreduce(x, name="w")
+            svc.allreduce(x, name="w")
+            f32 = svc.allreduce(np.ones(4, np.float32), name="w")
+            longer = svc.allreduce(np.ones(5), name="w")
+            mx = svc.allreduce(x * (svc.rank + 1), name="w", op="max")
+            errors = []
+            for bad in (
+                lambda: svc.allreduce_async(np.ones(8)[::2], name="w"),  # not contiguous
+                lambda: svc.allreduce_async(x, name="w", out=np.ones(4, np.float32)),
+                lambda: svc.allreduce_async(x, name="w", out=np.ones(3)),
+                lambda: svc.allreduce_async(x, name="w", out=np.ones(4)[::-1].copy()[:3]),
+                lambda: svc.allreduce_async(x, name="w", priority=1.5),
+                lambda: svc.allreduce_async(x, name="w", priority=True),
+                lambda: svc.allreduce_async(x, name="w", priority=1 << 40),
+                lambda: svc.allreduce_async(x, name=True),
+                lambda: svc.allreduce_async(x, name=[1]),
+                lambda: svc.allreduce_async(x, name="w", op="nope"),
+            ):
+                with pytest.raises(tr.InvalidArgumentError) as info:
+                    bad()
+                errors.append(str(info.value))
+            ro = np.ones(4)
+            ro.flags.writeable = False
+            with pytest.raises(tr.InvalidArgumentError, match="read-only"):
+                svc.allreduce_async(x, name="w", out=ro)
+            big = np.arange(8.0)
+            with pytest.raises(tr.InvalidArgumentError, match="overlaps"):
+                svc.allreduce_async(big[:4], name="w", out=big[2:6])
+            view = np.arange(4.0)
+            svc.allreduce(view, name="w", out=view.reshape(2, 2))  # the same memory: in place
+            last = svc.allreduce(x, name="w")
+            return f32, longer, mx, errors, view, last
+
+        for f32, longer, mx, errors, view, last in run_ranks(svcs, rank_main, timeout=60):
+            assert f32.dtype == np.float32
+            np.testing.assert_array_equal(f32, np.full(4, 2.0))
+            np.testing.assert_array_equal(longer, np.full(5, 2.0))
+            np.testing.assert_array_equal(mx, np.full(4, 2.0))
+            assert "C-contiguous" in errors[0]
+            assert "dtype float32" in errors[1] and "3 elements" in errors[2]
+            assert all("priority" in e for e in errors[4:7])
+            assert "str or int" in errors[7] and "str or int" in errors[8]
+            assert "nope" in errors[9]
+            np.testing.assert_array_equal(view, 2 * np.arange(4.0))
+            np.testing.assert_array_equal(last, np.full(4, 2.0))
+
+
+def test_a_name_in_flight_with_another_shape_is_refused_on_the_express_path() -> None:
+    with local_services(2) as svcs:
+        svc = svcs[0]
+        x = np.ones(4)
+        first = [s.allreduce_async(x, name="f") for s in svcs]
+        for h in first:
+            h.wait(30)
+        held = svc.allreduce_async(x, name="f")  # a repeat, in flight: rank 1 has not come
+        assert ("f", "sum", False, None) in svc._express
+        with pytest.raises(tr.InvalidArgumentError, match="still in flight"):
+            svc.allreduce_async(np.ones(5), name="f")
+        again = svc.allreduce_async(x, name="f")  # the same shape may queue behind it
+        other = [svcs[1].allreduce_async(x, name="f") for _ in range(2)]
+        for h in (held, again, *other):
+            np.testing.assert_array_equal(h.wait(30), np.full(4, 2.0))
+        assert (held.generation, again.generation) == (1, 2)
+
+
+def test_the_record_follows_the_tuning_table_and_the_service_state() -> None:
+    """A new tuning table (``tuning.clear_cache``) re-chooses the route; a closed service
+    refuses, as the whole way does."""
+    with local_services(2) as svcs:
+        x = np.ones(3)
+        for _ in range(2):
+            for h in [s.allreduce_async(x, name="t") for s in svcs]:
+                h.wait(30)
+        epoch = svcs[0]._express[("t", "sum", False, None)].epoch
+        tuning.clear_cache()
+        for h in [s.allreduce_async(x, name="t") for s in svcs]:
+            np.testing.assert_array_equal(h.wait(30), np.full(3, 2.0))
+        assert svcs[0]._express[("t", "sum", False, None)].epoch > epoch
+    with pytest.raises(tr.NotInitializedError):
+        svcs[0].allreduce_async(x, name="t")

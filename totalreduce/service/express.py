@@ -1,0 +1,135 @@
+"""The express path of an allreduce a training loop repeats: one lookup instead of the checks.
+
+A training step submits the same gradients under the same names every step: same
+array shape and dtype, same reduce op, same algorithm.  The first submission of a
+(name, op, in place or not, algorithm) goes the whole way (argument checks, algorithm
+choice, schedule, name signature) and leaves an :class:`Express` record.  A later call
+with the same name, op and algorithm, ``out`` of the same form, an array of the same
+shape and dtype, and no ``group``/``dtype`` argument reuses it: the name's next
+generation, a handle and the op's spec straight from the record; an op the compiled
+lane runs then enters the lane from the calling thread, with the lane's fields of the
+shape kept in the record too
+(:meth:`~totalreduce.engine.lane_loop.LaneHooks.lane_express`), and any other is
+queued for the comm thread as usual.
+
+Nothing is skipped that could differ between calls: the array's type, dtype, shape
+and layout, ``out`` (the same checks as :func:`.checks.output`), the priority, the
+service's state and the tuning epoch are looked at on every call, and anything
+unusual goes the whole way (which raises what it raises there).  So the express
+path changes how fast an op starts, never what it does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..algorithms.codes import AlgorithmCode, OpKind
+from ..algorithms.schedule import Schedule, SegmentPlan
+from ..dtypes import DType, ReduceOp
+from ..engine.payload import OpSpec
+from . import checks, tuning
+from .handle import Handle
+
+if TYPE_CHECKING:
+    from ..engine.lane import LaneShape
+    from .submit import OpSubmitter
+
+#: Most express records a service keeps (a model's parameter count is far below).
+MAX_RECORDS = 1 << 15
+
+
+class Express:
+    """What a repeat of one (name, op, in-place) allreduce needs (see the module docstring)."""
+
+    __slots__ = (
+        "npdt", "shape", "ndim", "dt", "rop", "sig", "code", "sched", "plan", "count",
+        "wid", "group", "in_place", "epoch", "lane_shape",
+    )  # fmt: skip
+
+    def __init__(self, spec: OpSpec, x: np.ndarray, sig: tuple[Any, ...], epoch: int) -> None:
+        self.npdt = x.dtype
+        self.shape = x.shape
+        self.ndim = x.ndim
+        self.dt: DType = spec.dtype
+        self.rop: ReduceOp = spec.op
+        self.sig = sig
+        self.code: AlgorithmCode = spec.algorithm
+        self.sched: Schedule = spec.schedule  # the in-place form already, if in place
+        self.plan: SegmentPlan = spec.plan
+        self.count = spec.count
+        self.wid = spec.wire_id
+        self.group = spec.group
+        self.in_place = spec.in_place
+        self.epoch = epoch
+        #: The lane's part, made by the lane at the first repeat: None until then, False
+        #: when the lane does not run this shape.
+        self.lane_shape: LaneShape | bool | None = None
+
+
+def start(svc: OpSubmitter, ex: Express, name: str | int, x: np.ndarray, out: Any,
+          priority: Any) -> Handle | None:  # fmt: skip
+    """Start a repeat of ``ex`` with array ``x`` (its type, dtype and shape checked by the
+    caller); None when something unusual needs the whole way."""
+    loop = svc.loop
+    if (
+        svc._closed
+        or loop.fatal is not None
+        or loop.late_errors
+        or ex.epoch != tuning.EPOCH[0]
+        or not x.flags.c_contiguous
+    ):
+        return None
+    if priority.__class__ is not int or not -(1 << 31) <= priority < 1 << 31:
+        return None
+    flat = x if ex.ndim == 1 else x.reshape(-1)
+    if out is None:
+        o = np.empty(ex.count, dtype=ex.npdt)
+        result: Any = o if ex.ndim == 1 else o.reshape(ex.shape)
+    elif out is x:
+        o = flat
+        result = x
+    elif (
+        out.__class__ is np.ndarray
+        and out.dtype is ex.npdt
+        and out.shape == ex.shape
+        and out.flags.writeable
+        and out.flags.c_contiguous
+        and not np.may_share_memory(out, x)
+    ):
+        result = out
+        o = out if ex.ndim == 1 else out.reshape(-1)
+    else:  # another shape, a view of the input, a buffer: the whole way's checks
+        o, in_place = checks.output(flat, out)
+        if in_place != ex.in_place:
+            return None
+        result = o.reshape(ex.shape)
+        if o.ndim != 1:
+            o = o.reshape(-1)
+    op_name, gen = svc._names.name(name, ex.sig)
+    handle = Handle(op_name, gen, result, loop)
+    names = svc._names
+
+    def done(error: BaseException | None) -> None:
+        names.ended(op_name)
+        handle._finish(error)
+
+    spec = OpSpec(
+        op_name, ex.wid, gen, OpKind.ALLREDUCE, ex.code, ex.dt, ex.count, ex.rop, priority,
+        flat, o, ex.sched, ex.plan, ex.group, 0, 0, ex.in_place, False, None,
+        False, False, done,
+    )  # fmt: skip
+    handle._spec = spec
+    if not loop.lane_express(spec, ex):
+        loop.submit(spec)
+    return handle
+
+
+def remember(svc: OpSubmitter, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
+             sig: tuple[Any, ...]) -> None:  # fmt: skip
+    """After a whole-way allreduce: keep its record if a repeat can take the express path."""
+    table = svc._express
+    if len(table) >= MAX_RECORDS:
+        table.clear()
+    table[key] = Express(spec, x, sig, tuning.EPOCH[0])
