@@ -34,7 +34,6 @@ from .handle import Handle
 
 if TYPE_CHECKING:
     from ..engine.lane import LaneShape
-    from .submit import OpSubmitter
 
 #: Most express records a service keeps (a model's parameter count is far below).
 MAX_RECORDS = 1 << 15
@@ -68,10 +67,11 @@ class Express:
         self.lane_shape: LaneShape | bool | None = None
 
 
-def start(svc: OpSubmitter, ex: Express, name: str | int, x: np.ndarray, out: Any,
+def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
           priority: Any) -> Handle | None:  # fmt: skip
     """Start a repeat of ``ex`` with array ``x`` (its type, dtype and shape checked by the
-    caller); None when something unusual needs the whole way."""
+    caller) on service ``svc`` (a ``submit.OpSubmitter``); None when something unusual
+    needs the whole way."""
     loop = svc.loop
     if (
         svc._closed
@@ -126,7 +126,7 @@ def start(svc: OpSubmitter, ex: Express, name: str | int, x: np.ndarray, out: An
     return handle
 
 
-def remember(svc: OpSubmitter, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
+def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
              sig: tuple[Any, ...]) -> None:  # fmt: skip
     """After a whole-way allreduce: keep its record if a repeat can take the express path."""
     table = svc._express
