@@ -62,6 +62,7 @@ class LaneHooks:
     bad_peers: dict[int, TotalReduceError]
     waiters: int
     cfg: Any  # totalreduce.config.Config
+    fatal: BaseException | None
 
     # provided by CommLoop
     _remember: Callable[[Any, OpKey, Any], None]

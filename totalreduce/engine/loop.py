@@ -271,9 +271,10 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
         (:meth:`progress` does it for the op it waits on)."""
         if not spec.urgent:
             spec.urgent = True
-            lop = None if self.lane is None else self.lane.by_key.get(spec.key)
-            if lop is not None:  # one word in the lane's table: no pass of the main loop
-                self.lane.set_urgent(lop)
+            lane = self.lane
+            lop = None if lane is None else lane.by_key.get(spec.key)
+            if lane is not None and lop is not None:  # a word in the lane's table: no pass
+                lane.set_urgent(lop)
                 return
             self.submissions.append(("need", spec.key))
 

@@ -163,6 +163,9 @@ def read_message(sock: socket.socket, reader: MessageReader) -> dict[str, Any]:
             raise ConnectionError("the peer closed the connection")
 
 
+_Int = int  # Fields has a method named int: its later annotations use this name
+
+
 class Fields:
     """Checked access to a message's fields; every error names the field and the value."""
 
@@ -185,12 +188,12 @@ class Fields:
             raise self._bad(name, f"an integer in {lo}..{hi}")
         return v
 
-    def opt_int(self, name: str, lo: int = 0, hi: int = MAX_SIZE) -> int | None:
+    def opt_int(self, name: str, lo: _Int = 0, hi: _Int = MAX_SIZE) -> _Int | None:
         if self.msg.get(name) is None:
             return None
         return self.int(name, lo, hi)
 
-    def int_in(self, obj: dict[str, Any], name: str, lo: int = 0, hi: int = MAX_SIZE) -> int:
+    def int_in(self, obj: dict[str, Any], name: str, lo: _Int = 0, hi: _Int = MAX_SIZE) -> _Int:
         v = obj.get(name)
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise self._bad(name, f"an integer in {lo}..{hi}")
@@ -202,7 +205,7 @@ class Fields:
             raise self._bad(name, f"one of {', '.join(choices)}")
         return v
 
-    def opt_str(self, name: str, max_len: int = 64) -> str | None:
+    def opt_str(self, name: str, max_len: _Int = 64) -> str | None:
         v = self.msg.get(name)
         if v is None:
             return None

@@ -269,7 +269,7 @@ class RelayTransport:
 
     def _envelope(self, source: int, dest: int, tag: int, n: int) -> np.ndarray:
         buf = np.empty(MSG_SIZE + n, dtype=np.uint8)
-        MSG.pack_into(buf, 0, MSG_MAGIC, source, dest, tag, n, 0)
+        MSG.pack_into(buf, 0, MSG_MAGIC, source, dest, tag, n, 0)  # type: ignore[arg-type]
         return buf
 
     def _begin_for(self, s: _Slot) -> Any:
@@ -328,7 +328,7 @@ class RelayTransport:
         if env.nbytes < MSG_SIZE:
             log.error("relay %d: a %d-byte envelope from node %d", self.rank, env.nbytes, node)
             return
-        magic, src, dst, tag, n, _ = MSG.unpack_from(env)
+        magic, src, dst, tag, n, _ = MSG.unpack_from(env)  # type: ignore[arg-type]
         if magic != MSG_MAGIC or n != env.nbytes - MSG_SIZE:
             log.error("relay %d: a malformed envelope from node %d", self.rank, node)
             return
@@ -389,8 +389,8 @@ class RelayTransport:
             node, tag, n = st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE)
             try:
                 if tag == ENVELOPE_TAG:
-                    buf = np.empty(n, dtype=np.uint8)
-                    self._env_in.append((msg.Irecv([buf, MPI.BYTE]), buf, node))
+                    env = np.empty(n, dtype=np.uint8)
+                    self._env_in.append((msg.Irecv([env, MPI.BYTE]), env, node))
                 else:
                     target, buf = matcher.arrive(self.size + node, tag, n)
                     if buf is None:  # truncated: receive it anyway, to drop it

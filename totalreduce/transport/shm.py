@@ -677,7 +677,8 @@ class RingReader:
                     if avail < MSG_SIZE:
                         break
                     ring.get(tail, self._hdr)
-                    magic, src, dst, tag, n, _ = MSG.unpack_from(self._hdr)
+                    # numpy arrays are buffers; numpy's stubs do not say so
+                    magic, src, dst, tag, n, _ = MSG.unpack_from(self._hdr)  # type: ignore[arg-type]
                     if magic != MSG_MAGIC or n > MAX_MESSAGE:
                         raise Corrupt(
                             f"shared-memory ring: bad message header at byte {tail} "
