@@ -70,12 +70,22 @@ def test_a_lonely_world_under_torchrun_is_refused() -> None:
     assert isinstance(LaunchError("x"), RuntimeError)
 
 
-def test_a_socket_without_daemon_mode_is_refused() -> None:
+def test_a_socket_alone_means_daemon_mode_and_embedded_with_one_is_refused() -> None:
+    """TOTALREDUCE_SOCKET alone makes init() a client of that service (here: none answers,
+    and the error names the path); with TOTALREDUCE_SERVICE=embedded it is a contradiction."""
     code = "import totalreduce as tr; tr.init()"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOTALREDUCE_")}
     env["TOTALREDUCE_SOCKET"] = "/tmp/nowhere.sock"
-    r = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert r.returncode != 0
-    assert "TOTALREDUCE_SOCKET" in r.stderr and "TOTALREDUCE_SERVICE=daemon" in r.stderr, r.stderr
+
+    def run(**more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code], env=dict(env, **more), capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+
+    alone = run()
+    assert alone.returncode != 0
+    assert "no totalreduce service answers on /tmp/nowhere.sock" in alone.stderr, alone.stderr
+    both = run(TOTALREDUCE_SERVICE="embedded")
+    assert both.returncode != 0
+    assert "TOTALREDUCE_SOCKET" in both.stderr and "service='embedded'" in both.stderr, both.stderr

@@ -41,14 +41,17 @@ def init(comm: Any = None, **options: Any) -> ServiceLike:
     ``TOTALREDUCE_<NAME>`` environment variables; keywords win.
 
     ``service="daemon"`` (or ``TOTALREDUCE_SERVICE=daemon``, or passing
-    ``socket=``) makes this process a client rank of its node's ``totalreduce
-    serve`` instead of an MPI rank: the same service, the same calls, over
-    shared memory.  ``socket`` (or ``TOTALREDUCE_SOCKET``) is the service's
-    path, ``local_rank`` (or ``TOTALREDUCE_LOCAL_RANK``) the slot to take.  See
-    docs/daemon.md.
+    ``socket=`` or setting ``TOTALREDUCE_SOCKET`` without a service) makes this
+    process a client rank of its node's ``totalreduce serve`` instead of an MPI
+    rank: the same service, the same calls, over shared memory.  ``socket`` (or
+    ``TOTALREDUCE_SOCKET``) is the service's path, ``local_rank`` (or
+    ``TOTALREDUCE_LOCAL_RANK``) the slot to take.  See docs/daemon.md.
     """
     global _default
-    if options.get("socket") is not None and options.get("service") is None:
+    if options.get("service") is None and (
+        options.get("socket") is not None
+        or (os.environ.get("TOTALREDUCE_SOCKET") and not os.environ.get("TOTALREDUCE_SERVICE"))
+    ):
         options["service"] = "daemon"  # a socket says which service to use
     with _init_lock:
         if _default is not None and not _default.closed:
@@ -62,9 +65,7 @@ def init(comm: Any = None, **options: Any) -> ServiceLike:
         if config.service == "embedded" and os.environ.get("TOTALREDUCE_SOCKET"):
             raise InvalidArgumentError(
                 f"TOTALREDUCE_SOCKET={os.environ['TOTALREDUCE_SOCKET']!r} names a node service, "
-                "but this process runs embedded (its own MPI rank, alone unless launched by "
-                "mpiexec): set TOTALREDUCE_SERVICE=daemon to be a client of that service, or "
-                "unset TOTALREDUCE_SOCKET"
+                "but service='embedded' asks for this process's own MPI rank: unset one of them"
             )
         transport = open_transport(config, comm)
         try:
