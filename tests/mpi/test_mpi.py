@@ -1,8 +1,8 @@
 """The engine under real MPI: ``mpiexec -n P`` launched from pytest, each with a timeout.
 
-Every test that takes ``service`` runs twice: embedded (``mpiexec -n P`` training
-processes) and against daemons (``mpiexec totalreduce serve`` on one or two
-simulated nodes, and P client processes attached to them), with the same worker.
+Every test that takes ``service`` runs embedded (``mpiexec -n P`` training processes)
+and against daemons (``mpiexec totalreduce serve`` on one or two simulated nodes, and
+P client processes attached to them), with the same worker; ``sizes`` says at which P.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,14 @@ from cluster import layout_for, run_clients, serve  # noqa: E402
 pytestmark = pytest.mark.skipif(
     shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
 )
+
+
+def sizes(embedded: list[int], daemon: list[int]) -> Any:
+    """The (ranks, service) cases of a test: every size that matters embedded, and against
+    daemons the ones whose node layout adds something (``layout_for``: even sizes are two
+    nodes, odd ones one), so the daemon half does not repeat what the embedded half shows."""
+    cases = [(n, "embedded") for n in embedded] + [(n, "daemon") for n in daemon]
+    return pytest.mark.parametrize(("n", "service"), cases, indirect=["service"])
 
 
 @pytest.fixture(params=["embedded", "daemon"])
@@ -68,13 +77,13 @@ def mpirun(n: int, *args: str, timeout: int = TIMEOUT, **env_vars: str) -> str:
     return out
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@sizes([2, 3, 4], [4])
 def test_random_orders_over_mpi(n: int, service: str) -> None:
     out = run(service, n, str(HERE / "check_engine.py"), "random")
     assert out.count("RANDOM OK") == n, out
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@sizes([2, 3], [2])
 def test_size_mismatch_reported_on_every_rank(n: int, service: str) -> None:
     out = run(service, n, str(HERE / "check_engine.py"), "mismatch")
     assert out.count("MISMATCH-REPORTED") == n, out
@@ -93,25 +102,25 @@ def test_timeout_over_mpi(service: str) -> None:
     assert out.count("TIMEOUT-DONE") == 2, out
 
 
-@pytest.mark.parametrize("n", [3, 4])
+@sizes([3, 4], [4])
 def test_broadcast_and_barriers_over_mpi(n: int, service: str) -> None:
     out = run(service, n, str(HERE / "check_engine.py"), "collectives")
     assert out.count("COLLECTIVES OK") == n, out
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@sizes([2, 3, 5], [4, 5])
 def test_every_allreduce_algorithm_over_mpi(n: int, service: str) -> None:
     out = run(service, n, str(HERE / "check_engine.py"), "algorithms")
     assert out.count("ALGORITHMS OK") == n, out
 
 
-@pytest.mark.parametrize("n", [2, 4, 5])
+@sizes([2, 5], [4])
 def test_reduce_scatter_allgather_over_mpi(n: int, service: str) -> None:
     out = run(service, n, str(HERE / "check_engine.py"), "rs_ag")
     assert out.count("RSAG OK") == n, out
 
 
-@pytest.mark.parametrize("n", [4, 8])
+@sizes([4, 8], [8])
 def test_neighbor_averaging_over_mpi(n: int, service: str) -> None:
     out = run(service, n, str(HERE / "check_engine.py"), "neighbor")
     assert out.count("NEIGHBOR OK") == n, out
@@ -122,7 +131,7 @@ def test_user_mpi_traffic_does_not_mix() -> None:
     assert out.count("USER-TRAFFIC OK") == 3, out
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@sizes([2, 3, 4], [4])
 def test_reverse_blocking_order_small_pool_over_mpi(n: int, service: str) -> None:
     out = run(
         service,
@@ -134,7 +143,7 @@ def test_reverse_blocking_order_small_pool_over_mpi(n: int, service: str) -> Non
     assert out.count("FLOW OK") == n, out
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@sizes([2, 3], [3])
 def test_root_and_group_disagreements_over_mpi(n: int, service: str) -> None:
     out = run(service, n, str(HERE / "check_engine.py"), "disagree")
     assert out.count("DISAGREE OK") == n, out

@@ -24,8 +24,7 @@ pytestmark = pytest.mark.skipif(
 # One launch per size, several checks per launch: importing torch is the slow part.
 CHECKS = {
     2: ["layout", "optimizer", "ddp", "decentralized"],
-    3: ["layout", "optimizer", "decentralized"],
-    4: ["optimizer", "ddp", "decentralized"],
+    3: ["layout", "optimizer", "ddp", "decentralized"],
 }
 
 
