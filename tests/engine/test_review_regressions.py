@@ -22,16 +22,17 @@ def test_owed_credit_travels_when_both_sides_wait_for_credit() -> None:
     loops = [CommLoop(world.transport(r)) for r in range(2)]
     for r, loop in enumerate(loops):
         other = 1 - r
-        loop._ctl_credit[other] = 50  # less than one message: its answers wait in a backlog
-        loop._owe_ctl[other] = loop._ctl_window
+        link = loop.link(other)
+        link.ctl_credit = 50  # less than one message: its answers wait in a backlog
+        link.owe(link.window, 0)
         loop._control(other, NEED, _NO_SHAPE, (1, 1))
     for _ in range(50):
         for loop in loops:
             loop.run_once()
     for r, loop in enumerate(loops):
         other = 1 - r
-        assert not loop._backlog[other], f"rank {r}: its message never left"
-        assert loop._ctl_credit[other] > 50
+        assert not loop.link(other).backlog, f"rank {r}: its message never left"
+        assert loop.link(other).ctl_credit > 50
 
 
 def test_a_failed_op_gives_up_bodies_it_was_cleared_to_send() -> None:
@@ -73,7 +74,8 @@ def test_an_announcement_that_crossed_an_unasked_clear_is_not_a_mismatch() -> No
             s._comm_thread.join()
         root, other = svcs[0].loop, svcs[1].loop
         # 80 bytes: room for the announcement (72), not for its message (96): it waits
-        root._ctl_credit[1] = 80
+        link = root.link(1)
+        link.ctl_credit = 80
         x = np.arange(1 << 14, dtype=np.float64)  # 128 KiB: two rendezvous segments
         h0 = svcs[0].broadcast_async(x, root=0, name="b", algorithm="one_to_all")
         h1 = svcs[1].broadcast_async(np.zeros_like(x), root=0, name="b", algorithm="one_to_all")
@@ -81,12 +83,12 @@ def test_an_announcement_that_crossed_an_unasked_clear_is_not_a_mismatch() -> No
             root._pass()
             other._pass()
         assert h1._event.is_set() and h0._event.is_set()
-        assert root._backlog[1], "the announcement should still be held back"
-        root._ctl_credit[1] = root._ctl_window  # now it leaves, after the op finished
+        assert link.backlog, "the announcement should still be held back"
+        link.ctl_credit = link.window  # now it leaves, after the op finished
         for _ in range(20):
             root._pass()
             other._pass()
-        assert not root._backlog[1]
+        assert not link.backlog
         np.testing.assert_array_equal(h1.wait(), x)
         assert not other.late_errors and not root.late_errors
     finally:

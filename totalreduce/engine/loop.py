@@ -78,6 +78,7 @@ from .failures import _error_from_peer
 from .floating import BufferPool, FloatingList
 from .lane_layout import C_INFLIGHT as L_INFLIGHT
 from .lane_loop import LaneHooks
+from .link import Link
 from .payload import OpKey, OpSpec, OpState, Payload
 from .peers import PeerHooks
 from .receiving import ReceiveHooks
@@ -210,24 +211,15 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
         self._heap: list[tuple[int, int, int, int, int, Payload]] = []
         self._cleared: list[tuple[int, int, int, int, Payload, int, int]] = []
         self._bodies_inflight = 0
-        self._blocked: list[list[tuple[int, int, int, int, int, Payload]]] = [
-            [] for _ in range(self.world)
-        ]
-        # Per peer: the outgoing message being built, messages waiting for credit,
-        # credits, and credit owed back.
+        # Per peer: the outgoing messages, the credits both ways, the body tags (link.py);
+        # the peers with something to flush.
         self._msg_cap = max(64 << 10, 2 * (FRAME_SIZE + cfg.micro_bytes) + MSG_SIZE)
-        self._out: list[bytearray | None] = [None] * self.world
-        self._out_frames = [0] * self.world
-        self._backlog: list[deque[tuple[bytearray, int]]] = [deque() for _ in range(self.world)]
+        self._ctl_window = 4 * self._msg_cap
+        self._links = [
+            Link(self._msg_cap, self._ctl_window, self.floating.eager_share)
+            for _ in range(self.world)
+        ]
         self._dirty: set[int] = set()
-        window = 4 * self._msg_cap
-        self._ctl_window = window
-        self._ctl_credit = [window] * self.world
-        self._queued = [0] * self.world  # bytes in outbox + backlog, not yet sent
-        self._eager_credit = [self.floating.eager_share] * self.world
-        self._owe_ctl = [0] * self.world
-        self._owe_eager = [0] * self.world
-        self._next_tag = [0] * self.world
         self._tag_span = int(getattr(transport, "tag_span", wire.BODY_TAG_SPAN))
         self._left: set[int] = set()  # peers that said goodbye (a subset of bad_peers)
         self._unreachable: set[int] = set()  # peers whose link failed: nothing goes to them
@@ -316,6 +308,10 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
             or len(self.compute)
             or self.compute.done
         )
+
+    def link(self, peer: int) -> Link:
+        """This rank's messaging state with world rank ``peer`` (outbox, credits, tags)."""
+        return self._links[peer]
 
     @property
     def sending(self) -> bool:

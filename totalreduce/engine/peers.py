@@ -25,6 +25,7 @@ from ..errors import OpFailedError, TotalReduceError, TransportError
 from ..transport.base import Transport
 from . import wire
 from .floating import FloatingList
+from .link import Link
 from .payload import OpKey, Payload
 from .sending import _NO_SHAPE, _RECV
 from .wire import BYE, F_AUX, F_WID
@@ -55,18 +56,8 @@ class PeerHooks:
     _unreachable: set[int]
     _reqs: list[Any]
     _owners: list[tuple[int, Any]]
-    _ctl_window: int
-    _ctl_credit: list[int]
-    _eager_credit: list[int]
-    _owe_ctl: list[int]
-    _owe_eager: list[int]
-    _out: list[bytearray | None]
-    _out_frames: list[int]
-    _backlog: list[deque[tuple[bytearray, int]]]
-    _queued: list[int]
+    _links: list[Link]
     _dirty: set[int]
-    _blocked: list[list[tuple[int, int, int, int, int, Payload]]]
-    _next_tag: list[int]
 
     # provided by CommLoop and its other bases
     _ring: Callable[[], None]
@@ -253,13 +244,5 @@ class PeerHooks:
         for key in self.floating.keys_from(peer):
             for ff in self.floating.take(key):
                 self._drop_floating(ff)
-        self._ctl_credit[peer] = self._ctl_window
-        self._eager_credit[peer] = self.floating.eager_share
-        self._owe_ctl[peer] = self._owe_eager[peer] = 0
-        self._out[peer] = None
-        self._out_frames[peer] = 0
-        self._backlog[peer].clear()
-        self._queued[peer] = 0
+        self._links[peer].reset()
         self._dirty.discard(peer)
-        self._blocked[peer].clear()
-        self._next_tag[peer] = 0

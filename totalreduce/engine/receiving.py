@@ -29,6 +29,7 @@ from ..transport.base import OversizeMessage, Transport
 from . import wire
 from .failures import ERROR_MISMATCH
 from .floating import BufferPool, FloatingFrame, FloatingList
+from .link import Link
 from .payload import OpKey, OpSpec, OpState, Payload
 from .sending import _NO_SHAPE, _RECV, _SEND
 from .wire import (
@@ -101,7 +102,7 @@ class ReceiveHooks:
     adopt: Callable[[int, wire.Frame], OpSpec | None] | None
     _left: set[int]
     _msg_cap: int
-    _next_tag: list[int]
+    _links: list[Link]
     _tag_span: int
     _rejected: dict[OpKey, set[int]]
     _bodies_inflight: int
@@ -271,7 +272,8 @@ class ReceiveHooks:
         p = self.table.get(key)
         if p is None and self.adopt is not None:
             p = self._adopted(source, f, key)
-        tag = wire.BODY_TAG_BASE + self._next_tag[source]
+        link = self._links[source]
+        tag = wire.BODY_TAG_BASE + link.body_tag()
         if p is not None and p.precleared:
             g = p.group_rank.get(source)
             q = None if g is None else p.spec.plan.recv_index.get((f[F_STEP], g, f[F_SEGMENT]))
@@ -320,7 +322,7 @@ class ReceiveHooks:
             self._rejected.setdefault(key, set()).add(source)
             self.stats.rejected += 1
             return
-        self._next_tag[source] = (self._next_tag[source] + 1) % self._tag_span
+        link.tag_used(self._tag_span)
         self._control(source, CTS, _NO_SHAPE, key, aux=tag, step=f[F_STEP], segment=f[F_SEGMENT])
 
     def _post_body(self, rec: _BodyRecv, tag: int) -> bool:
@@ -358,10 +360,11 @@ class ReceiveHooks:
                                 frame, False, source)  # fmt: skip
             else:
                 rec = _BodyRecv(p, q, self.pool.take(n), frame, True, source)
-            tag = wire.BODY_TAG_BASE + self._next_tag[source]
+            link = self._links[source]
+            tag = wire.BODY_TAG_BASE + link.body_tag()
             if not self._post_body(rec, tag):
                 continue
-            self._next_tag[source] = (self._next_tag[source] + 1) % self._tag_span
+            link.tag_used(self._tag_span)
             p.posted.add(rec)
             p.precleared[q] = tag
             self._control(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import TotalReduceError, TransportError
 from ..transport.base import Transport
 from . import wire
+from .link import Link
 from .payload import OpKey, OpState, Payload
 from .wire import DATA, F_GEN, F_SEGMENT, F_STEP, F_WID, FLAG_NEED, FRAME_SIZE, MSG_SIZE, NEED, RTS
 
@@ -60,18 +61,9 @@ class SendHooks:
     _heap: list[tuple[int, int, int, int, int, Payload]]
     _cleared: list[tuple[int, int, int, int, Payload, int, int]]
     _bodies_inflight: int
-    _blocked: list[list[tuple[int, int, int, int, int, Payload]]]
-    _msg_cap: int
-    _out: list[bytearray | None]
-    _out_frames: list[int]
-    _backlog: list[deque[tuple[bytearray, int]]]
+    _links: list[Link]
     _dirty: set[int]
     _ctl_window: int
-    _ctl_credit: list[int]
-    _queued: list[int]
-    _eager_credit: list[int]
-    _owe_ctl: list[int]
-    _owe_eager: list[int]
     _reqs: list[Any]
     _owners: list[tuple[int, Any]]
 
@@ -112,9 +104,6 @@ class SendHooks:
         for peer in recv_from:
             if peer != self.rank:
                 self._control(peer, NEED, p.shape, key)
-
-    def _room(self, peer: int, nbytes: int) -> bool:
-        return self._ctl_credit[peer] - self._queued[peer] >= nbytes
 
     def _schedule_sends(self) -> bool:
         progressed = False
@@ -164,14 +153,15 @@ class SendHooks:
                 progressed = True
                 continue
             charge = FRAME_SIZE + n
-            if n <= micro and self._eager_credit[dest] >= charge:
+            link = self._links[dest]
+            if n <= micro and link.eager_credit >= charge:
                 size = FRAME_SIZE + wire.padded(n)
-                if not self._room(dest, size):
-                    self._blocked[dest].append(heapq.heappop(heap))
+                if not link.room(size):
+                    link.blocked.append(heapq.heappop(heap))
                     continue
                 heapq.heappop(heap)
                 p.ready.discard(i)
-                self._eager_credit[dest] -= charge
+                link.eager_credit -= charge
                 body = p.bytes[reg.buffer][reg.offset * p.isz : reg.end * p.isz]
                 self._frame(dest, DATA, p, seg.step, seg.segment, n, body)
                 self.stats.bytes_sent += n
@@ -180,8 +170,8 @@ class SendHooks:
                     self.trace.segment(p.spec.name, p.spec.generation, "send", dest, n, t, t)
                 self._sent(p, i)  # the body is copied: the region is free again
             else:
-                if not self._room(dest, FRAME_SIZE):
-                    self._blocked[dest].append(heapq.heappop(heap))
+                if not link.room(FRAME_SIZE):
+                    link.blocked.append(heapq.heappop(heap))
                     continue
                 heapq.heappop(heap)
                 p.ready.discard(i)
@@ -199,7 +189,9 @@ class SendHooks:
             p.sent_any = True
             self.trace.op(p.spec.name, p.spec.generation, "first_send", p.spec.priority)
         carried = 0 if body is None else wire.padded(n)
-        ob = self._outbox(dest, FRAME_SIZE + carried)
+        link = self._links[dest]
+        ob = link.outbox(FRAME_SIZE + carried)
+        self._dirty.add(dest)
         wire.pack_frame(
             ob,
             ftype,
@@ -216,7 +208,7 @@ class SendHooks:
             ob += body.data
             if carried > n:
                 ob += bytes(carried - n)
-        self._out_frames[dest] += 1
+        link.out_frames += 1
         self.stats.frames_sent += 1
 
     def _control(
@@ -233,30 +225,18 @@ class SendHooks:
     ) -> None:
         """Queue a control frame for ``dest`` (never refused: its credit comes back)."""
         n = len(body)
-        ob = self._outbox(dest, FRAME_SIZE + wire.padded(n))
+        link = self._links[dest]
+        ob = link.outbox(FRAME_SIZE + wire.padded(n))
+        self._dirty.add(dest)
         wire.pack_frame(ob, ftype, shape, 0, aux, step, segment, key, n)
         if n:
             ob += body
             ob += bytes(wire.padded(n) - n)
-        self._out_frames[dest] += 1
+        link.out_frames += 1
         self.stats.frames_sent += 1
 
-    def _outbox(self, dest: int, need: int) -> bytearray:
-        ob = self._out[dest]
-        if ob is None:
-            ob = bytearray(MSG_SIZE)
-        elif len(ob) + need > self._msg_cap:
-            self._backlog[dest].append((ob, self._out_frames[dest]))
-            self._out_frames[dest] = 0
-            ob = bytearray(MSG_SIZE)
-        self._out[dest] = ob
-        self._queued[dest] += need
-        self._dirty.add(dest)
-        return ob
-
     def _owe(self, peer: int, ctl: int, eager: int) -> None:
-        self._owe_ctl[peer] += ctl
-        self._owe_eager[peer] += eager
+        self._links[peer].owe(ctl, eager)
         self._dirty.add(peer)
 
     def _flush(self) -> None:
@@ -264,39 +244,24 @@ class SendHooks:
         half = self._ctl_window // 2
         eager_half = max(1, self.floating.eager_share // 2)
         for dest in list(self._dirty):
-            backlog = self._backlog[dest]
-            ob = self._out[dest]
-            if ob is not None:
-                backlog.append((ob, self._out_frames[dest]))
-                self._out[dest] = None
-                self._out_frames[dest] = 0
-            while backlog and self._ctl_credit[dest] >= len(backlog[0][0]):
-                msg, nframes = backlog.popleft()
-                self._send_message(dest, msg, nframes)
-            owed = self._owe_ctl[dest] or self._owe_eager[dest]
+            link = self._links[dest]
+            link.close()
+            while (ready := link.next_message()) is not None:
+                self._send_message(dest, *ready)
             # Credit owed travels on its own (costing no credit) when a lot is owed, or
-            # when this rank's own messages wait for credit: the peer may be waiting for
-            # this credit to send the very messages that would return ours.
-            if owed and (
-                backlog or self._owe_ctl[dest] >= half or self._owe_eager[dest] >= eager_half
-            ):
+            # when messages of ours wait for credit (Link.owes).
+            if link.owes(half, eager_half, bool(link.backlog)):
                 self._send_message(dest, bytearray(MSG_SIZE), 0)
-            if not backlog:
+            if not link.backlog:
                 self._dirty.discard(dest)
 
     def _send_message(self, dest: int, msg: bytearray, nframes: int) -> None:
+        link = self._links[dest]
         if dest in self._unreachable or dest in self._left:
-            self._queued[dest] = 0
+            link.queued = 0
             return
-        wire.pack_message_header(
-            msg, nframes, self.rank, self._owe_ctl[dest], self._owe_eager[dest]
-        )
-        self._owe_ctl[dest] = 0
-        self._owe_eager[dest] = 0
-        n = len(msg)
-        if nframes:
-            self._ctl_credit[dest] -= n
-            self._queued[dest] -= n - MSG_SIZE
+        wire.pack_message_header(msg, nframes, self.rank, *link.take_owed())
+        link.charge(len(msg), nframes)
         buf = np.frombuffer(msg, dtype=np.uint8)
         try:
             req = self.t.isend(buf, dest, wire.CONTROL_TAG)
@@ -325,14 +290,10 @@ class SendHooks:
         self._maybe_finish(p)
 
     def _credit(self, peer: int, ctl: int, eager: int) -> None:
-        self._ctl_credit[peer] += ctl
-        self._eager_credit[peer] += eager
-        blocked = self._blocked[peer]
-        if blocked:
-            for entry in blocked:
-                heapq.heappush(self._heap, entry)
-            blocked.clear()
-        if self._backlog[peer]:
+        link = self._links[peer]
+        for entry in link.credit(ctl, eager):
+            heapq.heappush(self._heap, entry)
+        if link.backlog:
             self._dirty.add(peer)
 
     def _track(self, req: Any, what: int, obj: Any) -> None:
