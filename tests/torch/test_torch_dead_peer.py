@@ -56,7 +56,7 @@ KEEP = ["-disable-auto-cleanup"]
 CASES = [
     *((path, death, KEEP, "", 0) for path, death in (
         ("ddp", "raise"), ("ddp", "exit"), ("ddp", "kill"),
-        ("hook", "kill"), ("hook", "raise"), ("optimizer", "kill"),
+        ("hook", "kill"), ("hook", "exit"), ("optimizer", "kill"), ("optimizer", "raise"),
     )),
     ("ddp", "raise", [], "", 0),  # Hydra's default cleanup
     ("optimizer", "exit", KEEP, "uncaught", 1),  # the error ends the program
