@@ -25,6 +25,7 @@ Modes:
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -34,6 +35,12 @@ import numpy as np
 import totalreduce as tr
 
 SEGMENT = 8192
+
+
+def say(line: str) -> None:
+    """One line in one write: under PYTHONUNBUFFERED, print() writes the text and its newline
+    apart, and the lines of ranks reporting at once ran together (seen once)."""
+    os.write(1, (line + "\n").encode())
 
 
 def data(k: int, count: int, dtype: str, rank: int, p: int) -> np.ndarray:
@@ -354,7 +361,7 @@ def mode_dead(p: int, rank: int) -> None:
         tr.allreduce(np.ones(1 << 16), name="x")
         print(f"rank {rank}: DEAD-PEER NOT REPORTED", flush=True)
     except tr.TotalReduceError as exc:
-        print(f"rank {rank}: DEAD-PEER-REPORTED after {time.monotonic() - t0:.1f}s: {exc}")
+        say(f"rank {rank}: DEAD-PEER-REPORTED after {time.monotonic() - t0:.1f}s: {exc}")
     sys.stdout.flush()
     time.sleep(2.5)  # survivors stay, so none is taken for dead by the others
     os._exit(0)  # MPI cannot finalize with a dead peer
@@ -369,7 +376,7 @@ def mode_raise(p: int, rank: int) -> None:
         tr.allreduce(np.ones(4), name="x")
         print(f"rank {rank}: RAISE NOT REPORTED", flush=True)
     except tr.TotalReduceError as exc:
-        print(f"rank {rank}: RAISE-REPORTED after {time.monotonic() - t0:.1f}s: {exc}", flush=True)
+        say(f"rank {rank}: RAISE-REPORTED after {time.monotonic() - t0:.1f}s: {exc}")
 
 
 def main() -> None:

@@ -15,6 +15,9 @@ Modes:
 - ``express``: repeats of a name enter the lane from the submitting thread (the express
   path): exact with every ``out`` form, 600 in flight in random orders and priorities, and
   a repeat one rank changes (count, dtype) raises on every rank; the name works after.
+- ``stall``: the last rank submits 3 s late, past ``stall_shutdown_s=1``: every rank's
+  wait raises ``OpTimeoutError`` naming the op (the others also the late rank); once the
+  ranks are together again, the next op works.
 - ``threads``: four threads submit and wait on their own ops at once; a fifth waits
   on an op that only completes after the others.
 - ``peer_error``: the last rank aborts an op before submitting it: every rank's wait
@@ -247,6 +250,31 @@ def mode_express(p: int, rank: int) -> None:
     )
 
 
+def mode_stall(p: int, rank: int) -> None:
+    """The stall inspector on lane ops: the last rank submits 3 s late, past
+    stall_shutdown_s=1; every rank's wait raises OpTimeoutError naming the op (the others'
+    also name the late rank), and once the ranks are together again the next op works."""
+    from totalreduce.errors import OpTimeoutError
+
+    if rank == p - 1:
+        time.sleep(3.0)
+    t0 = time.monotonic()
+    text = ""
+    try:
+        tr.allreduce(np.ones(8, np.float32), name="s.late")
+    except OpTimeoutError as exc:
+        text = str(exc)
+    took = time.monotonic() - t0
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()  # the late rank is late for every op until it catches up
+    after = tr.allreduce(np.ones(4, np.float32), name="s.after")
+    ok = "op 's.late' generation 0" in text and np.all(after == p)
+    if rank != p - 1:
+        ok = ok and f"ranks [{p - 1}] have not submitted it" in text and took < 5
+    print(f"rank {rank}: STALL {'OK' if ok else 'FAILED'} {took:.1f}s {text!r}", flush=True)
+
+
 def mode_threads(p: int, rank: int) -> None:
     results = {}
     late = tr.allreduce_async(np.ones(8, np.int64) * (rank + 1), name="late") if rank == 0 else None
@@ -359,6 +387,8 @@ def main() -> None:
     opts = {"stall_warning_s": 30}
     if mode == "credit":
         opts["floating_pool_bytes"] = 16 * (16 << 10)
+    if mode == "stall":
+        opts["stall_shutdown_s"] = 1
     tr.init(**opts)
     p, rank = tr.size(), tr.rank()
     {
@@ -368,6 +398,7 @@ def main() -> None:
         "mismatch": mode_mismatch,
         "threads": mode_threads,
         "express": mode_express,
+        "stall": mode_stall,
         "peer_error": mode_peer_error,
         "background": mode_background,
         "absent_peer": mode_absent_peer,

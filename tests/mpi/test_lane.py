@@ -65,6 +65,11 @@ def test_lane_express_repeats_are_exact_and_mismatches_still_raise_everywhere() 
     assert out.count("EXPRESS OK") == 3, out
 
 
+def test_lane_stall_shutdown_fails_the_op_on_every_rank() -> None:
+    out = lane_run(3, "stall")
+    assert out.count("STALL OK") == 3, out
+
+
 def test_lane_threads_wait_on_their_own_ops() -> None:
     out = lane_run(2, "threads")
     assert out.count("THREADS OK") == 2, out

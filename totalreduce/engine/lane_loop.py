@@ -9,6 +9,7 @@ errors from peers, peers gone, aborts, stalls, shutdown.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 import threading
@@ -480,7 +481,6 @@ class LaneHooks:
 
     def _lane_stalls(self, now: float, first: float, warn: float, shut: float) -> None:
         """The stall inspector's pass over lane ops (see ``CommLoop._check_stalls``)."""
-        from ..errors import OpTimeoutError
         from .wire import PROBE
 
         lane = self.lane
@@ -496,21 +496,13 @@ class LaneHooks:
                 for world in spec.group:
                     if world != self.rank:
                         self._control(world, PROBE, shape, spec.key)  # type: ignore[attr-defined]
-            if shut > 0 and idle >= shut:
-                self._lane_fail(
-                    lop,
-                    OpTimeoutError(
-                        f"{spec.describe()}: no progress for {idle:.0f} s "
-                        f"(stall_shutdown_s={shut:g}); {self._lane_stall_text(lop)}"
-                    ),
-                    tell_peers=True,
-                )
-            elif warn > 0 and idle >= warn and not lop.warned:
+            timeout = self._stall_verdict(  # type: ignore[attr-defined]
+                spec, idle, warn, shut, lop.warned, functools.partial(self._lane_stall_text, lop)
+            )
+            if timeout is not None:
+                self._lane_fail(lop, timeout, tell_peers=True)
+            elif warn > 0 and idle >= warn:
                 lop.warned = True
-                log.warning(
-                    "rank %d: %s made no progress for %.0f s; %s",
-                    self.rank, spec.describe(), idle, self._lane_stall_text(lop),
-                )  # fmt: skip
 
     def _lane_stall_text(self, lop: LaneOp) -> str:
         lane = self.lane

@@ -12,6 +12,7 @@ waits for.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -71,24 +72,37 @@ class StallHooks:
                 for world in p.spec.group:
                     if world != self.rank and world not in p.heard:
                         self._control(world, PROBE, p.shape, p.key)
-            if shut > 0 and idle >= shut:
-                self._fail(
-                    p,
-                    OpTimeoutError(
-                        f"{p.spec.describe()}: no progress for {idle:.0f} s "
-                        f"(stall_shutdown_s={shut:g}); {self._stall_text(p)}"
-                    ),
-                    tell_peers=True,
-                )
-            elif warn > 0 and idle >= warn and not p.warned:
+            timeout = self._stall_verdict(
+                p.spec, idle, warn, shut, p.warned, functools.partial(self._stall_text, p)
+            )
+            if timeout is not None:
+                self._fail(p, timeout, tell_peers=True)
+            elif warn > 0 and idle >= warn:
                 p.warned = True
-                log.warning(
-                    "rank %d: %s made no progress for %.0f s; %s",
-                    self.rank,
-                    p.spec.describe(),
-                    idle,
-                    self._stall_text(p),
-                )
+
+    def _stall_verdict(
+        self,
+        spec: OpSpec,
+        idle: float,
+        warn: float,
+        shut: float,
+        warned: bool,
+        text: Callable[[], str],
+    ) -> OpTimeoutError | None:
+        """An op idle for ``idle`` s: the timeout error to fail it with past
+        ``stall_shutdown_s``; else, past ``stall_warning_s``, a warning logged once (the
+        caller marks the op warned).  For the main loop's ops and the lane's alike."""
+        if shut > 0 and idle >= shut:
+            return OpTimeoutError(
+                f"{spec.describe()}: no progress for {idle:.0f} s "
+                f"(stall_shutdown_s={shut:g}); {text()}"
+            )
+        if warn > 0 and idle >= warn and not warned:
+            log.warning(
+                "rank %d: %s made no progress for %.0f s; %s",
+                self.rank, spec.describe(), idle, text(),
+            )  # fmt: skip
+        return None
 
     def _stall_text(self, p: Payload) -> str:
         recv_from, send_to = p.waiting_on()

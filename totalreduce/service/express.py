@@ -43,14 +43,13 @@ class Express:
     """What a repeat of one (name, op, in-place) allreduce needs (see the module docstring)."""
 
     __slots__ = (
-        "npdt", "shape", "ndim", "dt", "rop", "sig", "code", "sched", "plan", "count",
+        "npdt", "shape", "dt", "rop", "sig", "code", "sched", "plan", "count",
         "wid", "group", "in_place", "epoch", "lane_shape",
     )  # fmt: skip
 
     def __init__(self, spec: OpSpec, x: np.ndarray, sig: tuple[Any, ...], epoch: int) -> None:
         self.npdt = x.dtype
         self.shape = x.shape
-        self.ndim = x.ndim
         self.dt: DType = spec.dtype
         self.rop: ReduceOp = spec.op
         self.sig = sig
@@ -83,28 +82,15 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         return None
     if priority.__class__ is not int or not -(1 << 31) <= priority < 1 << 31:
         return None
-    flat = x if ex.ndim == 1 else x.reshape(-1)
+    flat = x if x.ndim == 1 else x.reshape(-1)
     if out is None:
         o = np.empty(ex.count, dtype=ex.npdt)
-        result: Any = o if ex.ndim == 1 else o.reshape(ex.shape)
-    elif out is x:
-        o = flat
-        result = x
-    elif (
-        out.__class__ is np.ndarray
-        and out.dtype is ex.npdt
-        and out.shape == ex.shape
-        and out.flags.writeable
-        and out.flags.c_contiguous
-        and not np.may_share_memory(out, x)
-    ):
-        result = out
-        o = out if ex.ndim == 1 else out.reshape(-1)
-    else:  # another shape, a view of the input, a buffer: the whole way's checks
-        o, in_place = checks.output(flat, out)
+        result: Any = o if x.ndim == 1 else o.reshape(ex.shape)
+    else:
+        o, in_place = checks.output(x, out)  # as the whole way checks it
         if in_place != ex.in_place:
             return None
-        result = o.reshape(ex.shape)
+        result = o if o.shape == ex.shape else o.reshape(ex.shape)
         if o.ndim != 1:
             o = o.reshape(-1)
     op_name, gen = svc._names.name(name, ex.sig)
