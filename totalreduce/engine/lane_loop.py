@@ -508,8 +508,8 @@ class LaneHooks:
         lane = self.lane
         assert lane is not None
         recv_from = lane.waiting_on(lop)
-        missing = [
-            w for w in lop.spec.group if w != self.rank and w not in lop.have and w in recv_from
-        ]
+        # After the probe every rank that submitted the op has answered HAVE: the others are
+        # missing, whether this rank waits on them or on a rank that waits on them.
+        missing = [w for w in lop.spec.group if w != self.rank and w not in lop.have]
         text = f"ranks {missing} have not submitted it; " if missing and lop.probed else ""
         return text + f"it waits for frames from ranks {recv_from}"
