@@ -24,7 +24,8 @@ class Config:
     """Every option of a service.
 
     - ``segment_bytes``: largest piece of a step sent as one frame: the unit of
-      pipelining and of preemption. All ranks must agree.
+      pipelining and of preemption (the compiled lane cuts at 256 KiB, or at this if
+      smaller). All ranks must agree.
     - ``micro_bytes``: bodies up to this size travel inside the header message.
       All ranks must agree.
     - ``max_inflight_sends``: frames posted and not yet completed, at most.

@@ -10,7 +10,7 @@ Modes:
   rank 0 all at once, the others blocking one by one: frames beyond the credit go as
   announcements and wait for READY; exact results, no deadlock.
 - ``mismatch``: ranks disagree on an op's count inside the lane, and across the lane
-  and the main loop (one rank's count is over the lane's limit), and on its dtype:
+  and the main loop (one rank's type is one the lane does not run), and on its dtype:
   every rank raises ``OpMismatchError`` naming the op, and the next op works.
 - ``express``: repeats of a name enter the lane from the submitting thread (the express
   path): exact with every ``out`` form, 600 in flight in random orders and priorities, and
@@ -27,6 +27,14 @@ Modes:
   thread's Python kept at least half its speed (median of five rounds).
 - ``absent_peer``: an op waits 2 s for a peer that submits late; meanwhile rank 0's
   process uses under 15% of a core (its comm thread spins only just after progress).
+- ``large``: allreduces above the lane's eager limit, whose bodies travel on their own
+  tags once the receiver has posted the receive: every algorithm, the lane's element
+  types, sums, max and avg, in place and not, in per-rank random orders and priorities
+  with the last rank submitting late (clears it had not asked for are dropped and asked
+  again); exact, the lane ran them all and sent bodies.  Then a count that one rank
+  changes raises ``OpMismatchError`` on every rank, an op one rank aborts while the
+  others' receives are posted fails everywhere with its reason, and after both the next
+  large op is exact and no body request is left posted.
 """
 
 from __future__ import annotations
@@ -182,9 +190,9 @@ def mode_mismatch(p: int, rank: int) -> None:
     # inside the lane: counts differ
     n = 100 if rank == 0 else 101
     texts.append(_raises(lambda: tr.allreduce(np.ones(n, np.float32), name="m.count")))
-    # across the lane and the main loop: one rank's op is over the lane's limit
-    n = 64 if rank == 0 else 1 << 17
-    texts.append(_raises(lambda: tr.allreduce(np.ones(n, np.float32), name="m.cross")))
+    # across the lane and the main loop: one rank's op has a type the lane does not run
+    dt, n = (np.float32, 64) if rank == 0 else (np.int16, 128)
+    texts.append(_raises(lambda: tr.allreduce(np.ones(n, dt), name="m.cross")))
     # dtype differs (same byte count)
     dt = np.float32 if rank == 0 else np.int32
     texts.append(_raises(lambda: tr.allreduce(np.ones(64, dt), name="m.dtype")))
@@ -348,6 +356,88 @@ def mode_background(p: int, rank: int) -> None:
     )
 
 
+def mode_large(p: int, rank: int) -> None:
+    lane = tr.default_service().loop.lane
+    st0 = lane.stats()
+    rng = random.Random(77 + rank)
+    cases = []
+    for algo in ALGOS:
+        for n, dtype, op in (
+            (40_000, "float32", "sum"),
+            (300_001, "float32", "sum"),
+            (70_000, "float64", "avg"),
+            (90_001, "int64", "max"),
+            (100_000, "float16", "sum"),
+            (50_000, "int32", "sum"),
+        ):
+            cases.append((algo, n, dtype, op))
+    order = list(range(len(cases)))
+    rng.shuffle(order)
+    handles = {}
+    for i in order:
+        if rank == p - 1 and i == order[len(order) // 2]:
+            time.sleep(0.3)  # the others' clears for what follows come before its ops
+        algo, n, dtype, op = cases[i]
+        x = value(i, n, dtype, rank)
+        form = i % 3  # out of place, in place, into a given out
+        out = x if form == 1 else (np.empty_like(x) if form == 2 else None)
+        handles[i] = (
+            out,
+            tr.allreduce_async(
+                x, op=op, algorithm=algo, name=f"L{i}", out=out, priority=rng.randint(-2, 2)
+            ),
+        )
+    bad = 0
+    for i, (out, h) in sorted(handles.items()):
+        algo, n, dtype, op = cases[i]
+        got = h.wait(timeout=60)
+        if out is not None and not np.shares_memory(got, out):
+            bad += 1
+        want = reference(i, n, dtype, op, p)
+        if dtype == "float16":  # sums of small integers: exact in float16 too
+            ok = np.array_equal(got.astype(np.float32), want.astype(np.float32))
+        else:
+            ok = np.array_equal(got, want)
+        if not ok:
+            bad += 1
+            print(f"rank {rank}: WRONG {algo} n={n} {dtype} {op}: {got[:4]} vs {want[:4]}")
+    st = lane.stats()
+    ran = st["ops_done"] - st0["ops_done"]
+    bodies = st["bodies_sent"] - st0["bodies_sent"]
+    # a count one rank changes
+    n = 50_000 if rank == 0 else 50_001
+    text = _raises(lambda: tr.allreduce(np.ones(n, np.float32), name="L.count"))
+    # an op one rank aborts while the others' receives are posted
+    if rank == p - 1:
+        time.sleep(0.2)
+        tr.default_service().abort("L.doomed", 0, reason="given up by the test")
+    h = tr.allreduce_async(np.ones(200_000, np.float32), name="L.doomed")
+    try:
+        h.wait(timeout=30)
+        why = ""
+    except (OpFailedError, OpMismatchError) as exc:
+        why = str(exc)
+    after = tr.allreduce(np.full(200_000, rank, np.float32), name="L.after")
+    settled = time.monotonic() + 5
+    while lane.stats()["bodies_in_flight"] and time.monotonic() < settled:
+        tr.allreduce(np.ones(8, np.float32), name="L.tick")
+    left = lane.stats()["bodies_in_flight"]
+    ok = (
+        bad == 0
+        and ran == len(cases)
+        and bodies > 0
+        and "op 'L.count'" in text
+        and "given up by the test" in why
+        and np.all(after == p * (p - 1) // 2)
+        and left == 0
+    )
+    print(
+        f"rank {rank}: LARGE {'OK' if ok else 'FAILED'} bad={bad} ran={ran}/{len(cases)} "
+        f"bodies={bodies} left={left} count={text[:80]!r} doomed={why[:80]!r}",
+        flush=True,
+    )
+
+
 def mode_absent_peer(p: int, rank: int) -> None:
     """An op in flight whose peer submits 2 s late costs this rank little CPU meanwhile:
     the comm thread spins only just after progress, then sleeps between passes."""
@@ -402,6 +492,7 @@ def main() -> None:
         "peer_error": mode_peer_error,
         "background": mode_background,
         "absent_peer": mode_absent_peer,
+        "large": mode_large,
     }[mode](p, rank)
     tr.shutdown()
 

@@ -60,6 +60,12 @@ def test_lane_mismatches_raise_on_every_rank(n: int) -> None:
     assert out.count("MISMATCH OK") == n, out
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_lane_large_ops_travel_as_bodies_exact_in_any_order(n: int) -> None:
+    out = lane_run(n, "large")
+    assert out.count("LARGE OK") == n, out
+
+
 def test_lane_express_repeats_are_exact_and_mismatches_still_raise_everywhere() -> None:
     out = lane_run(3, "express")
     assert out.count("EXPRESS OK") == 3, out

@@ -80,7 +80,20 @@ C_RQ = 56  # READY answers owed (op slot, its submission number, peer), sent as 
 C_RQCAP = 57
 C_NRQ = 58
 C_KICK = 59  # Python wants the comm thread back: lane_drive returns at its next check
-C_LEN = 64
+C_BTAG = 60  # first tag of the bodies of large segments (-1: the lane runs no large ops)
+C_BSPAN = 61  # body tags rotate through this many values per peer
+C_BREQ = 62  # the body request table (entries of BR_N words; handles in the arena)
+C_NBREQ = 63  # body requests posted
+C_BREQCAP = 64
+C_A_BREQ = 65  # arena offset of the body requests' handles (MPI_Request array)
+C_ORPHANS = 66  # body requests of failed ops still posted (their buffers must live)
+C_BODYCAP = 67  # body sends in flight to one peer at most (later ones wait, by priority)
+C_DEFER = 68  # room for ready sends a pass puts off (a peer at C_BODYCAP)
+C_BODIES_SENT = 69
+C_BODIES_RECV = 70
+C_A_BIDX = 77  # arena offset of MPI_Testsome's indices (C ints) for the body requests
+C_A_BST = 78  # and of its statuses
+C_LEN = 80
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0
@@ -106,7 +119,9 @@ O_SEQ = 19
 O_ME = 20
 O_ERR = 21
 O_URGENT = 22
-O_N = 24
+O_NREQ = 23  # body requests of the op posted and not complete
+O_SCR = 24  # address of the op's scratch: where large receive segments land
+O_N = 26
 
 # op states
 S_FREE = 0
@@ -121,20 +136,28 @@ H_FOREIGN = -3  # an op of the main loop: a frame for it here is a disagreement
 H_FAILED = -4  # an op that failed here: its late frames are dropped
 H_DONE = -5  # an op finished here: a frame for it means the ranks disagree (EV_LATE)
 
-# -- per-op segment state: mem[dyn + slot * 5 * SEGCAP + D_* * SEGCAP + i] ----------
+# -- per-op segment state: mem[dyn + slot * D_N * SEGCAP + D_* * SEGCAP + i] --------
 D_SW = 0  # waits left, per send segment
-D_SS = 1  # state, per send segment
+D_SS = 1  # state, per send segment (SS_* in the low 3 bits, SB_* bits above)
 D_RW = 2  # waits left, per receive segment
 D_RS = 3  # state, per receive segment
-D_RSLOT = 4  # pool slot holding a body that came before its turn
+D_RSLOT = 4  # pool slot holding a body that came before its turn; a large one's tag
+D_STAG = 5  # a large send segment's tag, from the receiver's CTS
+D_N = 6
 # send segment states
 SS_WAIT = 0
 SS_HELD = 1  # ready, no credit: announced, waits for READY
 SS_SENT = 2
+SS_ASKED = 3  # a large segment, ready, no clear yet: ASK sent, waits for CTS
+SS_BODY = 4  # a large segment's body is on the wire (MPI_Isend from the op's buffer)
+SB_READY = 8  # the peer said READY for the op: no credit needed
+SB_ANNOUNCED = 16  # the op's frames were announced (RTS) to the peer
+SB_CLEARED = 32  # a large segment's CTS came: its tag is in D_STAG
 # receive segment states
 RS_WAIT = 0
 RS_STAGED = 1
 RS_DONE = 2
+RS_POSTED = 3  # a large segment's receive is posted into the op's scratch
 
 # -- pool slot records: mem[meta + slot * M_N + M_*] ---------------------------------
 M_NEXT = 0
@@ -148,7 +171,8 @@ P_CREDIT = 0  # slots we may still fill at the peer
 P_OWED = 1  # slots freed here that the peer has not been told of
 P_OUTLEN = 2  # bytes in the outbox (0: empty; else header and frames)
 P_NFRAMES = 3
-P_CLEARED = 4  # unused
+P_NEXTTAG = 4  # the next body tag (an offset from C_BTAG) for a receive from the peer
+P_BODIES = 5  # body sends to the peer in flight
 P_N = 6
 
 # -- events: mem[evq + i * E_N + E_*] ------------------------------------------------
@@ -178,6 +202,14 @@ MF_TYPE = 5
 MF_BODY = 6
 MF_CREDIT = 7
 MF_LONG = 8
+MF_TAG = 9
+
+# -- body requests: mem[breq + i * BR_N + BR_*] (dense; swap-remove) -----------------
+BR_SLOT = 0  # the op's slot (-1: its op failed, the request is an orphan)
+BR_WHAT = 1  # send segment i (>= 0) or receive segment q (-q - 1)
+BR_PEER = 2
+BR_CANCEL = 3  # 1: an orphan receive already cancelled
+BR_N = 4
 
 # -- plan records in prog --------------------------------------------------------------
 PL_NS = 0
@@ -188,7 +220,9 @@ PL_SENDS = 4
 PL_RECVS = 5
 PL_LOCS = 6
 PL_ISZ = 7
-PL_N = 8
+PL_SCR = 8  # bytes of scratch an op of the plan needs (its large receive segments)
+PL_NLARGE = 9  # large receive segments (posted when the op starts)
+PL_N = 10
 # segment rows
 G_STEP = 0
 G_SEG = 1
@@ -202,7 +236,9 @@ G_SUCC = 8  # offset of its successors in prog
 G_NSUCC = 9
 G_SBUF = 10  # a receive's base: dst = base (op) body (-1: dst itself)
 G_SOFF = 11
-G_N = 12
+G_SCR = 12  # a large receive segment's offset in the op's scratch (-1: eager; SCR_DIRECT)
+G_N = 13
+SCR_DIRECT = -2  # a large copy with no waits: received straight into its place
 # local op rows
 L_KIND = 0
 L_DBUF = 1
@@ -227,4 +263,6 @@ FRAME_SIZE = 72
 F_DATA = 1
 F_RTS = 2  # "I hold frames of this op for you, and no credit": answered by READY
 F_READY = 5  # "the op is submitted here: send without credit"
+F_CTS = 6  # "the receive of this large segment is posted, on the tag in the frame"
+F_ASK = 7  # "this large segment is ready here and I have no clear for it": answered by CTS
 FLAG_CREDIT = 2  # the frame spent a slot of credit

@@ -44,6 +44,7 @@ _MALFORMED = {
     L.MF_BODY: "eager body over micro_bytes",
     L.MF_CREDIT: "a frame or credit beyond what this rank granted",
     L.MF_LONG: "longer than any message a peer may send",
+    L.MF_TAG: "a clear naming a tag outside the lane's body tags",
 }
 
 
@@ -113,7 +114,7 @@ class LaneHooks:
             self._lane_refuse(
                 spec,
                 OpFailedError(
-                    f"{spec.describe()}: rank {self.rank} has {lane.inflight} small ops in flight, "
+                    f"{spec.describe()}: rank {self.rank} has {lane.inflight} ops in flight, "
                     "the most the compiled lane holds; wait for some before submitting more"
                 ),
             )

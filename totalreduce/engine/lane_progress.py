@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from numba import njit
 
-from ..kernels.raw import average_raw, copy_raw, reduce_raw
+from ..kernels.raw import average_raw, copy_raw, reduce3_raw, reduce_raw
 from ..native.libc import memcpy
+from ..transport.mpi_native import B_HANDLE_BYTES, mpi_isend
 from .lane_layout import *  # noqa: F403 - the field constants
 from .lane_tables import (
     _dyn,
@@ -115,7 +116,9 @@ def _end(mem, slot):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _fail(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
-    """Op ``slot`` fails here: give back its staged slots, remember its key as failed."""
+    """Op ``slot`` fails here: give back its staged slots, remember its key as failed.
+    Its body requests still posted become orphans (the next pass cancels the receives;
+    Python keeps the buffers alive until ``C_ORPHANS`` is 0 again)."""
     o = _op(mem, slot)
     if mem[o + O_STATE] != S_ACTIVE:
         return
@@ -123,10 +126,20 @@ def _fail(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
     plan = mem[o + O_PLAN]
     rs = _dyn(mem, slot, D_RS)
     rsl = _dyn(mem, slot, D_RSLOT)
+    r0 = prog[plan + PL_RECVS]
     for q in range(prog[plan + PL_NR]):
-        if mem[rs + q] == RS_STAGED:
+        if mem[rs + q] == RS_STAGED and prog[r0 + q * G_N + G_SCR] == -1:
             slot_give(mem, mem[rsl + q])
-            mem[rs + q] = RS_DONE
+        mem[rs + q] = RS_DONE
+    if mem[o + O_NREQ]:
+        br = mem[C_BREQ]
+        for k in range(mem[C_NBREQ]):
+            e = br + k * BR_N
+            if mem[e + BR_SLOT] == slot:
+                mem[e + BR_SLOT] = -1
+                mem[C_ORPHANS] += 1
+                if mem[e + BR_WHAT] >= 0:
+                    mem[mem[C_PEERS] + mem[e + BR_PEER] * P_N + P_BODIES] -= 1
     remember_key(mem, mem[o + O_WID], mem[o + O_GEN], H_FAILED)
     _end(mem, slot)
 
@@ -171,12 +184,15 @@ def _apply(mem, prog, arena, slot, q, body):  # type: ignore[no-untyped-def]
     dst = mem[o + O_IN + prog[r + G_BUF]] + prog[r + G_OFF]
     n = prog[r + G_NBYTES]
     if prog[r + G_ACTION] == ACT_COPY:
-        copy_raw(dst, body, n)
+        copy_raw(dst, body, n)  # (a body received in place: dst is body, nothing moves)
     else:
-        if prog[r + G_SBUF] >= 0:
-            copy_raw(dst, mem[o + O_IN + prog[r + G_SBUF]] + prog[r + G_SOFF], n)
         isz = prog[mem[o + O_PLAN] + PL_ISZ]
-        if reduce_raw(mem[o + O_DT], mem[o + O_ROP], dst, body, n // isz) < 0:
+        if prog[r + G_SBUF] >= 0:
+            src = mem[o + O_IN + prog[r + G_SBUF]] + prog[r + G_SOFF]
+            rc = reduce3_raw(mem[o + O_DT], mem[o + O_ROP], dst, src, body, n // isz)
+        else:
+            rc = reduce_raw(mem[o + O_DT], mem[o + O_ROP], dst, body, n // isz)
+        if rc < 0:
             _fail(mem, prog, arena, slot)
             _event(mem, arena, EV_KERNEL, slot, -1, 0, 0, 0)
             return
@@ -199,9 +215,13 @@ def _drain_stack(mem, prog, arena):  # type: ignore[no-untyped-def]
         if q >= 0:
             if mem[_dyn(mem, slot, D_RS) + q] != RS_STAGED:
                 continue
-            s = mem[_dyn(mem, slot, D_RSLOT) + q]
-            _apply(mem, prog, arena, slot, q, _slot_addr(mem, abase, s) + FRAME_SIZE)
-            slot_give(mem, s)
+            scr = prog[prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N + G_SCR]
+            if scr >= 0:  # a large segment's body, in the op's scratch
+                _apply(mem, prog, arena, slot, q, mem[o + O_SCR] + scr)
+            else:
+                s = mem[_dyn(mem, slot, D_RSLOT) + q]
+                _apply(mem, prog, arena, slot, q, _slot_addr(mem, abase, s) + FRAME_SIZE)
+                slot_give(mem, s)
         _finish(mem, prog, arena, slot)
 
 
@@ -232,7 +252,7 @@ def _mark_peer(mem, prog, slot, dest, bit):  # type: ignore[no-untyped-def]
     for i in range(prog[plan + PL_NS]):
         if prog[g0 + prog[s0 + i * G_N + G_PEER]] == dest:
             st = mem[ss + i] | bit
-            if bit == 8 and (st & 7) == SS_HELD:
+            if bit == SB_READY and (st & 7) == SS_HELD:
                 st = st & ~7
                 _heap_push(mem, slot, i)
                 released += 1
@@ -241,52 +261,124 @@ def _mark_peer(mem, prog, slot, dest, bit):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
+def _find_send(mem, prog, slot, dest, step, seg):  # type: ignore[no-untyped-def]
+    """The send segment of op ``slot`` to world rank ``dest`` for (step, seg), or -1."""
+    o = _op(mem, slot)
+    plan = mem[o + O_PLAN]
+    g0 = mem[o + O_GROUP]
+    s0 = prog[plan + PL_SENDS]
+    for i in range(prog[plan + PL_NS]):
+        g = s0 + i * G_N
+        if prog[g + G_STEP] == step and prog[g + G_SEG] == seg:
+            if prog[g0 + prog[g + G_PEER]] == dest:
+                return i
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _send_body(mem, prog, arena, b, slot, i, dest, g, n):  # type: ignore[no-untyped-def]
+    """Post the body of large send segment ``i`` (cleared: its tag is known) straight from
+    the op's buffer.  1 posted (or failed into an event), 0 no request free, 2 the peer
+    has ``C_BODYCAP`` bodies in flight: later."""
+    pw = mem[C_PEERS] + dest * P_N
+    if mem[pw + P_BODIES] >= mem[C_BODYCAP]:
+        return 2
+    k = mem[C_NBREQ]
+    if k >= mem[C_BREQCAP]:
+        return 0
+    o = _op(mem, slot)
+    addr = mem[o + O_IN + prog[g + G_BUF]] + prog[g + G_OFF]
+    tag = mem[_dyn(mem, slot, D_STAG) + i]
+    hb = b[B_HANDLE_BYTES]
+    rc = mpi_isend(b, addr, n, dest, tag, arena.ctypes.data + mem[C_A_BREQ] + k * hb)
+    if rc < 0:
+        _event(mem, arena, EV_MPI, slot, dest, rc, 0, 0)
+        return 1
+    e = mem[C_BREQ] + k * BR_N
+    mem[e + BR_SLOT] = slot
+    mem[e + BR_WHAT] = i
+    mem[e + BR_PEER] = dest
+    mem[e + BR_CANCEL] = 0
+    mem[C_NBREQ] = k + 1
+    mem[o + O_NREQ] += 1
+    mem[pw + P_BODIES] += 1
+    ss = _dyn(mem, slot, D_SS) + i
+    mem[ss] = (mem[ss] & ~7) | SS_BODY
+    mem[C_BODIES_SENT] += 1
+    return 1
+
+
+@njit(nogil=True, cache=True)
 def _emit(mem, prog, arena, b, slot, i):  # type: ignore[no-untyped-def]
-    """Send segment ``i`` of op ``slot`` (or announce it); False: no room, try later."""
+    """Send segment ``i`` of op ``slot`` (or announce it, or ask for its clear): 1 done,
+    0 no room (try again later), 2 put off (its peer has enough bodies in flight)."""
     o = _op(mem, slot)
     if mem[o + O_STATE] != S_ACTIVE:
-        return True
+        return 1
     g = prog[mem[o + O_PLAN] + PL_SENDS] + i * G_N
     dest = prog[mem[o + O_GROUP] + prog[g + G_PEER]]
     ss = _dyn(mem, slot, D_SS) + i
     st = mem[ss]
-    if (st & 7) == SS_SENT:
-        return True
+    if (st & 7) == SS_SENT or (st & 7) == SS_BODY:
+        return 1
+    n = prog[g + G_NBYTES]
+    if n > mem[C_MICRO]:  # a large segment: its body goes on its own tag once cleared
+        if st & SB_CLEARED:
+            return _send_body(mem, prog, arena, b, slot, i, dest, g, n)
+        if (st & 7) == SS_ASKED:
+            return 1
+        a = _room(mem, arena, b, dest, FRAME_SIZE)
+        if a == 0:
+            return 0
+        _write_frame(mem, a, F_ASK, 0, slot, prog[g + G_STEP], prog[g + G_SEG], n)
+        mem[ss] = (st & ~7) | SS_ASKED
+        return 1
     flags = 0
-    if not st & 8:
+    if not st & SB_READY:
         pw = mem[C_PEERS] + dest * P_N
         if mem[pw + P_CREDIT] <= 0:
-            if not st & 16:
+            if not st & SB_ANNOUNCED:
                 a = _room(mem, arena, b, dest, FRAME_SIZE)
                 if a == 0:
-                    return False
+                    return 0
                 _write_frame(mem, a, F_RTS, 0, slot, 0, 0, 0)
-                _mark_peer(mem, prog, slot, dest, 16)
+                _mark_peer(mem, prog, slot, dest, SB_ANNOUNCED)
             mem[ss] = (mem[ss] & ~7) | SS_HELD
-            return True
+            return 1
         flags = FLAG_CREDIT
-    n = prog[g + G_NBYTES]
     a = _room(mem, arena, b, dest, FRAME_SIZE + ((n + 7) & ~7))
     if a == 0:
-        return False
+        return 0
     if flags:
         mem[mem[C_PEERS] + dest * P_N + P_CREDIT] -= 1
     _write_frame(mem, a, F_DATA, flags, slot, prog[g + G_STEP], prog[g + G_SEG], n)
     if n:
         memcpy(a + FRAME_SIZE, mem[o + O_IN + prog[g + G_BUF]] + prog[g + G_OFF], n)
     _sent(mem, prog, arena, slot, i)
-    return True
+    return 1
 
 
 @njit(nogil=True, cache=True)
 def _send_ready(mem, prog, arena, b):  # type: ignore[no-untyped-def]
-    """Send ready segments in priority order while there is room."""
+    """Send ready segments in priority order while there is room; bodies for a peer with
+    ``C_BODYCAP`` in flight are put off (back into the heap after the pass), so a more
+    urgent op's bodies overtake them when a body completes."""
+    nd = 0
+    dfr = mem[C_DEFER]
     while _heap_len(mem) > 0:
         base = mem[C_STK] + mem[C_STKCAP] * 2 + 1
         slot = mem[base + 2]
         i = mem[base + 3]
         _heap_pop(mem)
-        if not _emit(mem, prog, arena, b, slot, i):
+        r = _emit(mem, prog, arena, b, slot, i)
+        if r == 0:
             _heap_push(mem, slot, i)
-            return
+            break
+        if r == 2:
+            mem[dfr + nd * 2] = slot
+            mem[dfr + nd * 2 + 1] = i
+            nd += 1
+            continue
         _drain_stack(mem, prog, arena)
+    for k in range(nd):
+        _heap_push(mem, mem[dfr + k * 2], mem[dfr + k * 2 + 1])

@@ -92,7 +92,7 @@ def _op(mem, slot):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True, inline="always")
 def _dyn(mem, slot, which):  # type: ignore[no-untyped-def]
-    return mem[C_DYN] + (slot * 5 + which) * mem[C_SEGCAP]
+    return mem[C_DYN] + (slot * D_N + which) * mem[C_SEGCAP]
 
 
 @njit(nogil=True, cache=True, inline="always")

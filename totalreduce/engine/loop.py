@@ -145,7 +145,7 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
         run: Callable[..., None] | None = None,
     ) -> None:
         self.t = transport
-        #: The compiled lane for small ops (``attach_lane``), or None.
+        #: The compiled lane for the allreduces it runs (``attach_lane``), or None.
         self.lane: Lane | None = None
         # Small reductions run right here (through the kernels the service hands
         # in), sparing two thread hand-offs; big ones go to the reducer thread.
@@ -239,7 +239,7 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
     # ------------------------------------------------------------------ client side
 
     def attach_lane(self, lane: Lane) -> None:
-        """Run the small ops the compiled lane can run there (before any op is submitted)."""
+        """Run the ops the compiled lane can run there (before any op is submitted)."""
         self.lane = lane
 
     def submit(self, spec: OpSpec) -> None:

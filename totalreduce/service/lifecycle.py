@@ -57,9 +57,13 @@ class Lifecycle(OpSubmitter):
         )
         bind = getattr(transport, "native_binding", None)  # MPI: compiled code may call it
         if cfg.lane and cfg.micro_bytes >= 64 and bind is not None and self.loop.world == self.size:
-            from ..engine.lane import Lane
-            from ..engine.wire import CONTROL_TAG
+            from ..engine.lane import LANE_BODY_SPAN, Lane
+            from ..engine.wire import BODY_TAG_BASE, CONTROL_TAG
 
+            # The lane's body tags follow the main loop's, where MPI's tags reach that far.
+            body_tag = BODY_TAG_BASE + int(getattr(transport, "tag_span", 0))
+            if body_tag + LANE_BODY_SPAN > int(getattr(transport, "tag_ub", 0)):
+                body_tag = -1  # large allreduces stay with the main loop
             self.loop.attach_lane(
                 Lane(
                     bind(),
@@ -68,6 +72,8 @@ class Lifecycle(OpSubmitter):
                     cfg.micro_bytes,
                     ctl_tag=CONTROL_TAG,
                     pool_bytes=cfg.floating_pool_bytes,
+                    segment_bytes=cfg.segment_bytes,
+                    body_tag=body_tag,
                 )  # fmt: skip
             )
         self.reducer = Reducer(self.loop.compute, self.loop.notify)
