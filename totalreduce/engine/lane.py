@@ -120,12 +120,13 @@ class LaneShape:
     """The lane's fields of an op shape (all but generation, priority and urgency), kept by
     whoever submits that shape again and again (:meth:`Lane.shape_of`)."""
 
-    __slots__ = ("fields", "copy_in", "work")
+    __slots__ = ("fields", "copy_in", "work", "scratch")
 
-    def __init__(self, fields: np.ndarray, copy_in: bool, work: int) -> None:
+    def __init__(self, fields: np.ndarray, copy_in: bool, work: int, scratch: int) -> None:
         self.fields = fields
         self.copy_in = copy_in  # in place, and the schedule reads the input after writing
         self.work = work  # elements of the schedule's WORK buffer each op needs (0: none)
+        self.scratch = scratch  # bytes of scratch for its large receives (0: none)
 
 
 class Lane:
@@ -442,6 +443,7 @@ class Lane:
             self._fields_of(spec, plan, np.zeros(16, dtype=np.int64)),
             spec.in_place and sched.reads_input,
             sched.work_count,
+            int(self.prog[plan + L.PL_SCR]),
         )
 
     def enter(self, spec: OpSpec, shape: LaneShape) -> LaneOp | None:
@@ -500,7 +502,7 @@ class Lane:
         a[2] = 0 if work is None else work.__array_interface__["data"][0]
         mem = self.mem
         prog = self.prog
-        nscr = int(prog[f[10] + L.PL_SCR])
+        nscr = int(prog[f[10] + L.PL_SCR]) if shape is None else shape.scratch
         a[3] = 0
         if nscr:
             scratch = self._take(nscr)
@@ -590,11 +592,12 @@ class Lane:
                 continue
             by_key.pop(lop.key, None)
             ok = mem[states + slot * L.O_N] == L.S_DONE
-            if ok or not mem[states - L.O_STATE + slot * L.O_N + L.O_NREQ]:
+            if not ok and mem[states - L.O_STATE + slot * L.O_N + L.O_NREQ]:
+                # bodies still posted into its buffers: they live until those end
+                self._orphans.append((lop.keep, lop.spec.inbuf, lop.spec.outbuf, lop.pooled))
+            elif lop.pooled:
                 for raw in lop.pooled:
                     self._give(raw)
-            else:  # bodies still posted into its buffers: they live until those end
-                self._orphans.append((lop.keep, lop.spec.inbuf, lop.spec.outbuf, lop.pooled))
             lop.pooled = _NO_POOLED
             out.append((lop, ok))
         if self._orphans and not mem[L.C_ORPHANS]:
