@@ -34,7 +34,9 @@ Modes:
   again); exact, the lane ran them all and sent bodies.  Then a count that one rank
   changes raises ``OpMismatchError`` on every rank, an op one rank aborts while the
   others' receives are posted fails everywhere with its reason, and after both the next
-  large op is exact and no body request is left posted.
+  large op is exact; an urgent 1 MiB op submitted just after a 16 MiB one (the last rank
+  0.2 s after the others) finishes first on every rank: its bodies overtake the queued
+  ones.  No body request is left posted.
 """
 
 from __future__ import annotations
@@ -418,6 +420,17 @@ def mode_large(p: int, rank: int) -> None:
     except (OpFailedError, OpMismatchError) as exc:
         why = str(exc)
     after = tr.allreduce(np.full(200_000, rank, np.float32), name="L.after")
+    # preemption at segment boundaries: an urgent op submitted behind a large one overtakes it
+    tr.allreduce(np.ones(8, np.float32), name="L.sync")
+    if rank == p - 1:  # the others' ops wait for it with every receive posted
+        time.sleep(0.2)
+    ends: list[str] = []
+    big = tr.allreduce_async(np.ones(4 << 20, np.float32), name="L.big", priority=0)
+    big.add_done_callback(lambda _h: ends.append("big"))
+    urgent = tr.allreduce_async(np.ones(1 << 18, np.float32), name="L.urgent", priority=9)
+    urgent.add_done_callback(lambda _h: ends.append("urgent"))
+    big.wait(timeout=60)
+    urgent.wait(timeout=60)
     settled = time.monotonic() + 5
     while lane.stats()["bodies_in_flight"] and time.monotonic() < settled:
         tr.allreduce(np.ones(8, np.float32), name="L.tick")
@@ -429,11 +442,12 @@ def mode_large(p: int, rank: int) -> None:
         and "op 'L.count'" in text
         and "given up by the test" in why
         and np.all(after == p * (p - 1) // 2)
+        and ends == ["urgent", "big"]
         and left == 0
     )
     print(
         f"rank {rank}: LARGE {'OK' if ok else 'FAILED'} bad={bad} ran={ran}/{len(cases)} "
-        f"bodies={bodies} left={left} count={text[:80]!r} doomed={why[:80]!r}",
+        f"bodies={bodies} left={left} ends={ends} count={text[:80]!r} doomed={why[:80]!r}",
         flush=True,
     )
 
