@@ -137,3 +137,10 @@ def test_lane_exact_under_open_mpi(openmpi: OpenMPI, n: int) -> None:
 def test_lane_mismatches_raise_on_every_rank_under_open_mpi(openmpi: OpenMPI, n: int) -> None:
     out = openmpi.mpirun(n, str(HERE / "check_lane.py"), "mismatch")
     assert out.count("MISMATCH OK") == n, out
+
+
+@pytest.mark.parametrize("n", [2])
+def test_lane_large_ops_under_open_mpi(openmpi: OpenMPI, n: int) -> None:
+    # bodies on their own tags: Open MPI's MPI_TAG_UB, request handles and MPI_Testsome
+    out = openmpi.mpirun(n, str(HERE / "check_lane.py"), "large")
+    assert out.count("LARGE OK") == n, out

@@ -241,6 +241,8 @@ def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
                 mem[e + BR_CANCEL] = 1
     idx = abase + mem[C_A_BIDX]
     got = mpi_testsome(b, n, hbase, idx, abase + mem[C_A_BST])
+    if got == 0 or got == b[B_UNDEFINED]:
+        return 0
     if got < 0:  # one failed: find which, one request at a time
         got = 0
         k = 0
@@ -253,8 +255,6 @@ def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
             got += 1
         _drain_stack(mem, prog, arena)
         return got
-    if got <= 0 or got == b[B_UNDEFINED]:
-        return 0
     # Highest position first: the entry that moves into a completed one's place is
     # then never one still to be handled.
     for j in range(1, got):
