@@ -8,7 +8,7 @@ import pytest
 
 from totalreduce.algorithms.registry import allreduce_schedule
 from totalreduce.algorithms.schedule import plan_segments
-from totalreduce.engine.lane import (
+from totalreduce.engine.lane_plans import (
     LANE_ALGORITHMS,
     LANE_MAX_GROUP,
     LANE_SEGMENT_BYTES,

@@ -4,9 +4,10 @@ The main loop (:mod:`.loop`) hands an op to the lane when the lane can run all o
 in compiled code (:meth:`Lane.plan_of` says which): an allreduce of an element type and
 reduce operation the raw kernels know, by an algorithm whose schedule the lane runs, on
 the MPI transport.  Small ones travel in eager segments; larger ones in segments whose
-bodies go on tags of their own once the receiver posted the receive (rendezvous).  The decision depends only on the op's shape and the configuration,
-so ranks that agree on an op agree on who runs it; ranks that disagree are caught
-(a frame for an op the other side runs is an event, ``EV_FOREIGN``).
+bodies go on tags of their own once the receiver posted the receive (rendezvous).  The
+decision depends only on the op's shape and the configuration, so ranks that agree on
+an op agree on who runs it; ranks that disagree are caught (a frame for an op the
+other side runs is an event, ``EV_FOREIGN``).
 
 Python does here what is rare: compiling plans into ``prog`` once per shape, growing
 the pool, turning events into errors with the same words the main loop uses, and
@@ -21,68 +22,31 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.codes import AlgorithmCode, OpKind
-from ..algorithms.schedule import Action, LocalKind, Schedule, plan_segments
 from ..dtypes import DType
 from ..transport import mpi_native
 from . import lane_core as core
 from . import lane_layout as L
+from .lane_plans import (  # noqa: F401 - the lane's limits, also named here
+    LANE_ALGORITHMS,
+    LANE_MAX_GROUP,
+    LANE_MAX_SEGMENTS,
+    LANE_SEGMENT_BYTES,
+    LANE_TYPES,
+    SEGCAP,
+    LanePlans,
+    large_segment_bytes,
+)
 from .payload import OpSpec
 
 log = logging.getLogger("totalreduce.engine")
 
 #: The lane's tag on the transport's communicator (the main loop uses 1 and 16 up).
 LANE_TAG = 3
-#: Ops of at most this many eager segments (``micro_bytes``) are cut into eager segments
-#: (frames with their bodies); larger ones into segments of ``segment_bytes`` or more
-#: (see :func:`large_segment_bytes`), whose bodies above ``micro_bytes`` travel on tags
-#: of their own once the receiver has posted the receive (rendezvous).
-LANE_MAX_SEGMENTS = 8
 #: Body sends in flight to one peer at most; ready ones wait in priority order.
 LANE_BODY_CAP = 16
-#: Largest segment of a large op in the lane (``segment_bytes`` if smaller): measured on
-#: a 2-core machine at P=2, 4 MiB ring allreduces took 1.16 ms in 256 KiB segments with
-#: 64 bodies in flight, 1.29-1.39 ms with 8-16, 1.59 ms in 1 MiB segments.
-LANE_SEGMENT_BYTES = 256 << 10
 #: Body tags per peer: a receive's tag is reused after this many later receives from the
 #: same peer (the main loop's bodies use tags below the lane's).
 LANE_BODY_SPAN = 1 << 20
-#: Largest group the lane takes.
-LANE_MAX_GROUP = 32
-#: Most send (or receive) segments of one op in the lane: what the limits above allow
-#: any rank of any of ``LANE_ALGORITHMS`` (a ring at 32 ranks: 16 + 2 * 32 at most).
-SEGCAP = 128
-#: The allreduce algorithms whose schedules the lane runs, on every rank.
-LANE_ALGORITHMS = frozenset(
-    {
-        AlgorithmCode.RING,
-        AlgorithmCode.RING_CHUNKED,
-        AlgorithmCode.HALVING_DOUBLING,
-        AlgorithmCode.BCUBE,
-        AlgorithmCode.RECURSIVE_DOUBLING,
-    }
-)
-
-#: The element types the lane reduces (``kernels/raw.py``); others stay with the main loop.
-LANE_TYPES = frozenset(
-    {DType.FLOAT32, DType.FLOAT64, DType.INT32, DType.INT64, DType.FLOAT16, DType.BFLOAT16}
-)
-_FLOAT_TYPES = frozenset({DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16})
-
-
-def large_segment_bytes(nbytes: int, group_size: int, segment_bytes: int, isz: int) -> int:
-    """Segment size of a large op of ``nbytes`` per rank in a group of ``group_size``:
-    ``segment_bytes``, or more where that would cut some rank's schedule into more than
-    ``SEGCAP`` send or receive segments.  A function of the op's shape only, so every
-    rank cuts alike.  The bound: no allreduce algorithm of the lane moves more than
-    ``(2 + ceil(log2 P)) * nbytes`` from one rank in at most ``2 (P - 1)`` steps, and each
-    region of a step gains at most one segment from rounding up."""
-    logp = max(0, (group_size - 1).bit_length())
-    spare = SEGCAP - 2 * max(1, group_size - 1) - 2
-    seg = max(segment_bytes, -(-(2 + logp) * nbytes // max(1, spare)))
-    return max(isz, seg - seg % isz)
-
-
 #: In-place inputs of at least this many bytes are copied into pooled buffers.
 _POOLED_BYTES = 64 << 10
 #: Pooled buffers kept per size (a few large ops of one size in flight at once), and in all.
@@ -129,7 +93,7 @@ class LaneShape:
         self.scratch = scratch  # bytes of scratch for its large receives (0: none)
 
 
-class Lane:
+class Lane(LanePlans):
     """The lane's arrays and the Python half of its protocol (the caller holds the
     main loop's lock for every method)."""
 
@@ -151,10 +115,7 @@ class Lane:
         self.b = b  # transport.mpi_native.binding of the transport's communicator
         self.rank = rank
         self.world = world
-        self.micro = micro_bytes
-        self.segment_bytes = segment_bytes
-        #: First tag of the large segments' bodies; -1: this lane runs no large op.
-        self.body_tag = body_tag
+        LanePlans.__init__(self, micro_bytes, segment_bytes, body_tag)
         hcap = 1
         while hcap < 2 * nops:
             hcap *= 2
@@ -268,10 +229,6 @@ class Lane:
         self.mem = mem
         self.arena = np.zeros(a, dtype=np.uint8)
         self._old_arenas: list[np.ndarray] = []  # sends may still read them
-        self.prog = np.zeros(1 << 16, dtype=np.int64)
-        self._prog_len = 0
-        self._plans: dict[tuple[int, int], tuple[Schedule, int]] = {}
-        self._groups: dict[tuple[int, ...], int] = {}
         self.ops: dict[int, LaneOp] = {}  # slot -> op
         self.by_key: dict[tuple[int, int], LaneOp] = {}
         self._fields = np.zeros(16, dtype=np.int64)
@@ -281,150 +238,6 @@ class Lane:
         self._pooled_bytes = 0
         #: What failed ops with bodies still posted keep alive (until ``C_ORPHANS`` is 0).
         self._orphans: list[Any] = []
-
-    # ------------------------------------------------------------------ eligibility
-
-    def plan_of(self, spec: OpSpec) -> int:
-        """The offset of the op's compiled plan in ``prog``, or -1 if the lane does not
-        run it.
-
-        The decision depends only on what every rank of the op agrees on (kind,
-        algorithm, element type, count, reduce op, group size) and the configuration,
-        never on this rank's own schedule: ranks that agree on an op always send its
-        frames the same way."""
-        if spec.kind is not OpKind.ALLREDUCE or spec.after is not None or spec.passive:
-            return -1
-        if spec.joined or spec.algorithm not in LANE_ALGORITHMS:
-            return -1
-        if len(spec.group) > LANE_MAX_GROUP:
-            return -1
-        dt = spec.dtype
-        op = spec.op
-        if dt not in LANE_TYPES:
-            return -1
-        if op.bitwise and dt in _FLOAT_TYPES:
-            return -1
-        isz = dt.itemsize
-        nbytes = spec.count * isz
-        seg = max(self.micro, 8)
-        if nbytes > LANE_MAX_SEGMENTS * seg:
-            if self.body_tag < 0:
-                return -1
-            seg = large_segment_bytes(
-                nbytes, len(spec.group), min(self.segment_bytes, LANE_SEGMENT_BYTES), isz
-            )
-        sched = spec.schedule
-        key = (id(sched), isz)
-        hit = self._plans.get(key)
-        if hit is not None and hit[0] is sched:
-            return hit[1]
-        at = self._compile(sched, isz, seg)
-        if at < 0:  # the limits above promise a plan: a bug, not a routing choice
-            raise RuntimeError(
-                f"the compiled lane cannot run {spec.describe()} ({spec.algorithm.name.lower()}, "
-                f"{spec.count} x {dt.name.lower()}, {len(spec.group)} ranks) although its "
-                "limits admit it"
-            )
-        self._plans[key] = (sched, at)
-        return at
-
-    def _grow_prog(self, need: int) -> None:
-        if self._prog_len + need > self.prog.size:
-            bigger = np.zeros(max(2 * self.prog.size, self._prog_len + need), dtype=np.int64)
-            bigger[: self._prog_len] = self.prog[: self._prog_len]
-            self.prog = bigger
-
-    def _compile(self, sched: Schedule, isz: int, seg_bytes: int) -> int:
-        """Write the plan of ``sched`` (segments of at most ``seg_bytes``) into ``prog``;
-        -1 if it uses what the lane does not run.  Receive segments above ``micro_bytes``
-        get a place in the op's scratch."""
-        if any(r.action not in (Action.COPY, Action.REDUCE)
-               or (r.src is not None and r.action is not Action.REDUCE)
-               for st in sched.steps for r in st.recvs):  # fmt: skip
-            return -1
-        locs = list(sched.prologue) + list(sched.epilogue)
-        if any(lop.kind not in (LocalKind.COPY, LocalKind.AVERAGE) for lop in locs):
-            return -1
-        plan = plan_segments(sched, max(1, seg_bytes // isz))
-        ns, nr = len(plan.sends), len(plan.recvs)
-        if ns > SEGCAP or nr > SEGCAP:
-            return -1
-        nsucc = sum(len(x) for x in plan.after_send) + sum(len(x) for x in plan.after_recv)
-        need = L.PL_N + (ns + nr) * L.G_N + nsucc + len(locs) * L.L_N
-        self._grow_prog(need)
-        p = self.prog
-        at = self._prog_len
-        s0 = at + L.PL_N
-        r0 = s0 + ns * L.G_N
-        succ = r0 + nr * L.G_N
-        l0 = succ + nsucc
-        p[at + L.PL_NS] = ns
-        p[at + L.PL_NR] = nr
-        p[at + L.PL_NPRO] = len(sched.prologue)
-        p[at + L.PL_NEPI] = len(sched.epilogue)
-        p[at + L.PL_SENDS] = s0
-        p[at + L.PL_RECVS] = r0
-        p[at + L.PL_LOCS] = l0
-        p[at + L.PL_ISZ] = isz
-        scratch = 0
-
-        def successors(lst: list[tuple[bool, int]]) -> tuple[int, int]:
-            nonlocal succ
-            first = succ
-            for is_send, idx in lst:
-                p[succ] = idx if is_send else -idx - 1
-                succ += 1
-            return first, len(lst)
-
-        for i, s in enumerate(plan.sends):
-            g = s0 + i * L.G_N
-            p[g + L.G_STEP], p[g + L.G_SEG], p[g + L.G_PEER] = s.step, s.segment, s.peer
-            p[g + L.G_BUF], p[g + L.G_OFF] = int(s.region.buffer), s.region.offset * isz
-            p[g + L.G_NBYTES], p[g + L.G_ACTION] = s.region.count * isz, 0
-            p[g + L.G_SBUF] = -1
-            p[g + L.G_SCR] = -1
-            p[g + L.G_NWAIT] = plan.send_waits[i]
-            p[g + L.G_SUCC], p[g + L.G_NSUCC] = successors(plan.after_send[i])
-        for q, r in enumerate(plan.recvs):
-            g = r0 + q * L.G_N
-            p[g + L.G_STEP], p[g + L.G_SEG], p[g + L.G_PEER] = r.step, r.segment, r.peer
-            p[g + L.G_BUF], p[g + L.G_OFF] = int(r.region.buffer), r.region.offset * isz
-            p[g + L.G_NBYTES], p[g + L.G_ACTION] = r.region.count * isz, int(r.action)
-            p[g + L.G_SBUF] = -1 if r.src is None else int(r.src.buffer)
-            p[g + L.G_SOFF] = 0 if r.src is None else r.src.offset * isz
-            p[g + L.G_NWAIT] = plan.recv_waits[q]
-            p[g + L.G_SUCC], p[g + L.G_NSUCC] = successors(plan.after_recv[q])
-            p[g + L.G_SCR] = -1
-            if r.region.count * isz > self.micro:
-                if r.action is Action.COPY and r.src is None and not plan.recv_waits[q]:
-                    # Nothing before it touches its elements, and whatever reads them
-                    # waits for it: the body may land in place.
-                    p[g + L.G_SCR] = L.SCR_DIRECT
-                else:
-                    p[g + L.G_SCR] = scratch
-                    scratch += (r.region.count * isz + 63) & ~63
-        p[at + L.PL_SCR] = scratch
-        p[at + L.PL_NLARGE] = sum(int(p[r0 + q * L.G_N + L.G_SCR] != -1) for q in range(nr))
-        for k, lop in enumerate(locs):
-            g = l0 + k * L.L_N
-            p[g + L.L_KIND] = int(lop.kind)
-            p[g + L.L_DBUF], p[g + L.L_DOFF] = int(lop.dst.buffer), lop.dst.offset * isz
-            if lop.src is not None:
-                p[g + L.L_SBUF], p[g + L.L_SOFF] = int(lop.src.buffer), lop.src.offset * isz
-            p[g + L.L_NBYTES] = lop.dst.count * isz
-            p[g + L.L_DIV] = lop.divisor
-        self._prog_len = l0 + len(locs) * L.L_N
-        return at
-
-    def _group(self, group: tuple[int, ...]) -> int:
-        at = self._groups.get(group)
-        if at is None:
-            self._grow_prog(len(group))
-            at = self._prog_len
-            self.prog[at : at + len(group)] = group
-            self._prog_len += len(group)
-            self._groups[group] = at
-        return at
 
     # ------------------------------------------------------------------ ops
 

@@ -15,6 +15,7 @@ from typing import Any
 #: of all of these: :func:`forget_stale_cache` covers the rest.
 _SOURCES = (
     "engine/lane_core.py",
+    "engine/lane_bodies.py",
     "engine/lane_progress.py",
     "engine/lane_tables.py",
     "engine/lane_layout.py",

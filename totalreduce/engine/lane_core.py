@@ -22,7 +22,7 @@ submissions deadlocks.
 
 This module holds the receiving side, the pass, the drivers and submission; the tables,
 outboxes and ready heap are :mod:`.lane_tables`, op progress and sending
-:mod:`.lane_progress`.
+:mod:`.lane_progress`, answers and the rendezvous of large segments :mod:`.lane_bodies`.
 """
 
 from __future__ import annotations
@@ -37,49 +37,38 @@ from ..native.intrinsics import (
     ld_u8,
     ld_u16,
     ld_u32,
-    st_i32,
-    st_u32,
 )
 from ..native.libc import memcpy, now_ns, yield_cpu
 from ..transport.mpi_native import (
     B_ANY_SOURCE,
-    B_HANDLE_BYTES,
-    B_UNDEFINED,
-    mpi_cancel,
     mpi_get_count,
     mpi_improbe,
     mpi_iprobe,
-    mpi_irecv,
     mpi_mrecv,
-    mpi_test,
-    mpi_testsome,
     status_source,
 )
+from .lane_bodies import _on_ask, _on_cts, _owe, _post_recv, _reap_bodies, _send_readies
 from .lane_layout import *  # noqa: F403 - the field constants
 from .lane_progress import (
-    _applied,
     _apply,
     _drain_stack,
     _fail,
-    _find_send,
     _locals,
     _mark_peer,
     _push_stack,
     _send_ready,
-    _sent,
     remember_failed,
     remember_key,
 )
 from .lane_tables import (
     _dyn,
     _event,
-    _group_rank,
+    _find_recv,
     _heap_push,
     _op,
     _reap,
-    _room,
+    _same_shape,
     _slot_addr,
-    _write_frame,
     flush_all,
     hash_find,
     hash_put,
@@ -90,212 +79,6 @@ from .lane_tables import (
 )
 
 # ------------------------------------------------------------------ receiving
-
-
-@njit(nogil=True, cache=True)
-def _owe(mem, arena, slot, peer, what):  # type: ignore[no-untyped-def]
-    """Op ``slot`` owes ``peer`` an answer: READY (``what`` -1: the op is submitted here,
-    and the peer announced frames for it) or the CTS of large receive segment ``what``.
-    Queued, so that no answer is lost when the outbox has no room now."""
-    n = mem[C_NRQ]
-    if n >= mem[C_RQCAP]:
-        _event(mem, arena, EV_LOST, slot, peer, n, 2, 0)
-        return
-    e = mem[C_RQ] + n * 4
-    mem[e] = slot
-    mem[e + 1] = mem[_op(mem, slot) + O_SEQ]
-    mem[e + 2] = peer
-    mem[e + 3] = what
-    mem[C_NRQ] = n + 1
-
-
-@njit(nogil=True, cache=True)
-def _send_readies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
-    """Write the answers owed (READY, CTS), in order, while the outboxes have room."""
-    n = mem[C_NRQ]
-    done = 0
-    while done < n:
-        e = mem[C_RQ] + done * 4
-        slot = mem[e]
-        o = _op(mem, slot)
-        if mem[o + O_SEQ] == mem[e + 1] and mem[o + O_STATE] == S_ACTIVE:
-            a = _room(mem, arena, b, mem[e + 2], FRAME_SIZE)
-            if a == 0:
-                break
-            q = mem[e + 3]
-            if q < 0:
-                _write_frame(mem, a, F_READY, 0, slot, 0, 0, 0)
-            else:
-                r = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
-                _write_frame(mem, a, F_CTS, 0, slot, prog[r + G_STEP], prog[r + G_SEG],
-                             prog[r + G_NBYTES])  # fmt: skip
-                st_u32(a + 8, np.uint32(mem[_dyn(mem, slot, D_RSLOT) + q]))
-        done += 1
-    if done:
-        rq = mem[C_RQ]
-        for k in range(done * 4, n * 4):
-            mem[rq + k - done * 4] = mem[rq + k]
-        mem[C_NRQ] = n - done
-
-
-@njit(nogil=True, cache=True)
-def _post_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
-    """Post the receive of large segment ``q`` of op ``slot`` into its scratch on a fresh
-    body tag, and owe its peer the CTS that names the tag.  False if no request is free."""
-    k = mem[C_NBREQ]
-    if k >= mem[C_BREQCAP]:
-        return False
-    o = _op(mem, slot)
-    r = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
-    src = prog[mem[o + O_GROUP] + prog[r + G_PEER]]
-    pw = mem[C_PEERS] + src * P_N
-    tag = mem[C_BTAG] + mem[pw + P_NEXTTAG]
-    mem[pw + P_NEXTTAG] = (mem[pw + P_NEXTTAG] + 1) % mem[C_BSPAN]
-    scr = prog[r + G_SCR]
-    if scr == SCR_DIRECT:
-        addr = mem[o + O_IN + prog[r + G_BUF]] + prog[r + G_OFF]
-    else:
-        addr = mem[o + O_SCR] + scr
-    rc = mpi_irecv(b, addr, prog[r + G_NBYTES], src, tag,
-                   arena.ctypes.data + mem[C_A_BREQ] + k * b[B_HANDLE_BYTES])  # fmt: skip
-    if rc < 0:
-        _event(mem, arena, EV_MPI, slot, src, rc, 0, 0)
-        return True
-    e = mem[C_BREQ] + k * BR_N
-    mem[e + BR_SLOT] = slot
-    mem[e + BR_WHAT] = -q - 1
-    mem[e + BR_PEER] = src
-    mem[e + BR_CANCEL] = 0
-    mem[C_NBREQ] = k + 1
-    mem[o + O_NREQ] += 1
-    mem[_dyn(mem, slot, D_RS) + q] = RS_POSTED
-    mem[_dyn(mem, slot, D_RSLOT) + q] = tag
-    _owe(mem, arena, slot, src, q)
-    return True
-
-
-@njit(nogil=True, cache=True)
-def _body_done(mem, prog, arena, b, k, r):  # type: ignore[no-untyped-def]
-    """Body request ``k`` completed (``r`` 1) or failed (``r`` < 0): the last entry takes
-    its place; a sent body completes its segment (its successors may go on: the wire no
-    longer reads the buffer), a received one is applied now or staged until its waits
-    are over, an orphan is forgotten."""
-    hb = b[B_HANDLE_BYTES]
-    hbase = arena.ctypes.data + mem[C_A_BREQ]
-    br = mem[C_BREQ]
-    e = br + k * BR_N
-    slot = mem[e + BR_SLOT]
-    what = mem[e + BR_WHAT]
-    peer = mem[e + BR_PEER]
-    last = mem[C_NBREQ] - 1
-    if k != last:
-        el = br + last * BR_N
-        for w in range(BR_N):
-            mem[e + w] = mem[el + w]
-        memcpy(hbase + k * hb, hbase + last * hb, hb)
-    mem[C_NBREQ] = last
-    if slot < 0:
-        mem[C_ORPHANS] -= 1
-        return
-    o = _op(mem, slot)
-    mem[o + O_NREQ] -= 1
-    if what >= 0:
-        mem[mem[C_PEERS] + peer * P_N + P_BODIES] -= 1
-    if r < 0:
-        _event(mem, arena, EV_MPI, slot, peer, r, 0, 0)
-        _fail(mem, prog, arena, slot)
-        return
-    if mem[o + O_STATE] != S_ACTIVE:
-        return
-    if what >= 0:
-        _sent(mem, prog, arena, slot, what)
-        return
-    q = -what - 1
-    mem[C_BODIES_RECV] += 1
-    rr = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
-    if prog[rr + G_SCR] == SCR_DIRECT:  # it landed where it belongs
-        _applied(mem, prog, arena, slot, q)
-        _push_stack(mem, arena, slot, -1)
-    elif mem[_dyn(mem, slot, D_RW) + q] == 0:
-        _apply(mem, prog, arena, slot, q, mem[o + O_SCR] + prog[rr + G_SCR])
-        _push_stack(mem, arena, slot, -1)
-    else:
-        mem[_dyn(mem, slot, D_RS) + q] = RS_STAGED
-
-
-@njit(nogil=True, cache=True)
-def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
-    """Test the posted bodies (one ``MPI_Testsome``: one turn of MPI's progress engine
-    for all of them) and complete those done; orphans' receives are cancelled first.
-    How many completed."""
-    abase = arena.ctypes.data
-    hb = b[B_HANDLE_BYTES]
-    hbase = abase + mem[C_A_BREQ]
-    n = mem[C_NBREQ]
-    if mem[C_ORPHANS]:
-        br = mem[C_BREQ]
-        for k in range(n):
-            e = br + k * BR_N
-            if mem[e + BR_SLOT] < 0 and mem[e + BR_WHAT] < 0 and mem[e + BR_CANCEL] == 0:
-                mpi_cancel(b, hbase + k * hb)
-                mem[e + BR_CANCEL] = 1
-    idx = abase + mem[C_A_BIDX]
-    got = mpi_testsome(b, n, hbase, idx, abase + mem[C_A_BST])
-    if got == 0 or got == b[B_UNDEFINED]:
-        return 0
-    if got < 0:  # one failed: find which, one request at a time
-        got = 0
-        k = 0
-        while k < mem[C_NBREQ]:
-            r = mpi_test(b, hbase + k * hb, abase + mem[C_A_STATUS])
-            if r == 0:
-                k += 1
-                continue
-            _body_done(mem, prog, arena, b, k, r)
-            got += 1
-        _drain_stack(mem, prog, arena)
-        return got
-    # Highest position first: the entry that moves into a completed one's place is
-    # then never one still to be handled.
-    for j in range(1, got):
-        v = ld_i32(idx + 4 * j)
-        i = j - 1
-        while i >= 0 and ld_i32(idx + 4 * i) < v:
-            st_i32(idx + 4 * (i + 1), np.int32(ld_i32(idx + 4 * i)))
-            i -= 1
-        st_i32(idx + 4 * (i + 1), np.int32(v))
-    for j in range(got):
-        _body_done(mem, prog, arena, b, np.int64(ld_i32(idx + 4 * j)), 1)
-    _drain_stack(mem, prog, arena)
-    return got
-
-
-@njit(nogil=True, cache=True)
-def _find_recv(mem, prog, slot, src, step, seg):  # type: ignore[no-untyped-def]
-    g = _group_rank(mem, prog, slot, src)
-    if g < 0:
-        return -1
-    plan = mem[_op(mem, slot) + O_PLAN]
-    r0 = prog[plan + PL_RECVS]
-    for q in range(prog[plan + PL_NR]):
-        r = r0 + q * G_N
-        if prog[r + G_PEER] == g and prog[r + G_STEP] == step and prog[r + G_SEG] == seg:
-            return q
-    return -1
-
-
-@njit(nogil=True, cache=True)
-def _same_shape(mem, slot, f):  # type: ignore[no-untyped-def]
-    o = _op(mem, slot)
-    return (
-        ld_u8(f + 1) == mem[o + O_DT]
-        and ld_u8(f + 2) == mem[o + O_KIND]
-        and ld_u8(f + 3) == mem[o + O_ALGO]
-        and ld_u8(f + 4) == mem[o + O_ROP]
-        and ld_i64(f + 48) == mem[o + O_COUNT]
-        and ld_i64(f + 56) == mem[o + O_PARAM]
-        and ld_i64(f + 64) == mem[o + O_CTX]
-    )
 
 
 @njit(nogil=True, cache=True)
@@ -342,60 +125,6 @@ def _place(mem, prog, arena, b, slot, src, f, pool_slot):  # type: ignore[no-unt
     mem[_dyn(mem, slot, D_RS) + q] = RS_STAGED
     mem[_dyn(mem, slot, D_RSLOT) + q] = s
     return True
-
-
-@njit(nogil=True, cache=True)
-def _large_frame(mem, prog, arena, slot, src, f, q, want):  # type: ignore[no-untyped-def]
-    """Check a CTS or ASK of op ``slot`` for segment ``q`` of ``want`` bytes (-1: none
-    matched); False after an event (the op failed)."""
-    if not _same_shape(mem, slot, f):
-        _event(mem, arena, EV_MISMATCH, slot, src, 0, 0, f)
-        _fail(mem, prog, arena, slot)
-        return False
-    if q < 0:
-        _event(mem, arena, EV_UNEXPECTED, slot, src, 0, 0, f)
-        _fail(mem, prog, arena, slot)
-        return False
-    n = ld_i64(f + 40)
-    if n != want or n <= mem[C_MICRO]:
-        _event(mem, arena, EV_SIZE, slot, src, n, want, f)
-        _fail(mem, prog, arena, slot)
-        return False
-    return True
-
-
-@njit(nogil=True, cache=True)
-def _on_cts(mem, prog, arena, slot, src, f, tag):  # type: ignore[no-untyped-def]
-    """``src`` posted the receive of our large send segment (step, seg) on ``tag``."""
-    i = _find_send(mem, prog, slot, src, ld_u32(f + 12), ld_u32(f + 16))
-    want = -1
-    if i >= 0:
-        want = prog[prog[mem[_op(mem, slot) + O_PLAN] + PL_SENDS] + i * G_N + G_NBYTES]
-    if not _large_frame(mem, prog, arena, slot, src, f, i, want):
-        return
-    ss = _dyn(mem, slot, D_SS) + i
-    st = mem[ss]
-    if (st & 7) == SS_BODY or (st & 7) == SS_SENT or st & SB_CLEARED:
-        return  # a second clear (ours crossed its): the first one counts
-    mem[_dyn(mem, slot, D_STAG) + i] = tag
-    if (st & 7) == SS_ASKED:
-        mem[ss] = (st & ~7) | SB_CLEARED  # ready again
-        _heap_push(mem, slot, i)
-    else:
-        mem[ss] = st | SB_CLEARED
-
-
-@njit(nogil=True, cache=True)
-def _on_ask(mem, prog, arena, slot, src, f):  # type: ignore[no-untyped-def]
-    """``src`` holds our large receive segment (step, seg) ready and has no clear."""
-    q = _find_recv(mem, prog, slot, src, ld_u32(f + 12), ld_u32(f + 16))
-    want = -1
-    if q >= 0:
-        want = prog[prog[mem[_op(mem, slot) + O_PLAN] + PL_RECVS] + q * G_N + G_NBYTES]
-    if not _large_frame(mem, prog, arena, slot, src, f, q, want):
-        return
-    if mem[_dyn(mem, slot, D_RS) + q] == RS_POSTED:
-        _owe(mem, arena, slot, src, q)
 
 
 @njit(nogil=True, cache=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..native.intrinsics import st_i32, st_i64, st_u8, st_u16, st_u32
+from ..native.intrinsics import ld_i64, ld_u8, st_i32, st_i64, st_u8, st_u16, st_u32
 from ..native.libc import memcpy
 from ..transport.mpi_native import mpi_isend, mpi_test
 from .lane_layout import *  # noqa: F403 - the field constants
@@ -151,6 +151,34 @@ def _group_rank(mem, prog, slot, world_rank):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def _buf_addr(mem, slot, buf):  # type: ignore[no-untyped-def]
     return mem[_op(mem, slot) + O_IN + buf]
+
+
+@njit(nogil=True, cache=True)
+def _find_recv(mem, prog, slot, src, step, seg):  # type: ignore[no-untyped-def]
+    g = _group_rank(mem, prog, slot, src)
+    if g < 0:
+        return -1
+    plan = mem[_op(mem, slot) + O_PLAN]
+    r0 = prog[plan + PL_RECVS]
+    for q in range(prog[plan + PL_NR]):
+        r = r0 + q * G_N
+        if prog[r + G_PEER] == g and prog[r + G_STEP] == step and prog[r + G_SEG] == seg:
+            return q
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _same_shape(mem, slot, f):  # type: ignore[no-untyped-def]
+    o = _op(mem, slot)
+    return (
+        ld_u8(f + 1) == mem[o + O_DT]
+        and ld_u8(f + 2) == mem[o + O_KIND]
+        and ld_u8(f + 3) == mem[o + O_ALGO]
+        and ld_u8(f + 4) == mem[o + O_ROP]
+        and ld_i64(f + 48) == mem[o + O_COUNT]
+        and ld_i64(f + 56) == mem[o + O_PARAM]
+        and ld_i64(f + 64) == mem[o + O_CTX]
+    )
 
 
 # ------------------------------------------------------------------ frames and outboxes
