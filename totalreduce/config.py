@@ -69,9 +69,10 @@ class Config:
     - ``timeline``: write a Chrome trace of this rank's ops to this path
       (``{rank}`` in it is replaced by the rank, else ``.<rank>.json`` is
       appended); empty: no trace.  See docs/timeline.md.
-    - ``lane``: run small allreduces (up to 256 KiB per rank) in the compiled
-      lane, a Numba loop that calls MPI itself (embedded mode over MPI only).
-      All ranks must agree; ``TOTALREDUCE_LANE=0`` turns it off.
+    - ``lane``: run allreduces of the gradient types (float16, bfloat16, float32,
+      float64, int32, int64) in the compiled lane, a Numba loop that calls MPI
+      itself (embedded mode over MPI only).  All ranks must agree;
+      ``TOTALREDUCE_LANE=0`` turns it off.
     """
 
     segment_bytes: int = 1 << 20

@@ -15,9 +15,9 @@ Modes:
 - ``express``: repeats of a name enter the lane from the submitting thread (the express
   path): exact with every ``out`` form, 600 in flight in random orders and priorities, and
   a repeat one rank changes (count, dtype) raises on every rank; the name works after.
-- ``stall``: the last rank submits 3 s late, past ``stall_shutdown_s=1``: every rank's
-  wait raises ``OpTimeoutError`` naming the op (the others also the late rank); once the
-  ranks are together again, the next op works.
+- ``stall``: the last rank submits a small and a large op 3 s late, past
+  ``stall_shutdown_s=1``: every rank's waits raise ``OpTimeoutError`` naming the op (the
+  others also the late rank); once the ranks are together again, the next ops work.
 - ``threads``: four threads submit and wait on their own ops at once; a fifth waits
   on an op that only completes after the others.
 - ``peer_error``: the last rank aborts an op before submitting it: every rank's wait
@@ -27,6 +27,8 @@ Modes:
   thread's Python kept at least half its speed (median of five rounds).
 - ``absent_peer``: an op waits 2 s for a peer that submits late; meanwhile rank 0's
   process uses under 15% of a core (its comm thread spins only just after progress).
+- ``crowd``: 60 large ops in flight in random orders with the lane's body request table
+  starting at 16: the bodies beyond it wait while it grows; exact, nothing left waiting.
 - ``large``: allreduces above the lane's eager limit, whose bodies travel on their own
   tags once the receiver has posted the receive: every algorithm, the lane's element
   types, sums, max and avg, in place and not, in per-rank random orders and priorities
@@ -269,20 +271,33 @@ def mode_stall(p: int, rank: int) -> None:
     if rank == p - 1:
         time.sleep(3.0)
     t0 = time.monotonic()
-    text = ""
-    try:
-        tr.allreduce(np.ones(8, np.float32), name="s.late")
-    except OpTimeoutError as exc:
-        text = str(exc)
+    texts = []
+    # a small op and a large one (its receives posted, then orphaned when it fails)
+    hs = [
+        tr.allreduce_async(np.ones(8, np.float32), name="s.late"),
+        tr.allreduce_async(np.ones(200_000, np.float32), name="s.big"),
+    ]
+    for h in hs:
+        try:
+            h.wait()
+            texts.append("")
+        except OpTimeoutError as exc:
+            texts.append(str(exc))
     took = time.monotonic() - t0
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Barrier()  # the late rank is late for every op until it catches up
     after = tr.allreduce(np.ones(4, np.float32), name="s.after")
-    ok = "op 's.late' generation 0" in text and np.all(after == p)
+    big = tr.allreduce(np.ones(200_000, np.float32), name="s.big.after")
+    ok = (
+        "op 's.late' generation 0" in texts[0]
+        and "op 's.big' generation 0" in texts[1]
+        and np.all(after == p)
+        and np.all(big == p)
+    )
     if rank != p - 1:
-        ok = ok and f"ranks [{p - 1}] have not submitted it" in text and took < 5
-    print(f"rank {rank}: STALL {'OK' if ok else 'FAILED'} {took:.1f}s {text!r}", flush=True)
+        ok = ok and all(f"ranks [{p - 1}] have not submitted it" in t for t in texts) and took < 5
+    print(f"rank {rank}: STALL {'OK' if ok else 'FAILED'} {took:.1f}s {texts!r}", flush=True)
 
 
 def mode_threads(p: int, rank: int) -> None:
@@ -452,6 +467,35 @@ def mode_large(p: int, rank: int) -> None:
     )
 
 
+def mode_crowd(p: int, rank: int) -> None:
+    """More large receives than the lane's body request table holds (16 at first, set by
+    ``main``), in per-rank random orders: the rest wait in order while the table grows;
+    nothing is lost or stuck (a table that stayed full of receives would deadlock)."""
+    lane = tr.default_service().loop.lane
+    rng = random.Random(5 + rank)
+    order = list(range(60))
+    rng.shuffle(order)
+    hs = {}
+    for k in order:
+        x = np.full(75_000 + k, k + rank, dtype=np.float32)
+        hs[k] = tr.allreduce_async(x, name=f"cr{k}", priority=rng.randint(-2, 2))
+    waiting = lane.stats()["receives_waiting"]
+    bad = 0
+    for k in range(60):
+        got = hs[k].wait(timeout=60)
+        if got.size != 75_000 + k or not np.all(got == sum(k + r for r in range(p))):
+            bad += 1
+    st = lane.stats()
+    ok = (
+        bad == 0
+        and st["body_request_slots"] > 16
+        and st["receives_waiting"] == 0
+        and st["bodies_in_flight"] == 0
+    )
+    print(f"rank {rank}: CROWD {'OK' if ok else 'FAILED'} bad={bad} waiting={waiting} {st}",
+          flush=True)  # fmt: skip
+
+
 def mode_absent_peer(p: int, rank: int) -> None:
     """An op in flight whose peer submits 2 s late costs this rank little CPU meanwhile:
     the comm thread spins only just after progress, then sleeps between passes."""
@@ -493,6 +537,10 @@ def main() -> None:
         opts["floating_pool_bytes"] = 16 * (16 << 10)
     if mode == "stall":
         opts["stall_shutdown_s"] = 1
+    if mode == "crowd":
+        import totalreduce.engine.lane as lane_module
+
+        lane_module.LANE_BODY_REQUESTS = 16
     tr.init(**opts)
     p, rank = tr.size(), tr.rank()
     {
@@ -507,6 +555,7 @@ def main() -> None:
         "background": mode_background,
         "absent_peer": mode_absent_peer,
         "large": mode_large,
+        "crowd": mode_crowd,
     }[mode](p, rank)
     tr.shutdown()
 

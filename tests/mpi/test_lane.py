@@ -66,6 +66,11 @@ def test_lane_large_ops_travel_as_bodies_exact_in_any_order(n: int) -> None:
     assert out.count("LARGE OK") == n, out
 
 
+def test_lane_large_receives_beyond_its_requests_wait_their_turn() -> None:
+    out = lane_run(2, "crowd")
+    assert out.count("CROWD OK") == 2, out
+
+
 def test_lane_express_repeats_are_exact_and_mismatches_still_raise_everywhere() -> None:
     out = lane_run(3, "express")
     assert out.count("EXPRESS OK") == 3, out

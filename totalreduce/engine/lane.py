@@ -47,12 +47,20 @@ LANE_BODY_CAP = 16
 #: Body tags per peer: a receive's tag is reused after this many later receives from the
 #: same peer (the main loop's bodies use tags below the lane's).
 LANE_BODY_SPAN = 1 << 20
+#: Body requests (sends and receives of large segments) the table holds at first; bodies
+#: beyond it wait, in order, while Python doubles it (``Lane.grow``).
+LANE_BODY_REQUESTS = 1 << 12
 #: In-place inputs of at least this many bytes are copied into pooled buffers.
 _POOLED_BYTES = 64 << 10
 #: Pooled buffers kept per size (a few large ops of one size in flight at once), and in all.
 _POOLED_PER_SIZE = 4
 _POOLED_MAX = 512 << 20
 _NO_POOLED: list[np.ndarray] = []
+
+
+def _status_words(b: np.ndarray) -> int:
+    """int64 words of one ``MPI_Status`` of the binding's library."""
+    return (int(b[mpi_native.B_STATUS_BYTES]) + 7) // 8
 
 
 def _signed(v: int) -> int:
@@ -110,6 +118,7 @@ class Lane(LanePlans):
         nsb: int = 64,
         segment_bytes: int = 1 << 20,
         body_tag: int = -1,
+        body_requests: int = 0,
     ) -> None:
         core.compile_all()  # here, not in a first op (cached on disk after the first time)
         self.b = b  # transport.mpi_native.binding of the transport's communicator
@@ -129,7 +138,8 @@ class Lane(LanePlans):
         stkcap = 1 << 17
         failcap = 4096
         rqcap = 1 << 16
-        breqcap = 1 << 14
+        breqcap = max(4, body_requests or LANE_BODY_REQUESTS)
+        pqcap = 1 << 16
         sizes = [
             ("ops", nops * L.O_N),
             ("hash", hcap * 3),
@@ -146,6 +156,10 @@ class Lane(LanePlans):
             ("failq", failcap * 2),
             ("rq", rqcap * 4),
             ("breq", breqcap * L.BR_N),
+            ("breqh", breqcap),
+            ("bidx", (breqcap + 1) // 2),
+            ("bst", breqcap * _status_words(b)),
+            ("pq", pqcap * 3),
             ("defer", stkcap * 2),
         ]
         off = L.C_LEN
@@ -189,6 +203,11 @@ class Lane(LanePlans):
         mem[L.C_BSPAN] = LANE_BODY_SPAN
         mem[L.C_BREQ] = at["breq"]
         mem[L.C_BREQCAP] = breqcap
+        mem[L.C_BREQH] = at["breqh"]
+        mem[L.C_BIDX] = at["bidx"]
+        mem[L.C_BST] = at["bst"]
+        mem[L.C_PQ] = at["pq"]
+        mem[L.C_PQCAP] = pqcap
         mem[L.C_BODYCAP] = LANE_BODY_CAP
         mem[L.C_DEFER] = at["defer"]
         mem[at["hash"] + 2 : at["hash"] + hcap * 3 : 3] = L.H_EMPTY
@@ -206,13 +225,6 @@ class Lane(LanePlans):
         a += nsb * 8
         mem[L.C_A_STATUS] = a
         a += mpi_native.STATUS_MAX
-        mem[L.C_A_BREQ] = a
-        a += breqcap * 8
-        mem[L.C_A_BIDX] = a
-        a += breqcap * 4
-        mem[L.C_A_BST] = a
-        a += breqcap * int(b[mpi_native.B_STATUS_BYTES])
-        a = (a + 63) & ~63
         mem[L.C_A_MSG] = a
         a += 64
         mem[L.C_A_OUT] = a
@@ -485,6 +497,44 @@ class Lane(LanePlans):
         return sorted(out)
 
     def grow(self) -> None:
+        """Compiled code is out of pool slots (``C_FULL``) or body requests (``C_BFULL``):
+        double what ran out.  Both live in ``mem`` (and the pool in the arena too), which
+        are replaced by larger copies between compiled calls."""
+        if self.mem[L.C_FULL]:
+            self._grow_pool()
+        if self.mem[L.C_BFULL]:
+            self._grow_requests()
+
+    def _grow_requests(self) -> None:
+        """Double the body request table: its entries, handles (MPI keeps no pointer to
+        them between calls), and room for ``MPI_Testsome``'s indices and statuses, at the
+        end of a larger ``mem``; the bodies that waited go in the next pass."""
+        mem = self.mem
+        old = int(mem[L.C_BREQCAP])
+        new = 2 * old
+        n = int(mem[L.C_NBREQ])
+        hb = int(self.b[mpi_native.B_HANDLE_BYTES])
+        words = new * L.BR_N + new + (new + 1) // 2 + new * _status_words(self.b)
+        end = mem.size
+        bigger = np.zeros(end + words, dtype=np.int64)
+        bigger[:end] = mem
+        breq, breqh = end, end + new * L.BR_N
+        bidx = breqh + new
+        bst = bidx + (new + 1) // 2
+        at = int(mem[L.C_BREQ])
+        bigger[breq : breq + n * L.BR_N] = mem[at : at + n * L.BR_N]
+        h0 = int(mem[L.C_BREQH]) * 8
+        bigger.view(np.uint8)[breqh * 8 : breqh * 8 + n * hb] = mem.view(np.uint8)[h0 : h0 + n * hb]
+        bigger[L.C_BREQ] = breq
+        bigger[L.C_BREQH] = breqh
+        bigger[L.C_BIDX] = bidx
+        bigger[L.C_BST] = bst
+        bigger[L.C_BREQCAP] = new
+        bigger[L.C_BFULL] = 0
+        self.mem = bigger
+        log.info("rank %d: the lane's body requests grew to %d", self.rank, new)
+
+    def _grow_pool(self) -> None:
         """The pool is out of slots: double it (the old arena stays alive: sends posted
         from it may still read it)."""
         mem = self.mem
@@ -533,7 +583,8 @@ class Lane(LanePlans):
 
     @property
     def full(self) -> bool:
-        return bool(self.mem[L.C_FULL])
+        """Compiled code waits for Python to :meth:`grow` the pool or the body requests."""
+        return bool(self.mem[L.C_FULL]) or bool(self.mem[L.C_BFULL])
 
     def stats(self) -> dict[str, int]:
         m = self.mem
@@ -549,4 +600,6 @@ class Lane(LanePlans):
             "bodies_sent": int(m[L.C_BODIES_SENT]),
             "bodies_received": int(m[L.C_BODIES_RECV]),
             "bodies_in_flight": int(m[L.C_NBREQ]),
+            "receives_waiting": int(m[L.C_NPQ]),
+            "body_request_slots": int(m[L.C_BREQCAP]),
         }

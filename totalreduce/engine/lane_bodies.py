@@ -104,9 +104,11 @@ def _send_readies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def _post_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
     """Post the receive of large segment ``q`` of op ``slot`` into its scratch on a fresh
-    body tag, and owe its peer the CTS that names the tag.  False if no request is free."""
+    body tag, and owe its peer the CTS that names the tag.  False if no request is free
+    (``C_BFULL`` set: Python grows the table, and the receive is posted after that)."""
     k = mem[C_NBREQ]
     if k >= mem[C_BREQCAP]:
+        mem[C_BFULL] = 1
         return False
     o = _op(mem, slot)
     r = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
@@ -120,7 +122,7 @@ def _post_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
     else:
         addr = mem[o + O_SCR] + scr
     rc = mpi_irecv(b, addr, prog[r + G_NBYTES], src, tag,
-                   arena.ctypes.data + mem[C_A_BREQ] + k * b[B_HANDLE_BYTES])  # fmt: skip
+                   mem.ctypes.data + mem[C_BREQH] * 8 + k * b[B_HANDLE_BYTES])  # fmt: skip
     if rc < 0:
         _event(mem, arena, EV_MPI, slot, src, rc, 0, 0)
         return True
@@ -138,13 +140,56 @@ def _post_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
+def want_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
+    """Post large receive ``q`` of op ``slot`` now, or queue it behind the ones waiting for
+    a free request (posted in order once requests complete or the table grew); False if
+    the queue is full."""
+    if mem[C_NPQ] == 0 and _post_recv(mem, prog, arena, b, slot, q):
+        return True
+    n = mem[C_NPQ]
+    if n >= mem[C_PQCAP]:
+        return False
+    e = mem[C_PQ] + n * 3
+    mem[e] = slot
+    mem[e + 1] = mem[_op(mem, slot) + O_SEQ]
+    mem[e + 2] = q
+    mem[C_NPQ] = n + 1
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _post_waiting(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+    """Post the queued large receives, in order, while requests are free."""
+    n = mem[C_NPQ]
+    done = 0
+    while done < n:
+        e = mem[C_PQ] + done * 3
+        slot = mem[e]
+        o = _op(mem, slot)
+        q = mem[e + 2]
+        if (
+            mem[o + O_SEQ] == mem[e + 1]
+            and mem[o + O_STATE] == S_ACTIVE
+            and mem[_dyn(mem, slot, D_RS) + q] == RS_WAIT
+            and not _post_recv(mem, prog, arena, b, slot, q)
+        ):
+            break
+        done += 1
+    if done:
+        pq = mem[C_PQ]
+        for k in range(done * 3, n * 3):
+            mem[pq + k - done * 3] = mem[pq + k]
+        mem[C_NPQ] = n - done
+
+
+@njit(nogil=True, cache=True)
 def _body_done(mem, prog, arena, b, k, r):  # type: ignore[no-untyped-def]
     """Body request ``k`` completed (``r`` 1) or failed (``r`` < 0): the last entry takes
     its place; a sent body completes its segment (its successors may go on: the wire no
     longer reads the buffer), a received one is applied now or staged until its waits
     are over, an orphan is forgotten."""
     hb = b[B_HANDLE_BYTES]
-    hbase = arena.ctypes.data + mem[C_A_BREQ]
+    hbase = mem.ctypes.data + mem[C_BREQH] * 8
     br = mem[C_BREQ]
     e = br + k * BR_N
     slot = mem[e + BR_SLOT]
@@ -193,7 +238,8 @@ def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
     How many completed."""
     abase = arena.ctypes.data
     hb = b[B_HANDLE_BYTES]
-    hbase = abase + mem[C_A_BREQ]
+    mbase = mem.ctypes.data
+    hbase = mbase + mem[C_BREQH] * 8
     n = mem[C_NBREQ]
     if mem[C_ORPHANS]:
         br = mem[C_BREQ]
@@ -202,8 +248,8 @@ def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
             if mem[e + BR_SLOT] < 0 and mem[e + BR_WHAT] < 0 and mem[e + BR_CANCEL] == 0:
                 mpi_cancel(b, hbase + k * hb)
                 mem[e + BR_CANCEL] = 1
-    idx = abase + mem[C_A_BIDX]
-    got = mpi_testsome(b, n, hbase, idx, abase + mem[C_A_BST])
+    idx = mbase + mem[C_BIDX] * 8
+    got = mpi_testsome(b, n, hbase, idx, mbase + mem[C_BST] * 8)
     if got == 0 or got == b[B_UNDEFINED]:
         return 0
     if got < 0:  # one failed: find which, one request at a time
@@ -230,37 +276,47 @@ def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
     for j in range(got):
         _body_done(mem, prog, arena, b, np.int64(ld_i32(idx + 4 * j)), 1)
     _drain_stack(mem, prog, arena)
+    if mem[C_NPQ]:
+        _post_waiting(mem, prog, arena, b)
     return got
 
 
 @njit(nogil=True, cache=True)
-def _large_frame(mem, prog, arena, slot, src, f, q, want):  # type: ignore[no-untyped-def]
-    """Check a CTS or ASK of op ``slot`` for segment ``q`` of ``want`` bytes (-1: none
-    matched); False after an event (the op failed)."""
+def _large_segment(mem, prog, arena, slot, src, f, send):  # type: ignore[no-untyped-def]
+    """The send (``send``) or receive segment of op ``slot`` that a CTS or ASK from ``src``
+    (header at ``f``) names, checked against the frame's shape and byte count; -1 after
+    an event (the op failed)."""
     if not _same_shape(mem, slot, f):
         _event(mem, arena, EV_MISMATCH, slot, src, 0, 0, f)
         _fail(mem, prog, arena, slot)
-        return False
-    if q < 0:
+        return -1
+    step = ld_u32(f + 12)
+    seg = ld_u32(f + 16)
+    plan = mem[_op(mem, slot) + O_PLAN]
+    if send:
+        k = _find_send(mem, prog, slot, src, step, seg)
+        rows = prog[plan + PL_SENDS]
+    else:
+        k = _find_recv(mem, prog, slot, src, step, seg)
+        rows = prog[plan + PL_RECVS]
+    if k < 0:
         _event(mem, arena, EV_UNEXPECTED, slot, src, 0, 0, f)
         _fail(mem, prog, arena, slot)
-        return False
+        return -1
     n = ld_i64(f + 40)
+    want = prog[rows + k * G_N + G_NBYTES]
     if n != want or n <= mem[C_MICRO]:
         _event(mem, arena, EV_SIZE, slot, src, n, want, f)
         _fail(mem, prog, arena, slot)
-        return False
-    return True
+        return -1
+    return k
 
 
 @njit(nogil=True, cache=True)
 def _on_cts(mem, prog, arena, slot, src, f, tag):  # type: ignore[no-untyped-def]
     """``src`` posted the receive of our large send segment (step, seg) on ``tag``."""
-    i = _find_send(mem, prog, slot, src, ld_u32(f + 12), ld_u32(f + 16))
-    want = -1
-    if i >= 0:
-        want = prog[prog[mem[_op(mem, slot) + O_PLAN] + PL_SENDS] + i * G_N + G_NBYTES]
-    if not _large_frame(mem, prog, arena, slot, src, f, i, want):
+    i = _large_segment(mem, prog, arena, slot, src, f, True)
+    if i < 0:
         return
     ss = _dyn(mem, slot, D_SS) + i
     st = mem[ss]
@@ -277,11 +333,6 @@ def _on_cts(mem, prog, arena, slot, src, f, tag):  # type: ignore[no-untyped-def
 @njit(nogil=True, cache=True)
 def _on_ask(mem, prog, arena, slot, src, f):  # type: ignore[no-untyped-def]
     """``src`` holds our large receive segment (step, seg) ready and has no clear."""
-    q = _find_recv(mem, prog, slot, src, ld_u32(f + 12), ld_u32(f + 16))
-    want = -1
-    if q >= 0:
-        want = prog[prog[mem[_op(mem, slot) + O_PLAN] + PL_RECVS] + q * G_N + G_NBYTES]
-    if not _large_frame(mem, prog, arena, slot, src, f, q, want):
-        return
-    if mem[_dyn(mem, slot, D_RS) + q] == RS_POSTED:
+    q = _large_segment(mem, prog, arena, slot, src, f, False)
+    if q >= 0 and mem[_dyn(mem, slot, D_RS) + q] == RS_POSTED:
         _owe(mem, arena, slot, src, q)

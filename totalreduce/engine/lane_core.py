@@ -47,7 +47,15 @@ from ..transport.mpi_native import (
     mpi_mrecv,
     status_source,
 )
-from .lane_bodies import _on_ask, _on_cts, _owe, _post_recv, _reap_bodies, _send_readies
+from .lane_bodies import (
+    _on_ask,
+    _on_cts,
+    _owe,
+    _post_waiting,
+    _reap_bodies,
+    _send_readies,
+    want_recv,
+)
 from .lane_layout import *  # noqa: F403 - the field constants
 from .lane_progress import (
     _apply,
@@ -325,6 +333,8 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
             break
     if mem[C_NBREQ]:
         got += _reap_bodies(mem, prog, arena, b)
+    if mem[C_NPQ]:
+        _post_waiting(mem, prog, arena, b)
     if mem[C_NRQ]:
         _send_readies(mem, prog, arena, b)
     _send_ready(mem, prog, arena, b)
@@ -362,7 +372,7 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
         if lane_pass(mem, prog, arena, b, 64) > 0:
             last = now_ns()
             idle = 0
-        needs = mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL] != 0
+        needs = mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL] != 0 or mem[C_BFULL] != 0
         if slot >= 0:
             if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
                 return 1
@@ -485,7 +495,7 @@ def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-
             _heap_push(mem, slot, i)
     if prog[plan + PL_NLARGE]:  # large receives: posted now, their CTS sent unasked
         for q in range(nr):
-            if prog[r0 + q * G_N + G_SCR] != -1 and not _post_recv(mem, prog, arena, b, slot, q):
+            if prog[r0 + q * G_N + G_SCR] != -1 and not want_recv(mem, prog, arena, b, slot, q):
                 _fail(mem, prog, arena, slot)
                 _event(mem, arena, EV_LOST, slot, -1, q, 3, 0)
                 return slot

@@ -85,14 +85,18 @@ C_BSPAN = 61  # body tags rotate through this many values per peer
 C_BREQ = 62  # the body request table (entries of BR_N words; handles in the arena)
 C_NBREQ = 63  # body requests posted
 C_BREQCAP = 64
-C_A_BREQ = 65  # arena offset of the body requests' handles (MPI_Request array)
+C_BREQH = 65  # mem offset of the body requests' handles (an MPI_Request array in mem's words)
 C_ORPHANS = 66  # body requests of failed ops still posted (their buffers must live)
 C_BODYCAP = 67  # body sends in flight to one peer at most (later ones wait, by priority)
 C_DEFER = 68  # room for ready sends a pass puts off (a peer at C_BODYCAP)
 C_BODIES_SENT = 69
 C_BODIES_RECV = 70
-C_A_BIDX = 77  # arena offset of MPI_Testsome's indices (C ints) for the body requests
-C_A_BST = 78  # and of its statuses
+C_BFULL = 71  # 1: a body waits for a free request: Python grows the table (Lane.grow)
+C_PQ = 72  # large receives waiting for a free request (op slot, its submission, segment)
+C_NPQ = 73
+C_PQCAP = 74
+C_BIDX = 77  # mem offset of MPI_Testsome's indices (C ints) for the body requests
+C_BST = 78  # and of its statuses
 C_LEN = 80
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------

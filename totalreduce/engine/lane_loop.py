@@ -437,6 +437,7 @@ class LaneHooks:
                     return moved
                 if lane.full:
                     lane.grow()
+                    mem = lane.mem  # grown: a larger copy
                 moved = True
                 if mem[L.C_NEV] or mem[L.C_CTL_WAITING] or mem[L.C_KICK] or mem[L.C_FULL]:
                     self._lane_drain()

@@ -285,12 +285,13 @@ def _send_body(mem, prog, arena, b, slot, i, dest, g, n):  # type: ignore[no-unt
         return 2
     k = mem[C_NBREQ]
     if k >= mem[C_BREQCAP]:
+        mem[C_BFULL] = 1  # Python grows the table; the body goes after that
         return 0
     o = _op(mem, slot)
     addr = mem[o + O_IN + prog[g + G_BUF]] + prog[g + G_OFF]
     tag = mem[_dyn(mem, slot, D_STAG) + i]
     hb = b[B_HANDLE_BYTES]
-    rc = mpi_isend(b, addr, n, dest, tag, arena.ctypes.data + mem[C_A_BREQ] + k * hb)
+    rc = mpi_isend(b, addr, n, dest, tag, mem.ctypes.data + mem[C_BREQH] * 8 + k * hb)
     if rc < 0:
         _event(mem, arena, EV_MPI, slot, dest, rc, 0, 0)
         return 1
