@@ -26,7 +26,9 @@ Modes:
   pure Python and never waits; the comm thread spun in compiled code, and the main
   thread's Python kept at least half its speed (median of five rounds).
 - ``absent_peer``: an op waits 2 s for a peer that submits late; meanwhile rank 0's
-  process uses under 15% of a core (its comm thread spins only just after progress).
+  process uses under 15% of a core (its comm thread spins only just after progress);
+  then rank 0 waits 1.5 s in ``allreduce`` of a large op for late peers, using under 30%
+  of a core (its waiting thread sleeps between passes after ``wait_spin_s``).
 - ``crowd``: 60 large ops in flight in random orders with the lane's body request table
   starting at 16: the bodies beyond it wait while it grows; exact, nothing left waiting.
 - ``large``: allreduces above the lane's eager limit, whose bodies travel on their own
@@ -498,12 +500,16 @@ def mode_crowd(p: int, rank: int) -> None:
 
 def mode_absent_peer(p: int, rank: int) -> None:
     """An op in flight whose peer submits 2 s late costs this rank little CPU meanwhile:
-    the comm thread spins only just after progress, then sleeps between passes."""
+    the comm thread spins only just after progress, then sleeps between passes; and so
+    does a thread that waits on it (``wait_spin_s`` of polling, then sleeps)."""
     x = np.ones(256, np.float32)
+    big = np.ones(100_000, np.float32)  # a large op: its receives posted, nothing arrives
     tr.allreduce(x, name="ap.warm")
     if rank != 0:
         time.sleep(2.0)
         tr.allreduce(x, name="ap.late")
+        time.sleep(1.5)
+        tr.allreduce(big, name="ap.waited")
         print(f"rank {rank}: ABSENT_PEER OK", flush=True)
         return
     h = tr.allreduce_async(x, name="ap.late")
@@ -512,7 +518,16 @@ def mode_absent_peer(p: int, rank: int) -> None:
         time.sleep(0.05)  # the training loop does something else
     share = (time.process_time() - c0) / (time.perf_counter() - t0)
     ok = not h._event.is_set() and np.all(h.wait(timeout=30) == p) and share < 0.15
-    print(f"rank {rank}: ABSENT_PEER {'OK' if ok else 'FAILED'} cpu={share:.1%}", flush=True)
+    c0, t0 = time.process_time(), time.perf_counter()
+    got = tr.allreduce(big, name="ap.waited")  # the others come 1.5 s later
+    waited = time.perf_counter() - t0
+    wshare = (time.process_time() - c0) / waited
+    ok = ok and np.all(got == p) and waited > 1.0 and wshare < 0.3
+    print(
+        f"rank {rank}: ABSENT_PEER {'OK' if ok else 'FAILED'} cpu={share:.1%} "
+        f"waiting={wshare:.1%} over {waited:.1f}s",
+        flush=True,
+    )
 
 
 def mode_peer_error(p: int, rank: int) -> None:

@@ -372,6 +372,7 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
         if lane_pass(mem, prog, arena, b, 64) > 0:
             last = now_ns()
             idle = 0
+            mem[C_PROGRESS] += 1
         needs = mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL] != 0 or mem[C_BFULL] != 0
         if slot >= 0:
             if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:

@@ -95,6 +95,7 @@ C_BFULL = 71  # 1: a body waits for a free request: Python grows the table (Lane
 C_PQ = 72  # large receives waiting for a free request (op slot, its submission, segment)
 C_NPQ = 73
 C_PQCAP = 74
+C_PROGRESS = 75  # passes of _drive that moved something (a waiter tells silence from work)
 C_BIDX = 77  # mem offset of MPI_Testsome's indices (C ints) for the body requests
 C_BST = 78  # and of its statuses
 C_LEN = 80

@@ -385,6 +385,7 @@ class LaneHooks:
             now = time.perf_counter()
             if deadline is not None and now >= deadline:
                 return done.is_set()
+            quiet = now - last >= spin_s
             if self.lock.acquire(blocking=False):
                 self._owner = threading.get_ident()  # type: ignore[attr-defined]
                 try:
@@ -393,24 +394,35 @@ class LaneHooks:
                             last = now
                     if done.is_set():
                         break
-                    span = 2e-4 if deadline is None else min(2e-4, max(0.0, deadline - now))
+                    # Compiled passes for up to 200 us while the op moves; one pass once
+                    # it has been quiet for spin_s (then the thread sleeps between passes).
+                    span = 0.0 if quiet else 2e-4
+                    if deadline is not None:
+                        span = min(span, max(0.0, deadline - now))
+                    moves = lane.mem[L.C_PROGRESS]
                     ended = lane.wait(lop, span, spin_s)
+                    if ended or lane.mem[L.C_PROGRESS] != moves:
+                        last = time.perf_counter()
+                        delay = 0.0
                     if lane.full:
                         lane.grow()
                     self._lane_drain()
-                    if ended:
-                        last = time.perf_counter()
                 except Exception as exc:
                     self._stopped_by(exc)
                 finally:
                     self._owner = 0  # type: ignore[attr-defined]
                     self.lock.release()
-                continue
-            if now - last < spin_s:
+                if time.perf_counter() - last < spin_s or done.is_set():
+                    continue
+            elif not quiet:
                 time.sleep(0)
                 continue
-            delay = min(max(2 * delay, 2e-5), 1e-3)
-            done.wait(delay)
+            # A long silence (a peer that is late): sleep between passes, as the main
+            # loop's waiter does, so a waiting rank does not hold a core meanwhile.
+            delay = min(max(2 * delay, 2e-5), self.cfg.backoff_max_s)
+            if deadline is not None:
+                delay = min(delay, max(0.0, deadline - time.perf_counter()))
+            self._sleep(delay, done)  # type: ignore[attr-defined]
         return True
 
     def _lane_spin(self, span: float) -> bool:
