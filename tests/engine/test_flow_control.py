@@ -142,8 +142,14 @@ def test_urgency_travels_to_the_peer() -> None:
     """Rank 1 waits for the last of 30 equal-priority ops; rank 0 sends it early because of it."""
     n_ops, count = 30, 64 << 10  # 512 KiB each, 32 segments: long enough for NEED to matter
     order: list[int] = []
+    waiting = threading.Event()
 
     def rank_main(svc):
+        if svc.rank == 0:
+            # Rank 0 submits once rank 1 waits (its NEED is then on the wire or remembered
+            # here): a loaded machine must not let everything finish before the wait.
+            waiting.wait(timeout=60)
+            time.sleep(0.02)
         hs = [svc.allreduce_async(values(k, count, svc.rank), name=f"u.{k}") for k in range(n_ops)]
         if svc.rank == 0:
             for k, h in enumerate(hs):
@@ -151,6 +157,7 @@ def test_urgency_travels_to_the_peer() -> None:
             while not all(h.done() for h in hs):  # rank 0 never waits: no local urgency
                 time.sleep(0.001)
         else:
+            waiting.set()
             hs[-1].wait(timeout=60)
         return [h.wait(timeout=60) for h in hs]
 

@@ -39,6 +39,7 @@ from .lane_progress import (
     _sent,
 )
 from .lane_tables import (
+    _drop_front,
     _dyn,
     _event,
     _find_recv,
@@ -92,9 +93,7 @@ def _send_readies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
                 st_u32(a + 8, np.uint32(mem[_dyn(mem, slot, D_RSLOT) + q]))
         done += 1
     if done:
-        rq = mem[C_RQ]
-        for k in range(done * 4, n * 4):
-            mem[rq + k - done * 4] = mem[rq + k]
+        _drop_front(mem, mem[C_RQ], done, n, 4)
         mem[C_NRQ] = n - done
 
 
@@ -176,9 +175,7 @@ def _post_waiting(mem, prog, arena, b):  # type: ignore[no-untyped-def]
             break
         done += 1
     if done:
-        pq = mem[C_PQ]
-        for k in range(done * 3, n * 3):
-            mem[pq + k - done * 3] = mem[pq + k]
+        _drop_front(mem, mem[C_PQ], done, n, 3)
         mem[C_NPQ] = n - done
 
 

@@ -139,6 +139,14 @@ def _event(mem, arena, kind, slot, source, a, b, frame_addr):  # type: ignore[no
 
 
 @njit(nogil=True, cache=True)
+def _drop_front(mem, base, done, n, width):  # type: ignore[no-untyped-def]
+    """Drop the first ``done`` of the ``n`` entries (``width`` words each) of the queue at
+    ``mem[base]``: the rest move to its front, in order."""
+    for k in range(done * width, n * width):
+        mem[base + k - done * width] = mem[base + k]
+
+
+@njit(nogil=True, cache=True)
 def _group_rank(mem, prog, slot, world_rank):  # type: ignore[no-untyped-def]
     o = _op(mem, slot)
     g0 = mem[o + O_GROUP]
