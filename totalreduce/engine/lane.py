@@ -305,12 +305,12 @@ class Lane(LanePlans):
     ) -> LaneOp | None:
         inbuf = spec.inbuf
         keep: Any = None
-        pooled: list[np.ndarray] = []  # buffers from the pool, back to it when the op ends
+        pooled = _NO_POOLED  # buffers from the pool, back to it when the op ends (a list then)
         copy_in = (spec.in_place and spec.schedule.reads_input) if shape is None else shape.copy_in
         if copy_in:
             if inbuf.nbytes >= _POOLED_BYTES:  # a large op in place: no fresh pages each time
                 raw = self._take(inbuf.nbytes)
-                pooled.append(raw)
+                pooled = [raw]
                 copy = raw.view(inbuf.dtype).reshape(inbuf.shape)
                 np.copyto(copy, inbuf)
                 inbuf = copy
@@ -331,7 +331,7 @@ class Lane(LanePlans):
         a[3] = 0
         if nscr:
             scratch = self._take(nscr)
-            pooled.append(scratch)
+            pooled = [*pooled, scratch]
             a[3] = scratch.__array_interface__["data"][0]
         slot = core.lane_submit(mem, prog, self.arena, self.b, f, a)
         if slot < 0:
@@ -339,7 +339,8 @@ class Lane(LanePlans):
                 self._give(raw)
             return None
         lop = LaneOp(spec, slot, int(mem[L.C_SEQ]), keep)  # the seq lane_submit just gave
-        lop.pooled = pooled
+        if pooled:
+            lop.pooled = pooled
         self.ops[slot] = lop
         self.by_key[lop.key] = lop
         return lop

@@ -178,10 +178,12 @@ class LaneHooks:
             except Exception:  # the usual path fails the op properly, naming the cause
                 log.exception("rank %d: the lane's express entry failed", self.rank)
                 return False
-            try:
-                self._lane_drain()
-            except Exception as exc:
-                self._stopped_by(exc)
+            mem = lane.mem
+            if mem[L.C_NDONE] or mem[L.C_NEV]:  # it ended at once (its peers' frames came first)
+                try:
+                    self._lane_drain()
+                except Exception as exc:
+                    self._stopped_by(exc)
         finally:
             self._owner = 0  # type: ignore[attr-defined]
             self.lock.release()
@@ -372,6 +374,30 @@ class LaneHooks:
         )
 
     # ------------------------------------------------------------------ waiting
+
+    def _lane_try(self, lop: LaneOp, done: Waitable, span: float) -> bool:
+        """``wait()``'s first try on a lane op: compiled passes for up to ``span`` s, then
+        its completion, without the waiter's bookkeeping (most small ops end within
+        it); False when it did not end, or the lock or the main loop's work stood in
+        the way (the caller then waits the whole way)."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        self._owner = threading.get_ident()  # type: ignore[attr-defined]
+        try:
+            if self._main_has_work():
+                return False
+            lane = self.lane
+            assert lane is not None
+            lane.wait(lop, span, self._wait_spin)  # type: ignore[attr-defined]
+            if lane.full:
+                lane.grow()
+            self._lane_drain()
+        except Exception as exc:
+            self._stopped_by(exc)
+        finally:
+            self._owner = 0  # type: ignore[attr-defined]
+            self.lock.release()
+        return done.is_set()
 
     def _lane_progress(
         self, lop: LaneOp, done: Waitable, deadline: float | None, spin_s: float

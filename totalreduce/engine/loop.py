@@ -407,6 +407,8 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
         if spec is not None:
             lop = None if lane is None else lane.by_key.get((spec.wire_id, spec.generation))
             if lop is not None and lop.spec is spec:  # the waiter's compiled passes mark it
+                if self._lane_try(lop, done, 2e-4 if timeout is None else min(2e-4, timeout)):
+                    return True
                 with _Waiting(self):
                     return self._lane_progress(lop, done, deadline, self._wait_spin)
             self.mark_needed(spec)

@@ -60,9 +60,9 @@ class NameTable:
             if st is not None:
                 st.in_flight -= 1
                 if (
-                    name.__class__ is str
+                    not st.in_flight
+                    and name.__class__ is str
                     and str(name).startswith("__unnamed__.")
-                    and not st.in_flight
                 ):
                     del self._names[name]
 
