@@ -36,27 +36,24 @@ op someone waits for crosses no thread hand-off.  One thread runs the loop at a
 time (``lock``).  The loop knows no algorithm: it executes segment plans.
 
 This module holds :class:`CommLoop`'s construction (all its state), the client side
-(submitting, urgency, aborts, waking), the drivers (:meth:`~CommLoop.run`,
-:meth:`~CommLoop.progress`, one pass) and activation (an op entering the table,
-starting, completing).  Its other jobs are its bases, one module each:
-``receiving.py`` (:class:`~.receiving.ReceiveHooks`: messages in, a handler per frame
-type, floating frames, body receives), ``sending.py`` (:class:`~.sending.SendHooks`:
-the send heaps, outgoing messages and credit, the receiver's answers),
-``reducing.py`` (:class:`~.reducing.ReduceHooks`: reductions and local steps),
-``failing.py`` (:class:`~.failing.FailHooks`: ops failing, errors to and from peers,
-aborts), ``peers.py`` (:class:`~.peers.PeerHooks`: peers failing, leaving, dying,
-coming back), ``stalls.py`` (:class:`~.stalls.StallHooks`: the stall inspector) and
-``lane_loop.py`` (:class:`~.lane_loop.LaneHooks`: the compiled lane's side).  Each
-base declares what it uses of the others as class annotations; none imports this
-module.
+(submitting, urgency, aborts, waking), one pass (:meth:`~CommLoop.run_once`) and
+activation (an op entering the table, starting, completing).  Its other jobs are its
+bases, one module each: ``driving.py`` (:class:`~.driving.DriveHooks`: the comm thread's
+run, a pass under the lock, a waiting thread's progress), ``receiving.py``
+(:class:`~.receiving.ReceiveHooks`: messages in, a handler per frame type, floating
+frames, body receives), ``sending.py`` (:class:`~.sending.SendHooks`: the send heaps,
+outgoing messages and credit, the receiver's answers), ``reducing.py``
+(:class:`~.reducing.ReduceHooks`: reductions and local steps), ``failing.py``
+(:class:`~.failing.FailHooks`: ops failing, errors to and from peers, aborts),
+``peers.py`` (:class:`~.peers.PeerHooks`: peers failing, leaving, dying, coming back),
+``stalls.py`` (:class:`~.stalls.StallHooks`: the stall inspector) and ``lane_loop.py``
+(:class:`~.lane_loop.LaneHooks`: the compiled lane's side).  Each base declares what it
+uses of the others as class annotations; none imports this module.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
-import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -71,12 +68,11 @@ from ..config import Config
 from ..errors import OpFailedError, TotalReduceError
 from ..transport.base import Transport
 from . import wire
-from .completion import Waitable
 from .compute import ComputeKind, ComputeList, ComputeRequest
+from .driving import DriveHooks
 from .failing import FailHooks
 from .failures import _error_from_peer
 from .floating import BufferPool, FloatingList
-from .lane_layout import C_INFLIGHT as L_INFLIGHT
 from .lane_loop import LaneHooks
 from .link import Link
 from .payload import OpKey, OpSpec, OpState, Payload
@@ -119,22 +115,9 @@ class LoopStats:
         return self.frames_sent / self.messages_sent if self.messages_sent else 0.0
 
 
-# Let other threads run without sleeping: time.sleep(0) is a zero-length nanosleep,
-# which the kernel's timer slack (50 µs by default) turns into a real sleep; measured
-# 90 µs against 0.6 µs for sched_yield on the 2-core machine.
-_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
-
-
-def _set_timer_slack(ns: int = 1000) -> None:
-    """Sleep precisely on this thread (Linux's default timer slack is 50 µs)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(29, ns, 0, 0, 0)  # PR_SET_TIMERSLACK
-        except (OSError, AttributeError) as exc:  # not fatal: sleeps are just coarser
-            log.debug("could not set the timer slack: %s", exc)
-
-
-class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHooks, ReduceHooks):
+class CommLoop(
+    DriveHooks, LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHooks, ReduceHooks
+):
     """Executes payloads' segment plans over a transport (see the module docstring)."""
 
     def __init__(
@@ -286,19 +269,6 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
         if self._t_sleepers and self._t_wake is not None:
             self._t_wake()
 
-    def _sleep(self, delay: float, done: Waitable) -> None:
-        """Sleep up to ``delay`` unless ``done`` is set: in the transport if it can wake us."""
-        if self._t_wait is None:
-            done.wait(delay)
-            return
-        me = threading.get_ident()
-        self._t_sleepers.add(me)  # before the check: a waker that sets ``done`` sees us
-        try:
-            if not done.is_set():
-                self._t_wait(delay)
-        finally:
-            self._t_sleepers.discard(me)
-
     @property
     def busy(self) -> bool:
         return bool(
@@ -325,119 +295,6 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
         if self.lane is not None and self.lane.sends_busy:
             return True
         return any(what != _RECV for what, _ in self._owners)
-
-    # ------------------------------------------------------------------ driving the loop
-
-    def run(self, stop: threading.Event) -> None:
-        """The comm thread: progress until ``stop`` is set; back off when idle."""
-        _set_timer_slack()
-        cfg = self.cfg
-        delay = cfg.backoff_min_s
-        last = time.perf_counter()
-        while not stop.is_set():
-            if self.waiters:
-                # A waiting thread drives the loop; stay out of its way.
-                self.wake.wait(cfg.backoff_max_s)
-                self.wake.clear()
-                continue
-            # Only lane ops in flight: compiled passes without the interpreter lock, until
-            # something needs Python; the main loop's pass below otherwise.
-            # Spinning only within spin_s of the last progress (else one pass, no spin): a
-            # peer that submits late must not cost a core while its op waits here.
-            lane = self.lane
-            if (
-                lane is not None
-                and lane.mem[L_INFLIGHT]
-                and not self.table
-                and not self.submissions
-                and self._lane_spin(max(cfg.spin_s - (time.perf_counter() - last), 0.0))
-            ):
-                delay = cfg.backoff_min_s
-                last = time.perf_counter()
-                continue
-            if self._pass():
-                delay = cfg.backoff_min_s
-                last = time.perf_counter()
-                continue
-            if self.busy and time.perf_counter() - last < cfg.spin_s:
-                _yield()  # frames likely microseconds away: yield, no sleep
-                continue
-            self.stats.idle_sleeps += 1
-            self._asleep = True
-            if not self.submissions:  # one queued since the last pass: no sleep
-                self._sleep(delay, self.wake)
-            self._asleep = False
-            self.wake.clear()
-            ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s
-            delay = min(delay * 2, ceiling)
-
-    def _pass(self) -> bool:
-        """One pass under the lock (False if another thread is running one)."""
-        if not self.lock.acquire(blocking=False):
-            return False
-        self._owner = threading.get_ident()
-        try:
-            return self.run_once()
-        except Exception as exc:  # never die silently: fail every op
-            self._stopped_by(exc)
-            return False
-        finally:
-            self._owner = 0
-            self.lock.release()
-
-    def poll(self) -> None:
-        """Run one pass if no other thread is running one (``done()``, like ``MPI_Test``)."""
-        if self._owner != threading.get_ident():
-            self._pass()
-
-    def progress(self, done: Waitable, timeout: float | None, spec: OpSpec | None) -> bool:
-        """Drive the loop from a waiting thread until ``done`` is set; False on timeout."""
-        if self._owner == threading.get_ident():
-            raise TotalReduceError(
-                "wait() inside a completion callback would block the loop that completes it; "
-                "use add_done_callback or wait outside the callback"
-            )
-        cfg = self.cfg
-        start = time.perf_counter()
-        deadline = None if timeout is None else start + timeout
-        last = start
-        delay = 0.0
-        needed = False
-        lane = self.lane
-        if spec is not None:
-            lop = None if lane is None else lane.by_key.get((spec.wire_id, spec.generation))
-            if lop is not None and lop.spec is spec:  # the waiter's compiled passes mark it
-                if self._lane_try(lop, done, 2e-4 if timeout is None else min(2e-4, timeout)):
-                    return True
-                with _Waiting(self):
-                    return self._lane_progress(lop, done, deadline, self._wait_spin)
-            self.mark_needed(spec)
-        with _Waiting(self):
-            while not done.is_set():
-                if lane is not None and spec is not None:
-                    lop = lane.by_key.get((spec.wire_id, spec.generation))
-                    if lop is not None and lop.spec is spec:
-                        return self._lane_progress(lop, done, deadline, self._wait_spin)
-                now = time.perf_counter()
-                if deadline is not None and now >= deadline:
-                    return done.is_set()
-                if self._pass():
-                    last = now
-                    delay = 0.0
-                    continue
-                if spec is not None and not needed and now - start > cfg.need_after_s:
-                    needed = True
-                    self.submissions.append(("ask", spec.key))
-                if now - last < self._wait_spin:
-                    # Frames are likely on their way: spin (as MPI_Wait does), letting
-                    # other threads run; only a long silence turns into sleeping.
-                    _yield()
-                    continue
-                delay = min(max(2 * delay, 2e-5), cfg.backoff_max_s)
-                if deadline is not None:
-                    delay = min(delay, max(0.0, deadline - now))
-                self._sleep(delay, done)
-        return True
 
     # ------------------------------------------------------------------ one pass
 
@@ -660,26 +517,3 @@ class CommLoop(LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHo
                 spec.on_done(error)
             except Exception:  # a user callback must not kill the loop
                 log.exception("completion callback of %s failed", spec.describe())
-
-
-class _Waiting:
-    """Counts a thread waiting in :meth:`CommLoop.progress` (the comm thread steps aside)."""
-
-    _lock = threading.Lock()
-
-    def __init__(self, loop: CommLoop) -> None:
-        self.loop = loop
-
-    def __enter__(self) -> None:
-        with self._lock:
-            self.loop.waiters += 1
-        if self.loop.lane is not None:  # the comm thread may be in compiled passes
-            self.loop.lane.kick()
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self.loop.waiters -= 1
-        if self.loop.table or self.loop.submissions:
-            # Ops nobody waits for (and notes this waiter left) go on at once, on the
-            # comm thread, not after its idle sleep.
-            self.loop.wake.set()
