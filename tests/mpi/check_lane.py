@@ -31,6 +31,11 @@ Modes:
   of a core (its waiting thread sleeps between passes after ``wait_spin_s``).
 - ``crowd``: 60 large ops in flight in random orders with the lane's body request table
   starting at 16: the bodies beyond it wait while it grows; exact, nothing left waiting.
+- ``kinds``: reduce-scatters and all-gathers (uneven parts) of the lane's types, sums,
+  max and avg, up to the lane's eager limit and one size above it (the main loop), in
+  per-rank random orders and priorities: exact, and the lane ran every small one (an
+  all-gather's exchange of part sizes too).  A reduce-scatter whose size one rank
+  changes raises ``OpMismatchError`` naming it on every rank; the name works after.
 - ``large``: allreduces above the lane's eager limit, whose bodies travel on their own
   tags once the receiver has posted the receive: every algorithm, the lane's element
   types, sums, max and avg, in place and not, in per-rank random orders and priorities
@@ -206,6 +211,74 @@ def mode_mismatch(p: int, rank: int) -> None:
     named = zip(texts, ("count", "cross", "dtype"), strict=True)
     ok = all(f"op 'm.{w}'" in t for t, w in named) and np.all(after == p)
     print(f"rank {rank}: MISMATCH {'OK' if ok else 'FAILED'} {texts}", flush=True)
+
+
+def mode_kinds(p: int, rank: int) -> None:
+    from totalreduce.algorithms.schedule import balanced_parts
+
+    micro = tr.default_service().config.micro_bytes
+    before = lane_done()
+    cases = []
+    for dtype in sorted(LANE_TYPES):
+        isz = np.dtype(dtype).itemsize
+        top = 8 * micro // isz  # the lane's eager limit, in elements
+        for total in (1, p + 1, 1000, top, top + 1):
+            for op in ("sum", "max", "avg"):
+                cases.append(("rs", dtype, total, op))
+            cases.append(("ag", dtype, total, "sum"))
+    rng = random.Random(1000 + rank)
+    order = list(enumerate(cases))
+    rng.shuffle(order)
+    handles = []
+    for k, (kind, dtype, total, op) in order:
+        prio = rng.randrange(-3, 4)
+        if kind == "rs":
+            x = value(k, total, dtype, rank)
+            h = tr.reduce_scatter_async(x, op=op, name=f"k{k}", priority=prio)
+        else:
+            parts = [total // p + (r < total % p) for r in range(p)]
+            parts = parts[::-1] if k % 2 else parts  # uneven either way round
+            x = value(k, parts[rank], dtype, rank)
+            h = tr.allgather_async(x, name=f"k{k}", priority=prio)
+        handles.append((k, h))
+    bad = 0
+    for k, h in handles:
+        kind, dtype, total, op = cases[k]
+        got = h.wait(timeout=60)
+        if kind == "rs":
+            lo, n = balanced_parts(total, p)[rank]
+            want = reference(k, total, dtype, op, p)[lo : lo + n]
+            size_ok = got.size == n
+        else:
+            parts = [total // p + (r < total % p) for r in range(p)]
+            parts = parts[::-1] if k % 2 else parts
+            want = np.concatenate([value(k, parts[r], dtype, r) for r in range(p)])
+            size_ok = got.size == total
+        if dtype == "float16" and op == "avg":
+            same = np.allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3)
+        else:
+            same = np.array_equal(got, want) and got.dtype == want.dtype
+        if not (same and size_ok):
+            bad += 1
+            print(f"rank {rank}: WRONG {kind} {dtype} {total} {op}: {got[:4]} vs {want[:4]}")
+    ran = lane_done() - before
+    small = [c for c in cases if c[2] * np.dtype(c[1]).itemsize <= 8 * micro]
+    # every small op, and every all-gather's exchange of part sizes
+    expect = len(small) + sum(1 for c in cases if c[0] == "ag")
+    # a reduce-scatter whose size one rank changes
+    n = 100 if rank < p - 1 else 104
+    text = _raises(lambda: tr.reduce_scatter(np.ones(n, np.float32), name="k.count"))
+    after = tr.reduce_scatter(np.ones(10 * p, np.float32), name="k.count")
+    ok = (
+        bad == 0
+        and ran == expect
+        and "op 'k.count'" in text  # raised as OpMismatchError (_raises)
+        and np.all(after == p)
+    )
+    print(
+        f"rank {rank}: KINDS {'OK' if ok else 'FAILED'} lane ran {ran} of {expect}; {text!r}",
+        flush=True,
+    )
 
 
 def mode_express(p: int, rank: int) -> None:
@@ -448,9 +521,10 @@ def mode_large(p: int, rank: int) -> None:
     urgent.add_done_callback(lambda _h: ends.append("urgent"))
     big.wait(timeout=60)
     urgent.wait(timeout=60)
-    # Orphans (the doomed op's cancelled receives) leave within a few passes: ops of every
+    # Orphans (the failed ops' requests) leave: receives when their sender's body or empty
+    # message comes, or cancelled after LANE_ORPHAN_S (2 s) if nothing will; ops of every
     # rank together, until no rank has a body posted (the same number of ops everywhere).
-    for _ in range(50):
+    for _ in range(100):
         left = int(tr.allreduce(np.array([lane.stats()["bodies_in_flight"]]), name="L.tick")[0])
         if left == 0:
             break
@@ -573,6 +647,7 @@ def main() -> None:
         "background": mode_background,
         "absent_peer": mode_absent_peer,
         "large": mode_large,
+        "kinds": mode_kinds,
         "crowd": mode_crowd,
     }[mode](p, rank)
     tr.shutdown()

@@ -66,6 +66,12 @@ def test_lane_large_ops_travel_as_bodies_exact_in_any_order(n: int) -> None:
     assert out.count("LARGE OK") == n, out
 
 
+@pytest.mark.parametrize("n", [3])
+def test_lane_runs_small_reduce_scatters_and_allgathers_exactly(n: int) -> None:
+    out = lane_run(n, "kinds")
+    assert out.count("KINDS OK") == n, out
+
+
 def test_lane_large_receives_beyond_its_requests_wait_their_turn() -> None:
     out = lane_run(2, "crowd")
     assert out.count("CROWD OK") == 2, out

@@ -3,8 +3,9 @@
 The main loop (:mod:`.loop`) hands an op to the lane when the lane can run all of it
 in compiled code (:meth:`Lane.plan_of` says which): an allreduce of an element type and
 reduce operation the raw kernels know, by an algorithm whose schedule the lane runs, on
-the MPI transport.  Small ones travel in eager segments; larger ones in segments whose
-bodies go on tags of their own once the receiver posted the receive (rendezvous).  The
+the MPI transport, or a small reduce-scatter or all-gather of such a type.  Small ones
+travel in eager segments; larger allreduces in segments whose bodies go on tags of their
+own once the receiver posted the receive (rendezvous).  The
 decision depends only on the op's shape and the configuration, so ranks that agree on
 an op agree on who runs it; ranks that disagree are caught (a frame for an op the
 other side runs is an event, ``EV_FOREIGN``).
@@ -50,6 +51,12 @@ LANE_BODY_SPAN = 1 << 20
 #: Body requests (sends and receives of large segments) the table holds at first; bodies
 #: beyond it wait, in order, while Python doubles it (``Lane.grow``).
 LANE_BODY_REQUESTS = 1 << 12
+#: A receive of a failed op stays posted this long for its sender's body or empty message
+#: (a sender that held its clear always sends one of them, so no send is left unmatched),
+#: then it is cancelled: nothing will come (the sender never held the clear).
+LANE_ORPHAN_S = 2.0
+#: Empty messages owed at once (clears held by ops that failed here; a bound, not a need).
+LANE_ABANDONS = 4096
 #: In-place inputs of at least this many bytes are copied into pooled buffers.
 _POOLED_BYTES = 64 << 10
 #: Pooled buffers kept per size (a few large ops of one size in flight at once), and in all.
@@ -160,6 +167,7 @@ class Lane(LanePlans):
             ("bidx", (breqcap + 1) // 2),
             ("bst", breqcap * _status_words(b)),
             ("pq", pqcap * 3),
+            ("aq", LANE_ABANDONS * 2),
             ("defer", stkcap * 2),
         ]
         off = L.C_LEN
@@ -208,6 +216,9 @@ class Lane(LanePlans):
         mem[L.C_BST] = at["bst"]
         mem[L.C_PQ] = at["pq"]
         mem[L.C_PQCAP] = pqcap
+        mem[L.C_AQ] = at["aq"]
+        mem[L.C_AQCAP] = LANE_ABANDONS
+        mem[L.C_ORPHAN_NS] = int(LANE_ORPHAN_S * 1e9)
         mem[L.C_BODYCAP] = LANE_BODY_CAP
         mem[L.C_DEFER] = at["defer"]
         mem[at["hash"] + 2 : at["hash"] + hcap * 3 : 3] = L.H_EMPTY
@@ -352,7 +363,7 @@ class Lane(LanePlans):
     def wait(self, lop: LaneOp, max_s: float, spin_s: float) -> bool:
         """Drive passes until ``lop`` ended or something needs Python; True if it ended."""
         return bool(
-            core.lane_wait(
+            core.lane_drive(
                 self.mem, self.prog, self.arena, self.b, lop.slot, lop.seq,
                 int(max_s * 1e9), int(spin_s * 1e9),
             )
@@ -364,7 +375,7 @@ class Lane(LanePlans):
         ``C_KICK`` before it checks its own queues, so a kick after the check is seen."""
         return bool(
             core.lane_drive(
-                self.mem, self.prog, self.arena, self.b, int(max_s * 1e9), int(spin_s * 1e9)
+                self.mem, self.prog, self.arena, self.b, -1, 0, int(max_s * 1e9), int(spin_s * 1e9)
             )
         )
 

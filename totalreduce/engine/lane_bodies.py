@@ -19,12 +19,15 @@ import numpy as np
 from numba import njit
 
 from ..native.intrinsics import ld_i32, ld_i64, ld_u32, st_i32, st_u32
-from ..native.libc import memcpy
+from ..native.libc import memcpy, now_ns
 from ..transport.mpi_native import (
     B_HANDLE_BYTES,
+    B_STATUS_BYTES,
     B_UNDEFINED,
     mpi_cancel,
+    mpi_get_count,
     mpi_irecv,
+    mpi_isend,
     mpi_test,
     mpi_testsome,
 )
@@ -130,6 +133,7 @@ def _post_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
     mem[e + BR_WHAT] = -q - 1
     mem[e + BR_PEER] = src
     mem[e + BR_CANCEL] = 0
+    mem[e + BR_T] = 0
     mem[C_NBREQ] = k + 1
     mem[o + O_NREQ] += 1
     mem[_dyn(mem, slot, D_RS) + q] = RS_POSTED
@@ -184,7 +188,7 @@ def _body_done(mem, prog, arena, b, k, r):  # type: ignore[no-untyped-def]
     """Body request ``k`` completed (``r`` 1) or failed (``r`` < 0): the last entry takes
     its place; a sent body completes its segment (its successors may go on: the wire no
     longer reads the buffer), a received one is applied now or staged until its waits
-    are over, an orphan is forgotten."""
+    are over (one that came empty is not: its sender gave up), an orphan is forgotten."""
     hb = b[B_HANDLE_BYTES]
     hbase = mem.ctypes.data + mem[C_BREQH] * 8
     br = mem[C_BREQ]
@@ -192,6 +196,7 @@ def _body_done(mem, prog, arena, b, k, r):  # type: ignore[no-untyped-def]
     slot = mem[e + BR_SLOT]
     what = mem[e + BR_WHAT]
     peer = mem[e + BR_PEER]
+    empty = mem[e + BR_CANCEL] == 2
     last = mem[C_NBREQ] - 1
     if k != last:
         el = br + last * BR_N
@@ -216,6 +221,11 @@ def _body_done(mem, prog, arena, b, k, r):  # type: ignore[no-untyped-def]
         _sent(mem, prog, arena, slot, what)
         return
     q = -what - 1
+    if empty:
+        # Its sender's op failed before the body went: nothing to apply.  The op cannot
+        # end now; the sender's error (on its way) fails it here.
+        mem[_dyn(mem, slot, D_RS) + q] = RS_DONE
+        return
     mem[C_BODIES_RECV] += 1
     rr = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
     if prog[rr + G_SCR] == SCR_DIRECT:  # it landed where it belongs
@@ -239,10 +249,18 @@ def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
     hbase = mbase + mem[C_BREQH] * 8
     n = mem[C_NBREQ]
     if mem[C_ORPHANS]:
+        # Orphan receives wait for their sender's body or empty message; after
+        # C_ORPHAN_NS nothing will come (the sender never held the clear): cancelled.
         br = mem[C_BREQ]
+        t = now_ns()
         for k in range(n):
             e = br + k * BR_N
-            if mem[e + BR_SLOT] < 0 and mem[e + BR_WHAT] < 0 and mem[e + BR_CANCEL] == 0:
+            if (
+                mem[e + BR_SLOT] < 0
+                and mem[e + BR_WHAT] < 0
+                and mem[e + BR_CANCEL] == 0
+                and t - mem[e + BR_T] > mem[C_ORPHAN_NS]
+            ):
                 mpi_cancel(b, hbase + k * hb)
                 mem[e + BR_CANCEL] = 1
     idx = mbase + mem[C_BIDX] * 8
@@ -257,10 +275,15 @@ def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
             if r == 0:
                 k += 1
                 continue
+            if r > 0:
+                _mark_empty(mem, prog, b, k, abase + mem[C_A_STATUS])
             _body_done(mem, prog, arena, b, k, r)
             got += 1
         _drain_stack(mem, prog, arena)
         return got
+    sts = mbase + mem[C_BST] * 8
+    for j in range(got):  # before the sort below: statuses are in MPI's order
+        _mark_empty(mem, prog, b, np.int64(ld_i32(idx + 4 * j)), sts + j * b[B_STATUS_BYTES])
     # Highest position first: the entry that moves into a completed one's place is
     # then never one still to be handled.
     for j in range(1, got):
@@ -333,3 +356,52 @@ def _on_ask(mem, prog, arena, slot, src, f):  # type: ignore[no-untyped-def]
     q = _large_segment(mem, prog, arena, slot, src, f, False)
     if q >= 0 and mem[_dyn(mem, slot, D_RS) + q] == RS_POSTED:
         _owe(mem, arena, slot, src, q)
+
+
+@njit(nogil=True, cache=True)
+def _send_abandons(mem, arena, b):  # type: ignore[no-untyped-def]
+    """Post the empty messages owed (``lane_tables._abandon``), in order, while body
+    requests are free; each is an orphan request until MPI completes it."""
+    n = mem[C_NAQ]
+    hb = b[B_HANDLE_BYTES]
+    hbase = mem.ctypes.data + mem[C_BREQH] * 8
+    done = 0
+    while done < n:
+        k = mem[C_NBREQ]
+        if k >= mem[C_BREQCAP]:
+            mem[C_BFULL] = 1  # Python grows the table; the rest go after that
+            break
+        a = mem[C_AQ] + done * 2
+        peer = mem[a]
+        done += 1
+        rc = mpi_isend(b, arena.ctypes.data, 0, peer, mem[a + 1], hbase + k * hb)
+        if rc < 0:
+            _event(mem, arena, EV_MPI, -1, peer, rc, 0, 0)
+            continue
+        e = mem[C_BREQ] + k * BR_N
+        mem[e + BR_SLOT] = -1
+        mem[e + BR_WHAT] = 0
+        mem[e + BR_PEER] = peer
+        mem[e + BR_CANCEL] = 1
+        mem[e + BR_T] = 0
+        mem[C_NBREQ] = k + 1
+        mem[C_ORPHANS] += 1
+    if done:
+        _drop_front(mem, mem[C_AQ], done, n, 2)
+        mem[C_NAQ] = n - done
+
+
+@njit(nogil=True, cache=True)
+def _mark_empty(mem, prog, b, k, status):  # type: ignore[no-untyped-def]
+    """Body request ``k`` (completed, its status at ``status``): flag a receive of an
+    active op that came with fewer bytes than its segment (an empty message: the sender
+    gave up) so that ``_body_done`` does not apply it."""
+    e = mem[C_BREQ] + k * BR_N
+    slot = mem[e + BR_SLOT]
+    what = mem[e + BR_WHAT]
+    if slot < 0 or what >= 0:
+        return
+    o = _op(mem, slot)
+    rr = prog[mem[o + O_PLAN] + PL_RECVS] + (-what - 1) * G_N
+    if mpi_get_count(b, status) != prog[rr + G_NBYTES]:
+        mem[e + BR_CANCEL] = 2

@@ -53,6 +53,7 @@ from .lane_bodies import (
     _owe,
     _post_waiting,
     _reap_bodies,
+    _send_abandons,
     _send_readies,
     want_recv,
 )
@@ -69,6 +70,7 @@ from .lane_progress import (
     remember_key,
 )
 from .lane_tables import (
+    _abandon,
     _dyn,
     _event,
     _find_recv,
@@ -196,6 +198,11 @@ def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-de
                 _on_ask(mem, prog, arena, v, src, f)
         elif v == H_FOREIGN:
             _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
+        elif v == H_FAILED and ftype == F_CTS:
+            # The op failed here: the receive posted for its body is answered empty.
+            tag = np.int64(ld_u32(f + 8))
+            if mem[C_BTAG] <= tag < mem[C_BTAG] + mem[C_BSPAN]:
+                _abandon(mem, arena, src, tag)
         # H_DONE: a second clear that crossed an ASK, or an ASK that crossed the clear
         # and whose body came first: both answered already.
         return size
@@ -331,6 +338,8 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
         mem[C_LANDPOS] = 0
         if not _consume(mem, prog, arena, b):
             break
+    if mem[C_NAQ]:
+        _send_abandons(mem, arena, b)
     if mem[C_NBREQ]:
         got += _reap_bodies(mem, prog, arena, b)
     if mem[C_NPQ]:
@@ -351,12 +360,17 @@ _POLLS_BEFORE_YIELD = 64
 
 
 @njit(nogil=True, cache=True)
-def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-untyped-def]
-    """Passes until a condition or ``max_ns``; spins ``spin_ns`` after the last progress,
-    then yields the core between passes.  ``slot >= 0``: until that op (submission
-    ``seq``) left the table (1), or an event or a message for the main loop waits (0).
-    ``slot < 0``: until something needs Python (1: an op ended, an event, the main loop's
-    message, ``C_KICK``), or nothing is left in flight (0)."""
+def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-untyped-def]
+    """Passes without the interpreter lock until a condition or ``max_ns``; spins
+    ``spin_ns`` after the last progress, then yields the core between passes.
+
+    ``slot >= 0``, a waiting thread's: until that op (submission ``seq``) left the table
+    (1), or an event or a message for the main loop waits (0); the op is urgent from now
+    on (what ``mark_needed`` does for the main loop's ops).  ``slot < 0``, the comm
+    thread's while the lane alone has work: until something needs Python (1: an op ended,
+    an event, the main loop's message, ``C_KICK``), or nothing is left in flight (0).
+    One entry point for both: each entry point links and optimizes the whole pass again
+    when it is first compiled."""
     t0 = now_ns()
     last = t0
     idle = 0
@@ -395,22 +409,6 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
             yield_cpu()
         else:
             cpu_relax()
-
-
-@njit(nogil=True, cache=True)
-def lane_wait(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-untyped-def]
-    """A waiting thread's passes: until op ``slot`` (submission ``seq``) left the table
-    (1), an event or a message for the main loop waits, or ``max_ns`` passed (0).  The op
-    is urgent from now on (what ``mark_needed`` does for the main loop's ops)."""
-    return _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns)
-
-
-@njit(nogil=True, cache=True)
-def lane_drive(mem, prog, arena, b, max_ns, spin_ns):  # type: ignore[no-untyped-def]
-    """The comm thread's passes while the lane alone has work, without the interpreter
-    lock: 1 when something needs Python (an op ended, an event, the main loop's message,
-    Python set ``C_KICK``), 0 when nothing is left in flight or ``max_ns`` passed."""
-    return _drive(mem, prog, arena, b, -1, 0, max_ns, spin_ns)
 
 
 # ------------------------------------------------------------------ submission
@@ -577,8 +575,7 @@ def compile_all() -> None:
     for dt in (types.uint16, types.float32, types.float64, types.int32, types.int64):
         buf = types.Array(dt, 1, "C")
         buffer_addresses.compile((buf, buf, mem))
-    lane_wait.compile((mem, mem, arena, mem, i64, i64, i64, i64))
-    lane_drive.compile((mem, mem, arena, mem, i64, i64))
+    lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64))
     lane_fail.compile((mem, mem, arena, i64))
     lane_drop_floating.compile((mem, i64, i64))
     hash_value.compile((mem, i64, i64, i64))

@@ -95,10 +95,14 @@ C_BFULL = 71  # 1: a body waits for a free request: Python grows the table (Lane
 C_PQ = 72  # large receives waiting for a free request (op slot, its submission, segment)
 C_NPQ = 73
 C_PQCAP = 74
-C_PROGRESS = 75  # passes of _drive that moved something (a waiter tells silence from work)
+C_PROGRESS = 75  # passes of lane_drive that moved something (a waiter tells silence from work)
 C_BIDX = 77  # mem offset of MPI_Testsome's indices (C ints) for the body requests
 C_BST = 78  # and of its statuses
-C_LEN = 80
+C_ORPHAN_NS = 76  # an orphan receive is cancelled once this long an orphan (nothing will come)
+C_AQ = 80  # empty messages owed on body tags (peer, tag): clears held by an op that failed
+C_NAQ = 81
+C_AQCAP = 82
+C_LEN = 83
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0
@@ -213,8 +217,9 @@ MF_TAG = 9
 BR_SLOT = 0  # the op's slot (-1: its op failed, the request is an orphan)
 BR_WHAT = 1  # send segment i (>= 0) or receive segment q (-q - 1)
 BR_PEER = 2
-BR_CANCEL = 3  # 1: an orphan receive already cancelled
-BR_N = 4
+BR_CANCEL = 3  # 1: an orphan receive already cancelled (or a send it never is); 2: came empty
+BR_T = 4  # when its op failed (ns; an orphan receive waits C_ORPHAN_NS for its sender)
+BR_N = 5
 
 # -- plan records in prog --------------------------------------------------------------
 PL_NS = 0

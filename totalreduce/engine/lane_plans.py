@@ -1,4 +1,4 @@
-"""The compiled lane's plans: which allreduces it runs and how their schedules are cut.
+"""The compiled lane's plans: which ops it runs and how their schedules are cut.
 
 :meth:`LanePlans.plan_of` decides from what every rank of an op agrees on (kind,
 algorithm, element type, count, reduce op, group size) and the configuration, never from
@@ -42,6 +42,13 @@ LANE_ALGORITHMS = frozenset(
     }
 )
 
+#: The other kinds the lane runs, by the algorithm their schedules use, and only small
+#: (the op's whole buffer, ``count`` elements, in at most ``LANE_MAX_SEGMENTS`` eager
+#: segments): their frames carry what every rank agrees on (an all-gather's count is its
+#: whole output), and no rank of them sends more than ``count`` elements, in at most
+#: ``P - 1`` steps, so a plan has at most ``P - 1 + LANE_MAX_SEGMENTS`` segments each way.
+LANE_KINDS = {OpKind.REDUCE_SCATTER: AlgorithmCode.RING, OpKind.ALLGATHER: AlgorithmCode.RING}
+
 #: The element types the lane reduces (``kernels/raw.py``); others stay with the main loop.
 LANE_TYPES = frozenset(
     {DType.FLOAT32, DType.FLOAT64, DType.INT32, DType.INT64, DType.FLOAT16, DType.BFLOAT16}
@@ -79,15 +86,20 @@ class LanePlans:
 
     def plan_of(self, spec: OpSpec) -> int:
         """The offset of the op's compiled plan in ``prog``, or -1 if the lane does not
-        run it.
+        run it: allreduces of the lane's algorithms, of any size; small reduce-scatters
+        and all-gathers (:data:`LANE_KINDS`).
 
         The decision depends only on what every rank of the op agrees on (kind,
         algorithm, element type, count, reduce op, group size) and the configuration,
         never on this rank's own schedule: ranks that agree on an op always send its
         frames the same way."""
-        if spec.kind is not OpKind.ALLREDUCE or spec.after is not None or spec.passive:
+        if spec.after is not None or spec.passive or spec.joined:
             return -1
-        if spec.joined or spec.algorithm not in LANE_ALGORITHMS:
+        allreduce = spec.kind is OpKind.ALLREDUCE
+        if allreduce:
+            if spec.algorithm not in LANE_ALGORITHMS:
+                return -1
+        elif LANE_KINDS.get(spec.kind) is not spec.algorithm:
             return -1
         if len(spec.group) > LANE_MAX_GROUP:
             return -1
@@ -101,7 +113,7 @@ class LanePlans:
         nbytes = spec.count * isz
         seg = max(self.micro, 8)
         if nbytes > LANE_MAX_SEGMENTS * seg:
-            if self.body_tag < 0:
+            if self.body_tag < 0 or not allreduce:
                 return -1
             seg = large_segment_bytes(
                 nbytes, len(spec.group), min(self.segment_bytes, LANE_SEGMENT_BYTES), isz

@@ -11,10 +11,11 @@ from __future__ import annotations
 from numba import njit
 
 from ..kernels.raw import average_raw, copy_raw, reduce3_raw, reduce_raw
-from ..native.libc import memcpy
+from ..native.libc import memcpy, now_ns
 from ..transport.mpi_native import B_HANDLE_BYTES, mpi_isend
 from .lane_layout import *  # noqa: F403 - the field constants
 from .lane_tables import (
+    _abandon,
     _dyn,
     _event,
     _heap_len,
@@ -117,8 +118,10 @@ def _end(mem, slot):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def _fail(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
     """Op ``slot`` fails here: give back its staged slots, remember its key as failed.
-    Its body requests still posted become orphans (the next pass cancels the receives;
-    Python keeps the buffers alive until ``C_ORPHANS`` is 0 again)."""
+    Its body requests still posted become orphans (Python keeps the buffers alive until
+    ``C_ORPHANS`` is 0 again): a receive waits for its sender's body or empty message, and
+    is cancelled after ``C_ORPHAN_NS`` (then nothing was sent); a clear held for a body
+    not sent is answered with an empty message (``_abandon``)."""
     o = _op(mem, slot)
     if mem[o + O_STATE] != S_ACTIVE:
         return
@@ -133,13 +136,25 @@ def _fail(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
         mem[rs + q] = RS_DONE
     if mem[o + O_NREQ]:
         br = mem[C_BREQ]
+        t = now_ns()
         for k in range(mem[C_NBREQ]):
             e = br + k * BR_N
             if mem[e + BR_SLOT] == slot:
                 mem[e + BR_SLOT] = -1
+                mem[e + BR_T] = t
                 mem[C_ORPHANS] += 1
                 if mem[e + BR_WHAT] >= 0:
                     mem[mem[C_PEERS] + mem[e + BR_PEER] * P_N + P_BODIES] -= 1
+    # Clears held for bodies not sent: their receives wait for an empty message.
+    ss = _dyn(mem, slot, D_SS)
+    stag = _dyn(mem, slot, D_STAG)
+    s0 = prog[plan + PL_SENDS]
+    for i in range(prog[plan + PL_NS]):
+        st = mem[ss + i]
+        if st & SB_CLEARED and (st & 7) != SS_BODY and (st & 7) != SS_SENT:
+            dest = prog[mem[o + O_GROUP] + prog[s0 + i * G_N + G_PEER]]
+            _abandon(mem, arena, dest, mem[stag + i])
+            mem[ss + i] = st & ~SB_CLEARED
     remember_key(mem, mem[o + O_WID], mem[o + O_GEN], H_FAILED)
     _end(mem, slot)
 

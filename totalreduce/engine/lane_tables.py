@@ -367,3 +367,19 @@ def _heap_pop(mem):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True, inline="always")
 def _heap_len(mem):  # type: ignore[no-untyped-def]
     return mem[mem[C_STK] + mem[C_STKCAP] * 2]
+
+
+@njit(nogil=True, cache=True)
+def _abandon(mem, arena, peer, tag):  # type: ignore[no-untyped-def]
+    """Owe ``peer`` an empty message on body ``tag``: it posted a receive there and cleared
+    it to us, and our op failed before its body went.  The empty message completes that
+    receive (a cancelled receive would leave a body already sent unmatched forever); the
+    pass posts it (``lane_bodies._send_abandons``)."""
+    n = mem[C_NAQ]
+    if n >= mem[C_AQCAP]:
+        _event(mem, arena, EV_LOST, -1, peer, n, 4, 0)
+        return
+    e = mem[C_AQ] + n * 2
+    mem[e] = peer
+    mem[e + 1] = tag
+    mem[C_NAQ] = n + 1
