@@ -36,6 +36,8 @@ Modes:
   per-rank random orders and priorities: exact, and the lane ran every small one (an
   all-gather's exchange of part sizes too).  A reduce-scatter whose size one rank
   changes raises ``OpMismatchError`` naming it on every rank; the name works after.
+  Blocking repeats of one name are exact (a wait on an all-gather goes from its sizes'
+  op, in the lane, to its data op).
 - ``large``: allreduces above the lane's eager limit, whose bodies travel on their own
   tags once the receiver has posted the receive: every algorithm, the lane's element
   types, sums, max and avg, in place and not, in per-rank random orders and priorities
@@ -265,6 +267,16 @@ def mode_kinds(p: int, rank: int) -> None:
     small = [c for c in cases if c[2] * np.dtype(c[1]).itemsize <= 8 * micro]
     # every small op, and every all-gather's exchange of part sizes
     expect = len(small) + sum(1 for c in cases if c[0] == "ag")
+    # blocking repeats of one name (a waiter on an all-gather's sizes goes on to its data)
+    for i in range(40):
+        x = value(i, 64 * p, "float32", rank)
+        got = tr.reduce_scatter(x, name="k.rs")
+        want = reference(i, 64 * p, "float32", "sum", p)[64 * rank : 64 * rank + 64]
+        got2 = tr.allgather(value(i, 3 + rank, "int64", rank), name="k.ag")
+        want2 = np.concatenate([value(i, 3 + r, "int64", r) for r in range(p)])
+        if not (np.array_equal(got, want) and np.array_equal(got2, want2)):
+            bad += 1
+            print(f"rank {rank}: WRONG blocking repeat {i}", flush=True)
     # a reduce-scatter whose size one rank changes
     n = 100 if rank < p - 1 else 104
     text = _raises(lambda: tr.reduce_scatter(np.ones(n, np.float32), name="k.count"))

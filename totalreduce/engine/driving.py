@@ -68,7 +68,7 @@ class DriveHooks:
     _stopped_by: Callable[[Exception], None]
     _lane_spin: Callable[[float], bool]
     _lane_try: Callable[[LaneOp, Waitable, float], bool]
-    _lane_progress: Callable[[LaneOp, Waitable, float | None, float], bool]
+    _lane_progress: Callable[[LaneOp, Waitable, float | None, float], bool | None]
 
     def _sleep(self, delay: float, done: Waitable) -> None:
         """Sleep up to ``delay`` unless ``done`` is set: in the transport if it can wake us."""
@@ -167,14 +167,21 @@ class DriveHooks:
                 if self._lane_try(lop, done, 2e-4 if timeout is None else min(2e-4, timeout)):
                     return True
                 with _Waiting(self):
-                    return self._lane_progress(lop, done, deadline, self._wait_spin)
-            self.mark_needed(spec)
+                    ended = self._lane_progress(lop, done, deadline, self._wait_spin)
+                if ended is not None:
+                    return ended
+                # Its op ended, the handle waits for one chained after it: the general way.
+            else:
+                self.mark_needed(spec)
         with _Waiting(self):
             while not done.is_set():
                 if lane is not None and spec is not None:
                     lop = lane.by_key.get((spec.wire_id, spec.generation))
                     if lop is not None and lop.spec is spec:
-                        return self._lane_progress(lop, done, deadline, self._wait_spin)
+                        ended = self._lane_progress(lop, done, deadline, self._wait_spin)
+                        if ended is not None:
+                            return ended
+                        continue
                 now = time.perf_counter()
                 if deadline is not None and now >= deadline:
                     return done.is_set()

@@ -401,13 +401,19 @@ class LaneHooks:
 
     def _lane_progress(
         self, lop: LaneOp, done: Waitable, deadline: float | None, spin_s: float
-    ) -> bool:
-        """``wait()`` on a lane op: compiled passes, the main loop's only when it has work."""
+    ) -> bool | None:
+        """``wait()`` on a lane op: compiled passes, the main loop's only when it has work.
+        None when the op ended and ``done`` is still not set: the handle waits for an op
+        chained after it (an all-gather's data after its sizes), which the caller then
+        waits for the general way."""
         lane = self.lane
         assert lane is not None
         last = time.perf_counter()
         delay = 0.0
+        ended = False
         while not done.is_set():
+            if ended:
+                return None
             now = time.perf_counter()
             if deadline is not None and now >= deadline:
                 return done.is_set()
@@ -438,7 +444,7 @@ class LaneHooks:
                 finally:
                     self._owner = 0  # type: ignore[attr-defined]
                     self.lock.release()
-                if time.perf_counter() - last < spin_s or done.is_set():
+                if ended or time.perf_counter() - last < spin_s or done.is_set():
                     continue
             elif not quiet:
                 time.sleep(0)
