@@ -15,7 +15,7 @@ Modes:
 - ``express``: repeats of a name enter the lane from the submitting thread (the express
   path): exact with every ``out`` form, 600 in flight in random orders and priorities, and
   a repeat one rank changes (count, dtype) raises on every rank; the name works after.
-- ``stall``: the last rank submits a small and a large op 3 s late, past
+- ``stall``: the last rank submits a small and a large op and a reduce-scatter 3 s late, past
   ``stall_shutdown_s=1``: every rank's waits raise ``OpTimeoutError`` naming the op (the
   others also the late rank); once the ranks are together again, the next ops work.
 - ``threads``: four threads submit and wait on their own ops at once; a fifth waits
@@ -359,10 +359,12 @@ def mode_stall(p: int, rank: int) -> None:
         time.sleep(3.0)
     t0 = time.monotonic()
     texts = []
-    # a small op and a large one (its receives posted, then orphaned when it fails)
+    # a small op, a large one (its receives posted, then orphaned when it fails) and a
+    # reduce-scatter
     hs = [
         tr.allreduce_async(np.ones(8, np.float32), name="s.late"),
         tr.allreduce_async(np.ones(200_000, np.float32), name="s.big"),
+        tr.reduce_scatter_async(np.ones(8 * p, np.float32), name="s.rs"),
     ]
     for h in hs:
         try:
@@ -379,6 +381,7 @@ def mode_stall(p: int, rank: int) -> None:
     ok = (
         "op 's.late' generation 0" in texts[0]
         and "op 's.big' generation 0" in texts[1]
+        and "op 's.rs' generation 0" in texts[2]
         and np.all(after == p)
         and np.all(big == p)
     )

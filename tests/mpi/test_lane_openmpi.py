@@ -144,3 +144,9 @@ def test_lane_large_ops_under_open_mpi(openmpi: OpenMPI, n: int) -> None:
     # bodies on their own tags: Open MPI's MPI_TAG_UB, request handles and MPI_Testsome
     out = openmpi.mpirun(n, str(HERE / "check_lane.py"), "large")
     assert out.count("LARGE OK") == n, out
+
+
+@pytest.mark.parametrize("n", [2])
+def test_lane_reduce_scatters_and_allgathers_under_open_mpi(openmpi: OpenMPI, n: int) -> None:
+    out = openmpi.mpirun(n, str(HERE / "check_lane.py"), "kinds")
+    assert out.count("KINDS OK") == n, out

@@ -149,3 +149,44 @@ def test_the_record_follows_the_tuning_table_and_the_service_state() -> None:
         assert svcs[0]._express[("t", "sum", False, None)].epoch > epoch
     with pytest.raises(tr.NotInitializedError):
         svcs[0].allreduce_async(x, name="t")
+
+
+def test_reduce_scatter_repeats_take_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated reduce-scatter (no partition, group or dtype) skips the whole way after
+    its first call; results stay exact, and another op, dtype or shape goes the whole way."""
+    from totalreduce.service import partitions
+
+    calls = [0]
+    real = partitions.as_array
+
+    def counted(*a, **kw):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(partitions, "as_array", counted)
+    with local_services(3) as svcs:
+
+        def rank_main(svc):
+            r = svc.rank
+            got = []
+            for k in range(5):
+                x = np.arange(10.0) * (r + 1) + k
+                got.append(svc.reduce_scatter(x, name="g"))
+                got.append(svc.reduce_scatter(x.reshape(2, 5), name="g", op="max"))
+            got.append(svc.reduce_scatter(np.ones(10, np.float32), name="g"))  # another dtype
+            got.append(svc.reduce_scatter(np.ones(7), name="g"))  # another shape
+            return got
+
+        out = run_ranks(svcs, rank_main, timeout=60)
+    parts = [(0, 4), (4, 3), (7, 3)]
+    for r, got in enumerate(out):
+        lo, n = parts[r]
+        for k in range(5):
+            full = np.arange(10.0) * 6 + 3 * k
+            np.testing.assert_array_equal(got[2 * k], full[lo : lo + n])
+            mx = (np.arange(10.0) * 3 + k)[lo : lo + n]
+            np.testing.assert_array_equal(got[2 * k + 1], mx)
+        assert got[10].dtype == np.float32 and np.all(got[10] == 3) and got[10].size == n
+        assert got[11].size == [3, 2, 2][r] and np.all(got[11] == 3)
+    # 3 ranks x (g sum, g max on 2-d, the float32 and the 7-element calls) whole-way calls
+    assert calls[0] == 3 * 4

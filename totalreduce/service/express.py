@@ -1,4 +1,5 @@
-"""The express path of an allreduce a training loop repeats: one lookup instead of the checks.
+"""The express path of an allreduce (or reduce-scatter) a training loop repeats: one lookup
+instead of the checks.
 
 A training step submits the same gradients under the same names every step: same
 array shape and dtype, same reduce op, same algorithm.  The first submission of a
@@ -10,7 +11,8 @@ generation, a handle and the op's spec straight from the record; an op the compi
 lane runs then enters the lane from the calling thread, with the lane's fields of the
 shape kept in the record too
 (:meth:`~totalreduce.engine.lane_loop.LaneHooks.lane_express`), and any other is
-queued for the comm thread as usual.
+queued for the comm thread as usual.  A reduce-scatter without partition, axes, group or
+dtype arguments has records too, under ("rs", name, op).
 
 Nothing is skipped that could differ between calls: the array's type, dtype, shape
 and layout, ``out`` (the same checks as :func:`.checks.output`), the priority, the
@@ -44,7 +46,7 @@ class Express:
 
     __slots__ = (
         "npdt", "shape", "dt", "rop", "sig", "code", "sched", "plan", "count",
-        "wid", "group", "in_place", "epoch", "lane_shape",
+        "wid", "group", "in_place", "epoch", "lane_shape", "kind", "out_count",
     )  # fmt: skip
 
     def __init__(self, spec: OpSpec, x: np.ndarray, sig: tuple[Any, ...], epoch: int) -> None:
@@ -57,6 +59,8 @@ class Express:
         self.sched: Schedule = spec.schedule  # the in-place form already, if in place
         self.plan: SegmentPlan = spec.plan
         self.count = spec.count
+        self.kind: OpKind = spec.kind
+        self.out_count = spec.outbuf.size  # a reduce-scatter's part, else the count
         self.wid = spec.wire_id
         self.group = spec.group
         self.in_place = spec.in_place
@@ -84,8 +88,8 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         return None
     flat = x if x.ndim == 1 else x.reshape(-1)
     if out is None:
-        o = np.empty(ex.count, dtype=ex.npdt)
-        result: Any = o if x.ndim == 1 else o.reshape(ex.shape)
+        o = np.empty(ex.out_count, dtype=ex.npdt)
+        result: Any = o if x.ndim == 1 or ex.kind is not OpKind.ALLREDUCE else o.reshape(ex.shape)
     else:
         o, in_place = checks.output(x, out)  # as the whole way checks it
         if in_place != ex.in_place:
@@ -102,7 +106,7 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         handle._finish(error)
 
     spec = OpSpec(
-        op_name, ex.wid, gen, OpKind.ALLREDUCE, ex.code, ex.dt, ex.count, ex.rop, priority,
+        op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
         flat, o, ex.sched, ex.plan, ex.group, 0, 0, ex.in_place, False, None,
         False, False, done,
     )  # fmt: skip

@@ -162,6 +162,7 @@ class OpSubmitter:
         count: int | None = None,
         passive: bool = False,
         express_key: tuple[Any, ...] | None = None,
+        express_array: np.ndarray | None = None,
     ) -> Handle:
         """Name (unless ``reserved`` already), launch and return the handle of a one-phase op."""
         self._check_open()
@@ -199,6 +200,7 @@ class OpSubmitter:
         if express_key is not None and reserved is None:  # repeats take the express path
             from .express import remember
 
-            remember(self, express_key, spec, x, sig)
+            # the record keeps the caller's array's shape (``x`` may be its flat view)
+            remember(self, express_key, spec, x if express_array is None else express_array, sig)
         self._submit(spec, handle)
         return handle
