@@ -147,8 +147,17 @@ class DriveHooks:
         if self._owner != threading.get_ident():
             self._pass()
 
-    def progress(self, done: Waitable, timeout: float | None, spec: OpSpec | None) -> bool:
-        """Drive the loop from a waiting thread until ``done`` is set; False on timeout."""
+    def progress(
+        self,
+        done: Waitable,
+        timeout: float | None,
+        spec: OpSpec | None,
+        follow: Callable[[], OpSpec | None] | None = None,
+    ) -> bool:
+        """Drive the loop from a waiting thread until ``done`` is set; False on timeout.
+        ``follow`` gives the op the waiter's handle stands for now, when that changes
+        (an all-gather's data op after its sizes): a lane op is then waited for in
+        compiled passes too."""
         if self._owner == threading.get_ident():
             raise TotalReduceError(
                 "wait() inside a completion callback would block the loop that completes it; "
@@ -175,6 +184,8 @@ class DriveHooks:
                 self.mark_needed(spec)
         with _Waiting(self):
             while not done.is_set():
+                if follow is not None:
+                    spec = follow() or spec
                 if lane is not None and spec is not None:
                     lop = lane.by_key.get((spec.wire_id, spec.generation))
                     if lop is not None and lop.spec is spec:

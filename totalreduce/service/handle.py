@@ -315,6 +315,10 @@ class Handle:
     def _attach(self, spec: OpSpec) -> None:
         self._spec = spec
 
+    def _spec_now(self) -> OpSpec | None:
+        """The op this handle stands for now (a later phase's, once it is submitted)."""
+        return self._spec
+
     def _finish(self, error: BaseException | None) -> None:
         """Called once by the comm thread when the op ends."""
         self._error = error
@@ -362,7 +366,7 @@ class Handle:
                     raise TimeoutError(f"op {self.name!r} did not complete within {timeout} s")
             else:
                 t0 = time.perf_counter_ns()
-                finished = loop.progress(self._event, timeout, spec)
+                finished = loop.progress(self._event, timeout, spec, self._spec_now)
                 trace = loop.trace  # read once: stop_timeline may clear it meanwhile
                 if trace is not None:
                     trace.wait(self.name, self.generation, t0, time.perf_counter_ns())
