@@ -375,6 +375,15 @@ class LaneHooks:
 
     # ------------------------------------------------------------------ waiting
 
+    def _lane_settle(self) -> None:
+        """After a waiter's compiled passes: grow what they filled, then turn their events
+        into errors and finish the ops they completed."""
+        lane = self.lane
+        assert lane is not None
+        if lane.full:
+            lane.grow()
+        self._lane_drain()
+
     def _lane_try(self, lop: LaneOp, done: Waitable, span: float) -> bool:
         """``wait()``'s first try on a lane op: compiled passes for up to ``span`` s, then
         its completion, without the waiter's bookkeeping (most small ops end within
@@ -389,9 +398,7 @@ class LaneHooks:
             lane = self.lane
             assert lane is not None
             lane.wait(lop, span, self._wait_spin)  # type: ignore[attr-defined]
-            if lane.full:
-                lane.grow()
-            self._lane_drain()
+            self._lane_settle()
         except Exception as exc:
             self._stopped_by(exc)
         finally:
@@ -436,9 +443,7 @@ class LaneHooks:
                     if ended or lane.mem[L.C_PROGRESS] != moves:
                         last = time.perf_counter()
                         delay = 0.0
-                    if lane.full:
-                        lane.grow()
-                    self._lane_drain()
+                    self._lane_settle()
                 except Exception as exc:
                     self._stopped_by(exc)
                 finally:

@@ -58,16 +58,8 @@ class CollectiveOps(OpSubmitter):
         """
         if name is not None and group is None and dtype is None:
             # A repeat of a shape this name had: the express path (service/express.py).
-            try:
-                ex = self._express.get((name, op, out is x, algorithm))
-            except TypeError:  # an unhashable name or op: the checks below say what is wrong
-                ex = None
-            if (
-                ex is not None
-                and x.__class__ is np.ndarray
-                and x.dtype is ex.npdt
-                and x.shape == ex.shape
-            ):
+            ex = express.lookup(self._express, (name, op, out is x, algorithm), x)
+            if ex is not None:
                 h = express.start(self, ex, name, x, out, priority)
                 if h is not None:
                     return h

@@ -70,6 +70,18 @@ class Express:
         self.lane_shape: LaneShape | bool | None = None
 
 
+def lookup(table: dict[tuple[Any, ...], Express], key: tuple[Any, ...], x: Any) -> Express | None:
+    """The record under ``key`` if ``x`` is an array of its dtype and shape, else None (an
+    unhashable name or op too: the whole way says what is wrong)."""
+    try:
+        ex = table.get(key)
+    except TypeError:
+        return None
+    if ex is not None and x.__class__ is np.ndarray and x.dtype is ex.npdt and x.shape == ex.shape:
+        return ex
+    return None
+
+
 def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
           priority: Any) -> Handle | None:  # fmt: skip
     """Start a repeat of ``ex`` with array ``x`` (its type, dtype and shape checked by the

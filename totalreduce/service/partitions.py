@@ -108,16 +108,8 @@ class PartitionOps(OpSubmitter):
         """
         if name is not None and partition is None and axes is None and group is None:
             # A repeat of a shape this name had: the express path (service/express.py).
-            try:
-                ex = self._express.get(("rs", name, op)) if dtype is None else None
-            except TypeError:  # an unhashable name or op: the checks below say what is wrong
-                ex = None
-            if (
-                ex is not None
-                and x.__class__ is np.ndarray
-                and x.dtype is ex.npdt
-                and x.shape == ex.shape
-            ):
+            ex = express.lookup(self._express, ("rs", name, op), x) if dtype is None else None
+            if ex is not None:
                 h = express.start(self, ex, name, x, None, priority)  # type: ignore[arg-type]
                 if h is not None:
                     return h
