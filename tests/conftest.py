@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,15 +17,41 @@ from totalreduce.service.config import Config
 from totalreduce.service.service import Service
 from totalreduce.transport.local import LocalWorld
 
+#: Test folders that start no ranks and no lane (pure schedules and graphs): they run while
+#: the lane compiles in another process.
+_PURE = frozenset({"algorithms", "topology"})
 
-@pytest.fixture(scope="session", autouse=True)
-def _compiled_lane() -> None:
-    """Compile the compiled lane once, in this process, before any test starts ranks:
-    on a fresh install its first compile takes tens of seconds, which ranks compiling
-    at once (and racing for the cache) would spend inside their tests' timeouts."""
+
+@pytest.fixture(scope="session")
+def _lane_compiling() -> Iterator[dict[str, Any]]:
+    """Start compiling the compiled lane in another process when the session starts: on a
+    fresh install its first compile takes about a minute, which the pure tests spend on the
+    other core meanwhile (ranks compiling at once, racing for the cache, would spend it
+    inside their tests' timeouts)."""
+    code = "from totalreduce.engine.lane_core import compile_all; compile_all()"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    state: dict[str, Any] = {"proc": proc, "ready": False}
+    yield state
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def _compiled_lane(request: pytest.FixtureRequest, _lane_compiling: dict[str, Any]) -> None:
+    """Before the first test that may start ranks or a lane: wait for that compile, then
+    load it here (or compile here, which says why if the other process failed)."""
+    if _lane_compiling["ready"]:
+        return
+    here = Path(__file__).resolve().parent
+    path = Path(str(request.path)).resolve()
+    if path.is_relative_to(here) and path.relative_to(here).parts[0] in _PURE:
+        return
+    _lane_compiling["proc"].wait()
     from totalreduce.engine.lane_core import compile_all
 
     compile_all()
+    _lane_compiling["ready"] = True
 
 
 def import_torch() -> Any:
