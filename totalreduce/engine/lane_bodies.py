@@ -96,8 +96,7 @@ def _send_readies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
                 st_u32(a + 8, np.uint32(mem[_dyn(mem, slot, D_RSLOT) + q]))
         done += 1
     if done:
-        _drop_front(mem, mem[C_RQ], done, n, 4)
-        mem[C_NRQ] = n - done
+        _drop_front(mem, C_RQ, C_NRQ, done, 4)
 
 
 # ------------------------------------------------------------------ large segments
@@ -179,8 +178,7 @@ def _post_waiting(mem, prog, arena, b):  # type: ignore[no-untyped-def]
             break
         done += 1
     if done:
-        _drop_front(mem, mem[C_PQ], done, n, 3)
-        mem[C_NPQ] = n - done
+        _drop_front(mem, C_PQ, C_NPQ, done, 3)
 
 
 @njit(nogil=True, cache=True)
@@ -387,8 +385,7 @@ def _send_abandons(mem, arena, b):  # type: ignore[no-untyped-def]
         mem[C_NBREQ] = k + 1
         mem[C_ORPHANS] += 1
     if done:
-        _drop_front(mem, mem[C_AQ], done, n, 2)
-        mem[C_NAQ] = n - done
+        _drop_front(mem, C_AQ, C_NAQ, done, 2)
 
 
 @njit(nogil=True, cache=True)

@@ -139,11 +139,15 @@ def _event(mem, arena, kind, slot, source, a, b, frame_addr):  # type: ignore[no
 
 
 @njit(nogil=True, cache=True)
-def _drop_front(mem, base, done, n, width):  # type: ignore[no-untyped-def]
-    """Drop the first ``done`` of the ``n`` entries (``width`` words each) of the queue at
-    ``mem[base]``: the rest move to its front, in order."""
+def _drop_front(mem, queue, count, done, width):  # type: ignore[no-untyped-def]
+    """Drop the first ``done`` entries (``width`` words each) of the queue whose offset is
+    control word ``queue`` and whose length is control word ``count``: the rest move to its
+    front, in order, and the length goes down."""
+    base = mem[queue]
+    n = mem[count]
     for k in range(done * width, n * width):
         mem[base + k - done * width] = mem[base + k]
+    mem[count] = n - done
 
 
 @njit(nogil=True, cache=True)

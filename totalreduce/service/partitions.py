@@ -110,7 +110,7 @@ class PartitionOps(OpSubmitter):
             # A repeat of a shape this name had: the express path (service/express.py).
             ex = express.lookup(self._express, ("rs", name, op), x) if dtype is None else None
             if ex is not None:
-                h = express.start(self, ex, name, x, None, priority)  # type: ignore[arg-type]
+                h = express.start(self, ex, name, x, None, priority)
                 if h is not None:
                     return h
         arr, dt = as_array(x, "x", dtype)
