@@ -63,6 +63,10 @@ _POOLED_BYTES = 64 << 10
 _POOLED_PER_SIZE = 4
 _POOLED_MAX = 512 << 20
 _NO_POOLED: list[np.ndarray] = []
+# Layout words a waiter's completion reads (module globals: no attribute lookups there).
+_C_NDONE, _C_NEV, _C_FULL, _C_BFULL = L.C_NDONE, L.C_NEV, L.C_FULL, L.C_BFULL
+_C_DONEQ, _C_OPS, _O_N, _O_STATE, _S_DONE = L.C_DONEQ, L.C_OPS, L.O_N, L.O_STATE, L.S_DONE
+_C_SEQ = L.C_SEQ
 
 
 def _status_words(b: np.ndarray) -> int:
@@ -99,13 +103,18 @@ class LaneShape:
     """The lane's fields of an op shape (all but generation, priority and urgency), kept by
     whoever submits that shape again and again (:meth:`Lane.shape_of`)."""
 
-    __slots__ = ("fields", "copy_in", "work", "scratch")
+    __slots__ = ("fields", "copy_in", "work", "scratch", "plain", "f16")
 
-    def __init__(self, fields: np.ndarray, copy_in: bool, work: int, scratch: int) -> None:
+    def __init__(
+        self, fields: np.ndarray, copy_in: bool, work: int, scratch: int, f16: bool = False
+    ) -> None:
         self.fields = fields
         self.copy_in = copy_in  # in place, and the schedule reads the input after writing
         self.work = work  # elements of the schedule's WORK buffer each op needs (0: none)
         self.scratch = scratch  # bytes of scratch for its large receives (0: none)
+        self.f16 = f16  # float16 data, which compiled code takes as uint16 views
+        #: Nothing to copy or allocate per op: :meth:`Lane.enter`'s short way.
+        self.plain = not copy_in and not work and not scratch
 
 
 class Lane(LanePlans):
@@ -256,6 +265,7 @@ class Lane(LanePlans):
         self.by_key: dict[tuple[int, int], LaneOp] = {}
         self._fields = np.zeros(16, dtype=np.int64)
         self._addrs = np.zeros(4, dtype=np.int64)
+        self._plain_addrs = np.zeros(4, dtype=np.int64)
         #: Scratch and input copies of large ops, by size, for the next op of that size.
         self._pool: dict[int, list[np.ndarray]] = {}
         self._pooled_bytes = 0
@@ -280,6 +290,7 @@ class Lane(LanePlans):
             spec.in_place and sched.reads_input,
             sched.work_count,
             int(self.prog[plan + L.PL_SCR]),
+            spec.dtype is DType.FLOAT16,
         )
 
     def enter(self, spec: OpSpec, shape: LaneShape) -> LaneOp | None:
@@ -289,8 +300,23 @@ class Lane(LanePlans):
         f[1] = spec.generation
         f[9] = spec.priority
         f[14] = 1 if spec.urgent else 0
-        work = np.empty(shape.work, dtype=spec.dtype.numpy) if shape.work else None
-        return self._enter(spec, f, work, shape)
+        if not shape.plain:
+            work = np.empty(shape.work, dtype=spec.dtype.numpy) if shape.work else None
+            return self._enter(spec, f, work, shape)
+        # What _enter does, less what a plain shape never needs (copies, buffers).
+        a = self._plain_addrs  # its WORK and SCRATCH addresses stay 0
+        if shape.f16:
+            core.buffer_addresses(spec.inbuf.view(np.uint16), spec.outbuf.view(np.uint16), a)
+        else:
+            core.buffer_addresses(spec.inbuf, spec.outbuf, a)
+        mem = self.mem
+        slot = core.lane_submit(mem, self.prog, self.arena, self.b, f, a)
+        if slot < 0:
+            return None
+        lop = LaneOp(spec, slot, int(mem[_C_SEQ]), None)
+        self.ops[slot] = lop
+        self.by_key[lop.key] = lop
+        return lop
 
     def _fields_of(self, spec: OpSpec, plan: int, f: np.ndarray) -> np.ndarray:
         g = spec.group
@@ -440,6 +466,31 @@ class Lane(LanePlans):
         if self._orphans and not mem[L.C_ORPHANS]:
             self._orphans.clear()
         return out
+
+    def take_own(self, lop: LaneOp) -> bool:
+        """:meth:`take_done` for a waiter whose op succeeded and is all there is to take:
+        True when ``lop`` was the one op done, done well, no event and nothing full waits
+        for Python (it left the table then); False, nothing taken, otherwise."""
+        mem = self.mem
+        slot = lop.slot
+        if (
+            mem[_C_NDONE] != 1
+            or mem[_C_NEV]
+            or mem[_C_FULL]
+            or mem[_C_BFULL]
+            or mem[mem[_C_DONEQ]] != slot
+            or mem[mem[_C_OPS] + slot * _O_N + _O_STATE] != _S_DONE
+            or self.ops.get(slot) is not lop
+        ):
+            return False
+        mem[_C_NDONE] = 0
+        del self.ops[slot]
+        self.by_key.pop(lop.key, None)
+        if lop.pooled:
+            for raw in lop.pooled:
+                self._give(raw)
+            lop.pooled = _NO_POOLED
+        return True
 
     def _take(self, nbytes: int) -> np.ndarray:
         free = self._pool.get(nbytes)

@@ -136,12 +136,13 @@ class LaneHooks:
         self._lane_drain()
         return True
 
-    def lane_express(self, spec: OpSpec, holder: Any) -> bool:
+    def lane_express(self, spec: OpSpec, holder: Any) -> LaneOp | None:
         """Enter a repeat of a small allreduce into the lane from the submitting thread,
-        past the submission queue and the main loop's activation (True); False when
-        anything those would look at stands in the way (the caller then submits it the
-        usual way, which sorts it out).  ``holder.lane_shape`` keeps the lane's fields
-        of the shape between calls (made here, under the lock, the first time)."""
+        past the submission queue and the main loop's activation (its lane op, which a
+        waiter may wait on straight away: ``LaneHooks._lane_try``); None when anything
+        those would look at stands in the way (the caller then submits it the usual way,
+        which sorts it out).  ``holder.lane_shape`` keeps the lane's fields of the shape
+        between calls (made here, under the lock, the first time)."""
         lane = self.lane
         if (
             lane is None
@@ -153,7 +154,7 @@ class LaneHooks:
             or lane.mem[L.C_FULL]
             or not self.lock.acquire(blocking=False)
         ):
-            return False
+            return None
         self._owner = threading.get_ident()  # type: ignore[attr-defined]
         try:
             key = spec.key
@@ -164,20 +165,21 @@ class LaneHooks:
                 or key in self.table
                 or key in lane.by_key
             ):
-                return False
+                return None
             try:
                 shape = holder.lane_shape
                 if shape is None:
                     shape = lane.shape_of(spec)
                     holder.lane_shape = False if shape is None else shape
                     if shape is None:
-                        return False
-                if lane.enter(spec, shape) is None:
-                    return False
+                        return None
+                lop = lane.enter(spec, shape)
+                if lop is None:
+                    return None
                 self.stats.lane_express += 1
             except Exception:  # the usual path fails the op properly, naming the cause
                 log.exception("rank %d: the lane's express entry failed", self.rank)
-                return False
+                return None
             mem = lane.mem
             if mem[L.C_NDONE] or mem[L.C_NEV]:  # it ended at once (its peers' frames came first)
                 try:
@@ -187,7 +189,7 @@ class LaneHooks:
         finally:
             self._owner = 0  # type: ignore[attr-defined]
             self.lock.release()
-        return True
+        return lop
 
     def _stopped_by(self, exc: Exception) -> None:
         """The loop met an error of its own (a bug, not an op's): fail every op, once, so
@@ -237,18 +239,10 @@ class LaneHooks:
                 self._lane_event(*ev)
         if not mem[L.C_NDONE]:
             return
-        held = self._held  # type: ignore[attr-defined]
         for lop, ok in lane.take_done():
             spec = lop.spec
             if ok:
-                self._remember(self.completed, lop.key, (spec.describe(), spec.group, (), _NONE))
-                self.stats.ops_completed += 1
-                if self.trace is not None:
-                    self.trace.op(spec.name, spec.generation, "done", spec.priority)
-                self._finish_spec(spec, None)
-                if held:
-                    for later in held.pop(lop.key, ()):
-                        self._activate(later)  # type: ignore[attr-defined]
+                self._lane_ok(lop)
             else:
                 error = lop.error or OpFailedError(f"{spec.describe()}: failed on rank {self.rank}")
                 self._remember(self.failed, spec.key, str(error))
@@ -258,6 +252,19 @@ class LaneHooks:
                 self._finish_spec(spec, error)
                 for later in self._held.pop(spec.key, ()):  # type: ignore[attr-defined]
                     self._fail_unsubmitted(later, self._chain_error(later, str(error)))  # type: ignore[attr-defined]
+
+    def _lane_ok(self, lop: LaneOp) -> None:
+        """Finish ``lop``, which the lane completed and which left its table."""
+        spec = lop.spec
+        self._remember(self.completed, lop.key, (spec.describe(), spec.group, (), _NONE))
+        self.stats.ops_completed += 1
+        if self.trace is not None:
+            self.trace.op(spec.name, spec.generation, "done", spec.priority)
+        self._finish_spec(spec, None)
+        held = self._held  # type: ignore[attr-defined]
+        if held:
+            for later in held.pop(lop.key, ()):
+                self._activate(later)  # type: ignore[attr-defined]
 
     def _lane_fail(
         self, lop: LaneOp, error: BaseException, *, tell_peers: bool, also: int = -1
@@ -397,8 +404,10 @@ class LaneHooks:
                 return False
             lane = self.lane
             assert lane is not None
-            lane.wait(lop, span, self._wait_spin)  # type: ignore[attr-defined]
-            self._lane_settle()
+            if lane.wait(lop, span, self._wait_spin) and lane.take_own(lop):  # type: ignore[attr-defined]
+                self._lane_ok(lop)  # its op alone ended, well: no drain of the whole lane
+            else:
+                self._lane_settle()
         except Exception as exc:
             self._stopped_by(exc)
         finally:

@@ -123,8 +123,11 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         False, False, done,
     )  # fmt: skip
     handle._spec = spec
-    if not loop.lane_express(spec, ex):
+    lop = loop.lane_express(spec, ex)
+    if lop is None:
         loop.submit(spec)
+    else:
+        handle._lop = lop
     return handle
 
 

@@ -289,6 +289,7 @@ class Handle:
         "_spec",
         "_loop",
         "_then",
+        "_lop",
     )
 
     def __init__(
@@ -311,6 +312,9 @@ class Handle:
         self._spec: OpSpec | None = None
         self._loop = loop
         self._then: list[Callable[[Handle], None]] | None = None
+        #: Its op in the compiled lane, when it entered there from the submitting
+        #: thread (the express path): ``wait()`` tries it first, without the way there.
+        self._lop: Any = None
 
     def _attach(self, spec: OpSpec) -> None:
         self._spec = spec
@@ -323,6 +327,7 @@ class Handle:
         """Called once by the comm thread when the op ends."""
         self._error = error
         self._spec = None
+        self._lop = None
         with _CALLBACKS:
             self._event.set()
             callbacks, self._then = self._then, None
@@ -366,7 +371,10 @@ class Handle:
                     raise TimeoutError(f"op {self.name!r} did not complete within {timeout} s")
             else:
                 t0 = time.perf_counter_ns()
-                finished = loop.progress(self._event, timeout, spec, self._spec_now)
+                lop = self._lop
+                finished = (
+                    lop is not None and timeout is None and loop._lane_try(lop, self._event, 2e-4)
+                ) or loop.progress(self._event, timeout, spec, self._spec_now)
                 trace = loop.trace  # read once: stop_timeline may clear it meanwhile
                 if trace is not None:
                     trace.wait(self.name, self.generation, t0, time.perf_counter_ns())
