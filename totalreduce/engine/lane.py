@@ -198,6 +198,7 @@ class Lane(LanePlans):
         mem[L.C_TAG] = LANE_TAG
         mem[L.C_SEGCAP] = SEGCAP
         mem[L.C_CTL_TAG] = ctl_tag
+        mem[L.C_WATCH] = -1
         mem[L.C_OPS] = at["ops"]
         mem[L.C_HASH] = at["hash"]
         mem[L.C_FHASH] = at["fhash"]

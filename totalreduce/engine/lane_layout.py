@@ -102,7 +102,10 @@ C_ORPHAN_NS = 76  # an orphan receive is cancelled once this long an orphan (not
 C_AQ = 80  # empty messages owed on body tags (peer, tag): clears held by an op that failed
 C_NAQ = 81
 C_AQCAP = 82
-C_LEN = 83
+C_WATCH = 83  # the op slot a waiting thread's lane_drive waits for (-1: none), and
+C_WATCHSEQ = 84  # its submission: a pass stops receiving once that op ended
+C_CTLSKIP = 85  # passes since the last probe of the main loop's tag (see lane_pass)
+C_LEN = 86
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0

@@ -66,15 +66,16 @@ def output(x: np.ndarray, out: Any, what: str = "out") -> tuple[np.ndarray, bool
     want = x.size
     if out is None:
         return np.empty(want, dtype=x.dtype), False
-    if (  # the common case, answered without building anything: a training step's repeats
-        out.__class__ is np.ndarray
-        and out.dtype is x.dtype
-        and out.size == want
-        and out.flags.c_contiguous
-        and out.flags.writeable
-        and (out is x or not np.may_share_memory(out, x))
-    ):
-        return out, out is x
+    if out.__class__ is np.ndarray and out.dtype is x.dtype and out.size == want:
+        # The common case, answered without building anything: a training step's repeats.
+        # Two arrays that each own their memory are two allocations: disjoint.
+        f = out.flags
+        if (
+            f.c_contiguous
+            and f.writeable
+            and (out is x or (f.owndata and x.flags.owndata) or not np.may_share_memory(out, x))
+        ):
+            return out, out is x
     o, _ = as_array(out, what, "bfloat16" if x.dtype == np.uint16 else None)
     if o.dtype != x.dtype or o.size != want:
         raise InvalidArgumentError(

@@ -10,17 +10,19 @@ count, op, parameter).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError
 
 
-@dataclass
 class _NameState:
-    next_generation: int = 0
-    in_flight: int = 0
-    signature: tuple[Any, ...] = ()
+    __slots__ = ("next_generation", "in_flight", "signature", "unnamed")
+
+    def __init__(self, unnamed: bool) -> None:
+        self.next_generation = 0
+        self.in_flight = 0
+        self.signature: tuple[Any, ...] = ()
+        self.unnamed = unnamed  # forgotten once no generation is in flight
 
 
 class NameTable:
@@ -34,14 +36,17 @@ class NameTable:
     def name(self, name: str | int | None, signature: tuple[Any, ...]) -> tuple[str | int, int]:
         """Name and generation of a new op; checks a reused name keeps its shape."""
         with self._lock:
-            if name is None:
+            unnamed = name is None
+            if unnamed:
                 name = f"__unnamed__.{self._unnamed}"
                 self._unnamed += 1
-            elif isinstance(name, bool) or not isinstance(name, (str, int)):
+            elif name.__class__ is not str and (
+                isinstance(name, bool) or not isinstance(name, (str, int))
+            ):
                 raise InvalidArgumentError(f"op names are str or int, got {name!r}")
             st = self._names.get(name)
             if st is None:
-                st = self._names[name] = _NameState()
+                st = self._names[name] = _NameState(unnamed)
             if st.in_flight and st.signature != signature:
                 raise InvalidArgumentError(
                     f"op {name!r}: generation {st.next_generation - 1} is still in flight as "
@@ -59,11 +64,7 @@ class NameTable:
             st = self._names.get(name)
             if st is not None:
                 st.in_flight -= 1
-                if (
-                    not st.in_flight
-                    and name.__class__ is str
-                    and str(name).startswith("__unnamed__.")
-                ):
+                if st.unnamed and not st.in_flight:
                     del self._names[name]
 
 
