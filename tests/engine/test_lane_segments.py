@@ -1,4 +1,4 @@
-"""How the compiled lane cuts a large allreduce: every rank of every algorithm the lane
+"""How the compiled lane cuts its ops: every rank of every kind and algorithm the lane
 runs gets at most ``SEGCAP`` send and receive segments, whatever the size (pure: the
 schedules and their segment plans, no MPI)."""
 
@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import pytest
 
+from totalreduce.algorithms.codes import AlgorithmCode, OpKind
 from totalreduce.algorithms.registry import allreduce_schedule
 from totalreduce.algorithms.schedule import plan_segments
 from totalreduce.engine.lane_plans import (
     LANE_ALGORITHMS,
+    LANE_KINDS,
     LANE_MAX_GROUP,
+    LANE_MAX_SEGMENTS,
     LANE_SEGMENT_BYTES,
     SEGCAP,
+    fits_eager,
     large_segment_bytes,
 )
+from totalreduce.service.ops import compile_op
 
 NAMES = sorted(a.name.lower() for a in LANE_ALGORITHMS)
 SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32]
@@ -43,29 +48,59 @@ def test_segments_stay_at_the_configured_size_while_they_fit() -> None:
     assert big > 256 << 10 and big % 4 == 0
 
 
-@pytest.mark.parametrize("p", SIZES)
-def test_small_reduce_scatters_and_allgathers_fit_the_segment_table(p: int) -> None:
-    """The other kinds run in the lane only small (the whole op within the eager
-    segments): every rank's plan fits, with balanced and uneven parts."""
-    from totalreduce.algorithms.codes import OpKind
-    from totalreduce.engine.lane_plans import LANE_KINDS, LANE_MAX_SEGMENTS
-    from totalreduce.service.ops import compile_op
+_KIND_NAMES = {
+    AlgorithmCode.RING: "ring",
+    AlgorithmCode.ONE_TO_ALL: "one_to_all",
+    AlgorithmCode.PIPELINED: "pipelined",
+}
 
-    assert set(LANE_KINDS) == {OpKind.REDUCE_SCATTER, OpKind.ALLGATHER}
+
+def _kind_plans(kind: OpKind, code: AlgorithmCode, p: int, count: int, isz: int,
+                micro: int):  # fmt: skip
+    """Every rank's segment plan of an op the lane takes, cut the way ``plan_of`` cuts it,
+    with even and uneven parts (reduce-scatter, all-gather) or every root (broadcast)."""
+    nbytes = count * isz
+    if nbytes <= LANE_MAX_SEGMENTS * micro and fits_eager(nbytes, p, micro, kind, code):
+        seg = micro
+    else:
+        seg = large_segment_bytes(nbytes, p, LANE_SEGMENT_BYTES, isz, kind, code)
+        assert seg % isz == 0 and seg >= min(LANE_SEGMENT_BYTES, nbytes) // 2
+    if kind is OpKind.BROADCAST:
+        variants = [(("root", root),) for root in sorted({0, p - 1})]
+    else:
+        even = tuple(count // p + (r < count % p) for r in range(p))
+        uneven = (0,) * (p - 1) + (count,)
+        variants = [(("counts", even),), (("counts", uneven),)]
+    for opts in variants:
+        for rank in range(p):
+            got, sched = compile_op(kind, _KIND_NAMES[code], rank, p, count, False, opts)
+            assert got is code
+            yield rank, opts, plan_segments(sched, max(1, seg // isz))
+
+
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize(
+    "kind,code",
+    [(k, c) for k, codes in sorted(LANE_KINDS.items()) for c in sorted(codes)],
+    ids=lambda v: v.name.lower(),
+)
+def test_every_rank_of_the_other_kinds_fits_the_segment_table(
+    kind: OpKind, code: AlgorithmCode, p: int
+) -> None:
+    """Reduce-scatters, all-gathers and broadcasts of any size: every rank's plan fits,
+    eager (one-to-all broadcasts to many ranks go large sooner) or large."""
     micro = 16 << 10
-    for isz in (2, 4, 8):
-        top = LANE_MAX_SEGMENTS * micro // isz  # the most elements the lane takes
-        for total in (0, 1, p, 3 * p + 1, top // 3, top - 1, top):
-            even = [total // p + (r < total % p) for r in range(p)]
-            uneven = [0] * (p - 1) + [total] if p > 1 else [total]
-            for counts in (even, uneven):
-                for rank in range(p):
-                    for kind in LANE_KINDS:
-                        code, sched = compile_op(
-                            kind, "ring", rank, p, total, False, (("counts", tuple(counts)),)
-                        )
-                        assert code is LANE_KINDS[kind]
-                        plan = plan_segments(sched, micro // isz)
-                        assert len(plan.sends) <= SEGCAP and len(plan.recvs) <= SEGCAP, (
-                            kind, p, rank, total, isz, len(plan.sends), len(plan.recvs),
-                        )  # fmt: skip
+    for isz in (2, 8):
+        top = LANE_MAX_SEGMENTS * micro // isz  # the most elements of an eager op
+        for count in (0, 3 * p + 1, top, top + 1, (64 << 20) // isz + 3):
+            for rank, opts, plan in _kind_plans(kind, code, p, count, isz, micro):
+                assert len(plan.sends) <= SEGCAP and len(plan.recvs) <= SEGCAP, (
+                    kind, code, p, rank, opts, count, isz, len(plan.sends), len(plan.recvs),
+                )  # fmt: skip
+
+
+def test_one_to_all_to_many_ranks_goes_large_before_the_eager_limit() -> None:
+    micro = 16 << 10
+    assert fits_eager(8 * micro, 2, micro, OpKind.BROADCAST, AlgorithmCode.ONE_TO_ALL)
+    assert not fits_eager(8 * micro, 32, micro, OpKind.BROADCAST, AlgorithmCode.ONE_TO_ALL)
+    assert fits_eager(8 * micro, 32, micro, OpKind.REDUCE_SCATTER, AlgorithmCode.RING)

@@ -223,11 +223,14 @@ def mode_kinds(p: int, rank: int) -> None:
     cases = []
     for dtype in sorted(LANE_TYPES):
         isz = np.dtype(dtype).itemsize
-        top = 8 * micro // isz  # the lane's eager limit, in elements
+        top = 8 * micro // isz  # the lane's eager limit, in elements: above, bodies
         for total in (1, p + 1, 1000, top, top + 1):
             for op in ("sum", "max", "avg"):
                 cases.append(("rs", dtype, total, op))
             cases.append(("ag", dtype, total, "sum"))
+            cases.append(("bc", dtype, total, "one_to_all"))
+        cases.append(("bc", dtype, 5 * top + 3, "pipelined"))
+    cases += [("rs", "float32", 300_001, "sum"), ("ag", "float64", 200_003, "sum")]
     rng = random.Random(1000 + rank)
     order = list(enumerate(cases))
     rng.shuffle(order)
@@ -237,6 +240,9 @@ def mode_kinds(p: int, rank: int) -> None:
         if kind == "rs":
             x = value(k, total, dtype, rank)
             h = tr.reduce_scatter_async(x, op=op, name=f"k{k}", priority=prio)
+        elif kind == "bc":  # op: the algorithm; the root: k % p, agreed by every rank
+            x = value(k, total, dtype, rank)
+            h = tr.broadcast_async(x, root=k % p, name=f"k{k}", priority=prio, algorithm=op)
         else:
             parts = [total // p + (r < total % p) for r in range(p)]
             parts = parts[::-1] if k % 2 else parts  # uneven either way round
@@ -251,6 +257,9 @@ def mode_kinds(p: int, rank: int) -> None:
             lo, n = balanced_parts(total, p)[rank]
             want = reference(k, total, dtype, op, p)[lo : lo + n]
             size_ok = got.size == n
+        elif kind == "bc":
+            want = value(k, total, dtype, k % p)
+            size_ok = got.size == total
         else:
             parts = [total // p + (r < total % p) for r in range(p)]
             parts = parts[::-1] if k % 2 else parts
@@ -264,9 +273,8 @@ def mode_kinds(p: int, rank: int) -> None:
             bad += 1
             print(f"rank {rank}: WRONG {kind} {dtype} {total} {op}: {got[:4]} vs {want[:4]}")
     ran = lane_done() - before
-    small = [c for c in cases if c[2] * np.dtype(c[1]).itemsize <= 8 * micro]
-    # every small op, and every all-gather's exchange of part sizes
-    expect = len(small) + sum(1 for c in cases if c[0] == "ag")
+    # every op, of every size, and every all-gather's exchange of part sizes
+    expect = len(cases) + sum(1 for c in cases if c[0] == "ag")
     # blocking repeats of one name (a waiter on an all-gather's sizes goes on to its data)
     for i in range(40):
         x = value(i, 64 * p, "float32", rank)
@@ -281,14 +289,25 @@ def mode_kinds(p: int, rank: int) -> None:
     n = 100 if rank < p - 1 else 104
     text = _raises(lambda: tr.reduce_scatter(np.ones(n, np.float32), name="k.count"))
     after = tr.reduce_scatter(np.ones(10 * p, np.float32), name="k.count")
+    # broadcasts whose root, then count, one rank changes: every rank raises (the root too:
+    # it finishes only once every rank confirmed), and the name works after
+    texts = []
+    for name, root, n in (("k.root", 1 if rank == p - 1 else 0, 50), ("k.bsize", 0, 50 + rank)):
+        x = np.full(n, rank, np.float32)
+        texts.append(_raises(lambda: tr.broadcast(x, root=root, name=name)))
+        texts.append(str(tr.broadcast(np.full(7, rank, np.float32), root=p - 1, name=name)[0]))
     ok = (
         bad == 0
         and ran == expect
         and "op 'k.count'" in text  # raised as OpMismatchError (_raises)
         and np.all(after == p)
+        and "op 'k.root'" in texts[0]
+        and "op 'k.bsize'" in texts[2]
+        and texts[1] == texts[3] == str(float(p - 1))
     )
     print(
-        f"rank {rank}: KINDS {'OK' if ok else 'FAILED'} lane ran {ran} of {expect}; {text!r}",
+        f"rank {rank}: KINDS {'OK' if ok else 'FAILED'} lane ran {ran} of {expect}; {text!r} "
+        f"{texts!r}",
         flush=True,
     )
 

@@ -42,12 +42,15 @@ LANE_ALGORITHMS = frozenset(
     }
 )
 
-#: The other kinds the lane runs, by the algorithm their schedules use, and only small
-#: (the op's whole buffer, ``count`` elements, in at most ``LANE_MAX_SEGMENTS`` eager
-#: segments): their frames carry what every rank agrees on (an all-gather's count is its
-#: whole output), and no rank of them sends more than ``count`` elements, in at most
-#: ``P - 1`` steps, so a plan has at most ``P - 1 + LANE_MAX_SEGMENTS`` segments each way.
-LANE_KINDS = {OpKind.REDUCE_SCATTER: AlgorithmCode.RING, OpKind.ALLGATHER: AlgorithmCode.RING}
+#: The other kinds the lane runs, and the algorithms of theirs: reduce-scatters and
+#: all-gathers (ring: their frames carry what every rank agrees on, an all-gather's count
+#: being its whole output) and broadcasts (one-to-all and the pipelined chain, with their
+#: confirmation tokens).  Any size: a large one is cut as :func:`large_segment_bytes` says.
+LANE_KINDS: dict[OpKind, frozenset[AlgorithmCode]] = {
+    OpKind.REDUCE_SCATTER: frozenset({AlgorithmCode.RING}),
+    OpKind.ALLGATHER: frozenset({AlgorithmCode.RING}),
+    OpKind.BROADCAST: frozenset({AlgorithmCode.ONE_TO_ALL, AlgorithmCode.PIPELINED}),
+}
 
 #: The element types the lane reduces (``kernels/raw.py``); others stay with the main loop.
 LANE_TYPES = frozenset(
@@ -56,17 +59,46 @@ LANE_TYPES = frozenset(
 _FLOAT_TYPES = frozenset({DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16})
 
 
-def large_segment_bytes(nbytes: int, group_size: int, segment_bytes: int, isz: int) -> int:
-    """Segment size of a large op of ``nbytes`` per rank in a group of ``group_size``:
-    ``segment_bytes``, or more where that would cut some rank's schedule into more than
-    ``SEGCAP`` send or receive segments.  A function of the op's shape only, so every
-    rank cuts alike.  The bound: no allreduce algorithm of the lane moves more than
-    ``(2 + ceil(log2 P)) * nbytes`` from one rank in at most ``2 (P - 1)`` steps, and each
-    region of a step gains at most one segment from rounding up."""
-    logp = max(0, (group_size - 1).bit_length())
-    spare = SEGCAP - 2 * max(1, group_size - 1) - 2
-    seg = max(segment_bytes, -(-(2 + logp) * nbytes // max(1, spare)))
+def _bound(kind: OpKind, algorithm: AlgorithmCode | None, group_size: int) -> tuple[int, int]:
+    """What any rank of an op of this kind and algorithm in a group of ``group_size`` moves
+    at most, in units of the op's ``nbytes`` (its count's bytes), and in at most how many
+    regions (step and buffer place): cut into segments of ``seg`` bytes, no rank has more
+    than ``regions + ceil(moved * nbytes / seg)`` send or receive segments, since each
+    region gains at most one segment from rounding up."""
+    q = max(1, group_size - 1)
+    if kind is OpKind.ALLREDUCE:  # no algorithm of the lane moves more, in 2 (P - 1) steps
+        return 2 + (group_size - 1).bit_length(), 2 * q + 2
+    if kind is OpKind.BROADCAST:
+        if algorithm is AlgorithmCode.ONE_TO_ALL:  # the root sends the whole to each rank
+            return q, 2 * q + 2  # and receives P - 1 tokens, then sends as many releases
+        return 1, 3 * group_size + 2  # a chain of at most 2P pieces, and the tokens
+    return 1, q + 2  # reduce-scatter, all-gather: a part in each of P - 1 steps
+
+
+def large_segment_bytes(
+    nbytes: int,
+    group_size: int,
+    segment_bytes: int,
+    isz: int,
+    kind: OpKind = OpKind.ALLREDUCE,
+    algorithm: AlgorithmCode | None = None,
+) -> int:
+    """Segment size of a large op of ``nbytes`` (its count's bytes) in a group of
+    ``group_size``: ``segment_bytes``, or more where that would cut some rank's schedule
+    into more than ``SEGCAP`` send or receive segments (:func:`_bound`).  A function of
+    the op's shape only, so every rank cuts alike."""
+    moved, regions = _bound(kind, algorithm, group_size)
+    spare = SEGCAP - regions
+    seg = max(segment_bytes, -(-moved * nbytes // max(1, spare)))
     return max(isz, seg - seg % isz)
+
+
+def fits_eager(nbytes: int, group_size: int, micro: int, kind: OpKind,
+               algorithm: AlgorithmCode) -> bool:  # fmt: skip
+    """Whether an op of at most ``LANE_MAX_SEGMENTS`` eager segments also fits ``SEGCAP``
+    in them (a one-to-all broadcast to many ranks may not: it then goes large)."""
+    moved, regions = _bound(kind, algorithm, group_size)
+    return regions + -(-moved * nbytes // micro) <= SEGCAP
 
 
 class LanePlans:
@@ -86,8 +118,8 @@ class LanePlans:
 
     def plan_of(self, spec: OpSpec) -> int:
         """The offset of the op's compiled plan in ``prog``, or -1 if the lane does not
-        run it: allreduces of the lane's algorithms, of any size; small reduce-scatters
-        and all-gathers (:data:`LANE_KINDS`).
+        run it: allreduces of the lane's algorithms, reduce-scatters, all-gathers and
+        broadcasts of theirs (:data:`LANE_KINDS`), of any size.
 
         The decision depends only on what every rank of the op agrees on (kind,
         algorithm, element type, count, reduce op, group size) and the configuration,
@@ -99,7 +131,7 @@ class LanePlans:
         if allreduce:
             if spec.algorithm not in LANE_ALGORITHMS:
                 return -1
-        elif LANE_KINDS.get(spec.kind) is not spec.algorithm:
+        elif spec.algorithm not in LANE_KINDS.get(spec.kind, ()):
             return -1
         if len(spec.group) > LANE_MAX_GROUP:
             return -1
@@ -112,12 +144,16 @@ class LanePlans:
         isz = dt.itemsize
         nbytes = spec.count * isz
         seg = max(self.micro, 8)
-        if nbytes > LANE_MAX_SEGMENTS * seg:
-            if self.body_tag < 0 or not allreduce:
+        p = len(spec.group)
+        if nbytes > LANE_MAX_SEGMENTS * seg or not (
+            allreduce or fits_eager(nbytes, p, seg, spec.kind, spec.algorithm)
+        ):
+            if self.body_tag < 0:
                 return -1
             seg = large_segment_bytes(
-                nbytes, len(spec.group), min(self.segment_bytes, LANE_SEGMENT_BYTES), isz
-            )
+                nbytes, p, min(self.segment_bytes, LANE_SEGMENT_BYTES), isz, spec.kind,
+                spec.algorithm,
+            )  # fmt: skip
         sched = spec.schedule
         key = (id(sched), isz)
         hit = self._plans.get(key)
