@@ -294,7 +294,7 @@ def mode_kinds(p: int, rank: int) -> None:
     texts = []
     for name, root, n in (("k.root", 1 if rank == p - 1 else 0, 50), ("k.bsize", 0, 50 + rank)):
         x = np.full(n, rank, np.float32)
-        texts.append(_raises(lambda: tr.broadcast(x, root=root, name=name)))
+        texts.append(_raises(lambda x=x, r=root, m=name: tr.broadcast(x, root=r, name=m)))
         texts.append(str(tr.broadcast(np.full(7, rank, np.float32), root=p - 1, name=name)[0]))
     ok = (
         bad == 0
