@@ -29,7 +29,7 @@ SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32]
 @pytest.mark.parametrize("name", NAMES)
 def test_every_rank_fits_the_segment_table(name: str, p: int) -> None:
     assert max(SIZES) <= LANE_MAX_GROUP
-    for isz in (2, 4, 8):
+    for isz in (2, 8):  # the narrowest and widest types bound the others
         for nbytes in (129 << 10, 1 << 20, 5_000_008, 64 << 20, 1 << 30):
             count = nbytes // isz
             seg = large_segment_bytes(count * isz, p, LANE_SEGMENT_BYTES, isz)
@@ -78,7 +78,7 @@ def _kind_plans(kind: OpKind, code: AlgorithmCode, p: int, count: int, isz: int,
             yield rank, opts, plan_segments(sched, max(1, seg // isz))
 
 
-@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8, 9, 17, 31, 32])
 @pytest.mark.parametrize(
     "kind,code",
     [(k, c) for k, codes in sorted(LANE_KINDS.items()) for c in sorted(codes)],

@@ -190,3 +190,32 @@ def test_reduce_scatter_repeats_take_the_record(monkeypatch: pytest.MonkeyPatch)
         assert got[11].size == [3, 2, 2][r] and np.all(got[11] == 3)
     # 3 ranks x (g sum, g max on 2-d, the float32 and the 7-element calls) whole-way calls
     assert calls[0] == 3 * 4
+
+
+def test_broadcast_repeats_take_the_record(whole_way_calls: list[int]) -> None:
+    """A repeated broadcast (same name, root, ``out`` form and algorithm; no group or dtype)
+    skips the whole way after its first call; results stay exact, with the caller's shape,
+    in place too, and another root, dtype or shape goes the whole way."""
+    with local_services(3) as svcs:
+
+        def rank_main(svc):
+            r = svc.rank
+            got = []
+            for k in range(4):
+                x = np.full((2, 3), 10.0 * r + k)
+                got.append(svc.broadcast(x, root=1, name="b"))
+                y = np.full(5, float(r), np.float32)
+                svc.broadcast(y, root=2, name="b.in", out=y)  # in place
+                got.append(y)
+            got.append(svc.broadcast(np.full((2, 3), float(r)), root=0, name="b"))  # another root
+            got.append(svc.broadcast(np.full(4, r, np.int64), root=1, name="b"))  # dtype, shape
+            return got
+
+        out = run_ranks(svcs, rank_main, timeout=60)
+    for got in out:
+        for k in range(4):
+            assert got[2 * k].shape == (2, 3) and np.all(got[2 * k] == 10.0 + k)
+            assert got[2 * k + 1].dtype == np.float32 and np.all(got[2 * k + 1] == 2.0)
+        assert np.all(got[8] == 0.0) and got[9].dtype == np.int64 and np.all(got[9] == 1)
+    # 3 ranks x (b root 1, b.in, b root 0, b int64) whole-way calls
+    assert whole_way_calls[0] == 3 * 4

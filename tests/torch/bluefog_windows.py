@@ -190,17 +190,16 @@ def win_put_optimizer() -> None:
 
 
 def main() -> None:
-    """All three parts; ``push_sum [--stall RANK:SECONDS]`` runs part 1 alone."""
+    """All three parts, or part 1 alone (``push_sum``); ``--stall RANK:SECONDS`` stalls
+    that rank in part 1."""
     args = sys.argv[1:]
+    stall = None
+    if "--stall" in args:
+        rank, seconds = args[args.index("--stall") + 1].split(":")
+        stall = (int(rank), float(seconds))
     bf.init()
-    if args[:1] == ["push_sum"]:
-        stall = None
-        if args[1:2] == ["--stall"]:
-            rank, seconds = args[2].split(":")
-            stall = (int(rank), float(seconds))
-        push_sum(stall)
-    else:
-        push_sum()
+    push_sum(stall)
+    if args[:1] != ["push_sum"]:
         window_basics()
         win_put_optimizer()
     bf.shutdown()

@@ -27,6 +27,7 @@ from ..dtypes import DType
 from ..transport import mpi_native
 from . import lane_core as core
 from . import lane_layout as L
+from .lane_grow import LaneGrowth, _status_words
 from .lane_plans import (  # noqa: F401 - the lane's limits, also named here
     LANE_ALGORITHMS,
     LANE_MAX_GROUP,
@@ -67,11 +68,6 @@ _NO_POOLED: list[np.ndarray] = []
 _C_NDONE, _C_NEV, _C_FULL, _C_BFULL = L.C_NDONE, L.C_NEV, L.C_FULL, L.C_BFULL
 _C_DONEQ, _C_OPS, _O_N, _O_STATE, _S_DONE = L.C_DONEQ, L.C_OPS, L.O_N, L.O_STATE, L.S_DONE
 _C_SEQ = L.C_SEQ
-
-
-def _status_words(b: np.ndarray) -> int:
-    """int64 words of one ``MPI_Status`` of the binding's library."""
-    return (int(b[mpi_native.B_STATUS_BYTES]) + 7) // 8
 
 
 def _signed(v: int) -> int:
@@ -117,7 +113,7 @@ class LaneShape:
         self.plain = not copy_in and not work and not scratch
 
 
-class Lane(LanePlans):
+class Lane(LanePlans, LaneGrowth):
     """The lane's arrays and the Python half of its protocol (the caller holds the
     main loop's lock for every method)."""
 
@@ -559,77 +555,6 @@ class Lane(LanePlans):
                 if mem[dyn + L.D_SS * segcap + i] & 7 != L.SS_SENT:
                     out.add(int(prog[g0 + prog[s0 + i * L.G_N + L.G_PEER]]))
         return sorted(out)
-
-    def grow(self) -> None:
-        """Compiled code is out of pool slots (``C_FULL``) or body requests (``C_BFULL``):
-        double what ran out.  Both live in ``mem`` (and the pool in the arena too), which
-        are replaced by larger copies between compiled calls."""
-        if self.mem[L.C_FULL]:
-            self._grow_pool()
-        if self.mem[L.C_BFULL]:
-            self._grow_requests()
-
-    def _grow_requests(self) -> None:
-        """Double the body request table: its entries, handles (MPI keeps no pointer to
-        them between calls), and room for ``MPI_Testsome``'s indices and statuses, at the
-        end of a larger ``mem``; the bodies that waited go in the next pass."""
-        mem = self.mem
-        old = int(mem[L.C_BREQCAP])
-        new = 2 * old
-        n = int(mem[L.C_NBREQ])
-        hb = int(self.b[mpi_native.B_HANDLE_BYTES])
-        words = new * L.BR_N + new + (new + 1) // 2 + new * _status_words(self.b)
-        end = mem.size
-        bigger = np.zeros(end + words, dtype=np.int64)
-        bigger[:end] = mem
-        breq, breqh = end, end + new * L.BR_N
-        bidx = breqh + new
-        bst = bidx + (new + 1) // 2
-        at = int(mem[L.C_BREQ])
-        bigger[breq : breq + n * L.BR_N] = mem[at : at + n * L.BR_N]
-        h0 = int(mem[L.C_BREQH]) * 8
-        bigger.view(np.uint8)[breqh * 8 : breqh * 8 + n * hb] = mem.view(np.uint8)[h0 : h0 + n * hb]
-        bigger[L.C_BREQ] = breq
-        bigger[L.C_BREQH] = breqh
-        bigger[L.C_BIDX] = bidx
-        bigger[L.C_BST] = bst
-        bigger[L.C_BREQCAP] = new
-        bigger[L.C_BFULL] = 0
-        self.mem = bigger
-        log.info("rank %d: the lane's body requests grew to %d", self.rank, new)
-
-    def _grow_pool(self) -> None:
-        """The pool is out of slots: double it (the old arena stays alive: sends posted
-        from it may still read it)."""
-        mem = self.mem
-        old = int(mem[L.C_NSLOTS])
-        slot_bytes = int(mem[L.C_SLOT])
-        arena = np.zeros(int(mem[L.C_A_SLOTS]) + 2 * old * slot_bytes, dtype=np.uint8)
-        arena[: self.arena.size] = self.arena
-        self._old_arenas.append(self.arena)
-        self.arena = arena
-        meta = int(mem[L.C_META])
-        free = int(mem[L.C_FREESLOT])
-        # meta and the free stack live in mem with room for ``old`` slots: move both to
-        # a larger mem.
-        extra_meta = old * L.M_N
-        extra_free = old
-        end = mem.size
-        bigger = np.zeros(end + 2 * old * L.M_N + 2 * old, dtype=np.int64)
-        bigger[:end] = mem
-        new_meta = end
-        new_free = end + 2 * old * L.M_N
-        bigger[new_meta : new_meta + old * L.M_N] = mem[meta : meta + old * L.M_N]
-        nfree = int(mem[L.C_NFREE])
-        bigger[new_free : new_free + nfree] = mem[free : free + nfree]
-        bigger[new_free + nfree : new_free + nfree + old] = np.arange(2 * old - 1, old - 1, -1)
-        bigger[L.C_META] = new_meta
-        bigger[L.C_FREESLOT] = new_free
-        bigger[L.C_NFREE] = nfree + old
-        bigger[L.C_NSLOTS] = 2 * old
-        del extra_meta, extra_free
-        self.mem = bigger
-        log.info("rank %d: the lane's pool grew to %d slots", self.rank, 2 * old)
 
     @property
     def inflight(self) -> int:

@@ -1,5 +1,5 @@
-"""The express path of an allreduce (or reduce-scatter) a training loop repeats: one lookup
-instead of the checks.
+"""The express path of an allreduce (or reduce-scatter, or broadcast) a training loop
+repeats: one lookup instead of the checks.
 
 A training step submits the same gradients under the same names every step: same
 array shape and dtype, same reduce op, same algorithm.  The first submission of a
@@ -12,7 +12,8 @@ lane runs then enters the lane from the calling thread, with the lane's fields o
 shape kept in the record too
 (:meth:`~totalreduce.engine.lane_loop.LaneHooks.lane_express`), and any other is
 queued for the comm thread as usual.  A reduce-scatter without partition, axes, group or
-dtype arguments has records too, under ("rs", name, op).
+dtype arguments has records too, under ("rs", name, op), and a broadcast without group or
+dtype under ("bc", name, root, in place, algorithm).
 
 Nothing is skipped that could differ between calls: the array's type, dtype, shape
 and layout, ``out`` (the same checks as :func:`.checks.output`), the priority, the
@@ -46,7 +47,7 @@ class Express:
 
     __slots__ = (
         "npdt", "shape", "dt", "rop", "sig", "code", "sched", "plan", "count",
-        "wid", "group", "in_place", "epoch", "lane_shape", "kind", "out_count",
+        "wid", "group", "in_place", "epoch", "lane_shape", "kind", "out_count", "param",
     )  # fmt: skip
 
     def __init__(self, spec: OpSpec, x: np.ndarray, sig: tuple[Any, ...], epoch: int) -> None:
@@ -61,6 +62,7 @@ class Express:
         self.count = spec.count
         self.kind: OpKind = spec.kind
         self.out_count = spec.outbuf.size  # a reduce-scatter's part, else the count
+        self.param = spec.param  # a broadcast's root
         self.wid = spec.wire_id
         self.group = spec.group
         self.in_place = spec.in_place
@@ -101,7 +103,7 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     flat = x if x.ndim == 1 else x.reshape(-1)
     if out is None:
         o = np.empty(ex.out_count, dtype=ex.npdt)
-        result: Any = o if x.ndim == 1 or ex.kind is not OpKind.ALLREDUCE else o.reshape(ex.shape)
+        result: Any = o if x.ndim == 1 or ex.kind is OpKind.REDUCE_SCATTER else o.reshape(ex.shape)
     else:
         o, in_place = checks.output(x, out)  # as the whole way checks it
         if in_place != ex.in_place:
@@ -119,7 +121,7 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
 
     spec = OpSpec(
         op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
-        flat, o, ex.sched, ex.plan, ex.group, 0, 0, ex.in_place, False, None,
+        flat, o, ex.sched, ex.plan, ex.group, 0, ex.param, ex.in_place, False, None,
         False, False, done,
     )  # fmt: skip
     handle._spec = spec
