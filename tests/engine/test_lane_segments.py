@@ -52,6 +52,8 @@ _KIND_NAMES = {
     AlgorithmCode.RING: "ring",
     AlgorithmCode.ONE_TO_ALL: "one_to_all",
     AlgorithmCode.PIPELINED: "pipelined",
+    AlgorithmCode.ALL_TO_ALL: "all_to_all",
+    AlgorithmCode.ALL_TO_ONE: "all_to_one",
 }
 
 
@@ -67,6 +69,8 @@ def _kind_plans(kind: OpKind, code: AlgorithmCode, p: int, count: int, isz: int,
         assert seg % isz == 0 and seg >= min(LANE_SEGMENT_BYTES, nbytes) // 2
     if kind is OpKind.BROADCAST:
         variants = [(("root", root),) for root in sorted({0, p - 1})]
+    elif kind is OpKind.BARRIER:
+        variants = [()]
     else:
         even = tuple(count // p + (r < count % p) for r in range(p))
         uneven = (0,) * (p - 1) + (count,)
@@ -87,12 +91,15 @@ def _kind_plans(kind: OpKind, code: AlgorithmCode, p: int, count: int, isz: int,
 def test_every_rank_of_the_other_kinds_fits_the_segment_table(
     kind: OpKind, code: AlgorithmCode, p: int
 ) -> None:
-    """Reduce-scatters, all-gathers and broadcasts of any size: every rank's plan fits,
-    eager (one-to-all broadcasts to many ranks go large sooner) or large."""
+    """Reduce-scatters, all-gathers and broadcasts of any size, and barriers: every rank's
+    plan fits, eager (one-to-all broadcasts to many ranks go large sooner) or large."""
     micro = 16 << 10
     for isz in (2, 8):
         top = LANE_MAX_SEGMENTS * micro // isz  # the most elements of an eager op
-        for count in (0, 3 * p + 1, top, top + 1, (64 << 20) // isz + 3):
+        counts = (
+            (0,) if kind is OpKind.BARRIER else (0, 3 * p + 1, top, top + 1, (64 << 20) // isz + 3)
+        )
+        for count in counts:
             for rank, opts, plan in _kind_plans(kind, code, p, count, isz, micro):
                 assert len(plan.sends) <= SEGCAP and len(plan.recvs) <= SEGCAP, (
                     kind, code, p, rank, opts, count, isz, len(plan.sends), len(plan.recvs),

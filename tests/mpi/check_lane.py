@@ -231,6 +231,7 @@ def mode_kinds(p: int, rank: int) -> None:
             cases.append(("bc", dtype, total, "one_to_all"))
         cases.append(("bc", dtype, 5 * top + 3, "pipelined"))
     cases += [("rs", "float32", 300_001, "sum"), ("ag", "float64", 200_003, "sum")]
+    cases += [("br", "int64", 0, algo) for algo in ("all_to_all", "all_to_one") * 3]
     rng = random.Random(1000 + rank)
     order = list(enumerate(cases))
     rng.shuffle(order)
@@ -243,6 +244,8 @@ def mode_kinds(p: int, rank: int) -> None:
         elif kind == "bc":  # op: the algorithm; the root: k % p, agreed by every rank
             x = value(k, total, dtype, rank)
             h = tr.broadcast_async(x, root=k % p, name=f"k{k}", priority=prio, algorithm=op)
+        elif kind == "br":
+            h = tr.barrier_async(name=f"k{k}", algorithm=op)
         else:
             parts = [total // p + (r < total % p) for r in range(p)]
             parts = parts[::-1] if k % 2 else parts  # uneven either way round
@@ -260,12 +263,16 @@ def mode_kinds(p: int, rank: int) -> None:
         elif kind == "bc":
             want = value(k, total, dtype, k % p)
             size_ok = got.size == total
+        elif kind == "br":
+            want, size_ok = got, got is None
         else:
             parts = [total // p + (r < total % p) for r in range(p)]
             parts = parts[::-1] if k % 2 else parts
             want = np.concatenate([value(k, parts[r], dtype, r) for r in range(p)])
             size_ok = got.size == total
-        if dtype == "float16" and op == "avg":
+        if kind == "br":
+            same = True
+        elif dtype == "float16" and op == "avg":
             same = np.allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3)
         else:
             same = np.array_equal(got, want) and got.dtype == want.dtype
@@ -296,11 +303,16 @@ def mode_kinds(p: int, rank: int) -> None:
         x = np.full(n, rank, np.float32)
         texts.append(_raises(lambda x=x, r=root, m=name: tr.broadcast(x, root=r, name=m)))
         texts.append(str(tr.broadcast(np.full(7, rank, np.float32), root=p - 1, name=name)[0]))
+    # a barrier whose algorithm one rank changes
+    algo = "all_to_one" if rank == p - 1 else "all_to_all"
+    texts.append(_raises(lambda: tr.barrier(name="k.bar", algorithm=algo)))
+    tr.barrier(name="k.bar")
     ok = (
         bad == 0
         and ran == expect
         and "op 'k.count'" in text  # raised as OpMismatchError (_raises)
         and np.all(after == p)
+        and "op 'k.bar'" in texts[4]
         and "op 'k.root'" in texts[0]
         and "op 'k.bsize'" in texts[2]
         and texts[1] == texts[3] == str(float(p - 1))

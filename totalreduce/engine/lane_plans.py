@@ -45,11 +45,13 @@ LANE_ALGORITHMS = frozenset(
 #: The other kinds the lane runs, and the algorithms of theirs: reduce-scatters and
 #: all-gathers (ring: their frames carry what every rank agrees on, an all-gather's count
 #: being its whole output) and broadcasts (one-to-all and the pipelined chain, with their
-#: confirmation tokens).  Any size: a large one is cut as :func:`large_segment_bytes` says.
+#: confirmation tokens), and barriers (tokens alone).  Any size: a large one is cut as
+#: :func:`large_segment_bytes` says.
 LANE_KINDS: dict[OpKind, frozenset[AlgorithmCode]] = {
     OpKind.REDUCE_SCATTER: frozenset({AlgorithmCode.RING}),
     OpKind.ALLGATHER: frozenset({AlgorithmCode.RING}),
     OpKind.BROADCAST: frozenset({AlgorithmCode.ONE_TO_ALL, AlgorithmCode.PIPELINED}),
+    OpKind.BARRIER: frozenset({AlgorithmCode.ALL_TO_ALL, AlgorithmCode.ALL_TO_ONE}),
 }
 
 #: The element types the lane reduces (``kernels/raw.py``); others stay with the main loop.
@@ -72,6 +74,8 @@ def _bound(kind: OpKind, algorithm: AlgorithmCode | None, group_size: int) -> tu
         if algorithm is AlgorithmCode.ONE_TO_ALL:  # the root sends the whole to each rank
             return q, 2 * q + 2  # and receives P - 1 tokens, then sends as many releases
         return 1, 3 * group_size + 2  # a chain of at most 2P pieces, and the tokens
+    if kind is OpKind.BARRIER:  # a token to (from) each rank, or P - 1 in and as many out
+        return 1, 2 * q + 2
     return 1, q + 2  # reduce-scatter, all-gather: a part in each of P - 1 steps
 
 
