@@ -354,13 +354,15 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
     _send_ready(mem, prog, arena, b)
     flush_all(mem, arena, b)
     # Each MPI call polls the library's queues (about 0.5 us each on a small machine): a
-    # pass that received skips the tests of send buffers (a send looking for one tests
-    # them: _free_sb) and, up to _CTL_SKIPS passes in a row, the probe of the main loop's
-    # tag, so an arriving frame completes its op sooner.
-    if mem[C_NSBBUSY] and (got == 0 or 2 * mem[C_NSBBUSY] > mem[C_NSB]):
+    # pass that received frames while no body is in flight skips the tests of send buffers
+    # (a send looking for one tests them: _free_sb) and, up to _CTL_SKIPS passes in a row,
+    # the probe of the main loop's tag, so an arriving frame completes its op sooner.  With
+    # bodies in flight every call stays: each one also moves the library's large transfers.
+    light = got > 0 and mem[C_NBREQ] == 0
+    if mem[C_NSBBUSY] and (not light or 2 * mem[C_NSBBUSY] > mem[C_NSB]):
         _reap(mem, b, abase)
     if mem[C_CTL_TAG] >= 0:
-        if got == 0 or mem[C_CTLSKIP] >= _CTL_SKIPS:
+        if not light or mem[C_CTLSKIP] >= _CTL_SKIPS:
             mem[C_CTLSKIP] = 0
             mem[C_CTL_WAITING] = mpi_iprobe(b, b[B_ANY_SOURCE], mem[C_CTL_TAG], status)
         else:
