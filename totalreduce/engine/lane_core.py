@@ -339,10 +339,10 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
         if not _consume(mem, prog, arena, b):
             break
         w = mem[C_WATCH]
-        if w >= 0:
+        if w >= 0 and mem[C_INFLIGHT] == 0:
             ow = _op(mem, w)
             if mem[ow + O_SEQ] != mem[C_WATCHSEQ] or mem[ow + O_STATE] != S_ACTIVE:
-                break  # the op a thread waits for ended: the rest waits for the next pass
+                break  # the op a thread waits for ended, and no other is in flight
     if mem[C_NAQ]:
         _send_abandons(mem, arena, b)
     if mem[C_NBREQ]:

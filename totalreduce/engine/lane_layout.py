@@ -103,7 +103,7 @@ C_AQ = 80  # empty messages owed on body tags (peer, tag): clears held by an op 
 C_NAQ = 81
 C_AQCAP = 82
 C_WATCH = 83  # the op slot a waiting thread's lane_drive waits for (-1: none), and
-C_WATCHSEQ = 84  # its submission: a pass stops receiving once that op ended
+C_WATCHSEQ = 84  # its submission: a pass stops receiving once that op ended, the last
 C_CTLSKIP = 85  # passes since the last probe of the main loop's tag (see lane_pass)
 C_LEN = 86
 
