@@ -148,6 +148,18 @@ class StallHooks:
                     out.append(f"{lop.spec.describe()} waits for ranks {recv_from}")
         return out
 
+    def waiting_for(self, spec: OpSpec) -> list[int]:
+        """World ranks op ``spec`` still expects frames from, in the main loop or the
+        compiled lane ([] once it left both)."""
+        with self.lock:  # another thread may be in a pass
+            p = self.table.get(spec.key)
+            if p is not None:
+                return p.waiting_on()[0]
+            lop = None if self.lane is None else self.lane.by_key.get(spec.key)
+            if lop is not None and lop.spec is spec:
+                return self.lane.waiting_on(lop)  # type: ignore[union-attr]
+        return []
+
     def timeout_error(
         self, spec: OpSpec | None, name: Any, generation: int, timeout: float
     ) -> OpTimeoutError:

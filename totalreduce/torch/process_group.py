@@ -430,12 +430,9 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
     def _missing(self, h: Any) -> list[int]:
         """The group ranks op ``h`` still waits for (from the engine's view of it)."""
         spec = getattr(h, "_spec", None)
-        loop = self.service.loop
         if spec is None:
             return []
-        with loop.lock:
-            p = loop.table.get(spec.key)
-            recv_from = p.waiting_on()[0] if p is not None else []
+        recv_from = self.service.loop.waiting_for(spec)
         return sorted(self.ranks.index(r) for r in recv_from if r in self.ranks)
 
     # ------------------------------------------------------------------ rooted and point-to-point
