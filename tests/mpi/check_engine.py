@@ -1,5 +1,8 @@
 """Run under ``mpiexec -n P``: the engine over real MPI (launched by test_mpi.py).
 
+Usage: ``check_engine.py MODE[,MODE...]``: several modes run one after another in one
+launch, each on an engine of its own; the lines they print are tagged ``[mode]``.
+
 Modes:
 - ``random``: 50 ops per rank in a per-rank random order with random priorities,
   delays, sizes (0 to several segments) and dtypes; exact results.
@@ -19,22 +22,28 @@ Modes:
   every rank raises at the call, and the next broadcast of the name works.
 - ``rooted``: reduce, gather, scatter from every root, all-to-all with equal and
   uneven parts, send/recv on two tags, the new dtypes and ops; exact results.
+- ``reinit``: engines one after another in one process, with the same names, shut down
+  unevenly and with an op in flight; every op exact.
 - ``garbage``: the last rank sends a malformed message into the engine's own
   communicator; rank 0 refuses it with a FrameError naming that rank.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import sys
 import time
 
 import numpy as np
+from launch_modes import run_modes
 
 import totalreduce as tr
 
 SEGMENT = 8192
+#: The pool ``flow`` runs with when it shares a launch (smaller than one of its ops).
+FLOW_POOL_BYTES = 16 << 10
 
 
 def say(line: str) -> None:
@@ -379,12 +388,35 @@ def mode_raise(p: int, rank: int) -> None:
         say(f"rank {rank}: RAISE-REPORTED after {time.monotonic() - t0:.1f}s: {exc}")
 
 
+#: The modes that end the job (a rank dies or is banned): each runs alone, last.
+ALONE = frozenset({"dead", "raise", "garbage"})
+
+
+def mode_reinit(p: int, rank: int) -> None:
+    """Engines one after another in one process, each with the same op names (generation 0
+    again): one shut down while the last rank is still busy for longer than a transport's
+    close waits for its peers, one with an op in flight that no peer submits.  Every op of
+    every engine is exact: nothing one engine sent reaches the next."""
+    bad = 0
+    for round_ in range(4):
+        x = np.arange(1000, dtype=np.int64) * (round_ + 1) + rank
+        got = tr.allreduce(x, name="again")
+        want = np.arange(1000, dtype=np.int64) * (round_ + 1) * p + p * (p - 1) // 2
+        bad += not np.array_equal(got, want)
+        if round_ == 1 and rank == p - 1:
+            time.sleep(1.5)  # the others' close stops waiting for this rank
+        if round_ == 2 and rank == 0:
+            tr.allreduce_async(np.ones(3), name="lonely")  # fails at the shutdown
+        tr.shutdown(timeout=0.2)
+        tr.init(segment_bytes=SEGMENT, micro_bytes=1024, stall_warning_s=5)
+    got = tr.allreduce(np.full(5, rank, dtype=np.int64), name="again")
+    bad += not np.array_equal(got, np.full(5, p * (p - 1) // 2))
+    print(f"rank {rank}: REINIT {'OK' if bad == 0 else 'FAILED'}", flush=True)
+
+
 def main() -> None:
-    mode = sys.argv[1]
-    # "random" sends every reduction to the reduce thread; the other modes reduce inline
-    inline = 0 if mode == "random" else SEGMENT
-    tr.init(segment_bytes=SEGMENT, micro_bytes=1024, stall_warning_s=5, inline_compute_bytes=inline)
-    p, rank = tr.size(), tr.rank()
+    """Run the modes ``sys.argv[1]`` names (comma-separated; launch_modes.py), each on an engine
+    of its own with the options it needs."""
     modes = {
         "random": mode_random,
         "mismatch": mode_mismatch,
@@ -401,9 +433,20 @@ def main() -> None:
         "garbage": mode_garbage,
         "dead": mode_dead,
         "raise": mode_raise,
+        "reinit": mode_reinit,
     }
-    modes[mode](p, rank)
-    tr.shutdown()
+    alone = len(sys.argv[1].split(",")) == 1
+
+    def engine(mode: str) -> None:
+        # "random" sends every reduction to the reduce thread; the other modes reduce inline
+        options = {"inline_compute_bytes": 0 if mode == "random" else SEGMENT}
+        if mode == "flow" and not alone:  # alone, it takes the pool from the environment
+            options["floating_pool_bytes"] = FLOW_POOL_BYTES
+        tr.init(segment_bytes=SEGMENT, micro_bytes=1024, stall_warning_s=5, **options)
+        modes[mode](tr.size(), tr.rank())
+        tr.shutdown()
+
+    run_modes({m: functools.partial(engine, m) for m in modes}, ALONE)
 
 
 if __name__ == "__main__":

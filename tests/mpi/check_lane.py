@@ -1,5 +1,8 @@
 """Run under ``mpiexec -n P``: the compiled lane over real MPI (launched by test_lane.py).
 
+Usage: ``check_lane.py MODE[,MODE...]``: several modes run one after another in one
+launch, each on an engine of its own; the lines they print are tagged ``[mode]``.
+
 Modes:
 - ``exact``: every element type and reduce op, every allreduce algorithm the lane
   runs, sizes from 0 to the lane's limit, in place and not; the lane ran them all;
@@ -52,13 +55,14 @@ Modes:
 
 from __future__ import annotations
 
+import functools
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
+from launch_modes import run_modes
 
 import totalreduce as tr
 from totalreduce.errors import OpFailedError, OpMismatchError
@@ -668,35 +672,47 @@ def mode_peer_error(p: int, rank: int) -> None:
     print(f"rank {rank}: PEER_ERROR {'OK' if ok else 'FAILED'} {text!r}", flush=True)
 
 
-def main() -> None:
-    mode = sys.argv[1]
-    opts = {"stall_warning_s": 30}
+def engine(mode: str) -> None:
+    """Start an engine with the options ``mode`` needs, run it, shut the engine down."""
+    import totalreduce.engine.lane as lane_module
+
+    opts: dict[str, float] = {"stall_warning_s": 30}
     if mode == "credit":
         opts["floating_pool_bytes"] = 16 * (16 << 10)
     if mode == "stall":
         opts["stall_shutdown_s"] = 1
+    requests = lane_module.LANE_BODY_REQUESTS
     if mode == "crowd":
-        import totalreduce.engine.lane as lane_module
-
         lane_module.LANE_BODY_REQUESTS = 16
-    tr.init(**opts)
-    p, rank = tr.size(), tr.rank()
-    {
-        "exact": mode_exact,
-        "flood": mode_flood,
-        "credit": mode_credit,
-        "mismatch": mode_mismatch,
-        "threads": mode_threads,
-        "express": mode_express,
-        "stall": mode_stall,
-        "peer_error": mode_peer_error,
-        "background": mode_background,
-        "absent_peer": mode_absent_peer,
-        "large": mode_large,
-        "kinds": mode_kinds,
-        "crowd": mode_crowd,
-    }[mode](p, rank)
-    tr.shutdown()
+    try:
+        tr.init(**opts)
+        MODES[mode](tr.size(), tr.rank())
+        tr.shutdown()
+    finally:
+        lane_module.LANE_BODY_REQUESTS = requests
+
+
+MODES = {
+    "exact": mode_exact,
+    "flood": mode_flood,
+    "credit": mode_credit,
+    "mismatch": mode_mismatch,
+    "threads": mode_threads,
+    "express": mode_express,
+    "stall": mode_stall,
+    "peer_error": mode_peer_error,
+    "background": mode_background,
+    "absent_peer": mode_absent_peer,
+    "large": mode_large,
+    "kinds": mode_kinds,
+    "crowd": mode_crowd,
+}
+
+
+def main() -> None:
+    """Run the modes ``sys.argv[1]`` names (comma-separated; launch_modes.py), each on an
+    engine of its own."""
+    run_modes({m: functools.partial(engine, m) for m in MODES})
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from launch_modes import Launches  # noqa: E402
 
 HERE = Path(__file__).parent
 TIMEOUT = 150
@@ -19,89 +23,106 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def lane_run(n: int, mode: str) -> str:
+def _start(key: Any, modes: list[str], where: str) -> str:
+    n = key
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
     env.pop("TOTALREDUCE_LANE", None)
+    timeout = TIMEOUT + 30 * len(modes)
+    env["MPIEXEC_TIMEOUT"] = str(timeout - 10)
     proc = subprocess.run(
-        ["mpiexec", "-n", str(n), sys.executable, str(HERE / "check_lane.py"), mode],
+        ["mpiexec", "-n", str(n), sys.executable, str(HERE / "check_lane.py"), ",".join(modes)],
         capture_output=True,
         text=True,
-        timeout=TIMEOUT,
+        timeout=timeout,
         env=env,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, (
-        f"mpiexec -n {n} check_lane.py {mode} exited {proc.returncode}:\n{out}"
+        f"mpiexec -n {n} check_lane.py {','.join(modes)} exited {proc.returncode}:\n{out}"
     )
     return out
 
 
-@pytest.mark.parametrize("n", [2, 3])
+#: The tests at one size share one launch of check_lane.py (a process start costs more
+#: than most checks).
+LAUNCHES = Launches(_start)
+
+
+def sizes(ranks: list[int], mode: str) -> Any:
+    """The sizes a test of check_lane.py's ``mode`` runs at, planned into their launches."""
+    for n in ranks:
+        LAUNCHES.plan(n, mode)
+    return pytest.mark.parametrize("n", ranks)
+
+
+def lane_run(n: int, mode: str) -> str:
+    """``mode``'s lines from the launch at ``n`` ranks (AssertionError: the whole output)."""
+    out, whole = LAUNCHES.lines(n, mode)
+    marker = f"{mode.upper()} OK"
+    assert out.count(marker) == n, whole
+    return out
+
+
+@sizes([2, 3], "exact")
 def test_lane_exact_for_every_type_op_and_algorithm(n: int) -> None:
-    out = lane_run(n, "exact")
-    assert out.count("EXACT OK") == n, out
+    lane_run(n, "exact")
 
 
-@pytest.mark.parametrize("n", [3])
+@sizes([3], "flood")
 def test_lane_ten_thousand_ops_in_flight_in_random_orders(n: int) -> None:
-    out = lane_run(n, "flood")
-    assert out.count("FLOOD OK") == n, out
+    lane_run(n, "flood")
 
 
-@pytest.mark.parametrize("n", [2])
+@sizes([2], "credit")
 def test_lane_frames_beyond_credit_wait_for_ready_without_deadlock(n: int) -> None:
-    out = lane_run(n, "credit")
-    assert out.count("CREDIT OK") == n, out
+    lane_run(n, "credit")
 
 
-@pytest.mark.parametrize("n", [3])
+@sizes([3], "mismatch")
 def test_lane_mismatches_raise_on_every_rank(n: int) -> None:
-    out = lane_run(n, "mismatch")
-    assert out.count("MISMATCH OK") == n, out
+    lane_run(n, "mismatch")
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@sizes([2, 3], "large")
 def test_lane_large_ops_travel_as_bodies_exact_in_any_order(n: int) -> None:
-    out = lane_run(n, "large")
-    assert out.count("LARGE OK") == n, out
+    lane_run(n, "large")
 
 
-@pytest.mark.parametrize("n", [3])
+@sizes([3], "kinds")
 def test_lane_runs_small_reduce_scatters_and_allgathers_exactly(n: int) -> None:
-    out = lane_run(n, "kinds")
-    assert out.count("KINDS OK") == n, out
+    lane_run(n, "kinds")
 
 
-def test_lane_large_receives_beyond_its_requests_wait_their_turn() -> None:
-    out = lane_run(2, "crowd")
-    assert out.count("CROWD OK") == 2, out
+@sizes([2], "crowd")
+def test_lane_large_receives_beyond_its_requests_wait_their_turn(n: int) -> None:
+    lane_run(n, "crowd")
 
 
-def test_lane_express_repeats_are_exact_and_mismatches_still_raise_everywhere() -> None:
-    out = lane_run(3, "express")
-    assert out.count("EXPRESS OK") == 3, out
+@sizes([3], "express")
+def test_lane_express_repeats_are_exact_and_mismatches_still_raise_everywhere(n: int) -> None:
+    lane_run(n, "express")
 
 
-def test_lane_stall_shutdown_fails_the_op_on_every_rank() -> None:
-    out = lane_run(3, "stall")
-    assert out.count("STALL OK") == 3, out
+@sizes([3], "stall")
+def test_lane_stall_shutdown_fails_the_op_on_every_rank(n: int) -> None:
+    lane_run(n, "stall")
 
 
-def test_lane_threads_wait_on_their_own_ops() -> None:
-    out = lane_run(2, "threads")
-    assert out.count("THREADS OK") == 2, out
+@sizes([2], "threads")
+def test_lane_threads_wait_on_their_own_ops(n: int) -> None:
+    lane_run(n, "threads")
 
 
-def test_lane_error_from_a_peer_fails_the_op_everywhere() -> None:
-    out = lane_run(3, "peer_error")
-    assert out.count("PEER_ERROR OK") == 3, out
+@sizes([3], "peer_error")
+def test_lane_error_from_a_peer_fails_the_op_everywhere(n: int) -> None:
+    lane_run(n, "peer_error")
 
 
-def test_lane_ops_progress_on_the_comm_thread_without_the_interpreter_lock() -> None:
-    out = lane_run(2, "background")
-    assert out.count("BACKGROUND OK") == 2, out
+@sizes([2], "background")
+def test_lane_ops_progress_on_the_comm_thread_without_the_interpreter_lock(n: int) -> None:
+    lane_run(n, "background")
 
 
-def test_lane_op_waiting_for_a_late_peer_costs_little_cpu() -> None:
-    out = lane_run(2, "absent_peer")
-    assert out.count("ABSENT_PEER OK") == 2, out
+@sizes([2], "absent_peer")
+def test_lane_op_waiting_for_a_late_peer_costs_little_cpu(n: int) -> None:
+    lane_run(n, "absent_peer")

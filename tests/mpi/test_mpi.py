@@ -20,18 +20,45 @@ HERE = Path(__file__).parent
 TIMEOUT = 90
 sys.path.insert(0, str(HERE.parent / "daemon"))
 from cluster import layout_for, run_clients, serve  # noqa: E402
+from launch_modes import Launches  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
 )
 
 
-def sizes(embedded: list[int], daemon: list[int]) -> Any:
-    """The (ranks, service) cases of a test: every size that matters embedded, and against
-    daemons the ones whose node layout adds something (``layout_for``: even sizes are two
-    nodes, odd ones one), so the daemon half does not repeat what the embedded half shows."""
+CHECK = str(HERE / "check_engine.py")
+
+
+def _start(key: Any, modes: list[str], service: str) -> str:
+    n = key[1]
+    # "timeout" leaves an op in flight at its shutdown: it goes last
+    modes = sorted(modes, key=lambda m: m == "timeout")
+    return run(service, n, CHECK, ",".join(modes), timeout=60 + 15 * len(modes))
+
+
+#: The tests of one (service, ranks) share one launch of check_engine.py: a process start
+#: costs more than most checks (against daemons, in the first test's directory).
+LAUNCHES = Launches(_start)
+
+
+def sizes(embedded: list[int], daemon: list[int], mode: str) -> Any:
+    """The (ranks, service) cases of a test of check_engine.py's ``mode``: every size that
+    matters embedded, and against daemons the ones whose node layout adds something
+    (``layout_for``: even sizes are two nodes, odd ones one), so the daemon half does not
+    repeat what the embedded half shows."""
+    for n in embedded:
+        LAUNCHES.plan(("embedded", n), mode)
+    for n in daemon:
+        LAUNCHES.plan(("daemon", n), mode)
     cases = [(n, "embedded") for n in embedded] + [(n, "daemon") for n in daemon]
     return pytest.mark.parametrize(("n", "service"), cases, indirect=["service"])
+
+
+def checked(service: str, n: int, mode: str) -> tuple[str, str]:
+    """``mode``'s lines from the launch of every mode planned at (service, n), and that
+    launch's whole output (for messages)."""
+    return LAUNCHES.lines(("embedded" if service == "embedded" else "daemon", n), mode, service)
 
 
 @pytest.fixture(params=["embedded", "daemon"])
@@ -77,17 +104,17 @@ def mpirun(n: int, *args: str, timeout: int = TIMEOUT, **env_vars: str) -> str:
     return out
 
 
-@sizes([2, 3, 4], [4])
+@sizes([2, 3, 4], [4], "random")
 def test_random_orders_over_mpi(n: int, service: str) -> None:
-    out = run(service, n, str(HERE / "check_engine.py"), "random")
-    assert out.count("RANDOM OK") == n, out
+    out, whole = checked(service, n, "random")
+    assert out.count("RANDOM OK") == n, whole
 
 
-@sizes([2, 3], [2])
+@sizes([2, 3], [2], "mismatch")
 def test_size_mismatch_reported_on_every_rank(n: int, service: str) -> None:
-    out = run(service, n, str(HERE / "check_engine.py"), "mismatch")
-    assert out.count("MISMATCH-REPORTED") == n, out
-    assert out.count("AFTER OK") == n, out
+    out, whole = checked(service, n, "mismatch")
+    assert out.count("MISMATCH-REPORTED") == n, whole
+    assert out.count("AFTER OK") == n, whole
     lines = [ln for ln in out.splitlines() if "MISMATCH-REPORTED" in ln]
     for ln in lines:
         secs = float(ln.split("after ")[1].split("s:")[0])
@@ -96,69 +123,73 @@ def test_size_mismatch_reported_on_every_rank(n: int, service: str) -> None:
         assert "count 12" in ln and "count 13" in ln, ln
 
 
-def test_timeout_over_mpi(service: str) -> None:
-    out = run(service, 2, str(HERE / "check_engine.py"), "timeout")
-    assert "TIMEOUT-RAISED" in out, out
-    assert out.count("TIMEOUT-DONE") == 2, out
+@sizes([2], [2], "timeout")
+def test_timeout_over_mpi(n: int, service: str) -> None:
+    out, whole = checked(service, n, "timeout")
+    assert "TIMEOUT-RAISED" in out, whole
+    assert out.count("TIMEOUT-DONE") == n, whole
 
 
-@sizes([3, 4], [4])
+@sizes([3, 4], [4], "collectives")
 def test_broadcast_and_barriers_over_mpi(n: int, service: str) -> None:
-    out = run(service, n, str(HERE / "check_engine.py"), "collectives")
-    assert out.count("COLLECTIVES OK") == n, out
+    out, whole = checked(service, n, "collectives")
+    assert out.count("COLLECTIVES OK") == n, whole
 
 
-@sizes([2, 3, 5], [4, 5])
+@sizes([2, 3, 5], [4, 5], "algorithms")
 def test_every_allreduce_algorithm_over_mpi(n: int, service: str) -> None:
-    out = run(service, n, str(HERE / "check_engine.py"), "algorithms")
-    assert out.count("ALGORITHMS OK") == n, out
+    out, whole = checked(service, n, "algorithms")
+    assert out.count("ALGORITHMS OK") == n, whole
 
 
-@sizes([2, 5], [4])
+@sizes([2, 5], [4], "rs_ag")
 def test_reduce_scatter_allgather_over_mpi(n: int, service: str) -> None:
-    out = run(service, n, str(HERE / "check_engine.py"), "rs_ag")
-    assert out.count("RSAG OK") == n, out
+    out, whole = checked(service, n, "rs_ag")
+    assert out.count("RSAG OK") == n, whole
 
 
-@sizes([4, 8], [8])
+@sizes([4, 8], [8], "neighbor")
 def test_neighbor_averaging_over_mpi(n: int, service: str) -> None:
-    out = run(service, n, str(HERE / "check_engine.py"), "neighbor")
-    assert out.count("NEIGHBOR OK") == n, out
+    out, whole = checked(service, n, "neighbor")
+    assert out.count("NEIGHBOR OK") == n, whole
 
 
-def test_user_mpi_traffic_does_not_mix() -> None:
-    out = mpirun(3, str(HERE / "check_engine.py"), "user_traffic")
-    assert out.count("USER-TRAFFIC OK") == 3, out
+@sizes([3], [], "user_traffic")
+def test_user_mpi_traffic_does_not_mix(n: int, service: str) -> None:
+    out, whole = checked(service, n, "user_traffic")
+    assert out.count("USER-TRAFFIC OK") == n, whole
 
 
-@sizes([2, 3, 4], [4])
+@sizes([2, 3, 4], [], "flow")
 def test_reverse_blocking_order_small_pool_over_mpi(n: int, service: str) -> None:
-    out = run(
-        service,
-        n,
-        str(HERE / "check_engine.py"),
-        "flow",
-        TOTALREDUCE_FLOATING_POOL_BYTES=str(16 << 10),
-    )
-    assert out.count("FLOW OK") == n, out
+    # the launch it shares gives it a pool of FLOW_POOL_BYTES, smaller than one of its ops
+    out, whole = checked(service, n, "flow")
+    assert out.count("FLOW OK") == n, whole
 
 
-@sizes([2, 3], [3])
+def test_reverse_blocking_order_small_pool_against_daemons(tmp_path: Path) -> None:
+    # the services run with the small pool and their clients take it from them: a launch of
+    # its own
+    out = run(str(tmp_path), 4, CHECK, "flow", TOTALREDUCE_FLOATING_POOL_BYTES=str(16 << 10))
+    assert out.count("FLOW OK") == 4, out
+
+
+@sizes([2, 3], [3], "disagree")
 def test_root_and_group_disagreements_over_mpi(n: int, service: str) -> None:
-    out = run(service, n, str(HERE / "check_engine.py"), "disagree")
-    assert out.count("DISAGREE OK") == n, out
+    out, whole = checked(service, n, "disagree")
+    assert out.count("DISAGREE OK") == n, whole
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_broadcast_mismatch_raises_on_every_rank_over_mpi(n: int) -> None:
-    out = mpirun(n, str(HERE / "check_engine.py"), "bcast_mismatch")
-    assert out.count("BCAST-MISMATCH OK") == n, out
+@sizes([2, 3], [], "bcast_mismatch")
+def test_broadcast_mismatch_raises_on_every_rank_over_mpi(n: int, service: str) -> None:
+    out, whole = checked(service, n, "bcast_mismatch")
+    assert out.count("BCAST-MISMATCH OK") == n, whole
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_rooted_and_point_to_point_over_mpi(n: int) -> None:
-    out = mpirun(n, str(HERE / "check_engine.py"), "rooted")
-    assert out.count("ROOTED OK") == n, out
+@sizes([2, 3], [], "rooted")
+def test_rooted_and_point_to_point_over_mpi(n: int, service: str) -> None:
+    out, whole = checked(service, n, "rooted")
+    assert out.count("ROOTED OK") == n, whole
 
 
 def test_malformed_message_over_mpi() -> None:
@@ -193,3 +224,11 @@ def test_dead_peer_fails_its_ops_naming_it() -> None:
 def test_rank_dying_of_an_exception_ends_the_job_with_an_error() -> None:
     for ln in _reported("raise", "RAISE-REPORTED"):
         assert "rank 2 stopped" in ln, ln
+
+
+@sizes([3], [], "reinit")
+def test_engines_one_after_another_in_one_process(n: int, service: str) -> None:
+    # a transport's last messages once stayed on its freed communicator, and MPI's next one
+    # (the next init's) received them: a peer's old goodbye failed the new engine's ops
+    out, whole = checked(service, n, "reinit")
+    assert out.count("REINIT OK") == n, whole

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,15 @@ from .base import OversizeMessage, pid_alive
 log = logging.getLogger("totalreduce.transport.mpi")
 
 _LEVELS = {0: "SINGLE", 1: "FUNNELED", 2: "SERIALIZED", 3: "MULTIPLE"}
+
+#: The tag of the last message a transport sends each peer on its communicator (``close``);
+#: the engine's tags are 1 (control frames), 3 (the lane) and 16 and up (bodies).
+CLOSE_TAG = 2
+#: How long ``close`` waits for its peers to close (they shut down at about the same time).
+CLOSE_WAIT_S = 1.0
+_NOTHING = np.empty(0, dtype=np.uint8)
+#: Communicators closed while a peer might still send on them: never freed (see ``close``).
+_RETIRED: list[Any] = []
 
 
 class MPITransport:
@@ -202,16 +212,65 @@ class MPITransport:
         except self._MPI.Exception as exc:  # the request may have failed with its peer
             log.debug("cancelling a request failed: %s", exc)
 
-    def close(self) -> None:
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Free the communicator once nothing more can come on it (:meth:`_part`); one a
+        peer may still send on is kept, never freed, so that MPI never gives its context id
+        to a later transport's communicator (a message left on it would match there)."""
         if not self._closed:
             self._closed = True
-            try:
-                self.comm.Free()
-            except Exception as exc:  # the job may be tearing down
-                log.debug("freeing the communicator failed: %s", exc)
             gone = [p for p in range(self.size) if p != self.rank and self.alive(p) is False]
+            if self._part(wait_s, set(gone)):
+                try:
+                    self.comm.Free()
+                except Exception as exc:  # the job may be tearing down
+                    log.debug("freeing the communicator failed: %s", exc)
+            else:
+                _RETIRED.append(self.comm)
             if gone:
                 _finalize_without_peers(self._MPI, gone)
+
+    def _part(self, wait_s: float, gone: set[int]) -> bool:
+        """Send every live peer this transport's last message (``CLOSE_TAG``) and receive,
+        discarding it, whatever comes until each peer's last message has come: True when
+        every peer's came (nothing more will) and every send completed within ``wait_s``.
+
+        A message left unreceived on a freed communicator stays in MPI's queue under its
+        context id, which MPI hands to the next communicator it creates: a later
+        ``init()``'s engine received an earlier engine's goodbye and took its peer for gone.
+        MPI delivers the messages of one sender that match one probe in order, and the probe
+        here matches every tag, so a peer's last message comes after all it sent before."""
+        MPI = self._MPI
+        waiting = {p for p in range(self.size) if p != self.rank and p not in gone}
+        if not waiting:
+            return True
+        st = MPI.Status()
+        deadline = time.monotonic() + wait_s
+        delay = 1e-5
+        try:
+            sends = [self.comm.Isend([_NOTHING, MPI.BYTE], p, CLOSE_TAG) for p in sorted(waiting)]
+            while waiting and time.monotonic() < deadline:
+                msg = self.comm.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, st)
+                if msg is None:
+                    waiting = {p for p in waiting if self.alive(p) is not False}
+                    time.sleep(delay)  # peers still closing: never spin
+                    delay = min(2 * delay, 1e-3)
+                    continue
+                msg.Recv([np.empty(st.Get_count(MPI.BYTE), dtype=np.uint8), MPI.BYTE])
+                if st.Get_tag() == CLOSE_TAG:
+                    waiting.discard(st.Get_source())
+            while not MPI.Request.Testall(sends) and time.monotonic() < deadline:
+                time.sleep(1e-4)
+            sent = MPI.Request.Testall(sends)
+        except MPI.Exception as exc:  # a peer failed meanwhile
+            log.debug("rank %d: parting from the peers failed: %s", self.rank, exc)
+            return False
+        if waiting or not sent:
+            log.debug(
+                "rank %d: ranks %s did not close within %.1f s: the communicator is kept",
+                self.rank, sorted(waiting), wait_s,
+            )  # fmt: skip
+            return False
+        return True
 
 
 def _finalize_without_peers(MPI: Any, gone: list[int]) -> None:

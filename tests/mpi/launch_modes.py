@@ -1,0 +1,88 @@
+"""Several check modes in one launch: a process start costs more than most checks.
+
+The scripts run under ``mpiexec`` (check_engine.py, check_lane.py) take ``MODE[,MODE...]``
+and run each mode on an engine of its own, their lines tagged ``[mode]`` (:func:`run_modes`);
+the tests ask :class:`Launches` for one mode's lines, and each launch runs once, with every
+mode its tests planned, the first time one of them asks.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Hashable
+
+
+class _Tagged(io.TextIOBase):
+    """Standard output while modes run: each line goes out whole (one write) as
+    ``[mode] line``, so the test can tell the modes' reports apart."""
+
+    def __init__(self) -> None:
+        self.tag = ""
+        self.pending = ""
+
+    def mode(self, mode: str) -> _Tagged:
+        self.flush()
+        self.tag = f"[{mode}] "
+        return self
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        if lines:
+            os.write(1, "".join(f"{self.tag}{line}\n" for line in lines).encode())
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.write("\n")
+
+
+def run_modes(table: dict[str, Callable[[], None]], alone: frozenset[str] = frozenset()) -> None:
+    """Run the modes ``sys.argv[1]`` names (comma-separated) in order; each entry of
+    ``table`` starts its engine, runs its check and shuts the engine down.  The modes in
+    ``alone`` end the job (a rank dies): they run only by themselves."""
+    wanted = sys.argv[1].split(",")
+    unknown = [m for m in wanted if m not in table]
+    if unknown:
+        raise SystemExit(f"unknown modes {unknown}; known: {sorted(table)}")
+    if len(wanted) > 1 and alone & set(wanted):
+        raise SystemExit(f"modes {sorted(alone & set(wanted))} end the job: run them alone")
+    tagged = _Tagged()
+    for mode in wanted:
+        sys.stdout = tagged.mode(mode)
+        table[mode]()
+    tagged.flush()
+
+
+class Launches:
+    """The launches a test module shares: ``plan(key, mode)`` at import (a decorator's
+    time), ``lines(key, mode, where)`` in a test; ``start(key, modes, where)`` runs one
+    launch (``where``: what the first test that asks gives, a directory say) and returns its
+    output, raising AssertionError or TimeoutExpired when it failed."""
+
+    def __init__(self, start: Callable[[Hashable, list[str], str], str]) -> None:
+        self.start = start
+        self.planned: dict[Hashable, list[str]] = {}
+        self.runs: dict[Hashable, tuple[bool, str]] = {}
+
+    def plan(self, key: Hashable, mode: str) -> None:
+        self.planned.setdefault(key, []).append(mode)
+
+    def lines(self, key: Hashable, mode: str, where: str = "") -> tuple[str, str]:
+        """``mode``'s lines (the tag taken off) and the launch's whole output."""
+        if key not in self.runs:
+            modes = self.planned[key]
+            try:
+                self.runs[key] = (True, self.start(key, modes, where))
+            except (AssertionError, subprocess.TimeoutExpired) as exc:
+                self.runs[key] = (False, f"the launch of {modes} at {key} failed: {exc}")
+        ok, out = self.runs[key]
+        if not ok:
+            import pytest  # not in the launched scripts, which import this module too
+
+            pytest.fail(out)
+        tag = f"[{mode}] "
+        mine = [ln[len(tag) :] for ln in out.splitlines() if ln.startswith(tag)]
+        return "\n".join(mine), out
