@@ -1,9 +1,10 @@
 """Several check modes in one launch: a process start costs more than most checks.
 
 The scripts run under ``mpiexec`` (check_engine.py, check_lane.py) take ``MODE[,MODE...]``
-and run each mode on an engine of its own, their lines tagged ``[mode]`` (:func:`run_modes`);
-the tests ask :class:`Launches` for one mode's lines, and each launch runs once, with every
-mode its tests planned, the first time one of them asks.
+and run each mode on an engine of its own, their lines tagged ``[mode]`` (:func:`run_modes`;
+tests/torch/run_scripts.py runs whole scripts so); the tests ask :class:`Launches` for one
+mode's lines, and each launch runs once, with every mode its tests planned, the first time
+one of them asks.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Hashable
+from typing import Any
 
 
-class _Tagged(io.TextIOBase):
+class Tagged(io.TextIOBase):
     """Standard output while modes run: each line goes out whole (one write) as
     ``[mode] line``, so the test can tell the modes' reports apart."""
 
@@ -23,7 +25,7 @@ class _Tagged(io.TextIOBase):
         self.tag = ""
         self.pending = ""
 
-    def mode(self, mode: str) -> _Tagged:
+    def mode(self, mode: str) -> Tagged:
         self.flush()
         self.tag = f"[{mode}] "
         return self
@@ -49,7 +51,7 @@ def run_modes(table: dict[str, Callable[[], None]], alone: frozenset[str] = froz
         raise SystemExit(f"unknown modes {unknown}; known: {sorted(table)}")
     if len(wanted) > 1 and alone & set(wanted):
         raise SystemExit(f"modes {sorted(alone & set(wanted))} end the job: run them alone")
-    tagged = _Tagged()
+    tagged = Tagged()
     for mode in wanted:
         sys.stdout = tagged.mode(mode)
         table[mode]()
@@ -57,21 +59,22 @@ def run_modes(table: dict[str, Callable[[], None]], alone: frozenset[str] = froz
 
 
 class Launches:
-    """The launches a test module shares: ``plan(key, mode)`` at import (a decorator's
-    time), ``lines(key, mode, where)`` in a test; ``start(key, modes, where)`` runs one
-    launch (``where``: what the first test that asks gives, a directory say) and returns its
-    output, raising AssertionError or TimeoutExpired when it failed."""
+    """The launches tests share: ``plan(key, entry)`` at import (a decorator's time),
+    ``lines(key, tag, where)`` in a test; ``start(key, entries, where)`` runs one launch of
+    every entry planned at ``key`` (``where``: what the first test that asks gives, a
+    directory say) and returns its output, raising AssertionError or TimeoutExpired when it
+    failed.  An entry is a mode, or what a launcher needs to run one tagged part."""
 
-    def __init__(self, start: Callable[[Hashable, list[str], str], str]) -> None:
+    def __init__(self, start: Callable[[Hashable, list[Any], str], str]) -> None:
         self.start = start
-        self.planned: dict[Hashable, list[str]] = {}
+        self.planned: dict[Hashable, list[Any]] = {}
         self.runs: dict[Hashable, tuple[bool, str]] = {}
 
-    def plan(self, key: Hashable, mode: str) -> None:
-        self.planned.setdefault(key, []).append(mode)
+    def plan(self, key: Hashable, entry: Any) -> None:
+        self.planned.setdefault(key, []).append(entry)
 
     def lines(self, key: Hashable, mode: str, where: str = "") -> tuple[str, str]:
-        """``mode``'s lines (the tag taken off) and the launch's whole output."""
+        """The lines tagged ``mode`` (the tag taken off) and the launch's whole output."""
         if key not in self.runs:
             modes = self.planned[key]
             try:

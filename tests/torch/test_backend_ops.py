@@ -1,6 +1,6 @@
 """The "totalreduce" torch.distributed backend against gloo: ``mpiexec -n P check_backend_ops.py``.
 
-One launch per size runs every check (importing torch is the slow part): every
+One launch per size runs every check, with other modules' (torch_launches.py): every
 op gloo provides on CPU for every dtype and ReduceOp gloo accepts, compared
 exactly with gloo in the same job; DeviceMesh, DTensor and the functional
 collectives; FSDP2 against FSDP2 on gloo; torch.distributed.checkpoint; a timeout naming its op.
@@ -8,11 +8,7 @@ collectives; FSDP2 against FSDP2 on gloo; torch.distributed.checkpoint; a timeou
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +16,8 @@ from conftest import import_torch
 
 torch = import_torch()
 
-HERE = Path(__file__).parent
+from torch_launches import lines, plan  # noqa: E402
+
 TIMEOUT = 300
 CHECKS = ["ops", "mesh", "fsdp", "dcp", "timeout"]
 
@@ -29,27 +26,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+for _n in (2, 3):
+    plan(_n, "check_backend_ops.py", "check_backend_ops.py", [",".join(CHECKS)], TIMEOUT)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_backend_against_gloo(n: int) -> None:
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 20), PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [
-            "mpiexec",
-            "-n",
-            str(n),
-            sys.executable,
-            str(HERE / "check_backend_ops.py"),
-            ",".join(CHECKS),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, (
-        f"mpiexec -n {n} check_backend_ops.py exited {proc.returncode}:\n{out}"
-    )
+    out, whole = lines(n, "check_backend_ops.py")
     for check in [*CHECKS, "ALL"]:
         for r in range(n):
-            assert f"{check} OK rank {r}" in out, out
+            assert f"{check} OK rank {r}" in out, whole

@@ -5,22 +5,20 @@ Bitwise at P=2, to 1e-12 at P=3 (see the script's docstring for why).
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import import_torch
 
 torch = import_torch()
+
+from torch_launches import lines, plan  # noqa: E402
+
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
     pytest.skip("torch built without torch.distributed", allow_module_level=True)
 
-HERE = Path(__file__).parent
 TIMEOUT = 120
 
 pytestmark = pytest.mark.skipif(
@@ -28,19 +26,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+for _n in (2, 3):
+    plan(_n, "check_optimizer_ddp.py", "check_optimizer_ddp.py", [], TIMEOUT)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_optimizer_equals_ddp(n: int) -> None:
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        ["mpiexec", "-n", str(n), sys.executable, str(HERE / "check_optimizer_ddp.py")],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, (
-        f"mpiexec -n {n} check_optimizer_ddp.py exited {proc.returncode}:\n{out}"
-    )
+    # in the launch at n ranks with other modules' checks (torch_launches.py)
+    out, whole = lines(n, "check_optimizer_ddp.py")
     for r in range(n):
-        assert f"OPTIMIZER-DDP OK rank {r}" in out, out
+        assert f"OPTIMIZER-DDP OK rank {r}" in out, whole

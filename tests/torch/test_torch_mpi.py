@@ -14,6 +14,8 @@ from conftest import import_torch
 
 torch = import_torch()
 
+from torch_launches import lines, plan  # noqa: E402
+
 HERE = Path(__file__).parent
 TIMEOUT = 120
 
@@ -21,7 +23,8 @@ pytestmark = pytest.mark.skipif(
     shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
 )
 
-# One launch per size, several checks per launch: importing torch is the slow part.
+# One launch per size for these and other modules' checks (torch_launches.py): importing
+# torch is the slow part.
 CHECKS = {
     2: ["layout", "optimizer", "ddp", "decentralized"],
     3: ["layout", "optimizer", "ddp", "decentralized"],
@@ -36,20 +39,30 @@ BACKEND_CHECKS = [
 ]
 
 
-def run_checks(script: str, n: int, checks: list[str], *extra: str) -> None:
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        ["mpiexec", "-n", str(n), sys.executable, str(HERE / script), ",".join(checks), *extra],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
+def _part(script: str, checks: list[str], *extra: str) -> str:
+    return f"{script}:{','.join(checks)}{':' if extra else ''}{':'.join(extra)}"
+
+
+for _n, _checks in CHECKS.items():
+    plan(
+        _n, _part("check_torch_mpi.py", _checks), "check_torch_mpi.py", [",".join(_checks)], TIMEOUT
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"mpiexec -n {n} {script} exited {proc.returncode}:\n{out}"
+for _n, _method, _checks in BACKEND_CHECKS:
+    plan(
+        _n,
+        _part("check_process_group.py", _checks, _method),
+        "check_process_group.py",
+        [",".join(_checks), _method],
+        TIMEOUT,
+    )
+
+
+def run_checks(script: str, n: int, checks: list[str], *extra: str) -> None:
+    """Every rank's ``CHECK OK`` line of ``script``'s part in the launch at ``n`` ranks."""
+    out, whole = lines(n, _part(script, checks, *extra))
     for check in checks:
         for r in range(n):
-            assert f"{check.upper()} OK rank {r}" in out, out
+            assert f"{check.upper()} OK rank {r}" in out, whole
 
 
 @pytest.mark.parametrize("n", sorted(CHECKS))
