@@ -153,11 +153,13 @@ class DriveHooks:
         timeout: float | None,
         spec: OpSpec | None,
         follow: Callable[[], OpSpec | None] | None = None,
+        tried: bool = False,
     ) -> bool:
         """Drive the loop from a waiting thread until ``done`` is set; False on timeout.
         ``follow`` gives the op the waiter's handle stands for now, when that changes
         (an all-gather's data op after its sizes): a lane op is then waited for in
-        compiled passes too."""
+        compiled passes too.  ``tried``: the caller has just made the first try on the op
+        (``_lane_try``; ``Handle.wait`` on the express path), which is not made again."""
         if self._owner == threading.get_ident():
             raise TotalReduceError(
                 "wait() inside a completion callback would block the loop that completes it; "
@@ -173,7 +175,9 @@ class DriveHooks:
         if spec is not None:
             lop = None if lane is None else lane.by_key.get((spec.wire_id, spec.generation))
             if lop is not None and lop.spec is spec:  # the waiter's compiled passes mark it
-                if self._lane_try(lop, done, 2e-4 if timeout is None else min(2e-4, timeout)):
+                if not tried and self._lane_try(
+                    lop, done, 2e-4 if timeout is None else min(2e-4, timeout)
+                ):
                     return True
                 with _Waiting(self):
                     ended = self._lane_progress(lop, done, deadline, self._wait_spin)

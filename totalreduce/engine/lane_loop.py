@@ -137,7 +137,8 @@ class LaneHooks:
         return True
 
     def lane_express(self, spec: OpSpec, holder: Any) -> LaneOp | None:
-        """Enter a repeat of a small allreduce into the lane from the submitting thread,
+        """Enter a repeat of an op the lane runs (an allreduce, a reduce-scatter or a
+        broadcast: service/express.py) into the lane from the submitting thread,
         past the submission queue and the main loop's activation (its lane op, which a
         waiter may wait on straight away: ``LaneHooks._lane_try``); None when anything
         those would look at stands in the way (the caller then submits it the usual way,

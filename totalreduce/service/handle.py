@@ -372,9 +372,10 @@ class Handle:
             else:
                 t0 = time.perf_counter_ns()
                 lop = self._lop
+                tried = lop is not None and timeout is None
                 finished = (
-                    lop is not None and timeout is None and loop._lane_try(lop, self._event, 2e-4)
-                ) or loop.progress(self._event, timeout, spec, self._spec_now)
+                    lop is not None and tried and loop._lane_try(lop, self._event, 2e-4)
+                ) or loop.progress(self._event, timeout, spec, self._spec_now, tried)
                 trace = loop.trace  # read once: stop_timeline may clear it meanwhile
                 if trace is not None:
                     trace.wait(self.name, self.generation, t0, time.perf_counter_ns())
