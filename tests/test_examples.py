@@ -8,8 +8,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "mpi"))
+from launch_modes import Launches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -51,18 +55,46 @@ def test_timeline_example_plots_or_not(tmp_path: Path) -> None:
     assert all(e["args"]["status"] == "done" for e in ops)
 
 
-@pytest.mark.parametrize(
-    "script, args",
-    [
-        ("train_distributed_optimizer.py", ["--epochs", "1", "--points", "50"]),
-        ("train_decentralized.py", ["--epochs", "1", "--points", "50"]),
-        ("train_ddp_comm_hook.py", ["--epochs", "1", "--points", "50"]),
-    ],
-)
+TORCH_EXAMPLES = [
+    ("train_distributed_optimizer.py", ["--epochs", "1", "--points", "50"]),
+    ("train_decentralized.py", ["--epochs", "1", "--points", "50"]),
+    ("train_ddp_comm_hook.py", ["--epochs", "1", "--points", "50"]),
+]
+
+
+def _start(n: Any, parts: list[list[Any]], where: str) -> str:
+    """One ``mpiexec`` runs every torch example planned, one after another in each process,
+    each in a directory of its own under ``where`` (tests/torch/run_scripts.py: importing
+    torch is the slow part of a launch)."""
+    _ROOM.append(Path(where))
+    for part in parts:
+        (Path(where) / part[0]).mkdir()
+    env = dict(
+        os.environ,
+        MPIEXEC_TIMEOUT=str(TIMEOUT - 20),
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    spec = json.dumps([[*part, str(Path(where) / part[0])] for part in parts])
+    cmd = ["mpiexec", "-n", str(n), sys.executable, str(RUN_SCRIPTS), spec]
+    proc = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out}"
+    return out
+
+
+RUN_SCRIPTS = ROOT / "tests" / "torch" / "run_scripts.py"
+LAUNCHES = Launches(_start)
+_ROOM: list[Path] = []  # where the launch ran (the first test's directory)
+for _script, _args in TORCH_EXAMPLES:
+    LAUNCHES.plan(2, [_script, str(EXAMPLES / _script), [*_args, "--plot", ""]])
+
+
+@pytest.mark.parametrize("script, args", TORCH_EXAMPLES)
 def test_torch_examples_draw_nothing_with_an_empty_plot(
     tmp_path: Path, script: str, args: list[str]
 ) -> None:
     pytest.importorskip("torch", reason="the training examples need torch")
-    out = mpirun(tmp_path, script, *args, "--plot", "")
-    assert "epoch   1" in out
-    assert list(tmp_path.glob("*.png")) == [], out
+    out, whole = LAUNCHES.lines(2, script, str(tmp_path))
+    assert "epoch   1" in out, whole
+    assert list((_ROOM[0] / script).glob("*.png")) == [], whole

@@ -243,7 +243,7 @@ OPS: tuple[OpDecl, ...] = (
     ),
     OpDecl(
         "allgather",
-        (X, NAME, PARTITION, AXES, GROUP, DTYPE, PRIORITY),
+        (X, NAME, PARTITION, AXES, GROUP, DTYPE, PRIORITY, Param("counts", Kind.SPLITS, None)),
         Takes.ONE,
         Returns.ARRAY,
         c10d=(
@@ -264,6 +264,7 @@ OPS: tuple[OpDecl, ...] = (
                 TORCH_GROUP,
                 TORCH_PRIORITY,
                 Param("flat", Kind.FLAT, False, keyword_only=True),
+                Param("counts", Kind.SPLITS, None, keyword_only=True),
                 _staging(frozenset({Form.ASYNC})),
                 SERVICE,
             ),
@@ -277,7 +278,9 @@ OPS: tuple[OpDecl, ...] = (
             ``(1,)``).  ``flat=True`` joins the flattened tensors into one 1-D tensor
             instead, whatever their shapes.  With ``partition`` and ``axes=(k,)`` the
             parts of the ranks along partition dimension ``k`` are joined along tensor
-            dimension ``k`` (the adjoint of :func:`reduce_scatter_async`).
+            dimension ``k`` (the adjoint of :func:`reduce_scatter_async`).  ``counts``
+            (every rank's element count, where every rank knows them) spares the
+            exchange of the sizes that comes first otherwise.
 
             >>> trt.allgather(torch.ones(2, 5)).shape     # on 3 ranks   # doctest: +SKIP
             torch.Size([6, 5])

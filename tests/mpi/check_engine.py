@@ -9,6 +9,8 @@ Modes:
 - ``mismatch``: one rank submits a different count; every rank must report it.
 - ``timeout``: an op no peer submits; ``wait(timeout)`` must raise in time.
 - ``collectives``: broadcast from every root and barriers of both kinds.
+- ``rs_ag``: reduce-scatters and all-gathers (the parts' sizes exchanged, and given with
+  ``counts=``), flat and along a partition dimension; exact.
 - ``flow``: rank 0 submits 24 multi-segment ops at once, the others run them one
   by one, blocking, in reverse order, with a pool smaller than one op (run with
   ``TOTALREDUCE_FLOATING_POOL_BYTES`` set); exact results, pool bound kept.
@@ -166,6 +168,10 @@ def mode_rs_ag(p: int, rank: int) -> None:
         total = np.arange(n, dtype=np.float64) * p + p * (p - 1) / 2
         bad += not np.array_equal(part, np.array_split(total, p)[rank])
         back = tr.allgather(part, name=f"ag{n}")
+        bad += not np.array_equal(back, total)
+        # the parts' sizes given: one op, no exchange of them first
+        counts = [len(q) for q in np.array_split(total, p)]
+        back = tr.allgather(part, name=f"agc{n}", counts=counts)
         bad += not np.array_equal(back, total)
     shape = (2, p // 2) if p % 2 == 0 else (p,)
     partition = tr.Partition(shape)

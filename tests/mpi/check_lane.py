@@ -37,8 +37,10 @@ Modes:
 - ``kinds``: reduce-scatters and all-gathers (uneven parts) of the lane's types, sums,
   max and avg, up to the lane's eager limit and one size above it (the main loop), in
   per-rank random orders and priorities: exact, and the lane ran every small one (an
-  all-gather's exchange of part sizes too).  A reduce-scatter whose size one rank
-  changes raises ``OpMismatchError`` naming it on every rank; the name works after.
+  all-gather's exchange of part sizes too; an all-gather given ``counts=`` is one op).  A
+  reduce-scatter whose size one rank changes raises ``OpMismatchError`` naming it on every
+  rank, as do a broadcast's root or count, a barrier's algorithm and an all-gather's
+  ``counts=`` that one rank changes; the name works after.
   Blocking repeats of one name are exact (a wait on an all-gather goes from its sizes'
   op, in the lane, to its data op).
 - ``large``: allreduces above the lane's eager limit, whose bodies travel on their own
@@ -232,6 +234,7 @@ def mode_kinds(p: int, rank: int) -> None:
             for op in ("sum", "max", "avg"):
                 cases.append(("rs", dtype, total, op))
             cases.append(("ag", dtype, total, "sum"))
+            cases.append(("agc", dtype, total, "sum"))  # the parts' sizes given: one op
             cases.append(("bc", dtype, total, "one_to_all"))
         cases.append(("bc", dtype, 5 * top + 3, "pipelined"))
     cases += [("rs", "float32", 300_001, "sum"), ("ag", "float64", 200_003, "sum")]
@@ -254,7 +257,8 @@ def mode_kinds(p: int, rank: int) -> None:
             parts = [total // p + (r < total % p) for r in range(p)]
             parts = parts[::-1] if k % 2 else parts  # uneven either way round
             x = value(k, parts[rank], dtype, rank)
-            h = tr.allgather_async(x, name=f"k{k}", priority=prio)
+            counts = parts if kind == "agc" else None
+            h = tr.allgather_async(x, name=f"k{k}", priority=prio, counts=counts)
         handles.append((k, h))
     bad = 0
     for k, h in handles:
@@ -284,7 +288,8 @@ def mode_kinds(p: int, rank: int) -> None:
             bad += 1
             print(f"rank {rank}: WRONG {kind} {dtype} {total} {op}: {got[:4]} vs {want[:4]}")
     ran = lane_done() - before
-    # every op, of every size, and every all-gather's exchange of part sizes
+    # every op, of every size, and every all-gather's exchange of part sizes (none for
+    # those given counts=)
     expect = len(cases) + sum(1 for c in cases if c[0] == "ag")
     # blocking repeats of one name (a waiter on an all-gather's sizes goes on to its data)
     for i in range(40):
@@ -311,6 +316,12 @@ def mode_kinds(p: int, rank: int) -> None:
     algo = "all_to_one" if rank == p - 1 else "all_to_all"
     texts.append(_raises(lambda: tr.barrier(name="k.bar", algorithm=algo)))
     tr.barrier(name="k.bar")
+    # an all-gather whose counts= the last rank gives otherwise (the same total): every
+    # rank raises, and the name works after
+    counts = [2 + (r == 0) - (r == 1) for r in range(p)] if rank == p - 1 else [2] * p
+    part = np.full(counts[rank], rank, np.float32)
+    texts.append(_raises(lambda: tr.allgather(part, name="k.agc", counts=counts)))
+    gathered = tr.allgather(np.full(2, rank, np.float32), name="k.agc", counts=[2] * p)
     ok = (
         bad == 0
         and ran == expect
@@ -320,6 +331,9 @@ def mode_kinds(p: int, rank: int) -> None:
         and "op 'k.root'" in texts[0]
         and "op 'k.bsize'" in texts[2]
         and texts[1] == texts[3] == str(float(p - 1))
+        and "op 'k.agc'" in texts[5]
+        and "counts=" in texts[5]
+        and np.array_equal(gathered, np.repeat(np.arange(p, dtype=np.float32), 2))
     )
     print(
         f"rank {rank}: KINDS {'OK' if ok else 'FAILED'} lane ran {ran} of {expect}; {text!r} "
@@ -330,8 +344,9 @@ def mode_kinds(p: int, rank: int) -> None:
 
 def mode_express(p: int, rank: int) -> None:
     """Repeats of a name take the express path into the lane: exact results with every
-    ``out`` form, many in flight in random orders and priorities, and a repeat that one
-    rank changes is a mismatch on every rank, after which the name works again."""
+    ``out`` form, many in flight in random orders and priorities, all-gathers given
+    ``counts=``, and a repeat that one rank changes is a mismatch on every rank, after
+    which the name works again."""
     loop = tr.default_service().loop
     before = loop.stats.lane_express
     bad = 0
@@ -363,6 +378,14 @@ def mode_express(p: int, rank: int) -> None:
             expect = sum(i * 10 + r + rep for r in range(p))
             bad += not np.all(hs[i].wait(timeout=60) == expect)
     entered = loop.stats.lane_express - before
+    # all-gathers given counts= (uneven parts): repeats enter the lane from this thread too
+    counts = [10 + 3 * r for r in range(p)]
+    whole = np.concatenate([np.arange(c, dtype=np.float64) + r for r, c in enumerate(counts)])
+    before_ag = loop.stats.lane_express
+    for _ in range(30):
+        part = np.arange(counts[rank], dtype=np.float64) + rank
+        bad += not np.array_equal(tr.allgather(part, name="x.ag", counts=counts), whole)
+    gathered = loop.stats.lane_express - before_ag
     for _ in range(3):
         tr.allreduce(np.ones(100, np.float32), name="x.m")
     n = 101 if rank == 1 else 100
@@ -373,12 +396,14 @@ def mode_express(p: int, rank: int) -> None:
     ok = (
         bad == 0
         and entered >= 100
+        and gathered >= 20
         and "op 'x.m' generation 3" in count
         and "op 'x.m' generation 4" in dtype
         and np.all(after == p)
     )
     print(
         f"rank {rank}: EXPRESS {'OK' if ok else 'FAILED'} bad={bad} entered={entered} "
+        f"gathered={gathered} "
         f"{count!r} {dtype!r}",
         flush=True,
     )

@@ -114,6 +114,73 @@ def test_reduce_scatter_and_allgather_1d(p: int) -> None:
             np.testing.assert_array_equal(whole, want)
 
 
+@pytest.mark.parametrize("p", [1, 2, 3, 5])
+def test_allgather_with_counts_is_one_op(p: int) -> None:
+    """Given every rank's part size (``counts``), an all-gather is one op (its sizes are not
+    exchanged first): exact with uneven and empty parts; without counts it is two."""
+
+    def rank_main(svc):
+        out = []
+        for n in (0, 1, 7, 1000):
+            counts = [(q * 3 + n) % 11 for q in range(p)]
+            mine = np.arange(counts[svc.rank], dtype=np.float32) + 10 * svc.rank
+            before = svc.loop.stats.ops_completed
+            given = svc.allgather(mine, name=f"agc.{n}", counts=counts)
+            one = svc.loop.stats.ops_completed - before
+            before = svc.loop.stats.ops_completed
+            exchanged = svc.allgather(mine, name=f"agx.{n}")
+            two = svc.loop.stats.ops_completed - before
+            out.append((counts, given, exchanged, one, two))
+        return out
+
+    with local_services(p, segment_bytes=256) as svcs:
+        results = run_ranks(svcs, rank_main)
+    for r in range(p):
+        for counts, given, exchanged, one, two in results[r]:
+            want = np.concatenate(
+                [np.arange(c, dtype=np.float32) + 10 * q for q, c in enumerate(counts)]
+            )
+            np.testing.assert_array_equal(given, want)
+            np.testing.assert_array_equal(exchanged, want)
+            assert (one, two) == (1, 2), (one, two)
+
+
+def test_allgather_counts_checked_at_the_call_and_across_ranks() -> None:
+    p = 3
+
+    def rank_main(svc):
+        x = np.ones(2 + svc.rank)
+        counts = [2, 3, 4]
+        errors = []
+        for bad, match in (
+            ([2, 3], "must be 3 integers"),
+            ([2, 3, -4], "must be 3 integers >= 0"),
+            ([9, 9, 9], f"rank {svc.rank}'s part 9 elements, but its x has {2 + svc.rank}"),
+            ("abc", "must be 3 integers"),
+        ):
+            with pytest.raises(tr.InvalidArgumentError, match=match):
+                svc.allgather(x, name="bad", counts=bad)
+        with pytest.raises(tr.InvalidArgumentError, match="does not go with partition"):
+            svc.allgather(x, name="bad", counts=counts, partition=tr.Partition((3,)), axes=(0,))
+        # Ranks disagree on the sizes of the others' parts (the same total): every rank
+        # raises, naming the op, and the name works afterwards.
+        theirs = [2, 3, 4] if svc.rank != 2 else [3, 2, 4]
+        mine = np.ones(theirs[svc.rank])
+        try:
+            svc.allgather(mine, name="disagree", counts=theirs)
+        except tr.OpMismatchError as exc:
+            errors.append(str(exc))
+        after = svc.allgather(x, name="disagree", counts=counts)
+        return errors, after
+
+    with local_services(p) as svcs:
+        results = run_ranks(svcs, rank_main)
+    for r in range(p):
+        errors, after = results[r]
+        assert len(errors) == 1 and "'disagree'" in errors[0] and "param" in errors[0], errors
+        np.testing.assert_array_equal(after, np.ones(9))
+
+
 def test_seed_003_example_3x7x12_on_2x2x3() -> None:
     part = tr.Partition((2, 2, 3))
 

@@ -219,3 +219,45 @@ def test_broadcast_repeats_take_the_record(whole_way_calls: list[int]) -> None:
         assert np.all(got[8] == 0.0) and got[9].dtype == np.int64 and np.all(got[9] == 1)
     # 3 ranks x (b root 1, b.in, b root 0, b int64) whole-way calls
     assert whole_way_calls[0] == 3 * 4
+
+
+def test_allgather_repeats_with_counts_take_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated all-gather given ``counts`` (no partition, group or dtype) skips the whole
+    way after its first call; results stay exact (a flat array, whatever the part's shape),
+    and other counts, a dtype or a shape go the whole way, as does one without counts."""
+    from totalreduce.service import partitions
+
+    calls = [0]
+    real = partitions.as_array
+
+    def counted(*a, **kw):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(partitions, "as_array", counted)
+    counts = [4, 2, 6]
+    with local_services(3) as svcs:
+
+        def rank_main(svc):
+            r = svc.rank
+            got = []
+            for k in range(5):
+                x = np.arange(float(counts[r])) + 10 * r + k
+                got.append(svc.allgather(x, name="g", counts=counts))
+                got.append(svc.allgather(x.reshape(2, -1), name="g2", counts=counts))
+            got.append(svc.allgather(np.ones(counts[r], np.float32), name="g", counts=counts))
+            got.append(svc.allgather(np.ones(2), name="g", counts=[2, 2, 2]))  # other counts
+            got.append(svc.allgather(np.ones(counts[r]), name="g"))  # sizes exchanged
+            return got
+
+        out = run_ranks(svcs, rank_main, timeout=60)
+    for got in out:
+        for k in range(5):
+            want = np.concatenate([np.arange(float(c)) + 10 * q + k for q, c in enumerate(counts)])
+            np.testing.assert_array_equal(got[2 * k], want)
+            np.testing.assert_array_equal(got[2 * k + 1], want)  # flat, as the whole way's
+        assert got[10].dtype == np.float32 and got[10].size == 12 and np.all(got[10] == 1)
+        np.testing.assert_array_equal(got[11], np.ones(6))
+        np.testing.assert_array_equal(got[12], np.ones(12))
+    # 3 ranks x (g, g2, the float32, the other counts and the exchanged calls)
+    assert calls[0] == 3 * 5

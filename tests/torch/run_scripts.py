@@ -2,12 +2,15 @@
 process (importing torch is the slow part of a launch), each as if started alone
 (``__main__``, its own ``sys.argv``), the lines each prints tagged with its part's name.
 
-Usage: ``run_scripts.py PARTS`` with ``PARTS`` a JSON list of ``[name, script, [args...]]``.
+Usage: ``run_scripts.py PARTS`` with ``PARTS`` a JSON list of ``[name, script, [args...]]``
+or ``[name, script, [args...], directory]`` (the part runs there); a script path is relative
+to this folder unless absolute.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -20,10 +23,18 @@ from launch_modes import Tagged  # noqa: E402
 def main() -> None:
     parts = json.loads(sys.argv[1])
     tagged = Tagged()
-    for name, script, args in parts:
+    home = os.getcwd()
+    for name, script, args, *where in parts:
+        path = str(HERE / script)  # an absolute script stays itself
         sys.stdout = tagged.mode(name)
-        sys.argv = [str(HERE / script), *args]
-        runpy.run_path(str(HERE / script), run_name="__main__")
+        sys.argv = [path, *args]
+        sys.path.insert(0, os.path.dirname(path))  # as python puts a script's folder
+        os.chdir(where[0] if where else home)
+        try:
+            runpy.run_path(path, run_name="__main__")
+        finally:
+            sys.path.remove(os.path.dirname(path))
+    os.chdir(home)
     tagged.flush()
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..algorithms.codes import OpKind
 from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
 from . import lane_layout as L
 from .completion import Waitable
@@ -454,6 +455,11 @@ class LaneHooks:
                         last = time.perf_counter()
                         delay = 0.0
                     self._lane_settle()
+                    if ended and lop.spec.kind is OpKind.BARRIER and self.table:
+                        # What the peers' ops sent here before they entered the barrier has
+                        # arrived (a window's put): the main loop takes it before the
+                        # barrier returns, so that a read after the barrier sees it.
+                        self.run_once()  # type: ignore[attr-defined]
                 except Exception as exc:
                     self._stopped_by(exc)
                 finally:

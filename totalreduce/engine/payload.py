@@ -247,4 +247,6 @@ def _show(what: str, value: int, p: Payload) -> str:
         return f"{list(p.spec.group)} (context {value:#x})" if mine else f"context {value:#x}"
     if what == "param" and p.spec.kind in _ROOTED:
         return f"{value} (the root)"
+    if what == "param" and p.spec.kind is OpKind.ALLGATHER and value:
+        return f"{value} (a digest of its counts=, every rank's part size)"
     return str(value)

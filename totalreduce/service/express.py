@@ -1,5 +1,5 @@
-"""The express path of an allreduce (or reduce-scatter, or broadcast) a training loop
-repeats: one lookup instead of the checks.
+"""The express path of an allreduce (or reduce-scatter, broadcast, all-gather) a training
+loop repeats: one lookup instead of the checks.
 
 A training step submits the same gradients under the same names every step: same
 array shape and dtype, same reduce op, same algorithm.  The first submission of a
@@ -12,8 +12,9 @@ lane runs then enters the lane from the calling thread, with the lane's fields o
 shape kept in the record too
 (:meth:`~totalreduce.engine.lane_loop.LaneHooks.lane_express`), and any other is
 queued for the comm thread as usual.  A reduce-scatter without partition, axes, group or
-dtype arguments has records too, under ("rs", name, op), and a broadcast without group or
-dtype under ("bc", name, root, in place, algorithm).
+dtype arguments has records too, under ("rs", name, op), a broadcast without group or
+dtype under ("bc", name, root, in place, algorithm), and an all-gather given ``counts``
+(one op) without partition, axes, group or dtype under ("ag", name, counts).
 
 Nothing is skipped that could differ between calls: the array's type, dtype, shape
 and layout, ``out`` (the same checks as :func:`.checks.output`), the priority, the
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 #: Most express records a service keeps (a model's parameter count is far below).
 MAX_RECORDS = 1 << 15
+#: Kinds whose result is a new flat array, whatever the input's shape.
+_FLAT = frozenset({OpKind.REDUCE_SCATTER, OpKind.ALLGATHER})
 
 
 class Express:
@@ -103,7 +106,7 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     flat = x if x.ndim == 1 else x.reshape(-1)
     if out is None:
         o = np.empty(ex.out_count, dtype=ex.npdt)
-        result: Any = o if x.ndim == 1 or ex.kind is OpKind.REDUCE_SCATTER else o.reshape(ex.shape)
+        result: Any = o if x.ndim == 1 or ex.kind in _FLAT else o.reshape(ex.shape)
     else:
         o, in_place = checks.output(x, out)  # as the whole way checks it
         if in_place != ex.in_place:

@@ -3,12 +3,15 @@
 Along partition dimension *k*, tensor dimension *k* moves to the front, so each
 rank's part is one contiguous block of whole rows; the ring runs over the
 partition's axis group.  All-gather exchanges the part sizes first (its own op,
-``<name>#counts``), then compiles the data phase from them.
+``<name>#counts``), then compiles the data phase from them, unless the caller gives them
+(``counts=``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import operator
+import zlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -175,6 +178,7 @@ class PartitionOps(OpSubmitter):
         group: Group | None = None,
         dtype: str | None = None,
         priority: int = 0,
+        counts: Sequence[int] | None = None,
     ) -> Handle:
         """Concatenate every rank's ``x`` in rank order (parts may differ in length).
 
@@ -182,9 +186,29 @@ class PartitionOps(OpSubmitter):
         array; with ``partition`` and ``axes=(k,)`` the parts of the ranks along
         partition dimension ``k`` are joined along tensor dimension ``k`` (the
         adjoint of :meth:`reduce_scatter_async`).  The part sizes are exchanged
-        first, so no rank needs to know the others'.
+        first (an op of their own), so no rank needs to know the others'; where every
+        rank knows them (``MPI_Allgatherv``'s ``recvcounts``; torch's ``all_gather``,
+        whose parts are equal), ``counts`` gives them, elements per group rank, and the
+        all-gather is one op.  Every rank passes ``counts`` or none does; ranks whose
+        ``counts`` differ raise ``OpMismatchError``, each naming the op.
         """
+        plain = name is not None and partition is None and axes is None and group is None
+        if counts is not None and plain and dtype is None:
+            # A repeat of a shape this name had: the express path (service/express.py).
+            try:
+                key: tuple[Any, ...] | None = ("ag", name, tuple(counts))
+            except TypeError:
+                key = None  # the whole way says what is wrong
+            ex = None if key is None else express.lookup(self._express, key, x)
+            if ex is not None:
+                h = express.start(self, ex, name, x, None, priority)
+                if h is not None:
+                    return h
         arr, dt = as_array(x, "x", dtype)
+        if counts is not None and partition is not None:
+            raise InvalidArgumentError(
+                "allgather: counts= gives the sizes of flat parts; it does not go with partition="
+            )
         split = self._split_axis(arr, partition, axes, group)
         if split is None:
             return done_handle(name, arr.copy())
@@ -193,10 +217,9 @@ class PartitionOps(OpSubmitter):
         names = self._names
         grp, me, flat, axis, others, _length = split
         rest = int(np.prod(others)) if others else 1
-        op_name, gen = names.name(name, ("allgather", dt.name.lower(), -1, "sum", 0))
-        count_name, count_gen = names.name(f"{op_name}#counts", ("allgather", "int64", 1, "sum", 0))
-        mine = np.array([flat.size], dtype=np.int64)
-        sizes = np.empty(grp.size, dtype=np.int64)
+        known = None if counts is None else _counts(counts, grp.size, me, int(flat.size))
+        sig = ("allgather", dt.name.lower(), -1, "sum", 0)
+        op_name, gen = names.name(name, sig)
         box: dict[str, Any] = {}
 
         def finalize() -> np.ndarray:
@@ -211,25 +234,15 @@ class PartitionOps(OpSubmitter):
             names.ended(op_name)
             handle._finish(error)
 
-        def counts_done(error: BaseException | None) -> None:
-            names.ended(count_name)
-            if error is not None:
-                names.ended(op_name)
-                handle._finish(error)
-                return
-            counts = tuple(int(c) for c in sizes)
-            out = np.empty(sum(counts), dtype=arr.dtype)
+        def gather(sizes: tuple[int, ...]) -> None:
+            """Submit the data op, the parts' sizes known."""
+            out = np.empty(sum(sizes), dtype=arr.dtype)
             box["out"] = out
             try:
                 code, sched = compile_op(
-                    OpKind.ALLGATHER,
-                    "ring",
-                    me,
-                    grp.size,
-                    int(flat.size),
-                    False,
-                    (("counts", counts),),
-                )
+                    OpKind.ALLGATHER, "ring", me, grp.size, int(flat.size), False,
+                    (("counts", sizes),),
+                )  # fmt: skip
             except Exception as exc:  # bad counts from a peer: fail, don't hang
                 names.ended(op_name)
                 handle._finish(InvalidArgumentError(f"all-gather {op_name!r}: {exc}"))
@@ -247,10 +260,29 @@ class PartitionOps(OpSubmitter):
                 op=ReduceOp.SUM,
                 priority=prio,
                 group=grp,
-                param=0,
+                # Given counts: ranks compare a digest of them (exchanged ones agree).
+                param=0 if known is None else _digest(sizes),
                 on_done=data_done,
             )
+            if known is not None and plain and dtype is None and arr is x:
+                if name.__class__ in (str, int):  # repeats take the express path
+                    express.remember(self, ("ag", name, known), spec, x, sig)
             self._submit(spec, handle)
+
+        if known is not None:
+            gather(known)
+            return handle
+        count_name, count_gen = names.name(f"{op_name}#counts", ("allgather", "int64", 1, "sum", 0))
+        mine = np.array([flat.size], dtype=np.int64)
+        sizes = np.empty(grp.size, dtype=np.int64)
+
+        def counts_done(error: BaseException | None) -> None:
+            names.ended(count_name)
+            if error is not None:
+                names.ended(op_name)
+                handle._finish(error)
+                return
+            gather(tuple(int(c) for c in sizes))
 
         code, sched = compile_op(
             OpKind.ALLGATHER, "ring", me, grp.size, 1, False, (("counts", (1,) * grp.size),)
@@ -273,3 +305,27 @@ class PartitionOps(OpSubmitter):
         )
         self._submit(spec, handle)
         return handle
+
+
+def _counts(counts: Any, size: int, me: int, mine: int) -> tuple[int, ...]:
+    """``counts=`` of an all-gather checked: ``size`` sizes >= 0, this rank's its part's."""
+    try:
+        sizes = tuple(operator.index(c) for c in counts)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"allgather counts must be {size} integers (elements per rank), got {counts!r}"
+        ) from None
+    if len(sizes) != size or any(c < 0 for c in sizes):
+        raise InvalidArgumentError(
+            f"allgather counts must be {size} integers >= 0 (elements per rank), got {list(sizes)}"
+        )
+    if sizes[me] != mine:
+        raise InvalidArgumentError(
+            f"allgather counts give rank {me}'s part {sizes[me]} elements, but its x has {mine}"
+        )
+    return sizes
+
+
+def _digest(sizes: tuple[int, ...]) -> int:
+    """What ranks compare of an all-gather's given counts (a parameter's 31 bits)."""
+    return zlib.crc32(np.asarray(sizes, dtype=np.int64).tobytes()) & 0x7FFFFFFF or 1

@@ -332,11 +332,13 @@ class TotalReduceProcessGroup(dist.ProcessGroup):
         return self._allgather_base(output, input, opts)
 
     def _gather(self, x: torch.Tensor) -> TensorHandle:
+        # torch's all-gathers take equal parts: known, so not exchanged first (one op)
         return allgather_async(
             x,
             self._name("all_gather", x),
             group=self._group,
             flat=True,
+            counts=(x.numel(),) * self.size(),
             staging=self.staging,
             service=self.service,
         )
