@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..engine.completion import Completion
@@ -172,6 +172,7 @@ class ServiceLike(Protocol):
         group: Group | None = None,
         dtype: str | None = None,
         priority: int = 0,
+        counts: Sequence[int] | None = None,
     ) -> HandleLike: ...
 
     def allgather(self, x: Any, name: str | int | None = None, **kw: Any) -> Any: ...
