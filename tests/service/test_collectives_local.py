@@ -171,14 +171,16 @@ def test_allgather_counts_checked_at_the_call_and_across_ranks() -> None:
         except tr.OpMismatchError as exc:
             errors.append(str(exc))
         after = svc.allgather(x, name="disagree", counts=counts)
-        return errors, after
+        once = svc.allgather(x, name="iterator", counts=iter(counts))  # read once
+        return errors, after, once
 
     with local_services(p) as svcs:
         results = run_ranks(svcs, rank_main)
     for r in range(p):
-        errors, after = results[r]
-        assert len(errors) == 1 and "'disagree'" in errors[0] and "param" in errors[0], errors
+        errors, after, once = results[r]
+        assert len(errors) == 1 and "'disagree'" in errors[0] and "counts=" in errors[0], errors
         np.testing.assert_array_equal(after, np.ones(9))
+        np.testing.assert_array_equal(once, np.ones(9))
 
 
 def test_seed_003_example_3x7x12_on_2x2x3() -> None:

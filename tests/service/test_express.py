@@ -4,6 +4,8 @@ leaves the record) and then repeats that take the record, on local services."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -12,18 +14,23 @@ from conftest import local_services, run_ranks
 from totalreduce.service import collectives, tuning
 
 
-@pytest.fixture
-def whole_way_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the whole way's argument checks (``as_array`` in ``allreduce_async``)."""
+def count_whole_way(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[int]:
+    """Counts the whole way's argument checks (``as_array`` in ``module``'s op methods)."""
     calls = [0]
-    real = collectives.as_array
+    real = module.as_array
 
     def counted(*a, **kw):  # type: ignore[no-untyped-def]
         calls[0] += 1
         return real(*a, **kw)
 
-    monkeypatch.setattr(collectives, "as_array", counted)
+    monkeypatch.setattr(module, "as_array", counted)
     return calls
+
+
+@pytest.fixture
+def whole_way_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the whole way's argument checks (``as_array`` in ``allreduce_async``)."""
+    return count_whole_way(monkeypatch, collectives)
 
 
 def test_repeats_take_the_record_and_give_the_same_results(whole_way_calls: list[int]) -> None:
@@ -156,14 +163,7 @@ def test_reduce_scatter_repeats_take_the_record(monkeypatch: pytest.MonkeyPatch)
     its first call; results stay exact, and another op, dtype or shape goes the whole way."""
     from totalreduce.service import partitions
 
-    calls = [0]
-    real = partitions.as_array
-
-    def counted(*a, **kw):  # type: ignore[no-untyped-def]
-        calls[0] += 1
-        return real(*a, **kw)
-
-    monkeypatch.setattr(partitions, "as_array", counted)
+    calls = count_whole_way(monkeypatch, partitions)
     with local_services(3) as svcs:
 
         def rank_main(svc):
@@ -227,14 +227,7 @@ def test_allgather_repeats_with_counts_take_the_record(monkeypatch: pytest.Monke
     and other counts, a dtype or a shape go the whole way, as does one without counts."""
     from totalreduce.service import partitions
 
-    calls = [0]
-    real = partitions.as_array
-
-    def counted(*a, **kw):  # type: ignore[no-untyped-def]
-        calls[0] += 1
-        return real(*a, **kw)
-
-    monkeypatch.setattr(partitions, "as_array", counted)
+    calls = count_whole_way(monkeypatch, partitions)
     counts = [4, 2, 6]
     with local_services(3) as svcs:
 

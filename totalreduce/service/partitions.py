@@ -9,6 +9,7 @@ partition's axis group.  All-gather exchanges the part sizes first (its own op,
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import zlib
 from collections.abc import Callable, Sequence
@@ -192,14 +193,13 @@ class PartitionOps(OpSubmitter):
         all-gather is one op.  Every rank passes ``counts`` or none does; ranks whose
         ``counts`` differ raise ``OpMismatchError``, each naming the op.
         """
+        if counts is not None and not isinstance(counts, tuple):
+            with contextlib.suppress(TypeError):  # else _counts says what is wrong
+                counts = tuple(counts)  # read once (an iterator too)
         plain = name is not None and partition is None and axes is None and group is None
-        if counts is not None and plain and dtype is None:
+        if isinstance(counts, tuple) and plain and dtype is None:
             # A repeat of a shape this name had: the express path (service/express.py).
-            try:
-                key: tuple[Any, ...] | None = ("ag", name, tuple(counts))
-            except TypeError:
-                key = None  # the whole way says what is wrong
-            ex = None if key is None else express.lookup(self._express, key, x)
+            ex = express.lookup(self._express, ("ag", name, counts), x)
             if ex is not None:
                 h = express.start(self, ex, name, x, None, priority)
                 if h is not None:

@@ -218,6 +218,8 @@ class MPITransport:
         to a later transport's communicator (a message left on it would match there)."""
         if not self._closed:
             self._closed = True
+            if self._MPI.Is_finalized():  # at interpreter exit, after mpi4py's finalize
+                return
             gone = [p for p in range(self.size) if p != self.rank and self.alive(p) is False]
             if self._part(wait_s, set(gone)):
                 try:
