@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "mpi"))
-from launch_modes import Launches  # noqa: E402
+from launch_modes import Launches, mpiexec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -25,17 +24,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def mpirun(cwd: Path, script: str, *args: str) -> str:
-    env = dict(
-        os.environ,
-        MPIEXEC_TIMEOUT=str(TIMEOUT - 20),
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    )
-    cmd = ["mpiexec", "-n", "2", sys.executable, str(EXAMPLES / script), *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out}"
-    return out
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return mpiexec(2, [str(EXAMPLES / script), *args], TIMEOUT, cwd=str(cwd), PYTHONPATH=path)
 
 
 def test_timeline_example_plots_or_not(tmp_path: Path) -> None:
@@ -69,18 +59,8 @@ def _start(n: Any, parts: list[list[Any]], where: str) -> str:
     _ROOM.append(Path(where))
     for part in parts:
         (Path(where) / part[0]).mkdir()
-    env = dict(
-        os.environ,
-        MPIEXEC_TIMEOUT=str(TIMEOUT - 20),
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    )
     spec = json.dumps([[*part, str(Path(where) / part[0])] for part in parts])
-    cmd = ["mpiexec", "-n", str(n), sys.executable, str(RUN_SCRIPTS), spec]
-    proc = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out}"
-    return out
+    return mpirun(Path(where), str(RUN_SCRIPTS), spec)
 
 
 RUN_SCRIPTS = ROOT / "tests" / "torch" / "run_scripts.py"

@@ -58,6 +58,23 @@ def run_modes(table: dict[str, Callable[[], None]], alone: frozenset[str] = froz
     tagged.flush()
 
 
+def mpiexec(
+    n: int, argv: list[str], timeout: int, cwd: str | None = None, unset: tuple[str, ...] = (),
+    **env_vars: str,
+) -> str:  # fmt: skip
+    """``mpiexec -n n python argv...`` with ``timeout`` (``MPIEXEC_TIMEOUT`` 10 s less, so
+    MPI's own limit ends a hung job first), ``env_vars`` set and ``unset`` removed from the
+    environment: its output, or AssertionError with it."""
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 10), PYTHONUNBUFFERED="1", **env_vars)
+    for name in unset:
+        env.pop(name, None)
+    cmd = ["mpiexec", "-n", str(n), sys.executable, *argv]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out}"
+    return out
+
+
 class Launches:
     """The launches tests share: ``plan(key, entry)`` at import (a decorator's time),
     ``lines(key, tag, where)`` in a test; ``start(key, entries, where)`` runs one launch of

@@ -20,7 +20,7 @@ HERE = Path(__file__).parent
 TIMEOUT = 90
 sys.path.insert(0, str(HERE.parent / "daemon"))
 from cluster import layout_for, run_clients, serve  # noqa: E402
-from launch_modes import Launches  # noqa: E402
+from launch_modes import Launches, mpiexec  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
@@ -102,17 +102,7 @@ def run(service: str, n: int, *args: str, timeout: int = TIMEOUT, **env_vars: st
 
 
 def mpirun(n: int, *args: str, timeout: int = TIMEOUT, **env_vars: str) -> str:
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 10), PYTHONUNBUFFERED="1", **env_vars)
-    proc = subprocess.run(
-        ["mpiexec", "-n", str(n), sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"mpiexec -n {n} {' '.join(args)} exited {proc.returncode}:\n{out}"
-    return out
+    return mpiexec(n, list(args), timeout, **env_vars)
 
 
 @sizes([2, 3, 4], [4], "random")

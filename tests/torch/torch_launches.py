@@ -9,34 +9,18 @@ with its part's name); the launch runs when a test first asks for its part.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "mpi"))
-from launch_modes import Launches  # noqa: E402
+from launch_modes import Launches, mpiexec  # noqa: E402
 
 
 def _start(n: Any, parts: list[tuple[str, str, list[str], int]], where: str) -> str:
-    timeout = sum(part[3] for part in parts)
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 10), PYTHONUNBUFFERED="1")
     spec = json.dumps([part[:3] for part in parts])
-    proc = subprocess.run(
-        ["mpiexec", "-n", str(n), sys.executable, str(HERE / "run_scripts.py"), spec],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    out = proc.stdout + proc.stderr
-    names = [part[0] for part in parts]
-    assert proc.returncode == 0, (
-        f"mpiexec -n {n} run_scripts.py {names} exited {proc.returncode}:\n{out}"
-    )
-    return out
+    return mpiexec(n, [str(HERE / "run_scripts.py"), spec], sum(part[3] for part in parts))
 
 
 LAUNCHES = Launches(_start)
