@@ -28,7 +28,10 @@ def _lane_compiling() -> Iterator[dict[str, Any]]:
     fresh install its first compile takes about a minute, which the pure tests spend on the
     other core meanwhile (ranks compiling at once, racing for the cache, would spend it
     inside their tests' timeouts)."""
-    code = "from totalreduce.engine.lane_core import compile_all; compile_all()"
+    code = (
+        "from totalreduce.engine.lane_core import compile_all; compile_all(); "
+        "import totalreduce.transport.local_native"  # the local world's compiled layer
+    )
     proc = subprocess.Popen([sys.executable, "-c", code])
     state: dict[str, Any] = {"proc": proc, "ready": False}
     yield state

@@ -9,8 +9,10 @@ from totalreduce.timeline import load, merge
 
 
 def test_two_rank_run_records_every_op_and_merges(tmp_path) -> None:
+    """The main loop's ops: their stages and segments (``lane=False``: the compiled lane
+    records op events only, see the next test)."""
     names = ["small", "large"]
-    with local_services(2, timeline=str(tmp_path / "tl")) as svcs:
+    with local_services(2, timeline=str(tmp_path / "tl"), lane=False) as svcs:
         run_ranks(
             svcs,
             lambda s: [
@@ -41,3 +43,17 @@ def test_two_rank_run_records_every_op_and_merges(tmp_path) -> None:
     assert pids == {0, 1}
     starts = [e["ts"] for e in merged if e.get("ph") in ("X", "b") and e.get("name") in names]
     assert min(starts) >= 0
+
+
+def test_the_lanes_ops_are_recorded_as_ops(tmp_path) -> None:
+    """Ops the compiled lane runs appear with their life (submitted, done, waited on), not
+    their segments: the lane records no per-segment events."""
+    with local_services(2, timeline=str(tmp_path / "tl")) as svcs:
+        run_ranks(svcs, lambda s: [s.allreduce(np.ones(n), name=f"l{n}") for n in (10, 300_000)])
+        assert all(s.loop.lane.stats()["ops_done"] >= 2 for s in svcs)
+    for f in sorted(tmp_path.glob("tl.*.json")):
+        events = load(f)
+        for n in (10, 300_000):
+            life = [e for e in events if e.get("name") == f"l{n}" and e.get("cat") == "op"]
+            assert len(life) == 1 and life[0]["args"]["status"] == "done", life
+            assert life[0]["args"]["submitted_us"] >= 0 and life[0]["dur"] > 0

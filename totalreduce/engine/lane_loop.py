@@ -334,10 +334,17 @@ class LaneHooks:
         elif kind == L.EV_MPI:
             from ..transport import mpi_native
 
+            rec = None if self.lane is None else self.lane.b
+            if rec is not None and int(rec[mpi_native.B_KIND]) == mpi_native.KIND_LOCAL:
+                from ..transport.local_native import error_text
+
+                text = error_text(-a)
+            else:
+                text = mpi_native.error_text(-a)
             err = TotalReduceError(
                 f"rank {self.rank}: MPI call of the compiled lane failed"
                 + (f" with rank {source}" if source >= 0 else "")
-                + f": {mpi_native.error_text(-a)}"
+                + f": {text}"
             )
             if source >= 0:
                 self._bad_peer(source, err)  # type: ignore[attr-defined]

@@ -8,6 +8,13 @@ a rendezvous send does: a buffer changed while its send is in flight shows up
 as wrong results, just as it would on a real network.  Message order across
 senders is shuffled by an optional random delay to shake out order
 assumptions.
+
+The compiled lane does not call these Python methods: it calls the world's compiled message
+layer (:mod:`.local_native`, the same functions MPI's binding record names, written for
+threads) through :meth:`LocalTransport.native_binding`.  Its messages keep the same rules
+(matching, non-overtaking, a send completes when a receive takes it); ``jitter`` applies to
+the Python side only.  ``LocalWorld(..., compiled=False)`` gives no binding, and the engine
+runs every op in its interpreted loop.
 """
 
 from __future__ import annotations
@@ -55,10 +62,13 @@ class LocalWorld:
 
     ``jitter`` (0..1) is the probability that a send is held back once before
     it becomes visible, which reorders messages across senders and tags but
-    never within one sender and tag.
+    never within one sender and tag.  ``compiled`` (default) gives each rank's transport a
+    binding to the world's compiled message layer, so the compiled lane runs over it.
     """
 
-    def __init__(self, size: int, *, jitter: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self, size: int, *, jitter: float = 0.0, seed: int = 0, compiled: bool = True
+    ) -> None:
         if size < 1:
             raise ValueError(f"a local world needs at least one rank, got {size}")
         self.size = size
@@ -67,6 +77,18 @@ class LocalWorld:
         self._held: list[tuple[int, _Send]] = []
         self._jitter = jitter
         self._rng = random.Random(seed)
+        self.compiled = compiled
+        self._native: Any = None  # .local_native.NativeWorld, made by the first binding
+
+    def native(self) -> Any:
+        """The world's compiled message layer (made, and compiled or loaded from the cache,
+        on first use)."""
+        with self._lock:
+            if self._native is None:
+                from .local_native import NativeWorld
+
+                self._native = NativeWorld(self.size)
+            return self._native
 
     def transport(self, rank: int) -> LocalTransport:
         return LocalTransport(self, rank)
@@ -168,6 +190,14 @@ class LocalTransport:
         self.relays = 0
         self.description = f"local ({world.size} ranks in one process)"
         self.tag_span = 1 << 20
+        if world.compiled:
+            self.tag_ub = (1 << 31) - 1  # the compiled layer takes any non-negative int tag
+            self.native_binding = self._native_binding
+
+    def _native_binding(self) -> np.ndarray:
+        """The record compiled code calls this rank's end of the world through
+        (:meth:`.local_native.NativeWorld.binding`)."""
+        return self.world.native().binding(self.rank)
 
     @staticmethod
     def _bytes(buf: np.ndarray) -> np.ndarray:

@@ -75,7 +75,13 @@ B_ANY_TAG = 26
 B_UNDEFINED = 27
 B_RANK = 28
 B_SIZE = 29
+#: Which library the functions are: ``KIND_MPI`` (the MPI library mpi4py loaded) or
+#: ``KIND_LOCAL`` (:mod:`.local_native`: ranks that are threads of this process).
+B_KIND = 30
 B_LEN = 32
+
+KIND_MPI = 0
+KIND_LOCAL = 1
 
 #: The largest status any known ABI has (MPICH 20 bytes, Open MPI 24, the MPI-5 ABI 32):
 #: room for one on the stack of a wrapper that was given no status to fill.

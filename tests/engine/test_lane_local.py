@@ -1,0 +1,257 @@
+"""The compiled lane over the in-process transport: ranks are threads, and the lane calls
+the local world's compiled message layer (``transport/local_native.py``) through the same
+binding record it calls MPI through.  The same cases run under ``mpiexec`` in
+``tests/mpi/check_lane.py``; here they need no MPI and run in a second or so each."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import local_services, run_ranks
+from totalreduce.errors import OpFailedError, OpMismatchError
+
+
+def lane_done(svc) -> int:
+    assert svc.loop.lane is not None, "the lane is off"
+    return svc.loop.lane.stats()["ops_done"]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_the_lane_runs_every_kind_it_takes_exactly(p: int) -> None:
+    algos = ["ring", "ring_chunked", "halving_doubling", "recursive_doubling", "bcube", "auto"]
+
+    def rank_main(s):
+        before = lane_done(s)
+        out = {}
+        hs = {}
+        for a in algos:
+            for n in (0, 1, 257, 5000):
+                x = (np.arange(n, dtype=np.int64) * 3 + s.rank) % 17
+                hs[(a, n)] = s.allreduce_async(x, algorithm=a, name=f"ar.{a}.{n}")
+        x = np.arange(6 * p, dtype=np.float64) + s.rank
+        hs["rs"] = s.reduce_scatter_async(x, name="rs")
+        hs["ag"] = s.allgather_async(np.full(s.rank + 1, s.rank, np.int32), name="ag")
+        counts = [r + 2 for r in range(p)]
+        hs["agc"] = s.allgather_async(
+            np.full(s.rank + 2, s.rank, np.float32), name="agc", counts=counts
+        )
+        hs["bc"] = s.broadcast_async(np.full(9, s.rank, np.float64), root=p - 1, name="bc")
+        hs["bar"] = s.barrier_async(name="bar")
+        for key, h in hs.items():
+            out[key] = h.wait(timeout=60)
+        return out, lane_done(s) - before
+
+    with local_services(p) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=120)
+    for r, (out, ran) in enumerate(results):
+        for a in algos:
+            for n in (0, 1, 257, 5000):
+                want = sum((np.arange(n, dtype=np.int64) * 3 + q) % 17 for q in range(p))
+                np.testing.assert_array_equal(out[(a, n)], want)
+        full = sum(np.arange(6 * p, dtype=np.float64) + q for q in range(p))
+        np.testing.assert_array_equal(out["rs"], full[6 * r : 6 * r + 6])
+        np.testing.assert_array_equal(out["ag"], np.repeat(np.arange(p), np.arange(1, p + 1)))
+        np.testing.assert_array_equal(out["agc"], np.repeat(np.arange(p), np.arange(2, p + 2)))
+        np.testing.assert_array_equal(out["bc"], np.full(9, p - 1.0))
+        # every op above ran in the lane (an all-gather without counts is two ops there)
+        assert ran >= len(algos) * 4 + 5, ran
+
+
+def test_ten_thousand_small_ops_in_flight_in_random_orders() -> None:
+    n_ops = 10_000
+
+    def rank_main(s):
+        rng = random.Random(1000 + s.rank)
+        order = list(range(n_ops))
+        rng.shuffle(order)
+        hs = {}
+        for k in order:
+            x = np.full(4 + k % 5, k * 10 + s.rank, dtype=np.int64)
+            hs[k] = s.allreduce_async(x, name=f"fl{k}", priority=rng.randint(-3, 3))
+        bad = [
+            k
+            for k in range(n_ops)
+            if not np.array_equal(hs[k].wait(timeout=120), np.full(4 + k % 5, 20 * k + 1))
+        ]
+        return bad, s.loop.lane.stats()
+
+    with local_services(2) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=300)
+    for bad, st in results:
+        assert bad == []
+        assert st["ops_done"] >= n_ops and st["ops_in_flight"] == 0
+        assert st["pool_peak_slots"] <= st["pool_slots"]
+
+
+def test_credit_a_pool_of_sixteen_slots_and_opposite_orders() -> None:
+    """Rank 0 submits 300 ops at once, the others block on them one by one in the reverse
+    order: frames beyond the credit are announced and wait for READY; no deadlock."""
+    n_ops, p = 300, 3
+
+    def rank_main(s):
+        if s.rank == 0:
+            hs = {
+                k: s.allreduce_async(np.full(700, k, np.int64), name=f"c{k}") for k in range(n_ops)
+            }
+            got = {k: h.wait(timeout=120) for k, h in hs.items()}
+        else:
+            got = {
+                k: s.allreduce(np.full(700, k + s.rank, np.int64), name=f"c{k}")
+                for k in reversed(range(n_ops))
+            }
+        return got, s.loop.lane.stats()
+
+    with local_services(p, floating_pool_bytes=16 * (16 << 10)) as svcs:
+        assert svcs[0].loop.lane.stats()["pool_slots"] == 16
+        results = run_ranks(svcs, rank_main, timeout=300)
+    for got, st in results:
+        for k in range(n_ops):
+            np.testing.assert_array_equal(got[k], np.full(700, 3 * k + 3))
+        assert st["ops_done"] >= n_ops
+
+
+def _raises(fn) -> str:
+    try:
+        fn()
+    except OpMismatchError as exc:
+        return str(exc)
+    return ""
+
+
+def test_a_mismatch_reaches_python_and_every_rank_raises_then_the_name_works() -> None:
+    """The lane cannot place a frame whose shape differs: an event to Python, whose answer
+    (the error, to every rank of the op) comes back; the name's next op works."""
+
+    def rank_main(s):
+        texts = []
+        n = 100 if s.rank == 0 else 101
+        texts.append(_raises(lambda: s.allreduce(np.ones(n, np.float32), name="m.count")))
+        dt = np.float32 if s.rank == 0 else np.int32
+        texts.append(_raises(lambda: s.allreduce(np.ones(64, dt), name="m.dtype")))
+        # across the lane and the main loop: int16 is not a lane type
+        dt, n = (np.float32, 64) if s.rank == 0 else (np.int16, 128)
+        texts.append(_raises(lambda: s.allreduce(np.ones(n, dt), name="m.cross")))
+        after = s.allreduce(np.ones(10, np.float32), name="m.count")
+        return texts, after
+
+    with local_services(3) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=120)
+    for texts, after in results:
+        for text, what in zip(texts, ("count", "dtype", "cross"), strict=True):
+            assert f"op 'm.{what}'" in text, texts
+        np.testing.assert_array_equal(after, np.full(10, 3.0))
+
+
+def test_four_threads_wait_on_their_own_lane_ops() -> None:
+    def rank_main(s):
+        late = (
+            s.allreduce_async(np.ones(8, np.int64) * (s.rank + 1), name="late")
+            if s.rank == 0
+            else None
+        )
+        sums: dict[int, int] = {}
+
+        def work(t: int) -> None:
+            acc = 0
+            for k in range(100):
+                acc += int(s.allreduce(np.full(16, t + k, np.int64), name=f"t{t}")[0])
+            sums[t] = acc
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+        if late is None:
+            late = s.allreduce_async(np.ones(8, np.int64) * (s.rank + 1), name="late")
+        return sums, late.wait(timeout=60)
+
+    with local_services(2) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=180)
+    for sums, late in results:
+        assert sums == {t: sum((t + k) * 2 for k in range(100)) for t in range(4)}
+        np.testing.assert_array_equal(late, np.full(8, 3))
+
+
+def test_ops_submitted_from_a_thread_finish_while_nobody_waits() -> None:
+    """A side thread submits while the comm threads run; the caller only polls ``done()``:
+    the ops complete on the comm threads (no ``wait()`` drives them)."""
+    n_ops = 200
+
+    def rank_main(s):
+        hs = []
+        box: list = []
+
+        def submit() -> None:
+            for k in range(n_ops):
+                hs.append(s.allreduce_async(np.full(32, k, np.float32), name=f"bg{k}"))
+            box.append(True)
+
+        th = threading.Thread(target=submit)
+        th.start()
+        th.join(60)
+        deadline = time.monotonic() + 60
+        while not all(h.done() for h in hs) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        finished = all(h.done() for h in hs)
+        return [h.wait(timeout=1) for h in hs], box, finished
+
+    with local_services(2) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=120)
+    for got, box, finished in results:
+        assert box == [True] and finished
+        for k in range(n_ops):
+            np.testing.assert_array_equal(got[k], np.full(32, 2.0 * k))
+
+
+def test_large_ops_send_bodies_in_any_order() -> None:
+    """Segments above micro_bytes travel as bodies on their own tags, once the receiver has
+    posted them; ranks submit in different orders, one late; nothing is left posted."""
+    sizes = [70_000, 300_000, 1_000_000]
+
+    def rank_main(s):
+        order = list(range(len(sizes) * 2))
+        random.Random(s.rank).shuffle(order)
+        if s.rank == 2:
+            time.sleep(0.05)
+        hs = {}
+        for k in order:
+            n = sizes[k % len(sizes)]
+            x = (np.arange(n, dtype=np.float64) + k) * (s.rank + 1)
+            algo = "ring" if k < len(sizes) else "halving_doubling"
+            hs[k] = s.allreduce_async(x, name=f"L{k}", algorithm=algo, priority=k % 3)
+        out = {k: h.wait(timeout=120) for k, h in hs.items()}
+        return out, s.loop.lane.stats()
+
+    with local_services(3) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=180)
+    for out, st in results:
+        for k, got in out.items():
+            n = sizes[k % len(sizes)]
+            np.testing.assert_array_equal(got, (np.arange(n, dtype=np.float64) + k) * 6)
+        assert st["bodies_sent"] > 0 and st["bodies_received"] > 0
+        assert st["bodies_in_flight"] == 0 and st["receives_waiting"] == 0
+
+
+def test_an_op_a_peer_aborts_fails_everywhere_and_the_next_works() -> None:
+    def rank_main(s):
+        if s.rank == 2:
+            s.abort("doomed", 0, reason="given up by the test")
+        h = s.allreduce_async(np.ones(32, np.float32), name="doomed")
+        try:
+            h.wait(timeout=30)
+            text = ""
+        except (OpFailedError, OpMismatchError) as exc:
+            text = str(exc)
+        return text, s.allreduce(np.ones(4, np.float32), name="fine")
+
+    with local_services(3) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=120)
+    for text, after in results:
+        assert "given up by the test" in text
+        np.testing.assert_array_equal(after, np.full(4, 3.0))
