@@ -255,3 +255,46 @@ def test_an_op_a_peer_aborts_fails_everywhere_and_the_next_works() -> None:
     for text, after in results:
         assert "given up by the test" in text
         np.testing.assert_array_equal(after, np.full(4, 3.0))
+
+
+def _busy(seconds: float, until=None) -> tuple[float, bool]:
+    """Pure-Python work for ``seconds`` (or until ``until()``): increments per second."""
+    n = 0
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    hit = False
+    while time.perf_counter() < end:
+        for _ in range(2000):
+            n += 1
+        if until is not None and until():
+            hit = True
+            break
+    return n / (time.perf_counter() - t0), hit
+
+
+def test_the_comm_threads_do_not_hold_the_interpreter_lock_while_ops_are_in_flight() -> None:
+    """Both ranks' ops finish on their comm threads while this thread runs pure Python and
+    never waits: the comm threads spin in compiled code without the interpreter lock, so this
+    thread's Python keeps most of its speed (median of five rounds)."""
+    with local_services(2) as svcs:
+        x = np.ones(1024, np.float32)
+        for _ in range(20):
+            run_ranks(svcs, lambda s: s.allreduce(x, name="bg.warm"))
+        spins0 = sum(s.loop.stats.lane_spins for s in svcs)
+        ratios = []
+        finished = True
+        for _ in range(5):
+            alone, _ = _busy(0.15)
+            hs = [[s.allreduce_async(x, name=f"bg{k}") for k in range(300)] for s in svcs]
+            lasts = [h[-1] for h in hs]
+            # The completion words, read without driving progress (done() would drive it).
+            loaded, hit = _busy(10.0, lambda lasts=lasts: all(h._event.is_set() for h in lasts))
+            finished = finished and hit
+            ratios.append(loaded / alone)
+            for r in range(2):
+                for h in hs[r]:
+                    np.testing.assert_array_equal(h.wait(timeout=30), np.full(1024, 2.0))
+        spins = sum(s.loop.stats.lane_spins for s in svcs) - spins0
+    ratio = sorted(ratios)[len(ratios) // 2]
+    assert finished and spins > 0, (finished, spins)
+    assert ratio >= 0.5, ratios
