@@ -11,8 +11,10 @@ import pytest
 from totalreduce.launch import (
     LaunchError,
     MPILaunch,
+    check_daemon_rank,
     check_world,
     expected_processes,
+    launcher_slot,
     mpi_launch,
     provide_torchrun_env,
 )
@@ -89,3 +91,32 @@ def test_a_socket_alone_means_daemon_mode_and_embedded_with_one_is_refused() -> 
     both = run(TOTALREDUCE_SERVICE="embedded")
     assert both.returncode != 0
     assert "TOTALREDUCE_SOCKET" in both.stderr and "service='embedded'" in both.stderr, both.stderr
+
+
+def test_daemon_clients_take_the_slot_torchrun_or_srun_names() -> None:
+    torchrun = {"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4"}
+    assert launcher_slot(torchrun) == (1, "torchrun")
+    assert launcher_slot({"SLURM_LOCALID": "2", "SLURM_STEP_ID": "0"}) == (
+        2,
+        "srun (SLURM_LOCALID)",
+    )
+    # an MPI launcher's local rank and a LOCAL_RANK nobody launched say nothing: clients
+    # started by mpiexec may stand for several nodes on one host
+    assert launcher_slot({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1",
+                          "MPI_LOCALNRANKS": "2"}) is None  # fmt: skip
+    assert launcher_slot({"LOCAL_RANK": "1"}) is None
+    assert launcher_slot({}) is None
+
+
+def test_a_daemon_rank_torchrun_did_not_give_is_refused() -> None:
+    torchrun = {"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    check_daemon_rank(3, 4, 1, 2, 1, "node1.sock", torchrun)  # node 1, slot 1: rank 3
+    with pytest.raises(LaunchError) as info:
+        check_daemon_rank(1, 4, 1, 2, 0, "node0.sock", torchrun)  # the wrong node's service
+    text = str(info.value)
+    assert "RANK=3" in text and "made it rank 1 of 4" in text and "node0.sock" in text
+    assert "--node-rank 0" in text
+    with pytest.raises(LaunchError, match="LOCAL_WORLD_SIZE=2"):
+        check_daemon_rank(3, 6, 1, 3, 1, "node1.sock", {**torchrun, "RANK": "4"})
+    # without torchrun nothing is checked (totalreduce sets these variables itself)
+    check_daemon_rank(0, 4, 0, 2, 0, "node0.sock", {"RANK": "3"})

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import threading
 from collections.abc import Callable
@@ -21,7 +22,13 @@ from .declare import forward as _forward
 from .declare import signature as _signature
 from .errors import InvalidArgumentError, NotInitializedError
 from .group import set_rank_source
-from .launch import MPILaunch, check_world, provide_torchrun_env
+from .launch import (
+    MPILaunch,
+    check_daemon_rank,
+    check_world,
+    launcher_slot,
+    provide_torchrun_env,
+)
 from .ops_table import op as _op_declaration
 from .service.config import Config
 from .service.handle import HandleLike, ServiceLike
@@ -67,19 +74,30 @@ def init(comm: Any = None, **options: Any) -> ServiceLike:
                 f"TOTALREDUCE_SOCKET={os.environ['TOTALREDUCE_SOCKET']!r} names a node service, "
                 "but service='embedded' asks for this process's own MPI rank: unset one of them"
             )
+        if config.service == "daemon" and config.local_rank < 0:
+            slot = launcher_slot()  # torchrun's LOCAL_RANK, srun's, mpiexec's: that slot
+            if slot is not None:
+                config = dataclasses.replace(config, local_rank=slot[0])
         transport = open_transport(config, comm)
         try:
             if comm is None:  # the world: it must be the job the launcher started
                 world = "the node services' job" if config.service == "daemon" else "its MPI world"
                 check_world(transport.size, world)
+                if config.service == "daemon":
+                    local, local_size, node, _nodes = transport.node_layout()
+                    where = str(getattr(transport, "socket_path", "its socket"))
+                    check_daemon_rank(
+                        transport.rank, transport.size, local, local_size, node, where
+                    )
             _default = Service(transport, config)
         except BaseException:
             transport.close()
             raise
-        if comm is None and config.service == "embedded":
+        if comm is None:
             local, local_size, _cross, _nodes = _default.node_layout()
+            who = "MPI" if config.service == "embedded" else "totalreduce serve"
             provide_torchrun_env(
-                launch=MPILaunch("MPI", _default.rank, _default.size, local, local_size)
+                launch=MPILaunch(who, _default.rank, _default.size, local, local_size)
             )
         return _default
 

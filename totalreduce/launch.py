@@ -10,7 +10,10 @@ This module owns the reading of launchers' environments (no MPI call, no torch):
   ``mpiexec`` unchanged; what the user set is never overwritten;
 - :func:`expected_processes` and :func:`check_world`: a launcher that says the job
   has N > 1 processes (torchrun, or any setting ``WORLD_SIZE``) while the world
-  totalreduce found has another size is an error, never N silent one-rank worlds.
+  totalreduce found has another size is an error, never N silent one-rank worlds;
+- daemon mode: :func:`launcher_slot` (the node service's slot a launcher asks for:
+  torchrun's ``LOCAL_RANK``, srun's ``SLURM_LOCALID``) and :func:`check_daemon_rank`
+  (under torchrun, the rank the node services gave must be the one torchrun said).
 """
 
 from __future__ import annotations
@@ -138,4 +141,64 @@ def check_world(
     raise LaunchError(
         f"{what} has {size} ranks, but {who} says the job has {n} processes; launch with "
         f"`mpiexec -n {n}` and leave WORLD_SIZE unset or equal to it"
+    )
+
+
+def launcher_slot(env: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """Daemon mode: the node service's slot a launcher asks this process to take, and which
+    launcher (None: none says; the service gives the lowest free slot).
+
+    torchrun's ``LOCAL_RANK`` (under ``TORCHELASTIC_RUN_ID``) and srun's ``SLURM_LOCALID``
+    (within a step) start one process per slot on a node.  An MPI launcher's local rank is
+    not used: daemon clients started by ``mpiexec`` may stand for several nodes on one host,
+    and name their slots with ``TOTALREDUCE_LOCAL_RANK``."""
+    env = os.environ if env is None else env
+    local = _int(env, "LOCAL_RANK")
+    if local is not None and local >= 0 and "TORCHELASTIC_RUN_ID" in env:
+        return local, "torchrun"
+    local = _int(env, "SLURM_LOCALID")
+    if local is not None and local >= 0 and "SLURM_STEP_ID" in env:
+        return local, "srun (SLURM_LOCALID)"
+    return None
+
+
+def check_daemon_rank(
+    rank: int,
+    size: int,
+    local_rank: int,
+    local_size: int,
+    node: int,
+    where: str,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """Under torchrun, raise :class:`LaunchError` if the rank the node services gave this
+    process (``rank`` of ``size``: slot ``local_rank`` of ``local_size`` on node ``node``,
+    at ``where``) is not the one torchrun's variables say (``RANK``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``): torch and the data loaders would then disagree with the
+    collectives about who is who."""
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" not in env:
+        return  # only torchrun's own variables are checked (others may be totalreduce's)
+    said = {k: _int(env, k) for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    who = "torchrun"
+    wrong = []
+    if said["RANK"] is not None and said["RANK"] != rank:
+        wrong.append(f"RANK={said['RANK']}")
+    if said["LOCAL_RANK"] is not None and said["LOCAL_RANK"] != local_rank:
+        wrong.append(f"LOCAL_RANK={said['LOCAL_RANK']}")
+    if said["LOCAL_WORLD_SIZE"] is not None and said["LOCAL_WORLD_SIZE"] != local_size:
+        wrong.append(f"LOCAL_WORLD_SIZE={said['LOCAL_WORLD_SIZE']}")
+    if not wrong:
+        return
+    hint = ""
+    if said["RANK"] is not None and said["RANK"] != rank and local_size > 0:
+        hint = (
+            f"; each node's processes take the ranks of its service (node {node} has ranks "
+            f"{node * local_size}..{node * local_size + local_size - 1}): start them beside "
+            f"that service (torchrun --node-rank {node} --nproc-per-node {local_size})"
+        )
+    raise LaunchError(
+        f"{who} says this process is {', '.join(wrong)}, but the node service at {where} "
+        f"made it rank {rank} of {size} (slot {local_rank} of {local_size} on node {node})"
+        f"{hint}"
     )

@@ -11,12 +11,14 @@ This module owns :class:`TotalReduceProcessGroup` (a Python
 ``torch.distributed.ProcessGroup``) and the creator torch calls for every
 group.  Rules:
 
-- **MPI underneath.** The world is the MPI world of ``totalreduce.init()``;
-  torch's rank and world size must be MPI's, so launch with ``mpiexec``.
-  ``init_method="totalreduce://"`` takes them, and a store, from MPI; the
-  usual ``env://`` works too when ``RANK``/``WORLD_SIZE``/``MASTER_*`` match
-  MPI.  Under ``torchrun`` (no MPI world) creating the group raises an error
-  saying so.
+- **totalreduce's world underneath.** The world is that of ``totalreduce.init()``:
+  MPI's (launch with ``mpiexec``), or, with ``TOTALREDUCE_SERVICE=daemon``, the node
+  services' (launch with ``torchrun``, ``srun`` or plain ``python``; each process takes
+  the slot its ``LOCAL_RANK`` names).  torch's rank and world size must be
+  totalreduce's.  ``init_method="totalreduce://"`` takes them, and a store, from
+  totalreduce; the usual ``env://`` works too when ``RANK``/``WORLD_SIZE``/``MASTER_*``
+  match.  Under ``torchrun`` without a node service (no MPI world) creating the group
+  raises an error saying so.
 - **Matching.** c10d calls the collectives of a group in the same order on
   every rank; an op is named after its group, kind, dtype, size and reduce op
   or root, so the k-th such call on one rank meets the k-th on the others and
@@ -648,8 +650,8 @@ def create_process_group(
 ) -> TotalReduceProcessGroup:
     """What torch calls for ``init_process_group``/``new_group`` with this backend.
 
-    Starts (or reuses) the MPI service of ``totalreduce.init()`` (or uses
-    ``service``) and checks that torch's view of the group agrees with it.
+    Starts (or reuses) the service of ``totalreduce.init()`` (or uses ``service``) and
+    checks that torch's view of the group agrees with it.
     """
     if service is None:
         service = init()
@@ -657,20 +659,27 @@ def create_process_group(
     group_id = str(options.group_id)
     if len(ranks) != options.group_size or max(ranks, default=0) >= service.size:
         raise TotalReduceError(
-            f"the totalreduce backend runs over MPI: torch asks for group {group_id!r} of "
-            f"{options.group_size} ranks {ranks} but the MPI world has {service.size} "
-            "(launch with mpiexec -n N; under torchrun there is no MPI world: use gloo or nccl "
-            "there, or launch the same script with mpiexec)"
+            f"the totalreduce backend runs over totalreduce's world: torch asks for group "
+            f"{group_id!r} of {options.group_size} ranks {ranks} but that world has "
+            f"{service.size} (launch with mpiexec -n N, or, under torchrun, start a node "
+            "service and set TOTALREDUCE_SERVICE=daemon: docs/daemon.md)"
         )
     if service.rank not in ranks or ranks.index(service.rank) != options.group_rank:
         raise TotalReduceError(
-            f"the totalreduce backend runs over MPI: torch says this process is rank "
-            f"{options.group_rank} of group {group_id!r} (world ranks {ranks}), but it is MPI "
-            f"rank {service.rank}; let MPI set the ranks (init_method='totalreduce://')"
+            f"the totalreduce backend runs over totalreduce's world: torch says this process "
+            f"is rank {options.group_rank} of group {group_id!r} (world ranks {ranks}), but it "
+            f"is {_whose(service)} rank {service.rank}; let totalreduce set the ranks "
+            "(init_method='totalreduce://')"
         )
     return TotalReduceProcessGroup(
         service, ranks, group_id, getattr(options, "timeout", None) or timedelta(minutes=30)
     )
+
+
+def _whose(service: ServiceLike) -> str:
+    """Who gave ``service`` its rank: MPI, or the node services of daemon mode."""
+    config = getattr(service, "config", None)
+    return "the node services'" if getattr(config, "service", "") == "daemon" else "MPI"
 
 
 def rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **_kw: Any) -> Iterator[Any]:

@@ -1,0 +1,95 @@
+"""torchrun against a node service: training processes launched as PyTorch users launch them
+take the slots torchrun's ``LOCAL_RANK`` names, and unchanged DDP on the ``"totalreduce"``
+backend matches gloo."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster import have_mpiexec, serve
+
+from conftest import import_torch
+
+pytestmark = pytest.mark.skipif(
+    not have_mpiexec(), reason="mpiexec not found (install the mpich wheel)"
+)
+
+HERE = Path(__file__).parent
+TIMEOUT = 150
+
+
+def _env(**extra: str) -> dict[str, str]:
+    drop = ("TOTALREDUCE_", "MASTER_", "TORCHELASTIC_", "PMI_", "MPI_LOCAL", "HYDRA_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        env.pop(k, None)
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _torchrun(args: list[str], env: dict[str, str], tmp: Path) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", "--log-dir", str(tmp), *args],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    return out
+
+
+def test_unchanged_ddp_under_torchrun_against_a_service_matches_gloo(tmp_path: Path) -> None:
+    torch = import_torch()
+    served = serve(1, 2, tmp_path / "s", timeout=TIMEOUT + 60)
+    try:
+        daemon = _env(TOTALREDUCE_SERVICE="daemon", TOTALREDUCE_SOCKET=str(served.socket(0)))
+        script = str(HERE / "torchrun_ddp.py")
+        out = _torchrun([script, "totalreduce", str(tmp_path / "tr")], daemon, tmp_path / "l1")
+        assert "DONE totalreduce 0" in out and "DONE totalreduce 1" in out, out
+        _torchrun([script, "gloo", str(tmp_path / "gl")], _env(), tmp_path / "l2")
+        for r in (0, 1):
+            ours = torch.load(tmp_path / f"tr.{r}.pt")
+            gloo = torch.load(tmp_path / f"gl.{r}.pt")
+            for a, b in zip(ours, gloo, strict=True):
+                assert a.dtype == torch.float64
+                assert float((a - b).abs().max()) <= 1e-12
+        # each process took the slot of its LOCAL_RANK (the service logs which pid took which)
+        pids = dict(re.findall(r"DONE totalreduce (\d) pid (\d+)", out))
+        took = {
+            pid: rank for pid, rank in re.findall(r"client pid (\d+) is rank (\d)", served.stderr())
+        }
+        assert {took[pids[r]] for r in "01"} == {"0", "1"} and all(took[pids[r]] == r for r in "01")
+    finally:
+        served.stop()
+
+
+def test_a_rank_torchrun_did_not_give_is_refused_naming_both(tmp_path: Path) -> None:
+    """A process torchrun calls rank 1 that takes slot 0 (TOTALREDUCE_LOCAL_RANK=0) raises
+    at init, before it waits for any other process, naming both ranks."""
+    served = serve(1, 2, tmp_path / "s", timeout=TIMEOUT)
+    try:
+        env = _env(
+            TOTALREDUCE_SERVICE="daemon",
+            TOTALREDUCE_SOCKET=str(served.socket(0)),
+            TOTALREDUCE_LOCAL_RANK="0",
+            TORCHELASTIC_RUN_ID="test",
+            RANK="1",
+            LOCAL_RANK="1",
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", "import totalreduce as tr; tr.init(); print('NOT REFUSED')"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and "NOT REFUSED" not in out, out
+        assert "LaunchError" in out and "RANK=1" in out and "LOCAL_RANK=1" in out, out
+        assert "made it rank 0 of 2" in out, out
+    finally:
+        served.stop()
