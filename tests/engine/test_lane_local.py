@@ -21,8 +21,10 @@ def lane_done(svc) -> int:
     return svc.loop.lane.stats()["ops_done"]
 
 
+@pytest.mark.parametrize("jitter", [0.0, 0.3])
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
-def test_the_lane_runs_every_kind_it_takes_exactly(p: int) -> None:
+def test_the_lane_runs_every_kind_it_takes_exactly(p: int, jitter: float) -> None:
+    """``jitter``: messages held back at random, so they arrive out of order across senders."""
     algos = ["ring", "ring_chunked", "halving_doubling", "recursive_doubling", "bcube", "auto"]
 
     def rank_main(s):
@@ -46,8 +48,10 @@ def test_the_lane_runs_every_kind_it_takes_exactly(p: int) -> None:
             out[key] = h.wait(timeout=60)
         return out, lane_done(s) - before
 
-    with local_services(p) as svcs:
+    with local_services(p, jitter=jitter, seed=p) as svcs:
         results = run_ranks(svcs, rank_main, timeout=120)
+        holds = svcs[0].transport.world.native().holds
+    assert (holds > 0) == (jitter > 0 and p > 1), holds
     for r, (out, ran) in enumerate(results):
         for a in algos:
             for n in (0, 1, 257, 5000):
@@ -62,7 +66,8 @@ def test_the_lane_runs_every_kind_it_takes_exactly(p: int) -> None:
         assert ran >= len(algos) * 4 + 5, ran
 
 
-def test_ten_thousand_small_ops_in_flight_in_random_orders() -> None:
+@pytest.mark.parametrize("jitter", [0.0, 0.2])
+def test_ten_thousand_small_ops_in_flight_in_random_orders(jitter: float) -> None:
     n_ops = 10_000
 
     def rank_main(s):
@@ -80,8 +85,9 @@ def test_ten_thousand_small_ops_in_flight_in_random_orders() -> None:
         ]
         return bad, s.loop.lane.stats()
 
-    with local_services(2) as svcs:
+    with local_services(2, jitter=jitter, seed=1) as svcs:
         results = run_ranks(svcs, rank_main, timeout=300)
+        assert (svcs[0].transport.world.native().holds > 0) == (jitter > 0)
     for bad, st in results:
         assert bad == []
         assert st["ops_done"] >= n_ops and st["ops_in_flight"] == 0
@@ -209,9 +215,11 @@ def test_ops_submitted_from_a_thread_finish_while_nobody_waits() -> None:
             np.testing.assert_array_equal(got[k], np.full(32, 2.0 * k))
 
 
-def test_large_ops_send_bodies_in_any_order() -> None:
+@pytest.mark.parametrize("jitter", [0.0, 0.3])
+def test_large_ops_send_bodies_in_any_order(jitter: float) -> None:
     """Segments above micro_bytes travel as bodies on their own tags, once the receiver has
-    posted them; ranks submit in different orders, one late; nothing is left posted."""
+    posted them; ranks submit in different orders, one late, and (``jitter``) messages are
+    held back at random; nothing is left posted."""
     sizes = [70_000, 300_000, 1_000_000]
 
     def rank_main(s):
@@ -228,8 +236,9 @@ def test_large_ops_send_bodies_in_any_order() -> None:
         out = {k: h.wait(timeout=120) for k, h in hs.items()}
         return out, s.loop.lane.stats()
 
-    with local_services(3) as svcs:
+    with local_services(3, jitter=jitter, seed=7) as svcs:
         results = run_ranks(svcs, rank_main, timeout=180)
+        assert (svcs[0].transport.world.native().holds > 0) == (jitter > 0)
     for out, st in results:
         for k, got in out.items():
             n = sizes[k % len(sizes)]

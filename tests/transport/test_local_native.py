@@ -266,3 +266,63 @@ def test_local_transports_offer_the_binding_only_when_compiled(compiled: bool) -
         assert int(b[M.B_RANK]) == 1 and int(b[M.B_SIZE]) == 2
         assert int(b[M.B_KIND]) == M.KIND_LOCAL
         assert world.native() is world.native()
+
+
+def test_jitter_holds_a_send_back_for_a_few_calls_and_keeps_a_senders_order() -> None:
+    w = NativeWorld(2, jitter=1.0)  # every send is held back
+    a, b = Rank(w, 0), Rank(w, 1)
+    first, second = np.full(4, 1, dtype=np.uint8), np.full(4, 2, dtype=np.uint8)
+    a.send(first, 1, 3, 0)
+    a.send(second, 1, 3, 1)
+    calls = 0
+    while M.mpi_iprobe(b.b, 0, 3, b.st) == 0:
+        calls += 1
+        assert calls < 20, "a held send never became visible"
+    assert calls >= 1
+    got = []
+    for k in range(2):
+        d = np.zeros(4, dtype=np.uint8)
+        b.recv(d, 0, 3, k)
+        while b.test(k) != 1:
+            pass
+        got.append(int(d[0]))
+    assert got == [1, 2]
+    # a receive posted before the send becomes visible takes it when it does
+    d = np.zeros(4, dtype=np.uint8)
+    b.recv(d, 0, 4, 0)
+    a.send(first, 1, 4, 2)
+    while b.test(0) != 1:
+        pass
+    assert int(d[0]) == 1
+    while M.mpi_testall(a.b, 3, a.reqs.ctypes.data, 0) != 1:
+        pass
+    assert w.in_use == 0
+
+
+def test_jitter_reorders_across_senders_only() -> None:
+    """Three senders, one receiver taking from any source: each sender's messages arrive in
+    order, and some message overtakes another sender's earlier one."""
+    w = NativeWorld(4, jitter=0.5, seed=3)
+    senders = [Rank(w, r, nreq=64) for r in range(3)]
+    recv = Rank(w, 3, nreq=2)
+    bufs = []
+    for k in range(40):
+        for r, s in enumerate(senders):
+            buf = np.array([r, k], dtype=np.uint8)
+            bufs.append(buf)
+            s.send(buf, 3, 0, k)
+    order = []
+    d = np.zeros(2, dtype=np.uint8)
+    for _ in range(120):
+        recv.recv(d, int(recv.b[M.B_ANY_SOURCE]), 0, 0)
+        while recv.test(0) != 1:
+            pass
+        order.append((int(d[0]), int(d[1])))
+    for r in range(3):
+        assert [k for s, k in order if s == r] == list(range(40))
+    posted = [(k, r) for k in range(40) for r in range(3)]
+    assert [(k, s) for s, k in order] != posted  # reordered across senders
+    for s in senders:
+        while M.mpi_testall(s.b, 40, s.reqs.ctypes.data, 0) != 1:
+            pass
+    assert w.in_use == 0

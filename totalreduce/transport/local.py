@@ -12,8 +12,8 @@ assumptions.
 The compiled lane does not call these Python methods: it calls the world's compiled message
 layer (:mod:`.local_native`, the same functions MPI's binding record names, written for
 threads) through :meth:`LocalTransport.native_binding`.  Its messages keep the same rules
-(matching, non-overtaking, a send completes when a receive takes it); ``jitter`` applies to
-the Python side only.  ``LocalWorld(..., compiled=False)`` gives no binding, and the engine
+(matching, non-overtaking, a send completes when a receive takes it), and ``jitter`` holds
+its sends back too.  ``LocalWorld(..., compiled=False)`` gives no binding, and the engine
 runs every op in its interpreted loop.
 """
 
@@ -77,6 +77,7 @@ class LocalWorld:
         self._held: list[tuple[int, _Send]] = []
         self._jitter = jitter
         self._rng = random.Random(seed)
+        self._seed = seed
         self.compiled = compiled
         self._native: Any = None  # .local_native.NativeWorld, made by the first binding
 
@@ -87,7 +88,7 @@ class LocalWorld:
             if self._native is None:
                 from .local_native import NativeWorld
 
-                self._native = NativeWorld(self.size)
+                self._native = NativeWorld(self.size, jitter=self._jitter, seed=self._seed)
             return self._native
 
     def transport(self, rank: int) -> LocalTransport:

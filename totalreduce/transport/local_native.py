@@ -58,7 +58,12 @@ H_CAP = 2
 H_FREE = 3  # first free entry, -1 none
 H_USED = 4  # entries in use
 H_PEAK = 5  # the most ever in use
-H_LEN = 8
+H_JITTER = 6  # the chance (in 2**-20) that a send is held back for a few calls
+H_RNG = 7  # the jitter's xorshift state
+H_CLOCK = 8  # calls into the world so far: the time held sends wait for
+H_HELD = 9  # sends held back (not visible yet)
+H_HOLDS = 10  # sends ever held back
+H_LEN = 12
 
 #: An entry's words.
 E_STATE = 0
@@ -76,6 +81,7 @@ E_MTAG = 11  # receive: the tag matched
 E_ERR = 12
 E_FREED = 13  # MPI_Request_free came first: free the entry when it completes
 E_CANCELLED = 14
+E_VISIBLE = 15  # a send held back: the clock at which it becomes visible (0: it is)
 E_N = 16
 
 #: Entry states.
@@ -224,15 +230,18 @@ def _unlink(w, rank, head, tail, prev, i):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _find(w, rank, head, source, tag, field_src):  # type: ignore[no-untyped-def]
-    """(previous, entry) of the first entry of ``rank``'s list ``head`` whose source and tag
-    fit (``field_src``: the entries' field that holds a source), or (-1, -1)."""
+    """(previous, entry) of the first visible entry of ``rank``'s list ``head`` whose source
+    and tag fit (``field_src``: the entries' field that holds a source), or (-1, -1).  A
+    sender's later messages to a rank are never visible before its earlier ones."""
     prev = np.int64(-1)
     i = ld_i64(_box(w, rank, head))
     while i >= 0:
         s = ld_i64(_ent(w, i, field_src))
         t = ld_i64(_ent(w, i, E_TAG))
-        if (source == ANY_SOURCE or s == ANY_SOURCE or s == source) and (
-            tag == ANY_TAG or t == ANY_TAG or t == tag
+        if (
+            ld_i64(_ent(w, i, E_VISIBLE)) == 0
+            and (source == ANY_SOURCE or s == ANY_SOURCE or s == source)
+            and (tag == ANY_TAG or t == ANY_TAG or t == tag)
         ):
             return prev, i
         prev = i
@@ -300,6 +309,75 @@ def _result(w, i, st):  # type: ignore[no-untyped-def]
     return err
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _pair(w, src, dst):  # type: ignore[no-untyped-def]
+    """Address of the clock at which ``src``'s last send to ``dst`` becomes visible."""
+    size = ld_i64(w + 8 * H_SIZE)
+    base = H_LEN + ld_i64(w + 8 * H_CAP) * E_N + size * X_N
+    return w + 8 * (base + src * size + dst)
+
+
+@njit(nogil=True, cache=True)
+def _random(w):  # type: ignore[no-untyped-def]
+    x = ld_i64(w + 8 * H_RNG)
+    x ^= x << 13
+    x ^= (x >> 7) & np.int64(0x01FFFFFFFFFFFFFF)
+    x ^= x << 17
+    st_i64(w + 8 * H_RNG, x)
+    return x & np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+@njit(nogil=True, cache=True)
+def _tick(w):  # type: ignore[no-untyped-def]
+    """One more call into the world (under the lock): held sends whose time has come arrive
+    now (behind what came meanwhile; a sender's own stay in order), meeting the receives
+    posted for them."""
+    clock = ld_i64(w + 8 * H_CLOCK) + 1
+    st_i64(w + 8 * H_CLOCK, clock)
+    if ld_i64(w + 8 * H_HELD) == 0:
+        return
+    for rank in range(ld_i64(w + 8 * H_SIZE)):
+        prev = np.int64(-1)
+        i = ld_i64(_box(w, rank, X_UHEAD))
+        while i >= 0:
+            nxt = ld_i64(_ent(w, i, E_NEXT))
+            vis = ld_i64(_ent(w, i, E_VISIBLE))
+            if vis != 0 and vis <= clock:
+                st_i64(_ent(w, i, E_VISIBLE), np.int64(0))
+                st_i64(w + 8 * H_HELD, ld_i64(w + 8 * H_HELD) - 1)
+                rp, r = _find(
+                    w, rank, X_PHEAD, ld_i64(_ent(w, i, E_SRC)), ld_i64(_ent(w, i, E_TAG)), E_SRC
+                )
+                _unlink(w, rank, X_UHEAD, X_UTAIL, prev, i)
+                if r >= 0:
+                    _unlink(w, rank, X_PHEAD, X_PTAIL, rp, r)
+                    _match(w, i, r)
+                else:  # it arrives now: behind what came while it was held
+                    _append(w, rank, X_UHEAD, X_UTAIL, i)
+                i = nxt
+                continue
+            prev = i
+            i = nxt
+
+
+@njit(nogil=True, cache=True)
+def _hold(w, src, dst):  # type: ignore[no-untyped-def]
+    """The clock at which a send from ``src`` to ``dst`` posted now becomes visible (now,
+    unless the jitter holds it back), never before that sender's earlier ones to ``dst``."""
+    clock = ld_i64(w + 8 * H_CLOCK)
+    vis = clock
+    jitter = ld_i64(w + 8 * H_JITTER)
+    if jitter > 0:
+        r = _random(w)
+        if (r & np.int64(0xFFFFF)) < jitter:
+            vis = clock + 1 + ((r >> 20) & np.int64(3))
+    last = ld_i64(_pair(w, src, dst))
+    if last > vis:
+        vis = last
+    st_i64(_pair(w, src, dst), vis)
+    return np.int64(0) if vis <= clock else vis
+
+
 @njit(nogil=True, cache=True)
 def _post(buf, count, peer, tag, comm, req, kind):  # type: ignore[no-untyped-def]
     w = ld_i64(comm + 8 * C_WORLD)
@@ -314,6 +392,7 @@ def _post(buf, count, peer, tag, comm, req, kind):  # type: ignore[no-untyped-de
     if tag < 0 and not (kind == RECV and tag == ANY_TAG):
         return np.int32(ERR_TAG)
     _lock(w)
+    _tick(w)
     i = _alloc(w)
     if i < 0:
         _unlock(w)
@@ -325,7 +404,14 @@ def _post(buf, count, peer, tag, comm, req, kind):  # type: ignore[no-untyped-de
     if kind == SEND:
         st_i64(_ent(w, i, E_SRC), rank)
         st_i64(_ent(w, i, E_DST), np.int64(peer))
-        prev, r = _find(w, peer, X_PHEAD, rank, np.int64(tag), E_SRC)
+        vis = _hold(w, rank, np.int64(peer))
+        prev, r = (np.int64(-1), np.int64(-1))
+        if vis == 0:
+            prev, r = _find(w, peer, X_PHEAD, rank, np.int64(tag), E_SRC)
+        else:
+            st_i64(_ent(w, i, E_VISIBLE), vis)
+            st_i64(w + 8 * H_HELD, ld_i64(w + 8 * H_HELD) + 1)
+            st_i64(w + 8 * H_HOLDS, ld_i64(w + 8 * H_HOLDS) + 1)
         if r >= 0:
             _unlink(w, peer, X_PHEAD, X_PTAIL, prev, r)
             atomic_store_i64(_ent(w, i, E_STATE), np.int64(QUEUED))
@@ -363,6 +449,16 @@ def irecv(buf, count, _dtype, source, tag, comm, req):  # type: ignore[no-untype
     return _post(buf, np.int64(count), np.int64(source), np.int64(tag), comm, req, RECV)
 
 
+@njit(nogil=True, cache=True)
+def _advance(w):  # type: ignore[no-untyped-def]
+    """A test that found nothing done: while sends are held back, the call still counts (the
+    clock moves and releases them); else nothing to do."""
+    if atomic_load_i64(w + 8 * H_HELD) > 0:
+        _lock(w)
+        _tick(w)
+        _unlock(w)
+
+
 @cfunc(types.int32(types.int64, types.int64, types.int64), cache=True)
 def test(req, flag, st):  # type: ignore[no-untyped-def]
     h = ld_i64(req)
@@ -370,11 +466,13 @@ def test(req, flag, st):  # type: ignore[no-untyped-def]
         _status(st, ANY_SOURCE, ANY_TAG, 0, 0, 0)
         st_i32(flag, np.int32(1))
         return np.int32(0)
+    w = ld_i64(h + 8 * E_WORLD)
     if atomic_load_i64(h + 8 * E_STATE) != DONE:
+        _advance(w)
         st_i32(flag, np.int32(0))
         return np.int32(0)
-    w = ld_i64(h + 8 * E_WORLD)
     _lock(w)
+    _tick(w)
     err = _result(w, _index(w, h), st)
     _unlock(w)
     st_i64(req, np.int64(NULL))
@@ -388,13 +486,15 @@ def testall(count, reqs, flag, statuses):  # type: ignore[no-untyped-def]
     for k in range(count):
         h = ld_i64(reqs + 8 * k)
         if h != NULL:
+            w = ld_i64(h + 8 * E_WORLD)
             if atomic_load_i64(h + 8 * E_STATE) != DONE:
+                _advance(w)
                 st_i32(flag, np.int32(0))
                 return np.int32(0)
-            w = ld_i64(h + 8 * E_WORLD)
     failed = False
     if w != 0:
         _lock(w)
+        _tick(w)
     for k in range(count):
         st = statuses + S_BYTES * k if statuses != 0 else np.int64(0)
         h = ld_i64(reqs + 8 * k)
@@ -415,24 +515,26 @@ def testall(count, reqs, flag, statuses):  # type: ignore[no-untyped-def]
     cache=True,
 )
 def testsome(count, reqs, outcount, indices, statuses):  # type: ignore[no-untyped-def]
-    active = False
     w = np.int64(0)
+    done = False
     for k in range(count):
         h = ld_i64(reqs + 8 * k)
         if h != NULL:
-            active = True
+            w = ld_i64(h + 8 * E_WORLD)
             if atomic_load_i64(h + 8 * E_STATE) == DONE:
-                w = ld_i64(h + 8 * E_WORLD)
+                done = True
                 break
-    if not active:
+    if w == 0:
         st_i32(outcount, np.int32(UNDEFINED))
         return np.int32(0)
-    if w == 0:
+    if not done:
+        _advance(w)
         st_i32(outcount, np.int32(0))
         return np.int32(0)
     failed = False
     n = 0
     _lock(w)
+    _tick(w)
     for k in range(count):
         h = ld_i64(reqs + 8 * k)
         if h == NULL or atomic_load_i64(h + 8 * E_STATE) != DONE:
@@ -454,9 +556,11 @@ def _probe(source, tag, comm, flag, msg, st):  # type: ignore[no-untyped-def]
     w = ld_i64(comm + 8 * C_WORLD)
     rank = ld_i64(comm + 8 * C_RANK)
     if atomic_load_i64(_box(w, rank, X_UHEAD)) < 0:
+        _advance(w)
         st_i32(flag, np.int32(0))
         return np.int32(0)
     _lock(w)
+    _tick(w)
     prev, s = _find(w, rank, X_UHEAD, np.int64(source), np.int64(tag), E_SRC)
     if s < 0:
         _unlock(w)
@@ -506,6 +610,7 @@ def mrecv(buf, count, _dtype, msg, st):  # type: ignore[no-untyped-def]
     w = ld_i64(h + 8 * E_WORLD)
     s = _index(w, h)
     _lock(w)
+    _tick(w)
     n = ld_i64(_ent(w, s, E_NBYTES))
     err = 0
     if n > count:
@@ -527,6 +632,7 @@ def cancel(req):  # type: ignore[no-untyped-def]
     w = ld_i64(h + 8 * E_WORLD)
     i = _index(w, h)
     _lock(w)
+    _tick(w)
     if ld_i64(_ent(w, i, E_STATE)) == QUEUED:
         if ld_i64(_ent(w, i, E_KIND)) == RECV:
             owner, head, tail = ld_i64(_ent(w, i, E_DST)), X_PHEAD, X_PTAIL
@@ -539,6 +645,9 @@ def cancel(req):  # type: ignore[no-untyped-def]
             j = ld_i64(_ent(w, j, E_NEXT))
         if j == i:
             _unlink(w, owner, head, tail, prev, i)
+            if ld_i64(_ent(w, i, E_VISIBLE)) != 0:  # a send held back: no longer waited for
+                st_i64(_ent(w, i, E_VISIBLE), np.int64(0))
+                st_i64(w + 8 * H_HELD, ld_i64(w + 8 * H_HELD) - 1)
             st_i64(_ent(w, i, E_CANCELLED), np.int64(1))
             st_i64(_ent(w, i, E_COUNT), np.int64(0))
             st_i64(_ent(w, i, E_MSRC), np.int64(ANY_SOURCE))
@@ -556,6 +665,7 @@ def request_free(req):  # type: ignore[no-untyped-def]
     w = ld_i64(h + 8 * E_WORLD)
     i = _index(w, h)
     _lock(w)
+    _tick(w)
     if ld_i64(_ent(w, i, E_STATE)) == DONE:
         _free(w, i)
     else:
@@ -582,19 +692,28 @@ def test_cancelled(st, flag):  # type: ignore[no-untyped-def]
 
 class NativeWorld:
     """The compiled message layer of one :class:`~.local.LocalWorld`: ``size`` ranks,
-    ``capacity`` entries (pending sends and receives, all ranks together)."""
+    ``capacity`` entries (pending sends and receives, all ranks together).
 
-    def __init__(self, size: int, capacity: int = DEFAULT_CAPACITY) -> None:
+    ``jitter`` (0..1): the chance that a send is held back for one to four calls into the
+    world before a receive can see it, which reorders messages across senders (never a
+    sender's own to one rank), as the Python side's ``jitter`` does."""
+
+    def __init__(
+        self, size: int, capacity: int = DEFAULT_CAPACITY, *, jitter: float = 0.0, seed: int = 0
+    ) -> None:
         self.size = size
         self.capacity = capacity
-        w = np.zeros(H_LEN + capacity * E_N + size * X_N, dtype=np.int64)
+        boxes = H_LEN + capacity * E_N
+        w = np.zeros(boxes + size * X_N + size * size, dtype=np.int64)
         w[H_SIZE] = size
         w[H_CAP] = capacity
+        w[H_JITTER] = int(min(max(jitter, 0.0), 1.0) * (1 << 20))
+        w[H_RNG] = (seed * 0x9E3779B1 + 0x2545F4914F6CDD1D) & 0x3FFFFFFFFFFFFFFF or 1
         nxt = np.arange(1, capacity + 1, dtype=np.int64)
         nxt[-1] = -1
         w[H_LEN + E_NEXT : H_LEN + capacity * E_N : E_N] = nxt
         w[H_FREE] = 0
-        w[H_LEN + capacity * E_N :] = -1  # every list empty
+        w[boxes : boxes + size * X_N] = -1  # every list empty
         self.words = w
         self._comms = [np.array([w.ctypes.data, r, size], dtype=np.int64) for r in range(size)]
 
@@ -606,6 +725,11 @@ class NativeWorld:
     @property
     def peak(self) -> int:
         return int(self.words[H_PEAK])
+
+    @property
+    def holds(self) -> int:
+        """Sends the jitter has held back so far."""
+        return int(self.words[H_HOLDS])
 
     def binding(self, rank: int) -> np.ndarray:
         """The record :mod:`.mpi_native`'s wrappers (and the lane) take, for ``rank``."""
