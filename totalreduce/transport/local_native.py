@@ -624,15 +624,24 @@ def mrecv(buf, count, _dtype, msg, st):  # type: ignore[no-untyped-def]
     return np.int32(err)
 
 
-@cfunc(types.int32(types.int64), cache=True)
-def cancel(req):  # type: ignore[no-untyped-def]
+@njit(nogil=True, cache=True)
+def _take_entry(req):  # type: ignore[no-untyped-def]
+    """(world, entry) of the request at ``req`` with the world locked (and the call counted),
+    or (0, -1) for ``MPI_REQUEST_NULL``."""
     h = ld_i64(req)
     if h == NULL:
-        return np.int32(0)
+        return np.int64(0), np.int64(-1)
     w = ld_i64(h + 8 * E_WORLD)
-    i = _index(w, h)
     _lock(w)
     _tick(w)
+    return w, _index(w, h)
+
+
+@cfunc(types.int32(types.int64), cache=True)
+def cancel(req):  # type: ignore[no-untyped-def]
+    w, i = _take_entry(req)
+    if w == 0:
+        return np.int32(0)
     if ld_i64(_ent(w, i, E_STATE)) == QUEUED:
         if ld_i64(_ent(w, i, E_KIND)) == RECV:
             owner, head, tail = ld_i64(_ent(w, i, E_DST)), X_PHEAD, X_PTAIL
@@ -659,13 +668,9 @@ def cancel(req):  # type: ignore[no-untyped-def]
 
 @cfunc(types.int32(types.int64), cache=True)
 def request_free(req):  # type: ignore[no-untyped-def]
-    h = ld_i64(req)
-    if h == NULL:
+    w, i = _take_entry(req)
+    if w == 0:
         return np.int32(0)
-    w = ld_i64(h + 8 * E_WORLD)
-    i = _index(w, h)
-    _lock(w)
-    _tick(w)
     if ld_i64(_ent(w, i, E_STATE)) == DONE:
         _free(w, i)
     else:
