@@ -59,6 +59,8 @@ class DriveHooks:
     table: dict[OpKey, Payload]
     stats: Any  # LoopStats
     _owner: int
+    _comm_ident: int
+    _wanted: bool
     _asleep: bool
     _wait_spin: float
     _t_wait: Callable[[float], None] | None
@@ -88,10 +90,14 @@ class DriveHooks:
     def run(self, stop: threading.Event) -> None:
         """The comm thread: progress until ``stop`` is set; back off when idle."""
         _set_timer_slack()
+        self._comm_ident = threading.get_ident()
         cfg = self.cfg
         delay = cfg.backoff_min_s
         last = time.perf_counter()
         while not stop.is_set():
+            if self._wanted:  # a submitting thread waits for the lock: let it have it
+                _yield()
+                continue
             if self.waiters:
                 # A waiting thread drives the loop; stay out of its way.
                 self.wake.wait(cfg.backoff_max_s)

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("totalreduce.engine")
 
 _NONE: frozenset[Any] = frozenset()
+#: How long an express entry waits for the comm thread to hand the loop's lock over.
+EXPRESS_WAIT_S = 0.0005
 _FRAME = struct.Struct("<BBBBBBHIIIIQQQQqQ")
 
 _MALFORMED = {
@@ -66,6 +68,9 @@ class LaneHooks:
     waiters: int
     cfg: Any  # totalreduce.config.Config
     fatal: BaseException | None
+    _owner: int
+    _comm_ident: int
+    _wanted: bool
 
     # provided by CommLoop
     _remember: Callable[[Any, OpKey, Any], None]
@@ -154,7 +159,7 @@ class LaneHooks:
             or self.trace is not None
             or self._held  # type: ignore[attr-defined]
             or lane.mem[L.C_FULL]
-            or not self.lock.acquire(blocking=False)
+            or not self._express_lock(lane)
         ):
             return None
         self._owner = threading.get_ident()  # type: ignore[attr-defined]
@@ -192,6 +197,23 @@ class LaneHooks:
             self._owner = 0  # type: ignore[attr-defined]
             self.lock.release()
         return lop
+
+    def _express_lock(self, lane: Lane) -> bool:
+        """Take the loop's lock for an express entry.  Held by the comm thread (its compiled
+        passes, or a pass): ask for it (``_wanted``, and a kick that brings the compiled
+        passes back) and wait up to ``EXPRESS_WAIT_S``, since queueing the op instead
+        would send it, and every op submitted after it until the queue drains, the whole
+        way.  Held by another thread (a waiter's passes): False at once."""
+        if self.lock.acquire(blocking=False):
+            return True
+        if self._owner != self._comm_ident or not self._comm_ident:
+            return False
+        self._wanted = True
+        lane.kick()
+        try:
+            return self.lock.acquire(timeout=EXPRESS_WAIT_S)
+        finally:
+            self._wanted = False
 
     def _stopped_by(self, exc: Exception) -> None:
         """The loop met an error of its own (a bug, not an op's): fail every op, once, so
@@ -500,7 +522,7 @@ class LaneHooks:
         try:
             while True:
                 mem[L.C_KICK] = 0  # before the checks: a kick after them is seen
-                if self.waiters or self._main_has_work():
+                if self.waiters or self._wanted or self._main_has_work():
                     return moved
                 if not (lane.inflight or lane.sends_busy):
                     return moved

@@ -149,6 +149,10 @@ class CommLoop(
         self.lock = threading.Lock()
         self.waiters = 0
         self._owner = 0  # ident of the thread running a pass
+        self._comm_ident = 0  # the comm thread's ident (set when it starts running)
+        # A thread that submits a repeat (lane_express) while the comm thread holds the
+        # lock asks for it: the comm thread hands the lock over at its next check.
+        self._wanted = False
         self._asleep = False  # the comm thread is (about to be) blocked on ``wake``
         # A transport that can wake a sleeping process (shared memory: an eventfd)
         # offers ``wait``/``wake``: the loop then sleeps in the transport, so a
