@@ -2,7 +2,8 @@
 
 Modes:
 - ``every``: every collective and neighbor op, in a per-rank random order with random
-  priorities, waited for in another random order; groups; exact results.
+  priorities, waited for in another random order; groups; exact results; then whether
+  this process loaded MPI (it must not).
 - ``windows``: window ops (put, update, free) between the clients, exact results.
 - ``big``: prints READY, then 64 MiB float32 allreduces until one fails (a test kills a
   client in the middle of one); prints the error.
@@ -91,6 +92,10 @@ def mode_every(p: int, rank: int) -> None:
             bad += 1
             print(f"rank {rank}: WRONG {name}", flush=True)
     print(f"rank {rank}: EVERY {'OK' if bad == 0 else 'FAILED'}", flush=True)
+    # a daemon client needs no MPI: mpi4py's MPI module is not imported, no libmpi is mapped
+    with open("/proc/self/maps") as maps:
+        mapped = any("libmpi" in line for line in maps)
+    print(f"rank {rank}: MPI {'LOADED' if mapped or 'mpi4py.MPI' in sys.modules else 'NONE'}")
 
 
 def mode_windows(p: int, rank: int) -> None:

@@ -64,6 +64,7 @@ def test_eight_clients_on_two_nodes_every_op_random_orders(tmp_path: Path) -> No
         results = run_clients(served, [WORKER, "every"], timeout=240)
         for r, res in enumerate(results):
             assert f"rank {r}: EVERY OK" in res.stdout, res.stdout
+            assert f"rank {r}: MPI NONE" in res.stdout, res.stdout  # clients load no MPI
     finally:
         status = served.stop()
     log = served.stderr()
