@@ -75,7 +75,7 @@ def init(comm: Any = None, **options: Any) -> ServiceLike:
                 "but service='embedded' asks for this process's own MPI rank: unset one of them"
             )
         if config.service == "daemon" and config.local_rank < 0:
-            slot = launcher_slot()  # torchrun's LOCAL_RANK, srun's, mpiexec's: that slot
+            slot = launcher_slot()  # torchrun's LOCAL_RANK or srun's SLURM_LOCALID: that slot
             if slot is not None:
                 config = dataclasses.replace(config, local_rank=slot[0])
         transport = open_transport(config, comm)

@@ -307,3 +307,32 @@ def test_the_comm_threads_do_not_hold_the_interpreter_lock_while_ops_are_in_flig
     ratio = sorted(ratios)[len(ratios) // 2]
     assert finished and spins > 0, (finished, spins)
     assert ratio >= 0.5, ratios
+
+
+def test_completion_callbacks_submit_repeats_in_a_chain() -> None:
+    """A completion callback (which runs inside a pass, often the comm thread's) submits the
+    next repeat of a name: the chain of 200 runs through, exact, without the callback's
+    thread asking itself for the loop's lock."""
+    n = 200
+
+    def rank_main(s):
+        done = threading.Event()
+        got: list[float] = []
+
+        def next_op(h) -> None:
+            got.append(float(h.wait()[0]))
+            if len(got) < n:
+                s.allreduce_async(
+                    np.full(16, len(got), np.float32), name="chain"
+                ).add_done_callback(next_op)
+            else:
+                done.set()
+
+        s.allreduce_async(np.zeros(16, np.float32), name="chain").add_done_callback(next_op)
+        assert done.wait(60), len(got)
+        return got
+
+    with local_services(2) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=120)
+    for got in results:
+        assert got == [2.0 * k for k in range(n)]

@@ -203,11 +203,13 @@ class LaneHooks:
         passes, or a pass): ask for it (``_wanted``, and a kick that brings the compiled
         passes back) and wait up to ``EXPRESS_WAIT_S``, since queueing the op instead
         would send it, and every op submitted after it until the queue drains, the whole
-        way.  Held by another thread (a waiter's passes): False at once."""
+        way.  Held by another thread (a waiter's passes) or by this one (a callback that
+        runs inside a pass submits): False at once."""
         if self.lock.acquire(blocking=False):
             return True
-        if self._owner != self._comm_ident or not self._comm_ident:
-            return False
+        owner = self._owner
+        if owner != self._comm_ident or not owner or owner == threading.get_ident():
+            return False  # a waiter's passes, or this thread's own (a completion callback)
         self._wanted = True
         lane.kick()
         try:
