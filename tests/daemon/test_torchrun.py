@@ -32,14 +32,22 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _torchrun(args: list[str], env: dict[str, str], tmp: Path) -> str:
-    r = subprocess.run(
+def _torchrun(args: list[str], env: dict[str, str], tmp: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
          "2", "--log-dir", str(tmp), *args],
-        env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
+
+
+def _finish(proc: subprocess.Popen[str]) -> str:
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"torchrun did not finish within {TIMEOUT} s:\n{out}") from None
+    assert proc.returncode == 0, out
     return out
 
 
@@ -49,9 +57,18 @@ def test_unchanged_ddp_under_torchrun_against_a_service_matches_gloo(tmp_path: P
     try:
         daemon = _env(TOTALREDUCE_SERVICE="daemon", TOTALREDUCE_SOCKET=str(served.socket(0)))
         script = str(HERE / "torchrun_ddp.py")
-        out = _torchrun([script, "totalreduce", str(tmp_path / "tr")], daemon, tmp_path / "l1")
+        # the two jobs at once: gloo's needs no service
+        ours = _torchrun([script, "totalreduce", str(tmp_path / "tr")], daemon, tmp_path / "l1")
+        gloo = _torchrun([script, "gloo", str(tmp_path / "gl")], _env(), tmp_path / "l2")
+        try:
+            out = _finish(ours)
+            _finish(gloo)
+        finally:
+            for proc in (ours, gloo):
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         assert "DONE totalreduce 0" in out and "DONE totalreduce 1" in out, out
-        _torchrun([script, "gloo", str(tmp_path / "gl")], _env(), tmp_path / "l2")
         for r in (0, 1):
             ours = torch.load(tmp_path / f"tr.{r}.pt")
             gloo = torch.load(tmp_path / f"gl.{r}.pt")

@@ -43,14 +43,33 @@ GARBAGE = {
 }
 
 
+def _send_to_lane(world: LocalWorld, raw: np.ndarray) -> np.ndarray:
+    """Rank 1 sends ``raw`` on the compiled lane's tag through the world's compiled layer
+    (the lane reads it with ``MPI_Improbe``/``MPI_Mrecv``); returns the request."""
+    from totalreduce.engine.lane import LANE_TAG
+    from totalreduce.transport import mpi_native
+
+    b = world.native().binding(1)
+    req = mpi_native.request_array(b, 1)
+    rc = mpi_native.mpi_isend(b, raw.ctypes.data, raw.nbytes, 0, LANE_TAG, req.ctypes.data)
+    assert rc == 0
+    return req
+
+
+@pytest.mark.parametrize("path", ["main loop", "lane"])
 @pytest.mark.parametrize("what", sorted(GARBAGE))
-def test_bad_message_is_a_frame_error_and_the_loop_lives(what: str) -> None:
+def test_bad_message_is_a_frame_error_and_the_loop_lives(what: str, path: str) -> None:
+    """``path``: on the main loop's tag, or on the compiled lane's (its event to Python)."""
     world = LocalWorld(2)
     svc = Service(world.transport(0), Config.load(env={}, floating_pool_bytes=POOL))
     rogue = world.transport(1)
     try:
-        raw = np.frombuffer(GARBAGE[what], dtype=np.uint8).copy()
-        rogue.isend(raw, 0, wire.CONTROL_TAG)
+        raw = np.frombuffer(GARBAGE[what], dtype=np.uint8).copy()  # read when received
+        if path == "lane":
+            assert svc.loop.lane is not None
+            _send_to_lane(world, raw)
+        else:
+            rogue.isend(raw, 0, wire.CONTROL_TAG)
         deadline = time.monotonic() + 5
         while 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -118,6 +118,8 @@ class DriveHooks:
                 delay = cfg.backoff_min_s
                 last = time.perf_counter()
                 continue
+            if self._wanted:  # the spin returned for a submitter: no pass before it enters
+                continue
             if self._pass():
                 delay = cfg.backoff_min_s
                 last = time.perf_counter()
