@@ -643,10 +643,9 @@ def cancel(req):  # type: ignore[no-untyped-def]
     if w == 0:
         return np.int32(0)
     if ld_i64(_ent(w, i, E_STATE)) == QUEUED:
-        if ld_i64(_ent(w, i, E_KIND)) == RECV:
-            owner, head, tail = ld_i64(_ent(w, i, E_DST)), X_PHEAD, X_PTAIL
-        else:
-            owner, head, tail = ld_i64(_ent(w, i, E_DST)), X_UHEAD, X_UTAIL
+        owner = ld_i64(_ent(w, i, E_DST))  # a receive's owner, a send's destination
+        recv = ld_i64(_ent(w, i, E_KIND)) == RECV
+        head, tail = (X_PHEAD, X_PTAIL) if recv else (X_UHEAD, X_UTAIL)
         prev = np.int64(-1)
         j = ld_i64(_box(w, owner, head))
         while j >= 0 and j != i:
