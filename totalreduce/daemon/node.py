@@ -72,6 +72,7 @@ class Node:
         nodes: int,
         local_clients: int,
         options: dict[str, int],
+        thin: Any = None,
     ) -> None:
         self.service = service
         self.transport = transport
@@ -81,6 +82,7 @@ class Node:
         self.nodes = nodes
         self.local_clients = local_clients
         self.options = options
+        self.thin = thin  # the arena thread (daemon/thin.py): the clients' hierarchical ops
         self.slots: list[_Conn | None] = [None] * local_clients
         self.channels: list[Any] = [None] * local_clients
         self.epoch = 0
@@ -223,6 +225,7 @@ class Node:
             self.sessions += 1
             self.epoch = self.sessions
             log.info("session %d starts", self.epoch)
+            self.thin.new_session()  # what the last job's ranks did no longer counts
         from ..transport.shm import new_eventfd
 
         channel = self.transport.new_channel()
@@ -234,6 +237,8 @@ class Node:
         self.slots[slot] = conn
         self.channels[slot] = channel
         self.transport.attach(slot, channel, os.dup(client_efd), pid)
+        thin_efd = new_eventfd()
+        self.thin.attach(slot, conn.incarnation, os.dup(thin_efd))
         self.service.loop.rejoin(rank, conn.incarnation)
         welcome = {
             "t": "welcome",
@@ -250,12 +255,17 @@ class Node:
             "tag_span": self.transport.tag_span,
             "options": self.options,
             "incarnation": conn.incarnation,
+            "arena_bytes": self.thin.arena.size,
         }
-        # The client gets its own copies of the descriptors; the transport owns ours.
+        # The client gets its own copies of the descriptors; the transport and the arena
+        # thread own ours.
+        fds = (channel.fd, client_efd, self.transport.eventfd, self.thin.arena.fd, thin_efd,
+               self.thin.eventfd)  # fmt: skip
         try:
-            hello.send(conn.sock, welcome, (channel.fd, client_efd, self.transport.eventfd))
+            hello.send(conn.sock, welcome, fds)
         finally:
             os.close(client_efd)
+            os.close(thin_efd)
         log.info("client pid %d is rank %d (local %d)", pid, rank, slot)
 
     def _refuse(self, conn: _Conn, why: str) -> None:
@@ -289,6 +299,7 @@ class Node:
         if not conn.said_bye:  # its ops fail everywhere now, as if it had said goodbye
             self.service.loop.peer_gone(rank, conn.incarnation)
             self.failed = self.failed or f"rank {rank} (pid {conn.pid}) died"
+        self.thin.detach(slot, None if conn.said_bye else how)
         released = self.transport.detach(slot)
         self.slots[slot] = None
         channel, self.channels[slot] = self.channels[slot], None

@@ -58,6 +58,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "messages stream through it)",
     )
     p.add_argument(
+        "--arena-bytes",
+        type=int,
+        default=1 << 30,
+        metavar="B",
+        help="bytes of the node's arena, shared among its local clients, where their "
+        "hierarchical ops' buffers live (default 1 GiB; memory is taken as it is used)",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=float,
         default=10.0,
@@ -71,6 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--local-clients must be in 1..1024")
     if not 64 << 10 <= args.channel_bytes <= 1 << 30:
         p.error("--channel-bytes must be in 64 KiB..1 GiB")
+    if not 1 << 20 <= args.arena_bytes <= 1 << 40:
+        p.error("--arena-bytes must be in 1 MiB..1 TiB")
     if args.drain_timeout < 0:
         p.error("--drain-timeout must be >= 0")
     return args
@@ -83,10 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     from ..service.config import Config
     from ..service.service import Service
     from ..transport import hello
+    from ..transport.arena import Arena
+    from ..transport.mpi import MPITransport
     from ..transport.relay import agree, open_relay
     from . import sockets
     from .adopt import MAX_OP_BYTES, relay_adopter
     from .node import Node
+    from .thin import ThinService
 
     config = Config.load()
     transport = open_relay(args.local_clients, args.channel_bytes)
@@ -105,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     except (TotalReduceError, OSError) as exc:
         problem = str(exc)
     # Every node must be able to serve, and all must agree on the number of local clients.
-    failed, most, least = agree(
-        transport, [1 if problem else 0, args.local_clients, -args.local_clients]
-    )
+    failed, most, least, arena_most, arena_least = agree(
+        transport,
+        [1 if problem else 0, args.local_clients, -args.local_clients, args.arena_bytes,
+         -args.arena_bytes],
+    )  # fmt: skip
     if failed:
         log.error("not starting: %s", problem or "another node could not start (see its log)")
         transport.close()
@@ -120,11 +135,25 @@ def main(argv: list[str] | None = None) -> int:
         )
         transport.close()
         return 2
+    if arena_most != -arena_least:
+        log.error(
+            "not starting: the nodes were given different --arena-bytes (%d to %d)",
+            -arena_least,
+            arena_most,
+        )
+        transport.close()
+        return 2
     layout = NodeLayout(nodes, args.local_clients)
     svc = Service(transport, config)
     svc.loop.adopt = relay_adopter(
         layout, transport.rank, config.segment_bytes, max_op_bytes=MAX_OP_BYTES
     )
+    # The clients' hierarchical ops: the arena, and an engine among the nodes' services
+    # (MPI on a communicator of its own; the compiled lane runs it).
+    engine = Service(MPITransport(), config) if nodes > 1 else None
+    arena = Arena.create(args.local_clients, args.arena_bytes // args.local_clients)
+    thin = ThinService(arena, node, nodes, engine)
+    svc.loop.on_peer_left, svc.loop.on_peer_joined = thin.peer_left, thin.peer_joined
     warm_up()
     listener = sockets.listen(path)
     options = {k: int(getattr(config, k)) for k in hello.SHARED_OPTIONS}
@@ -137,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes=nodes,
         local_clients=args.local_clients,
         options=options,
+        thin=thin,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda num, _frame: server.stop(signal.Signals(num).name))
@@ -157,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + args.drain_timeout
         while svc.loop.table and time.monotonic() < deadline:
             time.sleep(0.05)
+        thin.stop()
+        if engine is not None:
+            engine.shutdown(timeout=2)
         svc.shutdown(timeout=2)
+        arena.close()
     log.info("stopped")
     return status
 

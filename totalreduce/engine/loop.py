@@ -209,6 +209,9 @@ class CommLoop(
         self._dirty: set[int] = set()
         self._tag_span = int(getattr(transport, "tag_span", wire.BODY_TAG_SPAN))
         self._left: set[int] = set()  # peers that said goodbye (a subset of bad_peers)
+        #: A node's service: told (peer, how) when a rank leaves or dies (daemon/thin.py).
+        self.on_peer_left: Callable[[int, str], None] | None = None
+        self.on_peer_joined: Callable[[int], None] | None = None  # a new process has the rank
         self._unreachable: set[int] = set()  # peers whose link failed: nothing goes to them
         # Receiving: ops refused for lack of room here (to tell when submitted), and
         # urgency noted for ops not submitted yet.
@@ -346,7 +349,7 @@ class CommLoop(
                 elif item[0] == "gone":
                     peer, inc = item[1], item[2]
                     if self._current(peer, inc) and peer not in self._left:
-                        self._peer_left(peer)
+                        self._peer_left(peer, died=True)
                     self._announce(GONE, peer, inc)
                 elif item[0] == "need":
                     p = self.table.get(item[1])

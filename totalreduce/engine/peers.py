@@ -53,6 +53,9 @@ class PeerHooks:
     _incarnations: list[int]
     _via: int | None
     _left: set[int]
+    #: (rank, "left" or "died"): a node's service hears of its clients' ranks going.
+    on_peer_left: Callable[[int, str], None] | None
+    on_peer_joined: Callable[[int], None] | None
     _unreachable: set[int]
     _reqs: list[Any]
     _owners: list[tuple[int, Any]]
@@ -166,7 +169,7 @@ class PeerHooks:
         peer, inc = f[F_AUX], f[F_WID]
         if 0 <= peer < self.size and peer != self.rank and peer != source:
             if peer not in self._left and self._current(peer, inc):
-                self._peer_left(peer)
+                self._peer_left(peer, died=True)
 
     def _on_join(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
         """A node's service says a new process has client rank ``f[F_AUX]``."""
@@ -176,11 +179,13 @@ class PeerHooks:
                 self._incarnations[peer] = inc
                 self._rejoin(peer)
 
-    def _peer_left(self, peer: int) -> None:
+    def _peer_left(self, peer: int, died: bool = False) -> None:
         """Rank ``peer`` shut down: it sends nothing more (every frame it sent has come,
         in order), so the ops that still need it fail; those with only local work left
         finish."""
         why = f"rank {peer} stopped (its service shut down: the program ended or failed)"
+        if self.on_peer_left is not None:  # a node's service: its arena ops hear it too
+            self.on_peer_left(peer, "died" if died else "left")
         if self._reqs:  # sends it received may not be marked done here yet
             self._poll_requests()
         self.bad_peers[peer] = OpFailedError(f"rank {self.rank}: {why}; ops with it fail")
@@ -236,6 +241,8 @@ class PeerHooks:
         credits.  Its session agreement at ``init()`` comes first in practice (every
         client waits for it before its first op), which is what the tests exercise.
         """
+        if self.on_peer_joined is not None:
+            self.on_peer_joined(peer)
         if peer not in self._left and peer not in self.bad_peers:
             return  # never seen leave: nothing to forget (a rank's first process)
         self.bad_peers.pop(peer, None)

@@ -25,6 +25,7 @@ from .ops import (
     compile_op,
 )
 from .submit import OpSubmitter
+from .thin import ThinHandle
 
 
 class CollectiveOps(OpSubmitter):
@@ -43,7 +44,7 @@ class CollectiveOps(OpSubmitter):
         algorithm: str | None = None,
         group: Group | None = None,
         dtype: str | None = None,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Start reducing ``x`` across all ranks (or ``group``); ``wait()`` returns the result.
 
         ``out`` receives the result (a new array by default; ``out=x`` reduces in
@@ -75,6 +76,11 @@ class CollectiveOps(OpSubmitter):
         avg = rop is ReduceOp.AVG
         hier = self._hierarchical(OpKind.ALLREDUCE, wanted, grp, arr.nbytes, dt)
         param = 0
+        if hier is not None and self._thin is not None and self._thin.takes(arr.nbytes):
+            return self._thin_op(  # the node's service runs it (service/thin.py)
+                OpKind.ALLREDUCE, arr, dt, o, in_place, name, rop, priority, 0,
+                o.reshape(arr.shape),
+            )  # fmt: skip
         if hier is not None:
             code = AlgorithmCode.HIERARCHICAL
             param, sched = compile_hierarchical(
@@ -146,7 +152,7 @@ class CollectiveOps(OpSubmitter):
         algorithm: str = "auto",
         group: Group | None = None,
         dtype: str | None = None,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Start copying ``x`` of rank ``root`` to every rank; ``wait()`` returns it.
 
         Every rank passes an array of the same shape and dtype; ``out=x``
@@ -172,6 +178,11 @@ class CollectiveOps(OpSubmitter):
             raise InvalidArgumentError(f"broadcast root {root} outside 0..{grp.size - 1}")
         o, in_place = checks.output(arr, out)
         hier = self._hierarchical(OpKind.BROADCAST, algorithm, grp, arr.nbytes, dt)
+        if hier is not None and self._thin is not None and self._thin.takes(arr.nbytes):
+            return self._thin_op(
+                OpKind.BROADCAST, arr, dt, o, in_place, name, ReduceOp.SUM, priority, int(root),
+                o.reshape(arr.shape),
+            )  # fmt: skip
         if hier is not None:
             express_key = None  # daemon mode's hierarchical broadcasts go the whole way
             code = AlgorithmCode.HIERARCHICAL
@@ -210,7 +221,7 @@ class CollectiveOps(OpSubmitter):
         priority: int = 0,
         algorithm: str = "auto",
         group: Group | None = None,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Start a barrier: ``wait()`` returns once every rank (of ``group``) has entered it.
 
         ``algorithm``: ``all_to_all``, ``all_to_one``, ``hierarchical`` (daemon mode) or
@@ -224,6 +235,12 @@ class CollectiveOps(OpSubmitter):
         grp, me = self._group(group)
         hier = self._hierarchical(OpKind.BARRIER, algorithm, grp, 0, DType.INT64)
         param = 0
+        if hier is not None and self._thin is not None:
+            none = np.empty(0, dtype=np.int64)
+            return self._thin_op(
+                OpKind.BARRIER, none, DType.INT64, none, True, name, ReduceOp.SUM, priority, 0,
+                None,
+            )  # fmt: skip
         if hier is not None:
             code = AlgorithmCode.HIERARCHICAL
             param, sched = compile_hierarchical(

@@ -91,6 +91,13 @@ class Lifecycle(OpSubmitter):
         # new job never meets what the services remember of an old one.
         self._layout = NodeLayout(relays, self.size // relays) if relays else None
         self._salt = 0
+        link = getattr(transport, "arena", None)  # a daemon's client: the node's arena
+        if link is not None:
+            from .thin import ThinClient
+
+            self._thin = ThinClient(link)
+        else:
+            self._thin = None
         self._comm_thread = threading.Thread(
             target=self._run_loop, name=f"totalreduce-comm-{self.rank}", daemon=True
         )
@@ -171,6 +178,13 @@ class Lifecycle(OpSubmitter):
         if self._windows is not None:  # freed with the neighbours while they still listen
             self._windows.close(limit)
         self._closed = True
+        if self._thin is not None:  # the node's service has these: wait for them too
+            for h in self._thin.in_flight():
+                try:
+                    h.wait(max(0.0, deadline - time.monotonic()))
+                except Exception:
+                    pass
+            self._thin.close()
         while (self.loop.busy or self.loop.sending) and time.monotonic() < deadline:
             self.loop.poll()
             time.sleep(0.0005)

@@ -67,6 +67,13 @@ class NameTable:
                 if st.unnamed and not st.in_flight:
                     del self._names[name]
 
+    def forget(self, name: str | int) -> None:
+        """Drop ``name`` once none of its generations is in flight (a name used once)."""
+        with self._lock:
+            st = self._names.get(name)
+            if st is not None and not st.in_flight:
+                del self._names[name]
+
 
 def _sig_text(sig: tuple[Any, ...]) -> str:
     if not sig:

@@ -54,6 +54,11 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Li
         """(local_rank, local_size, cross_rank, cross_size) of this rank, from the transport."""
         return self.transport.node_layout()
 
+    def forget_name(self, name: str | int) -> None:
+        """Forget a name no later op will use (a node's service, for its clients' unnamed
+        ops); its generations start again at the first if it comes back."""
+        self._names.forget(name)
+
     def abort(self, name: str | int, generation: int, reason: str) -> None:
         """Fail op ``name`` generation ``generation`` here and on every other rank.
 

@@ -29,6 +29,7 @@ from .config import Config
 from .handle import Handle
 from .names import NameTable
 from .ops import alias_for, plan_for
+from .thin import ThinClient, ThinHandle
 
 #: (type, name, salt) -> wire id; the type keeps the name 1 apart from True and "1".
 _WIRE_IDS: dict[tuple[type, str | int, int], int] = {}
@@ -49,6 +50,8 @@ class OpSubmitter:
     _express: dict[tuple[Any, ...], Any]
     _closed: bool
     _stop: threading.Event
+    #: Daemon mode: the thin path to the node's service (hierarchical ops), else None.
+    _thin: ThinClient | None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -204,3 +207,69 @@ class OpSubmitter:
             remember(self, express_key, spec, x if express_array is None else express_array, sig)
         self._submit(spec, handle)
         return handle
+
+    def _thin_op(
+        self,
+        kind: OpKind,
+        x: np.ndarray,
+        dtype: DType,
+        out: np.ndarray,
+        in_place: bool,
+        name: str | int | None,
+        op: ReduceOp,
+        priority: Any,
+        root: int,
+        result: Any,
+    ) -> ThinHandle:
+        """Name an op and hand it to the node's service through the arena (daemon mode).
+
+        The buffers the service works on: the output itself if it lives in the arena
+        (the input too, or a copy of it in the output), else a staging block of the
+        client's part of the arena that the result is copied out of.
+        """
+        self._check_open()
+        thin = self._thin
+        assert thin is not None
+        prio = checks.priority(priority)
+        sig = (kind.name.lower(), dtype.name.lower(), int(x.size), op.name.lower(), root)
+        op_name, gen = self._names.name(name, sig)
+        names = self._names
+        try:
+            staged, back = -1, None
+            if kind is OpKind.BARRIER:
+                at_in = at_out = -1
+            else:
+                receiver = kind is OpKind.BROADCAST and self.rank != root  # needs no input
+                at_out, staged = thin.place(out, need_input=False)
+                if staged >= 0:  # the result is copied out of the staging block
+                    back = out
+                    if not receiver:
+                        thin.arena.view(staged, x.nbytes, np.uint8)[:] = x.reshape(-1).view(
+                            np.uint8
+                        )
+                    at_in = at_out
+                elif in_place or receiver:
+                    at_in = at_out
+                else:
+                    at_in = thin.arena.offset_of(x) if x.flags.c_contiguous else -1
+                    if at_in < 0:
+                        out.reshape(-1)[:] = x.reshape(-1)
+                        at_in = at_out
+        except BaseException:
+            names.ended(op_name)
+            raise
+        handle = ThinHandle(
+            thin, op_name, gen, kind, result, staged, back, lambda: names.ended(op_name)
+        )
+        return thin.submit(
+            handle,
+            wire=self._wire_id(op_name),
+            dtype=dtype,
+            count=int(x.size),
+            op=op,
+            root=root,
+            priority=prio,
+            at_in=at_in,
+            at_out=at_out,
+            unnamed=name is None,
+        )

@@ -35,11 +35,11 @@ from typing import Any
 from ..errors import TotalReduceError
 
 #: Protocol version a hello carries; a service refuses any other.
-VERSION = 2
+VERSION = 3
 #: Largest message body in bytes (the length prefix excluded).
 MAX_MESSAGE = 64 << 10
 #: Most descriptors one ``sendmsg`` may carry.
-MAX_FDS = 3
+MAX_FDS = 6
 _LEN = struct.Struct("<I")
 _ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
@@ -259,7 +259,7 @@ SHARED_OPTIONS = ("segment_bytes", "micro_bytes", "floating_pool_bytes")
 HELLO_FIELDS = frozenset({"version", "pid", "local_rank"})
 WELCOME_FIELDS = frozenset(
     {"rank", "size", "relays", "node", "nodes", "local", "local_clients", "epoch", "pid",
-     "region_bytes", "tag_span", "options", "incarnation"}
+     "region_bytes", "tag_span", "options", "incarnation", "arena_bytes"}
 )  # fmt: skip
 
 
@@ -283,6 +283,8 @@ class Welcome:
     #: admits): a goodbye or death notice of an earlier process of the rank that arrives
     #: late is told apart from this one's.
     incarnation: int = 0
+    #: Bytes of the node's arena (its memory file is the welcome's fourth descriptor).
+    arena_bytes: int = 0
 
     @property
     def relay(self) -> int:
@@ -313,6 +315,7 @@ def parse_welcome(msg: dict[str, Any]) -> Welcome:
         tag_span=f.int("tag_span", 1, 1 << 30),
         options={k: int(options[k]) for k in SHARED_OPTIONS},
         incarnation=f.int("incarnation", 1, 1 << 62),
+        arena_bytes=f.int("arena_bytes", 1, MAX_SIZE),
     )
     if w.rank != w.node * local_clients + w.local:
         raise ProtocolError(f"welcome: rank {w.rank} is not node {w.node}, local {w.local}")
@@ -355,6 +358,9 @@ def attach(
         region_fd = reader.take_fd("welcome (channel)")
         own_fd = reader.take_fd("welcome (client eventfd)")
         relay_fd = reader.take_fd("welcome (service eventfd)")
+        arena_fd = reader.take_fd("welcome (arena)")
+        thin_fd = reader.take_fd("welcome (client's arena eventfd)")
+        thin_service_fd = reader.take_fd("welcome (service's arena eventfd)")
     except BaseException:
         reader.close_fds()
         sock.close()
@@ -368,7 +374,26 @@ def attach(
     t.options = dict(w.options)
     t.socket_path = str(where)
     t.on_close = lambda: _goodbye(sock)
+    from .arena import Arena
+
+    # The thin path's parts (service/thin.py): the node's arena, this client's and the
+    # service's arena eventfds, the socket (whose end says the service is gone).
+    t.arena = ArenaLink(
+        Arena.attach(arena_fd, w.arena_bytes), w, thin_fd, thin_service_fd, sock, str(where)
+    )
     return t
+
+
+@dataclass
+class ArenaLink:
+    """What a thin client needs of its node's service, from the welcome."""
+
+    arena: Any
+    welcome: Welcome
+    eventfd: int
+    service_eventfd: int
+    sock: socket.socket
+    where: str
 
 
 def _goodbye(sock: socket.socket) -> None:

@@ -763,6 +763,8 @@ class ShmClientTransport:
         self.options: dict[str, int] = {}
         self.socket_path = ""
         self.on_close: Callable[[], None] | None = None
+        #: The node's arena and what goes with it (hello.ArenaLink): the thin path.
+        self.arena: Any = None
         per_node = size // relays
         node = relay - size
         if rank // per_node != node:

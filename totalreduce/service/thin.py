@@ -1,0 +1,408 @@
+"""The thin path of a daemon client: ops handed to the node's service through the arena.
+
+In daemon mode an ``allreduce``, ``broadcast`` or ``barrier`` over the whole world
+(the hierarchical ops) does not go through this process's engine: the client
+checks and names it as in embedded mode, places its buffer in the node's arena
+(:mod:`~totalreduce.transport.arena`; zero copy if the array lives there, else
+one copy in and one out), writes one descriptor into its submission ring and
+returns a :class:`ThinHandle`.  The node's service reduces the node's buffers in
+place, runs the op among the nodes' services, writes the result back and sets
+the op's completion word.  ``done()`` reads that word; ``wait()`` spins briefly,
+then sleeps on this client's eventfd, which the service writes when it sees the
+client's sleeping flag.  No thread of this process takes part, unless a caller
+adds a done callback to an op in flight: then one thread watches the words.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.codes import OpKind
+from ..dtypes import DType, ReduceOp
+from ..errors import (
+    InvalidArgumentError,
+    OpFailedError,
+    OpMismatchError,
+    OpTimeoutError,
+    TotalReduceError,
+    TransportError,
+)
+from ..transport import arena as A
+from ..transport.shm import drain_eventfd, fence, signal_eventfd
+
+log = logging.getLogger("totalreduce.thin")
+
+#: How long ``wait()`` checks the completion word before it sleeps.
+SPIN_S = 50e-6
+_KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.BARRIER: "barrier"}
+_ERRORS: dict[int, type[TotalReduceError]] = {
+    A.E_FAILED: OpFailedError,
+    A.E_MISMATCH: OpMismatchError,
+    A.E_INVALID: InvalidArgumentError,
+    A.E_TRANSPORT: TransportError,
+}
+
+
+class ThinHandle:
+    """One op handed to the node's service (the same calls as :class:`~.handle.Handle`)."""
+
+    __slots__ = (
+        "name", "generation", "kind", "_client", "_ticket", "_result", "_staged", "_out",
+        "_done", "_error", "_then", "_ended",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        client: ThinClient,
+        name: str | int,
+        generation: int,
+        kind: OpKind,
+        result: Any,
+        staged: int,
+        out: np.ndarray | None,
+        ended: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self.generation = generation
+        self.kind = kind
+        self._client = client
+        self._ticket = 0
+        self._result = result
+        self._staged = staged  # arena offset of a staging copy, or -1
+        self._out = out  # where a staged result goes
+        self._done = False
+        self._error: BaseException | None = None
+        self._then: list[Callable[[Any], None]] | None = None
+        self._ended = ended
+
+    def done(self) -> bool:
+        """True once the op completed or failed (reads its completion word; never blocks)."""
+        return self._done or self._client.check(self)
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the op completes; return its result (raise its error)."""
+        if not self._done and not self._client.check(self):
+            self._client.block(self, timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(handle)`` once when the op ends (at once if it has; else on a
+        watcher thread, or on the thread that finds it done)."""
+        with self._client.lock:
+            if not self._done:
+                if self._then is None:
+                    self._then = []
+                self._then.append(fn)
+                self._client.watch()
+                return
+        fn(self)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "in flight"
+        return f"<ThinHandle op={self.name!r} generation={self.generation} {state}>"
+
+
+class ThinClient:
+    """This process's side of the arena: its slot's ring, words and buffers."""
+
+    def __init__(self, link: Any) -> None:
+        w = link.welcome
+        self.arena = link.arena
+        self.slot = int(w.local)
+        self.rank, self.size = int(w.rank), int(w.size)
+        self.service_pid = int(w.pid)
+        self.where = link.where
+        self.efd, self.service_efd = link.eventfd, link.service_eventfd
+        self.sock: socket.socket = link.sock
+        self.header = self.arena.header
+        self.ctl = self.arena.control(self.slot)
+        self.ring = self.ctl[A.RING_WORD : A.DONE_WORD].reshape(A.RING, A.D_WORDS)
+        self.words = self.ctl[A.DONE_WORD : A.DONE_WORD + A.RING]
+        self.space = A.Allocator(self.arena.data_start(self.slot), self.arena.data_bytes)
+        self.lock = threading.RLock()  # submission, completion, the in-flight table
+        self._tail = int(self.ctl[A.C_TAIL])
+        self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
+        self._sleeper = threading.Lock()  # one thread sleeps on the eventfd at a time
+        self._woken = threading.Condition()
+        self._watcher: threading.Thread | None = None
+        self.gone: str | None = None  # the service died: every op fails, saying so
+        self.closed = False
+
+    # ------------------------------------------------------------------ placing buffers
+
+    def takes(self, nbytes: int) -> bool:
+        """Whether an op of ``nbytes`` can be staged here (else it goes the engine's way)."""
+        return nbytes <= self.arena.data_bytes // 2
+
+    def empty(self, shape: Any, dtype: Any) -> np.ndarray:
+        """A new array in this client's part of the arena (its ops then take no copy)."""
+        dt = np.dtype(dtype)
+        shp = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        n = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        at = self._alloc(max(n, dt.itemsize), None)
+        raw = self.arena.view(at, max(n, dt.itemsize), np.uint8)
+        whole = np.asarray(_Owner(raw, _Block(self.space, at))).view(dt)
+        return whole[: n // dt.itemsize].reshape(shp)
+
+    def _alloc(self, nbytes: int, what: str | None) -> int:
+        at = self.space.alloc(nbytes)
+        if at >= 0:
+            return at
+        if nbytes > self.arena.data_bytes:
+            raise InvalidArgumentError(
+                f"{nbytes} bytes do not fit this client's {self.arena.data_bytes} bytes of the "
+                "node's arena (start the service with a larger --arena-bytes)"
+            )
+        t0 = time.monotonic()
+        warned = False
+        while (at := self.space.alloc(nbytes)) < 0:  # backpressure: ops in flight give back
+            oldest = next(iter(self._flight.values()), None)
+            if oldest is None:
+                time.sleep(0.001)  # arrays of tr.empty() hold it: wait for the collector
+            else:
+                self.block(oldest, None)
+            if not warned and time.monotonic() - t0 > 10:
+                warned = True
+                log.warning(
+                    "rank %d: %s waits for %d bytes of the arena (%d of %d in use) for 10 s",
+                    self.rank, what or "an array", nbytes, self.space.used_bytes,
+                    self.arena.data_bytes,
+                )  # fmt: skip
+        return at
+
+    def place(self, arr: np.ndarray, need_input: bool) -> tuple[int, int]:
+        """(arena offset of ``arr``'s bytes, staging offset or -1): ``arr`` itself if it
+        lives in the arena, else a staging copy (filled if ``need_input``)."""
+        if arr.flags.c_contiguous:
+            at = self.arena.offset_of(arr)
+            if at >= 0:
+                return at, -1
+        at = self._alloc(arr.nbytes, "a staging copy")
+        if need_input and arr.nbytes:
+            self.arena.view(at, arr.nbytes, np.uint8)[:] = arr.reshape(-1).view(np.uint8)
+        return at, at
+
+    # ------------------------------------------------------------------ submitting
+
+    def submit(
+        self,
+        h: ThinHandle,
+        *,
+        wire: int,
+        dtype: DType,
+        count: int,
+        op: ReduceOp,
+        root: int,
+        priority: int,
+        at_in: int,
+        at_out: int,
+        unnamed: bool,
+    ) -> ThinHandle:
+        """Write the op's descriptor; the service takes it from here."""
+        if self.gone is not None:
+            self._release(h)
+            raise self._gone_error(h)
+        while len(self._flight) >= A.RING:  # every completion word in use: the oldest first
+            self.block(next(iter(self._flight.values())), None)
+        with self.lock:
+            t = self._tail + 1
+            d = self.ring[(t - 1) % A.RING]
+            d[A.D_KIND], d[A.D_GEN] = int(h.kind), h.generation
+            d[A.D_WIRE] = wire - (1 << 64) if wire >= 1 << 63 else wire  # as a signed word
+            d[A.D_DTYPE], d[A.D_COUNT], d[A.D_OP], d[A.D_ROOT] = int(dtype), count, int(op), root
+            d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = priority, at_in, at_out
+            d[A.D_FLAGS] = (A.F_AVG if op is ReduceOp.AVG else 0) | (A.F_UNNAMED if unnamed else 0)
+            d[A.D_NBYTES] = count * dtype.itemsize
+            d[A.D_TICKET] = t
+            h._ticket = t
+            self._flight[t] = h
+            self.ctl[A.C_TAIL] = self._tail = t
+        fence()
+        if self.header[A.H_SERVICE_SLEEPING]:
+            signal_eventfd(self.service_efd)
+        return h
+
+    # ------------------------------------------------------------------ completing
+
+    def check(self, h: ThinHandle) -> bool:
+        """Finish ``h`` if its completion word says it ended; whether it has."""
+        t = h._ticket
+        if t == 0:
+            return h._done
+        w = int(self.words[(t - 1) % A.RING])
+        if w == t:
+            self._complete(h, None)
+        elif w == -t:
+            kind, text = A.read_error(self.ctl, t) or (A.E_FAILED, "the service failed it")
+            verb = _KINDS.get(h.kind, "op")
+            err = _ERRORS.get(kind, OpFailedError)(
+                f"rank {self.rank}: {verb} {h.name!r} generation {h.generation}: {text}"
+            )
+            self._complete(h, err)
+        elif self.gone is not None:
+            self._complete(h, self._gone_error(h))
+        return h._done
+
+    def _gone_error(self, h: ThinHandle) -> TransportError:
+        return TransportError(
+            f"rank {self.rank}: {_KINDS.get(h.kind, 'op')} {h.name!r} generation "
+            f"{h.generation}: {self.gone}"
+        )
+
+    def _complete(self, h: ThinHandle, error: BaseException | None) -> None:
+        with self.lock:
+            if h._done:
+                return
+            if error is None and h._staged >= 0 and h._out is not None and h._out.nbytes:
+                h._out.reshape(-1).view(np.uint8)[:] = self.arena.view(
+                    h._staged, h._out.nbytes, np.uint8
+                )
+            self._flight.pop(h._ticket, None)
+            self._release(h)
+            h._error = error
+            h._done = True
+            callbacks, h._then = h._then, None
+        if callbacks:
+            for fn in callbacks:
+                try:
+                    fn(h)
+                except Exception:
+                    log.exception("rank %d: a done callback of %r raised", self.rank, h.name)
+
+    def _release(self, h: ThinHandle) -> None:
+        if h._staged >= 0:
+            self.space.free(h._staged)
+            h._staged = -1
+        h._ended()
+
+    def block(self, h: ThinHandle, timeout: float | None) -> None:
+        """Until ``h`` is done: spin for :data:`SPIN_S`, then sleep on the eventfd."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < SPIN_S:
+            if self.check(h):
+                return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.check(h):
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                raise OpTimeoutError(
+                    f"rank {self.rank}: {_KINDS.get(h.kind, 'op')} {h.name!r} generation "
+                    f"{h.generation} did not complete within {timeout} s (the node's service "
+                    f"pid {self.service_pid} has it)"
+                )
+            self._sleep(lambda: self.check(h), left)
+
+    def _sleep(self, ready: Callable[[], bool], timeout: float) -> None:
+        if self._sleeper.acquire(blocking=False):
+            try:
+                self.ctl[A.C_SLEEPING] = 1
+                fence()
+                if not ready():
+                    try:
+                        r, _, _ = select.select((self.efd, self.sock), (), (), timeout)
+                    except InterruptedError:
+                        r = []
+                    if self.sock in r:
+                        self._check_service()
+                self.ctl[A.C_SLEEPING] = 0
+                drain_eventfd(self.efd)
+            finally:
+                self._sleeper.release()
+            with self._woken:
+                self._woken.notify_all()
+        else:
+            with self._woken:
+                self._woken.wait(min(timeout, 0.002))
+
+    def _check_service(self) -> None:
+        """The socket is readable: the service closed it (it is gone), or said something."""
+        try:
+            data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            return  # nothing but hello traffic travels there; ignore it
+        self.gone = (
+            f"the node's service (pid {self.service_pid}, {self.where}) is gone; the ops it "
+            "had fail"
+        )
+        for h in list(self._flight.values()):
+            self._complete(h, self._gone_error(h))
+
+    def watch(self) -> None:
+        """Start the watcher thread (callbacks of ops in flight run on it), if not running."""
+        if self._watcher is None or not self._watcher.is_alive():
+            self._watcher = threading.Thread(
+                target=self._watch, name=f"totalreduce-thin-{self.rank}", daemon=True
+            )
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        def pending() -> list[ThinHandle]:
+            with self.lock:
+                return [h for h in self._flight.values() if h._then]
+
+        while not self.closed:
+            waiting = pending()
+            if not waiting:
+                return
+            if any([self.check(h) for h in waiting]):
+                continue
+            self._sleep(lambda w=waiting: any(self.check(h) for h in w), 0.5)  # type: ignore[misc]
+
+    def in_flight(self) -> list[ThinHandle]:
+        with self.lock:
+            return list(self._flight.values())
+
+    def close(self) -> None:
+        """No more ops (shutdown): let go of the eventfds and the arena's mapping."""
+        if self.closed:
+            return
+        self.closed = True
+        for fd in (self.efd, self.service_efd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.arena.close()
+
+
+class _Block:
+    """Gives an arena block back when the last array over it goes."""
+
+    __slots__ = ("space", "at", "__weakref__")
+
+    def __init__(self, space: A.Allocator, at: int) -> None:
+        self.space, self.at = space, at
+
+    def __del__(self) -> None:
+        try:
+            self.space.free(self.at)
+        except Exception:  # interpreter teardown
+            pass
+
+
+class _Owner:
+    """The buffer of an arena array; it holds its block (numpy keeps it as the base)."""
+
+    __slots__ = ("raw", "keeper", "__array_interface__")
+
+    def __init__(self, raw: np.ndarray, keeper: _Block) -> None:
+        self.raw, self.keeper = raw, keeper
+        self.__array_interface__ = raw.__array_interface__

@@ -1,0 +1,207 @@
+"""A node's arena: the shared memory between a node's service and its thin clients.
+
+One sealed memory file per node, made by the service and mapped by every client
+it admits (the file descriptor travels with ``welcome``).  A header page, then
+one *slot* per local client:
+
+- the slot's **control block**: the submission ring (the client writes op
+  descriptors, the service reads them), one completion word per ring entry (the
+  service writes the op's ticket there when it is done, minus the ticket when it
+  failed), a ring of error texts, and the sleeping flag of the client;
+- the slot's **data region**, where the client places the buffers of its ops:
+  arrays it allocated there (:meth:`Arena.empty`, zero copy), or staging copies
+  of other arrays.  The service reads and writes the buffers in place.
+
+Words are ``int64``; one side writes each (the client the tail and the
+descriptors, the service the head, the completion words and the error ring).
+A side about to sleep sets its flag, :func:`~.shm.fence`, checks again, then
+sleeps on its eventfd; the other side writes the eventfd only when it sees the
+flag.  Nothing here calls MPI or does arithmetic on payload.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..errors import TotalReduceError
+from .shm import SharedRegion, round_up
+
+MAGIC = 0x7472_6172_656E_6101  # "tr arena", version 1
+
+# ---------------------------------------------------------------- the header page (int64 words)
+H_MAGIC, H_SLOTS, H_SLOT_BYTES, H_CONTROL_BYTES, H_SERVICE_SLEEPING = 0, 1, 2, 3, 8
+HEADER_BYTES = 4096
+
+# ---------------------------------------------------------------- a slot's control block
+#: Ops a client may have in flight (ring entries and completion words).
+RING = 4096
+#: int64 words per descriptor.
+D_WORDS = 16
+# descriptor fields
+(D_TICKET, D_KIND, D_WIRE, D_GEN, D_DTYPE, D_COUNT, D_OP, D_ROOT, D_PRIO, D_IN, D_OUT,
+ D_FLAGS, D_NBYTES) = range(13)  # fmt: skip
+#: D_FLAGS bits
+F_AVG, F_UNNAMED = 1, 2
+# control words
+C_TAIL, C_HEAD, C_SLEEPING, C_ERR_TAIL = 0, 1, 2, 3
+RING_WORD = 16
+DONE_WORD = RING_WORD + RING * D_WORDS
+ERRORS = 64
+ERROR_BYTES = 1024
+ERROR_WORD = DONE_WORD + RING
+CONTROL_BYTES = round_up((ERROR_WORD + ERRORS * ERROR_BYTES // 8) * 8, 1 << 20)
+#: error kinds in an error entry
+E_FAILED, E_MISMATCH, E_INVALID, E_TRANSPORT = 1, 2, 3, 4
+
+#: Buffers are placed on this alignment (a cache line).
+ALIGN = 64
+
+
+class Arena:
+    """The mapped arena of one node (the service's, or a client's view of it)."""
+
+    def __init__(self, region: SharedRegion) -> None:
+        self.region = region
+        self.header = region.array(0, HEADER_BYTES // 8, np.int64)
+        if int(self.header[H_MAGIC]) != MAGIC:
+            raise TotalReduceError("the arena's memory file is not a totalreduce arena")
+        self.slots = int(self.header[H_SLOTS])
+        self.slot_bytes = int(self.header[H_SLOT_BYTES])
+        self.size = region.size
+        self.base = region.address
+        if HEADER_BYTES + self.slots * self.slot_bytes > self.size:
+            raise TotalReduceError("the arena's header describes more slots than it holds")
+        self.data_bytes = self.slot_bytes - CONTROL_BYTES
+        self.bytes = region.bytes()
+
+    @classmethod
+    def create(cls, slots: int, data_bytes: int) -> Arena:
+        """A new arena of ``slots`` slots with ``data_bytes`` of buffers each (rounded up)."""
+        slot_bytes = CONTROL_BYTES + round_up(max(data_bytes, 1 << 16), 1 << 20)
+        region = SharedRegion.create(HEADER_BYTES + slots * slot_bytes, "arena")
+        h = region.array(0, HEADER_BYTES // 8, np.int64)
+        h[H_SLOTS], h[H_SLOT_BYTES], h[H_CONTROL_BYTES] = slots, slot_bytes, CONTROL_BYTES
+        h[H_MAGIC] = MAGIC
+        return cls(region)
+
+    @classmethod
+    def attach(cls, fd: int, size: int) -> Arena:
+        """Map the arena a service sent (takes ownership of ``fd``)."""
+        return cls(SharedRegion.attach(fd, size))
+
+    @property
+    def fd(self) -> int | None:
+        return self.region.fd
+
+    def slot_start(self, slot: int) -> int:
+        return HEADER_BYTES + slot * self.slot_bytes
+
+    def control(self, slot: int) -> np.ndarray:
+        """Slot ``slot``'s control block as int64 words."""
+        return self.region.array(self.slot_start(slot), CONTROL_BYTES // 8, np.int64)
+
+    def data_start(self, slot: int) -> int:
+        """The arena offset of slot ``slot``'s data region."""
+        return self.slot_start(slot) + CONTROL_BYTES
+
+    def reset(self, slot: int) -> None:
+        """Zero a slot's control block (the service, before a new client takes the slot)."""
+        self.control(slot)[:] = 0
+
+    def view(self, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
+        """``count`` elements of ``dtype`` at arena byte ``offset``."""
+        return np.frombuffer(self.region.mm, dtype=dtype, count=count, offset=offset)
+
+    def offset_of(self, arr: np.ndarray) -> int:
+        """The arena offset of a C-contiguous ``arr`` that lies in the arena, else -1."""
+        addr = int(arr.__array_interface__["data"][0]) - self.base
+        if 0 <= addr and addr + arr.nbytes <= self.size:
+            return addr
+        return -1
+
+    def close(self) -> None:
+        self.bytes = self.header = None  # type: ignore[assignment]
+        try:
+            self.region.mm.close()
+        except BufferError:  # an array of it is still alive: the mapping goes with it
+            pass
+        self.region.close_fd()
+
+
+def write_error(ctl: np.ndarray, ticket: int, kind: int, text: str) -> None:
+    """The service: append the error text of op ``ticket`` to a slot's error ring."""
+    i = int(ctl[C_ERR_TAIL]) % ERRORS
+    raw = text.encode("utf-8", "replace")[: ERROR_BYTES - 16]
+    entry = ctl[ERROR_WORD + i * (ERROR_BYTES // 8) : ERROR_WORD + (i + 1) * (ERROR_BYTES // 8)]
+    entry[0] = ticket
+    entry[1] = kind << 32 | len(raw)
+    entry.view(np.uint8)[16 : 16 + len(raw)] = np.frombuffer(raw, np.uint8)
+    ctl[C_ERR_TAIL] += 1
+
+
+def read_error(ctl: np.ndarray, ticket: int) -> tuple[int, str] | None:
+    """The client: the error kind and text of op ``ticket``, if still in the ring."""
+    tail = int(ctl[C_ERR_TAIL])
+    for n in range(tail - 1, max(-1, tail - 1 - ERRORS), -1):
+        i = n % ERRORS
+        entry = ctl[ERROR_WORD + i * (ERROR_BYTES // 8) : ERROR_WORD + (i + 1) * (ERROR_BYTES // 8)]
+        if int(entry[0]) == ticket:
+            kind, length = int(entry[1]) >> 32, int(entry[1]) & 0xFFFF_FFFF
+            raw = entry.view(np.uint8)[16 : 16 + min(length, ERROR_BYTES - 16)].tobytes()
+            return kind, raw.decode("utf-8", "replace")
+    return None
+
+
+class Allocator:
+    """First-fit placement of buffers in one slot's data region (a client's own; any thread).
+
+    Offsets are arena offsets.  ``alloc`` returns -1 when no free run is long enough:
+    the caller waits for its ops in flight to give staging back (backpressure).
+    """
+
+    def __init__(self, start: int, size: int) -> None:
+        self.start, self.size = start, size
+        self._free_at: list[int] = [start]  # sorted starts of the free runs
+        self._free_len: dict[int, int] = {start: size}
+        self._used: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._used.values())
+
+    def alloc(self, nbytes: int) -> int:
+        n = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
+        with self._lock:
+            for at in self._free_at:
+                run = self._free_len[at]
+                if run >= n:
+                    del self._free_len[at]
+                    self._free_at.remove(at)
+                    if run > n:
+                        bisect.insort(self._free_at, at + n)
+                        self._free_len[at + n] = run - n
+                    self._used[at] = n
+                    return at
+        return -1
+
+    def free(self, at: int) -> None:
+        with self._lock:
+            n = self._used.pop(at)
+            i = bisect.bisect_left(self._free_at, at)
+            # merge with the next run, then with the previous one
+            if i < len(self._free_at) and self._free_at[i] == at + n:
+                n += self._free_len.pop(self._free_at.pop(i))
+            if i > 0 and self._free_at[i - 1] + self._free_len[self._free_at[i - 1]] == at:
+                self._free_len[self._free_at[i - 1]] += n
+            else:
+                self._free_at.insert(i, at)
+                self._free_len[at] = n
+
+
+def describe(arr: Any) -> str:
+    return f"{getattr(arr, 'dtype', '?')}{list(getattr(arr, 'shape', ()))}"
