@@ -28,6 +28,7 @@ from .api import (
     cross_rank,
     cross_size,
     default_service,
+    empty,
     gather,
     gather_async,
     hierarchical_neighbor_allreduce,
@@ -77,6 +78,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Config",
+    "empty",
     "Group",
     "Partition",
     "allgather",

@@ -229,6 +229,25 @@ send_async, send = _numpy_forms("send")
 recv_async, recv = _numpy_forms("recv")
 
 
+def empty(shape: Any, dtype: Any = "float32") -> Any:
+    """A new, uninitialized array for op buffers.  In daemon mode it lives in the node's
+    arena (shared memory with the node's service), so an ``allreduce``, ``broadcast`` or
+    ``barrier`` of it makes no copy and the result lands in it in place; in embedded
+    mode it is ``numpy.empty``.  Its memory goes back when the last array over it goes.
+
+    >>> grad = tr.empty(1 << 20, "float32")                          # doctest: +SKIP
+    >>> grad[:] = compute()                                           # doctest: +SKIP
+    >>> tr.allreduce(grad, name="g", out=grad, op="avg")              # doctest: +SKIP
+    """
+    svc = default_service()
+    make = getattr(svc, "empty", None)
+    if make is None:
+        import numpy as np
+
+        return np.empty(shape, dtype)
+    return make(shape, dtype)
+
+
 def poll(handle: HandleLike) -> bool:
     """True once ``handle``'s op has completed (never blocks)."""
     return handle.done()

@@ -75,6 +75,12 @@ def _burn(ms: float) -> None:
             x += i * i
 
 
+def _array(tr: Any, args: argparse.Namespace, count: int) -> np.ndarray:
+    """A float32 buffer: ``tr.empty`` (in a daemon's arena: no copies), or with
+    ``--plain-arrays`` a numpy array (a daemon client copies it in and out)."""
+    return np.zeros(count, np.float32) if args.plain_arrays else tr.empty(count, np.float32)
+
+
 def worker(args: argparse.Namespace) -> None:
     import totalreduce as tr
 
@@ -85,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
         if label not in args.sizes.split(","):
             continue
         count = nbytes // 4
-        x = np.empty(count, np.float32)
+        x = _array(tr, args, count)
         x[:] = 1.0
         iters = _iterations(nbytes)
         name = f"bench.{label}"
@@ -112,7 +118,7 @@ def worker(args: argparse.Namespace) -> None:
         }
     if args.layers:
         count = args.layer_bytes // 4
-        grads = [np.empty(count, np.float32) for _ in range(args.layers)]
+        grads = [_array(tr, args, count) for _ in range(args.layers)]
         steps = []
         for step in range(args.steps + 2):
             tr.barrier(name="bench.sync")
@@ -146,7 +152,7 @@ def _worker_cmd(args: argparse.Namespace, out: Path) -> list[str]:
         sys.executable, "-m", "totalreduce.daemon.bench", "--role", "worker",
         "--out", str(out), "--sizes", args.sizes, "--layers", str(args.layers),
         "--layer-bytes", str(args.layer_bytes), "--compute-ms", str(args.compute_ms),
-        "--steps", str(args.steps),
+        "--steps", str(args.steps), *(["--plain-arrays"] if args.plain_arrays else []),
     ]  # fmt: skip
 
 
@@ -326,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--example", default=None, help="the DistributedOptimizer example ('': skip)")
     p.add_argument("--example-steps", type=int, default=100)
+    p.add_argument(
+        "--plain-arrays",
+        action="store_true",
+        help="numpy arrays for the buffers instead of tr.empty's (a daemon client then "
+        "copies each op's buffer into the node's arena and the result out)",
+    )
     p.add_argument("--repeat", type=int, default=3, help="rounds; figures are medians")
     p.add_argument("--json", default="", help="also write the figures to this file")
     args = p.parse_args(argv)

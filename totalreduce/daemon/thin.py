@@ -40,12 +40,8 @@ log = logging.getLogger("totalreduce.daemon")
 
 #: How long the arena thread keeps looking after its last descriptor before it sleeps.
 SPIN_S = 50e-6
-#: With ops among the services in flight: how long it drives their engine after its last
-#: descriptor without sleeping, and how long it naps between passes after that.
-DRIVE_S = 2e-3
-NAP_S = 200e-6
-#: How long one drive of an op in the engine's compiled lane spins (without the GIL).
-LANE_TRY_S = 20e-6
+#: With ops among the services in flight: how long it drives their engine at a time.
+DRIVE_S = 100e-6
 _SHAPE = (A.D_KIND, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_ROOT, A.D_FLAGS)
 _KINDS = {int(OpKind.ALLREDUCE): "allreduce", int(OpKind.BROADCAST): "broadcast",
           int(OpKind.BARRIER): "barrier"}  # fmt: skip
@@ -92,7 +88,7 @@ def _shape_text(d: np.ndarray) -> str:
         dt = DType(int(d[A.D_DTYPE])).name.lower()
     except ValueError:
         dt = f"dtype {int(d[A.D_DTYPE])}"
-    text = f"{kind} of {int(d[A.D_COUNT])} {dt}"
+    text = f"{kind}, count {int(d[A.D_COUNT])} {dt}"
     if int(d[A.D_KIND]) == int(OpKind.ALLREDUCE):
         try:
             text += f" (op {ReduceOp(int(d[A.D_OP])).name.lower()})"
@@ -187,28 +183,21 @@ class ThinService:
                 if self._drain():
                     last = time.perf_counter()
                     continue
-                running = self._running
-                if running:
-                    # Ops among the services: drive their engine from here, as a thread
-                    # in wait() does (one pass, like MPI_Test), for DRIVE_S after the last
-                    # descriptor; then nap between passes (its comm thread goes on).
-                    h = next(iter(running.values()), _Op.IDLE).handle
-                    if h is not None:
-                        h.drive(LANE_TRY_S)
-                    if time.perf_counter() - last < DRIVE_S:
-                        continue
-                    nap = NAP_S
-                elif time.perf_counter() - last < SPIN_S:
+                h = next(iter(self._running.values()), _Op.IDLE).handle
+                if h is not None:
+                    # Ops among the services: this thread drives their engine, as a thread
+                    # in wait() does (compiled passes for the lane's ops; the comm thread
+                    # steps aside), DRIVE_S at a time between looks at the rings.
+                    h.drive(DRIVE_S)
                     continue
-                else:
-                    nap = 0.5
+                if time.perf_counter() - last < SPIN_S:
+                    continue
                 header[A.H_SERVICE_SLEEPING] = 1
                 fence()
                 if not self._events and not self._drain():
-                    sleep_on(self.eventfd, nap)
+                    sleep_on(self.eventfd, 0.5)
                 header[A.H_SERVICE_SLEEPING] = 0
-                if nap == 0.5:
-                    last = time.perf_counter()
+                last = time.perf_counter()
             except Exception:
                 log.exception("the arena thread failed")
                 time.sleep(0.01)
@@ -269,8 +258,8 @@ class ThinService:
         if op.over:  # failed before this rank's part came: it fails the same way
             self._answer(slot, op.incarnations[slot], d, op.fail_kind, op.why)
             return
-        first = next(x for x in op.descs if x is not None)
-        if any(int(first[f]) != int(d[f]) for f in _SHAPE):
+        other = next((x for x in op.descs if x is not None and x is not d), d)
+        if any(int(other[f]) != int(d[f]) for f in _SHAPE):
             shapes = [
                 f"rank {self.node * self.slots + k}: {_shape_text(x)}"
                 for k, x in enumerate(op.descs)
@@ -434,7 +423,7 @@ class ThinService:
                 log.debug("no placeholder for %s", op.key, exc_info=True)
         if h is not None and not h.done():
             try:
-                self.engine.abort(h.name, h.generation, why)
+                self.engine.abort(h.name, h.generation, why, kind == A.E_MISMATCH)
             except Exception:
                 log.debug("abort of %r failed", h.name, exc_info=True)
         for k, x in enumerate(op.descs):

@@ -249,8 +249,9 @@ class FailHooks:
             self._drop_floating(ff)
         self.floating.add_error(key, message, code)
 
-    def _abort(self, key: OpKey, name: str, reason: str) -> None:
-        err = OpFailedError(reason)
+    def _abort(self, key: OpKey, name: str, reason: str, mismatch: bool = False) -> None:
+        err: TotalReduceError = OpMismatchError(reason) if mismatch else OpFailedError(reason)
+        code = ERROR_MISMATCH if mismatch else ERROR_FAILED
         p = self.table.get(key)
         if p is not None:
             self._fail(p, err, tell_peers=True)
@@ -262,8 +263,8 @@ class FailHooks:
         # Not submitted here (yet): remember, and tell every rank.
         for ff in self.floating.take(key):
             self._drop_floating(ff)
-        self.floating.add_error(key, reason, ERROR_FAILED)
+        self.floating.add_error(key, reason, code)
         for world in range(self.world):
             if world != self.rank:
-                self._error_frame(key, world, reason, ERROR_FAILED)
+                self._error_frame(key, world, reason, code)
         log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)

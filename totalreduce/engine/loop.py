@@ -260,9 +260,10 @@ class CommLoop(
                 return
             self.submissions.append(("need", spec.key))
 
-    def request_abort(self, key: OpKey, name: str, reason: str) -> None:
-        """Fail an op here and on every rank, submitted or not (any thread)."""
-        self.submissions.append(("abort", key, name, reason))
+    def request_abort(self, key: OpKey, name: str, reason: str, mismatch: bool = False) -> None:
+        """Fail an op here and on every rank, submitted or not (any thread); with
+        ``OpMismatchError`` if ``mismatch``, else ``OpFailedError``."""
+        self.submissions.append(("abort", key, name, reason, mismatch))
         self._ring()
 
     def notify(self) -> None:
@@ -340,7 +341,7 @@ class CommLoop(
             item = self.submissions.popleft()
             if isinstance(item, tuple):
                 if item[0] == "abort":
-                    self._abort(item[1], item[2], item[3])
+                    self._abort(item[1], item[2], item[3], item[4])
                 elif item[0] == "rejoin":
                     peer, inc = item[1], item[2]
                     self._incarnations[peer] = max(self._incarnations[peer], inc)

@@ -363,18 +363,15 @@ class Handle:
         return self._error
 
     def drive(self, span: float) -> bool:
-        """Progress the engine for up to ``span`` seconds (compiled passes for an op of
-        the lane), never raising on time; True once the op has ended.  A node's service
-        drives its ops among the services so while it also watches its clients."""
+        """Progress the engine for up to ``span`` seconds as ``wait()`` does, without
+        raising when the time is up; True once the op has ended.  A node's service drives
+        its ops among the services so, between looks at its clients' rings."""
         if self._event.is_set():
             return True
-        loop, lop = self._loop, self._lop
+        loop = self._loop
         if loop is None:
             return False
-        if lop is not None and loop._lane_try(lop, self._event, span):
-            return True
-        loop.poll()
-        return self._event.is_set()
+        return loop.progress(self._event, span, self._spec, self._spec_now)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the op completes; return its result."""

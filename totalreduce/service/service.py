@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..declare import build_function, forward, signature
 from ..ops_table import OPS, OpDecl
 from ..transport.base import Transport
@@ -54,18 +56,28 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Li
         """(local_rank, local_size, cross_rank, cross_size) of this rank, from the transport."""
         return self.transport.node_layout()
 
+    def empty(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
+        """A new, uninitialized array to run ops on.  A daemon client places it in the
+        node's arena, so an ``allreduce``, ``broadcast`` or ``barrier`` of it takes no
+        copy (the result lands in it in place); it gives its memory back when the last
+        array over it goes.  Otherwise it is ``numpy.empty``."""
+        if self._thin is not None:
+            return self._thin.empty(shape, dtype)
+        return np.empty(shape, dtype)
+
     def forget_name(self, name: str | int) -> None:
         """Forget a name no later op will use (a node's service, for its clients' unnamed
         ops); its generations start again at the first if it comes back."""
         self._names.forget(name)
 
-    def abort(self, name: str | int, generation: int, reason: str) -> None:
+    def abort(self, name: str | int, generation: int, reason: str, mismatch: bool = False) -> None:
         """Fail op ``name`` generation ``generation`` here and on every other rank.
 
-        Every rank's handle of that op fails with ``OpFailedError(reason)``, even
-        on ranks (including this one) that have not submitted it yet.
+        Every rank's handle of that op fails with ``OpFailedError(reason)``
+        (``OpMismatchError`` if ``mismatch``), even on ranks (including this one)
+        that have not submitted it yet.
         """
-        self.loop.request_abort((self._wire_id(name), int(generation)), str(name), reason)
+        self.loop.request_abort((self._wire_id(name), int(generation)), str(name), reason, mismatch)
 
 
 def _blocking_method(decl: OpDecl) -> Callable[..., Any]:

@@ -147,7 +147,7 @@ from .horovod import (
 )
 from .layers import AllGather, ReduceScatter
 from .optimizer import DistributedOptimizer, GradientSyncError
-from .tensors import SUPPORTED_DTYPES, TensorHandle
+from .tensors import SUPPORTED_DTYPES, TensorHandle, empty
 from .windows import *  # noqa: F403 (the window ops: torch/windows.py's __all__)
 
 # Under mpiexec, torchrun-style scripts read RANK, LOCAL_RANK and WORLD_SIZE before they
@@ -165,6 +165,7 @@ if _torch.distributed.is_available():
 
 __all__ = [
     "GroupHandle",
+    "empty",
     "alltoall",
     "grouped_allreduce",
     "grouped_allreduce_async",

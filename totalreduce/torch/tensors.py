@@ -254,3 +254,20 @@ class TensorHandle:
     def __repr__(self) -> str:
         state = "done" if self.done() else "in flight"
         return f"<TensorHandle op={self.name!r} generation={self.generation} {state}>"
+
+
+def empty(*size: Any, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A new, uninitialized CPU tensor for collectives (``torch.empty``'s shape forms).
+
+    In daemon mode it lives in the node's arena (:func:`totalreduce.empty`), so an
+    allreduce, broadcast or barrier of it makes no copy and the result lands in it in
+    place; otherwise it is ``torch.empty``.
+    """
+    from ..api import empty as array_empty
+
+    if dtype not in SUPPORTED_DTYPES:
+        raise InvalidArgumentError(f"empty: dtype {dtype} is not one of {_dtype_names()}")
+    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+    storage = np.uint16 if dtype is torch.bfloat16 else torch.empty(0, dtype=dtype).numpy().dtype
+    t = torch.from_numpy(array_empty(tuple(int(n) for n in shape), storage))
+    return t.view(torch.bfloat16) if dtype is torch.bfloat16 else t

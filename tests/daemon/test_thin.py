@@ -1,0 +1,53 @@
+"""The thin path of daemon mode (service/thin.py, daemon/thin.py): hierarchical ops
+handed to the node's service through its arena.
+
+The other daemon tests run every collective through it too (``daemon_worker.py
+every``, the torch examples, tests/mpi against daemons); here: zero copy for arena
+arrays, staging given back, every dtype and op, broadcast with mixed buffers, 2,000
+ops in flight in random orders, callbacks without a waiter, ``totalreduce.torch.empty``,
+a mismatch among one node's clients, the engine's way for ops too large for the arena,
+and backpressure when staged ops do not fit.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from cluster import have_mpiexec, run_clients, serve  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec not found (mpich wheel)")
+WORKER = str(HERE / "thin_worker.py")
+ARENA_CHECKS = ("ZERO-COPY", "DTYPES", "BROADCAST", "IN-FLIGHT", "CALLBACK", "TORCH-EMPTY",
+                "MISMATCH", "AFTER")  # fmt: skip
+
+
+def test_thin_path_on_two_nodes_of_two_clients(tmp_path: Path) -> None:
+    served = serve(2, 2, tmp_path / "s")
+    try:
+        results = run_clients(served, [WORKER, "arena"], timeout=240)
+    finally:
+        status = served.stop()
+    for r, res in enumerate(results):
+        for check in ARENA_CHECKS:
+            assert f"rank {r}: {check} OK" in res.stdout, res.stdout
+    log = served.stderr()
+    assert status == 0, log
+    assert "Traceback" not in log, log
+
+
+def test_large_ops_and_backpressure_with_a_small_arena(tmp_path: Path) -> None:
+    served = serve(2, 1, tmp_path / "s", extra=("--arena-bytes", str(8 << 20)))
+    try:
+        results = run_clients(served, [WORKER, "pressure"], timeout=240)
+    finally:
+        status = served.stop()
+    for r, res in enumerate(results):
+        for check in ("LARGE", "BACKPRESSURE"):
+            assert f"rank {r}: {check} OK" in res.stdout, res.stdout
+    assert status == 0, served.stderr()

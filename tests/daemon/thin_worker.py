@@ -1,0 +1,157 @@
+"""A daemon client for tests/daemon/test_thin.py: the thin path of hierarchical ops.
+
+``python thin_worker.py MODE`` with the daemon variables set (``cluster.client_env``);
+prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
+
+- ``arena``: arrays of ``tr.empty`` live in the arena and ops on them take no copy
+  (nothing else of the client's part of the arena is in use while they run); plain
+  arrays are staged and the staging goes back; every dtype and op of allreduce,
+  broadcast from every root (arena and plain buffers mixed across ranks), barriers,
+  ``avg`` on integers (floor); 2,000 small ops in flight in a per-rank random order with
+  random priorities; a done callback runs without a wait; ``totalreduce.torch.empty``;
+  a mismatch among the clients of one node fails on every rank, naming both, and the
+  next op of the name works.
+- ``pressure``: with a small arena, ops larger than half a client's part take the
+  engine's way, and many staged ops in flight wait for room (backpressure), all exact.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+
+import numpy as np
+
+import totalreduce as tr
+
+
+def report(rank: int, name: str, ok: bool, why: str = "") -> None:
+    print(f"rank {rank}: {name} {'OK' if ok else 'FAILED ' + why}", flush=True)
+
+
+def mode_arena(p: int, rank: int) -> None:
+    svc = tr.default_service()
+    thin = svc._thin  # the client's side of the arena (service/thin.py)
+    assert thin is not None, "daemon mode has a thin path"
+    base = thin.space.used_bytes
+
+    # tr.empty: in the arena, in place, no staging
+    x = tr.empty(1000, np.float32)
+    ok = thin.arena.offset_of(x) >= 0
+    x[:] = rank + 1
+    h = tr.allreduce_async(x, name="in.arena", out=x)
+    ok &= thin.space.used_bytes == base + 4032  # x alone (1000 * 4 rounded to 64)
+    ok &= h.wait() is not None and np.all(x == p * (p + 1) / 2)
+    report(rank, "ZERO-COPY", bool(ok), f"{thin.space.used_bytes - base} bytes in use, {x[:3]}")
+    del x, h
+
+    # plain arrays: staged, given back
+    bad = []
+    for dt in ("float32", "float64", "int32", "int64", "uint8", "float16"):
+        for op in ("sum", "max", "min", "avg", "product"):
+            if op == "avg" and dt == "uint8":
+                continue
+            v = (np.arange(7) % 3 + rank + 1).astype(dt)
+            got = tr.allreduce(v, name=f"t.{dt}.{op}", op=op)
+            vals = np.stack([(np.arange(7) % 3 + r + 1).astype(dt) for r in range(p)])
+            want = {
+                "sum": vals.sum(axis=0, dtype=dt),
+                "max": vals.max(axis=0),
+                "min": vals.min(axis=0),
+                "product": vals.prod(axis=0, dtype=dt),
+                "avg": (
+                    vals.sum(axis=0, dtype=dt) // p
+                    if np.dtype(dt).kind in "iu"
+                    else vals.sum(axis=0, dtype=np.float64) / p
+                ),
+            }[op]
+            close = np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-3)
+            if got.dtype != np.dtype(dt) or not close:
+                bad.append(f"{dt} {op}: {got} != {want}")
+    bad += [f"{thin.space.used_bytes - base} bytes still in use"] * (thin.space.used_bytes != base)
+    report(rank, "DTYPES", not bad, "; ".join(bad[:3]))
+
+    # broadcast from every root, arena and plain buffers mixed
+    bad = []
+    for root in range(p):
+        buf = tr.empty(333, np.int64) if (rank + root) % 2 else np.zeros(333, np.int64)
+        buf[:] = np.arange(333) * (rank + 1)
+        got = tr.broadcast(buf, root=root, name="bc", out=buf)
+        want = np.arange(333) * (root + 1)
+        if not (np.array_equal(buf, want) and np.array_equal(got, want)):
+            bad.append(f"root {root}: {buf[:4]}")
+        tr.barrier()
+    report(rank, "BROADCAST", not bad, "; ".join(bad))
+
+    # many small ops in flight, in a random order per rank, random priorities
+    rng = random.Random(rank * 7919 + 1)
+    order = list(range(2000))
+    rng.shuffle(order)
+    handles = {}
+    for k in order:
+        v = np.full(3, k + rank, dtype=np.int64)
+        handles[k] = tr.allreduce_async(v, name=f"many.{k}", priority=rng.randrange(10))
+    bad = [k for k, h in handles.items() if not np.all(h.wait() == p * k + p * (p - 1) // 2)]
+    report(rank, "IN-FLIGHT", not bad, f"{len(bad)} wrong, first {bad[:3]}")
+
+    # a done callback runs without anyone waiting
+    fired = threading.Event()
+    h = tr.allreduce_async(np.ones(5), name="cb")
+    h.add_done_callback(lambda _h: fired.set())
+    report(rank, "CALLBACK", fired.wait(30), "the callback did not run")
+
+    # totalreduce.torch.empty
+    try:
+        import torch
+
+        import totalreduce.torch as trt
+
+        t = trt.empty(2, 3, dtype=torch.bfloat16)
+        t.fill_(rank + 1)
+        out = trt.allreduce(t, name="torch.empty", op="sum")
+        ok = thin.arena.offset_of(t.view(torch.int16).numpy()) >= 0
+        ok &= bool(torch.all(out == p * (p + 1) / 2))
+        report(rank, "TORCH-EMPTY", ok, str(out))
+    except ImportError:
+        report(rank, "TORCH-EMPTY", True)
+
+    # a mismatch among the clients of one node: every rank fails, naming both; then works
+    count = 9 if rank == 1 else 8
+    try:
+        tr.allreduce(np.ones(count, np.float32), name="layer.mm")
+        report(rank, "MISMATCH", False, "no error")
+    except tr.OpMismatchError as exc:
+        text = str(exc)
+        ok = "'layer.mm'" in text and "count 9" in text and "count 8" in text
+        report(rank, "MISMATCH", ok, text)
+    after = tr.allreduce(np.full(4, rank, np.int64), name="layer.mm.after")
+    report(rank, "AFTER", bool(np.all(after == p * (p - 1) // 2)), str(after))
+
+
+def mode_pressure(p: int, rank: int) -> None:
+    thin = tr.default_service()._thin
+    assert thin is not None
+    half = thin.arena.data_bytes // 2
+    # larger than half a client's part: the engine's way, same result
+    n = half // 8 + 1000
+    got = tr.allreduce(np.full(n, rank + 1, np.int64), name="big")
+    report(rank, "LARGE", bool(np.all(got == p * (p + 1) // 2)), str(got[:3]))
+    # staged ops that do not all fit at once: the later ones wait for room
+    each = thin.arena.data_bytes // 6
+    handles = [
+        tr.allreduce_async(np.full(each // 8, k + rank, np.int64), name=f"room.{k}")
+        for k in range(24)
+    ]
+    bad = [k for k, h in enumerate(handles) if not np.all(h.wait() == p * k + p * (p - 1) // 2)]
+    report(rank, "BACKPRESSURE", not bad, str(bad))
+
+
+def main() -> None:
+    tr.init()
+    {"arena": mode_arena, "pressure": mode_pressure}[sys.argv[1]](tr.size(), tr.rank())
+    tr.shutdown()
+
+
+if __name__ == "__main__":
+    main()
