@@ -40,6 +40,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "totalreduce"
 #: The public functions of api.py that are not ops (lifecycle, layout, handles).
 NOT_OPS = {
     "init",
+    "empty",
     "shutdown",
     "default_service",
     "is_initialized",

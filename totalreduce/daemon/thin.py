@@ -309,6 +309,8 @@ class ThinService:
             self._finish(op, None)
             return
         self._running[op.key] = op
+        for late in self.engine.take_late_errors():  # about ops answered already
+            log.warning("an op among the services failed elsewhere after it ended here: %s", late)
         try:
             op.handle = self._among_nodes(op, kind, node_buf, rop, dt, d)
         except Exception as exc:
@@ -403,24 +405,20 @@ class ThinService:
 
     def _fail(self, op: _Op, kind: int, why: str) -> None:
         """Fail ``op`` on this node's clients and on every node: an op the services run is
-        aborted there; one this node never started is started and aborted at once, so
-        the other nodes' parts of it fail too and every node counts its generation."""
+        aborted there; for one this node never started, the services' engine takes its
+        next generation of the name and fails it everywhere (so every node counts it)."""
         if not self._claim(op):
             return
         op.why, op.fail_kind = why, kind
         h = op.handle
         d = next((x for x in op.descs if x is not None), None)
         if h is None and d is not None and self.nodes > 1 and self.engine is not None:
-            kind_ = int(d[A.D_KIND])
             try:
-                dt = DType(int(d[A.D_DTYPE]))
-                scratch = np.zeros(int(d[A.D_COUNT]), dt.numpy)
-                rop = ReduceOp.SUM
-                if kind_ == int(OpKind.ALLREDUCE) and int(d[A.D_OP]) != int(ReduceOp.AVG):
-                    rop = ReduceOp(int(d[A.D_OP]))
-                h = self._among_nodes(op, kind_, scratch, rop, dt, d)
+                self.engine.abort_next(op.key[0], why, kind == A.E_MISMATCH)
+                if int(d[A.D_FLAGS]) & A.F_UNNAMED:
+                    self.engine.forget_name(op.key[0])
             except Exception:
-                log.debug("no placeholder for %s", op.key, exc_info=True)
+                log.debug("no abort for %s", op.key, exc_info=True)
         if h is not None and not h.done():
             try:
                 self.engine.abort(h.name, h.generation, why, kind == A.E_MISMATCH)

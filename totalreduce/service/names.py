@@ -67,6 +67,16 @@ class NameTable:
                 if st.unnamed and not st.in_flight:
                     del self._names[name]
 
+    def skip(self, name: str | int) -> int:
+        """Take the next generation of ``name`` for an op this rank will never submit."""
+        with self._lock:
+            st = self._names.get(name)
+            if st is None:
+                st = self._names[name] = _NameState(False)
+            gen = st.next_generation
+            st.next_generation += 1
+            return gen
+
     def forget(self, name: str | int) -> None:
         """Drop ``name`` once none of its generations is in flight (a name used once)."""
         with self._lock:

@@ -70,6 +70,23 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Li
         ops); its generations start again at the first if it comes back."""
         self._names.forget(name)
 
+    def abort_next(self, name: str | int, reason: str, mismatch: bool = False) -> int:
+        """Fail the next generation of ``name`` on every rank without submitting it here
+        (this rank never will: a node's service, for an op its clients failed); returns
+        that generation."""
+        gen = self._names.skip(name)
+        self.abort(name, gen, reason, mismatch)
+        return gen
+
+    def take_late_errors(self) -> list[BaseException]:
+        """The errors of ops that completed here but failed elsewhere, not raised yet
+        (they are raised at this rank's next call otherwise)."""
+        late = self.loop.late_errors
+        out = []
+        while late:
+            out.append(late.popleft())
+        return out
+
     def abort(self, name: str | int, generation: int, reason: str, mismatch: bool = False) -> None:
         """Fail op ``name`` generation ``generation`` here and on every other rank.
 

@@ -214,11 +214,16 @@ class Bucket:
 
     def _flat(self) -> torch.Tensor:
         if self.buffer is None:
-            self.buffer = torch.empty(
-                self.plan.numel + (1 if self.flag else 0),
-                dtype=self.plan.wire_dtype,
-                device=self.plan.device,
-            )
+            n = self.plan.numel + (1 if self.flag else 0)
+            from ..api import is_initialized
+
+            if self.plan.device.type == "cpu" and is_initialized():
+                # In daemon mode in the node's arena: the bucket's allreduce makes no copy.
+                from .tensors import empty
+
+                self.buffer = empty(n, dtype=self.plan.wire_dtype)
+            else:
+                self.buffer = torch.empty(n, dtype=self.plan.wire_dtype, device=self.plan.device)
         return self.buffer
 
     def views(self) -> list[torch.Tensor]:
