@@ -23,8 +23,8 @@ from cluster import have_mpiexec, run_clients, serve  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec not found (mpich wheel)")
 WORKER = str(HERE / "thin_worker.py")
-ARENA_CHECKS = ("ZERO-COPY", "DTYPES", "BROADCAST", "IN-FLIGHT", "CALLBACK", "TORCH-EMPTY",
-                "MISMATCH", "AFTER")  # fmt: skip
+ARENA_CHECKS = ("NO-ENGINE", "ZERO-COPY", "DTYPES", "BROADCAST", "IN-FLIGHT", "CALLBACK",
+                "TORCH-EMPTY", "MISMATCH", "AFTER", "ENGINE-LATER")  # fmt: skip
 
 
 def test_thin_path_on_two_nodes_of_two_clients(tmp_path: Path) -> None:

@@ -36,6 +36,12 @@ def mode_arena(p: int, rank: int) -> None:
     assert thin is not None, "daemon mode has a thin path"
     base = thin.space.used_bytes
 
+    def engine_threads() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("totalreduce-")]
+
+    # only hierarchical ops so far (init's session agreement): no engine, no threads
+    report(rank, "NO-ENGINE", svc._loop is None and not engine_threads(), str(engine_threads()))
+
     # tr.empty: in the arena, in place, no staging
     x = tr.empty(1000, np.float32)
     ok = thin.arena.offset_of(x) >= 0
@@ -127,6 +133,12 @@ def mode_arena(p: int, rank: int) -> None:
         report(rank, "MISMATCH", ok, text)
     after = tr.allreduce(np.full(4, rank, np.int64), name="layer.mm.after")
     report(rank, "AFTER", bool(np.all(after == p * (p - 1) // 2)), str(after))
+
+    # the first op of another kind starts the client's engine, which works with the rest
+    quiet = svc._loop is None and not any("comm" in n for n in engine_threads())
+    got = tr.allgather(np.array([rank * 10], np.int64), name="flat")
+    ok = quiet and np.array_equal(got, np.arange(p) * 10) and svc._loop is not None
+    report(rank, "ENGINE-LATER", bool(ok), f"{got} {engine_threads()}")
 
 
 def mode_pressure(p: int, rank: int) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..algorithms.codes import OpKind
 from ..dtypes import DType, ReduceOp
+from ..engine.wire import SESSION_ID
 from ..errors import OpMismatchError, TransportError
 from ..kernels import copy_into, finish_average, reduce_into
 from ..transport import arena as A
@@ -38,6 +39,8 @@ from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
 
 log = logging.getLogger("totalreduce.daemon")
 
+#: The session agreement's wire id, as a descriptor's signed word holds it.
+_SESSION = SESSION_ID - (1 << 64) if SESSION_ID >= 1 << 63 else SESSION_ID
 #: How long the arena thread keeps looking after its last descriptor before it sleeps.
 SPIN_S = 50e-6
 #: With ops among the services in flight: how long it drives their engine at a time.
@@ -211,8 +214,11 @@ class ThinService:
             _, slot, why = ev
             self._inc[slot] = 0
             self._efd[slot] = None
+            rank = self.node * self.slots + slot
             if why is not None:
-                self._left(self.node * self.slots + slot, why, died=True)
+                self._left(rank, why, died=True)
+            else:  # ops waiting for it here never complete: they fail, on every node
+                self._left(rank, "left", died=False)
         elif ev[0] == "left":
             _, rank, why, died = ev
             self._left(rank, why, died)
@@ -359,7 +365,9 @@ class ThinService:
         self._running.pop(op.key, None)
         d0 = op.descs[0]
         if op.handle is not None and d0 is not None and int(d0[A.D_FLAGS]) & A.F_UNNAMED:
-            self.engine.forget_name(op.handle.name)  # its wire id comes once
+            # its wire id comes once, but for the session agreement's (once per job)
+            session = op.key[0] == _SESSION
+            self.engine.forget_name(op.handle.name, op.handle.generation if session else None)
         if error is not None:
             self._fail(op, _error_kind(error), self._among_nodes_text(error))
             return

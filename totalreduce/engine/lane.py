@@ -519,6 +519,13 @@ class Lane(LanePlans, LaneGrowth):
             if e >= 0 and self.mem[e + 2] == L.H_FOREIGN:
                 self.mem[e + 2] = L.H_TOMB
 
+    def forget(self, key: tuple[int, int]) -> None:
+        """Forget that ``key`` finished or failed here: its frames, should the key come
+        again, are kept for the next op of that key instead of dropped as late."""
+        e = core.hash_find(self.mem, self.mem[L.C_HASH], _signed(key[0]), key[1])
+        if e >= 0 and self.mem[e + 2] in (L.H_DONE, L.H_FAILED):
+            self.mem[e + 2] = L.H_TOMB
+
     def has_floating(self, key: tuple[int, int]) -> bool:
         return core.hash_value(self.mem, self.mem[L.C_FHASH], _signed(key[0]), key[1]) >= 0
 

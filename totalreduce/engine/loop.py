@@ -266,6 +266,12 @@ class CommLoop(
         self.submissions.append(("abort", key, name, reason, mismatch))
         self._ring()
 
+    def forget_op(self, key: OpKey) -> None:
+        """Drop what this rank remembers of an ended op, whose key will come again (any
+        thread): its frames are then kept for the next op of that key."""
+        self.submissions.append(("forget", key))
+        self._ring()
+
     def notify(self) -> None:
         self._ring()
 
@@ -342,6 +348,11 @@ class CommLoop(
             if isinstance(item, tuple):
                 if item[0] == "abort":
                     self._abort(item[1], item[2], item[3], item[4])
+                elif item[0] == "forget":  # the key comes again (a node's session op)
+                    self.completed.pop(item[1], None)
+                    self.failed.pop(item[1], None)
+                    if self.lane is not None:
+                        self.lane.forget(item[1])
                 elif item[0] == "rejoin":
                     peer, inc = item[1], item[2]
                     self._incarnations[peer] = max(self._incarnations[peer], inc)

@@ -18,7 +18,7 @@ import numpy as np
 from ..algorithms.hierarchical import NodeLayout
 from ..engine.loop import CommLoop
 from ..engine.wire import wire_id
-from ..errors import InvalidArgumentError, TotalReduceError
+from ..errors import InvalidArgumentError, NotInitializedError, TotalReduceError
 from ..group import Group
 from ..transport.base import Transport
 from .config import Config
@@ -32,13 +32,12 @@ class Lifecycle(OpSubmitter):
     """Starts (:meth:`_start`) and stops (:meth:`shutdown`) the threads of a service."""
 
     def _start(self, transport: Transport, config: Config) -> None:
-        """Set up the loop, the reducer and the name table, then start both threads."""
-        from .reducer import Reducer, execute, run  # the Numba kernels: only when a service starts
-
+        """Set up the name table and the rest; start the engine, unless this is a daemon
+        client (whose engine starts with its first op that needs it)."""
         shared = getattr(transport, "options", None)
         if shared:  # a client of a daemon world: the service's engine options hold
             config = config.joining(shared, getattr(transport, "socket_path", "the service"))
-        self.config = cfg = config
+        self.config = config
         self.transport = transport
         self._windows: Any = None  # made by the first window call (Service.windows)
         self._windows_lock = threading.Lock()
@@ -49,38 +48,6 @@ class Lifecycle(OpSubmitter):
         self._express: dict[tuple[Any, ...], Any] = {}
         self.rank = transport.rank
         self.size = transport.size
-        self.loop = CommLoop(
-            transport,
-            cfg,
-            execute=execute,
-            run=run,
-        )
-        bind = getattr(transport, "native_binding", None)  # MPI: compiled code may call it
-        if cfg.lane and cfg.micro_bytes >= 64 and bind is not None and self.loop.world == self.size:
-            from ..engine.lane import LANE_BODY_SPAN, Lane
-            from ..engine.wire import BODY_TAG_BASE, CONTROL_TAG
-
-            # The lane's body tags follow the main loop's, where MPI's tags reach that far.
-            body_tag = BODY_TAG_BASE + int(getattr(transport, "tag_span", 0))
-            if body_tag + LANE_BODY_SPAN > int(getattr(transport, "tag_ub", 0)):
-                body_tag = -1  # large allreduces stay with the main loop
-            self.loop.attach_lane(
-                Lane(
-                    bind(),
-                    self.rank,
-                    self.size,
-                    cfg.micro_bytes,
-                    ctl_tag=CONTROL_TAG,
-                    pool_bytes=cfg.floating_pool_bytes,
-                    segment_bytes=cfg.segment_bytes,
-                    body_tag=body_tag,
-                )  # fmt: skip
-            )
-        self.reducer = Reducer(self.loop.compute, self.loop.notify)
-        if cfg.timeline:
-            from ..timeline import Timeline
-
-            self.loop.trace = self.reducer.trace = Timeline(cfg.timeline, self.rank)
         self._names = NameTable()
         self._closed = False
         self._stop = threading.Event()
@@ -91,23 +58,66 @@ class Lifecycle(OpSubmitter):
         # new job never meets what the services remember of an old one.
         self._layout = NodeLayout(relays, self.size // relays) if relays else None
         self._salt = 0
+        self._loop = None
+        self._engine_lock = threading.Lock()
         link = getattr(transport, "arena", None)  # a daemon's client: the node's arena
-        if link is not None:
-            from .thin import ThinClient
-
-            self._thin = ThinClient(link)
-        else:
+        if link is None:
             self._thin = None
-        self._comm_thread = threading.Thread(
-            target=self._run_loop, name=f"totalreduce-comm-{self.rank}", daemon=True
-        )
-        self._reduce_thread = threading.Thread(
-            target=self.reducer.run, name=f"totalreduce-reduce-{self.rank}", daemon=True
-        )
-        self._reduce_thread.start()
-        self._comm_thread.start()
-        if self._layout is not None and getattr(transport, "relay", None) is not None:
-            self._join_session(int(getattr(transport, "epoch", 0)))  # a daemon's client
+            self._start_engine()
+            return
+        from .thin import ThinClient
+
+        self._thin = ThinClient(link)
+        self._join_session(int(getattr(transport, "epoch", 0)))
+
+    def _start_engine(self) -> CommLoop:
+        """Start the engine: the loop, the compiled lane where MPI is, the reducer, and the
+        comm and reduce threads (once; any thread)."""
+        with self._engine_lock:
+            if self._loop is not None:
+                return self._loop
+            if self._closed:
+                raise NotInitializedError("totalreduce was shut down; call init() again to use it")
+            from .reducer import Reducer, execute, run  # the Numba kernels: only now
+
+            cfg, transport = self.config, self.transport
+            loop = CommLoop(transport, cfg, execute=execute, run=run)
+            bind = getattr(transport, "native_binding", None)  # MPI: compiled code calls it
+            if cfg.lane and cfg.micro_bytes >= 64 and bind is not None and loop.world == self.size:
+                from ..engine.lane import LANE_BODY_SPAN, Lane
+                from ..engine.wire import BODY_TAG_BASE, CONTROL_TAG
+
+                # The lane's body tags follow the main loop's, where MPI's tags reach that far.
+                body_tag = BODY_TAG_BASE + int(getattr(transport, "tag_span", 0))
+                if body_tag + LANE_BODY_SPAN > int(getattr(transport, "tag_ub", 0)):
+                    body_tag = -1  # large allreduces stay with the main loop
+                loop.attach_lane(
+                    Lane(
+                        bind(),
+                        self.rank,
+                        self.size,
+                        cfg.micro_bytes,
+                        ctl_tag=CONTROL_TAG,
+                        pool_bytes=cfg.floating_pool_bytes,
+                        segment_bytes=cfg.segment_bytes,
+                        body_tag=body_tag,
+                    )  # fmt: skip
+                )
+            self.reducer = Reducer(loop.compute, loop.notify)
+            if cfg.timeline:
+                from ..timeline import Timeline
+
+                loop.trace = self.reducer.trace = Timeline(cfg.timeline, self.rank)
+            self._comm_thread = threading.Thread(
+                target=self._run_loop, name=f"totalreduce-comm-{self.rank}", daemon=True
+            )
+            self._reduce_thread = threading.Thread(
+                target=self.reducer.run, name=f"totalreduce-reduce-{self.rank}", daemon=True
+            )
+            self._loop = loop
+            self._reduce_thread.start()
+            self._comm_thread.start()
+            return loop
 
     def _join_session(self, epoch: int) -> None:
         """Daemon mode: agree with every client of the job on its session, before any op.
@@ -116,45 +126,40 @@ class Lifecycle(OpSubmitter):
         the largest of their nodes' numbers and mix it into every op's wire id, so a
         job that reuses the names of an earlier one never meets what the services
         remember of it.  Returns when every client of the job has attached (as
-        ``MPI_Init`` does): the stall warning names the ranks still missing.
+        ``MPI_Init`` does), warning every ``stall_warning_s`` while it waits.  The
+        agreement is a hierarchical allreduce (max) on the thin path.
         """
-        from ..algorithms.codes import AlgorithmCode, OpKind
+        from ..algorithms.codes import OpKind
         from ..dtypes import DType, ReduceOp
-        from ..engine.payload import OpSpec
         from ..engine.wire import SESSION_ID
-        from .handle import Handle
-        from .ops import compile_hierarchical, plan_for
+        from ..errors import OpTimeoutError
+        from .thin import ThinHandle
 
-        layout = self._layout
-        assert layout is not None  # a daemon world's client
+        thin = self._thin
+        assert thin is not None  # a daemon world's client
         x = np.array([epoch], dtype=np.int64)
+        at, staged = thin.place(x, need_input=True)
         out = np.empty_like(x)
-        param, sched = compile_hierarchical(
-            OpKind.ALLREDUCE, self.rank, layout, 1, False, 0, "ring", "one_to_all"
+        handle = ThinHandle(
+            thin, "totalreduce session", 0, OpKind.ALLREDUCE, out, staged, out, lambda: None
         )
-        handle = Handle("totalreduce session", 0, out, self.loop)
-        spec = OpSpec(
-            name="totalreduce session",
-            wire_id=SESSION_ID,
-            generation=0,
-            kind=OpKind.ALLREDUCE,
-            algorithm=AlgorithmCode.HIERARCHICAL,
-            dtype=DType.INT64,
-            count=1,
-            op=ReduceOp.MAX,
-            priority=0,
-            inbuf=x,
-            outbuf=out,
-            schedule=sched,
-            plan=plan_for(sched, max(1, self.config.segment_bytes // 8)),
-            group=tuple(range(layout.world)),
-            param=param,
-            on_done=handle._finish,
-        )
-        handle._attach(spec)
-        self.loop.submit(spec)
+        thin.submit(
+            handle, wire=SESSION_ID, dtype=DType.INT64, count=1, op=ReduceOp.MAX, root=0,
+            priority=0, at_in=at, at_out=at, unnamed=True,
+        )  # fmt: skip
+        waited = 0.0
         try:
-            handle.wait()
+            while True:
+                try:
+                    handle.wait(max(1.0, self.config.stall_warning_s))
+                    break
+                except OpTimeoutError:
+                    waited += max(1.0, self.config.stall_warning_s)
+                    log.warning(
+                        "rank %d: init() has waited %.0f s for the other clients of the job to "
+                        "attach to their nodes' services (%s)", self.rank, waited,
+                        getattr(self.transport, "socket_path", "the service"),
+                    )  # fmt: skip
         except BaseException:
             self.shutdown(timeout=0)
             raise
@@ -185,6 +190,11 @@ class Lifecycle(OpSubmitter):
                 except Exception:
                     pass
             self._thin.close()
+        with self._engine_lock:  # no engine starts from here on (_closed is set)
+            pass
+        if self._loop is None:  # a daemon client that ran only hierarchical ops
+            self.transport.close()
+            return
         while (self.loop.busy or self.loop.sending) and time.monotonic() < deadline:
             self.loop.poll()
             time.sleep(0.0005)
@@ -227,6 +237,8 @@ class Lifecycle(OpSubmitter):
 
     def stop_timeline(self) -> None:
         """Stop recording the timeline and write the rest of it (nothing if none records)."""
+        if self._loop is None:
+            return
         with self.loop.lock:
             old, self.loop.trace = self.loop.trace, None
             self.reducer.trace = None

@@ -65,10 +65,14 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Li
             return self._thin.empty(shape, dtype)
         return np.empty(shape, dtype)
 
-    def forget_name(self, name: str | int) -> None:
+    def forget_name(self, name: str | int, generation: int | None = None) -> None:
         """Forget a name no later op will use (a node's service, for its clients' unnamed
-        ops); its generations start again at the first if it comes back."""
+        ops); its generations start again at the first if it comes back.  With
+        ``generation``, that ended op is forgotten too, so the same name and generation
+        can run again (a node's session agreement, once per job)."""
         self._names.forget(name)
+        if generation is not None:
+            self.loop.forget_op((self._wire_id(name), int(generation)))
 
     def abort_next(self, name: str | int, reason: str, mismatch: bool = False) -> int:
         """Fail the next generation of ``name`` on every rank without submitting it here

@@ -42,7 +42,10 @@ class OpSubmitter:
     transport: Transport
     rank: int
     size: int
-    loop: CommLoop
+    #: The engine's loop once started (a daemon client starts it on its first op that is
+    #: not a hierarchical one: those take the thin path), else None.
+    _loop: CommLoop | None
+    _start_engine: Callable[[], CommLoop]
     _names: NameTable
     _world_group: Group
     _layout: NodeLayout | None
@@ -53,12 +56,21 @@ class OpSubmitter:
     #: Daemon mode: the thin path to the node's service (hierarchical ops), else None.
     _thin: ThinClient | None
 
+    @property
+    def loop(self) -> CommLoop:
+        """The engine's loop (started here if it was not yet: a daemon client's)."""
+        lp = self._loop
+        return lp if lp is not None else self._start_engine()
+
     def _check_open(self) -> None:
         if self._closed:
             raise NotInitializedError("totalreduce was shut down; call init() again to use it")
-        if self.loop.fatal is not None:
-            raise TotalReduceError(f"the comm thread stopped: {self.loop.fatal}")
-        late = self.loop.late_errors
+        lp = self._loop
+        if lp is None:
+            return
+        if lp.fatal is not None:
+            raise TotalReduceError(f"the comm thread stopped: {lp.fatal}")
+        late = lp.late_errors
         if late:
             # An op this rank finished failed elsewhere: its result may be wrong.
             raise late.popleft()
