@@ -41,6 +41,20 @@ def test_thin_path_on_two_nodes_of_two_clients(tmp_path: Path) -> None:
     assert "Traceback" not in log, log
 
 
+def test_malformed_descriptors_fail_alone_and_the_service_goes_on(tmp_path: Path) -> None:
+    served = serve(2, 1, tmp_path / "s", extra=("--arena-bytes", str(8 << 20)))
+    try:
+        results = run_clients(served, [WORKER, "garbage"], timeout=120)
+    finally:
+        status = served.stop()
+    for r, res in enumerate(results):
+        for check in ("kind", "dtype", "count", "root", "place", "AFTER"):
+            assert f"rank {r}: GARBAGE-{check} OK" in res.stdout, res.stdout
+    log = served.stderr()
+    assert status == 0, log
+    assert "malformed descriptor" in log and "Traceback" not in log, log
+
+
 def test_large_ops_and_backpressure_with_a_small_arena(tmp_path: Path) -> None:
     served = serve(2, 1, tmp_path / "s", extra=("--arena-bytes", str(8 << 20)))
     try:

@@ -11,6 +11,9 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
   random priorities; a done callback runs without a wait; ``totalreduce.torch.empty``;
   a mismatch among the clients of one node fails on every rank, naming both, and the
   next op of the name works.
+- ``garbage``: descriptors written past the client's checks (an unknown kind or dtype, a
+  negative count, a root outside the world, buffers outside the client's part of the arena)
+  each fail with ``InvalidArgumentError`` saying what was wrong; the next op works.
 - ``pressure``: with a small arena, ops larger than half a client's part take the
   engine's way, and many staged ops in flight wait for room (backpressure), all exact.
 """
@@ -159,9 +162,55 @@ def mode_pressure(p: int, rank: int) -> None:
     report(rank, "BACKPRESSURE", not bad, str(bad))
 
 
+def mode_garbage(p: int, rank: int) -> None:
+    """Descriptors no honest client writes: each fails with InvalidArgumentError, alone."""
+    from totalreduce.algorithms.codes import OpKind
+    from totalreduce.dtypes import DType
+    from totalreduce.service.thin import ThinHandle
+    from totalreduce.transport import arena as A
+    from totalreduce.transport.shm import signal_eventfd
+
+    thin = tr.default_service()._thin
+    assert thin is not None
+    mine = thin.arena.data_start(thin.slot)
+
+    def raw(fields: dict[int, int]) -> ThinHandle:
+        h = ThinHandle(thin, "garbage", 0, OpKind.ALLREDUCE, None, -1, None, lambda: None)
+        with thin.lock:
+            t = thin._tail + 1
+            d = thin.ring[(t - 1) % A.RING]
+            d[:] = 0
+            d[A.D_KIND], d[A.D_DTYPE], d[A.D_COUNT] = int(OpKind.ALLREDUCE), int(DType.FLOAT32), 4
+            d[A.D_OP], d[A.D_IN], d[A.D_OUT], d[A.D_WIRE] = 1, mine, mine, 1000 + rank
+            for k, v in fields.items():
+                d[k] = v
+            d[A.D_TICKET] = h._ticket = t
+            thin._flight[t] = h
+            thin.ctl[A.C_TAIL] = thin._tail = t
+        signal_eventfd(thin.service_efd)
+        return h
+
+    cases = {
+        "kind": ({A.D_KIND: 99}, "kind 99"),
+        "dtype": ({A.D_DTYPE: 77}, "dtype 77"),
+        "count": ({A.D_COUNT: -5}, "count -5"),
+        "root": ({A.D_KIND: int(OpKind.BROADCAST), A.D_ROOT: 1 << 40}, "root"),
+        "place": ({A.D_IN: 0, A.D_OUT: 0, A.D_WIRE: 2000 + rank}, "outside its part"),
+    }
+    for what, (fields, words) in cases.items():
+        try:
+            raw(fields).wait(30)
+            report(rank, f"GARBAGE-{what}", False, "no error")
+        except tr.InvalidArgumentError as exc:
+            report(rank, f"GARBAGE-{what}", words in str(exc), str(exc))
+    got = tr.allreduce(np.full(3, rank + 1, np.int64), name="after.garbage")
+    report(rank, "GARBAGE-AFTER", bool(np.all(got == p * (p + 1) // 2)), str(got))
+
+
 def main() -> None:
     tr.init()
-    {"arena": mode_arena, "pressure": mode_pressure}[sys.argv[1]](tr.size(), tr.rank())
+    modes = {"arena": mode_arena, "pressure": mode_pressure, "garbage": mode_garbage}
+    modes[sys.argv[1]](tr.size(), tr.rank())
     tr.shutdown()
 
 

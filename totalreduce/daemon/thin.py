@@ -248,7 +248,30 @@ class ThinService:
 
     # ------------------------------------------------------------------ ops
 
+    def _malformed(self, d: np.ndarray) -> str:
+        """What is wrong with a descriptor as a client wrote it, or ""."""
+        kind, count = int(d[A.D_KIND]), int(d[A.D_COUNT])
+        if kind not in _KINDS:
+            return f"kind {kind} is not an allreduce, broadcast or barrier"
+        try:
+            dt = DType(int(d[A.D_DTYPE]))
+            ReduceOp(int(d[A.D_OP]))
+        except ValueError:
+            return f"dtype {int(d[A.D_DTYPE])} or reduce op {int(d[A.D_OP])} is unknown"
+        if not 0 <= count <= self.arena.data_bytes // dt.itemsize:
+            return f"count {count} does not fit a client's part of the arena"
+        if kind == int(OpKind.BROADCAST) and not 0 <= int(d[A.D_ROOT]) < self.size:
+            return f"root {int(d[A.D_ROOT])} is outside 0..{self.size - 1}"
+        if int(d[A.D_GEN]) < 0 or int(d[A.D_TICKET]) <= 0:
+            return f"generation {int(d[A.D_GEN])} or ticket {int(d[A.D_TICKET])} is negative"
+        return ""
+
     def _take(self, slot: int, d: np.ndarray) -> None:
+        bad = self._malformed(d)
+        if bad:
+            log.warning("rank %d: a malformed descriptor: %s", self.node * self.slots + slot, bad)
+            self._answer(slot, self._inc[slot], d, A.E_INVALID, f"a malformed descriptor: {bad}")
+            return
         key = (int(d[A.D_WIRE]), int(d[A.D_GEN]))
         op = self._pending.get(key)
         if op is None:
@@ -295,10 +318,14 @@ class ThinService:
         if kind == int(OpKind.ALLREDUCE):
             ins, outs = bufs
             node_buf = outs[0]
-            if ins[0] is not node_buf:
-                copy_into(node_buf, ins[0], dt)
-            for k in range(1, self.slots):
-                reduce_into(node_buf, ins[k], rop, dt)
+            try:
+                if ins[0] is not node_buf:
+                    copy_into(node_buf, ins[0], dt)
+                for k in range(1, self.slots):
+                    reduce_into(node_buf, ins[k], rop, dt)
+            except (TypeError, ValueError) as exc:  # only a client's garbage gets here
+                self._fail(op, A.E_INVALID, f"the node could not reduce it: {exc}")
+                return
         elif kind == int(OpKind.BROADCAST):
             ins, outs = bufs
             root_node, root_slot = divmod(int(d[A.D_ROOT]), self.slots)
@@ -373,6 +400,18 @@ class ThinService:
             return
         if not self._claim(op):
             return  # failed meanwhile (the service stops)
+        try:
+            self._results_back(op)
+        except Exception as exc:  # never leave the clients waiting
+            log.exception("the arena thread could not hand back %s", op.key)
+            op.over = False
+            self._fail(op, A.E_FAILED, f"the node's service could not hand the result back: {exc}")
+            return
+        for k, x in enumerate(op.descs):
+            if x is not None:
+                self._answer(k, op.incarnations[k], x, 0, "")
+
+    def _results_back(self, op: _Op) -> None:
         d = op.descs[0]
         assert d is not None
         buf = op.node_buf
@@ -385,9 +424,6 @@ class ThinService:
                 at = int(x[A.D_OUT])
                 if self.arena.offset_of(buf) != at and self._inc[k] == op.incarnations[k]:
                     copy_into(self.arena.view(at, buf.size, buf.dtype), buf, dt)
-        for k, x in enumerate(op.descs):
-            if x is not None:
-                self._answer(k, op.incarnations[k], x, 0, "")
 
     def _among_nodes_text(self, error: BaseException) -> str:
         """The engine's error among the services, told in the clients' terms: the op is
