@@ -1,0 +1,185 @@
+"""The thin path's node side without processes: one node's service (daemon/thin.py) and its
+``L`` clients (service/thin.py) in one process, over one arena, for L = 1..4.
+
+What a node does alone is exact in int64: the local reduction of every op, broadcast from
+every slot, barriers, ``avg`` (floor on integers), ops submitted in a different random
+order by every client with random priorities, a mismatch naming both ranks, a malformed
+descriptor, and a client that dies with ops in flight (the others' fail, naming it).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from totalreduce.algorithms.codes import OpKind
+from totalreduce.daemon.thin import ThinService  # noqa: I001 (the node's side)
+from totalreduce.dtypes import DType, ReduceOp
+from totalreduce.errors import InvalidArgumentError, OpFailedError, OpMismatchError
+from totalreduce.service.thin import ThinClient, ThinHandle
+from totalreduce.transport.arena import Arena
+from totalreduce.transport.shm import new_eventfd
+
+
+class Node:
+    """A node's arena thread and ``slots`` clients attached to it."""
+
+    def __init__(self, slots: int) -> None:
+        self.arena = Arena.create(slots, 4 << 20)
+        self.service = ThinService(self.arena, 0, 1, None)
+        self.clients: list[ThinClient] = []
+        self.socks: list[socket.socket] = []
+        for k in range(slots):
+            efd = new_eventfd()
+            self.service.attach(k, k + 1, os.dup(efd))
+            mine, theirs = socket.socketpair()
+            self.socks.append(theirs)
+            assert self.arena.fd is not None
+            link = SimpleNamespace(
+                arena=Arena.attach(os.dup(self.arena.fd), self.arena.size),
+                welcome=SimpleNamespace(local=k, rank=k, size=slots, pid=os.getpid()),
+                where="test",
+                eventfd=efd,
+                service_eventfd=os.dup(self.service.eventfd),
+                sock=mine,
+            )
+            self.clients.append(ThinClient(link))
+
+    def submit(
+        self, k: int, kind: OpKind, name: str, x: np.ndarray | None, *, op: ReduceOp = ReduceOp.SUM,
+        root: int = 0, prio: int = 0, gen: int = 0,
+    ) -> ThinHandle:  # fmt: skip
+        c = self.clients[k]
+        if x is None:
+            at, staged, out = -1, -1, None
+            dt, count = DType.INT64, 0
+        else:
+            out = np.empty_like(x)
+            at, staged = c.place(x, need_input=True)
+            dt, count = DType.of(x.dtype), x.size
+        h = ThinHandle(c, name, gen, kind, out, staged, out, lambda: None)
+        wire = hash(name) & ((1 << 62) - 1)
+        return c.submit(h, wire=wire, dtype=dt, count=count, op=op, root=root, priority=prio,
+                        at_in=at, at_out=at, unnamed=False)  # fmt: skip
+
+    def close(self) -> None:
+        self.service.stop()
+        for c in self.clients:
+            c.close()
+        for s in self.socks:
+            s.close()
+        self.arena.close()
+
+
+@pytest.fixture(params=[1, 2, 3, 4], ids=lambda n: f"L{n}")
+def node(request: Any) -> Any:
+    n = Node(request.param)
+    yield n
+    n.close()
+
+
+def data(k: int, name: int, n: int = 37) -> np.ndarray:
+    return (np.arange(n, dtype=np.int64) * (name + 1) + 1000 * k - 7 * name) % 101 - 50
+
+
+def test_every_op_in_random_orders_is_exact(node: Node) -> None:
+    L = len(node.clients)
+    ops = (
+        [("ar", i) for i in range(40)]
+        + [("bc", i) for i in range(12)]
+        + [("bar", i) for i in range(6)]
+    )
+    results: list[dict[Any, Any]] = [{} for _ in range(L)]
+
+    def client(k: int) -> None:
+        rng = random.Random(k)
+        mine = list(ops)
+        rng.shuffle(mine)
+        hs = {}
+        for kind, i in mine:
+            if kind == "ar":
+                op = [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AVG][i % 4]
+                hs[kind, i] = node.submit(k, OpKind.ALLREDUCE, f"ar{i}", data(k, i), op=op,
+                                          prio=rng.randrange(5))  # fmt: skip
+            elif kind == "bc":
+                hs[kind, i] = node.submit(k, OpKind.BROADCAST, f"bc{i}", data(k, i), root=i % L)
+            else:
+                hs[kind, i] = node.submit(k, OpKind.BARRIER, f"bar{i}", None)
+        for key, h in hs.items():
+            results[k][key] = h.wait(30)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(L)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for k in range(L):
+        for i in range(40):
+            stack = np.stack([data(r, i) for r in range(L)])
+            want = [stack.sum(0), stack.max(0), stack.min(0), stack.sum(0) // L][i % 4]
+            assert np.array_equal(results[k]["ar", i], want), (k, i)
+        for i in range(12):
+            assert np.array_equal(results[k]["bc", i], data(i % L, i)), (k, i)
+        assert all(results[k]["bar", i] is None for i in range(6))
+
+
+@pytest.fixture(params=[2, 3, 4], ids=lambda n: f"L{n}")
+def shared(request: Any) -> Any:
+    """A node with two clients or more."""
+    n = Node(request.param)
+    yield n
+    n.close()
+
+
+def test_a_mismatch_names_both_ranks_and_the_name_goes_on(shared: Node) -> None:
+    node = shared
+    L = len(node.clients)
+    hs = [node.submit(k, OpKind.ALLREDUCE, "mm", np.ones(5 + (k == 1), np.int64)) for k in range(L)]
+    for h in hs:
+        with pytest.raises(
+            OpMismatchError, match="rank 0: allreduce, count 5 int64.*rank 1: allreduce, count 6"
+        ):
+            h.wait(30)
+    again = [node.submit(k, OpKind.ALLREDUCE, "mm", np.ones(5, np.int64), gen=1) for k in range(L)]
+    assert all(np.array_equal(h.wait(30), np.full(5, L)) for h in again)
+
+
+def test_a_malformed_descriptor_fails_alone(node: Node) -> None:
+    c = node.clients[0]
+    h = node.submit(0, OpKind.ALLREDUCE, "bad", np.ones(3, np.int64), root=0)
+    # the same descriptor again, its kind broken (what only a buggy client writes)
+    bad = ThinHandle(c, "bad", 1, 77, None, -1, None, lambda: None)  # type: ignore[arg-type]
+    c.submit(bad, wire=5, dtype=DType.INT64, count=3, op=ReduceOp.SUM, root=0, priority=0,
+             at_in=-1, at_out=-1, unnamed=False)  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match="malformed descriptor: kind 77"):
+        bad.wait(30)
+    rest = [
+        node.submit(k, OpKind.ALLREDUCE, "bad", np.ones(3, np.int64))
+        for k in range(1, len(node.clients))
+    ]
+    assert np.array_equal(h.wait(30), np.full(3, len(node.clients)))
+    assert all(np.array_equal(x.wait(30), np.full(3, len(node.clients))) for x in rest)
+
+
+def test_a_client_that_dies_fails_the_ops_waiting_for_it(shared: Node) -> None:
+    node = shared
+    L = len(node.clients)
+    hs = [
+        node.submit(k, OpKind.ALLREDUCE, f"d{i}", np.ones(4, np.int64))
+        for k in range(L - 1)
+        for i in range(3)
+    ]
+    node.service.detach(L - 1, "died (its connection ended without bye)")
+    for h in hs:
+        with pytest.raises(OpFailedError, match=f"rank {L - 1} died"):
+            h.wait(30)
+    later = node.submit(0, OpKind.BARRIER, "later", None)
+    with pytest.raises(OpFailedError, match=f"rank {L - 1} died"):
+        later.wait(30)
