@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,9 +32,9 @@ from totalreduce.transport.shm import new_eventfd
 class Node:
     """A node's arena thread and ``slots`` clients attached to it."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, stall_warning_s: float = 60.0) -> None:
         self.arena = Arena.create(slots, 4 << 20)
-        self.service = ThinService(self.arena, 0, 1, None)
+        self.service = ThinService(self.arena, 0, 1, None, stall_warning_s=stall_warning_s)
         self.clients: list[ThinClient] = []
         self.socks: list[socket.socket] = []
         for k in range(slots):
@@ -183,3 +184,20 @@ def test_a_client_that_dies_fails_the_ops_waiting_for_it(shared: Node) -> None:
     later = node.submit(0, OpKind.BARRIER, "later", None)
     with pytest.raises(OpFailedError, match=f"rank {L - 1} died"):
         later.wait(30)
+
+
+def test_an_op_a_client_never_submits_is_named_in_a_stall_warning(caplog: Any) -> None:
+    node = Node(3, stall_warning_s=0.3)
+    try:
+        with caplog.at_level("WARNING", logger="totalreduce.daemon"):
+            hs = [node.submit(k, OpKind.ALLREDUCE, "late", np.ones(2, np.int64)) for k in (0, 2)]
+            deadline = time.monotonic() + 10
+            while "have waited" not in caplog.text and "has waited" not in caplog.text:
+                assert time.monotonic() < deadline, caplog.text
+                time.sleep(0.05)
+        assert "ranks [0, 2] submitted it, ranks [1] have not" in caplog.text, caplog.text
+        assert "allreduce, count 2 int64" in caplog.text
+        late = node.submit(1, OpKind.ALLREDUCE, "late", np.ones(2, np.int64))
+        assert all(np.array_equal(h.wait(30), np.full(2, 3)) for h in [*hs, late])
+    finally:
+        node.close()

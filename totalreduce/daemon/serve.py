@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet = dataclasses.replace(config, idle_backoff_max_s=max(config.idle_backoff_max_s, 0.25))
     engine = Service(MPITransport(), quiet) if nodes > 1 else None
     arena = Arena.create(args.local_clients, args.arena_bytes // args.local_clients)
-    thin = ThinService(arena, node, nodes, engine)
+    thin = ThinService(arena, node, nodes, engine, stall_warning_s=config.stall_warning_s)
     svc.loop.on_peer_left, svc.loop.on_peer_joined = thin.peer_left, thin.peer_joined
     warm_up()
     listener = sockets.listen(path)

@@ -67,10 +67,12 @@ class _Op:
     """One op of the node: the descriptors of its local clients, as they come."""
 
     __slots__ = ("key", "descs", "seen", "incarnations", "handle", "node_buf", "over", "why",
-                 "fail_kind")  # fmt: skip
+                 "fail_kind", "since", "warned")  # fmt: skip
 
     def __init__(self, key: tuple[int, int], slots: int) -> None:
         self.key = key
+        self.since = time.monotonic()
+        self.warned = 0.0  # when its last stall warning went out
         self.descs: list[np.ndarray | None] = [None] * slots
         self.incarnations = [0] * slots
         self.seen = 0
@@ -105,8 +107,12 @@ def _shape_text(d: np.ndarray) -> str:
 class ThinService:
     """The arena thread of one node's service."""
 
-    def __init__(self, arena: A.Arena, node: int, nodes: int, engine: Any) -> None:
+    def __init__(
+        self, arena: A.Arena, node: int, nodes: int, engine: Any, stall_warning_s: float = 60.0
+    ) -> None:
         self.arena = arena
+        self.stall_warning_s = stall_warning_s
+        self._next_look = time.monotonic() + 1.0
         self.node, self.nodes = node, nodes
         self.slots = arena.slots
         self.size = nodes * self.slots
@@ -183,6 +189,8 @@ class ThinService:
                 if self._events:
                     self._event(self._events.popleft())
                     continue
+                if time.monotonic() >= self._next_look:
+                    self._look_for_stalls()
                 if self._drain():
                     last = time.perf_counter()
                     continue
@@ -485,6 +493,25 @@ class ThinService:
         efd = self._efd[slot]
         if ctl[A.C_SLEEPING] and efd is not None:
             signal_eventfd(efd)
+
+    def _look_for_stalls(self) -> None:
+        """Warn about ops some of the node's clients submitted long ago and others never
+        did (once per ``stall_warning_s``), naming both."""
+        now = time.monotonic()
+        self._next_look = now + 1.0
+        for op in list(self._pending.values()):
+            if op.over or now - max(op.since, op.warned) < self.stall_warning_s:
+                continue
+            op.warned = now
+            d = next(x for x in op.descs if x is not None)
+            base = self.node * self.slots
+            have = [base + k for k, x in enumerate(op.descs) if x is not None]
+            missing = [base + k for k, x in enumerate(op.descs) if x is None]
+            log.warning(
+                "%s #%016x generation %d has waited %.0f s on node %d: ranks %s submitted it, "
+                "ranks %s have not", _shape_text(d), op.key[0] & ((1 << 64) - 1), op.key[1],
+                now - op.since, self.node, have, missing,
+            )  # fmt: skip
 
     def _left(self, rank: int, why: str, died: bool) -> None:
         """Client rank ``rank`` left or died (-1: the service stops).
