@@ -201,3 +201,28 @@ def test_an_op_a_client_never_submits_is_named_in_a_stall_warning(caplog: Any) -
         assert all(np.array_equal(h.wait(30), np.full(2, 3)) for h in [*hs, late])
     finally:
         node.close()
+
+
+def test_the_thin_path_records_into_the_timeline(tmp_path: Any) -> None:
+    from totalreduce.timeline import Timeline, load
+
+    node = Node(2)
+    try:
+        for k, c in enumerate(node.clients):
+            c.trace = Timeline(str(tmp_path / "tl"), k)
+        first = node.submit(0, OpKind.ALLREDUCE, "timed", np.ones(3, np.int64))
+        waiter = threading.Thread(target=first.wait, args=(30,))
+        waiter.start()  # rank 0 waits before rank 1 submits: its timeline has the wait
+        time.sleep(0.05)
+        node.submit(1, OpKind.ALLREDUCE, "timed", np.ones(3, np.int64)).wait(30)
+        waiter.join(30)
+        for c in node.clients:
+            c.trace.close()
+    finally:
+        node.close()
+    for k in range(2):
+        events = load(tmp_path / f"tl.{k}.json")
+        life = [e for e in events if e.get("name") == "timed" and e.get("cat") == "op"]
+        assert len(life) == 1 and life[0]["args"]["status"] == "done", life
+        assert life[0]["dur"] > 0 and "submitted_us" in life[0]["args"], life
+    assert any(e.get("name", "").startswith("wait ") for e in load(tmp_path / "tl.0.json"))

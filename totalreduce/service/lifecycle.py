@@ -60,6 +60,11 @@ class Lifecycle(OpSubmitter):
         self._salt = 0
         self._loop = None
         self._engine_lock = threading.Lock()
+        self._trace: Any = None  # the timeline recorder, when one records
+        if config.timeline:
+            from ..timeline import Timeline
+
+            self._trace = Timeline(config.timeline, self.rank)
         link = getattr(transport, "arena", None)  # a daemon's client: the node's arena
         if link is None:
             self._thin = None
@@ -68,6 +73,7 @@ class Lifecycle(OpSubmitter):
         from .thin import ThinClient
 
         self._thin = ThinClient(link)
+        self._thin.trace = self._trace
         self._join_session(int(getattr(transport, "epoch", 0)))
 
     def _start_engine(self) -> CommLoop:
@@ -104,10 +110,7 @@ class Lifecycle(OpSubmitter):
                     )  # fmt: skip
                 )
             self.reducer = Reducer(loop.compute, loop.notify)
-            if cfg.timeline:
-                from ..timeline import Timeline
-
-                loop.trace = self.reducer.trace = Timeline(cfg.timeline, self.rank)
+            loop.trace = self.reducer.trace = self._trace
             self._comm_thread = threading.Thread(
                 target=self._run_loop, name=f"totalreduce-comm-{self.rank}", daemon=True
             )
@@ -193,6 +196,8 @@ class Lifecycle(OpSubmitter):
         with self._engine_lock:  # no engine starts from here on (_closed is set)
             pass
         if self._loop is None:  # a daemon client that ran only hierarchical ops
+            if self._trace is not None:
+                self._trace.close()
             self.transport.close()
             return
         while (self.loop.busy or self.loop.sending) and time.monotonic() < deadline:
@@ -231,19 +236,24 @@ class Lifecycle(OpSubmitter):
         if not isinstance(path, str) or not path:
             raise InvalidArgumentError(f"start_timeline: path must be a file path, got {path!r}")
         self.stop_timeline()
-        new = Timeline(path, self.rank)
-        with self.loop.lock:  # the comm thread reads the recorder only inside a pass
-            self.loop.trace = self.reducer.trace = new
+        self._set_trace(Timeline(path, self.rank))
 
     def stop_timeline(self) -> None:
         """Stop recording the timeline and write the rest of it (nothing if none records)."""
-        if self._loop is None:
-            return
-        with self.loop.lock:
-            old, self.loop.trace = self.loop.trace, None
-            self.reducer.trace = None
+        old = self._trace
+        self._set_trace(None)
         if old is not None:
             old.close()
+
+    def _set_trace(self, trace: Any) -> None:
+        """Record into ``trace`` from now on (None: stop), here and in the running engine."""
+        self._trace = trace
+        if self._thin is not None:
+            self._thin.trace = trace
+        lp = self._loop
+        if lp is not None:
+            with lp.lock:  # the comm thread reads the recorder only inside a pass
+                lp.trace = self.reducer.trace = trace
 
     @property
     def closed(self) -> bool:

@@ -141,6 +141,8 @@ class ThinClient:
         self._watcher: threading.Thread | None = None
         self.gone: str | None = None  # the service died: every op fails, saying so
         self.closed = False
+        #: The timeline recorder (the service's, when one records): the ops' lives, waits.
+        self.trace: Any = None
 
     # ------------------------------------------------------------------ placing buffers
 
@@ -231,6 +233,9 @@ class ThinClient:
             h._ticket = t
             self._flight[t] = h
             self.ctl[A.C_TAIL] = self._tail = t
+        trace = self.trace
+        if trace is not None:
+            trace.op(h.name, h.generation, "submitted", priority)
         fence()
         if self.header[A.H_SERVICE_SLEEPING]:
             signal_eventfd(self.service_efd)
@@ -276,6 +281,9 @@ class ThinClient:
             h._error = error
             h._done = True
             callbacks, h._then = h._then, None
+            trace = self.trace
+            if trace is not None:
+                trace.op(h.name, h.generation, "failed" if error else "done", 0)
         if callbacks:
             for fn in callbacks:
                 try:
@@ -291,6 +299,15 @@ class ThinClient:
 
     def block(self, h: ThinHandle, timeout: float | None) -> None:
         """Until ``h`` is done: spin for :data:`SPIN_S`, then sleep on the eventfd."""
+        t0_ns = time.perf_counter_ns()
+        try:
+            self._block(h, timeout)
+        finally:
+            trace = self.trace
+            if trace is not None:
+                trace.wait(h.name, h.generation, t0_ns, time.perf_counter_ns())
+
+    def _block(self, h: ThinHandle, timeout: float | None) -> None:
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < SPIN_S:
             if self.check(h):
