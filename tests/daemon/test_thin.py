@@ -27,41 +27,33 @@ ARENA_CHECKS = ("NO-ENGINE", "ZERO-COPY", "DTYPES", "BROADCAST", "IN-FLIGHT", "C
                 "TORCH-EMPTY", "MISMATCH", "AFTER", "ENGINE-LATER")  # fmt: skip
 
 
-def test_thin_path_on_two_nodes_of_two_clients(tmp_path: Path) -> None:
-    served = serve(2, 2, tmp_path / "s")
+def run_mode(where: Path, nodes: int, local: int, mode: str, checks: list[str], *extra: str) -> str:
+    """Serve ``nodes`` x ``local``, run ``thin_worker.py mode`` on every client, and check
+    that every rank reported every check OK and the services exited cleanly; their log."""
+    served = serve(nodes, local, where, extra=extra)
     try:
-        results = run_clients(served, [WORKER, "arena"], timeout=240)
+        results = run_clients(served, [WORKER, mode], timeout=240)
     finally:
         status = served.stop()
     for r, res in enumerate(results):
-        for check in ARENA_CHECKS:
+        for check in checks:
             assert f"rank {r}: {check} OK" in res.stdout, res.stdout
     log = served.stderr()
     assert status == 0, log
     assert "Traceback" not in log, log
+    return log
+
+
+def test_thin_path_on_two_nodes_of_two_clients(tmp_path: Path) -> None:
+    run_mode(tmp_path / "s", 2, 2, "arena", list(ARENA_CHECKS))
 
 
 def test_malformed_descriptors_fail_alone_and_the_service_goes_on(tmp_path: Path) -> None:
-    served = serve(2, 1, tmp_path / "s", extra=("--arena-bytes", str(8 << 20)))
-    try:
-        results = run_clients(served, [WORKER, "garbage"], timeout=120)
-    finally:
-        status = served.stop()
-    for r, res in enumerate(results):
-        for check in ("kind", "dtype", "count", "root", "place", "AFTER"):
-            assert f"rank {r}: GARBAGE-{check} OK" in res.stdout, res.stdout
-    log = served.stderr()
-    assert status == 0, log
-    assert "malformed descriptor" in log and "Traceback" not in log, log
+    checks = [f"GARBAGE-{c}" for c in ("kind", "dtype", "count", "root", "place", "AFTER")]
+    log = run_mode(tmp_path / "s", 2, 1, "garbage", checks, "--arena-bytes", str(8 << 20))
+    assert "malformed descriptor" in log, log
 
 
 def test_large_ops_and_backpressure_with_a_small_arena(tmp_path: Path) -> None:
-    served = serve(2, 1, tmp_path / "s", extra=("--arena-bytes", str(8 << 20)))
-    try:
-        results = run_clients(served, [WORKER, "pressure"], timeout=240)
-    finally:
-        status = served.stop()
-    for r, res in enumerate(results):
-        for check in ("LARGE", "BACKPRESSURE"):
-            assert f"rank {r}: {check} OK" in res.stdout, res.stdout
-    assert status == 0, served.stderr()
+    run_mode(tmp_path / "s", 2, 1, "pressure", ["LARGE", "BACKPRESSURE"], "--arena-bytes",
+             str(8 << 20))  # fmt: skip

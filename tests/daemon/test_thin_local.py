@@ -63,7 +63,7 @@ class Node:
             dt, count = DType.INT64, 0
         else:
             out = np.empty_like(x)
-            at, staged = c.place(x, need_input=True)
+            at, staged = c.place(x, fill=x)
             dt, count = DType.of(x.dtype), x.size
         h = ThinHandle(c, name, gen, kind, out, staged, out, lambda: None)
         wire = hash(name) & ((1 << 62) - 1)

@@ -40,7 +40,7 @@ from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
 log = logging.getLogger("totalreduce.daemon")
 
 #: The session agreement's wire id, as a descriptor's signed word holds it.
-_SESSION = SESSION_ID - (1 << 64) if SESSION_ID >= 1 << 63 else SESSION_ID
+_SESSION = A.signed(SESSION_ID)
 #: How long the arena thread keeps looking after its last descriptor before it sleeps.
 SPIN_S = 50e-6
 #: With ops among the services in flight: how long it drives their engine at a time.
@@ -80,11 +80,6 @@ class _Op:
         self.node_buf: np.ndarray | None = None
         self.over = False  # answered: its clients' words are set (once, by whoever ends it)
         self.why, self.fail_kind = "", 0  # why it failed
-
-    IDLE: _Op  # a placeholder with no handle
-
-
-_Op.IDLE = _Op((0, 0), 0)
 
 
 def _shape_text(d: np.ndarray) -> str:
@@ -194,7 +189,8 @@ class ThinService:
                 if self._drain():
                     last = time.perf_counter()
                     continue
-                h = next(iter(self._running.values()), _Op.IDLE).handle
+                oldest = next(iter(self._running.values()), None)
+                h = None if oldest is None else oldest.handle
                 if h is not None:
                     # Ops among the services: this thread drives their engine, as a thread
                     # in wait() does (compiled passes for the lane's ops; the comm thread

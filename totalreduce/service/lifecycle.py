@@ -141,7 +141,7 @@ class Lifecycle(OpSubmitter):
         thin = self._thin
         assert thin is not None  # a daemon world's client
         x = np.array([epoch], dtype=np.int64)
-        at, staged = thin.place(x, need_input=True)
+        at, staged = thin.place(x, fill=x)
         out = np.empty_like(x)
         handle = ThinHandle(
             thin, "totalreduce session", 0, OpKind.ALLREDUCE, out, staged, out, lambda: None

@@ -252,13 +252,9 @@ class OpSubmitter:
                 at_in = at_out = -1
             else:
                 receiver = kind is OpKind.BROADCAST and self.rank != root  # needs no input
-                at_out, staged = thin.place(out, need_input=False)
+                at_out, staged = thin.place(out, fill=None if receiver else x)
                 if staged >= 0:  # the result is copied out of the staging block
                     back = out
-                    if not receiver:
-                        thin.arena.view(staged, x.nbytes, np.uint8)[:] = x.reshape(-1).view(
-                            np.uint8
-                        )
                     at_in = at_out
                 elif in_place or receiver:
                     at_in = at_out

@@ -186,16 +186,17 @@ class ThinClient:
                 )  # fmt: skip
         return at
 
-    def place(self, arr: np.ndarray, need_input: bool) -> tuple[int, int]:
+    def place(self, arr: np.ndarray, fill: np.ndarray | None) -> tuple[int, int]:
         """(arena offset of ``arr``'s bytes, staging offset or -1): ``arr`` itself if it
-        lives in the arena, else a staging copy (filled if ``need_input``)."""
+        lives in the arena, else a staging block of its size, filled from ``fill`` (an
+        array of as many bytes) unless that is None."""
         if arr.flags.c_contiguous:
             at = self.arena.offset_of(arr)
             if at >= 0:
                 return at, -1
         at = self._alloc(arr.nbytes, "a staging copy")
-        if need_input and arr.nbytes:
-            self.arena.view(at, arr.nbytes, np.uint8)[:] = arr.reshape(-1).view(np.uint8)
+        if fill is not None and fill.nbytes:
+            self.arena.view(at, fill.nbytes, np.uint8)[:] = fill.reshape(-1).view(np.uint8)
         return at, at
 
     # ------------------------------------------------------------------ submitting
@@ -224,11 +225,10 @@ class ThinClient:
             t = self._tail + 1
             d = self.ring[(t - 1) % A.RING]
             d[A.D_KIND], d[A.D_GEN] = int(h.kind), h.generation
-            d[A.D_WIRE] = wire - (1 << 64) if wire >= 1 << 63 else wire  # as a signed word
+            d[A.D_WIRE] = A.signed(wire)
             d[A.D_DTYPE], d[A.D_COUNT], d[A.D_OP], d[A.D_ROOT] = int(dtype), count, int(op), root
             d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = priority, at_in, at_out
             d[A.D_FLAGS] = (A.F_AVG if op is ReduceOp.AVG else 0) | (A.F_UNNAMED if unnamed else 0)
-            d[A.D_NBYTES] = count * dtype.itemsize
             d[A.D_TICKET] = t
             h._ticket = t
             self._flight[t] = h

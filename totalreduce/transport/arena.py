@@ -43,7 +43,7 @@ RING = 4096
 D_WORDS = 16
 # descriptor fields
 (D_TICKET, D_KIND, D_WIRE, D_GEN, D_DTYPE, D_COUNT, D_OP, D_ROOT, D_PRIO, D_IN, D_OUT,
- D_FLAGS, D_NBYTES) = range(13)  # fmt: skip
+ D_FLAGS) = range(12)  # fmt: skip
 #: D_FLAGS bits
 F_AVG, F_UNNAMED = 1, 2
 # control words
@@ -59,6 +59,11 @@ E_FAILED, E_MISMATCH, E_INVALID, E_TRANSPORT = 1, 2, 3, 4
 
 #: Buffers are placed on this alignment (a cache line).
 ALIGN = 64
+
+
+def signed(wire: int) -> int:
+    """A 64-bit wire id as the signed word a descriptor holds."""
+    return wire - (1 << 64) if wire >= 1 << 63 else wire
 
 
 class Arena:
