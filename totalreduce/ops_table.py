@@ -193,7 +193,7 @@ OPS: tuple[OpDecl, ...] = (
     ),
     OpDecl(
         "reduce_scatter",
-        (X, NAME, OP, PARTITION, AXES, GROUP, DTYPE, PRIORITY),
+        (X, NAME, OP, PARTITION, AXES, GROUP, DTYPE, PRIORITY, Param("counts", Kind.SPLITS, None)),
         Takes.ONE,
         Returns.ARRAY,
         c10d=("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"),

@@ -48,6 +48,11 @@ def test_thin_path_on_two_nodes_of_two_clients(tmp_path: Path) -> None:
     run_mode(tmp_path / "s", 2, 2, "arena", list(ARENA_CHECKS))
 
 
+def test_reduce_scatter_allgather_and_groups_take_the_thin_path(tmp_path: Path) -> None:
+    checks = ["REDUCE-SCATTER", "ALLGATHER", "GROUPS", "STILL-NO-ENGINE"]
+    run_mode(tmp_path / "s", 2, 2, "kinds", checks)
+
+
 def test_malformed_descriptors_fail_alone_and_the_service_goes_on(tmp_path: Path) -> None:
     checks = [f"GARBAGE-{c}" for c in ("kind", "dtype", "count", "root", "place", "AFTER")]
     log = run_mode(tmp_path / "s", 2, 1, "garbage", checks, "--arena-bytes", str(8 << 20))
@@ -55,5 +60,5 @@ def test_malformed_descriptors_fail_alone_and_the_service_goes_on(tmp_path: Path
 
 
 def test_large_ops_and_backpressure_with_a_small_arena(tmp_path: Path) -> None:
-    run_mode(tmp_path / "s", 2, 1, "pressure", ["LARGE", "BACKPRESSURE"], "--arena-bytes",
-             str(8 << 20))  # fmt: skip
+    checks = ["LARGE", "LARGE-PARTS", "BACKPRESSURE"]
+    run_mode(tmp_path / "s", 2, 1, "pressure", checks, "--arena-bytes", str(8 << 20))

@@ -65,7 +65,8 @@ class Node:
             out = np.empty_like(x)
             at, staged = c.place(x, fill=x)
             dt, count = DType.of(x.dtype), x.size
-        h = ThinHandle(c, name, gen, kind, out, staged, out, lambda: None)
+        h = ThinHandle(c, name, gen, kind, out, lambda: None)
+        h.hold((staged,) if staged >= 0 else (), out, staged)
         wire = hash(name) & ((1 << 62) - 1)
         return c.submit(h, wire=wire, dtype=dt, count=count, op=op, root=root, priority=prio,
                         at_in=at, at_out=at, unnamed=False)  # fmt: skip
@@ -156,7 +157,7 @@ def test_a_malformed_descriptor_fails_alone(node: Node) -> None:
     c = node.clients[0]
     h = node.submit(0, OpKind.ALLREDUCE, "bad", np.ones(3, np.int64), root=0)
     # the same descriptor again, its kind broken (what only a buggy client writes)
-    bad = ThinHandle(c, "bad", 1, 77, None, -1, None, lambda: None)  # type: ignore[arg-type]
+    bad = ThinHandle(c, "bad", 1, 77, None, lambda: None)  # type: ignore[arg-type]
     c.submit(bad, wire=5, dtype=DType.INT64, count=3, op=ReduceOp.SUM, root=0, priority=0,
              at_in=-1, at_out=-1, unnamed=False)  # fmt: skip
     with pytest.raises(InvalidArgumentError, match="malformed descriptor: kind 77"):

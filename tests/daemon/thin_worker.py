@@ -11,11 +11,15 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
   random priorities; a done callback runs without a wait; ``totalreduce.torch.empty``;
   a mismatch among the clients of one node fails on every rank, naming both, and the
   next op of the name works.
+- ``kinds``: reduce-scatter (balanced, given parts, ``avg``, along a partition's axis),
+  all-gather (uneven parts, gathered first or given) and ops over groups (two pairs
+  across the nodes that share names) are exact and start no engine.
 - ``garbage``: descriptors written past the client's checks (an unknown kind or dtype, a
   negative count, a root outside the world, buffers outside the client's part of the arena)
   each fail with ``InvalidArgumentError`` saying what was wrong; the next op works.
 - ``pressure``: with a small arena, ops larger than half a client's part take the
-  engine's way, and many staged ops in flight wait for room (backpressure), all exact.
+  engine's way (an allreduce, a reduce-scatter, an all-gather with and without counts),
+  and many staged ops in flight wait for room (backpressure), all exact.
 """
 
 from __future__ import annotations
@@ -139,9 +143,73 @@ def mode_arena(p: int, rank: int) -> None:
 
     # the first op of another kind starts the client's engine, which works with the rest
     quiet = svc._loop is None and not any("comm" in n for n in engine_threads())
-    got = tr.allgather(np.array([rank * 10], np.int64), name="flat")
-    ok = quiet and np.array_equal(got, np.arange(p) * 10) and svc._loop is not None
+    got = tr.allreduce(np.array([rank * 10], np.int64), name="flat", algorithm="ring")
+    ok = quiet and np.array_equal(got, [p * (p - 1) * 5]) and svc._loop is not None
     report(rank, "ENGINE-LATER", bool(ok), f"{got} {engine_threads()}")
+
+
+def mode_kinds(p: int, rank: int) -> None:
+    """Reduce-scatter, all-gather and ops over groups on the thin path (no engine)."""
+    svc = tr.default_service()
+    data = [np.arange(10, dtype=np.int64) * (r + 1) - r for r in range(p)]
+    total = sum(data)
+
+    # reduce-scatter: balanced parts of 10 over p, given parts, avg, a partition's axis
+    bad = []
+    got = tr.reduce_scatter(data[rank], name="rs")
+    at = [0, *np.cumsum([len(a) for a in np.array_split(total, p)])]
+    if not np.array_equal(got, total[at[rank] : at[rank + 1]]):
+        bad.append(f"balanced {got}")
+    parts = [4, 0, 5, 1][:p] if p == 4 else [10] + [0] * (p - 1)
+    got = tr.reduce_scatter(data[rank], name="rs.counts", counts=parts)
+    lo = sum(parts[:rank])
+    if not np.array_equal(got, total[lo : lo + parts[rank]]):
+        bad.append(f"counts {got}")
+    got = tr.reduce_scatter(np.full(8, rank * 4.0), name="rs.avg", op="avg")
+    if not np.allclose(got, np.full(8 // p, 2.0 * (p - 1))):
+        bad.append(f"avg {got}")
+    if p == 4:
+        part = tr.Partition((2, 2))
+        x = np.arange(2 * 6, dtype=np.float64).reshape(2, 6) + rank
+        got = tr.reduce_scatter(x, name="rs.part", partition=part, axes=(1,))
+        mates = part.axis_group(rank, 1).ranks
+        col = part.coords_of(rank)[1]  # type: ignore[index]
+        want = sum(np.arange(12.0).reshape(2, 6) + q for q in mates)[:, 3 * col : 3 * col + 3]
+        if not np.array_equal(got, want):
+            bad.append(f"partition {got.shape} {got}")
+    report(rank, "REDUCE-SCATTER", not bad, "; ".join(bad))
+
+    # all-gather: uneven parts, unknown (gathered first) and given
+    bad = []
+    sizes = [(r * 3) % 5 + 1 for r in range(p)]
+    mine = np.full(sizes[rank], rank, dtype=np.int32)
+    want = np.concatenate([np.full(sizes[r], r, dtype=np.int32) for r in range(p)])
+    got = tr.allgather(mine, name="ag")
+    if not np.array_equal(got, want):
+        bad.append(f"unknown {got}")
+    got = tr.allgather(mine, name="ag.counts", counts=sizes)
+    if not np.array_equal(got, want):
+        bad.append(f"counts {got}")
+    hs = [tr.allgather_async(mine + k, name=f"ag.many.{k}") for k in range(50)]
+    bad += [f"many {k}" for k, h in enumerate(hs) if not np.array_equal(h.wait(), want + k)]
+    report(rank, "ALLGATHER", not bad, "; ".join(bad))
+
+    # groups: two pairs that share a name, each across the nodes; broadcast and a barrier
+    bad = []
+    g = tr.Group([0, p - 1]) if rank in (0, p - 1) else tr.Group([1, 2])
+    if p == 4 or rank in g.ranks:
+        got = tr.allreduce(data[rank], name="pair", group=g)
+        if not np.array_equal(got, data[g.ranks[0]] + data[g.ranks[1]]):
+            bad.append(f"pair {got}")
+        got = tr.broadcast(data[rank], root=1, name="pair.bc", group=g)
+        if not np.array_equal(got, data[g.ranks[1]]):
+            bad.append(f"broadcast {got}")
+        tr.barrier(group=g)
+        got = tr.allgather(np.array([rank]), name="pair.ag", group=g)
+        if not np.array_equal(got, np.array(g.ranks)):
+            bad.append(f"all-gather {got}")
+    report(rank, "GROUPS", not bad, "; ".join(bad))
+    report(rank, "STILL-NO-ENGINE", svc._loop is None, "an engine started")
 
 
 def mode_pressure(p: int, rank: int) -> None:
@@ -152,6 +220,15 @@ def mode_pressure(p: int, rank: int) -> None:
     n = half // 8 + 1000
     got = tr.allreduce(np.full(n, rank + 1, np.int64), name="big")
     report(rank, "LARGE", bool(np.all(got == p * (p + 1) // 2)), str(got[:3]))
+    # reduce-scatter and all-gather too large for the arena (the all-gather's sizes,
+    # gathered first, on the thin path; its data the engine's way), exact
+    part = half // 8 // p + 1000
+    got = tr.reduce_scatter(np.full(part * p, rank + 1, np.int64), name="big.rs")
+    ok = got.size == part and bool(np.all(got == p * (p + 1) // 2))
+    for counts in (None, [part] * p):
+        got = tr.allgather(np.full(part, rank, np.int64), name="big.ag", counts=counts)
+        ok &= np.array_equal(got, np.repeat(np.arange(p), part))
+    report(rank, "LARGE-PARTS", ok, str(got[:3]))
     # staged ops that do not all fit at once: the later ones wait for room
     each = thin.arena.data_bytes // 6
     handles = [
@@ -175,7 +252,7 @@ def mode_garbage(p: int, rank: int) -> None:
     mine = thin.arena.data_start(thin.slot)
 
     def raw(fields: dict[int, int]) -> ThinHandle:
-        h = ThinHandle(thin, "garbage", 0, OpKind.ALLREDUCE, None, -1, None, lambda: None)
+        h = ThinHandle(thin, "garbage", 0, OpKind.ALLREDUCE, None, lambda: None)
         with thin.lock:
             t = thin._tail + 1
             d = thin.ring[(t - 1) % A.RING]
@@ -209,7 +286,12 @@ def mode_garbage(p: int, rank: int) -> None:
 
 def main() -> None:
     tr.init()
-    modes = {"arena": mode_arena, "pressure": mode_pressure, "garbage": mode_garbage}
+    modes = {
+        "arena": mode_arena,
+        "kinds": mode_kinds,
+        "pressure": mode_pressure,
+        "garbage": mode_garbage,
+    }
     modes[sys.argv[1]](tr.size(), tr.rank())
     tr.shutdown()
 

@@ -183,6 +183,49 @@ def test_allgather_counts_checked_at_the_call_and_across_ranks() -> None:
         np.testing.assert_array_equal(once, np.ones(9))
 
 
+@pytest.mark.parametrize("p", [1, 2, 3, 5])
+def test_reduce_scatter_with_given_counts(p: int) -> None:
+    """``counts=`` (MPI_Reduce_scatter's recvcounts): uneven and empty parts, exact; bad
+    counts refused at the call; ranks that disagree on them all raise, and the name
+    works afterwards."""
+    n = 4 * p + 1
+
+    def rank_main(svc):
+        counts = [n - 2 * (p - 1)] + [2] * (p - 1) if p > 1 else [n]
+        counts = counts[::-1] if p > 2 else counts
+        x = np.arange(n, dtype=np.int64) * (svc.rank + 1)
+        got = svc.reduce_scatter(x, name="rsc", counts=counts)
+        empty = svc.reduce_scatter(x, name="rsc0", counts=[0] * (p - 1) + [n])
+        for bad, match in (
+            (counts[:-1] + [counts[-1] + 1], f"sum to {n + 1} elements, but x has {n}"),
+            ([n] * (p + 1), f"must be {p} integers"),
+            ([-1] + counts[1:] if p > 1 else [-1], ">= 0"),
+        ):
+            with pytest.raises(tr.InvalidArgumentError, match=match):
+                svc.reduce_scatter(x, name="bad", counts=bad)
+        errors = []
+        if p > 1:
+            theirs = counts if svc.rank else counts[1:] + counts[:1]
+            try:
+                svc.reduce_scatter(x, name="disagree", counts=theirs)
+            except tr.OpMismatchError as exc:
+                errors.append(str(exc))
+        after = svc.reduce_scatter(x, name="disagree", counts=counts)
+        return counts, got, empty, errors, after
+
+    with local_services(p) as svcs:
+        results = run_ranks(svcs, rank_main)
+    total = np.arange(n, dtype=np.int64) * (p * (p + 1) // 2)
+    for r in range(p):
+        counts, got, empty, errors, after = results[r]
+        lo = sum(counts[:r])
+        np.testing.assert_array_equal(got, total[lo : lo + counts[r]])
+        np.testing.assert_array_equal(after, got)
+        np.testing.assert_array_equal(empty, total if r == p - 1 else total[:0])
+        if p > 1 and counts != counts[1:] + counts[:1]:
+            assert len(errors) == 1 and "'disagree'" in errors[0], errors
+
+
 def test_seed_003_example_3x7x12_on_2x2x3() -> None:
     part = tr.Partition((2, 2, 3))
 

@@ -1,16 +1,21 @@
 """The node's side of the thin path: its clients' hierarchical ops, run from the arena.
 
 One thread (``totalreduce-arena``) reads every attached client's submission ring
-(:mod:`~totalreduce.transport.arena`).  An op starts when all ``L`` local clients
-have submitted it (the same wire id and generation):
+(:mod:`~totalreduce.transport.arena`).  An op (an allreduce, broadcast, barrier,
+reduce-scatter or all-gather, over the world or a group) starts when all the node's
+clients in its group have submitted it (the same wire id, generation and group):
 
 1. **on the node**: the clients' inputs are reduced into the first client's output,
-   in place in the arena, with the kernels of :mod:`totalreduce.kernels`;
+   in place in the arena, with the kernels of :mod:`totalreduce.kernels` (a
+   reduce-scatter's into a buffer of the service's; an all-gather's parts are joined);
 2. **among the nodes**: that buffer is allreduced (broadcast from the root's node;
-   a barrier) over MPI by ``engine``, an ordinary embedded service whose ranks are the
-   nodes' services (the compiled lane runs it); on one node there is no such step;
-3. **back**: ``avg`` divides, the result is copied into the other clients' outputs and
-   every client's completion word is set (its eventfd written if it sleeps).
+   a barrier; reduce-scattered or all-gathered with the nodes' parts) over MPI by
+   ``engine``, an ordinary embedded service whose ranks are the nodes' services (the
+   compiled lane runs it), over the nodes the group spans; an op whose group lies on
+   one node has no such step;
+3. **back**: ``avg`` divides, the result (or each client's part of it) is copied into
+   the clients' outputs and every client's completion word is set (its eventfd written
+   if it sleeps).
 
 Ranks that disagree on an op's shape fail it on every rank with an error naming
 them.  A client that dies fails the ops of its session on every node (the
@@ -33,6 +38,7 @@ from ..algorithms.codes import OpKind
 from ..dtypes import DType, ReduceOp
 from ..engine.wire import SESSION_ID
 from ..errors import OpMismatchError, TransportError
+from ..group import Group
 from ..kernels import copy_into, finish_average, reduce_into
 from ..transport import arena as A
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
@@ -46,8 +52,12 @@ SPIN_S = 50e-6
 #: With ops among the services in flight: how long it drives their engine at a time.
 DRIVE_S = 100e-6
 _SHAPE = (A.D_KIND, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_ROOT, A.D_FLAGS)
+_RS, _AG = int(OpKind.REDUCE_SCATTER), int(OpKind.ALLGATHER)
 _KINDS = {int(OpKind.ALLREDUCE): "allreduce", int(OpKind.BROADCAST): "broadcast",
-          int(OpKind.BARRIER): "barrier"}  # fmt: skip
+          int(OpKind.BARRIER): "barrier", _RS: "reduce-scatter", _AG: "all-gather"}  # fmt: skip
+#: Mixed into a group's context to name its ops among the services (2^64 / golden ratio).
+_GOLDEN = 0x9E37_79B9_7F4A_7C15
+_MASK = (1 << 64) - 1
 
 
 #: How the engine among the services starts an op's error, and names a service.
@@ -63,17 +73,50 @@ def _error_kind(error: BaseException) -> int:
     return A.E_FAILED
 
 
+class _Grp:
+    """What a node knows of an op's group: its ranks, and where they live."""
+
+    __slots__ = ("ranks", "ctx", "rankset", "local", "slots", "nodes", "where", "members",
+                 "order", "identity", "engine_group")  # fmt: skip
+
+    def __init__(self, ranks: tuple[int, ...], ctx: int, node: int, per_node: int) -> None:
+        self.ranks, self.ctx = ranks, ctx
+        self.rankset = frozenset(ranks)
+        #: (group rank, slot) of this node's members, in group order
+        self.local = [(g, r % per_node) for g, r in enumerate(ranks) if r // per_node == node]
+        self.slots = frozenset(k for _, k in self.local)
+        #: the nodes it spans, and this node's place among them
+        self.nodes = sorted({r // per_node for r in ranks})
+        self.where = self.nodes.index(node) if node in self.nodes else -1
+        by_node: dict[int, list[int]] = {n: [] for n in self.nodes}
+        for g, r in enumerate(ranks):
+            by_node[r // per_node].append(g)
+        #: each node's group ranks (node order, then group order): how the nodes' parts lie
+        self.members = [by_node[n] for n in self.nodes]
+        self.order = [g for m in self.members for g in m]
+        self.identity = self.order == list(range(len(ranks)))
+        #: the services' group (None: all of them, for the world); its context is the
+        #: clients' group's, so services that disagree on it raise a mismatch
+        self.engine_group: Group | None = None
+        if ctx:
+            self.engine_group = Group(self.nodes)
+            self.engine_group.context = ctx & _MASK
+
+
 class _Op:
     """One op of the node: the descriptors of its local clients, as they come."""
 
-    __slots__ = ("key", "descs", "seen", "incarnations", "handle", "node_buf", "over", "why",
-                 "fail_kind", "since", "warned")  # fmt: skip
+    __slots__ = ("key", "grp", "expect", "parts", "descs", "seen", "incarnations", "handle",
+                 "node_buf", "over", "why", "fail_kind", "since", "warned")  # fmt: skip
 
-    def __init__(self, key: tuple[int, int], slots: int) -> None:
+    def __init__(self, key: tuple[int, int, int], slots: int, grp: _Grp) -> None:
         self.key = key
+        self.grp = grp
+        self.expect = len(grp.local)
         self.since = time.monotonic()
         self.warned = 0.0  # when its last stall warning went out
         self.descs: list[np.ndarray | None] = [None] * slots
+        self.parts: list[tuple[int, ...] | None] = [None] * slots
         self.incarnations = [0] * slots
         self.seen = 0
         self.handle: Any = None
@@ -81,22 +124,39 @@ class _Op:
         self.over = False  # answered: its clients' words are set (once, by whoever ends it)
         self.why, self.fail_kind = "", 0  # why it failed
 
+    def first(self) -> np.ndarray:
+        """The descriptor of its first local member (its shape, once all agree)."""
+        d = self.descs[self.grp.local[0][1]]
+        assert d is not None
+        return d
 
-def _shape_text(d: np.ndarray) -> str:
+
+def _shape_text(d: np.ndarray, parts: tuple[int, ...] | None = None) -> str:
     kind = _KINDS.get(int(d[A.D_KIND]), f"kind {int(d[A.D_KIND])}")
     try:
         dt = DType(int(d[A.D_DTYPE])).name.lower()
     except ValueError:
         dt = f"dtype {int(d[A.D_DTYPE])}"
     text = f"{kind}, count {int(d[A.D_COUNT])} {dt}"
-    if int(d[A.D_KIND]) == int(OpKind.ALLREDUCE):
+    if int(d[A.D_KIND]) in (int(OpKind.ALLREDUCE), _RS):
         try:
             text += f" (op {ReduceOp(int(d[A.D_OP])).name.lower()})"
         except ValueError:
             text += f" (op {int(d[A.D_OP])})"
     if int(d[A.D_KIND]) == int(OpKind.BROADCAST):
         text += f" from root {int(d[A.D_ROOT])}"
+    if parts is not None:
+        text += f", parts {list(parts)}"
     return text
+
+
+def _offsets(parts: tuple[int, ...]) -> list[int]:
+    """Where each part starts."""
+    at, out = 0, []
+    for c in parts:
+        out.append(at)
+        at += c
+    return out
 
 
 class ThinService:
@@ -119,8 +179,12 @@ class ThinService:
         self._efd: list[int | None] = [None] * self.slots
         self._inc = [0] * self.slots  # the incarnation attached to each slot, 0 if none
         self._head = [0] * self.slots
-        self._pending: dict[tuple[int, int], _Op] = {}
-        self._running: dict[tuple[int, int], _Op] = {}
+        self._world = _Grp(tuple(range(self.size)), 0, node, self.slots)
+        self._groups: dict[tuple[int, int, int], _Grp] = {}  # (slot, offset, context) -> group
+        #: ops still collecting their local members' descriptors, by (wire id, generation):
+        #: one per group of that name (two only when ranks disagree on it, or groups differ)
+        self._pending: dict[tuple[int, int], list[_Op]] = {}
+        self._running: dict[tuple[int, int, int], _Op] = {}
         self._events: deque[tuple[Any, ...]] = deque()
         self._gone: dict[int, str] = {}  # client ranks that left or died, and how
         self._answering = threading.Lock()
@@ -256,7 +320,7 @@ class ThinService:
         """What is wrong with a descriptor as a client wrote it, or ""."""
         kind, count = int(d[A.D_KIND]), int(d[A.D_COUNT])
         if kind not in _KINDS:
-            return f"kind {kind} is not an allreduce, broadcast or barrier"
+            return f"kind {kind} is not an op of the thin path"
         try:
             dt = DType(int(d[A.D_DTYPE]))
             ReduceOp(int(d[A.D_OP]))
@@ -270,142 +334,291 @@ class ThinService:
             return f"generation {int(d[A.D_GEN])} or ticket {int(d[A.D_TICKET])} is negative"
         return ""
 
-    def _take(self, slot: int, d: np.ndarray) -> None:
-        bad = self._malformed(d)
+    def _words_at(self, slot: int, at: int, what: str) -> tuple[tuple[int, ...], str]:
+        """The int64 words [n, v...] a client placed at ``at`` (its group, its parts)."""
+        lo = self.arena.data_start(slot)
+        hi = lo + self.arena.data_bytes
+        if not (lo <= at <= hi - 8 and at % 8 == 0):
+            return (), f"its {what} at {at} is outside its part of the arena"
+        n = int(self.arena.view(at, 1, np.int64)[0])
+        if not 1 <= n <= self.size or at + 8 * (n + 1) > hi:
+            return (), f"its {what} has {n} entries (a world of {self.size})"
+        return tuple(int(v) for v in self.arena.view(at + 8, n, np.int64)), ""
+
+    def _group_of(self, slot: int, d: np.ndarray) -> tuple[_Grp | None, str]:
+        """The op's group (the world for context 0), or what is wrong with it."""
+        ctx = int(d[A.D_CTX])
+        if ctx == 0:
+            return self._world, ""
+        key = (slot, int(d[A.D_GROUP]), ctx)
+        grp = self._groups.get(key)
+        if grp is not None:
+            return grp, ""
+        ranks, bad = self._words_at(slot, int(d[A.D_GROUP]), "group")
         if bad:
-            log.warning("rank %d: a malformed descriptor: %s", self.node * self.slots + slot, bad)
+            return None, bad
+        if any(not 0 <= r < self.size for r in ranks) or len(set(ranks)) != len(ranks):
+            return None, f"its group {list(ranks)} is not distinct ranks of 0..{self.size - 1}"
+        if Group(ranks).context != ctx & _MASK:
+            return None, f"its group's context does not match its ranks {list(ranks)}"
+        me = self.node * self.slots + slot
+        if me not in ranks:
+            return None, f"rank {me} is not a member of its group {list(ranks)}"
+        if len(self._groups) >= 4096:
+            self._groups.clear()
+        grp = self._groups[key] = _Grp(ranks, ctx, self.node, self.slots)
+        return grp, ""
+
+    def _parts_of(self, slot: int, d: np.ndarray, grp: _Grp) -> tuple[tuple[int, ...], str]:
+        """A reduce-scatter's or all-gather's parts (elements per group rank), checked."""
+        parts, bad = self._words_at(slot, int(d[A.D_AUX]), "parts")
+        if bad:
+            return (), bad
+        if len(parts) != len(grp.ranks) or any(c < 0 for c in parts):
+            return (), f"its parts {list(parts)} are not {len(grp.ranks)} counts >= 0"
+        count = int(d[A.D_COUNT])
+        if int(d[A.D_KIND]) == _RS and sum(parts) != count:
+            return (), f"its parts {list(parts)} do not sum to its count {count}"
+        if int(d[A.D_KIND]) == _AG:
+            me = grp.ranks.index(self.node * self.slots + slot)
+            if parts[me] != count:
+                return (), f"its parts give it {parts[me]} elements, its count is {count}"
+            if sum(parts) > self.arena.data_bytes // DType(int(d[A.D_DTYPE])).itemsize:
+                return (), f"its parts {list(parts)} do not fit a client's part of the arena"
+        return parts, ""
+
+    def _take(self, slot: int, d: np.ndarray) -> None:
+        rank = self.node * self.slots + slot
+        bad = self._malformed(d)
+        grp: _Grp | None = None
+        parts: tuple[int, ...] | None = None
+        if not bad:
+            grp, bad = self._group_of(slot, d)
+        if grp is not None and not bad:
+            kind = int(d[A.D_KIND])
+            if kind == int(OpKind.BROADCAST) and int(d[A.D_ROOT]) >= len(grp.ranks):
+                bad = f"root {int(d[A.D_ROOT])} is outside its group of {len(grp.ranks)}"
+            elif kind in (_RS, _AG):
+                parts, bad = self._parts_of(slot, d, grp)
+        if bad or grp is None:
+            log.warning("rank %d: a malformed descriptor: %s", rank, bad)
             self._answer(slot, self._inc[slot], d, A.E_INVALID, f"a malformed descriptor: {bad}")
             return
-        key = (int(d[A.D_WIRE]), int(d[A.D_GEN]))
-        op = self._pending.get(key)
+        wire, gen, ctx = int(d[A.D_WIRE]), int(d[A.D_GEN]), int(d[A.D_CTX])
+        ops = self._pending.setdefault((wire, gen), [])
+        op = next((o for o in ops if o.key[2] == ctx), None)
         if op is None:
-            op = self._pending[key] = _Op(key, self.slots)
+            op = _Op((wire, gen, ctx), self.slots, grp)
+            ops.append(op)
         if op.descs[slot] is not None:
             self._answer(slot, self._inc[slot], d, A.E_INVALID, "submitted twice by this rank")
             return
         op.descs[slot] = d
+        op.parts[slot] = parts
         op.incarnations[slot] = self._inc[slot]
         op.seen += 1
-        if op.seen == self.slots:
-            del self._pending[key]
+        # Ranks of this node that disagree on the group: each expected the other's op.
+        clash = [
+            o for o in ops
+            if o is not op and (slot in o.grp.slots or any(o.descs[k] is not None
+                                                           for k in op.grp.slots))
+        ]  # fmt: skip
+        if op.seen == op.expect:
+            ops.remove(op)
+            if not ops:
+                del self._pending[wire, gen]
         if op.over:  # failed before this rank's part came: it fails the same way
             self._answer(slot, op.incarnations[slot], d, op.fail_kind, op.why)
             return
+        if clash:
+            texts = sorted(
+                (self.node * self.slots + k, f"group {list(o.grp.ranks)}")
+                for o in [op, *clash]
+                for k, x in enumerate(o.descs)
+                if x is not None
+            )
+            why = "the ranks disagree on the group: " + "; ".join(
+                f"rank {r}: {t}" for r, t in texts
+            )
+            for o in [op, *clash]:
+                self._fail(o, A.E_MISMATCH, why)
+            return
         other = next((x for x in op.descs if x is not None and x is not d), d)
-        if any(int(other[f]) != int(d[f]) for f in _SHAPE):
+        k_other = next(k for k, x in enumerate(op.descs) if x is other)
+        fields = _SHAPE if int(d[A.D_KIND]) != _AG else tuple(f for f in _SHAPE if f != A.D_COUNT)
+        if any(int(other[f]) != int(d[f]) for f in fields) or op.parts[k_other] != parts:
             shapes = [
-                f"rank {self.node * self.slots + k}: {_shape_text(x)}"
+                f"rank {self.node * self.slots + k}: {_shape_text(x, op.parts[k])}"
                 for k, x in enumerate(op.descs)
                 if x is not None
             ]
             self._fail(op, A.E_MISMATCH, "the ranks disagree: " + "; ".join(shapes))
-        elif self._gone:
-            rank, why = next(iter(self._gone.items()))
-            self._fail(op, A.E_FAILED, f"rank {rank} {why}" if rank >= 0 else why)
-        elif op.seen == self.slots:
+            return
+        gone = next((r for r in self._gone if r < 0 or r in grp.rankset), None)
+        if gone is not None:
+            why = self._gone[gone]
+            self._fail(op, A.E_FAILED, f"rank {gone} {why}" if gone >= 0 else why)
+        elif op.seen == op.expect:
             self._start(op)
 
     def _start(self, op: _Op) -> None:
-        d = op.descs[0]
-        assert d is not None
+        d = op.first()
+        g = op.grp
         kind = int(d[A.D_KIND])
+        parts = op.parts[g.local[0][1]]
         try:
             dt = DType(int(d[A.D_DTYPE]))
             count = int(d[A.D_COUNT])
-            bufs = self._buffers(op, dt, count) if kind != int(OpKind.BARRIER) else []
+            bufs = self._buffers(op, dt, count) if kind != int(OpKind.BARRIER) else ([], [])
         except (ValueError, IndexError) as exc:
             self._fail(op, A.E_INVALID, f"a malformed descriptor ({exc})")
             return
-        rop = ReduceOp(int(d[A.D_OP])) if kind == int(OpKind.ALLREDUCE) else ReduceOp.SUM
+        rop = ReduceOp(int(d[A.D_OP])) if kind in (int(OpKind.ALLREDUCE), _RS) else ReduceOp.SUM
         if rop is ReduceOp.AVG:
             rop = ReduceOp.SUM  # summed here and among the nodes, divided at the end
-        if kind == int(OpKind.ALLREDUCE):
-            ins, outs = bufs
-            node_buf = outs[0]
-            try:
-                if ins[0] is not node_buf:
-                    copy_into(node_buf, ins[0], dt)
-                for k in range(1, self.slots):
-                    reduce_into(node_buf, ins[k], rop, dt)
-            except (TypeError, ValueError) as exc:  # only a client's garbage gets here
-                self._fail(op, A.E_INVALID, f"the node could not reduce it: {exc}")
-                return
-        elif kind == int(OpKind.BROADCAST):
-            ins, outs = bufs
-            root_node, root_slot = divmod(int(d[A.D_ROOT]), self.slots)
-            if root_node == self.node:
-                node_buf = outs[root_slot]
-                if ins[root_slot] is not node_buf:
-                    copy_into(node_buf, ins[root_slot], dt)
-            else:
+        ins, outs = bufs
+        node_buf: np.ndarray | None = None
+        try:
+            if kind == int(OpKind.ALLREDUCE):
                 node_buf = outs[0]
-        else:
-            node_buf = None
+                self._reduce(node_buf, ins, rop, dt)
+            elif kind == _RS:
+                node_buf = np.empty(count, dtype=dt.numpy)
+                self._reduce(node_buf, ins, rop, dt)
+                assert parts is not None
+                if not g.identity:  # each node's parts together, in node order
+                    at = _offsets(parts)
+                    node_buf = np.concatenate([node_buf[at[i] : at[i] + parts[i]] for i in g.order])
+            elif kind == _AG:
+                node_buf = ins[0] if len(ins) == 1 else np.concatenate(ins)
+            elif kind == int(OpKind.BROADCAST):
+                root = g.ranks[int(d[A.D_ROOT])]
+                if root // self.slots == self.node:
+                    at_root = next(i for i, (_, k) in enumerate(g.local) if k == root % self.slots)
+                    node_buf = outs[at_root]
+                    if ins[at_root] is not node_buf:
+                        copy_into(node_buf, ins[at_root], dt)
+                else:
+                    node_buf = outs[0]
+        except (TypeError, ValueError) as exc:  # only a client's garbage gets here
+            self._fail(op, A.E_INVALID, f"the node could not reduce it: {exc}")
+            return
         op.node_buf = node_buf
-        if self.nodes == 1 or self.engine is None:
+        if len(g.nodes) == 1 or self.engine is None:
             self._finish(op, None)
             return
         self._running[op.key] = op
         for late in self.engine.take_late_errors():  # about ops answered already
             log.warning("an op among the services failed elsewhere after it ended here: %s", late)
         try:
-            op.handle = self._among_nodes(op, kind, node_buf, rop, dt, d)
+            op.handle = self._among_nodes(op, kind, node_buf, rop, dt, d, parts)
         except Exception as exc:
             self._running.pop(op.key, None)
             self._fail(op, A.E_FAILED, f"the services could not start it: {exc}")
             return
-        op.handle.add_done_callback(lambda h: self._finish(op, h.exception()))
+        op.handle.add_done_callback(lambda h: self._finish(op, h.exception(), h))
+
+    def _reduce(self, dst: np.ndarray, ins: list[np.ndarray], rop: ReduceOp, dt: DType) -> None:
+        """``dst`` = the local members' inputs reduced (in group order)."""
+        if ins[0] is not dst:
+            copy_into(dst, ins[0], dt)
+        for x in ins[1:]:
+            reduce_into(dst, x, rop, dt)
+
+    def _engine_name(self, op: _Op) -> int:
+        """The op's name among the services: the client's wire id (its session is mixed in,
+        unnamed ops' too), and the group's context for a group's (groups may share names)."""
+        wire, _, ctx = op.key
+        if not ctx:
+            return wire
+        return A.signed((wire ^ (ctx * _GOLDEN)) & _MASK)
 
     def _among_nodes(
-        self, op: _Op, kind: int, buf: np.ndarray | None, rop: ReduceOp, dt: DType, d: np.ndarray
-    ) -> Any:
+        self, op: _Op, kind: int, buf: np.ndarray | None, rop: ReduceOp, dt: DType,
+        d: np.ndarray, parts: tuple[int, ...] | None,
+    ) -> Any:  # fmt: skip
         eng = self.engine
-        name = op.key[0]  # the client's wire id: its session is mixed in, unnamed ops' too
+        g = op.grp
+        name = self._engine_name(op)
         prio = int(d[A.D_PRIO])
         bf = "bfloat16" if dt is DType.BFLOAT16 else None
+        grp = g.engine_group
+        if kind in (_RS, _AG):
+            assert parts is not None
+            per_node = [sum(parts[i] for i in m) for m in g.members]
+            if kind == _RS:
+                return eng.reduce_scatter_async(
+                    buf, name=name, op=rop, group=grp, counts=per_node, priority=prio, dtype=bf
+                )
+            return eng.allgather_async(
+                buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
+            )
         if kind == int(OpKind.ALLREDUCE):
-            return eng.allreduce_async(buf, name=name, op=rop, out=buf, priority=prio, dtype=bf)
+            return eng.allreduce_async(
+                buf, name=name, op=rop, out=buf, priority=prio, dtype=bf, group=grp
+            )
         if kind == int(OpKind.BROADCAST):
-            root = int(d[A.D_ROOT]) // self.slots
-            return eng.broadcast_async(buf, root=root, name=name, out=buf, priority=prio, dtype=bf)
-        return eng.barrier_async(name=name, priority=prio)
+            root = g.nodes.index(g.ranks[int(d[A.D_ROOT])] // self.slots)
+            return eng.broadcast_async(
+                buf, root=root, name=name, out=buf, priority=prio, dtype=bf, group=grp
+            )
+        return eng.barrier_async(name=name, priority=prio, group=grp)
 
     def _buffers(self, op: _Op, dt: DType, count: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The local members' input and output buffers (group order), checked to lie in
+        their parts of the arena."""
         npdt = dt.numpy
-        nbytes = count * npdt.itemsize
+        kind = int(op.first()[A.D_KIND])
         ins: list[np.ndarray] = []
         outs: list[np.ndarray] = []
-        for k, d in enumerate(op.descs):
+        for g, k in op.grp.local:
+            d = op.descs[k]
             assert d is not None
+            n_in = n_out = count
+            parts = op.parts[k]
+            if kind == _RS:
+                assert parts is not None
+                n_out = parts[g]
+            elif kind == _AG:
+                assert parts is not None
+                n_in, n_out = parts[g], sum(parts)
             lo = self.arena.data_start(k)
             hi = lo + self.arena.data_bytes
             at_in, at_out = int(d[A.D_IN]), int(d[A.D_OUT])
-            for at in (at_in, at_out):
-                if not lo <= at <= hi - nbytes:
+            for at, n in ((at_in, n_in), (at_out, n_out)):
+                if not lo <= at <= hi - n * npdt.itemsize:
                     raise ValueError(
-                        f"rank {self.node * self.slots + k}'s buffer [{at}, {at + nbytes}) is "
-                        "outside its part of the arena"
+                        f"rank {self.node * self.slots + k}'s buffer [{at}, "
+                        f"{at + n * npdt.itemsize}) is outside its part of the arena"
                     )
-            out = self.arena.view(at_out, count, npdt)
+            out = self.arena.view(at_out, n_out, npdt)
             outs.append(out)
-            ins.append(out if at_in == at_out else self.arena.view(at_in, count, npdt))
+            ins.append(
+                out if at_in == at_out and n_in == n_out else self.arena.view(at_in, n_in, npdt)
+            )
         return ins, outs
 
-    def _finish(self, op: _Op, error: BaseException | None) -> None:
+    def _finish(self, op: _Op, error: BaseException | None, h: Any = None) -> None:
         """The op ended among the nodes (any thread): results back, words set."""
         self._running.pop(op.key, None)
-        d0 = op.descs[0]
-        if op.handle is not None and d0 is not None and int(d0[A.D_FLAGS]) & A.F_UNNAMED:
+        d0 = op.first()
+        if op.handle is not None and int(d0[A.D_FLAGS]) & A.F_UNNAMED:
             # its wire id comes once, but for the session agreement's (once per job)
             session = op.key[0] == _SESSION
             self.engine.forget_name(op.handle.name, op.handle.generation if session else None)
+        result = None
+        if error is None and h is not None and int(d0[A.D_KIND]) in (_RS, _AG):
+            try:
+                result = h.wait(0)
+            except Exception as exc:
+                error = exc
         if error is not None:
             self._fail(op, _error_kind(error), self._among_nodes_text(error))
             return
         if not self._claim(op):
             return  # failed meanwhile (the service stops)
         try:
-            self._results_back(op)
+            self._results_back(op, result)
         except Exception as exc:  # never leave the clients waiting
             log.exception("the arena thread could not hand back %s", op.key)
             op.over = False
@@ -415,19 +628,48 @@ class ThinService:
             if x is not None:
                 self._answer(k, op.incarnations[k], x, 0, "")
 
-    def _results_back(self, op: _Op) -> None:
-        d = op.descs[0]
-        assert d is not None
-        buf = op.node_buf
-        if buf is not None:
-            dt = DType(int(d[A.D_DTYPE]))
-            if int(d[A.D_FLAGS]) & A.F_AVG:
-                finish_average(buf, self.size, dt)
-            for k, x in enumerate(op.descs):
-                assert x is not None
-                at = int(x[A.D_OUT])
-                if self.arena.offset_of(buf) != at and self._inc[k] == op.incarnations[k]:
-                    copy_into(self.arena.view(at, buf.size, buf.dtype), buf, dt)
+    def _results_back(self, op: _Op, result: np.ndarray | None) -> None:
+        d = op.first()
+        g = op.grp
+        kind = int(d[A.D_KIND])
+        if kind == int(OpKind.BARRIER):
+            return
+        dt = DType(int(d[A.D_DTYPE]))
+        avg = bool(int(d[A.D_FLAGS]) & A.F_AVG)
+        parts = op.parts[g.local[0][1]]
+        buf = op.node_buf if result is None else result
+        assert buf is not None
+        if kind == _RS:
+            assert parts is not None
+            if avg:
+                finish_average(buf, len(g.ranks), dt)
+            at = 0
+            for gi in g.members[g.where]:  # this node's block: its members' parts in order
+                k = g.ranks[gi] % self.slots
+                self._put(op, k, buf[at : at + parts[gi]], dt)
+                at += parts[gi]
+            return
+        if kind == _AG:
+            assert parts is not None
+            if not g.identity:  # back to group order
+                whole = np.empty(sum(parts), dtype=buf.dtype)
+                at, pos = _offsets(parts), 0
+                for gi in g.order:
+                    whole[at[gi] : at[gi] + parts[gi]] = buf[pos : pos + parts[gi]]
+                    pos += parts[gi]
+                buf = whole
+        elif avg:
+            finish_average(buf, len(g.ranks), dt)
+        for _, k in g.local:
+            self._put(op, k, buf, dt)
+
+    def _put(self, op: _Op, slot: int, src: np.ndarray, dt: DType) -> None:
+        """The result ``src`` into slot ``slot``'s output (unless it is there already)."""
+        x = op.descs[slot]
+        assert x is not None
+        at = int(x[A.D_OUT])
+        if self.arena.offset_of(src) != at and self._inc[slot] == op.incarnations[slot]:
+            copy_into(self.arena.view(at, src.size, src.dtype), src, dt)
 
     def _among_nodes_text(self, error: BaseException) -> str:
         """The engine's error among the services, told in the clients' terms: the op is
@@ -460,11 +702,12 @@ class ThinService:
         op.why, op.fail_kind = why, kind
         h = op.handle
         d = next((x for x in op.descs if x is not None), None)
-        if h is None and d is not None and self.nodes > 1 and self.engine is not None:
+        if h is None and d is not None and len(op.grp.nodes) > 1 and self.engine is not None:
             try:
-                self.engine.abort_next(op.key[0], why, kind == A.E_MISMATCH)
+                name = self._engine_name(op)
+                self.engine.abort_next(name, why, kind == A.E_MISMATCH)
                 if int(d[A.D_FLAGS]) & A.F_UNNAMED:
-                    self.engine.forget_name(op.key[0])
+                    self.engine.forget_name(name)
             except Exception:
                 log.debug("no abort for %s", op.key, exc_info=True)
         if h is not None and not h.done():
@@ -495,14 +738,14 @@ class ThinService:
         did (once per ``stall_warning_s``), naming both."""
         now = time.monotonic()
         self._next_look = now + 1.0
-        for op in list(self._pending.values()):
+        for op in [o for ops in self._pending.values() for o in ops]:
             if op.over or now - max(op.since, op.warned) < self.stall_warning_s:
                 continue
             op.warned = now
             d = next(x for x in op.descs if x is not None)
             base = self.node * self.slots
             have = [base + k for k, x in enumerate(op.descs) if x is not None]
-            missing = [base + k for k, x in enumerate(op.descs) if x is None]
+            missing = [base + k for _, k in op.grp.local if op.descs[k] is None]
             log.warning(
                 "%s #%016x generation %d has waited %.0f s on node %d: ranks %s submitted it, "
                 "ranks %s have not", _shape_text(d), op.key[0] & ((1 << 64) - 1), op.key[1],
@@ -525,6 +768,9 @@ class ThinService:
             log.info("the arena's ops in flight fail: %s", why)
         if died:
             for op in list(self._running.values()):
-                self._fail(op, A.E_FAILED, why)
-        for op in list(self._pending.values()):  # kept: the parts still to come fail too
-            self._fail(op, A.E_FAILED, why)
+                if rank < 0 or rank in op.grp.rankset:
+                    self._fail(op, A.E_FAILED, why)
+        for ops in list(self._pending.values()):  # kept: the parts still to come fail too
+            for op in ops:
+                if rank < 0 or rank in op.grp.rankset:
+                    self._fail(op, A.E_FAILED, why)

@@ -74,13 +74,13 @@ class CollectiveOps(OpSubmitter):
         grp, me = self._group(group)
         wanted = algorithm or self.config.algorithm
         avg = rop is ReduceOp.AVG
-        hier = self._hierarchical(OpKind.ALLREDUCE, wanted, grp, arr.nbytes, dt)
-        param = 0
-        if hier is not None and self._thin is not None and self._thin.takes(arr.nbytes):
+        if self._thin_for(wanted, arr.nbytes):
             return self._thin_op(  # the node's service runs it (service/thin.py)
                 OpKind.ALLREDUCE, arr, dt, o, in_place, name, rop, priority, 0,
-                o.reshape(arr.shape),
+                o.reshape(arr.shape), group=grp,
             )  # fmt: skip
+        hier = self._hierarchical(OpKind.ALLREDUCE, wanted, grp, arr.nbytes, dt)
+        param = 0
         if hier is not None:
             code = AlgorithmCode.HIERARCHICAL
             param, sched = compile_hierarchical(
@@ -125,6 +125,13 @@ class CollectiveOps(OpSubmitter):
                 else None
             ),
         )
+
+    def _thin_for(self, algorithm: str, nbytes: int) -> bool:
+        """Whether an op goes the thin path: daemon mode, an algorithm of the service's
+        choosing, and a size the client's part of the arena takes (every rank decides
+        the same)."""
+        thin = self._thin
+        return thin is not None and algorithm in ("auto", "hierarchical") and thin.takes(nbytes)
 
     def _hierarchical(
         self, kind: OpKind, algorithm: str, group: Group, nbytes: int, dtype: DType
@@ -177,12 +184,12 @@ class CollectiveOps(OpSubmitter):
         if not 0 <= root < grp.size:
             raise InvalidArgumentError(f"broadcast root {root} outside 0..{grp.size - 1}")
         o, in_place = checks.output(arr, out)
-        hier = self._hierarchical(OpKind.BROADCAST, algorithm, grp, arr.nbytes, dt)
-        if hier is not None and self._thin is not None and self._thin.takes(arr.nbytes):
+        if self._thin_for(algorithm, arr.nbytes):
             return self._thin_op(
                 OpKind.BROADCAST, arr, dt, o, in_place, name, ReduceOp.SUM, priority, int(root),
-                o.reshape(arr.shape),
+                o.reshape(arr.shape), group=grp,
             )  # fmt: skip
+        hier = self._hierarchical(OpKind.BROADCAST, algorithm, grp, arr.nbytes, dt)
         if hier is not None:
             express_key = None  # daemon mode's hierarchical broadcasts go the whole way
             code = AlgorithmCode.HIERARCHICAL
@@ -233,14 +240,14 @@ class CollectiveOps(OpSubmitter):
                 "hierarchical"
             )
         grp, me = self._group(group)
-        hier = self._hierarchical(OpKind.BARRIER, algorithm, grp, 0, DType.INT64)
-        param = 0
-        if hier is not None and self._thin is not None:
+        if self._thin_for(algorithm, 0):
             none = np.empty(0, dtype=np.int64)
             return self._thin_op(
                 OpKind.BARRIER, none, DType.INT64, none, True, name, ReduceOp.SUM, priority, 0,
-                None,
+                None, group=grp,
             )  # fmt: skip
+        hier = self._hierarchical(OpKind.BARRIER, algorithm, grp, 0, DType.INT64)
+        param = 0
         if hier is not None:
             code = AlgorithmCode.HIERARCHICAL
             param, sched = compile_hierarchical(

@@ -143,9 +143,8 @@ class Lifecycle(OpSubmitter):
         x = np.array([epoch], dtype=np.int64)
         at, staged = thin.place(x, fill=x)
         out = np.empty_like(x)
-        handle = ThinHandle(
-            thin, "totalreduce session", 0, OpKind.ALLREDUCE, out, staged, out, lambda: None
-        )
+        handle = ThinHandle(thin, "totalreduce session", 0, OpKind.ALLREDUCE, out, lambda: None)
+        handle.hold((staged,) if staged >= 0 else (), out, staged)
         thin.submit(
             handle, wire=SESSION_ID, dtype=DType.INT64, count=1, op=ReduceOp.MAX, root=0,
             priority=0, at_in=at, at_out=at, unnamed=True,

@@ -27,6 +27,7 @@ from .checks import as_array
 from .handle import Handle, done_handle
 from .ops import compile_op
 from .submit import OpSubmitter
+from .thin import ThinHandle
 
 
 class PartitionOps(OpSubmitter):
@@ -97,7 +98,8 @@ class PartitionOps(OpSubmitter):
         group: Group | None = None,
         dtype: str | None = None,
         priority: int = 0,
-    ) -> Handle:
+        counts: Sequence[int] | None = None,
+    ) -> Handle | ThinHandle:
         """Reduce ``x`` across ranks and return this rank's balanced part (a new array).
 
         Without a partition, ``x`` is flattened and rank ``r`` of ``P`` (of the
@@ -109,24 +111,50 @@ class PartitionOps(OpSubmitter):
         partition along axis 2 gives 3x7x4).  A rank outside the partition gets
         a copy of its (zero-volume) input; with no partition dimension
         (``axes=()``) every rank gets a copy of its input.
+
+        ``counts`` gives the parts instead (``MPI_Reduce_scatter``'s ``recvcounts``):
+        elements per group rank, summing to ``x.size``; every rank passes the same, or
+        every rank raises ``OpMismatchError``.
         """
+        if counts is not None and not isinstance(counts, tuple):
+            with contextlib.suppress(TypeError):  # else _counts says what is wrong
+                counts = tuple(counts)
         if name is not None and partition is None and axes is None and group is None:
             # A repeat of a shape this name had: the express path (service/express.py).
-            ex = express.lookup(self._express, ("rs", name, op), x) if dtype is None else None
+            plain = dtype is None and counts is None
+            ex = express.lookup(self._express, ("rs", name, op), x) if plain else None
             if ex is not None:
                 h = express.start(self, ex, name, x, None, priority)
                 if h is not None:
                     return h
         arr, dt = as_array(x, "x", dtype)
         rop = checks.reduce_op(op, dt, "reduce_scatter")
+        if counts is not None and partition is not None:
+            raise InvalidArgumentError(
+                "reduce_scatter: counts= gives the parts of a flat array; it does not go "
+                "with partition="
+            )
         split = self._split_axis(arr, partition, axes, group)
         if split is None:
             return done_handle(name, arr.copy())
         grp, me, flat, axis, others, length = split
         rest = int(np.prod(others)) if others else 1
         rows = [n for _, n in balanced_parts(length, grp.size)]
-        counts = tuple(n * rest for n in rows)
-        out = np.empty(counts[me], dtype=arr.dtype)
+        param = 0
+        if counts is None:
+            parts = tuple(n * rest for n in rows)
+        else:
+            parts = _counts(counts, grp.size, None, int(flat.size), "reduce_scatter")
+            param = _digest(parts)
+        if self._thin is not None and self._thin.takes(arr.nbytes):
+            # daemon mode: the node's service runs it (service/thin.py)
+            out = np.empty(parts[me], dtype=arr.dtype)
+            return self._thin_op(
+                OpKind.REDUCE_SCATTER, flat, dt, out, False, name, rop, priority, 0,
+                out if partition is None else None, group=grp, parts=parts,
+                finalize=None if partition is None else self._unsplit(out, rows[me], others, axis),
+            )  # fmt: skip
+        out = np.empty(parts[me], dtype=arr.dtype)
         code, sched = compile_op(
             OpKind.REDUCE_SCATTER,
             "ring",
@@ -134,7 +162,7 @@ class PartitionOps(OpSubmitter):
             grp.size,
             int(flat.size),
             rop is ReduceOp.AVG,
-            (("counts", counts),),
+            (("counts", parts),),
         )
         if partition is None:
             finalize = None
@@ -154,6 +182,7 @@ class PartitionOps(OpSubmitter):
             group=grp,
             code=code,
             schedule=sched,
+            param=param,
             result=result,
             finalize=finalize,
             express_key=(
@@ -162,6 +191,7 @@ class PartitionOps(OpSubmitter):
                 and axes is None
                 and group is None
                 and dtype is None
+                and counts is None
                 and arr is x
                 and name.__class__ in (str, int)
                 and op.__class__ in (str, ReduceOp)
@@ -180,7 +210,7 @@ class PartitionOps(OpSubmitter):
         dtype: str | None = None,
         priority: int = 0,
         counts: Sequence[int] | None = None,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Concatenate every rank's ``x`` in rank order (parts may differ in length).
 
         Without a partition the parts are flattened and joined into one 1-D
@@ -228,6 +258,12 @@ class PartitionOps(OpSubmitter):
                 return out
             return self._unsplit(out, out.size // rest if rest else 0, others, axis)()
 
+        thin = self._thin
+        if thin is not None and (known is None or thin.takes(sum(known) * arr.itemsize)):
+            # daemon mode: the node's service runs it (service/thin.py)
+            return self._thin_allgather(
+                flat, dt, name, (op_name, gen), grp, known, prio, box, finalize
+            )
         handle = Handle(op_name, gen, None, self.loop, finalize)
 
         def data_done(error: BaseException | None) -> None:
@@ -306,22 +342,99 @@ class PartitionOps(OpSubmitter):
         self._submit(spec, handle)
         return handle
 
+    def _thin_allgather(
+        self,
+        flat: np.ndarray,
+        dt: DType,
+        name: str | int | None,
+        reserved: tuple[str | int, int],
+        grp: Group,
+        known: tuple[int, ...] | None,
+        priority: int,
+        box: dict[str, Any],
+        finalize: Callable[[], Any],
+    ) -> ThinHandle:
+        """An all-gather on the thin path; without ``known`` sizes, they are gathered
+        first (``<name>#counts``, as in embedded mode) and a watcher thread submits the
+        data when they come (an all-gather too large for the arena then goes the
+        engine's way, as ``<name>#data``)."""
+        thin = self._thin
+        assert thin is not None
+        names = self._names
+        op_name, gen = reserved
 
-def _counts(counts: Any, size: int, me: int, mine: int) -> tuple[int, ...]:
-    """``counts=`` of an all-gather checked: ``size`` sizes >= 0, this rank's its part's."""
+        def data(sizes: tuple[int, ...], handle: ThinHandle | None = None) -> ThinHandle:
+            out = np.empty(sum(sizes), dtype=flat.dtype)
+            box["out"] = out
+            return self._thin_op(
+                OpKind.ALLGATHER, flat, dt, out, False, name, ReduceOp.SUM, priority, 0, out,
+                group=grp, parts=sizes, finalize=finalize, reserved=reserved, handle=handle,
+            )  # fmt: skip
+
+        if known is not None:
+            return data(known)
+        final = ThinHandle(thin, op_name, gen, OpKind.ALLGATHER, None, lambda: names.ended(op_name))
+        count_name, count_gen = names.name(f"{op_name}#counts", ("allgather", "int64", 1, "sum", 0))
+        mine = np.array([flat.size], dtype=np.int64)
+        sizes = np.empty(grp.size, dtype=np.int64)
+        try:
+            first = self._thin_op(
+                OpKind.ALLGATHER, mine, DType.INT64, sizes, False, name, ReduceOp.SUM, priority,
+                0, sizes, group=grp, parts=(1,) * grp.size, reserved=(count_name, count_gen),
+            )  # fmt: skip
+        except BaseException:
+            names.ended(op_name)
+            raise
+
+        def engine_done(h: Any) -> None:
+            err = h.exception()
+            if err is None:
+                box["out"] = h.wait(0)
+            thin.settle(final, None if err else finalize(), err)
+
+        def counts_done(h: ThinHandle) -> None:
+            err = h.exception()
+            if err is None:
+                got = tuple(int(c) for c in sizes)
+                try:
+                    if thin.takes(sum(got) * flat.itemsize):
+                        data(got, final)
+                    else:  # too large for the arena
+                        self.allgather_async(
+                            flat, name=f"{op_name}#data", group=grp, counts=got, priority=priority
+                        ).add_done_callback(engine_done)
+                    return
+                except Exception as exc:
+                    err = exc
+            thin.settle(final, None, err)
+
+        first.add_done_callback(counts_done)
+        return final
+
+
+def _counts(
+    counts: Any, size: int, me: int | None, mine: int, what: str = "allgather"
+) -> tuple[int, ...]:
+    """``counts=`` checked: ``size`` sizes >= 0; of an all-gather (``me`` given), this
+    rank's its part's; of a reduce-scatter (``me`` None), summing to the input's ``mine``."""
     try:
         sizes = tuple(operator.index(c) for c in counts)
     except TypeError:
         raise InvalidArgumentError(
-            f"allgather counts must be {size} integers (elements per rank), got {counts!r}"
+            f"{what} counts must be {size} integers (elements per rank), got {counts!r}"
         ) from None
     if len(sizes) != size or any(c < 0 for c in sizes):
         raise InvalidArgumentError(
-            f"allgather counts must be {size} integers >= 0 (elements per rank), got {list(sizes)}"
+            f"{what} counts must be {size} integers >= 0 (elements per rank), got {list(sizes)}"
         )
-    if sizes[me] != mine:
+    if me is None:
+        if sum(sizes) != mine:
+            raise InvalidArgumentError(
+                f"{what} counts {list(sizes)} sum to {sum(sizes)} elements, but x has {mine}"
+            )
+    elif sizes[me] != mine:
         raise InvalidArgumentError(
-            f"allgather counts give rank {me}'s part {sizes[me]} elements, but its x has {mine}"
+            f"{what} counts give rank {me}'s part {sizes[me]} elements, but its x has {mine}"
         )
     return sizes
 

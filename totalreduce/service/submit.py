@@ -232,28 +232,62 @@ class OpSubmitter:
         priority: Any,
         root: int,
         result: Any,
+        *,
+        group: Group | None = None,
+        parts: tuple[int, ...] | None = None,
+        finalize: Callable[[], Any] | None = None,
+        reserved: tuple[str | int, int] | None = None,
+        handle: ThinHandle | None = None,
     ) -> ThinHandle:
         """Name an op and hand it to the node's service through the arena (daemon mode).
 
         The buffers the service works on: the output itself if it lives in the arena
         (the input too, or a copy of it in the output), else a staging block of the
-        client's part of the arena that the result is copied out of.
+        client's part of the arena that the result is copied out of.  A reduce-scatter
+        or all-gather (``parts``: elements per group rank) places its input and output
+        apart.  ``group`` (None: the world) and ``parts`` travel as blocks of the arena
+        the client keeps.  ``reserved`` is a name already taken, ``handle`` a handle
+        already returned to the caller (an all-gather whose sizes came first).
         """
         self._check_open()
         thin = self._thin
         assert thin is not None
         prio = checks.priority(priority)
-        sig = (kind.name.lower(), dtype.name.lower(), int(x.size), op.name.lower(), root)
-        op_name, gen = self._names.name(name, sig)
+        if reserved is None:
+            sig = (kind.name.lower(), dtype.name.lower(), int(x.size), op.name.lower(), root)
+            op_name, gen = self._names.name(name, sig)
+        else:
+            op_name, gen = reserved
         names = self._names
+        blocks: list[int] = []
         try:
-            staged, back = -1, None
+            back = None
+            grp = self._world_group if group is None else group
+            at_group, ctx = -1, 0
+            if grp is not self._world_group:
+                at_group, own = thin.const_block((grp.size, *grp.ranks))
+                ctx = grp.context
+                if own >= 0:
+                    blocks.append(own)
+            at_aux = -1
             if kind is OpKind.BARRIER:
                 at_in = at_out = -1
+            elif parts is not None:  # reduce-scatter, all-gather: input and output apart
+                at_aux, own = thin.const_block((len(parts), *parts))
+                if own >= 0:
+                    blocks.append(own)
+                at_in, staged = thin.place(x, fill=x)
+                if staged >= 0:
+                    blocks.append(staged)
+                at_out, staged = thin.place(out, fill=None)
+                if staged >= 0:
+                    blocks.append(staged)
+                    back = out
             else:
-                receiver = kind is OpKind.BROADCAST and self.rank != root  # needs no input
+                receiver = kind is OpKind.BROADCAST and self.rank != grp.ranks[root]
                 at_out, staged = thin.place(out, fill=None if receiver else x)
                 if staged >= 0:  # the result is copied out of the staging block
+                    blocks.append(staged)
                     back = out
                     at_in = at_out
                 elif in_place or receiver:
@@ -264,11 +298,14 @@ class OpSubmitter:
                         out.reshape(-1)[:] = x.reshape(-1)
                         at_in = at_out
         except BaseException:
-            names.ended(op_name)
+            for at in blocks:
+                thin.space.free(at)
+            if handle is None:  # else ending the handle ends the name
+                names.ended(op_name)
             raise
-        handle = ThinHandle(
-            thin, op_name, gen, kind, result, staged, back, lambda: names.ended(op_name)
-        )
+        if handle is None:
+            handle = ThinHandle(thin, op_name, gen, kind, result, lambda: names.ended(op_name))
+        handle.hold(tuple(blocks), back, at_out if back is not None else -1, finalize)
         return thin.submit(
             handle,
             wire=self._wire_id(op_name),
@@ -280,4 +317,7 @@ class OpSubmitter:
             at_in=at_in,
             at_out=at_out,
             unnamed=name is None,
+            group=at_group,
+            context=ctx,
+            aux=at_aux,
         )

@@ -1,7 +1,7 @@
 """The thin path of a daemon client: ops handed to the node's service through the arena.
 
-In daemon mode an ``allreduce``, ``broadcast`` or ``barrier`` over the whole world
-(the hierarchical ops) does not go through this process's engine: the client
+In daemon mode an ``allreduce``, ``broadcast``, ``barrier``, ``reduce_scatter`` or
+``allgather`` (over the world or a group) does not go through this process's engine: the client
 checks and names it as in embedded mode, places its buffer in the node's arena
 (:mod:`~totalreduce.transport.arena`; zero copy if the array lives there, else
 one copy in and one out), writes one descriptor into its submission ring and
@@ -43,7 +43,10 @@ log = logging.getLogger("totalreduce.thin")
 
 #: How long ``wait()`` checks the completion word before it sleeps.
 SPIN_S = 50e-6
-_KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.BARRIER: "barrier"}
+#: How many groups' ranks and ops' parts a client keeps in the arena for its next ops.
+CONSTS = 1024
+_KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.BARRIER: "barrier",
+          OpKind.REDUCE_SCATTER: "reduce-scatter", OpKind.ALLGATHER: "all-gather"}  # fmt: skip
 _ERRORS: dict[int, type[TotalReduceError]] = {
     A.E_FAILED: OpFailedError,
     A.E_MISMATCH: OpMismatchError,
@@ -56,8 +59,8 @@ class ThinHandle:
     """One op handed to the node's service (the same calls as :class:`~.handle.Handle`)."""
 
     __slots__ = (
-        "name", "generation", "kind", "_client", "_ticket", "_result", "_staged", "_out",
-        "_done", "_error", "_then", "_ended",
+        "name", "generation", "kind", "_client", "_ticket", "_result", "_blocks", "_out",
+        "_out_at", "_finalize", "_done", "_error", "_then", "_ended",
     )  # fmt: skip
 
     def __init__(
@@ -67,8 +70,6 @@ class ThinHandle:
         generation: int,
         kind: OpKind,
         result: Any,
-        staged: int,
-        out: np.ndarray | None,
         ended: Callable[[], None],
     ) -> None:
         self.name = name
@@ -77,12 +78,26 @@ class ThinHandle:
         self._client = client
         self._ticket = 0
         self._result = result
-        self._staged = staged  # arena offset of a staging copy, or -1
-        self._out = out  # where a staged result goes
+        self._blocks: tuple[int, ...] = ()  # arena blocks it holds until it ends
+        self._out: np.ndarray | None = None  # where a staged result goes
+        self._out_at = -1  # ... from this arena offset
+        self._finalize: Callable[[], Any] | None = None
         self._done = False
         self._error: BaseException | None = None
         self._then: list[Callable[[Any], None]] | None = None
         self._ended = ended
+
+    def hold(
+        self,
+        blocks: tuple[int, ...],
+        out: np.ndarray | None = None,
+        out_at: int = -1,
+        finalize: Callable[[], Any] | None = None,
+    ) -> ThinHandle:
+        """The arena blocks it frees when it ends; ``out``: where the result is copied
+        from ``out_at`` then; ``finalize()``: its result, made then."""
+        self._blocks, self._out, self._out_at, self._finalize = blocks, out, out_at, finalize
+        return self
 
     def done(self) -> bool:
         """True once the op completed or failed (reads its completion word; never blocks)."""
@@ -136,6 +151,7 @@ class ThinClient:
         self.lock = threading.RLock()  # submission, completion, the in-flight table
         self._tail = int(self.ctl[A.C_TAIL])
         self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
+        self._consts: dict[tuple[int, ...], int] = {}  # const_block's blocks
         self._sleeper = threading.Lock()  # one thread sleeps on the eventfd at a time
         self._woken = threading.Condition()
         self._watcher: threading.Thread | None = None
@@ -186,6 +202,19 @@ class ThinClient:
                 )  # fmt: skip
         return at
 
+    def const_block(self, values: tuple[int, ...]) -> tuple[int, int]:
+        """(arena offset, block to free or -1) of ``values`` as int64 words (a group's ranks,
+        an op's parts): kept for the next op that has them, up to :data:`CONSTS` of them."""
+        at = self._consts.get(values)
+        if at is not None:
+            return at, -1
+        at = self._alloc(8 * max(len(values), 1), "a group or parts block")
+        self.arena.view(at, len(values), np.int64)[:] = values
+        if len(self._consts) < CONSTS:
+            self._consts[values] = at
+            return at, -1
+        return at, at
+
     def place(self, arr: np.ndarray, fill: np.ndarray | None) -> tuple[int, int]:
         """(arena offset of ``arr``'s bytes, staging offset or -1): ``arr`` itself if it
         lives in the arena, else a staging block of its size, filled from ``fill`` (an
@@ -214,6 +243,9 @@ class ThinClient:
         at_in: int,
         at_out: int,
         unnamed: bool,
+        group: int = -1,
+        context: int = 0,
+        aux: int = -1,
     ) -> ThinHandle:
         """Write the op's descriptor; the service takes it from here."""
         if self.gone is not None:
@@ -229,6 +261,7 @@ class ThinClient:
             d[A.D_DTYPE], d[A.D_COUNT], d[A.D_OP], d[A.D_ROOT] = int(dtype), count, int(op), root
             d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = priority, at_in, at_out
             d[A.D_FLAGS] = (A.F_AVG if op is ReduceOp.AVG else 0) | (A.F_UNNAMED if unnamed else 0)
+            d[A.D_GROUP], d[A.D_CTX], d[A.D_AUX] = group, A.signed(context), aux
             d[A.D_TICKET] = t
             h._ticket = t
             self._flight[t] = h
@@ -272,12 +305,17 @@ class ThinClient:
         with self.lock:
             if h._done:
                 return
-            if error is None and h._staged >= 0 and h._out is not None and h._out.nbytes:
+            if error is None and h._out_at >= 0 and h._out is not None and h._out.nbytes:
                 h._out.reshape(-1).view(np.uint8)[:] = self.arena.view(
-                    h._staged, h._out.nbytes, np.uint8
+                    h._out_at, h._out.nbytes, np.uint8
                 )
             self._flight.pop(h._ticket, None)
             self._release(h)
+            if error is None and h._finalize is not None:
+                try:
+                    h._result = h._finalize()
+                except Exception as exc:
+                    error = exc
             h._error = error
             h._done = True
             callbacks, h._then = h._then, None
@@ -292,10 +330,16 @@ class ThinClient:
                     log.exception("rank %d: a done callback of %r raised", self.rank, h.name)
 
     def _release(self, h: ThinHandle) -> None:
-        if h._staged >= 0:
-            self.space.free(h._staged)
-            h._staged = -1
+        for at in h._blocks:
+            self.space.free(at)
+        h._blocks = ()
         h._ended()
+
+    def settle(self, h: ThinHandle, result: Any, error: BaseException | None) -> None:
+        """End ``h``, an op this client did not submit (it ran elsewhere), with ``result``."""
+        if error is None:
+            h._result = result
+        self._complete(h, error)
 
     def block(self, h: ThinHandle, timeout: float | None) -> None:
         """Until ``h`` is done: spin for :data:`SPIN_S`, then sleep on the eventfd."""

@@ -1,0 +1,258 @@
+"""The thin path across nodes without processes: ``N`` nodes' arena threads, each with ``L``
+clients, and the engine among the services on an in-process world, for N, L = 1..4.
+
+Client rank ``r`` is slot ``r % L`` of node ``r // L``.  Every kind the thin path runs
+(allreduce, broadcast, barrier, reduce-scatter with balanced and given parts, all-gather
+with uneven parts) over the world and over groups whose ranks are in any order across
+the nodes, submitted in a different random order by every client, is exact in int64.
+Two groups of one node that share a name run apart; ranks of a node that disagree on
+an op's group or parts fail it, naming them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+from contextlib import ExitStack
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import local_services
+from totalreduce.algorithms.codes import OpKind
+from totalreduce.algorithms.schedule import balanced_parts
+from totalreduce.daemon.thin import ThinService  # noqa: I001 (the node's side)
+from totalreduce.dtypes import DType, ReduceOp
+from totalreduce.errors import OpMismatchError
+from totalreduce.group import Group
+from totalreduce.service.thin import ThinClient, ThinHandle
+from totalreduce.transport.arena import Arena
+from totalreduce.transport.shm import new_eventfd
+
+
+class Cluster:
+    """``nodes`` nodes of ``slots`` clients; ``clients[r]`` is client rank ``r``."""
+
+    def __init__(self, stack: ExitStack, nodes: int, slots: int) -> None:
+        engines = stack.enter_context(local_services(nodes)) if nodes > 1 else [None]
+        self.nodes, self.slots, self.size = nodes, slots, nodes * slots
+        self.clients: list[ThinClient] = []
+        for n in range(nodes):
+            arena = Arena.create(slots, 2 << 20)
+            service = ThinService(arena, n, nodes, engines[n])
+            stack.callback(arena.close)
+            stack.callback(service.stop)
+            for k in range(slots):
+                efd = new_eventfd()
+                service.attach(k, k + 1, os.dup(efd))
+                mine, theirs = socket.socketpair()
+                stack.callback(theirs.close)
+                assert arena.fd is not None
+                link = SimpleNamespace(
+                    arena=Arena.attach(os.dup(arena.fd), arena.size),
+                    welcome=SimpleNamespace(
+                        local=k, rank=n * slots + k, size=self.size, pid=os.getpid()
+                    ),
+                    where="test",
+                    eventfd=efd,
+                    service_eventfd=os.dup(service.eventfd),
+                    sock=mine,
+                )
+                client = ThinClient(link)
+                stack.callback(client.close)
+                self.clients.append(client)
+
+    def submit(
+        self, r: int, kind: OpKind, name: str, x: np.ndarray | None, *,
+        op: ReduceOp = ReduceOp.SUM, root: int = 0, prio: int = 0, group: Group | None = None,
+        parts: tuple[int, ...] | None = None,
+    ) -> ThinHandle:  # fmt: skip
+        """What ``_thin_op`` writes, for client rank ``r`` (generation 0 of ``name``)."""
+        c = self.clients[r]
+        blocks: list[int] = []
+        at_group, ctx, aux = -1, 0, -1
+        if group is not None:
+            at_group, own = c.const_block((group.size, *group.ranks))
+            ctx = group.context
+        if x is None:
+            at_in = at_out = -1
+            out, dt, count, back = None, DType.INT64, 0, -1
+        else:
+            dt, count = DType.of(x.dtype), x.size
+            at_in, staged = c.place(x, fill=x)
+            blocks.append(staged)
+            if parts is None:
+                out, at_out, back = np.empty_like(x), at_in, at_in
+            else:
+                aux, _ = c.const_block((len(parts), *parts))
+                me = (group or Group.world(self.size)).rank_of(r)
+                assert me is not None
+                n_out = parts[me] if kind is OpKind.REDUCE_SCATTER else sum(parts)
+                out = np.empty(n_out, dtype=x.dtype)
+                at_out, staged = c.place(out, fill=None)
+                blocks.append(staged)
+                back = at_out
+        h = ThinHandle(c, name, 0, kind, out, lambda: None)
+        h.hold(tuple(blocks), out, back)
+        wire = hash(name) & ((1 << 62) - 1)
+        return c.submit(
+            h, wire=wire, dtype=dt, count=count, op=op, root=root, priority=prio, at_in=at_in,
+            at_out=at_out, unnamed=False, group=at_group, context=ctx, aux=aux,
+        )  # fmt: skip
+
+
+def data(r: int, i: int, n: int) -> np.ndarray:
+    return (np.arange(n, dtype=np.int64) * (i + 3) + 1000 * r - 7 * i) % 101 - 50
+
+
+def plan(size: int, seed: int) -> list[dict[str, Any]]:
+    """The ops every rank runs: each kind over the world and over a shuffled group."""
+    rng = random.Random(seed)
+    world = list(range(size))
+    ops: list[dict[str, Any]] = []
+    for i in range(14):
+        ranks = world if i % 2 == 0 else rng.sample(world, rng.randint(1, size))
+        kind = ["ar", "bc", "bar", "rs", "rsc", "ag", "ar"][i // 2]
+        g = Group(ranks)
+        n = rng.randint(0, 23)
+        spec: dict[str, Any] = {"name": f"op{i}", "kind": kind, "ranks": ranks, "n": n, "i": i}
+        if kind == "ar":
+            spec["op"] = rng.choice([ReduceOp.SUM, ReduceOp.MAX, ReduceOp.AVG, ReduceOp.MIN])
+        elif kind == "bc":
+            spec["root"] = rng.randrange(g.size)
+        elif kind == "rs":
+            spec["parts"] = tuple(c for _, c in balanced_parts(n, g.size))
+        elif kind == "rsc":  # given, uneven parts
+            cuts = sorted(rng.randint(0, n) for _ in range(g.size - 1))
+            spec["parts"] = tuple(b - a for a, b in zip([0, *cuts], [*cuts, n], strict=True))
+        elif kind == "ag":
+            spec["parts"] = tuple(rng.randint(0, 9) for _ in range(g.size))
+        spec["group"] = None if ranks == world else g
+        spec["prio"] = rng.randrange(4)
+        ops.append(spec)
+    return ops
+
+
+def run(cl: Cluster, r: int, ops: list[dict[str, Any]]) -> dict[str, Any]:
+    rng = random.Random(100 + r)
+    mine = [s for s in ops if r in s["ranks"]]
+    rng.shuffle(mine)
+    hs = {}
+    for s in mine:
+        g = Group(s["ranks"])
+        me = g.rank_of(r)
+        kind, name, grp = s["kind"], s["name"], s["group"]
+        kw = {"group": grp, "prio": s["prio"]}
+        if kind == "ar":
+            x = data(r, s["i"], s["n"])
+            hs[name] = cl.submit(r, OpKind.ALLREDUCE, name, x, op=s["op"], **kw)
+        elif kind == "bc":
+            x = data(r, s["i"], s["n"])
+            hs[name] = cl.submit(r, OpKind.BROADCAST, name, x, root=s["root"], **kw)
+        elif kind == "bar":
+            hs[name] = cl.submit(r, OpKind.BARRIER, name, None, **kw)
+        elif kind in ("rs", "rsc"):
+            x = data(r, s["i"], s["n"])
+            hs[name] = cl.submit(
+                r, OpKind.REDUCE_SCATTER, name, x, op=ReduceOp.SUM, parts=s["parts"], **kw
+            )
+        else:
+            x = data(r, s["i"], s["parts"][me])
+            hs[name] = cl.submit(r, OpKind.ALLGATHER, name, x, parts=s["parts"], **kw)
+    return {name: h.wait(60) for name, h in hs.items()}
+
+
+def want(s: dict[str, Any], r: int) -> Any:
+    ranks = s["ranks"]
+    me = ranks.index(r)
+    kind = s["kind"]
+    if kind == "bar":
+        return None
+    if kind == "ag":
+        return np.concatenate([data(q, s["i"], s["parts"][j]) for j, q in enumerate(ranks)])
+    stack = np.stack([data(q, s["i"], s["n"]) for q in ranks])
+    if kind == "bc":
+        return stack[s["root"]]
+    if kind in ("rs", "rsc"):
+        at = sum(s["parts"][:me])
+        return stack.sum(0)[at : at + s["parts"][me]]
+    op = s["op"]
+    if op is ReduceOp.AVG:
+        return stack.sum(0) // len(ranks)
+    return {ReduceOp.SUM: stack.sum(0), ReduceOp.MAX: stack.max(0), ReduceOp.MIN: stack.min(0)}[op]
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 4], ids=lambda n: f"L{n}")
+@pytest.mark.parametrize("nodes", [1, 2, 3, 4], ids=lambda n: f"N{n}")
+def test_every_kind_over_world_and_groups_is_exact(nodes: int, slots: int) -> None:
+    with ExitStack() as stack:
+        cl = Cluster(stack, nodes, slots)
+        ops = plan(cl.size, seed=nodes * 10 + slots)
+        got: list[Any] = [None] * cl.size
+        errors: list[BaseException] = []
+
+        def rank(r: int) -> None:
+            try:
+                got[r] = run(cl, r, ops)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(cl.size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        for r in range(cl.size):
+            for s in ops:
+                if r in s["ranks"]:
+                    w, g = want(s, r), got[r][s["name"]]
+                    if w is None:
+                        assert g is None
+                    else:
+                        assert np.array_equal(g, w), (r, s)
+
+
+def test_two_groups_of_one_node_share_a_name() -> None:
+    """Ranks 0 and 1 (node 0) each run ``x`` with a rank of node 1, in different groups."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, 2, 2)
+        pairs = [Group([0, 2]), Group([3, 1])]
+        hs = {}
+        for g in pairs:
+            for r in g.ranks:
+                hs[r] = cl.submit(r, OpKind.ALLREDUCE, "x", data(r, 0, 5), group=g)
+        for g in pairs:
+            for r in g.ranks:
+                assert np.array_equal(
+                    hs[r].wait(30), data(g.ranks[0], 0, 5) + data(g.ranks[1], 0, 5)
+                )
+
+
+def test_ranks_of_a_node_that_disagree_on_the_group_both_fail() -> None:
+    with ExitStack() as stack:
+        cl = Cluster(stack, 2, 2)
+        h0 = cl.submit(0, OpKind.ALLREDUCE, "g", data(0, 0, 4), group=Group([0, 1]))
+        h1 = cl.submit(1, OpKind.ALLREDUCE, "g", data(1, 0, 4), group=Group([1, 0, 2]))
+        for h in (h0, h1):
+            with pytest.raises(OpMismatchError, match=r"disagree on the group.*rank 0.*rank 1"):
+                h.wait(30)
+        # the name goes on
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "g2", data(r, 1, 4)) for r in range(4)]
+        total = sum(data(r, 1, 4) for r in range(4))
+        for h in hs:
+            assert np.array_equal(h.wait(30), total)
+
+
+def test_ranks_of_a_node_that_disagree_on_the_parts_fail_naming_them() -> None:
+    with ExitStack() as stack:
+        cl = Cluster(stack, 1, 2)
+        h0 = cl.submit(0, OpKind.REDUCE_SCATTER, "rs", data(0, 0, 6), parts=(3, 3))
+        h1 = cl.submit(1, OpKind.REDUCE_SCATTER, "rs", data(1, 0, 6), parts=(2, 4))
+        for h in (h0, h1):
+            with pytest.raises(OpMismatchError, match=r"parts \[3, 3\].*parts \[2, 4\]"):
+                h.wait(30)
