@@ -256,3 +256,53 @@ def test_ranks_of_a_node_that_disagree_on_the_parts_fail_naming_them() -> None:
         for h in (h0, h1):
             with pytest.raises(OpMismatchError, match=r"parts \[3, 3\].*parts \[2, 4\]"):
                 h.wait(30)
+
+
+def test_garbage_groups_and_parts_fail_alone_saying_what() -> None:
+    """Descriptors past the client's checks: a group or parts block outside the client's part
+    of the arena, a group whose context does not match its ranks or that leaves the client
+    out, parts that do not add up; each fails with InvalidArgumentError; the next op works."""
+    from totalreduce.errors import InvalidArgumentError
+    from totalreduce.transport import arena as A
+
+    with ExitStack() as stack:
+        cl = Cluster(stack, 1, 2)
+        c = cl.clients[0]
+        g_other, _ = c.const_block((1, 1))  # a group of rank 1 alone
+        g_mine, _ = c.const_block((2, 0, 1))
+        parts, _ = c.const_block((2, 3, 4))
+        buf, _ = c.place(np.zeros(16, np.int64), fill=None)
+        cases = {
+            "outside": ({A.D_CTX: 5, A.D_GROUP: 0}, "outside its part of the arena"),
+            "context": ({A.D_CTX: 5, A.D_GROUP: g_mine}, "context does not match"),
+            "member": (
+                {A.D_CTX: A.signed(Group([1]).context), A.D_GROUP: g_other},
+                "rank 0 is not a member",
+            ),
+            "parts": (
+                {A.D_KIND: int(OpKind.REDUCE_SCATTER), A.D_AUX: parts, A.D_COUNT: 8},
+                "do not sum to its count 8",
+            ),
+        }
+        for what, (fields, words) in cases.items():
+            h = ThinHandle(c, what, 0, OpKind.ALLREDUCE, None, lambda: None)
+            with c.lock:
+                t = c._tail + 1
+                d = c.ring[(t - 1) % A.RING]
+                d[:] = 0
+                d[A.D_KIND], d[A.D_DTYPE], d[A.D_COUNT] = int(OpKind.ALLREDUCE), int(DType.INT64), 4
+                d[A.D_OP], d[A.D_IN], d[A.D_OUT], d[A.D_WIRE] = 1, buf, buf, hash(what) & 0xFFFF
+                d[A.D_AUX] = d[A.D_GROUP] = -1
+                for k, v in fields.items():
+                    d[k] = v
+                d[A.D_TICKET] = h._ticket = t
+                c._flight[t] = h
+                c.ctl[A.C_TAIL] = c._tail = t
+            from totalreduce.transport.shm import signal_eventfd
+
+            signal_eventfd(c.service_efd)
+            with pytest.raises(InvalidArgumentError, match=words):
+                h.wait(10)
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "after", data(r, 2, 3)) for r in range(2)]
+        for h in hs:
+            assert np.array_equal(h.wait(10), data(0, 2, 3) + data(1, 2, 3))
