@@ -95,3 +95,25 @@ def test_an_announcement_that_crossed_an_unasked_clear_is_not_a_mismatch() -> No
     finally:
         for s in svcs:
             s.shutdown(timeout=1)
+
+
+def test_an_express_entry_after_a_peer_left_fails_instead_of_waiting() -> None:
+    """A repeat of an op (the express path into the lane) checks for peers that left before
+    it waits for the loop's lock; if the comm thread handles the peer's leaving meanwhile,
+    the entry must see it under the lock, or the op waits for a peer that is gone."""
+    with local_services(2) as svcs:
+        x = np.ones(4)
+        run_ranks(svcs, lambda s: s.allreduce(x, name="again"))
+        loop = svcs[0].loop
+        assert loop.lane is not None
+        take = loop._express_lock
+
+        def racing(lane):  # the comm thread sweeps rank 1's ops just before the entry
+            with loop.lock:
+                loop._peer_left(1)
+            return take(lane)
+
+        loop._express_lock = racing
+        h = svcs[0].allreduce_async(x, name="again")
+        with pytest.raises(tr.OpFailedError, match="rank 1 stopped"):
+            h.wait(timeout=10)

@@ -167,6 +167,7 @@ class LaneHooks:
             key = spec.key
             if (
                 getattr(self, "fatal", None) is not None
+                or self.bad_peers  # again, under the lock: a peer may have left meanwhile
                 or key in self.floating._frames
                 or self.floating.has_error(key)
                 or key in self.table
