@@ -91,7 +91,12 @@ class Cluster:
                 aux, _ = c.const_block((len(parts), *parts))
                 me = (group or Group.world(self.size)).rank_of(r)
                 assert me is not None
-                n_out = parts[me] if kind is OpKind.REDUCE_SCATTER else sum(parts)
+                if kind is OpKind.REDUCE_SCATTER:
+                    n_out = parts[me]
+                elif kind is OpKind.ALLTOALL:
+                    n_out = sum(parts[len(parts) // 2 :])
+                else:
+                    n_out = sum(parts)
                 out = np.empty(n_out, dtype=x.dtype)
                 at_out, staged = c.place(out, fill=None)
                 blocks.append(staged)
@@ -114,9 +119,9 @@ def plan(size: int, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     world = list(range(size))
     ops: list[dict[str, Any]] = []
-    for i in range(14):
+    for i in range(16):
         ranks = world if i % 2 == 0 else rng.sample(world, rng.randint(1, size))
-        kind = ["ar", "bc", "bar", "rs", "rsc", "ag", "ar"][i // 2]
+        kind = ["ar", "bc", "bar", "rs", "rsc", "ag", "ar", "a2a"][i // 2]
         g = Group(ranks)
         n = rng.randint(0, 23)
         spec: dict[str, Any] = {"name": f"op{i}", "kind": kind, "ranks": ranks, "n": n, "i": i}
@@ -131,6 +136,8 @@ def plan(size: int, seed: int) -> list[dict[str, Any]]:
             spec["parts"] = tuple(b - a for a, b in zip([0, *cuts], [*cuts, n], strict=True))
         elif kind == "ag":
             spec["parts"] = tuple(rng.randint(0, 9) for _ in range(g.size))
+        elif kind == "a2a":  # elements group rank a sends group rank b
+            spec["M"] = [[rng.randint(0, 5) for _ in range(g.size)] for _ in range(g.size)]
         spec["group"] = None if ranks == world else g
         spec["prio"] = rng.randrange(4)
         ops.append(spec)
@@ -160,6 +167,11 @@ def run(cl: Cluster, r: int, ops: list[dict[str, Any]]) -> dict[str, Any]:
             hs[name] = cl.submit(
                 r, OpKind.REDUCE_SCATTER, name, x, op=ReduceOp.SUM, parts=s["parts"], **kw
             )
+        elif kind == "a2a":
+            m = s["M"]
+            x = data(r, s["i"], sum(m[me]))
+            parts = (*m[me], *(row[me] for row in m))
+            hs[name] = cl.submit(r, OpKind.ALLTOALL, name, x, parts=parts, **kw)
         else:
             x = data(r, s["i"], s["parts"][me])
             hs[name] = cl.submit(r, OpKind.ALLGATHER, name, x, parts=s["parts"], **kw)
@@ -174,6 +186,13 @@ def want(s: dict[str, Any], r: int) -> Any:
         return None
     if kind == "ag":
         return np.concatenate([data(q, s["i"], s["parts"][j]) for j, q in enumerate(ranks)])
+    if kind == "a2a":
+        m = s["M"]
+        got = []
+        for a, q in enumerate(ranks):
+            at = sum(m[a][:me])
+            got.append(data(q, s["i"], sum(m[a]))[at : at + m[a][me]])
+        return np.concatenate(got)
     stack = np.stack([data(q, s["i"], s["n"]) for q in ranks])
     if kind == "bc":
         return stack[s["root"]]
@@ -306,3 +325,37 @@ def test_garbage_groups_and_parts_fail_alone_saying_what() -> None:
         hs = [cl.submit(r, OpKind.ALLREDUCE, "after", data(r, 2, 3)) for r in range(2)]
         for h in hs:
             assert np.array_equal(h.wait(10), data(0, 2, 3) + data(1, 2, 3))
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=lambda n: f"N{n}")
+def test_an_alltoall_whose_pairs_disagree_fails_on_every_rank(nodes: int) -> None:
+    """Ranks 0 and 1 send rank 2 two elements each; rank 2 expects three from rank 0 and
+    one from rank 1 (so the totals between the nodes agree): every rank of the op fails,
+    naming a pair; the name goes on."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, nodes, 4 // nodes)
+        sends = [[1, 1, 2, 1], [1, 1, 2, 1], [1, 1, 1, 1], [1, 1, 1, 1]]
+        expects = [row[:] for row in sends]  # expects[s][r]: what r expects from s
+        expects[0][2], expects[1][2] = 3, 1
+        hs = []
+        for r in range(4):
+            parts = (*sends[r], *(expects[s][r] for s in range(4)))
+            hs.append(cl.submit(r, OpKind.ALLTOALL, "a2a", data(r, 0, sum(sends[r])), parts=parts))
+        for h in hs:
+            with pytest.raises(OpMismatchError, match=r"rank [01] sends rank 2 2 elements"):
+                h.wait(30)
+        ones = (1, 1, 1, 1, 1, 1, 1, 1)
+        hs = [cl.submit(r, OpKind.ALLTOALL, "a2a", data(r, 1, 4), parts=ones) for r in range(4)]
+        for r, h in enumerate(hs):
+            assert np.array_equal(h.wait(30), [data(q, 1, 4)[r] for q in range(4)])
+
+
+def test_an_alltoall_between_nodes_whose_dtypes_differ_fails_naming_them() -> None:
+    """Bytes travel between the nodes: int64 against float64 (the same size) is still caught."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, 2, 1)
+        h0 = cl.submit(0, OpKind.ALLTOALL, "t", np.zeros(2, np.int64), parts=(1, 1, 1, 1))
+        h1 = cl.submit(1, OpKind.ALLTOALL, "t", np.zeros(2, np.float64), parts=(1, 1, 1, 1))
+        for h in (h0, h1):
+            with pytest.raises(OpMismatchError, match=r"int64.*float64|float64.*int64"):
+                h.wait(30)

@@ -12,8 +12,10 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
   a mismatch among the clients of one node fails on every rank, naming both, and the
   next op of the name works.
 - ``kinds``: reduce-scatter (balanced, given parts, ``avg``, along a partition's axis),
-  all-gather (uneven parts, gathered first or given) and ops over groups (two pairs
-  across the nodes that share names) are exact and start no engine.
+  all-gather (uneven parts, gathered first or given), ops over groups (two pairs
+  across the nodes that share names), all-to-all with uneven splits, and the neighbor
+  ops (a topology's weights, dynamic weights, a neighbor all-gather), reduce, gather,
+  scatter and send/recv are exact and start no engine.
 - ``garbage``: descriptors written past the client's checks (an unknown kind or dtype, a
   negative count, a root outside the world, buffers outside the client's part of the arena)
   each fail with ``InvalidArgumentError`` saying what was wrong; the next op works.
@@ -209,6 +211,78 @@ def mode_kinds(p: int, rank: int) -> None:
         if not np.array_equal(got, np.array(g.ranks)):
             bad.append(f"all-gather {got}")
     report(rank, "GROUPS", not bad, "; ".join(bad))
+
+    # all-to-all with uneven splits; neighbor ops as all-to-alls
+    bad = []
+    m = [[(a * 3 + b) % 4 for b in range(p)] for a in range(p)]  # what a sends b
+    x = np.arange(sum(m[rank]), dtype=np.int64) + 100 * rank
+    got = tr.alltoall(x, name="a2a", splits=m[rank], recv_splits=[row[rank] for row in m])
+    want = np.concatenate(
+        [(np.arange(sum(m[a]), dtype=np.int64) + 100 * a)[sum(m[a][:rank]) :][: m[a][rank]]
+         for a in range(p)]
+    )  # fmt: skip
+    if not np.array_equal(got, want):
+        bad.append(f"alltoall {got} != {want}")
+    v = np.full(6, float(rank + 1))
+    for step in range(3):  # exponential-2 (the default): weights from the topology
+        from totalreduce.service.weights import neighbor_weights
+
+        sw, src, _ = neighbor_weights(rank, p, None, step, None, None, None)
+        want_v = sw * v + sum(w * (s + 1) for s, w in src.items())
+        got = tr.neighbor_allreduce(v, name="nar", step=step)
+        if not np.allclose(got, want_v):
+            bad.append(f"neighbor_allreduce step {step}: {got} != {want_v}")
+    ring = {(rank - 1) % p: 0.25, (rank + 1) % p: 0.25} if p > 2 else {(rank + 1) % p: 0.5}
+    dst = {r: 2.0 for r in ring}  # every sender doubles what it sends
+    got = tr.neighbor_allreduce(v, name="dyn", self_weight=0.5, src_weights=ring, dst_weights=dst)
+    want_v = 0.5 * v + sum(w * 2.0 * (s + 1) for s, w in ring.items())
+    if not np.allclose(got, want_v):
+        bad.append(f"dynamic weights {got} != {want_v}")
+    got = tr.neighbor_allgather(np.full((2, 3), rank), name="nag", src_ranks=sorted(ring),
+                                dst_ranks=sorted(ring))  # fmt: skip
+    if got.shape != (len(ring), 2, 3) or not all(
+        np.all(got[i] == s) for i, s in enumerate(sorted(ring))
+    ):
+        bad.append(f"neighbor_allgather {got}")  # fmt: skip
+    from totalreduce.service.weights import resolve_topology
+
+    topo = resolve_topology("exp", p)  # Decent-DP's: an edge per step
+    for step in range(3):
+        edge = topo.edge_of(rank, step)
+        k, w = len(edge.ranks), float(edge.weight)
+        others = sum(q + 1 for q in edge.ranks if q != rank)
+        want_v = v if k == 1 else w * v + (1 - w) / (k - 1) * others
+        got = tr.neighbor_allreduce(v, name="edge", topology="exp", step=step)
+        if not np.allclose(got, want_v):
+            bad.append(f"edge step {step}: {got} != {want_v}")
+    report(rank, "NEIGHBORS", not bad, "; ".join(bad))
+
+    # rooted ops and messages: reduce, gather, scatter, send/recv
+    bad = []
+    root = p - 1
+    x = np.arange(5, dtype=np.float64) + rank
+    got = tr.reduce(x, root=root, name="red", op="max")
+    if (got is None) != (rank != root) or (
+        rank == root and not np.array_equal(got, x + root - rank)
+    ):
+        bad.append(f"reduce {got}")
+    got = tr.gather(x, root=0, name="gat")
+    want = np.stack([np.arange(5.0) + r for r in range(p)])
+    if (rank == 0 and not np.array_equal(got, want)) or (rank != 0 and got is not None):
+        bad.append(f"gather {got}")
+    part = np.empty(3, dtype=np.int32)
+    src = np.arange(3 * p, dtype=np.int32).reshape(p, 3) * 10 if rank == 1 else part
+    got = tr.scatter(src, root=1, name="sca")
+    if not np.array_equal(got, np.arange(3, dtype=np.int32) * 10 + 30 * rank):
+        bad.append(f"scatter {got}")
+    peer = (rank + 1) % p if rank % 2 == 0 else (rank - 1) % p
+    hs = tr.send_async(np.full(4, rank, np.int16), dst=peer, tag=7)
+    buf = np.empty(4, np.int16)
+    got = tr.recv(buf, src=peer, tag=7)
+    hs.wait()
+    if not np.all(got == peer):
+        bad.append(f"send/recv {got}")
+    report(rank, "ROOTED", not bad, "; ".join(bad))
     report(rank, "STILL-NO-ENGINE", svc._loop is None, "an engine started")
 
 

@@ -52,12 +52,16 @@ SPIN_S = 50e-6
 #: With ops among the services in flight: how long it drives their engine at a time.
 DRIVE_S = 100e-6
 _SHAPE = (A.D_KIND, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_ROOT, A.D_FLAGS)
-_RS, _AG = int(OpKind.REDUCE_SCATTER), int(OpKind.ALLGATHER)
+_RS, _AG, _A2A = int(OpKind.REDUCE_SCATTER), int(OpKind.ALLGATHER), int(OpKind.ALLTOALL)
 _KINDS = {int(OpKind.ALLREDUCE): "allreduce", int(OpKind.BROADCAST): "broadcast",
-          int(OpKind.BARRIER): "barrier", _RS: "reduce-scatter", _AG: "all-gather"}  # fmt: skip
+          int(OpKind.BARRIER): "barrier", _RS: "reduce-scatter", _AG: "all-gather",
+          _A2A: "all-to-all"}  # fmt: skip
+#: Kinds whose descriptor has parts (D_AUX); an all-to-all's are its splits, then its receives.
+_PARTED = (_RS, _AG, _A2A)
 #: Mixed into a group's context to name its ops among the services (2^64 / golden ratio).
 _GOLDEN = 0x9E37_79B9_7F4A_7C15
 _MASK = (1 << 64) - 1
+_I64 = np.dtype(np.int64)
 
 
 #: How the engine among the services starts an op's error, and names a service.
@@ -103,11 +107,16 @@ class _Grp:
             self.engine_group.context = ctx & _MASK
 
 
+class _Mismatch(Exception):
+    """Ranks disagree on an op (found when its data came): it fails as a mismatch."""
+
+
 class _Op:
     """One op of the node: the descriptors of its local clients, as they come."""
 
     __slots__ = ("key", "grp", "expect", "parts", "descs", "seen", "incarnations", "handle",
-                 "node_buf", "over", "why", "fail_kind", "since", "warned")  # fmt: skip
+                 "node_buf", "ins", "plan", "over", "why", "fail_kind", "since",
+                 "warned")  # fmt: skip
 
     def __init__(self, key: tuple[int, int, int], slots: int, grp: _Grp) -> None:
         self.key = key
@@ -121,6 +130,8 @@ class _Op:
         self.seen = 0
         self.handle: Any = None
         self.node_buf: np.ndarray | None = None
+        self.ins: list[np.ndarray] = []  # an all-to-all's inputs (copies where in place)
+        self.plan: Any = None  # an all-to-all's bytes to and from each node, its outputs
         self.over = False  # answered: its clients' words are set (once, by whoever ends it)
         self.why, self.fail_kind = "", 0  # why it failed
 
@@ -340,10 +351,10 @@ class ThinService:
         hi = lo + self.arena.data_bytes
         if not (lo <= at <= hi - 8 and at % 8 == 0):
             return (), f"its {what} at {at} is outside its part of the arena"
-        n = int(self.arena.view(at, 1, np.int64)[0])
-        if not 1 <= n <= self.size or at + 8 * (n + 1) > hi:
+        n = int(self.arena.view(at, 1, _I64)[0])
+        if not 1 <= n <= 2 * self.size or at + 8 * (n + 1) > hi:  # an all-to-all's: 2 per rank
             return (), f"its {what} has {n} entries (a world of {self.size})"
-        return tuple(int(v) for v in self.arena.view(at + 8, n, np.int64)), ""
+        return tuple(int(v) for v in self.arena.view(at + 8, n, _I64)), ""
 
     def _group_of(self, slot: int, d: np.ndarray) -> tuple[_Grp | None, str]:
         """The op's group (the world for context 0), or what is wrong with it."""
@@ -374,9 +385,19 @@ class ThinService:
         parts, bad = self._words_at(slot, int(d[A.D_AUX]), "parts")
         if bad:
             return (), bad
-        if len(parts) != len(grp.ranks) or any(c < 0 for c in parts):
-            return (), f"its parts {list(parts)} are not {len(grp.ranks)} counts >= 0"
         count = int(d[A.D_COUNT])
+        g = len(grp.ranks)
+        if int(d[A.D_KIND]) == _A2A:
+            me = grp.ranks.index(self.node * self.slots + slot)
+            if len(parts) != 2 * g or any(c < 0 for c in parts):
+                return (), f"its splits {list(parts)} are not {2 * g} counts >= 0"
+            if sum(parts[:g]) != count or parts[me] != parts[g + me]:
+                return (), f"its splits {list(parts[:g])} do not sum to its count {count}"
+            if sum(parts[g:]) > self.arena.data_bytes // DType(int(d[A.D_DTYPE])).itemsize:
+                return (), f"its receives {list(parts[g:])} do not fit a client's part of the arena"
+            return parts, ""
+        if len(parts) != g or any(c < 0 for c in parts):
+            return (), f"its parts {list(parts)} are not {g} counts >= 0"
         if int(d[A.D_KIND]) == _RS and sum(parts) != count:
             return (), f"its parts {list(parts)} do not sum to its count {count}"
         if int(d[A.D_KIND]) == _AG:
@@ -398,7 +419,7 @@ class ThinService:
             kind = int(d[A.D_KIND])
             if kind == int(OpKind.BROADCAST) and int(d[A.D_ROOT]) >= len(grp.ranks):
                 bad = f"root {int(d[A.D_ROOT])} is outside its group of {len(grp.ranks)}"
-            elif kind in (_RS, _AG):
+            elif kind in _PARTED:
                 parts, bad = self._parts_of(slot, d, grp)
         if bad or grp is None:
             log.warning("rank %d: a malformed descriptor: %s", rank, bad)
@@ -445,8 +466,10 @@ class ThinService:
             return
         other = next((x for x in op.descs if x is not None and x is not d), d)
         k_other = next(k for k, x in enumerate(op.descs) if x is other)
-        fields = _SHAPE if int(d[A.D_KIND]) != _AG else tuple(f for f in _SHAPE if f != A.D_COUNT)
-        if any(int(other[f]) != int(d[f]) for f in fields) or op.parts[k_other] != parts:
+        kind = int(d[A.D_KIND])
+        fields = _SHAPE if kind not in (_AG, _A2A) else tuple(f for f in _SHAPE if f != A.D_COUNT)
+        same_parts = kind == _A2A or op.parts[k_other] == parts  # an all-to-all's differ
+        if any(int(other[f]) != int(d[f]) for f in fields) or not same_parts:
             shapes = [
                 f"rank {self.node * self.slots + k}: {_shape_text(x, op.parts[k])}"
                 for k, x in enumerate(op.descs)
@@ -491,6 +514,8 @@ class ThinService:
                     node_buf = np.concatenate([node_buf[at[i] : at[i] + parts[i]] for i in g.order])
             elif kind == _AG:
                 node_buf = ins[0] if len(ins) == 1 else np.concatenate(ins)
+            elif kind == _A2A:
+                node_buf = self._alltoall_out(op, ins, outs)
             elif kind == int(OpKind.BROADCAST):
                 root = g.ranks[int(d[A.D_ROOT])]
                 if root // self.slots == self.node:
@@ -502,6 +527,9 @@ class ThinService:
                     node_buf = outs[0]
         except (TypeError, ValueError) as exc:  # only a client's garbage gets here
             self._fail(op, A.E_INVALID, f"the node could not reduce it: {exc}")
+            return
+        except _Mismatch as exc:
+            self._fail(op, A.E_MISMATCH, str(exc))
             return
         op.node_buf = node_buf
         if len(g.nodes) == 1 or self.engine is None:
@@ -517,6 +545,104 @@ class ThinService:
             self._fail(op, A.E_FAILED, f"the services could not start it: {exc}")
             return
         op.handle.add_done_callback(lambda h: self._finish(op, h.exception(), h))
+
+    def _alltoall_out(
+        self, op: _Op, ins: list[np.ndarray], outs: list[np.ndarray]
+    ) -> np.ndarray | None:
+        """An all-to-all's bytes for the other nodes: to each, per pair (sender here,
+        receiver there) the counts both sides were given, then the blocks.  Pairs on this
+        node are checked here (and copied at the end)."""
+        g = op.grp
+        G = len(g.ranks)
+        here = g.members[g.where]
+        at = {gi: i for i, (gi, _) in enumerate(g.local)}
+        parts = {gi: op.parts[k] or () for gi, k in g.local}
+        for s in here:
+            for r in here:
+                if parts[s][r] != parts[r][G + s]:
+                    raise _Mismatch(self._pair_text(g, s, r, parts[s][r], parts[r][G + s]))
+        # inputs that an output overlaps (in place) are read from copies
+        op.ins = [x.copy() if any(np.shares_memory(x, o) for o in outs) else x for x in ins]
+        item = ins[0].itemsize if ins else 1
+        send, recv, chunks = [], [], []
+        for y, there in enumerate(g.members):
+            if y == g.where:
+                send.append(0)
+                recv.append(0)
+                continue
+            pairs = [(s, r) for s in here for r in there]
+            words = [parts[s][r] for s, r in pairs] + [parts[s][G + r] for s, r in pairs]
+            words.append(int(op.first()[A.D_DTYPE]))  # bytes travel: the element type too
+            chunks.append(np.array(words, dtype=np.int64).view(np.uint8))
+            off = {s: _offsets(parts[s][:G]) for s in here}
+            for s, r in pairs:
+                c = parts[s][r]
+                chunks.append(op.ins[at[s]][off[s][r] : off[s][r] + c].view(np.uint8))
+            send.append(sum(c.nbytes for c in chunks[len(chunks) - 1 - len(pairs) :]))
+            recv.append(
+                8 * (2 * len(pairs) + 1) + item * sum(parts[r][G + s] for s in there for r in here)
+            )
+        op.plan = (send, recv, outs)
+        return np.concatenate(chunks) if chunks else None
+
+    def _pair_text(self, g: _Grp, s: int, r: int, sends: int, expects: int) -> str:
+        return (
+            f"the ranks disagree: rank {g.ranks[s]} sends rank {g.ranks[r]} {sends} elements "
+            f"(its splits), rank {g.ranks[r]} expects {expects} (its recv_splits)"
+        )
+
+    def _alltoall_back(self, op: _Op, got: np.ndarray | None, dt: DType) -> None:
+        """Every pair's block into its receiver's output, the other nodes' counts checked
+        against this node's first."""
+        g = op.grp
+        G = len(g.ranks)
+        here = g.members[g.where]
+        at = {gi: i for i, (gi, _) in enumerate(g.local)}
+        parts = {gi: op.parts[k] or () for gi, k in g.local}
+        _, _, outs = op.plan
+        soff = {s: _offsets(parts[s][:G]) for s in here}
+        roff = {r: _offsets(parts[r][G:]) for r in here}
+        item = outs[0].itemsize if outs else 1
+        blocks: list[tuple[int, int, np.ndarray]] = []  # (receiver, sender, block)
+        pos = 0
+        for y, there in enumerate(g.members):
+            if y == g.where or got is None:
+                continue
+            pairs = [(s, r) for s in there for r in here]  # as the sender there laid them
+            nw = 2 * len(pairs) + 1
+            words = np.frombuffer(got[pos : pos + 8 * nw].tobytes(), dtype=np.int64)
+            pos += 8 * nw
+            if int(words[-1]) != int(dt):
+                ranks = [g.ranks[q] for q in there]
+                try:
+                    theirs = DType(int(words[-1])).name.lower()
+                except ValueError:
+                    theirs = f"dtype {int(words[-1])}"
+                raise _Mismatch(
+                    f"the ranks disagree: ranks {ranks} send {theirs}, ranks "
+                    f"{[g.ranks[q] for q in here]} {dt.name.lower()}"
+                )
+            for i, (s, r) in enumerate(pairs):
+                sends, expects = int(words[i]), parts[r][G + s]
+                if sends != expects:
+                    raise _Mismatch(self._pair_text(g, s, r, sends, expects))
+                if int(words[len(pairs) + i]) != parts[r][s]:
+                    raise _Mismatch(
+                        self._pair_text(g, r, s, parts[r][s], int(words[len(pairs) + i]))
+                    )
+            for s, r in pairs:
+                c = parts[r][G + s]
+                blocks.append((r, s, got[pos : pos + c * item].view(outs[0].dtype)))
+                pos += c * item
+        for s in here:
+            for r in here:
+                c = parts[s][r]
+                if c:
+                    src = op.ins[at[s]][soff[s][r] : soff[s][r] + c]
+                    copy_into(outs[at[r]][roff[r][s] : roff[r][s] + c], src, dt)
+        for r, s, block in blocks:
+            if block.size:
+                copy_into(outs[at[r]][roff[r][s] : roff[r][s] + block.size], block, dt)
 
     def _reduce(self, dst: np.ndarray, ins: list[np.ndarray], rop: ReduceOp, dt: DType) -> None:
         """``dst`` = the local members' inputs reduced (in group order)."""
@@ -543,6 +669,11 @@ class ThinService:
         prio = int(d[A.D_PRIO])
         bf = "bfloat16" if dt is DType.BFLOAT16 else None
         grp = g.engine_group
+        if kind == _A2A:
+            send, recv, _ = op.plan
+            return eng.alltoall_async(
+                buf, name=name, splits=send, recv_splits=recv, group=grp, priority=prio
+            )
         if kind in (_RS, _AG):
             assert parts is not None
             per_node = [sum(parts[i] for i in m) for m in g.members]
@@ -582,6 +713,9 @@ class ThinService:
             elif kind == _AG:
                 assert parts is not None
                 n_in, n_out = parts[g], sum(parts)
+            elif kind == _A2A:  # each rank's input its own size
+                assert parts is not None
+                n_in, n_out = int(d[A.D_COUNT]), sum(parts[len(op.grp.ranks) :])
             lo = self.arena.data_start(k)
             hi = lo + self.arena.data_bytes
             at_in, at_out = int(d[A.D_IN]), int(d[A.D_OUT])
@@ -607,7 +741,7 @@ class ThinService:
             session = op.key[0] == _SESSION
             self.engine.forget_name(op.handle.name, op.handle.generation if session else None)
         result = None
-        if error is None and h is not None and int(d0[A.D_KIND]) in (_RS, _AG):
+        if error is None and h is not None and int(d0[A.D_KIND]) in _PARTED:
             try:
                 result = h.wait(0)
             except Exception as exc:
@@ -619,6 +753,10 @@ class ThinService:
             return  # failed meanwhile (the service stops)
         try:
             self._results_back(op, result)
+        except _Mismatch as exc:
+            op.over = False
+            self._fail(op, A.E_MISMATCH, str(exc))
+            return
         except Exception as exc:  # never leave the clients waiting
             log.exception("the arena thread could not hand back %s", op.key)
             op.over = False
@@ -635,6 +773,9 @@ class ThinService:
         if kind == int(OpKind.BARRIER):
             return
         dt = DType(int(d[A.D_DTYPE]))
+        if kind == _A2A:
+            self._alltoall_back(op, result, dt)
+            return
         avg = bool(int(d[A.D_FLAGS]) & A.F_AVG)
         parts = op.parts[g.local[0][1]]
         buf = op.node_buf if result is None else result
@@ -653,9 +794,9 @@ class ThinService:
             assert parts is not None
             if not g.identity:  # back to group order
                 whole = np.empty(sum(parts), dtype=buf.dtype)
-                at, pos = _offsets(parts), 0
+                starts, pos = _offsets(parts), 0
                 for gi in g.order:
-                    whole[at[gi] : at[gi] + parts[gi]] = buf[pos : pos + parts[gi]]
+                    whole[starts[gi] : starts[gi] + parts[gi]] = buf[pos : pos + parts[gi]]
                     pos += parts[gi]
                 buf = whole
         elif avg:

@@ -14,15 +14,17 @@ import numpy as np
 
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Schedule
-from ..dtypes import ReduceOp
+from ..dtypes import DType, ReduceOp
 from ..engine.payload import OpSpec
 from ..errors import InvalidArgumentError
 from ..group import Group
+from ..kernels import axpy_into, copy_into, scale_into
 from . import checks
 from .checks import as_array
 from .handle import Handle
 from .ops import cached_edge, compile_op
 from .submit import OpSubmitter
+from .thin import ThinHandle
 from .weights import (
     DEFAULT_TOPOLOGY,
     edge_topology,
@@ -48,7 +50,7 @@ class NeighborOps(OpSubmitter):
         out: Any = None,
         dtype: str | None = None,
         priority: int = 0,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Average ``x`` with this rank's neighbors: ``x_i <- sum_j W[i, j] x_j``.
 
         ``topology`` is a name or a topology object (see
@@ -88,6 +90,11 @@ class NeighborOps(OpSubmitter):
                 assert me is not None
                 sched = cached_edge(me, grp.size, n, float(edge.weight))
                 code = AlgorithmCode.EDGE
+                if self._thin is not None and self._thin.takes(arr.nbytes):
+                    # daemon mode: a sum over the edge's group on the thin path, then
+                    # Decent-DP's rule: w x + (1 - w) / (k - 1) * (the others' sum)
+                    return self._thin_edge(arr, dt, o, in_place, name, (op_name, gen), prio,
+                                           grp, float(edge.weight))  # fmt: skip
             else:
                 from ..algorithms.neighbor import neighbor_allreduce
 
@@ -99,6 +106,12 @@ class NeighborOps(OpSubmitter):
                 )
                 grp = self._world_group
                 code = AlgorithmCode.NEIGHBOR
+                thin = self._thin
+                if thin is not None and thin.takes(max(self.size - 1, 1) * arr.nbytes):
+                    # daemon mode: an all-to-all on the thin path moves the scaled copies
+                    return self._thin_exchange(
+                        arr, dt, o, in_place, name, (op_name, gen), prio, src, dst, sw
+                    )
         except (ValueError, TypeError) as exc:
             self._names.ended(op_name)
             raise InvalidArgumentError(f"neighbor_allreduce {op_name!r} step {t}: {exc}") from None
@@ -128,7 +141,7 @@ class NeighborOps(OpSubmitter):
         dst_ranks: Any = None,
         dtype: str | None = None,
         priority: int = 0,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Gather the ``x`` of every in-neighbor: shape ``(len(sources), *x.shape)``.
 
         Sources are in ascending rank order; they come from ``topology`` at
@@ -150,6 +163,14 @@ class NeighborOps(OpSubmitter):
             self._names.ended(op_name)
             raise InvalidArgumentError(f"neighbor_allgather {op_name!r} step {t}: {exc}") from None
         out = np.empty(len(src) * n, dtype=arr.dtype)
+        thin = self._thin
+        # (every rank decides alike: on the most neighbors any rank may have, not its own)
+        if thin is not None and thin.takes(max(self.size - 1, 1) * arr.nbytes):
+            # daemon mode: an all-to-all on the thin path
+            return self._thin_exchange(
+                arr, dt, out, False, name, (op_name, gen), prio, dict.fromkeys(src, 1.0),
+                dict.fromkeys(dst, 1.0), None,
+            )  # fmt: skip
         return self._simple(
             kind=OpKind.NEIGHBOR_ALLGATHER,
             x=arr,
@@ -165,6 +186,86 @@ class NeighborOps(OpSubmitter):
             result=out.reshape((len(src), *arr.shape)),
             reserved=(op_name, gen),
         )
+
+    def _thin_exchange(
+        self,
+        arr: np.ndarray,
+        dt: DType,
+        out: np.ndarray,
+        in_place: bool,
+        name: str | int | None,
+        reserved: tuple[str | int, int],
+        priority: int,
+        src: dict[int, float],
+        dst: dict[int, float],
+        self_weight: float | None,
+    ) -> ThinHandle:
+        """A neighbor op as an all-to-all on the thin path (daemon mode): this rank's input,
+        scaled by each destination's weight, to every destination; a block from every
+        source.  ``self_weight`` None: a neighbor all-gather (``out`` gets the blocks, in
+        source order); else ``out`` = ``self_weight * x + sum(src[s] * block of s)``."""
+        n = int(arr.size)
+        flat = arr.reshape(-1)
+        dsts, srcs = sorted(dst), sorted(src)
+        send = np.empty(len(dsts) * n, dtype=arr.dtype)
+        for i, r in enumerate(dsts):
+            piece = send[i * n : (i + 1) * n]
+            copy_into(piece, flat, dt)
+            if dst[r] != 1.0:
+                scale_into(piece, dst[r], dt)
+        sends = [n if r in dst else 0 for r in range(self.size)]
+        recvs = [n if r in src else 0 for r in range(self.size)]
+        if self_weight is None:
+            result: Any = out.reshape((len(srcs), *arr.shape))
+            got = out.reshape(-1)
+            finalize = None
+        else:
+            got = np.empty(len(srcs) * n, dtype=arr.dtype)
+            mine = flat.copy() if in_place else flat  # out may be x
+
+            def finalize() -> Any:
+                o = out.reshape(-1)
+                copy_into(o, mine, dt)
+                scale_into(o, self_weight, dt)
+                for i, r in enumerate(srcs):
+                    axpy_into(o, got[i * n : (i + 1) * n], src[r], dt)
+                return out.reshape(arr.shape)
+
+            result = None
+        return self._thin_op(
+            OpKind.ALLTOALL, send, dt, got, False, name, ReduceOp.SUM, priority, 0, result,
+            parts=(*sends, *recvs), finalize=finalize, reserved=reserved,
+        )  # fmt: skip
+
+    def _thin_edge(
+        self,
+        arr: np.ndarray,
+        dt: DType,
+        out: np.ndarray,
+        in_place: bool,
+        name: str | int | None,
+        reserved: tuple[str | int, int],
+        priority: int,
+        grp: Group,
+        weight: float,
+    ) -> ThinHandle:
+        """Decent-DP's edge averaging on the thin path: the edge's sum, then its rule."""
+        flat = arr.reshape(-1)
+        mine = flat.copy() if in_place else flat
+        k = grp.size
+
+        def finalize() -> Any:
+            o = out.reshape(-1)
+            if k > 1:
+                b = (1.0 - weight) / (k - 1)
+                scale_into(o, b, dt)
+                axpy_into(o, mine, weight - b, dt)
+            return out.reshape(arr.shape)
+
+        return self._thin_op(
+            OpKind.ALLREDUCE, flat, dt, out.reshape(-1), in_place, name, ReduceOp.SUM, priority,
+            0, None, group=grp, finalize=finalize, reserved=reserved,
+        )  # fmt: skip
 
     def hierarchical_neighbor_allreduce_async(
         self,

@@ -27,6 +27,7 @@ from .checks import as_array
 from .handle import Handle
 from .ops import compile_op
 from .submit import OpSubmitter
+from .thin import ThinHandle
 
 
 def _int(value: Any, what: str) -> int:
@@ -69,7 +70,7 @@ class RootedOps(OpSubmitter):
         priority: int = 0,
         group: Group | None = None,
         dtype: str | None = None,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Start reducing ``x`` of every rank into rank ``root``; ``wait()`` returns the
         result on the root and None elsewhere.
 
@@ -86,6 +87,14 @@ class RootedOps(OpSubmitter):
             result: Any = o.reshape(arr.shape)
         else:
             o, in_place, result = np.empty(0, dtype=arr.dtype), False, None
+        if self._thin is not None and self._thin.takes(arr.nbytes):
+            # daemon mode: an allreduce on the thin path, its result kept on the root only
+            if me != r:
+                o, in_place = np.empty(arr.size, dtype=arr.dtype), False
+            return self._thin_op(
+                OpKind.ALLREDUCE, arr.reshape(-1), dt, o.reshape(-1), in_place, name, rop,
+                priority, 0, result, group=grp,
+            )  # fmt: skip
         code, sched = compile_op(
             OpKind.REDUCE, "direct", me, grp.size, int(arr.size), rop is ReduceOp.AVG,
             (("root", r),),
@@ -104,7 +113,7 @@ class RootedOps(OpSubmitter):
         priority: int = 0,
         group: Group | None = None,
         dtype: str | None = None,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Start gathering every rank's ``x`` on rank ``root``; ``wait()`` returns, on the
         root, an array of shape ``(P, *x.shape)`` (rank ``r``'s ``x`` at ``[r]``) and None
         elsewhere.
@@ -121,6 +130,15 @@ class RootedOps(OpSubmitter):
             result = o.reshape((grp.size, *arr.shape))
         else:
             o = np.empty(0, dtype=arr.dtype)
+        if self._thin is not None and self._thin.takes(grp.size * arr.nbytes):
+            # daemon mode: an all-to-all on the thin path, every part to the root
+            n, p = int(arr.size), grp.size
+            sends = [n if j == r else 0 for j in range(p)]
+            recvs = [n] * p if me == r else [0] * p
+            return self._thin_op(
+                OpKind.ALLTOALL, arr.reshape(-1), dt, o.reshape(-1), False, name, ReduceOp.SUM,
+                priority, 0, result, group=grp, parts=(*sends, *recvs),
+            )  # fmt: skip
         code, sched = compile_op(
             OpKind.GATHER, "direct", me, grp.size, int(arr.size), False, (("root", r),)
         )
@@ -139,7 +157,7 @@ class RootedOps(OpSubmitter):
         priority: int = 0,
         group: Group | None = None,
         dtype: str | None = None,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Start scattering the root's ``x`` (``P`` equal parts along its first axis, or of
         its flat elements): ``wait()`` returns this rank's part.
 
@@ -166,6 +184,15 @@ class RootedOps(OpSubmitter):
             target = arr if out is None else as_array(out, "out", dtype)[0]
             o = _writable(target, arr.dtype, int(target.size), what)
             n, shape, src = int(o.size), target.shape, np.empty(0, dtype=arr.dtype)
+        if self._thin is not None and self._thin.takes(grp.size * n * arr.itemsize):
+            # daemon mode: an all-to-all on the thin path, a part from the root to each
+            p = grp.size
+            sends = [n] * p if me == r else [0] * p
+            recvs = [n if j == r else 0 for j in range(p)]
+            return self._thin_op(
+                OpKind.ALLTOALL, src.reshape(-1), dt, o.reshape(-1), False, name, ReduceOp.SUM,
+                priority, 0, o.reshape(shape), group=grp, parts=(*sends, *recvs),
+            )  # fmt: skip
         code, sched = compile_op(OpKind.SCATTER, "direct", me, grp.size, n, False, (("root", r),))
         return self._simple(
             kind=OpKind.SCATTER, x=src, dtype=dt, out=o, in_place=False, name=name,
@@ -183,7 +210,7 @@ class RootedOps(OpSubmitter):
         priority: int = 0,
         group: Group | None = None,
         dtype: str | None = None,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Start an all-to-all: part ``j`` of ``x`` goes to rank ``j``, and part ``j`` of the
         result comes from rank ``j``; ``wait()`` returns the flat result.
 
@@ -227,6 +254,16 @@ class RootedOps(OpSubmitter):
             if not in_place and np.shares_memory(o, arr):
                 raise InvalidArgumentError("out overlaps x without being the same array")
         equal = splits is None and recv_splits is None
+        thin = self._thin
+        # Uneven parts: no rank knows the others' sizes, so every rank takes the thin path
+        # (one too large for its part of the arena raises there).
+        if thin is not None and (not equal or thin.takes(max(arr.nbytes, o.nbytes))):
+            # daemon mode: the node's service runs it (service/thin.py)
+            return self._thin_op(
+                OpKind.ALLTOALL, arr.reshape(-1), dt, o, in_place, name, ReduceOp.SUM, priority,
+                0, o.reshape(arr.shape) if equal and out is None else o, group=grp,
+                parts=(*send, *recv),
+            )  # fmt: skip
         code, sched = compile_op(
             OpKind.ALLTOALL, "direct", me, p, int(arr.size), False,
             (("split", tuple(send)), ("recv_split", tuple(recv))),
@@ -253,7 +290,7 @@ class RootedOps(OpSubmitter):
 
     def send_async(
         self, x: Any, dst: int, tag: int = 0, priority: int = 0, dtype: str | None = None
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Start sending ``x`` to rank ``dst`` with ``tag``; ``wait()`` returns None once
         the matching receive is posted there and ``x`` may be reused (a synchronous
         send, ``MPI_Ssend``'s rule: two ranks that both send before they receive
@@ -269,7 +306,7 @@ class RootedOps(OpSubmitter):
 
     def recv_async(
         self, x: Any, src: int, tag: int = 0, priority: int = 0, dtype: str | None = None
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Start receiving from rank ``src`` with ``tag`` into ``x``; ``wait()`` returns ``x``.
 
         ``src`` must be given: a receive from any source has no place in the
@@ -293,7 +330,11 @@ class RootedOps(OpSubmitter):
         priority: Any,
         result: Any,
         passive: bool = False,
-    ) -> Handle:
+        engine: bool = False,
+    ) -> Handle | ThinHandle:
+        """A message from ``src`` to the other rank of ``grp``; ``passive`` (a window's
+        standing receive) and ``engine`` (a window's message, which such a receive takes)
+        go the engine's way in daemon mode, the rest the thin path."""
         n = int(max(x.size, o.size))
         me = grp.rank_of(self.rank)
         assert me is not None
@@ -303,6 +344,14 @@ class RootedOps(OpSubmitter):
         checks.priority(priority)  # before the name: a refused call must not use a generation
         # Consecutive messages on one tag may differ in size: no signature to keep.
         reserved = self._names.name(name, ("send_recv", "", 0, "", 0))
+        if not (passive or engine) and self._thin is not None and self._thin.takes(n * x.itemsize):
+            # daemon mode: a two-rank all-to-all on the thin path
+            sends = [x.size if j != sender else 0 for j in range(2)] if me == sender else [0, 0]
+            recvs = [o.size if j == sender else 0 for j in range(2)] if me != sender else [0, 0]
+            return self._thin_op(
+                OpKind.ALLTOALL, x.reshape(-1), dt, o, False, name, ReduceOp.SUM, priority, 0,
+                result, group=grp, parts=(*sends, *recvs), reserved=reserved,
+            )  # fmt: skip
         return self._simple(
             kind=OpKind.SEND_RECV, x=x, dtype=dt, out=o, in_place=False, name=None,
             op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched,

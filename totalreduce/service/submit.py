@@ -21,7 +21,7 @@ from ..dtypes import DType, ReduceOp
 from ..engine.loop import CommLoop
 from ..engine.payload import OpSpec
 from ..engine.wire import wire_id
-from ..errors import NotInitializedError, TotalReduceError
+from ..errors import InvalidArgumentError, NotInitializedError, TotalReduceError
 from ..group import Group
 from ..transport.base import Transport
 from . import checks
@@ -273,6 +273,13 @@ class OpSubmitter:
             if kind is OpKind.BARRIER:
                 at_in = at_out = -1
             elif parts is not None:  # reduce-scatter, all-gather: input and output apart
+                need = sum(a.nbytes for a in (x, out) if thin.arena.offset_of(a) < 0)
+                if need > thin.arena.data_bytes:
+                    raise InvalidArgumentError(
+                        f"{kind.name.lower()} {op_name!r}: its {need} bytes of staging do not "
+                        f"fit this client's {thin.arena.data_bytes} bytes of the node's arena "
+                        "(start the service with a larger --arena-bytes)"
+                    )
                 at_aux, own = thin.const_block((len(parts), *parts))
                 if own >= 0:
                     blocks.append(own)

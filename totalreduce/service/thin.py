@@ -46,7 +46,8 @@ SPIN_S = 50e-6
 #: How many groups' ranks and ops' parts a client keeps in the arena for its next ops.
 CONSTS = 1024
 _KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.BARRIER: "barrier",
-          OpKind.REDUCE_SCATTER: "reduce-scatter", OpKind.ALLGATHER: "all-gather"}  # fmt: skip
+          OpKind.REDUCE_SCATTER: "reduce-scatter", OpKind.ALLGATHER: "all-gather",
+          OpKind.ALLTOALL: "all-to-all"}  # fmt: skip
 _ERRORS: dict[int, type[TotalReduceError]] = {
     A.E_FAILED: OpFailedError,
     A.E_MISMATCH: OpMismatchError,
@@ -209,7 +210,7 @@ class ThinClient:
         if at is not None:
             return at, -1
         at = self._alloc(8 * max(len(values), 1), "a group or parts block")
-        self.arena.view(at, len(values), np.int64)[:] = values
+        self.arena.view(at, len(values), np.dtype(np.int64))[:] = values
         if len(self._consts) < CONSTS:
             self._consts[values] = at
             return at, -1

@@ -303,7 +303,7 @@ class Windows:
         grp = Group(sorted((self.rank, dst)))
         name = _channel(win.name, self.rank, dst, chan)
         empty = np.empty(0, np.uint8)
-        return self.svc._point(msg, empty, DType.UINT8, grp, self.rank, name, 0, None)
+        return self.svc._point(msg, empty, DType.UINT8, grp, self.rank, name, 0, None, engine=True)
 
     def _listen(self, win: Window, src: int, chan: int, buf: np.ndarray) -> None:
         grp = Group(sorted((self.rank, src)))
