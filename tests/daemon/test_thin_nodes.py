@@ -41,9 +41,11 @@ class Cluster:
         engines = stack.enter_context(local_services(nodes)) if nodes > 1 else [None]
         self.nodes, self.slots, self.size = nodes, slots, nodes * slots
         self.clients: list[ThinClient] = []
+        self.services: list[ThinService] = []
         for n in range(nodes):
             arena = Arena.create(slots, 2 << 20)
             service = ThinService(arena, n, nodes, engines[n])
+            self.services.append(service)
             stack.callback(arena.close)
             stack.callback(service.stop)
             for k in range(slots):
@@ -359,3 +361,26 @@ def test_an_alltoall_between_nodes_whose_dtypes_differ_fails_naming_them() -> No
         for h in (h0, h1):
             with pytest.raises(OpMismatchError, match=r"int64.*float64|float64.*int64"):
                 h.wait(30)
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=lambda n: f"N{n}")
+def test_a_client_that_dies_fails_only_the_ops_of_its_groups(nodes: int) -> None:
+    """Rank 1 dies: ops of the world and of groups with it fail, naming it, on every node;
+    a group without it goes on."""
+    from totalreduce.errors import OpFailedError
+
+    with ExitStack() as stack:
+        cl = Cluster(stack, nodes, 4 // nodes)
+        world = [cl.submit(r, OpKind.ALLREDUCE, "w", data(r, 0, 3)) for r in (0, 2, 3)]
+        g = Group([3, 1, 0])
+        with_it = [cl.submit(r, OpKind.ALLREDUCE, "g", data(r, 0, 3), group=g) for r in (0, 3)]
+        cl.services[1 // (4 // nodes)].detach(1 % (4 // nodes), "died (it was killed)")
+        if nodes > 1:  # the other node hears it as the relay engine's GONE would say
+            cl.services[1].peer_left(1, "died")
+        for h in world + with_it:
+            with pytest.raises(OpFailedError, match="rank 1 died"):
+                h.wait(30)
+        pair = Group([2, 0])
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "p", data(r, 1, 3), group=pair) for r in (0, 2)]
+        for h in hs:
+            assert np.array_equal(h.wait(30), data(0, 1, 3) + data(2, 1, 3))

@@ -67,6 +67,9 @@ _I64 = np.dtype(np.int64)
 #: How the engine among the services starts an op's error, and names a service.
 _ENGINE_PREFIX = re.compile(r"^(rank \d+: )?op -?\d+ generation \d+: ")
 _ENGINE_RANK = re.compile(r"\brank (\d+)")
+#: Starts a reason this node gives the services' engine in its clients' terms (an abort):
+#: what follows it is not told again in nodes' terms.
+_CLIENT_TERMS = "\x1f"
 
 
 def _error_kind(error: BaseException) -> int:
@@ -815,7 +818,7 @@ class ThinService:
     def _among_nodes_text(self, error: BaseException) -> str:
         """The engine's error among the services, told in the clients' terms: the op is
         named by the client, and a service's rank is its node's ranks."""
-        text = _ENGINE_PREFIX.sub("", str(error), count=1)
+        text, _, told = _ENGINE_PREFIX.sub("", str(error), count=1).partition(_CLIENT_TERMS)
 
         def node(m: re.Match[str]) -> str:
             n = int(m.group(1))
@@ -824,7 +827,7 @@ class ThinService:
             lo, hi = n * self.slots, n * self.slots + self.slots - 1
             return f"node {n} (rank {lo})" if lo == hi else f"node {n} (ranks {lo}..{hi})"
 
-        return _ENGINE_RANK.sub(node, text)
+        return _ENGINE_RANK.sub(node, text) + told
 
     def _claim(self, op: _Op) -> bool:
         """Whether this caller ends ``op`` (its engine callback and a failure may race)."""
@@ -846,14 +849,14 @@ class ThinService:
         if h is None and d is not None and len(op.grp.nodes) > 1 and self.engine is not None:
             try:
                 name = self._engine_name(op)
-                self.engine.abort_next(name, why, kind == A.E_MISMATCH)
+                self.engine.abort_next(name, _CLIENT_TERMS + why, kind == A.E_MISMATCH)
                 if int(d[A.D_FLAGS]) & A.F_UNNAMED:
                     self.engine.forget_name(name)
             except Exception:
                 log.debug("no abort for %s", op.key, exc_info=True)
         if h is not None and not h.done():
             try:
-                self.engine.abort(h.name, h.generation, why, kind == A.E_MISMATCH)
+                self.engine.abort(h.name, h.generation, _CLIENT_TERMS + why, kind == A.E_MISMATCH)
             except Exception:
                 log.debug("abort of %r failed", h.name, exc_info=True)
         for k, x in enumerate(op.descs):
