@@ -14,7 +14,8 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
 - ``kinds``: reduce-scatter (balanced, given parts, ``avg``, along a partition's axis),
   all-gather (uneven parts, gathered first or given), ops over groups (two pairs
   across the nodes that share names), all-to-all with uneven splits, and the neighbor
-  ops (a topology's weights, dynamic weights, a neighbor all-gather), reduce, gather,
+  ops (a topology's weights, dynamic weights, a neighbor all-gather, hierarchical
+  averaging), reduce, gather,
   scatter and send/recv are exact and start no engine.
 - ``garbage``: descriptors written past the client's checks (an unknown kind or dtype, a
   negative count, a root outside the world, buffers outside the client's part of the arena)
@@ -255,6 +256,19 @@ def mode_kinds(p: int, rank: int) -> None:
         got = tr.neighbor_allreduce(v, name="edge", topology="exp", step=step)
         if not np.allclose(got, want_v):
             bad.append(f"edge step {step}: {got} != {want_v}")
+    if p % 2 == 0:  # node averages, then the machines' topology
+        from totalreduce.service.weights import graph_weights
+
+        L = 2
+        node = rank // L
+        node_avg = [np.mean([q + 1.0 for q in range(m * L, m * L + L)]) for m in range(p // L)]
+        machines = resolve_topology("exponential-2", p // L)
+        for step in range(2):
+            sw, src, _ = graph_weights(machines, node, step)
+            want_v = sw * node_avg[node] + sum(w * node_avg[m] for m, w in src.items())
+            got = tr.hierarchical_neighbor_allreduce(v, name="hier", local_size=L, step=step)
+            if not np.allclose(got, want_v):
+                bad.append(f"hierarchical step {step}: {got} != {want_v}")
     report(rank, "NEIGHBORS", not bad, "; ".join(bad))
 
     # rooted ops and messages: reduce, gather, scatter, send/recv

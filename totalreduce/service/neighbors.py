@@ -199,6 +199,7 @@ class NeighborOps(OpSubmitter):
         src: dict[int, float],
         dst: dict[int, float],
         self_weight: float | None,
+        handle: ThinHandle | None = None,
     ) -> ThinHandle:
         """A neighbor op as an all-to-all on the thin path (daemon mode): this rank's input,
         scaled by each destination's weight, to every destination; a block from every
@@ -234,7 +235,8 @@ class NeighborOps(OpSubmitter):
             result = None
         return self._thin_op(
             OpKind.ALLTOALL, send, dt, got, False, name, ReduceOp.SUM, priority, 0, result,
-            parts=(*sends, *recvs), finalize=finalize, reserved=reserved,
+            parts=(*sends, *recvs), finalize=finalize, reserved=reserved, handle=handle,
+            shown=OpKind.NEIGHBOR_ALLGATHER if self_weight is None else OpKind.NEIGHBOR_ALLREDUCE,
         )  # fmt: skip
 
     def _thin_edge(
@@ -248,6 +250,7 @@ class NeighborOps(OpSubmitter):
         priority: int,
         grp: Group,
         weight: float,
+        handle: ThinHandle | None = None,
     ) -> ThinHandle:
         """Decent-DP's edge averaging on the thin path: the edge's sum, then its rule."""
         flat = arr.reshape(-1)
@@ -264,7 +267,8 @@ class NeighborOps(OpSubmitter):
 
         return self._thin_op(
             OpKind.ALLREDUCE, flat, dt, out.reshape(-1), in_place, name, ReduceOp.SUM, priority,
-            0, None, group=grp, finalize=finalize, reserved=reserved,
+            0, None, group=grp, finalize=finalize, reserved=reserved, handle=handle,
+            shown=OpKind.NEIGHBOR_ALLREDUCE,
         )  # fmt: skip
 
     def hierarchical_neighbor_allreduce_async(
@@ -277,7 +281,7 @@ class NeighborOps(OpSubmitter):
         out: Any = None,
         dtype: str | None = None,
         priority: int = 0,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Average within each node, then with neighbor nodes on a machine topology.
 
         Ranks ``node * local_size .. node * local_size + local_size - 1`` form a
@@ -324,6 +328,14 @@ class NeighborOps(OpSubmitter):
             names.ended(op_name)
             raise InvalidArgumentError(f"hierarchical {op_name!r}: {exc}") from None
         mid = np.empty(n, dtype=arr.dtype)
+        thin = self._thin
+        if thin is not None and thin.takes(max(self.size // L - 1, 1) * arr.nbytes):
+            # daemon mode: both phases on the thin path, the second submitted (by the thin
+            # client's watcher thread) when the first has completed
+            return self._thin_hierarchical(
+                arr, dt, o, mid, name, (op_name, gen), (local_name, local_gen), prio,
+                local_grp, machine_topo, L, t,
+            )  # fmt: skip
         handle = Handle(op_name, gen, o.reshape(arr.shape), self.loop)
 
         def machine_done(error: BaseException | None) -> None:
@@ -371,6 +383,66 @@ class NeighborOps(OpSubmitter):
         self._submit(node_phase, handle)
         self._submit(machine)
         return handle
+
+    def _thin_hierarchical(
+        self,
+        arr: np.ndarray,
+        dt: DType,
+        o: np.ndarray,
+        mid: np.ndarray,
+        name: str | int | None,
+        reserved: tuple[str | int, int],
+        local: tuple[str | int, int],
+        priority: int,
+        local_grp: Group,
+        machine_topo: Any,
+        L: int,
+        step: int,
+    ) -> ThinHandle:
+        """Hierarchical neighbor averaging on the thin path: the node's average (a group
+        allreduce), then the machine phase as a neighbor allreduce of that among the ranks
+        of the same local rank."""
+        thin = self._thin
+        assert thin is not None
+        names = self._names
+        op_name, gen = reserved
+        node, me = divmod(self.rank, L)
+        final = ThinHandle(
+            thin, op_name, gen, OpKind.NEIGHBOR_ALLREDUCE, None, lambda: names.ended(op_name)
+        )
+        try:
+            first = self._thin_op(
+                OpKind.ALLREDUCE, arr.reshape(-1), dt, mid, False, name, ReduceOp.AVG, priority,
+                0, None, group=local_grp, reserved=local,
+            )  # fmt: skip
+        except BaseException:
+            names.ended(op_name)
+            raise
+        shaped = mid.reshape(arr.shape)
+
+        def machine(h: ThinHandle) -> None:
+            err = h.exception()
+            if err is None:
+                try:
+                    if edge_topology(machine_topo):
+                        edge = machine_topo.edge_of(node, step)
+                        grp = Group(sorted(m * L + me for m in edge.ranks))
+                        self._thin_edge(shaped, dt, o, False, name, reserved, priority, grp,
+                                        float(edge.weight), handle=final)  # fmt: skip
+                    else:
+                        sw, src, dst = graph_weights(machine_topo, node, step)
+                        self._thin_exchange(
+                            shaped, dt, o, False, name, reserved, priority,
+                            {m * L + me: w for m, w in src.items()},
+                            {m * L + me: 1.0 for m in dst}, sw, handle=final,
+                        )  # fmt: skip
+                    return
+                except Exception as exc:
+                    err = exc
+            thin.settle(final, None, err)
+
+        first.add_done_callback(machine)
+        return final
 
     def _machine_phase(
         self, machine_topo: Any, L: int, step: int, n: int

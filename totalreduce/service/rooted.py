@@ -93,7 +93,7 @@ class RootedOps(OpSubmitter):
                 o, in_place = np.empty(arr.size, dtype=arr.dtype), False
             return self._thin_op(
                 OpKind.ALLREDUCE, arr.reshape(-1), dt, o.reshape(-1), in_place, name, rop,
-                priority, 0, result, group=grp,
+                priority, 0, result, group=grp, shown=OpKind.REDUCE,
             )  # fmt: skip
         code, sched = compile_op(
             OpKind.REDUCE, "direct", me, grp.size, int(arr.size), rop is ReduceOp.AVG,
@@ -137,7 +137,7 @@ class RootedOps(OpSubmitter):
             recvs = [n] * p if me == r else [0] * p
             return self._thin_op(
                 OpKind.ALLTOALL, arr.reshape(-1), dt, o.reshape(-1), False, name, ReduceOp.SUM,
-                priority, 0, result, group=grp, parts=(*sends, *recvs),
+                priority, 0, result, group=grp, parts=(*sends, *recvs), shown=OpKind.GATHER,
             )  # fmt: skip
         code, sched = compile_op(
             OpKind.GATHER, "direct", me, grp.size, int(arr.size), False, (("root", r),)
@@ -192,6 +192,7 @@ class RootedOps(OpSubmitter):
             return self._thin_op(
                 OpKind.ALLTOALL, src.reshape(-1), dt, o.reshape(-1), False, name, ReduceOp.SUM,
                 priority, 0, o.reshape(shape), group=grp, parts=(*sends, *recvs),
+                shown=OpKind.SCATTER,
             )  # fmt: skip
         code, sched = compile_op(OpKind.SCATTER, "direct", me, grp.size, n, False, (("root", r),))
         return self._simple(
@@ -351,6 +352,7 @@ class RootedOps(OpSubmitter):
             return self._thin_op(
                 OpKind.ALLTOALL, x.reshape(-1), dt, o, False, name, ReduceOp.SUM, priority, 0,
                 result, group=grp, parts=(*sends, *recvs), reserved=reserved,
+                shown=OpKind.SEND_RECV,
             )  # fmt: skip
         return self._simple(
             kind=OpKind.SEND_RECV, x=x, dtype=dt, out=o, in_place=False, name=None,

@@ -238,6 +238,7 @@ class OpSubmitter:
         finalize: Callable[[], Any] | None = None,
         reserved: tuple[str | int, int] | None = None,
         handle: ThinHandle | None = None,
+        shown: OpKind | None = None,
     ) -> ThinHandle:
         """Name an op and hand it to the node's service through the arena (daemon mode).
 
@@ -247,7 +248,8 @@ class OpSubmitter:
         or all-gather (``parts``: elements per group rank) places its input and output
         apart.  ``group`` (None: the world) and ``parts`` travel as blocks of the arena
         the client keeps.  ``reserved`` is a name already taken, ``handle`` a handle
-        already returned to the caller (an all-gather whose sizes came first).
+        already returned to the caller (an all-gather whose sizes came first); ``shown``
+        the kind its errors name (a gather that runs as an all-to-all).
         """
         self._check_open()
         thin = self._thin
@@ -311,7 +313,9 @@ class OpSubmitter:
                 names.ended(op_name)
             raise
         if handle is None:
-            handle = ThinHandle(thin, op_name, gen, kind, result, lambda: names.ended(op_name))
+            handle = ThinHandle(
+                thin, op_name, gen, shown or kind, result, lambda: names.ended(op_name)
+            )
         handle.hold(tuple(blocks), back, at_out if back is not None else -1, finalize)
         return thin.submit(
             handle,
@@ -327,4 +331,5 @@ class OpSubmitter:
             group=at_group,
             context=ctx,
             aux=at_aux,
+            kind=kind,
         )

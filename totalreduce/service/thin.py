@@ -47,7 +47,10 @@ SPIN_S = 50e-6
 CONSTS = 1024
 _KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.BARRIER: "barrier",
           OpKind.REDUCE_SCATTER: "reduce-scatter", OpKind.ALLGATHER: "all-gather",
-          OpKind.ALLTOALL: "all-to-all"}  # fmt: skip
+          OpKind.ALLTOALL: "all-to-all", OpKind.REDUCE: "reduce", OpKind.GATHER: "gather",
+          OpKind.SCATTER: "scatter", OpKind.SEND_RECV: "message",
+          OpKind.NEIGHBOR_ALLREDUCE: "neighbor allreduce",
+          OpKind.NEIGHBOR_ALLGATHER: "neighbor all-gather"}  # fmt: skip
 _ERRORS: dict[int, type[TotalReduceError]] = {
     A.E_FAILED: OpFailedError,
     A.E_MISMATCH: OpMismatchError,
@@ -247,6 +250,7 @@ class ThinClient:
         group: int = -1,
         context: int = 0,
         aux: int = -1,
+        kind: OpKind | None = None,
     ) -> ThinHandle:
         """Write the op's descriptor; the service takes it from here."""
         if self.gone is not None:
@@ -257,7 +261,7 @@ class ThinClient:
         with self.lock:
             t = self._tail + 1
             d = self.ring[(t - 1) % A.RING]
-            d[A.D_KIND], d[A.D_GEN] = int(h.kind), h.generation
+            d[A.D_KIND], d[A.D_GEN] = int(h.kind if kind is None else kind), h.generation
             d[A.D_WIRE] = A.signed(wire)
             d[A.D_DTYPE], d[A.D_COUNT], d[A.D_OP], d[A.D_ROOT] = int(dtype), count, int(op), root
             d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = priority, at_in, at_out
