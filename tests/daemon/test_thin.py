@@ -49,7 +49,7 @@ def test_thin_path_on_two_nodes_of_two_clients(tmp_path: Path) -> None:
 
 
 def test_reduce_scatter_allgather_and_groups_take_the_thin_path(tmp_path: Path) -> None:
-    checks = ["REDUCE-SCATTER", "ALLGATHER", "GROUPS", "NEIGHBORS", "ROOTED",
+    checks = ["REDUCE-SCATTER", "ALLGATHER", "GROUPS", "NEIGHBORS", "ROOTED", "NAMED-ALGORITHM",
               "STILL-NO-ENGINE"]  # fmt: skip
     run_mode(tmp_path / "s", 2, 2, "kinds", checks)
 

@@ -300,6 +300,7 @@ def test_garbage_groups_and_parts_fail_alone_saying_what() -> None:
                 {A.D_CTX: A.signed(Group([1]).context), A.D_GROUP: g_other},
                 "rank 0 is not a member",
             ),
+            "algorithm": ({A.D_ALGO: 99}, "algorithm 99 is not one for allreduce"),
             "parts": (
                 {A.D_KIND: int(OpKind.REDUCE_SCATTER), A.D_AUX: parts, A.D_COUNT: 8},
                 "do not sum to its count 8",

@@ -15,7 +15,7 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
   all-gather (uneven parts, gathered first or given), ops over groups (two pairs
   across the nodes that share names), all-to-all with uneven splits, and the neighbor
   ops (a topology's weights, dynamic weights, a neighbor all-gather, hierarchical
-  averaging), reduce, gather,
+  averaging), an algorithm named (which the services run), reduce, gather,
   scatter and send/recv are exact and start no engine.
 - ``garbage``: descriptors written past the client's checks (an unknown kind or dtype, a
   negative count, a root outside the world, buffers outside the client's part of the arena)
@@ -146,8 +146,8 @@ def mode_arena(p: int, rank: int) -> None:
 
     # the first op of another kind starts the client's engine, which works with the rest
     quiet = svc._loop is None and not any("comm" in n for n in engine_threads())
-    got = tr.allreduce(np.array([rank * 10], np.int64), name="flat", algorithm="ring")
-    ok = quiet and np.array_equal(got, [p * (p - 1) * 5]) and svc._loop is not None
+    got = tr.pairwise_exchange(np.array([rank * 10], np.int64), 1, name="flat")
+    ok = quiet and np.array_equal(got, [(rank ^ 1) * 10]) and svc._loop is not None
     report(rank, "ENGINE-LATER", bool(ok), f"{got} {engine_threads()}")
 
 
@@ -297,6 +297,24 @@ def mode_kinds(p: int, rank: int) -> None:
     if not np.all(got == peer):
         bad.append(f"send/recv {got}")
     report(rank, "ROOTED", not bad, "; ".join(bad))
+
+    # an algorithm named: the services run it among the nodes (still no engine here)
+    bad = []
+    for algo in ("ring", "ring_chunked", "recursive_doubling"):
+        got = tr.allreduce(np.full(7, rank + 1.0), name=f"named.{algo}", algorithm=algo)
+        if not np.array_equal(got, np.full(7, p * (p + 1) / 2)):
+            bad.append(f"{algo}: {got}")
+    for algo in ("one_to_all", "pipelined"):
+        got = tr.broadcast(np.full(3, rank), root=p - 1, name=f"named.{algo}", algorithm=algo)
+        if not np.array_equal(got, np.full(3, p - 1)):
+            bad.append(f"{algo}: {got}")
+    tr.barrier(algorithm="all_to_one")
+    try:
+        tr.allreduce(np.ones(2), name="named.bad", algorithm="no_such")
+        bad.append("an unknown algorithm was taken")
+    except tr.InvalidArgumentError:
+        pass
+    report(rank, "NAMED-ALGORITHM", not bad, "; ".join(bad))
     report(rank, "STILL-NO-ENGINE", svc._loop is None, "an engine started")
 
 

@@ -39,11 +39,17 @@ def test_a_failed_op_gives_up_bodies_it_was_cleared_to_send() -> None:
     """Rank 0 fails an op after rank 1 cleared its bodies: rank 1's receives complete (given
     up), its op fails naming rank 0, and rank 0's send slots are free for later ops."""
 
+    outs = [np.zeros(1 << 20), np.zeros(1 << 20)]
+
     def rank_main(svc):
         big = np.ones(1 << 20)  # 8 MiB: 128 rendezvous segments, still moving at the abort
-        h = svc.allreduce_async(big, name="doomed", algorithm="ring")
+        h = svc.allreduce_async(big, name="doomed", algorithm="ring", out=outs[svc.rank])
         if svc.rank == 0:
-            time.sleep(0.01)
+            # as soon as rank 1's result has begun to fill in (a fixed sleep was sometimes
+            # longer than the whole transfer on a loaded machine)
+            deadline = time.monotonic() + 10
+            while not outs[1].any() and time.monotonic() < deadline:
+                time.sleep(0.0002)
             svc.abort("doomed", 0, "rank 0 gives up")
         with pytest.raises(tr.OpFailedError):
             h.wait(timeout=20)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.codes import OpKind
+from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
 from ..engine.wire import SESSION_ID
 from ..errors import OpMismatchError, TransportError
@@ -51,7 +51,15 @@ _SESSION = A.signed(SESSION_ID)
 SPIN_S = 50e-6
 #: With ops among the services in flight: how long it drives their engine at a time.
 DRIVE_S = 100e-6
-_SHAPE = (A.D_KIND, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_ROOT, A.D_FLAGS)
+_SHAPE = (A.D_KIND, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_ROOT, A.D_FLAGS, A.D_ALGO)
+#: The algorithms a descriptor may name among the services, by kind.
+_ALGOS = {
+    int(OpKind.ALLREDUCE): {AlgorithmCode.RING, AlgorithmCode.RING_CHUNKED,
+                            AlgorithmCode.HALVING_DOUBLING, AlgorithmCode.RECURSIVE_DOUBLING,
+                            AlgorithmCode.BCUBE},
+    int(OpKind.BROADCAST): {AlgorithmCode.ONE_TO_ALL, AlgorithmCode.PIPELINED},
+    int(OpKind.BARRIER): {AlgorithmCode.ALL_TO_ALL, AlgorithmCode.ALL_TO_ONE},
+}  # fmt: skip
 _RS, _AG, _A2A = int(OpKind.REDUCE_SCATTER), int(OpKind.ALLGATHER), int(OpKind.ALLTOALL)
 _KINDS = {int(OpKind.ALLREDUCE): "allreduce", int(OpKind.BROADCAST): "broadcast",
           int(OpKind.BARRIER): "barrier", _RS: "reduce-scatter", _AG: "all-gather",
@@ -346,6 +354,9 @@ class ThinService:
             return f"root {int(d[A.D_ROOT])} is outside 0..{self.size - 1}"
         if int(d[A.D_GEN]) < 0 or int(d[A.D_TICKET]) <= 0:
             return f"generation {int(d[A.D_GEN])} or ticket {int(d[A.D_TICKET])} is negative"
+        algo = int(d[A.D_ALGO])
+        if algo and algo not in _ALGOS.get(kind, ()):
+            return f"algorithm {algo} is not one for {_KINDS[kind]}"
         return ""
 
     def _words_at(self, slot: int, at: int, what: str) -> tuple[tuple[int, ...], str]:
@@ -672,6 +683,8 @@ class ThinService:
         prio = int(d[A.D_PRIO])
         bf = "bfloat16" if dt is DType.BFLOAT16 else None
         grp = g.engine_group
+        code = int(d[A.D_ALGO])
+        algo = AlgorithmCode(code).name.lower() if code else "auto"
         if kind == _A2A:
             send, recv, _ = op.plan
             return eng.alltoall_async(
@@ -689,14 +702,16 @@ class ThinService:
             )
         if kind == int(OpKind.ALLREDUCE):
             return eng.allreduce_async(
-                buf, name=name, op=rop, out=buf, priority=prio, dtype=bf, group=grp
-            )
+                buf, name=name, op=rop, out=buf, priority=prio, dtype=bf, group=grp,
+                algorithm=algo,
+            )  # fmt: skip
         if kind == int(OpKind.BROADCAST):
             root = g.nodes.index(g.ranks[int(d[A.D_ROOT])] // self.slots)
             return eng.broadcast_async(
-                buf, root=root, name=name, out=buf, priority=prio, dtype=bf, group=grp
-            )
-        return eng.barrier_async(name=name, priority=prio, group=grp)
+                buf, root=root, name=name, out=buf, priority=prio, dtype=bf, group=grp,
+                algorithm=algo,
+            )  # fmt: skip
+        return eng.barrier_async(name=name, priority=prio, group=grp, algorithm=algo)
 
     def _buffers(self, op: _Op, dt: DType, count: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The local members' input and output buffers (group order), checked to lie in

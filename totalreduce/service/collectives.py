@@ -74,10 +74,11 @@ class CollectiveOps(OpSubmitter):
         grp, me = self._group(group)
         wanted = algorithm or self.config.algorithm
         avg = rop is ReduceOp.AVG
-        if self._thin_for(wanted, arr.nbytes):
+        algo = self._thin_for(OpKind.ALLREDUCE, wanted, arr.nbytes, dt)
+        if algo is not None:
             return self._thin_op(  # the node's service runs it (service/thin.py)
                 OpKind.ALLREDUCE, arr, dt, o, in_place, name, rop, priority, 0,
-                o.reshape(arr.shape), group=grp,
+                o.reshape(arr.shape), group=grp, algorithm=algo,
             )  # fmt: skip
         hier = self._hierarchical(OpKind.ALLREDUCE, wanted, grp, arr.nbytes, dt)
         param = 0
@@ -126,12 +127,24 @@ class CollectiveOps(OpSubmitter):
             ),
         )
 
-    def _thin_for(self, algorithm: str, nbytes: int) -> bool:
-        """Whether an op goes the thin path: daemon mode, an algorithm of the service's
-        choosing, and a size the client's part of the arena takes (every rank decides
-        the same)."""
+    def _thin_for(
+        self, kind: OpKind, algorithm: str, nbytes: int, dt: DType
+    ) -> AlgorithmCode | None:
+        """The algorithm among the nodes' services (NONE: theirs to choose) if an op goes
+        the thin path: daemon mode and a size the client's part of the arena takes (every
+        rank decides the same); else None.  A named algorithm is checked here, as in
+        embedded mode, and runs among the services."""
         thin = self._thin
-        return thin is not None and algorithm in ("auto", "hierarchical") and thin.takes(nbytes)
+        if thin is None or not thin.takes(nbytes):
+            return None
+        if algorithm in ("auto", "hierarchical"):
+            return AlgorithmCode.NONE
+        table = self.config.tuning_file or None
+        if kind is OpKind.ALLREDUCE:
+            algorithm = choose_allreduce(algorithm, self.size, nbytes, table, dt.name.lower())
+        elif kind is OpKind.BROADCAST:
+            algorithm = choose_broadcast(algorithm, self.size, nbytes, table, dt.name.lower())
+        return AlgorithmCode[algorithm.upper()]
 
     def _hierarchical(
         self, kind: OpKind, algorithm: str, group: Group, nbytes: int, dtype: DType
@@ -184,10 +197,11 @@ class CollectiveOps(OpSubmitter):
         if not 0 <= root < grp.size:
             raise InvalidArgumentError(f"broadcast root {root} outside 0..{grp.size - 1}")
         o, in_place = checks.output(arr, out)
-        if self._thin_for(algorithm, arr.nbytes):
+        algo = self._thin_for(OpKind.BROADCAST, algorithm, arr.nbytes, dt)
+        if algo is not None:
             return self._thin_op(
                 OpKind.BROADCAST, arr, dt, o, in_place, name, ReduceOp.SUM, priority, int(root),
-                o.reshape(arr.shape), group=grp,
+                o.reshape(arr.shape), group=grp, algorithm=algo,
             )  # fmt: skip
         hier = self._hierarchical(OpKind.BROADCAST, algorithm, grp, arr.nbytes, dt)
         if hier is not None:
@@ -240,11 +254,12 @@ class CollectiveOps(OpSubmitter):
                 "hierarchical"
             )
         grp, me = self._group(group)
-        if self._thin_for(algorithm, 0):
+        algo = self._thin_for(OpKind.BARRIER, algorithm, 0, DType.INT64)
+        if algo is not None:
             none = np.empty(0, dtype=np.int64)
             return self._thin_op(
                 OpKind.BARRIER, none, DType.INT64, none, True, name, ReduceOp.SUM, priority, 0,
-                None, group=grp,
+                None, group=grp, algorithm=algo,
             )  # fmt: skip
         hier = self._hierarchical(OpKind.BARRIER, algorithm, grp, 0, DType.INT64)
         param = 0

@@ -239,6 +239,7 @@ class OpSubmitter:
         reserved: tuple[str | int, int] | None = None,
         handle: ThinHandle | None = None,
         shown: OpKind | None = None,
+        algorithm: AlgorithmCode = AlgorithmCode.NONE,
     ) -> ThinHandle:
         """Name an op and hand it to the node's service through the arena (daemon mode).
 
@@ -249,7 +250,8 @@ class OpSubmitter:
         apart.  ``group`` (None: the world) and ``parts`` travel as blocks of the arena
         the client keeps.  ``reserved`` is a name already taken, ``handle`` a handle
         already returned to the caller (an all-gather whose sizes came first); ``shown``
-        the kind its errors name (a gather that runs as an all-to-all).
+        the kind its errors name (a gather that runs as an all-to-all); ``algorithm`` the
+        one the services run it by among the nodes (NONE: theirs to choose).
         """
         self._check_open()
         thin = self._thin
@@ -332,4 +334,5 @@ class OpSubmitter:
             context=ctx,
             aux=at_aux,
             kind=kind,
+            algorithm=int(algorithm),
         )

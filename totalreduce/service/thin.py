@@ -251,6 +251,7 @@ class ThinClient:
         context: int = 0,
         aux: int = -1,
         kind: OpKind | None = None,
+        algorithm: int = 0,
     ) -> ThinHandle:
         """Write the op's descriptor; the service takes it from here."""
         if self.gone is not None:
@@ -267,6 +268,7 @@ class ThinClient:
             d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = priority, at_in, at_out
             d[A.D_FLAGS] = (A.F_AVG if op is ReduceOp.AVG else 0) | (A.F_UNNAMED if unnamed else 0)
             d[A.D_GROUP], d[A.D_CTX], d[A.D_AUX] = group, A.signed(context), aux
+            d[A.D_ALGO] = algorithm
             d[A.D_TICKET] = t
             h._ticket = t
             self._flight[t] = h

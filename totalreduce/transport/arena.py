@@ -43,10 +43,10 @@ RING = 4096
 D_WORDS = 16
 # descriptor fields
 (D_TICKET, D_KIND, D_WIRE, D_GEN, D_DTYPE, D_COUNT, D_OP, D_ROOT, D_PRIO, D_IN, D_OUT,
- D_FLAGS, D_GROUP, D_CTX, D_AUX) = range(15)  # fmt: skip
+ D_FLAGS, D_GROUP, D_CTX, D_AUX, D_ALGO) = range(16)  # fmt: skip
 # D_GROUP: offset of [n, ranks...] (int64) of the op's group; D_CTX its context (0: the world,
 # D_GROUP unread); D_AUX: offset of [n, parts...], elements per group rank (reduce-scatter,
-# all-gather), else -1
+# all-gather), else -1; D_ALGO: the algorithm among the services (an AlgorithmCode, 0: auto)
 #: D_FLAGS bits
 F_AVG, F_UNNAMED = 1, 2
 # control words
