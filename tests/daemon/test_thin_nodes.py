@@ -385,3 +385,26 @@ def test_a_client_that_dies_fails_only_the_ops_of_its_groups(nodes: int) -> None
         hs = [cl.submit(r, OpKind.ALLREDUCE, "p", data(r, 1, 3), group=pair) for r in (0, 2)]
         for h in hs:
             assert np.array_equal(h.wait(30), data(0, 1, 3) + data(2, 1, 3))
+
+
+def test_a_rank_whose_group_differs_after_the_others_completed_fails_them_late() -> None:
+    """Ranks 0 and 1 run ``g`` over [0, 1] and complete; rank 2 then runs ``g`` over [0, 1, 2]:
+    it fails at once, and ranks 0 and 1 raise at their next call (as in embedded mode)."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, 1, 3)
+        pair = Group([0, 1])
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "g", data(r, 0, 3), group=pair) for r in (0, 1)]
+        for h in hs:
+            h.wait(30)
+        late = cl.submit(2, OpKind.ALLREDUCE, "g", data(2, 0, 3), group=Group([0, 1, 2]))
+        with pytest.raises(
+            OpMismatchError, match=r"disagree on the group.*rank 2: group \[0, 1, 2\]"
+        ):
+            late.wait(30)
+        for r in (0, 1):
+            with pytest.raises(
+                OpMismatchError,
+                match=r"allreduce 'g' generation 0 completed here, but failed elsewhere: the ranks",
+            ):
+                cl.clients[r].raise_late()
+            cl.clients[r].raise_late()  # once

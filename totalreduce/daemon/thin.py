@@ -207,6 +207,10 @@ class ThinService:
         #: one per group of that name (two only when ranks disagree on it, or groups differ)
         self._pending: dict[tuple[int, int], list[_Op]] = {}
         self._running: dict[tuple[int, int, int], _Op] = {}
+        #: ops whose local descriptors all came, lately, by (wire id, generation): a rank's
+        #: descriptor of the name with another group meets them (it waits for ranks that
+        #: will not submit it again)
+        self._collected: dict[tuple[int, int], _Op] = {}
         self._events: deque[tuple[Any, ...]] = deque()
         self._gone: dict[int, str] = {}  # client ranks that left or died, and how
         self._answering = threading.Lock()
@@ -317,6 +321,7 @@ class ThinService:
         elif ev[0] == "session":
             self._gone.clear()
             self._pending.clear()  # what the last job left unfinished
+            self._collected.clear()
 
     def _drain(self) -> bool:
         got = False
@@ -462,6 +467,14 @@ class ThinService:
             ops.remove(op)
             if not ops:
                 del self._pending[wire, gen]
+            collected = self._collected
+            collected[wire, gen] = op
+            if len(collected) > 4 * A.RING:
+                del collected[next(iter(collected))]
+        done = self._collected.get((wire, gen))
+        if done is not None and done is not op and done.key[2] != ctx:
+            if any(done.descs[k] is not None for k in op.grp.slots):
+                clash.append(done)
         if op.over:  # failed before this rank's part came: it fails the same way
             self._answer(slot, op.incarnations[slot], d, op.fail_kind, op.why)
             return
@@ -476,7 +489,10 @@ class ThinService:
                 f"rank {r}: {t}" for r, t in texts
             )
             for o in [op, *clash]:
-                self._fail(o, A.E_MISMATCH, why)
+                if o.over and not o.fail_kind:  # it completed: its ranks hear it late
+                    self._late(o, A.E_MISMATCH, why)
+                else:
+                    self._fail(o, A.E_MISMATCH, why)
             return
         other = next((x for x in op.descs if x is not None and x is not d), d)
         k_other = next(k for k, x in enumerate(op.descs) if x is other)
@@ -877,6 +893,19 @@ class ThinService:
         for k, x in enumerate(op.descs):
             if x is not None:
                 self._answer(k, op.incarnations[k], x, kind, why)
+
+    def _late(self, op: _Op, kind: int, why: str) -> None:
+        """``op`` completed here, but it fails: each of its clients raises at its next call
+        (the late errors of embedded mode)."""
+        for k, x in enumerate(op.descs):
+            if x is None or self._inc[k] != op.incarnations[k] or not self._inc[k]:
+                continue
+            ctl = self._ctl[k]
+            with self._answering:
+                n = int(ctl[A.C_LATE]) + 1
+                A.write_error(ctl, -n, kind, f"{int(x[A.D_TICKET])}\x1e{why}")
+                fence()
+                ctl[A.C_LATE] = n
 
     def _answer(self, slot: int, inc: int, d: np.ndarray, kind: int, why: str) -> None:
         if self._inc[slot] != inc or not inc:

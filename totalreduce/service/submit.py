@@ -65,6 +65,9 @@ class OpSubmitter:
     def _check_open(self) -> None:
         if self._closed:
             raise NotInitializedError("totalreduce was shut down; call init() again to use it")
+        thin = self._thin
+        if thin is not None:
+            thin.raise_late()  # an op that completed here failed elsewhere
         lp = self._loop
         if lp is None:
             return

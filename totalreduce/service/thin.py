@@ -156,6 +156,9 @@ class ThinClient:
         self._tail = int(self.ctl[A.C_TAIL])
         self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
         self._consts: dict[tuple[int, ...], int] = {}  # const_block's blocks
+        #: the last ops completed here, by ticket: what a late error names
+        self._ended_ops: dict[int, tuple[OpKind, str | int, int]] = {}
+        self._late_seen = int(self.ctl[A.C_LATE])
         self._sleeper = threading.Lock()  # one thread sleeps on the eventfd at a time
         self._woken = threading.Condition()
         self._watcher: threading.Thread | None = None
@@ -302,6 +305,25 @@ class ThinClient:
             self._complete(h, self._gone_error(h))
         return h._done
 
+    def raise_late(self) -> None:
+        """Raise the next late error the service posted, if any: an op that completed here
+        failed elsewhere (ranks that disagreed on its group), so its result may be wrong."""
+        posted = int(self.ctl[A.C_LATE])
+        if posted == self._late_seen:
+            return
+        self._late_seen += 1
+        kind, text = A.read_error(self.ctl, -self._late_seen) or (A.E_FAILED, "\x1e")
+        ticket, _, why = text.partition("\x1e")
+        what = self._ended_ops.get(int(ticket) if ticket.isdigit() else 0)
+        op = (
+            "an op"
+            if what is None
+            else f"{_KINDS.get(what[0], 'op')} {what[1]!r} generation {what[2]}"
+        )
+        raise _ERRORS.get(kind, OpFailedError)(
+            f"rank {self.rank}: {op} completed here, but failed elsewhere: {why}"
+        )
+
     def _gone_error(self, h: ThinHandle) -> TransportError:
         return TransportError(
             f"rank {self.rank}: {_KINDS.get(h.kind, 'op')} {h.name!r} generation "
@@ -317,6 +339,11 @@ class ThinClient:
                     h._out_at, h._out.nbytes, np.uint8
                 )
             self._flight.pop(h._ticket, None)
+            if error is None and h._ticket:
+                ended = self._ended_ops
+                ended[h._ticket] = (h.kind, h.name, h.generation)
+                if len(ended) > A.RING:
+                    del ended[next(iter(ended))]
             self._release(h)
             if error is None and h._finalize is not None:
                 try:

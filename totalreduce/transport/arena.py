@@ -51,6 +51,9 @@ D_WORDS = 16
 F_AVG, F_UNNAMED = 1, 2
 # control words
 C_TAIL, C_HEAD, C_SLEEPING, C_ERR_TAIL = 0, 1, 2, 3
+#: late errors the service posted (an op that completed here failed elsewhere): the k-th is
+#: in the error ring under ticket -k, its text "<the op's ticket>\x1e<why>"
+C_LATE = 4
 RING_WORD = 16
 DONE_WORD = RING_WORD + RING * D_WORDS
 ERRORS = 64
