@@ -15,6 +15,7 @@ import os
 import random
 import socket
 import threading
+import time
 from contextlib import ExitStack
 from types import SimpleNamespace
 from typing import Any
@@ -236,6 +237,12 @@ def test_every_kind_over_world_and_groups_is_exact(nodes: int, slots: int) -> No
                         assert g is None
                     else:
                         assert np.array_equal(g, w), (r, s)
+        # answered ops keep no buffers (the service remembers them a while, by name)
+        deadline = time.monotonic() + 10
+        while any(o.node_buf is not None or o.ins or o.plan is not None
+                  for svc in cl.services for o in svc._collected.values()):  # fmt: skip
+            assert time.monotonic() < deadline, "answered ops still hold their buffers"
+            time.sleep(0.01)
 
 
 def test_two_groups_of_one_node_share_a_name() -> None:

@@ -118,6 +118,18 @@ class _Grp:
             self.engine_group.context = ctx & _MASK
 
 
+class _Ended:
+    """What an answered op keeps of its handle among the services: the name to forget."""
+
+    __slots__ = ("name", "generation")
+
+    def __init__(self, name: Any, generation: int) -> None:
+        self.name, self.generation = name, generation
+
+    def done(self) -> bool:
+        return True
+
+
 class _Mismatch(Exception):
     """Ranks disagree on an op (found when its data came): it fails as a mismatch."""
 
@@ -145,6 +157,14 @@ class _Op:
         self.plan: Any = None  # an all-to-all's bytes to and from each node, its outputs
         self.over = False  # answered: its clients' words are set (once, by whoever ends it)
         self.why, self.fail_kind = "", 0  # why it failed
+
+    def release(self) -> None:
+        """It is answered: drop its buffers (it stays a while among the collected ops, for
+        what a late descriptor of its name meets; the engine keeps what it still uses)."""
+        self.node_buf, self.ins, self.plan = None, [], None
+        h = self.handle
+        if h is not None:  # the engine's handle holds its buffers: keep its name only
+            self.handle = _Ended(h.name, h.generation)
 
     def first(self) -> np.ndarray:
         """The descriptor of its first local member (its shape, once all agree)."""
@@ -799,6 +819,7 @@ class ThinService:
         for k, x in enumerate(op.descs):
             if x is not None:
                 self._answer(k, op.incarnations[k], x, 0, "")
+        op.release()
 
     def _results_back(self, op: _Op, result: np.ndarray | None) -> None:
         d = op.first()
@@ -893,6 +914,7 @@ class ThinService:
         for k, x in enumerate(op.descs):
             if x is not None:
                 self._answer(k, op.incarnations[k], x, kind, why)
+        op.release()
 
     def _late(self, op: _Op, kind: int, why: str) -> None:
         """``op`` completed here, but it fails: each of its clients raises at its next call
