@@ -129,6 +129,9 @@ class _Ended:
     def done(self) -> bool:
         return True
 
+    def drive(self, span: float) -> bool:
+        return True  # nothing to drive: the arena thread looks at its next op
+
 
 class _Mismatch(Exception):
     """Ranks disagree on an op (found when its data came): it fails as a mismatch."""
@@ -589,12 +592,12 @@ class ThinService:
         for late in self.engine.take_late_errors():  # about ops answered already
             log.warning("an op among the services failed elsewhere after it ended here: %s", late)
         try:
-            op.handle = self._among_nodes(op, kind, node_buf, rop, dt, d, parts)
+            handle = op.handle = self._among_nodes(op, kind, node_buf, rop, dt, d, parts)
         except Exception as exc:
             self._running.pop(op.key, None)
             self._fail(op, A.E_FAILED, f"the services could not start it: {exc}")
             return
-        op.handle.add_done_callback(lambda h: self._finish(op, h.exception(), h))
+        handle.add_done_callback(lambda h: self._finish(op, h.exception(), h))
 
     def _alltoall_out(
         self, op: _Op, ins: list[np.ndarray], outs: list[np.ndarray]
@@ -914,6 +917,7 @@ class ThinService:
         for k, x in enumerate(op.descs):
             if x is not None:
                 self._answer(k, op.incarnations[k], x, kind, why)
+        self._running.pop(op.key, None)  # the engine's abort ends it there; nothing to drive
         op.release()
 
     def _late(self, op: _Op, kind: int, why: str) -> None:
