@@ -157,7 +157,8 @@ def scatter_direct(rank: int, size: int, count: int, *, root: int = 0) -> Schedu
     )
 
 
-def _offsets(sizes: Sequence[int]) -> list[int]:
+def offsets(sizes: Sequence[int]) -> list[int]:
+    """Where each of consecutive parts of ``sizes`` starts."""
     out, at = [], 0
     for n in sizes:
         out.append(at)
@@ -188,7 +189,7 @@ def alltoall_direct(
         raise ValueError(
             f"alltoall: rank {rank} sends itself {split[rank]} elements but expects {got[rank]}"
         )
-    src, dst = _offsets(split), _offsets(got)
+    src, dst = offsets(split), offsets(got)
     peers = [p for p in range(size) if p != rank]
     steps: tuple[Step, ...] = ()
     if peers:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.codes import AlgorithmCode, OpKind
+from ..algorithms.rooted import offsets
 from ..dtypes import DType, ReduceOp
 from ..engine.wire import SESSION_ID
 from ..errors import OpMismatchError, TransportError
@@ -193,15 +194,6 @@ def _shape_text(d: np.ndarray, parts: tuple[int, ...] | None = None) -> str:
     if parts is not None:
         text += f", parts {list(parts)}"
     return text
-
-
-def _offsets(parts: tuple[int, ...]) -> list[int]:
-    """Where each part starts."""
-    at, out = 0, []
-    for c in parts:
-        out.append(at)
-        at += c
-    return out
 
 
 class ThinService:
@@ -563,7 +555,7 @@ class ThinService:
                 self._reduce(node_buf, ins, rop, dt)
                 assert parts is not None
                 if not g.identity:  # each node's parts together, in node order
-                    at = _offsets(parts)
+                    at = offsets(parts)
                     node_buf = np.concatenate([node_buf[at[i] : at[i] + parts[i]] for i in g.order])
             elif kind == _AG:
                 node_buf = ins[0] if len(ins) == 1 else np.concatenate(ins)
@@ -608,8 +600,7 @@ class ThinService:
         g = op.grp
         G = len(g.ranks)
         here = g.members[g.where]
-        at = {gi: i for i, (gi, _) in enumerate(g.local)}
-        parts = {gi: op.parts[k] or () for gi, k in g.local}
+        at, parts = self._by_group_rank(op)
         for s in here:
             for r in here:
                 if parts[s][r] != parts[r][G + s]:
@@ -617,6 +608,7 @@ class ThinService:
         # inputs that an output overlaps (in place) are read from copies
         op.ins = [x.copy() if any(np.shares_memory(x, o) for o in outs) else x for x in ins]
         item = ins[0].itemsize if ins else 1
+        off = {s: offsets(parts[s][:G]) for s in here}
         send, recv, chunks = [], [], []
         for y, there in enumerate(g.members):
             if y == g.where:
@@ -627,7 +619,6 @@ class ThinService:
             words = [parts[s][r] for s, r in pairs] + [parts[s][G + r] for s, r in pairs]
             words.append(int(op.first()[A.D_DTYPE]))  # bytes travel: the element type too
             chunks.append(np.array(words, dtype=np.int64).view(np.uint8))
-            off = {s: _offsets(parts[s][:G]) for s in here}
             for s, r in pairs:
                 c = parts[s][r]
                 chunks.append(op.ins[at[s]][off[s][r] : off[s][r] + c].view(np.uint8))
@@ -637,6 +628,13 @@ class ThinService:
             )
         op.plan = (send, recv, outs)
         return np.concatenate(chunks) if chunks else None
+
+    @staticmethod
+    def _by_group_rank(op: _Op) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
+        """Of the node's members of an all-to-all, by group rank: where each is in the
+        inputs and outputs (group order), and its counts (splits, then receives)."""
+        at = {gi: i for i, (gi, _) in enumerate(op.grp.local)}
+        return at, {gi: op.parts[k] or () for gi, k in op.grp.local}
 
     def _pair_text(self, g: _Grp, s: int, r: int, sends: int, expects: int) -> str:
         return (
@@ -650,11 +648,10 @@ class ThinService:
         g = op.grp
         G = len(g.ranks)
         here = g.members[g.where]
-        at = {gi: i for i, (gi, _) in enumerate(g.local)}
-        parts = {gi: op.parts[k] or () for gi, k in g.local}
+        at, parts = self._by_group_rank(op)
         _, _, outs = op.plan
-        soff = {s: _offsets(parts[s][:G]) for s in here}
-        roff = {r: _offsets(parts[r][G:]) for r in here}
+        soff = {s: offsets(parts[s][:G]) for s in here}
+        roff = {r: offsets(parts[r][G:]) for r in here}
         item = outs[0].itemsize if outs else 1
         blocks: list[tuple[int, int, np.ndarray]] = []  # (receiver, sender, block)
         pos = 0
@@ -852,7 +849,7 @@ class ThinService:
             assert parts is not None
             if not g.identity:  # back to group order
                 whole = np.empty(sum(parts), dtype=buf.dtype)
-                starts, pos = _offsets(parts), 0
+                starts, pos = offsets(parts), 0
                 for gi in g.order:
                     whole[starts[gi] : starts[gi] + parts[gi]] = buf[pos : pos + parts[gi]]
                     pos += parts[gi]
