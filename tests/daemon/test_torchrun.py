@@ -51,6 +51,21 @@ def _finish(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+def _finish_reference(proc: subprocess.Popen[str], backend: str) -> str:
+    """The reference job (gloo): it must have finished its work.  torch's gloo process group
+    sometimes aborts at interpreter exit, after ``destroy_process_group()`` and the job's last
+    line ("terminate called without an active exception", a C++ thread left joinable): that
+    exit, and only that one, is torch's and not the comparison's."""
+    try:
+        return _finish(proc)
+    except AssertionError as exc:
+        out = str(exc)
+        done = all(f"DONE {backend} {r} " in out for r in (0, 1))
+        if not (done and "terminate called without an active exception" in out):
+            raise
+        return out
+
+
 def test_unchanged_ddp_under_torchrun_against_a_service_matches_gloo(tmp_path: Path) -> None:
     torch = import_torch()
     served = serve(1, 2, tmp_path / "s", timeout=TIMEOUT + 60)
@@ -62,7 +77,7 @@ def test_unchanged_ddp_under_torchrun_against_a_service_matches_gloo(tmp_path: P
         gloo = _torchrun([script, "gloo", str(tmp_path / "gl")], _env(), tmp_path / "l2")
         try:
             out = _finish(ours)
-            _finish(gloo)
+            _finish_reference(gloo, "gloo")
         finally:
             for proc in (ours, gloo):
                 if proc.poll() is None:
