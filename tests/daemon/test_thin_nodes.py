@@ -72,9 +72,9 @@ class Cluster:
     def submit(
         self, r: int, kind: OpKind, name: str, x: np.ndarray | None, *,
         op: ReduceOp = ReduceOp.SUM, root: int = 0, prio: int = 0, group: Group | None = None,
-        parts: tuple[int, ...] | None = None,
+        parts: tuple[int, ...] | None = None, gen: int = 0, passive: bool = False,
     ) -> ThinHandle:  # fmt: skip
-        """What ``_thin_op`` writes, for client rank ``r`` (generation 0 of ``name``)."""
+        """What ``_thin_op`` writes, for client rank ``r`` (generation ``gen`` of ``name``)."""
         c = self.clients[r]
         blocks: list[int] = []
         at_group, ctx, aux = -1, 0, -1
@@ -104,12 +104,12 @@ class Cluster:
                 at_out, staged = c.place(out, fill=None)
                 blocks.append(staged)
                 back = at_out
-        h = ThinHandle(c, name, 0, kind, out, lambda: None)
+        h = ThinHandle(c, name, gen, kind, out, lambda: None)
         h.hold(tuple(blocks), out, back)
         wire = hash(name) & ((1 << 62) - 1)
         return c.submit(
             h, wire=wire, dtype=dt, count=count, op=op, root=root, priority=prio, at_in=at_in,
-            at_out=at_out, unnamed=False, group=at_group, context=ctx, aux=aux,
+            at_out=at_out, unnamed=False, group=at_group, context=ctx, aux=aux, passive=passive,
         )  # fmt: skip
 
 
@@ -324,8 +324,8 @@ def test_garbage_groups_and_parts_fail_alone_saying_what() -> None:
                 d[A.D_AUX] = d[A.D_GROUP] = -1
                 for k, v in fields.items():
                     d[k] = v
-                d[A.D_TICKET] = h._ticket = t
-                c._flight[t] = h
+                d[A.D_TICKET] = h._ticket = c.new_ticket()
+                c._flight[h._ticket] = h
                 c.ctl[A.C_TAIL] = c._tail = t
             from totalreduce.transport.shm import signal_eventfd
 
@@ -415,3 +415,64 @@ def test_a_rank_whose_group_differs_after_the_others_completed_fails_them_late()
             ):
                 cl.clients[r].raise_late()
             cl.clients[r].raise_late()  # once
+
+
+def message(cl: Cluster, r: int, src: int, dst: int, name: str, gen: int, n: int) -> ThinHandle:
+    """Rank ``r``'s side of a message of ``n`` int64 from ``src`` to ``dst`` (a two-rank
+    all-to-all, as ``_point`` writes it); the receiver's is a standing receive."""
+    g = Group(sorted((src, dst)))
+    me, s = g.rank_of(r), g.rank_of(src)
+    if r == src:
+        x = np.arange(n, dtype=np.int64) + 1000 * gen
+        sends = tuple(n if j != s else 0 for j in range(2))
+        parts = (*sends, 0, 0)
+    else:
+        x = np.zeros(0, np.int64)
+        parts = (0, 0, *(n if j == s else 0 for j in range(2)))
+    assert me is not None
+    return cl.submit(
+        r, OpKind.ALLTOALL, name, x, group=g, parts=parts, gen=gen, passive=r == dst
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=lambda n: f"N{n}")
+def test_a_standing_receive_outlives_a_whole_ring_of_other_ops(nodes: int, caplog: Any) -> None:
+    """A window's standing receive (F_PASSIVE) keeps its completion word while more ops than
+    the ring holds come and go; the message then lands in it, and no stall is reported."""
+    from totalreduce.transport import arena as A
+
+    with ExitStack() as stack:
+        cl = Cluster(stack, nodes, 2 // nodes)
+        for svc in cl.services:
+            svc.stall_warning_s = 0.05
+        waiting = message(cl, 1, 0, 1, "win x 0->1", 0, 5)
+        for i in range(A.RING - 1):
+            hs = [cl.submit(r, OpKind.ALLREDUCE, f"step{i}", data(r, i, 3)) for r in range(2)]
+            for h in hs:
+                assert np.array_equal(h.wait(30), data(0, i, 3) + data(1, i, 3)), i
+            assert not waiting.done()
+        time.sleep(1.2)  # a stall look passes
+        # rank 1's next op would have the standing receive's word, were it not skipped:
+        # the message lands, then that op ends, and only then rank 1 looks
+        late = cl.submit(1, OpKind.ALLREDUCE, "late", data(1, 0, 2))
+        message(cl, 0, 0, 1, "win x 0->1", 0, 5).wait(30)
+        cl.submit(0, OpKind.ALLREDUCE, "late", data(0, 0, 2)).wait(30)
+        assert np.array_equal(late.wait(30), data(0, 0, 2) + data(1, 0, 2))
+        assert np.array_equal(waiting.wait(5), np.arange(5))
+        assert "has waited" not in caplog.text, caplog.text
+
+
+def test_a_client_whose_ops_are_all_standing_receives_is_told_not_hung() -> None:
+    """Standing receives that fill every completion word: the next op raises, naming them."""
+    from totalreduce.errors import InvalidArgumentError
+    from totalreduce.transport import arena as A
+
+    with ExitStack() as stack:
+        cl = Cluster(stack, 1, 2)
+        for k in range(A.RING - 1):
+            message(cl, 1, 0, 1, "win y 0->1", k, 1)
+        with pytest.raises(InvalidArgumentError, match="standing receives"):
+            message(cl, 1, 0, 1, "win y 0->1", A.RING, 1)
+        message(cl, 0, 0, 1, "win y 0->1", 0, 1).wait(30)  # one of them ends: room again
+        message(cl, 1, 0, 1, "win y 0->1", A.RING - 1, 1)
+        assert len(cl.clients[1].in_flight()) == A.RING - 1

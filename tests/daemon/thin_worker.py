@@ -34,6 +34,7 @@ import threading
 import numpy as np
 
 import totalreduce as tr
+from totalreduce.algorithms.schedule import balanced_parts
 
 
 def report(rank: int, name: str, ok: bool, why: str = "") -> None:
@@ -144,11 +145,22 @@ def mode_arena(p: int, rank: int) -> None:
     after = tr.allreduce(np.full(4, rank, np.int64), name="layer.mm.after")
     report(rank, "AFTER", bool(np.all(after == p * (p - 1) // 2)), str(after))
 
-    # the first op of another kind starts the client's engine, which works with the rest
+    # Gloo's pairwise exchange: one all-to-all on the thin path, its parts in step order
+    bad = []
+    for steps in range(1, p.bit_length()):
+        x = np.arange(10, dtype=np.int64) + 100 * rank
+        got = tr.pairwise_exchange(x, steps, name=f"pairs.{steps}")
+        for k, (off, n) in enumerate(balanced_parts(10, steps)):
+            want = np.arange(off, off + n) + 100 * (rank ^ (1 << k))
+            if not np.array_equal(got[off : off + n], want):
+                bad.append(f"steps {steps}, part {k}: {got[off : off + n]} != {want}")
+    try:
+        tr.pairwise_exchange(np.ones(4), p, name="pairs.bad")
+        bad.append("steps beyond lg P were taken")
+    except tr.InvalidArgumentError:
+        pass
     quiet = svc._loop is None and not any("comm" in n for n in engine_threads())
-    got = tr.pairwise_exchange(np.array([rank * 10], np.int64), 1, name="flat")
-    ok = quiet and np.array_equal(got, [(rank ^ 1) * 10]) and svc._loop is not None
-    report(rank, "ENGINE-LATER", bool(ok), f"{got} {engine_threads()}")
+    report(rank, "PAIRWISE", not bad and quiet, "; ".join(bad) or str(engine_threads()))
 
 
 def mode_kinds(p: int, rank: int) -> None:
@@ -315,6 +327,27 @@ def mode_kinds(p: int, rank: int) -> None:
     except tr.InvalidArgumentError:
         pass
     report(rank, "NAMED-ALGORITHM", not bad, "; ".join(bad))
+    # windows: their standing receives wait at the services, messages are thin ops
+    from totalreduce.topology import get_topology, plan
+
+    ins = [sorted(plan(get_topology("ring", p), r, 0).src_weights) for r in range(p)]
+    vals = [float(r + 1) for r in range(p)]
+    x = np.full(7, vals[rank])
+    tr.win_create(x, "tw", topology="ring")
+    bad = []
+    for step in ("put", "get"):
+        if step == "put":
+            tr.win_put(x, "tw")
+        else:
+            tr.win_get("tw")  # the in-neighbours' arrays as they are now
+        tr.barrier(name=f"tw.{step}")
+        tr.win_update("tw")
+        vals = [(vals[r] + sum(vals[q] for q in ins[r])) / (len(ins[r]) + 1) for r in range(p)]
+        if not np.allclose(x, vals[rank]):
+            bad.append(f"after {step}: {x} != {vals[rank]}")
+        tr.barrier(name=f"tw.{step}.read")
+    tr.win_free("tw")
+    report(rank, "WINDOWS", not bad, "; ".join(bad))
     report(rank, "STILL-NO-ENGINE", svc._loop is None, "an engine started")
 
 
@@ -367,8 +400,8 @@ def mode_garbage(p: int, rank: int) -> None:
             d[A.D_OP], d[A.D_IN], d[A.D_OUT], d[A.D_WIRE] = 1, mine, mine, 1000 + rank
             for k, v in fields.items():
                 d[k] = v
-            d[A.D_TICKET] = h._ticket = t
-            thin._flight[t] = h
+            d[A.D_TICKET] = h._ticket = thin.new_ticket()
+            thin._flight[h._ticket] = h
             thin.ctl[A.C_TAIL] = thin._tail = t
         signal_eventfd(thin.service_efd)
         return h

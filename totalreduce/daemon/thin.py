@@ -52,7 +52,7 @@ _SESSION = A.signed(SESSION_ID)
 SPIN_S = 50e-6
 #: With ops among the services in flight: how long it drives their engine at a time.
 DRIVE_S = 100e-6
-_SHAPE = (A.D_KIND, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_ROOT, A.D_FLAGS, A.D_ALGO)
+_SHAPE = (A.D_KIND, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_ROOT, A.D_ALGO)  # and D_FLAGS
 #: The algorithms a descriptor may name among the services, by kind.
 _ALGOS = {
     int(OpKind.ALLREDUCE): {AlgorithmCode.RING, AlgorithmCode.RING_CHUNKED,
@@ -169,6 +169,12 @@ class _Op:
         h = self.handle
         if h is not None:  # the engine's handle holds its buffers: keep its name only
             self.handle = _Ended(h.name, h.generation)
+
+    @property
+    def passive(self) -> bool:
+        """Only windows' standing receives of this node are in it so far: it may wait for
+        ever (no stall warning; the arena thread does not drive it)."""
+        return all(x is None or int(x[A.D_FLAGS]) & A.F_PASSIVE for x in self.descs)
 
     def first(self) -> np.ndarray:
         """The descriptor of its first local member (its shape, once all agree)."""
@@ -294,7 +300,7 @@ class ThinService:
                 if self._drain():
                     last = time.perf_counter()
                     continue
-                oldest = next(iter(self._running.values()), None)
+                oldest = next((o for o in self._running.values() if not o.passive), None)
                 h = None if oldest is None else oldest.handle
                 if h is not None:
                     # Ops among the services: this thread drives their engine, as a thread
@@ -514,7 +520,9 @@ class ThinService:
         kind = int(d[A.D_KIND])
         fields = _SHAPE if kind not in (_AG, _A2A) else tuple(f for f in _SHAPE if f != A.D_COUNT)
         same_parts = kind == _A2A or op.parts[k_other] == parts  # an all-to-all's differ
-        if any(int(other[f]) != int(d[f]) for f in fields) or not same_parts:
+        # (a message's sender and its standing receiver differ in F_PASSIVE only)
+        flags = (int(other[A.D_FLAGS]) ^ int(d[A.D_FLAGS])) & ~A.F_PASSIVE
+        if flags or any(int(other[f]) != int(d[f]) for f in fields) or not same_parts:
             shapes = [
                 f"rank {self.node * self.slots + k}: {_shape_text(x, op.parts[k])}"
                 for k, x in enumerate(op.descs)
@@ -723,6 +731,13 @@ class ThinService:
         algo = AlgorithmCode(code).name.lower() if code else "auto"
         if kind == _A2A:
             send, recv, _ = op.plan
+            if op.passive:  # a window's standing receive: it may wait for ever there too
+                x = np.empty(0, np.uint8) if buf is None else buf
+                o = np.empty(sum(recv), np.uint8)
+                return eng._alltoall(
+                    x, DType.UINT8, o, False, name, prio, eng._group(grp)[0], send, recv, o,
+                    False, passive=True,
+                )  # fmt: skip
             return eng.alltoall_async(
                 buf, name=name, splits=send, recv_splits=recv, group=grp, priority=prio
             )
@@ -950,7 +965,7 @@ class ThinService:
         now = time.monotonic()
         self._next_look = now + 1.0
         for op in [o for ops in self._pending.values() for o in ops]:
-            if op.over or now - max(op.since, op.warned) < self.stall_warning_s:
+            if op.over or op.passive or now - max(op.since, op.warned) < self.stall_warning_s:
                 continue
             op.warned = now
             d = next(x for x in op.descs if x is not None)

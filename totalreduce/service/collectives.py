@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.codes import AlgorithmCode, OpKind
+from ..algorithms.schedule import balanced_parts
 from ..dtypes import DType, ReduceOp
 from ..errors import InvalidArgumentError
 from ..group import Group
@@ -294,7 +295,7 @@ class CollectiveOps(OpSubmitter):
         name: str | int | None = None,
         group: Group | None = None,
         priority: int = 0,
-    ) -> Handle:
+    ) -> Handle | ThinHandle:
         """Gloo's benchmark pattern: ``steps`` pairwise swaps of ``x.size / steps`` elements.
 
         Needs a power-of-two number of ranks and ``1 <= steps <= lg P``.  Part
@@ -317,6 +318,8 @@ class CollectiveOps(OpSubmitter):
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         o = np.empty_like(arr)
+        if self._thin is not None and self._thin.takes(arr.nbytes):
+            return self._thin_pairwise(arr, dt, o, int(steps), name, grp, me, priority)
         return self._simple(
             kind=OpKind.PAIRWISE_EXCHANGE,
             x=arr,
@@ -332,3 +335,39 @@ class CollectiveOps(OpSubmitter):
             param=int(steps),
             result=o,
         )
+
+    def _thin_pairwise(
+        self, arr: np.ndarray, dt: DType, o: np.ndarray, steps: int, name: str | int | None,
+        grp: Group, me: int, priority: int,
+    ) -> ThinHandle:  # fmt: skip
+        """Daemon mode: the pairwise exchange as one all-to-all on the thin path.  Part
+        ``k`` goes to (and comes from) group rank ``me ^ 2**k``; an all-to-all lays its
+        blocks out by rank, so the parts travel in their partners' order and are put back
+        in step order at the end."""
+        self._check_open()
+        checks.priority(priority)  # before the name: a refused call must not use a generation
+        sig = ("pairwise_exchange", dt.name.lower(), int(arr.size), "sum", steps)
+        reserved = self._names.name(name, sig)
+        parts = balanced_parts(int(arr.size), steps)
+        order = sorted(range(steps), key=lambda k: me ^ (1 << k))  # steps by partner
+        sends = [0] * grp.size
+        for k, (_, n) in enumerate(parts):
+            sends[me ^ (1 << k)] = n
+        flat = arr.reshape(-1)
+        x = np.concatenate([flat[parts[k][0] : parts[k][0] + parts[k][1]] for k in order])
+        got = np.empty_like(x)
+        dest = o.reshape(-1)
+
+        def in_step_order() -> np.ndarray:
+            at = 0
+            for k in order:
+                off, n = parts[k]
+                dest[off : off + n] = got[at : at + n]
+                at += n
+            return o
+
+        return self._thin_op(
+            OpKind.ALLTOALL, x, dt, got, False, name, ReduceOp.SUM, priority, 0, None,
+            group=grp, parts=(*sends, *sends), finalize=in_step_order, reserved=reserved,
+            shown=OpKind.PAIRWISE_EXCHANGE,
+        )  # fmt: skip

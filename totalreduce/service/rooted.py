@@ -265,17 +265,29 @@ class RootedOps(OpSubmitter):
                 0, o.reshape(arr.shape) if equal and out is None else o, group=grp,
                 parts=(*send, *recv),
             )  # fmt: skip
+        result = o.reshape(arr.shape) if equal and out is None else o
+        return self._alltoall(arr, dt, o, in_place, name, priority, grp, send, recv, result, equal)
+
+    def _alltoall(
+        self, arr: np.ndarray, dt: DType, o: np.ndarray, in_place: bool, name: str | int | None,
+        priority: Any, grp: Group, send: list[int], recv: list[int], result: Any, equal: bool,
+        passive: bool = False,
+    ) -> Handle:  # fmt: skip
+        """The engine's all-to-all of checked arguments; ``passive``: it may wait for ever
+        (a node's service's part of a window's standing receive: no stall warnings)."""
+        me = grp.rank_of(self.rank)
+        assert me is not None
         code, sched = compile_op(
-            OpKind.ALLTOALL, "direct", me, p, int(arr.size), False,
+            OpKind.ALLTOALL, "direct", me, grp.size, int(arr.size), False,
             (("split", tuple(send)), ("recv_split", tuple(recv))),
         )  # fmt: skip
-        result = o.reshape(arr.shape) if equal and out is None else o
         # Equal parts: every rank has the same count.  Uneven ones: each pair's
         # frames are checked against the receive they fill instead.
         return self._simple(
             kind=OpKind.ALLTOALL, x=arr, dtype=dt, out=o, in_place=in_place, name=name,
             op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched,
             param=0 if equal else 1, result=result, count=int(arr.size) if equal else 0,
+            passive=passive,
         )  # fmt: skip
 
     def _p2p(self, what: str, peer: Any, tag: Any, sending: bool) -> tuple[int, str, Group]:
@@ -331,11 +343,10 @@ class RootedOps(OpSubmitter):
         priority: Any,
         result: Any,
         passive: bool = False,
-        engine: bool = False,
     ) -> Handle | ThinHandle:
-        """A message from ``src`` to the other rank of ``grp``; ``passive`` (a window's
-        standing receive) and ``engine`` (a window's message, which such a receive takes)
-        go the engine's way in daemon mode, the rest the thin path."""
+        """A message from ``src`` to the other rank of ``grp``.  ``passive``: a window's
+        standing receive, which may wait for ever.  In daemon mode it takes the thin path
+        when both sides can stage it (they decide alike: from its size)."""
         n = int(max(x.size, o.size))
         me = grp.rank_of(self.rank)
         assert me is not None
@@ -345,14 +356,14 @@ class RootedOps(OpSubmitter):
         checks.priority(priority)  # before the name: a refused call must not use a generation
         # Consecutive messages on one tag may differ in size: no signature to keep.
         reserved = self._names.name(name, ("send_recv", "", 0, "", 0))
-        if not (passive or engine) and self._thin is not None and self._thin.takes(n * x.itemsize):
+        if self._thin is not None and self._thin.takes(n * x.itemsize):
             # daemon mode: a two-rank all-to-all on the thin path
             sends = [x.size if j != sender else 0 for j in range(2)] if me == sender else [0, 0]
             recvs = [o.size if j == sender else 0 for j in range(2)] if me != sender else [0, 0]
             return self._thin_op(
                 OpKind.ALLTOALL, x.reshape(-1), dt, o, False, name, ReduceOp.SUM, priority, 0,
                 result, group=grp, parts=(*sends, *recvs), reserved=reserved,
-                shown=OpKind.SEND_RECV,
+                shown=OpKind.SEND_RECV, passive=passive,
             )  # fmt: skip
         return self._simple(
             kind=OpKind.SEND_RECV, x=x, dtype=dt, out=o, in_place=False, name=None,

@@ -243,6 +243,7 @@ class OpSubmitter:
         handle: ThinHandle | None = None,
         shown: OpKind | None = None,
         algorithm: AlgorithmCode = AlgorithmCode.NONE,
+        passive: bool = False,
     ) -> ThinHandle:
         """Name an op and hand it to the node's service through the arena (daemon mode).
 
@@ -254,7 +255,8 @@ class OpSubmitter:
         the client keeps.  ``reserved`` is a name already taken, ``handle`` a handle
         already returned to the caller (an all-gather whose sizes came first); ``shown``
         the kind its errors name (a gather that runs as an all-to-all); ``algorithm`` the
-        one the services run it by among the nodes (NONE: theirs to choose).
+        one the services run it by among the nodes (NONE: theirs to choose); ``passive``
+        marks a window's standing receive.
         """
         self._check_open()
         thin = self._thin
@@ -338,4 +340,5 @@ class OpSubmitter:
             aux=at_aux,
             kind=kind,
             algorithm=int(algorithm),
+            passive=passive,
         )

@@ -50,7 +50,8 @@ _KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.B
           OpKind.ALLTOALL: "all-to-all", OpKind.REDUCE: "reduce", OpKind.GATHER: "gather",
           OpKind.SCATTER: "scatter", OpKind.SEND_RECV: "message",
           OpKind.NEIGHBOR_ALLREDUCE: "neighbor allreduce",
-          OpKind.NEIGHBOR_ALLGATHER: "neighbor all-gather"}  # fmt: skip
+          OpKind.NEIGHBOR_ALLGATHER: "neighbor all-gather",
+          OpKind.PAIRWISE_EXCHANGE: "pairwise exchange"}  # fmt: skip
 _ERRORS: dict[int, type[TotalReduceError]] = {
     A.E_FAILED: OpFailedError,
     A.E_MISMATCH: OpMismatchError,
@@ -64,7 +65,7 @@ class ThinHandle:
 
     __slots__ = (
         "name", "generation", "kind", "_client", "_ticket", "_result", "_blocks", "_out",
-        "_out_at", "_finalize", "_done", "_error", "_then", "_ended",
+        "_out_at", "_finalize", "_done", "_error", "_then", "_ended", "passive",
     )  # fmt: skip
 
     def __init__(
@@ -90,6 +91,8 @@ class ThinHandle:
         self._error: BaseException | None = None
         self._then: list[Callable[[Any], None]] | None = None
         self._ended = ended
+        #: a window's standing receive: it may wait for ever, so nothing blocks on it
+        self.passive = False
 
     def hold(
         self,
@@ -153,7 +156,9 @@ class ThinClient:
         self.words = self.ctl[A.DONE_WORD : A.DONE_WORD + A.RING]
         self.space = A.Allocator(self.arena.data_start(self.slot), self.arena.data_bytes)
         self.lock = threading.RLock()  # submission, completion, the in-flight table
-        self._tail = int(self.ctl[A.C_TAIL])
+        self._tail = int(self.ctl[A.C_TAIL])  # descriptors written
+        self._ticket = self._tail  # the last ticket given
+        self._words: set[int] = set()  # completion words of the ops in flight
         self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
         self._consts: dict[tuple[int, ...], int] = {}  # const_block's blocks
         #: the last ops completed here, by ticket: what a late error names
@@ -195,7 +200,7 @@ class ThinClient:
         t0 = time.monotonic()
         warned = False
         while (at := self.space.alloc(nbytes)) < 0:  # backpressure: ops in flight give back
-            oldest = next(iter(self._flight.values()), None)
+            oldest = self._oldest()
             if oldest is None:
                 time.sleep(0.001)  # arrays of tr.empty() hold it: wait for the collector
             else:
@@ -208,6 +213,10 @@ class ThinClient:
                     self.arena.data_bytes,
                 )  # fmt: skip
         return at
+
+    def _oldest(self) -> ThinHandle | None:
+        """The oldest op in flight that is sure to end (not a standing receive)."""
+        return next((h for h in self._flight.values() if not h.passive), None)
 
     def const_block(self, values: tuple[int, ...]) -> tuple[int, int]:
         """(arena offset, block to free or -1) of ``values`` as int64 words (a group's ranks,
@@ -255,27 +264,43 @@ class ThinClient:
         aux: int = -1,
         kind: OpKind | None = None,
         algorithm: int = 0,
+        passive: bool = False,
     ) -> ThinHandle:
-        """Write the op's descriptor; the service takes it from here."""
+        """Write the op's descriptor; the service takes it from here.  ``passive``: a
+        window's standing receive (no stall warnings; nothing waits for it to make room)."""
         if self.gone is not None:
             self._release(h)
             raise self._gone_error(h)
-        while len(self._flight) >= A.RING:  # every completion word in use: the oldest first
-            self.block(next(iter(self._flight.values())), None)
+        while len(self._flight) >= A.RING - 1:  # completion words all in use: the oldest first
+            oldest = self._oldest()
+            if oldest is None and not any([self.check(x) for x in list(self._flight.values())]):
+                self._release(h)
+                raise InvalidArgumentError(
+                    f"rank {self.rank}: {len(self._flight)} standing receives of windows are "
+                    "in flight, as many as this client may have ops; free some windows"
+                )
+            if oldest is not None:
+                self.block(oldest, None)
         with self.lock:
-            t = self._tail + 1
-            d = self.ring[(t - 1) % A.RING]
+            pos = self._tail + 1
+            d = self.ring[(pos - 1) % A.RING]
+            t = self.new_ticket()
             d[A.D_KIND], d[A.D_GEN] = int(h.kind if kind is None else kind), h.generation
             d[A.D_WIRE] = A.signed(wire)
             d[A.D_DTYPE], d[A.D_COUNT], d[A.D_OP], d[A.D_ROOT] = int(dtype), count, int(op), root
             d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = priority, at_in, at_out
-            d[A.D_FLAGS] = (A.F_AVG if op is ReduceOp.AVG else 0) | (A.F_UNNAMED if unnamed else 0)
+            d[A.D_FLAGS] = (
+                (A.F_AVG if op is ReduceOp.AVG else 0)
+                | (A.F_UNNAMED if unnamed else 0)
+                | (A.F_PASSIVE if passive else 0)
+            )
             d[A.D_GROUP], d[A.D_CTX], d[A.D_AUX] = group, A.signed(context), aux
             d[A.D_ALGO] = algorithm
             d[A.D_TICKET] = t
             h._ticket = t
+            h.passive = passive
             self._flight[t] = h
-            self.ctl[A.C_TAIL] = self._tail = t
+            self.ctl[A.C_TAIL] = self._tail = pos
         trace = self.trace
         if trace is not None:
             trace.op(h.name, h.generation, "submitted", priority)
@@ -283,6 +308,17 @@ class ThinClient:
         if self.header[A.H_SERVICE_SLEEPING]:
             signal_eventfd(self.service_efd)
         return h
+
+    def new_ticket(self) -> int:
+        """The next op's ticket (``lock`` held).  A ticket names the op's completion word
+        (``(ticket - 1) % RING``); a standing receive keeps its word while later ops come
+        and go, so a ticket whose word an op in flight holds is skipped."""
+        t = self._ticket + 1
+        while (t - 1) % A.RING in self._words:
+            t += 1
+        self._ticket = t
+        self._words.add((t - 1) % A.RING)
+        return t
 
     # ------------------------------------------------------------------ completing
 
@@ -338,7 +374,8 @@ class ThinClient:
                 h._out.reshape(-1).view(np.uint8)[:] = self.arena.view(
                     h._out_at, h._out.nbytes, np.uint8
                 )
-            self._flight.pop(h._ticket, None)
+            if self._flight.pop(h._ticket, None) is not None:
+                self._words.discard((h._ticket - 1) % A.RING)
             if error is None and h._ticket:
                 ended = self._ended_ops
                 ended[h._ticket] = (h.kind, h.name, h.generation)

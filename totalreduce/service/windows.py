@@ -267,10 +267,13 @@ class Windows:
                     target=self._run, name=f"totalreduce-windows-{self.rank}", daemon=True
                 )
                 self._thread.start()
+        # In daemon mode the standing receives' buffers live in the node's arena: what
+        # arrives lands there without a copy.
+        empty = self.svc.empty
         for r in in_ranks:
-            self._listen(win, r, DATA, np.empty(HEADER + win.nbytes, dtype=np.uint8))
+            self._listen(win, r, DATA, empty(HEADER + win.nbytes, np.uint8))
         for r in out_ranks:
-            self._listen(win, r, ASK, np.empty(HEADER, dtype=np.uint8))
+            self._listen(win, r, ASK, empty(HEADER, np.uint8))
         return True
 
     def _topology(self, topology: Any, name: str) -> MixingTopology:
@@ -303,7 +306,7 @@ class Windows:
         grp = Group(sorted((self.rank, dst)))
         name = _channel(win.name, self.rank, dst, chan)
         empty = np.empty(0, np.uint8)
-        return self.svc._point(msg, empty, DType.UINT8, grp, self.rank, name, 0, None, engine=True)
+        return self.svc._point(msg, empty, DType.UINT8, grp, self.rank, name, 0, None)
 
     def _listen(self, win: Window, src: int, chan: int, buf: np.ndarray) -> None:
         grp = Group(sorted((self.rank, src)))

@@ -47,8 +47,8 @@ D_WORDS = 16
 # D_GROUP: offset of [n, ranks...] (int64) of the op's group; D_CTX its context (0: the world,
 # D_GROUP unread); D_AUX: offset of [n, parts...], elements per group rank (reduce-scatter,
 # all-gather), else -1; D_ALGO: the algorithm among the services (an AlgorithmCode, 0: auto)
-#: D_FLAGS bits
-F_AVG, F_UNNAMED = 1, 2
+#: D_FLAGS bits (F_PASSIVE: a window's standing receive, which may wait for ever)
+F_AVG, F_UNNAMED, F_PASSIVE = 1, 2, 4
 # control words
 C_TAIL, C_HEAD, C_SLEEPING, C_ERR_TAIL = 0, 1, 2, 3
 #: late errors the service posted (an op that completed here failed elsewhere): the k-th is
