@@ -355,18 +355,37 @@ def mode_pressure(p: int, rank: int) -> None:
     thin = tr.default_service()._thin
     assert thin is not None
     half = thin.arena.data_bytes // 2
-    # larger than half a client's part: the engine's way, same result
+    # larger than half a client's part: in pieces on the thin path, same result
     n = half // 8 + 1000
     got = tr.allreduce(np.full(n, rank + 1, np.int64), name="big")
-    report(rank, "LARGE", bool(np.all(got == p * (p + 1) // 2)), str(got[:3]))
-    # reduce-scatter and all-gather too large for the arena (the all-gather's sizes,
-    # gathered first, on the thin path; its data the engine's way), exact
+    ok = bool(np.all(got == p * (p + 1) // 2))
+    x = np.arange(n, dtype=np.int64) * (rank + 1)  # every element its own value
+    got = tr.allreduce(x, name="big.values", op="max")
+    ok &= np.array_equal(got, np.arange(n, dtype=np.int64) * p)
+    inside = tr.empty(n, np.float64)  # in the arena: its pieces are views, no staging
+    inside[:] = rank + 1
+    tr.allreduce(inside, name="big.avg", out=inside, op="avg")
+    ok &= bool(np.all(inside == (p + 1) / 2))
+    got = tr.broadcast(np.arange(n, dtype=np.int32) + rank, root=p - 1, name="big.bc")
+    ok &= np.array_equal(got, np.arange(n, dtype=np.int32) + p - 1)
+    got = tr.reduce(np.full(n, rank + 1, np.int64), root=0, name="big.reduce")
+    ok &= rank != 0 or bool(np.all(got == p * (p + 1) // 2))
+    report(rank, "LARGE", ok, "a large op's result is wrong")
+    # reduce-scatter and all-gather too large for the arena (the all-gather's sizes
+    # gathered first), in pieces, exact
     part = half // 8 // p + 1000
     got = tr.reduce_scatter(np.full(part * p, rank + 1, np.int64), name="big.rs")
     ok = got.size == part and bool(np.all(got == p * (p + 1) // 2))
-    for counts in (None, [part] * p):
-        got = tr.allgather(np.full(part, rank, np.int64), name="big.ag", counts=counts)
-        ok &= np.array_equal(got, np.repeat(np.arange(p), part))
+    counts = [part + 7 * r for r in range(p)]  # uneven: each part cut its own way
+    x = np.concatenate([np.arange(c, dtype=np.int64) * (rank + 1) for c in counts])
+    got = tr.reduce_scatter(x, name="big.rs.counts", counts=counts)
+    ok &= np.array_equal(got, np.arange(counts[rank], dtype=np.int64) * p * (p + 1) // 2)
+    for given in (None, counts):
+        mine = np.arange(counts[rank], dtype=np.int64) + 1000 * rank
+        got = tr.allgather(mine, name="big.ag", counts=given)
+        want = np.concatenate([np.arange(c, dtype=np.int64) + 1000 * r
+                               for r, c in enumerate(counts)])  # fmt: skip
+        ok &= np.array_equal(got, want)
     report(rank, "LARGE-PARTS", ok, str(got[:3]))
     # staged ops that do not all fit at once: the later ones wait for room
     each = thin.arena.data_bytes // 6
@@ -376,6 +395,7 @@ def mode_pressure(p: int, rank: int) -> None:
     ]
     bad = [k for k, h in enumerate(handles) if not np.all(h.wait() == p * k + p * (p - 1) // 2)]
     report(rank, "BACKPRESSURE", not bad, str(bad))
+    report(rank, "LARGE-NO-ENGINE", tr.default_service()._loop is None, "an engine started")
 
 
 def mode_garbage(p: int, rank: int) -> None:

@@ -132,11 +132,10 @@ class CollectiveOps(OpSubmitter):
         self, kind: OpKind, algorithm: str, nbytes: int, dt: DType
     ) -> AlgorithmCode | None:
         """The algorithm among the nodes' services (NONE: theirs to choose) if an op goes
-        the thin path: daemon mode and a size the client's part of the arena takes (every
-        rank decides the same); else None.  A named algorithm is checked here, as in
-        embedded mode, and runs among the services."""
-        thin = self._thin
-        if thin is None or not thin.takes(nbytes):
+        the thin path (daemon mode; one too large for the arena runs as pieces), else
+        None.  A named algorithm is checked here, as in embedded mode, and runs among the
+        services."""
+        if self._thin is None:
             return None
         if algorithm in ("auto", "hierarchical"):
             return AlgorithmCode.NONE

@@ -146,8 +146,8 @@ class PartitionOps(OpSubmitter):
         else:
             parts = _counts(counts, grp.size, None, int(flat.size), "reduce_scatter")
             param = _digest(parts)
-        if self._thin is not None and self._thin.takes(arr.nbytes):
-            # daemon mode: the node's service runs it (service/thin.py)
+        if self._thin is not None:
+            # daemon mode: the node's service runs it (service/thin.py; in pieces if large)
             out = np.empty(parts[me], dtype=arr.dtype)
             return self._thin_op(
                 OpKind.REDUCE_SCATTER, flat, dt, out, False, name, rop, priority, 0,
@@ -259,8 +259,8 @@ class PartitionOps(OpSubmitter):
             return self._unsplit(out, out.size // rest if rest else 0, others, axis)()
 
         thin = self._thin
-        if thin is not None and (known is None or thin.takes(sum(known) * arr.itemsize)):
-            # daemon mode: the node's service runs it (service/thin.py)
+        if thin is not None:
+            # daemon mode: the node's service runs it (service/thin.py; in pieces if large)
             return self._thin_allgather(
                 flat, dt, name, (op_name, gen), grp, known, prio, box, finalize
             )
@@ -356,8 +356,7 @@ class PartitionOps(OpSubmitter):
     ) -> ThinHandle:
         """An all-gather on the thin path; without ``known`` sizes, they are gathered
         first (``<name>#counts``, as in embedded mode) and a watcher thread submits the
-        data when they come (an all-gather too large for the arena then goes the
-        engine's way, as ``<name>#data``)."""
+        data when they come (in pieces if it is too large for the arena)."""
         thin = self._thin
         assert thin is not None
         names = self._names
@@ -386,23 +385,12 @@ class PartitionOps(OpSubmitter):
             names.ended(op_name)
             raise
 
-        def engine_done(h: Any) -> None:
-            err = h.exception()
-            if err is None:
-                box["out"] = h.wait(0)
-            thin.settle(final, None if err else finalize(), err)
-
         def counts_done(h: ThinHandle) -> None:
             err = h.exception()
             if err is None:
                 got = tuple(int(c) for c in sizes)
                 try:
-                    if thin.takes(sum(got) * flat.itemsize):
-                        data(got, final)
-                    else:  # too large for the arena
-                        self.allgather_async(
-                            flat, name=f"{op_name}#data", group=grp, counts=got, priority=priority
-                        ).add_done_callback(engine_done)
+                    data(got, final)
                     return
                 except Exception as exc:
                     err = exc

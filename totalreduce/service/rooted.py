@@ -87,7 +87,7 @@ class RootedOps(OpSubmitter):
             result: Any = o.reshape(arr.shape)
         else:
             o, in_place, result = np.empty(0, dtype=arr.dtype), False, None
-        if self._thin is not None and self._thin.takes(arr.nbytes):
+        if self._thin is not None:
             # daemon mode: an allreduce on the thin path, its result kept on the root only
             if me != r:
                 o, in_place = np.empty(arr.size, dtype=arr.dtype), False

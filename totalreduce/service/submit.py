@@ -24,7 +24,7 @@ from ..engine.wire import wire_id
 from ..errors import InvalidArgumentError, NotInitializedError, TotalReduceError
 from ..group import Group
 from ..transport.base import Transport
-from . import checks
+from . import checks, chunks
 from .config import Config
 from .handle import Handle
 from .names import NameTable
@@ -244,6 +244,7 @@ class OpSubmitter:
         shown: OpKind | None = None,
         algorithm: AlgorithmCode = AlgorithmCode.NONE,
         passive: bool = False,
+        wire: int | None = None,
     ) -> ThinHandle:
         """Name an op and hand it to the node's service through the arena (daemon mode).
 
@@ -256,11 +257,21 @@ class OpSubmitter:
         already returned to the caller (an all-gather whose sizes came first); ``shown``
         the kind its errors name (a gather that runs as an all-to-all); ``algorithm`` the
         one the services run it by among the nodes (NONE: theirs to choose); ``passive``
-        marks a window's standing receive.
+        marks a window's standing receive.  An allreduce, broadcast, reduce-scatter or
+        all-gather too large for the arena runs as pieces (:mod:`.chunks`), each given its
+        ``wire`` id.
         """
         self._check_open()
         thin = self._thin
         assert thin is not None
+        if wire is None and kind in chunks.CUT:
+            pieces = thin.pieces(chunks.shared_bytes(kind, x, parts))
+            if pieces > 1:
+                return chunks.run(
+                    self, pieces, kind, x, dtype, out, in_place, name, op, priority, root,
+                    result, group=group, parts=parts, finalize=finalize, reserved=reserved,
+                    handle=handle, shown=shown, algorithm=algorithm,
+                )  # fmt: skip
         prio = checks.priority(priority)
         if reserved is None:
             sig = (kind.name.lower(), dtype.name.lower(), int(x.size), op.name.lower(), root)
@@ -326,7 +337,7 @@ class OpSubmitter:
         handle.hold(tuple(blocks), back, at_out if back is not None else -1, finalize)
         return thin.submit(
             handle,
-            wire=self._wire_id(op_name),
+            wire=self._wire_id(op_name) if wire is None else wire,
             dtype=dtype,
             count=int(x.size),
             op=op,

@@ -175,8 +175,16 @@ class ThinClient:
     # ------------------------------------------------------------------ placing buffers
 
     def takes(self, nbytes: int) -> bool:
-        """Whether an op of ``nbytes`` can be staged here (else it goes the engine's way)."""
+        """Whether an op of ``nbytes`` can be staged here (else, unless it is one that is
+        cut into pieces, it goes the engine's way)."""
         return nbytes <= self.arena.data_bytes // 2
+
+    def pieces(self, nbytes: int) -> int:
+        """How many thin ops an op of ``nbytes`` (a size all its ranks know) runs as: one
+        that half a client's part takes, else pieces of at most a quarter part."""
+        if self.takes(nbytes):
+            return 1
+        return -(-nbytes // max(self.arena.data_bytes // 4, 1))
 
     def empty(self, shape: Any, dtype: Any) -> np.ndarray:
         """A new array in this client's part of the arena (its ops then take no copy)."""
@@ -407,10 +415,13 @@ class ThinClient:
         h._ended()
 
     def settle(self, h: ThinHandle, result: Any, error: BaseException | None) -> None:
-        """End ``h``, an op this client did not submit (it ran elsewhere), with ``result``."""
+        """End ``h``, an op this client did not submit (it ran elsewhere, or in pieces),
+        with ``result``; a thread asleep in this client wakes to see it."""
         if error is None:
             h._result = result
         self._complete(h, error)
+        if self.ctl[A.C_SLEEPING] and not self.closed:
+            signal_eventfd(self.efd)
 
     def block(self, h: ThinHandle, timeout: float | None) -> None:
         """Until ``h`` is done: spin for :data:`SPIN_S`, then sleep on the eventfd."""
