@@ -366,6 +366,7 @@ def mode_pressure(p: int, rank: int) -> None:
     inside[:] = rank + 1
     tr.allreduce(inside, name="big.avg", out=inside, op="avg")
     ok &= bool(np.all(inside == (p + 1) / 2))
+    del inside  # its half of the part back: large sends and receives need room below
     got = tr.broadcast(np.arange(n, dtype=np.int32) + rank, root=p - 1, name="big.bc")
     ok &= np.array_equal(got, np.arange(n, dtype=np.int32) + p - 1)
     got = tr.reduce(np.full(n, rank + 1, np.int64), root=0, name="big.reduce")
@@ -387,6 +388,35 @@ def mode_pressure(p: int, rank: int) -> None:
                                for r, c in enumerate(counts)])  # fmt: skip
         ok &= np.array_equal(got, want)
     report(rank, "LARGE-PARTS", ok, str(got[:3]))
+    # all-to-alls that large, and what is built on them: in pieces too, exact
+    bad = []
+    each = half // 8 // p + 1000
+    x = np.arange(each * p, dtype=np.int64) + 10**6 * rank
+    got = tr.alltoall(x, name="big.a2a")
+    want = np.concatenate([np.arange(each * rank, each * (rank + 1)) + 10**6 * q for q in range(p)])
+    if not np.array_equal(got, want):
+        bad.append("alltoall")
+    got = tr.gather(np.full(each, rank, np.int64), root=0, name="big.gather")
+    if rank == 0 and not np.array_equal(got.reshape(-1), np.repeat(np.arange(p), each)):
+        bad.append("gather")
+    src = (
+        np.repeat(np.arange(p, dtype=np.int64), each) if rank == p - 1 else np.empty(each, np.int64)
+    )
+    got = tr.scatter(src, root=p - 1, name="big.scatter")
+    if not np.all(got == rank):
+        bad.append("scatter")
+    n = half // 8 + 1000
+    peer = rank ^ 1 if (rank ^ 1) < p else rank
+    if peer != rank:
+        hs = tr.send_async(np.arange(n, dtype=np.int64) + rank, dst=peer, tag=3)
+        got = tr.recv(np.empty(n, np.int64), src=peer, tag=3)
+        hs.wait()
+        if not np.array_equal(got, np.arange(n, dtype=np.int64) + peer):
+            bad.append("send/recv")
+    got = tr.neighbor_allgather(np.full(n // p, rank, np.int64), name="big.nag")
+    if got.size == 0:
+        bad.append("neighbor_allgather")
+    report(rank, "LARGE-ALLTOALL", not bad, "; ".join(bad))
     # staged ops that do not all fit at once: the later ones wait for room
     each = thin.arena.data_bytes // 6
     handles = [

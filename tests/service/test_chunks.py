@@ -66,6 +66,37 @@ def test_reduce_scatter_and_allgather_pieces_give_the_whole_op(size: int, pieces
         assert np.array_equal(outs[r], want)
 
 
+@pytest.mark.parametrize("size", range(1, 6))
+@pytest.mark.parametrize("pieces", range(2, 5))
+def test_alltoall_pieces_give_the_whole_op(size: int, pieces: int) -> None:
+    """Random, uneven counts per pair; each side cuts the pair's block alike."""
+    rng = random.Random(size * 7 + pieces)
+    m = [[rng.randint(0, 9) for _ in range(size)] for _ in range(size)]  # m[a][b]: a -> b
+    xs = {a: np.arange(sum(m[a]), dtype=np.int64) + 1000 * a for a in range(size)}
+    outs = {b: np.full(sum(m[a][b] for a in range(size)), -1, np.int64) for b in range(size)}
+    plans = {
+        a: _plan(OpKind.ALLTOALL, xs[a], outs[a], (*m[a], *(row[a] for row in m)), pieces,
+                 None, a, size)
+        for a in range(size)
+    }  # fmt: skip
+    for i in range(pieces):
+        for b in range(size):
+            _, got, pb, back = plans[b][i]
+            blocks = []
+            for a in range(size):
+                xa, _, pa, _ = plans[a][i]
+                assert pa is not None and pb is not None
+                assert pa[b] == pb[size + a]  # the pair's cut agrees on both sides
+                at = sum(pa[:b])
+                blocks.append(xa[at : at + pa[b]])
+            got[:] = np.concatenate(blocks)
+            assert back is not None
+            back()
+    for b in range(size):
+        want = [xs[a][sum(m[a][:b]) : sum(m[a][:b]) + m[a][b]] for a in range(size)]
+        assert np.array_equal(outs[b], np.concatenate(want))
+
+
 def test_allreduce_pieces_are_views_covering_the_buffers() -> None:
     x = np.arange(101, dtype=np.float32)
     out = np.zeros_like(x)
@@ -80,8 +111,9 @@ def test_allreduce_pieces_are_views_covering_the_buffers() -> None:
 
 def test_the_cut_depends_only_on_what_every_rank_knows() -> None:
     x = np.zeros(10, np.float64)
-    assert shared_bytes(OpKind.ALLREDUCE, x, None) == 80
-    assert shared_bytes(OpKind.ALLGATHER, x[:3], (3, 5, 2)) == 80  # the whole, not the part
+    assert shared_bytes(OpKind.ALLREDUCE, x, None, 0) == 80
+    assert shared_bytes(OpKind.ALLGATHER, x[:3], (3, 5, 2), 0) == 80  # the whole, not the part
+    assert shared_bytes(OpKind.ALLTOALL, x, (5, 5, 4, 6), 123) == 123  # the caller's
     wire = 0x1234_5678_9ABC_DEF0
     ids = {piece_wire(wire, i) for i in range(1000)}
     assert piece_wire(wire, 0) == wire and len(ids) == 1000

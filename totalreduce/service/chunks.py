@@ -1,15 +1,19 @@
 """Daemon mode: an op too large for a client's part of the arena runs as several thin ops.
 
-An allreduce, broadcast, reduce-scatter or all-gather whose buffers would take more
-than half of a client's part of the node's arena (:meth:`.thin.ThinClient.pieces`)
-is cut into pieces of at most a quarter part each: piece ``i`` is a thin op of its
-own under the op's name and generation, with a wire id of its own (piece 0 keeps the
-name's, so a rank that cut nothing meets it there and the two fail naming their
-counts).  The pieces are submitted in order; staging space for a later one waits for
-an earlier one to give its space back (backpressure), so the node's copies, the
-services' transfers and the copies back overlap, piece by piece.  Every rank cuts the
-same way: from a size all ranks of the op know (the count of an allreduce or a
-broadcast, the total of a reduce-scatter's or an all-gather's parts).
+An allreduce, broadcast, reduce-scatter, all-gather or all-to-all whose buffers would
+take more than half of a client's part of the node's arena
+(:meth:`.thin.ThinClient.pieces`) is cut into pieces of at most an eighth part each:
+piece ``i`` is a thin op of its own under the op's name and generation, with a wire id
+of its own (piece 0 keeps the name's, so a rank that cut nothing meets it there and the
+two fail naming their counts). Two pieces are in flight at a time (:data:`IN_FLIGHT`):
+the caller submits the first two, and a thread of the op's submits each later one when
+the one two before it has ended, so one piece's copies overlap another's transfer, and a
+large send and a large receive of one client fit its part together (each holds at most a
+quarter of it). Every rank cuts the same way: from a size all ranks of the op know (the
+count of an allreduce or a broadcast, the total of a reduce-scatter's or an all-gather's
+parts; for an all-to-all its caller names one: ``P`` times a gather's part, a message's
+size, a neighbor op's input times ``P - 1``; an all-to-all with uneven splits has none
+and is not cut).
 
 - Allreduce, broadcast: piece ``i`` is elements ``[a_i, b_i)`` of the input and the
   output (views: an array in the arena stays zero copy).
@@ -17,6 +21,9 @@ broadcast, the total of a reduce-scatter's or an all-gather's parts).
   every part (gathered into one input) and lands in the ``i``-th cut of this rank's part.
 - All-gather: piece ``i`` sends the ``i``-th cut of this rank's part; what comes back is
   put in place, part by part, as each piece ends.
+- All-to-all (and the gathers, scatters, messages and neighbor ops built on it): every
+  pair's block is cut alike on both sides (both know its size); piece ``i`` sends the
+  ``i``-th cut of each block and puts the ``i``-th cuts it receives in place.
 
 The caller's handle ends when the last piece has (or at the first piece that fails).
 """
@@ -38,15 +45,23 @@ from .thin import ThinHandle
 if TYPE_CHECKING:
     from .submit import OpSubmitter
 
-#: The kinds that are cut into pieces when they are too large for the arena.
-CUT = frozenset({OpKind.ALLREDUCE, OpKind.BROADCAST, OpKind.REDUCE_SCATTER, OpKind.ALLGATHER})
+#: The kinds that are cut into pieces when they are too large for the arena (an all-to-all
+#: only where its caller names the size that decides).
+CUT = frozenset({OpKind.ALLREDUCE, OpKind.BROADCAST, OpKind.REDUCE_SCATTER, OpKind.ALLGATHER,
+                 OpKind.ALLTOALL})  # fmt: skip
 
+#: Pieces of one op in flight at once: enough that one's copies overlap another's transfer,
+#: few enough that a large send and a large receive of one client fit its part together.
+IN_FLIGHT = 2
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
-def shared_bytes(kind: OpKind, x: np.ndarray, parts: tuple[int, ...] | None) -> int:
-    """The size every rank of the op knows alike, which decides the cut."""
+def shared_bytes(kind: OpKind, x: np.ndarray, parts: tuple[int, ...] | None, cut: int) -> int:
+    """The size every rank of the op knows alike, which decides the cut (an all-to-all's
+    is its caller's ``cut``, 0 where there is none)."""
+    if kind is OpKind.ALLTOALL:
+        return cut
     if kind is OpKind.ALLGATHER:
         assert parts is not None
         return sum(parts) * x.itemsize
@@ -119,20 +134,46 @@ def run(
                 err = exc
         thin.settle(final, value, err)
 
-    for i, (xi, oi, pi, back) in enumerate(plan):
+    def submit(i: int) -> ThinHandle:
+        xi, oi, pi, back = plan[i]
         h = ThinHandle(thin, op_name, gen, shown or kind, None, _nothing)
+        sub._thin_op(
+            kind, xi, dtype, oi, in_place and pi is None, name, op, priority, root, None,
+            group=group, parts=pi, reserved=reserved, handle=h, shown=shown,
+            algorithm=algorithm, wire=piece_wire(wire, i),
+        )  # fmt: skip
+        h.add_done_callback(lambda h: ended(h, back))
+        return h
+
+    def fail(exc: BaseException) -> None:  # the pieces in flight end unheard; the name ends
+        with lock:
+            state["error"] = exc
+        thin.settle(final, None, exc if isinstance(exc, Exception) else None)
+
+    sent: list[ThinHandle] = []
+    try:
+        for i in range(min(IN_FLIGHT, len(plan))):
+            sent.append(submit(i))
+    except BaseException as exc:
+        fail(exc)
+        raise
+
+    def feed() -> None:
+        """The later pieces, each once the one ``IN_FLIGHT`` before it has ended."""
         try:
-            sub._thin_op(
-                kind, xi, dtype, oi, in_place and pi is None, name, op, priority, root, None,
-                group=group, parts=pi, reserved=reserved, handle=h, shown=shown,
-                algorithm=algorithm, wire=piece_wire(wire, i),
-            )  # fmt: skip
-        except BaseException as exc:  # the pieces in flight end unheard; the name ends
-            with lock:
-                state["error"] = exc
-            thin.settle(final, None, exc if isinstance(exc, Exception) else None)
-            raise
-        h.add_done_callback(lambda h, back=back: ended(h, back))
+            for i in range(IN_FLIGHT, len(plan)):
+                try:
+                    sent[i - IN_FLIGHT].wait()
+                except Exception:
+                    return  # it failed: ``ended`` has failed the op
+                if state["error"] is not None or final.done():
+                    return
+                sent.append(submit(i))
+        except Exception as exc:
+            fail(exc)
+
+    if len(plan) > IN_FLIGHT:
+        threading.Thread(target=feed, name=f"totalreduce-pieces-{sub.rank}", daemon=True).start()
     return final
 
 
@@ -156,6 +197,8 @@ def _plan(
         return [
             (xf[a : a + n], of[a : a + n], None, None) for a, n in balanced_parts(xf.size, pieces)
         ]
+    if kind is OpKind.ALLTOALL:
+        return _plan_alltoall(xf, of, parts, pieces)
     grp = group or Group.world(size)
     me = grp.rank_of(rank)
     assert me is not None
@@ -173,6 +216,27 @@ def _plan(
         else:  # all-gather: this rank's cut out, every rank's cut back in place
             got = np.empty(sum(pi), dtype=out.dtype)
             plan.append((xf[a : a + n], got, pi, _put_back(of, got, starts, cuts, i)))
+    return plan
+
+
+def _plan_alltoall(
+    xf: np.ndarray, of: np.ndarray, parts: tuple[int, ...], pieces: int
+) -> list[tuple[np.ndarray, np.ndarray, tuple[int, ...] | None, Callable[[], None] | None]]:
+    """An all-to-all's pieces: ``parts`` is (splits..., receives...) by group rank."""
+    g = len(parts) // 2
+    sends, recvs = parts[:g], parts[g:]
+    s_at = [int(s) for s in np.cumsum((0, *sends))[:-1]]
+    r_at = [int(s) for s in np.cumsum((0, *recvs))[:-1]]
+    s_cuts = [balanced_parts(c, pieces) for c in sends]
+    r_cuts = [balanced_parts(c, pieces) for c in recvs]
+    plan: list[tuple[np.ndarray, np.ndarray, tuple[int, ...] | None, Callable[[], None] | None]]
+    plan = []
+    for i in range(pieces):
+        xi = np.concatenate([xf[s + cut[i][0] : s + cut[i][0] + cut[i][1]]
+                             for s, cut in zip(s_at, s_cuts, strict=True)])  # fmt: skip
+        pi = (*(cut[i][1] for cut in s_cuts), *(cut[i][1] for cut in r_cuts))
+        got = np.empty(sum(pi[g:]), dtype=of.dtype)
+        plan.append((xi, got, pi, _put_back(of, got, r_at, r_cuts, i)))
     return plan
 
 

@@ -317,7 +317,7 @@ class CollectiveOps(OpSubmitter):
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         o = np.empty_like(arr)
-        if self._thin is not None and self._thin.takes(arr.nbytes):
+        if self._thin is not None:
             return self._thin_pairwise(arr, dt, o, int(steps), name, grp, me, priority)
         return self._simple(
             kind=OpKind.PAIRWISE_EXCHANGE,
@@ -368,5 +368,5 @@ class CollectiveOps(OpSubmitter):
         return self._thin_op(
             OpKind.ALLTOALL, x, dt, got, False, name, ReduceOp.SUM, priority, 0, None,
             group=grp, parts=(*sends, *sends), finalize=in_step_order, reserved=reserved,
-            shown=OpKind.PAIRWISE_EXCHANGE,
+            shown=OpKind.PAIRWISE_EXCHANGE, cut=arr.nbytes,
         )  # fmt: skip

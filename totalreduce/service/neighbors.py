@@ -90,7 +90,7 @@ class NeighborOps(OpSubmitter):
                 assert me is not None
                 sched = cached_edge(me, grp.size, n, float(edge.weight))
                 code = AlgorithmCode.EDGE
-                if self._thin is not None and self._thin.takes(arr.nbytes):
+                if self._thin is not None:
                     # daemon mode: a sum over the edge's group on the thin path, then
                     # Decent-DP's rule: w x + (1 - w) / (k - 1) * (the others' sum)
                     return self._thin_edge(arr, dt, o, in_place, name, (op_name, gen), prio,
@@ -106,8 +106,7 @@ class NeighborOps(OpSubmitter):
                 )
                 grp = self._world_group
                 code = AlgorithmCode.NEIGHBOR
-                thin = self._thin
-                if thin is not None and thin.takes(max(self.size - 1, 1) * arr.nbytes):
+                if self._thin is not None:
                     # daemon mode: an all-to-all on the thin path moves the scaled copies
                     return self._thin_exchange(
                         arr, dt, o, in_place, name, (op_name, gen), prio, src, dst, sw
@@ -163,9 +162,7 @@ class NeighborOps(OpSubmitter):
             self._names.ended(op_name)
             raise InvalidArgumentError(f"neighbor_allgather {op_name!r} step {t}: {exc}") from None
         out = np.empty(len(src) * n, dtype=arr.dtype)
-        thin = self._thin
-        # (every rank decides alike: on the most neighbors any rank may have, not its own)
-        if thin is not None and thin.takes(max(self.size - 1, 1) * arr.nbytes):
+        if self._thin is not None:
             # daemon mode: an all-to-all on the thin path
             return self._thin_exchange(
                 arr, dt, out, False, name, (op_name, gen), prio, dict.fromkeys(src, 1.0),
@@ -204,7 +201,9 @@ class NeighborOps(OpSubmitter):
         """A neighbor op as an all-to-all on the thin path (daemon mode): this rank's input,
         scaled by each destination's weight, to every destination; a block from every
         source.  ``self_weight`` None: a neighbor all-gather (``out`` gets the blocks, in
-        source order); else ``out`` = ``self_weight * x + sum(src[s] * block of s)``."""
+        source order); else ``out`` = ``self_weight * x + sum(src[s] * block of s)``.
+        One too large for the arena is cut into pieces alike on every rank: by its input
+        times ``P - 1``, the most neighbors any rank may have, not its own."""
         n = int(arr.size)
         flat = arr.reshape(-1)
         dsts, srcs = sorted(dst), sorted(src)
@@ -237,6 +236,7 @@ class NeighborOps(OpSubmitter):
             OpKind.ALLTOALL, send, dt, got, False, name, ReduceOp.SUM, priority, 0, result,
             parts=(*sends, *recvs), finalize=finalize, reserved=reserved, handle=handle,
             shown=OpKind.NEIGHBOR_ALLGATHER if self_weight is None else OpKind.NEIGHBOR_ALLREDUCE,
+            cut=max(self.size - 1, 1) * arr.nbytes,
         )  # fmt: skip
 
     def _thin_edge(
@@ -328,8 +328,7 @@ class NeighborOps(OpSubmitter):
             names.ended(op_name)
             raise InvalidArgumentError(f"hierarchical {op_name!r}: {exc}") from None
         mid = np.empty(n, dtype=arr.dtype)
-        thin = self._thin
-        if thin is not None and thin.takes(max(self.size // L - 1, 1) * arr.nbytes):
+        if self._thin is not None:
             # daemon mode: both phases on the thin path, the second submitted (by the thin
             # client's watcher thread) when the first has completed
             return self._thin_hierarchical(

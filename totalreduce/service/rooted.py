@@ -130,7 +130,7 @@ class RootedOps(OpSubmitter):
             result = o.reshape((grp.size, *arr.shape))
         else:
             o = np.empty(0, dtype=arr.dtype)
-        if self._thin is not None and self._thin.takes(grp.size * arr.nbytes):
+        if self._thin is not None:
             # daemon mode: an all-to-all on the thin path, every part to the root
             n, p = int(arr.size), grp.size
             sends = [n if j == r else 0 for j in range(p)]
@@ -138,6 +138,7 @@ class RootedOps(OpSubmitter):
             return self._thin_op(
                 OpKind.ALLTOALL, arr.reshape(-1), dt, o.reshape(-1), False, name, ReduceOp.SUM,
                 priority, 0, result, group=grp, parts=(*sends, *recvs), shown=OpKind.GATHER,
+                cut=p * arr.nbytes,
             )  # fmt: skip
         code, sched = compile_op(
             OpKind.GATHER, "direct", me, grp.size, int(arr.size), False, (("root", r),)
@@ -184,7 +185,7 @@ class RootedOps(OpSubmitter):
             target = arr if out is None else as_array(out, "out", dtype)[0]
             o = _writable(target, arr.dtype, int(target.size), what)
             n, shape, src = int(o.size), target.shape, np.empty(0, dtype=arr.dtype)
-        if self._thin is not None and self._thin.takes(grp.size * n * arr.itemsize):
+        if self._thin is not None:
             # daemon mode: an all-to-all on the thin path, a part from the root to each
             p = grp.size
             sends = [n] * p if me == r else [0] * p
@@ -192,7 +193,7 @@ class RootedOps(OpSubmitter):
             return self._thin_op(
                 OpKind.ALLTOALL, src.reshape(-1), dt, o.reshape(-1), False, name, ReduceOp.SUM,
                 priority, 0, o.reshape(shape), group=grp, parts=(*sends, *recvs),
-                shown=OpKind.SCATTER,
+                shown=OpKind.SCATTER, cut=p * n * arr.itemsize,
             )  # fmt: skip
         code, sched = compile_op(OpKind.SCATTER, "direct", me, grp.size, n, False, (("root", r),))
         return self._simple(
@@ -256,14 +257,14 @@ class RootedOps(OpSubmitter):
                 raise InvalidArgumentError("out overlaps x without being the same array")
         equal = splits is None and recv_splits is None
         thin = self._thin
-        # Uneven parts: no rank knows the others' sizes, so every rank takes the thin path
-        # (one too large for its part of the arena raises there).
-        if thin is not None and (not equal or thin.takes(max(arr.nbytes, o.nbytes))):
+        # Uneven parts: no rank knows the others' sizes, so none is cut (one too large for
+        # its part of the arena raises there); equal ones are cut by their size if large.
+        if thin is not None:
             # daemon mode: the node's service runs it (service/thin.py)
             return self._thin_op(
                 OpKind.ALLTOALL, arr.reshape(-1), dt, o, in_place, name, ReduceOp.SUM, priority,
                 0, o.reshape(arr.shape) if equal and out is None else o, group=grp,
-                parts=(*send, *recv),
+                parts=(*send, *recv), cut=max(arr.nbytes, o.nbytes) if equal else 0,
             )  # fmt: skip
         result = o.reshape(arr.shape) if equal and out is None else o
         return self._alltoall(arr, dt, o, in_place, name, priority, grp, send, recv, result, equal)
@@ -356,14 +357,14 @@ class RootedOps(OpSubmitter):
         checks.priority(priority)  # before the name: a refused call must not use a generation
         # Consecutive messages on one tag may differ in size: no signature to keep.
         reserved = self._names.name(name, ("send_recv", "", 0, "", 0))
-        if self._thin is not None and self._thin.takes(n * x.itemsize):
-            # daemon mode: a two-rank all-to-all on the thin path
+        if self._thin is not None:
+            # daemon mode: a two-rank all-to-all on the thin path (in pieces if large)
             sends = [x.size if j != sender else 0 for j in range(2)] if me == sender else [0, 0]
             recvs = [o.size if j == sender else 0 for j in range(2)] if me != sender else [0, 0]
             return self._thin_op(
                 OpKind.ALLTOALL, x.reshape(-1), dt, o, False, name, ReduceOp.SUM, priority, 0,
                 result, group=grp, parts=(*sends, *recvs), reserved=reserved,
-                shown=OpKind.SEND_RECV, passive=passive,
+                shown=OpKind.SEND_RECV, passive=passive, cut=n * x.itemsize,
             )  # fmt: skip
         return self._simple(
             kind=OpKind.SEND_RECV, x=x, dtype=dt, out=o, in_place=False, name=None,

@@ -245,6 +245,7 @@ class OpSubmitter:
         algorithm: AlgorithmCode = AlgorithmCode.NONE,
         passive: bool = False,
         wire: int | None = None,
+        cut: int = 0,
     ) -> ThinHandle:
         """Name an op and hand it to the node's service through the arena (daemon mode).
 
@@ -259,13 +260,14 @@ class OpSubmitter:
         one the services run it by among the nodes (NONE: theirs to choose); ``passive``
         marks a window's standing receive.  An allreduce, broadcast, reduce-scatter or
         all-gather too large for the arena runs as pieces (:mod:`.chunks`), each given its
-        ``wire`` id.
+        ``wire`` id; an all-to-all too, if ``cut`` (bytes) names the size that decides,
+        one every rank of the op knows alike.
         """
         self._check_open()
         thin = self._thin
         assert thin is not None
         if wire is None and kind in chunks.CUT:
-            pieces = thin.pieces(chunks.shared_bytes(kind, x, parts))
+            pieces = thin.pieces(chunks.shared_bytes(kind, x, parts, cut))
             if pieces > 1:
                 return chunks.run(
                     self, pieces, kind, x, dtype, out, in_place, name, op, priority, root,

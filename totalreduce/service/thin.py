@@ -181,10 +181,10 @@ class ThinClient:
 
     def pieces(self, nbytes: int) -> int:
         """How many thin ops an op of ``nbytes`` (a size all its ranks know) runs as: one
-        that half a client's part takes, else pieces of at most a quarter part."""
+        that half a client's part takes, else pieces of at most an eighth part."""
         if self.takes(nbytes):
             return 1
-        return -(-nbytes // max(self.arena.data_bytes // 4, 1))
+        return -(-nbytes // max(self.arena.data_bytes // 8, 1))
 
     def empty(self, shape: Any, dtype: Any) -> np.ndarray:
         """A new array in this client's part of the arena (its ops then take no copy)."""
