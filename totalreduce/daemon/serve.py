@@ -18,6 +18,7 @@ and ``floating_pool_bytes`` to its clients, so every rank agrees on them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -151,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     # The clients' hierarchical ops: the arena, and an engine among the nodes' services
     # (MPI on a communicator of its own; the compiled lane runs it).
     # The arena thread drives the ops it has; the comm thread meets frames that come
-    # before this node's part of an op, and windows' messages (their standing receives
-    # wait there): idle, it sleeps as a rank's does.
-    engine = Service(MPITransport(), config) if nodes > 1 else None
+    # before this node's part of an op: idle, it may sleep longer than a rank's (with
+    # windows' standing receives waiting there, no longer than a rank's:
+    # engine.driving.STANDING_BACKOFF_S).
+    quiet = dataclasses.replace(config, idle_backoff_max_s=max(config.idle_backoff_max_s, 0.25))
+    engine = Service(MPITransport(), quiet) if nodes > 1 else None
     arena = Arena.create(args.local_clients, args.arena_bytes // args.local_clients)
     thin = ThinService(arena, node, nodes, engine, stall_warning_s=config.stall_warning_s)
     svc.loop.on_peer_left, svc.loop.on_peer_joined = thin.peer_left, thin.peer_joined
