@@ -425,6 +425,16 @@ def mode_pressure(p: int, rank: int) -> None:
     ]
     bad = [k for k, h in enumerate(handles) if not np.all(h.wait() == p * k + p * (p - 1) // 2)]
     report(rank, "BACKPRESSURE", not bad, str(bad))
+    # a rank whose op is cut and one whose is not (their counts differ): the first piece
+    # meets the other's op, and both fail naming their counts; the name goes on
+    n = half // 8 + 1000 if rank == 0 else 1000
+    try:
+        tr.allreduce(np.ones(n, np.int64), name="big.mm")
+        report(rank, "MISMATCH-PIECES", False, "no error")
+    except tr.OpMismatchError as exc:
+        report(rank, "MISMATCH-PIECES", "count 1000" in str(exc), str(exc))
+    got = tr.allreduce(np.ones(5, np.int64), name="big.mm")
+    report(rank, "AFTER-PIECES", bool(np.all(got == p)), str(got))
     report(rank, "LARGE-NO-ENGINE", tr.default_service()._loop is None, "an engine started")
 
 

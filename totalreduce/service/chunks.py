@@ -124,6 +124,10 @@ def run(
             state["left"] -= 1
             if err is not None:
                 state["error"] = err
+                # The other pieces in flight may never end (a rank that did not cut has
+                # no piece to meet them): nothing waits for them, shutdown included.
+                for other in sent:
+                    other.passive = True
             elif state["left"]:
                 return
         value = None
@@ -134,7 +138,7 @@ def run(
                 err = exc
         thin.settle(final, value, err)
 
-    def submit(i: int) -> ThinHandle:
+    def submit(i: int) -> None:
         xi, oi, pi, back = plan[i]
         h = ThinHandle(thin, op_name, gen, shown or kind, None, _nothing)
         sub._thin_op(
@@ -142,8 +146,10 @@ def run(
             group=group, parts=pi, reserved=reserved, handle=h, shown=shown,
             algorithm=algorithm, wire=piece_wire(wire, i),
         )  # fmt: skip
+        with lock:
+            sent.append(h)
+            h.passive = state["error"] is not None  # the op failed meanwhile
         h.add_done_callback(lambda h: ended(h, back))
-        return h
 
     def fail(exc: BaseException) -> None:  # the pieces in flight end unheard; the name ends
         with lock:
@@ -153,7 +159,9 @@ def run(
     sent: list[ThinHandle] = []
     try:
         for i in range(min(IN_FLIGHT, len(plan))):
-            sent.append(submit(i))
+            if state["error"] is not None:
+                break
+            submit(i)
     except BaseException as exc:
         fail(exc)
         raise
@@ -168,7 +176,7 @@ def run(
                     return  # it failed: ``ended`` has failed the op
                 if state["error"] is not None or final.done():
                     return
-                sent.append(submit(i))
+                submit(i)
         except Exception as exc:
             fail(exc)
 

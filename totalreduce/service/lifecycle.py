@@ -187,6 +187,8 @@ class Lifecycle(OpSubmitter):
         self._closed = True
         if self._thin is not None:  # the node's service has these: wait for them too
             for h in self._thin.in_flight():
+                if h.passive:  # may never end (a failed op's other pieces)
+                    continue
                 try:
                     h.wait(max(0.0, deadline - time.monotonic()))
                 except Exception:

@@ -91,7 +91,8 @@ class ThinHandle:
         self._error: BaseException | None = None
         self._then: list[Callable[[Any], None]] | None = None
         self._ended = ended
-        #: a window's standing receive: it may wait for ever, so nothing blocks on it
+        #: a window's standing receive, or a piece of an op that failed: it may wait for
+        #: ever, so nothing blocks on it (room, shutdown)
         self.passive = False
 
     def hold(
