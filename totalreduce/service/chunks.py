@@ -123,6 +123,7 @@ def run(
                 return
             state["left"] -= 1
             if err is not None:
+                err = _told(err, int(x.size), len(plan))
                 state["error"] = err
                 # The other pieces in flight may never end (a rank that did not cut has
                 # no piece to meet them): nothing waits for them, shutdown included.
@@ -187,6 +188,20 @@ def run(
 
 def _nothing() -> None:
     pass
+
+
+def _told(err: BaseException, count: int, pieces: int) -> BaseException:
+    """A piece's error, saying that the counts it names are a piece's."""
+    text = (
+        f"{err} (this rank's op has {count} elements and ran in {pieces} pieces, as it does "
+        "not fit half of a client's part of the node's arena: counts above are a piece's)"
+    )
+    try:
+        told = type(err)(text)
+    except Exception:  # an error type that takes other arguments: as it is
+        return err
+    told.__cause__ = err.__cause__
+    return told
 
 
 def _plan(
