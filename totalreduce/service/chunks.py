@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -41,9 +41,6 @@ from ..algorithms.schedule import balanced_parts
 from ..dtypes import DType, ReduceOp
 from ..group import Group
 from .thin import ThinHandle
-
-if TYPE_CHECKING:
-    from .submit import OpSubmitter
 
 #: The kinds that are cut into pieces when they are too large for the arena (an all-to-all
 #: only where its caller names the size that decides).
@@ -74,7 +71,7 @@ def piece_wire(wire: int, i: int) -> int:
 
 
 def run(
-    sub: OpSubmitter,
+    sub: Any,  # the OpSubmitter of service/submit.py (which imports this module)
     pieces: int,
     kind: OpKind,
     x: np.ndarray,
