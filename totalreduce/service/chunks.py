@@ -36,9 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.codes import AlgorithmCode, OpKind
+from ..algorithms.codes import OpKind
 from ..algorithms.schedule import balanced_parts
-from ..dtypes import DType, ReduceOp
 from ..group import Group
 from .thin import ThinHandle
 
@@ -70,41 +69,23 @@ def piece_wire(wire: int, i: int) -> int:
     return wire if i == 0 else ((wire ^ (i * _GOLDEN)) * _GOLDEN + i) & _MASK
 
 
-def run(
-    sub: Any,  # the OpSubmitter of service/submit.py (which imports this module)
-    pieces: int,
-    kind: OpKind,
-    x: np.ndarray,
-    dtype: DType,
-    out: np.ndarray,
-    in_place: bool,
-    name: str | int | None,
-    op: ReduceOp,
-    priority: Any,
-    root: int,
-    result: Any,
-    *,
-    group: Group | None,
-    parts: tuple[int, ...] | None,
-    finalize: Callable[[], Any] | None,
-    reserved: tuple[str | int, int] | None,
-    handle: ThinHandle | None,
-    shown: OpKind | None,
-    algorithm: AlgorithmCode,
-) -> ThinHandle:
-    """Submit the op as ``pieces`` thin ops; the handle that ends with the last of them."""
+def run(sub: Any, pieces: int, call: dict[str, Any]) -> ThinHandle:
+    """Submit an op as ``pieces`` thin ops; the handle that ends with the last of them.
+
+    ``sub`` is the service (``service/submit.py``'s ``OpSubmitter``, which imports this
+    module) and ``call`` the arguments of its ``_thin_op`` for the whole op, its name
+    already reserved (``reserved``)."""
     thin = sub._thin
     assert thin is not None
     names = sub._names
-    if reserved is None:
-        sig = (kind.name.lower(), dtype.name.lower(), int(x.size), op.name.lower(), root)
-        reserved = names.name(name, sig)
-    op_name, gen = reserved
-    final = handle or ThinHandle(
-        thin, op_name, gen, shown or kind, result, lambda: names.ended(op_name)
+    op_name, gen = call["reserved"]
+    kind, x, result, finalize = call["kind"], call["x"], call["result"], call["finalize"]
+    shown = call["shown"] or kind
+    final = call["handle"] or ThinHandle(
+        thin, op_name, gen, shown, result, lambda: names.ended(op_name)
     )
     wire = sub._wire_id(op_name)
-    plan = _plan(kind, x, out, parts, pieces, group, sub.rank, sub.size)
+    plan = _plan(kind, x, call["out"], call["parts"], pieces, call["group"], sub.rank, sub.size)
     state = {"left": len(plan), "error": None}
     lock = threading.Lock()
 
@@ -138,12 +119,11 @@ def run(
 
     def submit(i: int) -> None:
         xi, oi, pi, back = plan[i]
-        h = ThinHandle(thin, op_name, gen, shown or kind, None, _nothing)
-        sub._thin_op(
-            kind, xi, dtype, oi, in_place and pi is None, name, op, priority, root, None,
-            group=group, parts=pi, reserved=reserved, handle=h, shown=shown,
-            algorithm=algorithm, wire=piece_wire(wire, i),
-        )  # fmt: skip
+        h = ThinHandle(thin, op_name, gen, shown, None, _nothing)
+        in_place = call["in_place"] and pi is None
+        sub._thin_op(**{**call, "x": xi, "out": oi, "in_place": in_place, "parts": pi,
+                        "result": None, "finalize": None, "handle": h,
+                        "wire": piece_wire(wire, i)})  # fmt: skip
         with lock:
             sent.append(h)
             h.passive = state["error"] is not None  # the op failed meanwhile

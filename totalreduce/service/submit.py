@@ -266,20 +266,22 @@ class OpSubmitter:
         self._check_open()
         thin = self._thin
         assert thin is not None
-        if wire is None and kind in chunks.CUT:
-            pieces = thin.pieces(chunks.shared_bytes(kind, x, parts, cut))
-            if pieces > 1:
-                return chunks.run(
-                    self, pieces, kind, x, dtype, out, in_place, name, op, priority, root,
-                    result, group=group, parts=parts, finalize=finalize, reserved=reserved,
-                    handle=handle, shown=shown, algorithm=algorithm,
-                )  # fmt: skip
         prio = checks.priority(priority)
         if reserved is None:
             sig = (kind.name.lower(), dtype.name.lower(), int(x.size), op.name.lower(), root)
             op_name, gen = self._names.name(name, sig)
         else:
             op_name, gen = reserved
+        if wire is None and kind in chunks.CUT:
+            pieces = thin.pieces(chunks.shared_bytes(kind, x, parts, cut))
+            if pieces > 1:
+                return chunks.run(self, pieces, {
+                    "kind": kind, "x": x, "dtype": dtype, "out": out, "in_place": in_place,
+                    "name": name, "op": op, "priority": priority, "root": root,
+                    "result": result, "group": group, "parts": parts, "finalize": finalize,
+                    "reserved": (op_name, gen), "handle": handle, "shown": shown,
+                    "algorithm": algorithm,
+                })  # fmt: skip
         names = self._names
         blocks: list[int] = []
         try:
