@@ -63,6 +63,6 @@ def test_malformed_descriptors_fail_alone_and_the_service_goes_on(tmp_path: Path
 @pytest.mark.parametrize("local", [1, 2], ids=lambda n: f"2x{n}")
 def test_large_ops_and_backpressure_with_a_small_arena(tmp_path: Path, local: int) -> None:
     """Ops too large for the arena run in pieces on the thin path (no engine starts)."""
-    checks = ["LARGE", "LARGE-PARTS", "LARGE-ALLTOALL", "BACKPRESSURE", "MISMATCH-PIECES",
-              "AFTER-PIECES", "LARGE-NO-ENGINE"]  # fmt: skip
+    checks = ["LARGE", "LARGE-PARTS", "LARGE-ALLTOALL", "BACKPRESSURE", "LARGE-WINDOW",
+              "MISMATCH-PIECES", "AFTER-PIECES", "LARGE-NO-ENGINE"]  # fmt: skip
     run_mode(tmp_path / "s", 2, local, "pressure", checks, "--arena-bytes", str((8 << 20) * local))

@@ -425,6 +425,20 @@ def mode_pressure(p: int, rank: int) -> None:
     ]
     bad = [k for k, h in enumerate(handles) if not np.all(h.wait() == p * k + p * (p - 1) // 2)]
     report(rank, "BACKPRESSURE", not bad, str(bad))
+    # a window larger than half a part: its standing receives and puts run in pieces
+    from totalreduce.topology import get_topology, plan
+
+    n = half // 8 + 1000
+    x = np.full(n, float(rank + 1))
+    tr.win_create(x, "big.win", topology="ring")
+    tr.win_put(x, "big.win")
+    tr.barrier(name="big.win.put")
+    tr.win_update("big.win")
+    ins = sorted(plan(get_topology("ring", p), rank, 0).src_weights)
+    want = (rank + 1 + sum(r + 1 for r in ins)) / (len(ins) + 1)
+    tr.barrier(name="big.win.read")
+    tr.win_free("big.win")
+    report(rank, "LARGE-WINDOW", bool(np.allclose(x, want)), f"{x[:3]} != {want}")
     # a rank whose op is cut and one whose is not (their counts differ): the first piece
     # meets the other's op, and both fail naming their counts; the name goes on
     n = half // 8 + 1000 if rank == 0 else 1000

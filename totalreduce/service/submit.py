@@ -280,7 +280,7 @@ class OpSubmitter:
                     "name": name, "op": op, "priority": priority, "root": root,
                     "result": result, "group": group, "parts": parts, "finalize": finalize,
                     "reserved": (op_name, gen), "handle": handle, "shown": shown,
-                    "algorithm": algorithm,
+                    "algorithm": algorithm, "passive": passive,
                 })  # fmt: skip
         names = self._names
         blocks: list[int] = []
