@@ -126,7 +126,8 @@ def run(sub: Any, pieces: int, call: dict[str, Any]) -> ThinHandle:
                         "wire": piece_wire(wire, i)})  # fmt: skip
         with lock:
             sent.append(h)
-            h.passive = state["error"] is not None  # the op failed meanwhile
+            if state["error"] is not None:  # the op failed meanwhile: this may never end
+                h.passive = True
         h.add_done_callback(lambda h: ended(h, back))
 
     def fail(exc: BaseException) -> None:  # the pieces in flight end unheard; the name ends

@@ -63,6 +63,11 @@ __all__ = ["WinHandle", "Window", "Windows"]
 
 PUT, ACCUMULATE, REPLY, FREE, GET = 1, 2, 3, 4, 5
 HEADER = 16  # int32 kind, int32 spare, float64 p (or a GET's weight)
+#: Daemon mode: messages up to this size take the thin path (their standing receives wait
+#: at the node's service, their buffers in the arena); larger ones the client's engine.
+#: On the thin path a large window's standing receive would hold arena room a put needs,
+#: and a put completes before the target's service has written its body.
+THIN_MESSAGE_BYTES = 64 << 10
 DATA, ASK = 0, 1  # the channels: data (into a slot) and get requests
 _KINDS = {DATA: (PUT, ACCUMULATE, REPLY, FREE), ASK: (GET, FREE)}
 _FLOATS = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)
@@ -267,13 +272,12 @@ class Windows:
                     target=self._run, name=f"totalreduce-windows-{self.rank}", daemon=True
                 )
                 self._thread.start()
-        # In daemon mode the standing receives' buffers live in the node's arena: what
-        # arrives lands there without a copy.
-        empty = self.svc.empty
+        # In daemon mode the thin path's standing receives have their buffers in the node's
+        # arena: what arrives lands there without a copy.
         for r in in_ranks:
-            self._listen(win, r, DATA, empty(HEADER + win.nbytes, np.uint8))
+            self._listen(win, r, DATA, self._buffer(HEADER + win.nbytes))
         for r in out_ranks:
-            self._listen(win, r, ASK, empty(HEADER, np.uint8))
+            self._listen(win, r, ASK, self._buffer(HEADER))
         return True
 
     def _topology(self, topology: Any, name: str) -> MixingTopology:
@@ -306,13 +310,28 @@ class Windows:
         grp = Group(sorted((self.rank, dst)))
         name = _channel(win.name, self.rank, dst, chan)
         empty = np.empty(0, np.uint8)
-        return self.svc._point(msg, empty, DType.UINT8, grp, self.rank, name, 0, None)
+        return self.svc._point(
+            msg, empty, DType.UINT8, grp, self.rank, name, 0, None, engine=n > THIN_MESSAGE_BYTES
+        )
+
+    def _buffer(self, n: int) -> np.ndarray:
+        """A standing receive's buffer: in the arena where its messages take the thin path."""
+        return self.svc.empty(n, np.uint8) if n <= THIN_MESSAGE_BYTES else np.empty(n, np.uint8)
 
     def _listen(self, win: Window, src: int, chan: int, buf: np.ndarray) -> None:
         grp = Group(sorted((self.rank, src)))
         name = _channel(win.name, src, self.rank, chan)
         h = self.svc._point(
-            np.empty(0, np.uint8), buf, DType.UINT8, grp, src, name, 0, buf, passive=True
+            np.empty(0, np.uint8),
+            buf,
+            DType.UINT8,
+            grp,
+            src,
+            name,
+            0,
+            buf,
+            passive=True,
+            engine=buf.nbytes > THIN_MESSAGE_BYTES,
         )
         h.add_done_callback(lambda h: self._on_done(win, (src, chan, h, buf)))
 
@@ -340,6 +359,16 @@ class Windows:
                 return
             with win.lock:
                 self._drain(win)
+
+    def _look(self) -> None:
+        """Daemon mode: end this client's ops whose completion words are set but that no
+        thread has looked at yet, so that their callbacks run now: a message that landed
+        before this call (a put whose sender saw it complete, then a barrier) is applied
+        before the caller reads the window."""
+        thin = getattr(self.svc, "_thin", None)
+        if thin is not None:
+            for h in thin.in_flight():
+                thin.check(h)
 
     def _drain(self, win: Window) -> None:
         """Apply what arrived for ``win``, in order (its lock held)."""
@@ -489,6 +518,7 @@ class Windows:
                     f"{neighbor_weights!r}"
                 )
             nw = self._targets(win, neighbor_weights, win.in_ranks, what, "in-neighbours")
+        self._look()
         with win.lock:
             self._drain(win)
             out = win.mine if not clone else np.empty_like(win.mine)
@@ -518,6 +548,7 @@ class Windows:
     def version(self, name: str) -> dict[int, int]:
         """Per in-neighbour: messages applied to its slot since this rank's last update."""
         win = self.window(name, f"get_win_version({name!r})")
+        self._look()
         with win.lock:
             self._drain(win)
             return dict(win.versions)
@@ -525,6 +556,7 @@ class Windows:
     def p(self, name: str) -> float:
         """The window's associated scalar (push-sum's weight)."""
         win = self.window(name, f"win_associated_p({name!r})")
+        self._look()
         with win.lock:
             self._drain(win)
             return win.p
@@ -542,6 +574,7 @@ class Windows:
                 f"win_slot({name!r}): rank {rank} is not an in-neighbour of rank {self.rank} "
                 f"(in-neighbours: {list(win.in_ranks)})"
             )
+        self._look()
         with win.lock:
             self._drain(win)
             return win.slots[rank].copy().reshape(win.shape)
@@ -599,6 +632,7 @@ class Windows:
     def _until(
         self, win: Window, chan: int, peers: tuple[int, ...], deadline: float | None
     ) -> None:
+        self._look()
         with win.lock:
             self._drain(win)
             while not set(peers) <= win.closed[chan]:
