@@ -143,7 +143,7 @@ class _Op:
 
     __slots__ = ("key", "grp", "expect", "parts", "descs", "seen", "incarnations", "handle",
                  "node_buf", "ins", "plan", "over", "why", "fail_kind", "since",
-                 "warned")  # fmt: skip
+                 "warned", "standing")  # fmt: skip
 
     def __init__(self, key: tuple[int, int, int], slots: int, grp: _Grp) -> None:
         self.key = key
@@ -161,6 +161,7 @@ class _Op:
         self.plan: Any = None  # an all-to-all's bytes to and from each node, its outputs
         self.over = False  # answered: its clients' words are set (once, by whoever ends it)
         self.why, self.fail_kind = "", 0  # why it failed
+        self.standing = False  # running, and passive: the arena thread does not drive it
 
     def release(self) -> None:
         """It is answered: drop its buffers (it stays a while among the collected ops, for
@@ -300,7 +301,7 @@ class ThinService:
                 if self._drain():
                     last = time.perf_counter()
                     continue
-                oldest = next((o for o in self._running.values() if not o.passive), None)
+                oldest = next((o for o in self._running.values() if not o.standing), None)
                 h = None if oldest is None else oldest.handle
                 if h is not None:
                     # Ops among the services: this thread drives their engine, as a thread
@@ -588,6 +589,7 @@ class ThinService:
         if len(g.nodes) == 1 or self.engine is None:
             self._finish(op, None)
             return
+        op.standing = op.passive  # all its local members are in: it stays so
         self._running[op.key] = op
         for late in self.engine.take_late_errors():  # about ops answered already
             log.warning("an op among the services failed elsewhere after it ended here: %s", late)

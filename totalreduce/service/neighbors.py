@@ -419,29 +419,21 @@ class NeighborOps(OpSubmitter):
             raise
         shaped = mid.reshape(arr.shape)
 
-        def machine(h: ThinHandle) -> None:
-            err = h.exception()
-            if err is None:
-                try:
-                    if edge_topology(machine_topo):
-                        edge = machine_topo.edge_of(node, step)
-                        grp = Group(sorted(m * L + me for m in edge.ranks))
-                        self._thin_edge(shaped, dt, o, False, name, reserved, priority, grp,
-                                        float(edge.weight), handle=final)  # fmt: skip
-                    else:
-                        sw, src, dst = graph_weights(machine_topo, node, step)
-                        self._thin_exchange(
-                            shaped, dt, o, False, name, reserved, priority,
-                            {m * L + me: w for m, w in src.items()},
-                            {m * L + me: 1.0 for m in dst}, sw, handle=final,
-                        )  # fmt: skip
-                    return
-                except Exception as exc:
-                    err = exc
-            thin.settle(final, None, err)
+        def machine() -> None:
+            if edge_topology(machine_topo):
+                edge = machine_topo.edge_of(node, step)
+                grp = Group(sorted(m * L + me for m in edge.ranks))
+                self._thin_edge(shaped, dt, o, False, name, reserved, priority, grp,
+                                float(edge.weight), handle=final)  # fmt: skip
+            else:
+                sw, src, dst = graph_weights(machine_topo, node, step)
+                self._thin_exchange(
+                    shaped, dt, o, False, name, reserved, priority,
+                    {m * L + me: w for m, w in src.items()},
+                    {m * L + me: 1.0 for m in dst}, sw, handle=final,
+                )  # fmt: skip
 
-        first.add_done_callback(machine)
-        return final
+        return thin.chain(first, final, machine)
 
     def _machine_phase(
         self, machine_topo: Any, L: int, step: int, n: int

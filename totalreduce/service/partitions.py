@@ -385,19 +385,7 @@ class PartitionOps(OpSubmitter):
             names.ended(op_name)
             raise
 
-        def counts_done(h: ThinHandle) -> None:
-            err = h.exception()
-            if err is None:
-                got = tuple(int(c) for c in sizes)
-                try:
-                    data(got, final)
-                    return
-                except Exception as exc:
-                    err = exc
-            thin.settle(final, None, err)
-
-        first.add_done_callback(counts_done)
-        return final
+        return thin.chain(first, final, lambda: data(tuple(int(c) for c in sizes), final))
 
 
 def _counts(

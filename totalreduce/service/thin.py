@@ -424,6 +424,23 @@ class ThinClient:
         if self.ctl[A.C_SLEEPING] and not self.closed:
             signal_eventfd(self.efd)
 
+    def chain(self, first: ThinHandle, final: ThinHandle, then: Callable[[], None]) -> ThinHandle:
+        """``final``, which ``then()`` submits once ``first`` has ended well (on the thread
+        that sees it end); if ``first`` fails, or ``then`` raises, ``final`` fails so."""
+
+        def go(h: ThinHandle) -> None:
+            err = h.exception()
+            if err is None:
+                try:
+                    then()
+                    return
+                except Exception as exc:
+                    err = exc
+            self.settle(final, None, err)
+
+        first.add_done_callback(go)
+        return final
+
     def block(self, h: ThinHandle, timeout: float | None) -> None:
         """Until ``h`` is done: spin for :data:`SPIN_S`, then sleep on the eventfd."""
         t0_ns = time.perf_counter_ns()

@@ -360,15 +360,20 @@ class Windows:
             with win.lock:
                 self._drain(win)
 
-    def _look(self) -> None:
-        """Daemon mode: end this client's ops whose completion words are set but that no
-        thread has looked at yet, so that their callbacks run now: a message that landed
-        before this call (a put whose sender saw it complete, then a barrier) is applied
-        before the caller reads the window."""
+    @contextlib.contextmanager
+    def _applied(self, win: Window) -> Iterator[None]:
+        """``win``'s lock, held once what arrived for it is applied.  In daemon mode the
+        client's ops whose completion words are set but that no thread has looked at yet
+        end first, so that their callbacks run: a message that landed before this call (a
+        put whose sender saw it complete, then a barrier) is applied before the caller
+        reads the window."""
         thin = getattr(self.svc, "_thin", None)
         if thin is not None:
             for h in thin.in_flight():
                 thin.check(h)
+        with win.lock:
+            self._drain(win)
+            yield
 
     def _drain(self, win: Window) -> None:
         """Apply what arrived for ``win``, in order (its lock held)."""
@@ -518,9 +523,7 @@ class Windows:
                     f"{neighbor_weights!r}"
                 )
             nw = self._targets(win, neighbor_weights, win.in_ranks, what, "in-neighbours")
-        self._look()
-        with win.lock:
-            self._drain(win)
+        with self._applied(win):
             out = win.mine if not clone else np.empty_like(win.mine)
             if clone:
                 copy_into(out, win.mine, win.dtype)
@@ -548,17 +551,13 @@ class Windows:
     def version(self, name: str) -> dict[int, int]:
         """Per in-neighbour: messages applied to its slot since this rank's last update."""
         win = self.window(name, f"get_win_version({name!r})")
-        self._look()
-        with win.lock:
-            self._drain(win)
+        with self._applied(win):
             return dict(win.versions)
 
     def p(self, name: str) -> float:
         """The window's associated scalar (push-sum's weight)."""
         win = self.window(name, f"win_associated_p({name!r})")
-        self._look()
-        with win.lock:
-            self._drain(win)
+        with self._applied(win):
             return win.p
 
     def set_p(self, name: str, value: float) -> None:
@@ -574,9 +573,7 @@ class Windows:
                 f"win_slot({name!r}): rank {rank} is not an in-neighbour of rank {self.rank} "
                 f"(in-neighbours: {list(win.in_ranks)})"
             )
-        self._look()
-        with win.lock:
-            self._drain(win)
+        with self._applied(win):
             return win.slots[rank].copy().reshape(win.shape)
 
     @contextlib.contextmanager
@@ -632,9 +629,7 @@ class Windows:
     def _until(
         self, win: Window, chan: int, peers: tuple[int, ...], deadline: float | None
     ) -> None:
-        self._look()
-        with win.lock:
-            self._drain(win)
+        with self._applied(win):
             while not set(peers) <= win.closed[chan]:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
