@@ -69,6 +69,7 @@ class DriveHooks:
     _wanted: bool
     _asleep: bool
     _wait_spin: float
+    _wait_spin_ns: int
     _t_wait: Callable[[float], None] | None
     _t_sleepers: set[int]
     run_once: Callable[[], bool]

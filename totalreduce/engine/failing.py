@@ -34,7 +34,7 @@ from ..transport.base import Transport
 from . import wire
 from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, ERROR_TIMEOUT, _error_from_peer
 from .floating import BufferPool, FloatingList
-from .payload import OpKey, OpSpec, OpState, Payload
+from .payload import OpKey, OpSpec, OpState, Payload, describe_op
 from .sending import _CTL
 from .wire import ERROR, F_GEN, F_NBYTES, F_PARAM, F_WID
 
@@ -233,7 +233,7 @@ class FailHooks:
         if done is not None:
             # Finished here already: the result may be wrong. Say so at once and
             # raise it at this rank's next call.
-            what, group = done[0], done[1]
+            what, group = describe_op(*done[0]), done[1]
             late = type(err)(
                 f"{what} completed on rank {self.rank}, but failed elsewhere: {message}"
             )

@@ -64,10 +64,8 @@ _POOLED_BYTES = 64 << 10
 _POOLED_PER_SIZE = 4
 _POOLED_MAX = 512 << 20
 _NO_POOLED: list[np.ndarray] = []
-# Layout words a waiter's completion reads (module globals: no attribute lookups there).
-_C_NDONE, _C_NEV, _C_FULL, _C_BFULL = L.C_NDONE, L.C_NEV, L.C_FULL, L.C_BFULL
-_C_DONEQ, _C_OPS, _O_N, _O_STATE, _S_DONE = L.C_DONEQ, L.C_OPS, L.O_N, L.O_STATE, L.S_DONE
-_C_SEQ = L.C_SEQ
+# Layout words an express entry reads (module globals: no attribute lookups there).
+_C_NDONE, _C_NEV = L.C_NDONE, L.C_NEV
 
 
 def _signed(v: int) -> int:
@@ -263,6 +261,8 @@ class Lane(LanePlans, LaneGrowth):
         self._fields = np.zeros(16, dtype=np.int64)
         self._addrs = np.zeros(4, dtype=np.int64)
         self._plain_addrs = np.zeros(4, dtype=np.int64)
+        #: After :meth:`enter`: whether ops ended or events wait for Python.
+        self.pending = False
         #: Scratch and input copies of large ops, by size, for the next op of that size.
         self._pool: dict[int, list[np.ndarray]] = {}
         self._pooled_bytes = 0
@@ -292,25 +292,31 @@ class Lane(LanePlans, LaneGrowth):
 
     def enter(self, spec: OpSpec, shape: LaneShape) -> LaneOp | None:
         """Enter a repeat of the shape ``shape`` was made for (its generation, priority,
-        urgency and buffers are this op's); None when the table is full."""
-        f = shape.fields
-        f[1] = spec.generation
-        f[9] = spec.priority
-        f[14] = 1 if spec.urgent else 0
+        urgency and buffers are this op's); None, nothing entered, when the table or the
+        pool is full.  ``pending`` then says whether ops ended or events wait for Python."""
         if not shape.plain:
+            if self.mem[L.C_FULL]:
+                return None
+            f = shape.fields
+            f[1] = spec.generation
+            f[9] = spec.priority
+            f[14] = 1 if spec.urgent else 0
             work = np.empty(shape.work, dtype=spec.dtype.numpy) if shape.work else None
-            return self._enter(spec, f, work, shape)
-        # What _enter does, less what a plain shape never needs (copies, buffers).
-        a = self._plain_addrs  # its WORK and SCRATCH addresses stay 0
+            lop = self._enter(spec, f, work, shape)
+            self.pending = bool(self.mem[_C_NDONE] or self.mem[_C_NEV])
+            return lop
+        # What _enter does, less what a plain shape never needs (copies, buffers), in one
+        # compiled call (its WORK and SCRATCH addresses stay 0).
+        inb, outb = spec.inbuf, spec.outbuf
         if shape.f16:
-            core.buffer_addresses(spec.inbuf.view(np.uint16), spec.outbuf.view(np.uint16), a)
-        else:
-            core.buffer_addresses(spec.inbuf, spec.outbuf, a)
-        mem = self.mem
-        slot = core.lane_submit(mem, self.prog, self.arena, self.b, f, a)
+            inb, outb = inb.view(np.uint16), outb.view(np.uint16)
+        slot, seq, self.pending = core.lane_enter(
+            self.mem, self.prog, self.arena, self.b, shape.fields, self._plain_addrs, inb, outb,
+            spec.generation, spec.priority, 1 if spec.urgent else 0,
+        )  # fmt: skip
         if slot < 0:
             return None
-        lop = LaneOp(spec, slot, int(mem[_C_SEQ]), None)
+        lop = LaneOp(spec, slot, seq, None)
         self.ops[slot] = lop
         self.by_key[lop.key] = lop
         return lop
@@ -388,9 +394,29 @@ class Lane(LanePlans, LaneGrowth):
         return bool(
             core.lane_drive(
                 self.mem, self.prog, self.arena, self.b, lop.slot, lop.seq,
-                int(max_s * 1e9), int(spin_s * 1e9),
+                int(max_s * 1e9), int(spin_s * 1e9), 0,
             )
         )  # fmt: skip
+
+    def wait_own(self, lop: LaneOp, max_ns: int, spin_ns: int) -> bool:
+        """:meth:`wait`, then :meth:`take_own`, in one compiled call: True when ``lop``
+        ended well as the one op done (it left the table then); False, nothing taken,
+        when it did not end, or something else waits for Python."""
+        slot = lop.slot
+        if self.ops.get(slot) is not lop:
+            return False
+        r = core.lane_drive(
+            self.mem, self.prog, self.arena, self.b, slot, lop.seq, max_ns, spin_ns, 1
+        )
+        if r != 2:
+            return False
+        del self.ops[slot]
+        self.by_key.pop(lop.key, None)
+        if lop.pooled:
+            for raw in lop.pooled:
+                self._give(raw)
+            lop.pooled = _NO_POOLED
+        return True
 
     def drive(self, max_s: float, spin_s: float) -> bool:
         """The comm thread's compiled passes without the interpreter lock (see
@@ -398,8 +424,16 @@ class Lane(LanePlans, LaneGrowth):
         ``C_KICK`` before it checks its own queues, so a kick after the check is seen."""
         return bool(
             core.lane_drive(
-                self.mem, self.prog, self.arena, self.b, -1, 0, int(max_s * 1e9), int(spin_s * 1e9)
-            )
+                self.mem,
+                self.prog,
+                self.arena,
+                self.b,
+                -1,
+                0,
+                int(max_s * 1e9),
+                int(spin_s * 1e9),
+                0,
+            )  # fmt: skip
         )
 
     def kick(self) -> None:
@@ -463,31 +497,6 @@ class Lane(LanePlans, LaneGrowth):
         if self._orphans and not mem[L.C_ORPHANS]:
             self._orphans.clear()
         return out
-
-    def take_own(self, lop: LaneOp) -> bool:
-        """:meth:`take_done` for a waiter whose op succeeded and is all there is to take:
-        True when ``lop`` was the one op done, done well, no event and nothing full waits
-        for Python (it left the table then); False, nothing taken, otherwise."""
-        mem = self.mem
-        slot = lop.slot
-        if (
-            mem[_C_NDONE] != 1
-            or mem[_C_NEV]
-            or mem[_C_FULL]
-            or mem[_C_BFULL]
-            or mem[mem[_C_DONEQ]] != slot
-            or mem[mem[_C_OPS] + slot * _O_N + _O_STATE] != _S_DONE
-            or self.ops.get(slot) is not lop
-        ):
-            return False
-        mem[_C_NDONE] = 0
-        del self.ops[slot]
-        self.by_key.pop(lop.key, None)
-        if lop.pooled:
-            for raw in lop.pooled:
-                self._give(raw)
-            lop.pooled = _NO_POOLED
-        return True
 
     def _take(self, nbytes: int) -> np.ndarray:
         free = self._pool.get(nbytes)

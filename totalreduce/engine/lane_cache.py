@@ -15,6 +15,7 @@ from typing import Any
 #: of all of these: :func:`forget_stale_cache` covers the rest.
 _SOURCES = (
     "engine/lane_core.py",
+    "engine/lane_receive.py",
     "engine/lane_bodies.py",
     "engine/lane_progress.py",
     "engine/lane_tables.py",
@@ -28,6 +29,7 @@ _SOURCES = (
 #: The modules whose cached functions inline the others (flushed together).
 _CACHED = (
     "engine.lane_core",
+    "engine.lane_receive",
     "engine.lane_progress",
     "engine.lane_tables",
     "kernels.raw",

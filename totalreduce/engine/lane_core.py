@@ -20,25 +20,20 @@ that op's frames without credit (they are consumed on arrival).  So early frames
 within the credit, an op submitted everywhere always has a path, and no order of
 submissions deadlocks.
 
-This module holds the receiving side, the pass, the drivers and submission; the tables,
-outboxes and ready heap are :mod:`.lane_tables`, op progress and sending
-:mod:`.lane_progress`, answers and the rendezvous of large segments :mod:`.lane_bodies`.
+This module holds the pass, the drivers and submission; the receiving side (frames placed
+by op key) is :mod:`.lane_receive`, the tables, outboxes and ready heap
+:mod:`.lane_tables`, op progress and sending :mod:`.lane_progress`, answers and the
+rendezvous of large segments :mod:`.lane_bodies`.
 """
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 from ..native.intrinsics import (
     cpu_relax,
-    ld_i32,
-    ld_i64,
-    ld_u8,
-    ld_u16,
-    ld_u32,
 )
-from ..native.libc import memcpy, now_ns, yield_cpu
+from ..native.libc import now_ns, yield_cpu
 from ..transport.mpi_native import (
     B_ANY_SOURCE,
     mpi_get_count,
@@ -48,8 +43,6 @@ from ..transport.mpi_native import (
     status_source,
 )
 from .lane_bodies import (
-    _on_ask,
-    _on_cts,
     _owe,
     _post_waiting,
     _reap_bodies,
@@ -59,25 +52,21 @@ from .lane_bodies import (
 )
 from .lane_layout import *  # noqa: F403 - the field constants
 from .lane_progress import (
-    _apply,
     _drain_stack,
     _fail,
     _locals,
-    _mark_peer,
     _push_stack,
     _send_ready,
     remember_failed,
     remember_key,
 )
+from .lane_receive import _consume, _place
 from .lane_tables import (
-    _abandon,
     _dyn,
     _event,
-    _find_recv,
     _heap_push,
     _op,
     _reap,
-    _same_shape,
     _slot_addr,
     flush_all,
     hash_find,
@@ -85,218 +74,7 @@ from .lane_tables import (
     hash_rebuild,
     hash_value,
     slot_give,
-    slot_take,
 )
-
-# ------------------------------------------------------------------ receiving
-
-
-@njit(nogil=True, cache=True)
-def _place(mem, prog, arena, b, slot, src, f, pool_slot):  # type: ignore[no-untyped-def]
-    """A DATA frame (header at ``f``) of active op ``slot`` from ``src``: apply its body,
-    or stage it (in ``pool_slot`` if the frame already lies in one, else in a new slot).
-    Returns False only when a new slot was needed and none is free."""
-    if not _same_shape(mem, slot, f):
-        _event(mem, arena, EV_MISMATCH, slot, src, 0, 0, f)
-        _fail(mem, prog, arena, slot)
-        if pool_slot >= 0:
-            slot_give(mem, pool_slot)
-        return True
-    q = _find_recv(mem, prog, slot, src, ld_u32(f + 12), ld_u32(f + 16))
-    if q < 0 or mem[_dyn(mem, slot, D_RS) + q] != RS_WAIT:
-        _event(mem, arena, EV_UNEXPECTED, slot, src, 0, 0, f)
-        _fail(mem, prog, arena, slot)
-        if pool_slot >= 0:
-            slot_give(mem, pool_slot)
-        return True
-    o = _op(mem, slot)
-    n = ld_i64(f + 40)
-    want = prog[prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N + G_NBYTES]
-    if n != want:
-        _event(mem, arena, EV_SIZE, slot, src, n, want, f)
-        _fail(mem, prog, arena, slot)
-        if pool_slot >= 0:
-            slot_give(mem, pool_slot)
-        return True
-    if ld_u8(f + 5) & 1:
-        mem[o + O_URGENT] = 1
-    if mem[_dyn(mem, slot, D_RW) + q] == 0:
-        _apply(mem, prog, arena, slot, q, f + FRAME_SIZE)
-        if pool_slot >= 0:
-            slot_give(mem, pool_slot)
-        _push_stack(mem, arena, slot, -1)
-        return True
-    s = pool_slot
-    if s < 0:
-        s = slot_take(mem)
-        if s < 0:
-            return False
-        memcpy(_slot_addr(mem, arena.ctypes.data, s), f, FRAME_SIZE + n)
-    mem[_dyn(mem, slot, D_RS) + q] = RS_STAGED
-    mem[_dyn(mem, slot, D_RSLOT) + q] = s
-    return True
-
-
-@njit(nogil=True, cache=True)
-def _float(mem, arena, src, f, ftype, credited, nbytes):  # type: ignore[no-untyped-def]
-    """Keep a frame of an op not submitted here; False when no slot is free."""
-    s = slot_take(mem)
-    if s < 0:
-        return False
-    memcpy(_slot_addr(mem, arena.ctypes.data, s), f, FRAME_SIZE + nbytes)
-    m = mem[C_META] + s * M_N
-    mem[m + M_SOURCE] = src
-    mem[m + M_TYPE] = ftype
-    mem[m + M_CREDITED] = credited
-    wid = ld_i64(f + 24)
-    gen = ld_i64(f + 32)
-    e = hash_find(mem, mem[C_FHASH], wid, gen)
-    mem[m + M_NEXT] = -1 if e < 0 else mem[e + 2]
-    hash_put(mem, mem[C_FHASH], wid, gen, s)
-    mem[C_FLOATING] += 1
-    return True
-
-
-@njit(nogil=True, cache=True)
-def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-def]
-    """One frame at address ``f`` (``avail`` bytes left in the message); the bytes it took,
-    0 when it must wait for a free slot, or -1 after a malformed-message event."""
-    ftype = ld_u8(f)
-    flags = ld_u8(f + 5)
-    n = ld_i64(f + 40)
-    size = FRAME_SIZE
-    if ftype == F_DATA:
-        if n < 0 or n > mem[C_MICRO]:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_BODY, n, f)
-            return -1
-        size = FRAME_SIZE + ((n + 7) & ~7)
-    elif ftype != F_RTS and ftype != F_READY and ftype != F_CTS and ftype != F_ASK:
-        _event(mem, arena, EV_MALFORMED, -1, src, MF_TYPE, ftype, f)
-        return -1
-    if size > avail:
-        _event(mem, arena, EV_MALFORMED, -1, src, MF_TRUNCATED, avail, f)
-        return -1
-    wid = ld_i64(f + 24)
-    gen = ld_i64(f + 32)
-    v = hash_value(mem, mem[C_HASH], wid, gen)
-    credited = 1 if flags & FLAG_CREDIT else 0
-    if ftype == F_READY:
-        if v >= 0:
-            _mark_peer(mem, prog, v, src, SB_READY)
-        return size
-    if ftype == F_CTS or ftype == F_ASK:
-        # Never kept for an op not submitted here: its sender asks again (ASK) or its
-        # receiver clears again (CTS) once the op starts here.
-        if v >= 0:
-            if ftype == F_CTS:
-                tag = np.int64(ld_u32(f + 8))
-                if tag < mem[C_BTAG] or tag >= mem[C_BTAG] + mem[C_BSPAN]:
-                    _event(mem, arena, EV_MALFORMED, -1, src, MF_TAG, tag, f)
-                    return -1
-                _on_cts(mem, prog, arena, v, src, f, tag)
-            else:
-                _on_ask(mem, prog, arena, v, src, f)
-        elif v == H_FOREIGN:
-            _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
-        elif v == H_FAILED and ftype == F_CTS:
-            # The op failed here: the receive posted for its body is answered empty.
-            tag = np.int64(ld_u32(f + 8))
-            if mem[C_BTAG] <= tag < mem[C_BTAG] + mem[C_BSPAN]:
-                _abandon(mem, arena, src, tag)
-        # H_DONE: a second clear that crossed an ASK, or an ASK that crossed the clear
-        # and whose body came first: both answered already.
-        return size
-    if ftype == F_RTS:
-        if v >= 0:
-            _owe(mem, arena, v, src, -1)
-        elif v == H_FOREIGN:
-            _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
-        elif v == H_DONE:
-            _event(mem, arena, EV_LATE, -1, src, 0, 0, f)
-        elif v == H_EMPTY and not _float(mem, arena, src, f, 2, 0, 0):
-            return 0
-        return size
-    # DATA
-    if v >= 0:
-        if not _place(mem, prog, arena, b, v, src, f, -1):
-            return 0
-        if credited:
-            mem[mem[C_PEERS] + src * P_N + P_OWED] += 1
-        return size
-    if v == H_EMPTY:
-        if not credited:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_CREDIT, 0, f)
-            return -1
-        if not _float(mem, arena, src, f, 1, 1, n):
-            return 0
-        return size
-    if v == H_FOREIGN:
-        _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
-    elif v == H_DONE:
-        _event(mem, arena, EV_LATE, -1, src, 0, 0, f)
-    if credited:
-        mem[mem[C_PEERS] + src * P_N + P_OWED] += 1
-    return size
-
-
-@njit(nogil=True, cache=True)
-def _consume(mem, prog, arena, b):  # type: ignore[no-untyped-def]
-    """Place the frames of the message in the landing buffer; False when it must wait
-    for a free slot (``C_FULL`` set: Python grows the pool)."""
-    abase = arena.ctypes.data
-    land = abase + mem[C_A_LAND]
-    length = mem[C_LANDLEN]
-    src = mem[C_LANDSRC]
-    pos = mem[C_LANDPOS]
-    if pos == 0:
-        if length < MSG_SIZE:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_SHORT, length, 0)
-            return True
-        if ld_u32(land) != LANE_MAGIC or ld_u8(land + 4) != LANE_VERSION:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_MAGIC, ld_u32(land), 0)
-            return True
-        if ld_i32(land + 8) != src:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_SENDER, ld_i32(land + 8), 0)
-            return True
-        credit = ld_i64(land + 16)
-        if credit < 0 or credit > mem[C_CREDIT]:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_CREDIT, credit, 0)
-            return True
-        mem[mem[C_PEERS] + src * P_N + P_CREDIT] += credit
-        mem[C_LANDPOS] = MSG_SIZE
-        # frames left to read go in the upper bits of the position's twin
-        mem[C_LANDLEN] = length | (np.int64(ld_u16(land + 6)) << 40)
-    while True:
-        pos = mem[C_LANDPOS]
-        packed = mem[C_LANDLEN]
-        length = packed & ((np.int64(1) << 40) - 1)
-        left = packed >> 40
-        if left == 0:
-            if pos != length:
-                _event(mem, arena, EV_MALFORMED, -1, src, MF_LONG, length - pos, 0)
-            mem[C_LANDLEN] = 0
-            mem[C_LANDPOS] = 0
-            mem[C_FULL] = 0
-            return True
-        if pos + FRAME_SIZE > length:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_TRUNCATED, length - pos, 0)
-            mem[C_LANDLEN] = 0
-            mem[C_LANDPOS] = 0
-            mem[C_FULL] = 0
-            return True
-        took = _on_frame(mem, prog, arena, b, src, land + pos, length - pos)
-        if took == 0:
-            mem[C_FULL] = 1
-            return False
-        if took < 0:
-            mem[C_LANDLEN] = 0
-            mem[C_LANDPOS] = 0
-            mem[C_FULL] = 0
-            return True
-        mem[C_LANDPOS] = pos + took
-        mem[C_LANDLEN] = length | ((left - 1) << 40)
-        _drain_stack(mem, prog, arena)
-
 
 # ------------------------------------------------------------------ the pass
 
@@ -379,7 +157,24 @@ _POLLS_BEFORE_YIELD = 64
 
 
 @njit(nogil=True, cache=True)
-def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-untyped-def]
+def lane_own(mem, slot):  # type: ignore[no-untyped-def]
+    """Whether op ``slot`` is the one op done, done well, with no event and nothing full
+    waiting for Python; if so it is taken (the done queue emptied)."""
+    if (
+        mem[C_NDONE] != 1
+        or mem[C_NEV] != 0
+        or mem[C_FULL] != 0
+        or mem[C_BFULL] != 0
+        or mem[mem[C_DONEQ]] != slot
+        or mem[mem[C_OPS] + slot * O_N + O_STATE] != S_DONE
+    ):
+        return False
+    mem[C_NDONE] = 0
+    return True
+
+
+@njit(nogil=True, cache=True)
+def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, take):  # type: ignore[no-untyped-def]
     """Passes without the interpreter lock until a condition or ``max_ns``; spins
     ``spin_ns`` after the last progress, then yields the core between passes.
 
@@ -388,6 +183,7 @@ def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore
     on (what ``mark_needed`` does for the main loop's ops).  ``slot < 0``, the comm
     thread's while the lane alone has work: until something needs Python (1: an op ended,
     an event, the main loop's message, ``C_KICK``), or nothing is left in flight (0).
+    With ``take`` (a waiter's first try), 2 when the op ended and :func:`lane_own` took it.
     One entry point for both: each entry point links and optimizes the whole pass again
     when it is first compiled."""
     if slot < 0:
@@ -396,6 +192,8 @@ def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore
     mem[C_WATCHSEQ] = seq
     r = _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns)
     mem[C_WATCH] = -1
+    if r == 1 and take != 0 and lane_own(mem, slot):
+        return 2
     return r
 
 
@@ -561,6 +359,24 @@ def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-
 
 
 @njit(nogil=True, cache=True)
+def lane_enter(mem, prog, arena, b, fields, addrs, inb, outb, gen, prio, urgent):  # type: ignore[no-untyped-def]
+    """A repeat of a plain shape (no copy, work or scratch: ``Lane.enter``) in one call:
+    its generation, priority and urgency into ``fields``, its buffers' addresses into
+    ``addrs``, then :func:`lane_submit`.  Returns (slot, seq, whether ops ended or events
+    wait for Python); slot -1, nothing done, when the table is full or the pool is
+    (``C_FULL``: Python grows it first)."""
+    if mem[C_FULL] != 0:
+        return -1, 0, False
+    fields[1] = gen
+    fields[9] = prio
+    fields[14] = urgent
+    addrs[0] = inb.ctypes.data
+    addrs[1] = outb.ctypes.data
+    slot = lane_submit(mem, prog, arena, b, fields, addrs)
+    return slot, mem[C_SEQ], mem[C_NDONE] != 0 or mem[C_NEV] != 0
+
+
+@njit(nogil=True, cache=True)
 def lane_fail(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
     """Python fails op ``slot`` (an error from a peer, a peer gone, shutdown)."""
     _fail(mem, prog, arena, slot)
@@ -606,7 +422,8 @@ def compile_all() -> None:
     for dt in (types.uint16, types.float32, types.float64, types.int32, types.int64):
         buf = types.Array(dt, 1, "C")
         buffer_addresses.compile((buf, buf, mem))
-    lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64))
+        lane_enter.compile((mem, mem, arena, mem, mem, mem, buf, buf, i64, i64, i64))
+    lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64, i64))
     lane_fail.compile((mem, mem, arena, i64))
     lane_drop_floating.compile((mem, i64, i64))
     hash_value.compile((mem, i64, i64, i64))

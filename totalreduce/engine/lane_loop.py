@@ -36,6 +36,7 @@ log = logging.getLogger("totalreduce.engine")
 _NONE: frozenset[Any] = frozenset()
 #: How long an express entry waits for the comm thread to hand the loop's lock over.
 EXPRESS_WAIT_S = 0.0005
+_get_ident = threading.get_ident
 _FRAME = struct.Struct("<BBBBBBHIIIIQQQQqQ")
 
 _MALFORMED = {
@@ -158,20 +159,24 @@ class LaneHooks:
             or self.bad_peers
             or self.trace is not None
             or self._held  # type: ignore[attr-defined]
-            or lane.mem[L.C_FULL]
             or not self._express_lock(lane)
         ):
             return None
-        self._owner = threading.get_ident()  # type: ignore[attr-defined]
+        self._owner = _get_ident()  # type: ignore[attr-defined]
         try:
-            key = spec.key
+            floating = self.floating
             if (
-                getattr(self, "fatal", None) is not None
+                self.fatal is not None
                 or self.bad_peers  # again, under the lock: a peer may have left meanwhile
-                or key in self.floating._frames
-                or self.floating.has_error(key)
-                or key in self.table
-                or key in lane.by_key
+                or (  # the key met before (most often nothing is there to look in)
+                    (floating._frames or floating._errors or self.table or lane.by_key)
+                    and (
+                        (key := spec.key) in floating._frames
+                        or key in floating._errors
+                        or key in self.table
+                        or key in lane.by_key
+                    )
+                )
             ):
                 return None
             try:
@@ -188,8 +193,7 @@ class LaneHooks:
             except Exception:  # the usual path fails the op properly, naming the cause
                 log.exception("rank %d: the lane's express entry failed", self.rank)
                 return None
-            mem = lane.mem
-            if mem[L.C_NDONE] or mem[L.C_NEV]:  # it ended at once (its peers' frames came first)
+            if lane.pending:  # it ended at once (its peers' frames came first), or events wait
                 try:
                     self._lane_drain()
                 except Exception as exc:
@@ -283,7 +287,10 @@ class LaneHooks:
     def _lane_ok(self, lop: LaneOp) -> None:
         """Finish ``lop``, which the lane completed and which left its table."""
         spec = lop.spec
-        self._remember(self.completed, lop.key, (spec.describe(), spec.group, (), _NONE))
+        # (name, generation), not its text: made only if an error about it comes later
+        self._remember(
+            self.completed, lop.key, ((spec.name, spec.generation), spec.group, (), _NONE)
+        )
         self.stats.ops_completed += 1
         if self.trace is not None:
             self.trace.op(spec.name, spec.generation, "done", spec.priority)
@@ -432,13 +439,13 @@ class LaneHooks:
         the way (the caller then waits the whole way)."""
         if not self.lock.acquire(blocking=False):
             return False
-        self._owner = threading.get_ident()  # type: ignore[attr-defined]
+        self._owner = _get_ident()  # type: ignore[attr-defined]
         try:
             if self._main_has_work():
                 return False
             lane = self.lane
             assert lane is not None
-            if lane.wait(lop, span, self._wait_spin) and lane.take_own(lop):  # type: ignore[attr-defined]
+            if lane.wait_own(lop, int(span * 1e9), self._wait_spin_ns):  # type: ignore[attr-defined]
                 self._lane_ok(lop)  # its op alone ended, well: no drain of the whole lane
             else:
                 self._lane_settle()

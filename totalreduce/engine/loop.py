@@ -164,6 +164,7 @@ class CommLoop(
         # wakes a sleeper when a message arrives (shared memory) makes spinning a waste of
         # the cores the other processes of the node need.
         self._wait_spin = cfg.wait_spin_s if self._t_wake is None else min(cfg.wait_spin_s, 5e-5)
+        self._wait_spin_ns = int(self._wait_spin * 1e9)
         self.pool = BufferPool()
         self.floating = FloatingList(cfg.floating_pool_bytes, self.world)
         self.table: dict[OpKey, Payload] = {}
@@ -507,7 +508,7 @@ class CommLoop(
             cleared = frozenset(
                 (recvs[q].step, group[recvs[q].peer], recvs[q].segment) for q in p.precleared
             )
-        done = (p.spec.describe(), p.spec.group, p.spec.schedule.unexpected, cleared)
+        done = ((p.spec.name, p.spec.generation), p.spec.group, p.spec.schedule.unexpected, cleared)
         self._remember(self.completed, p.key, done)
         p.state = OpState.DONE
         del self.table[p.key]

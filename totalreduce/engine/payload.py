@@ -73,7 +73,12 @@ class OpSpec:
         return (self.wire_id, self.generation)
 
     def describe(self) -> str:
-        return f"op {self.name!r} generation {self.generation}"
+        return describe_op(self.name, self.generation)
+
+
+def describe_op(name: str | int, generation: int) -> str:
+    """How errors name an op: ``op 'fc1.grad' generation 7``."""
+    return f"op {name!r} generation {generation}"
 
 
 _SHAPE_FIELDS = ("dtype", "kind", "algorithm", "reduce op", "count", "param", "group")

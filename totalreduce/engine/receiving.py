@@ -30,7 +30,7 @@ from . import wire
 from .failures import ERROR_MISMATCH
 from .floating import BufferPool, FloatingFrame, FloatingList
 from .link import Link
-from .payload import OpKey, OpSpec, OpState, Payload
+from .payload import OpKey, OpSpec, OpState, Payload, describe_op
 from .sending import _NO_SHAPE, _RECV, _SEND
 from .wire import (
     BYE,
@@ -439,7 +439,8 @@ class ReceiveHooks:
         done = self.completed.get(key)
         if done is None:
             return False
-        what, _, hints, cleared = done
+        (name, gen), _, hints, cleared = done
+        what = describe_op(name, gen)
         step = f[F_STEP]
         if f[0] == RTS and (step, source, f[F_SEGMENT]) in cleared:
             return True  # it crossed the clear this rank sent unasked; the body came

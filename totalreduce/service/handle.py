@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..group import Group, Partition
 
 
-# Orders a handle's end against a callback being added (uncontended: a few per op).
+# Orders the taking of a handle's callbacks (only when it has some: see Handle._finish).
 _CALLBACKS = threading.Lock()
 
 
@@ -329,12 +329,15 @@ class Handle:
         self._error = error
         self._spec = None
         self._lop = None
-        with _CALLBACKS:
-            self._event.set()
-            callbacks, self._then = self._then, None
-        if callbacks:
-            for fn in callbacks:
-                fn(self)
+        self._event.set()
+        # Set first, then look: add_done_callback looks at the word again after adding,
+        # so a callback is taken (under the lock) by this thread or by that one, once.
+        if self._then is not None:
+            with _CALLBACKS:
+                callbacks, self._then = self._then, None
+            if callbacks:
+                for fn in callbacks:
+                    fn(self)
 
     def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         """Call ``fn(handle)`` once when the op ends (at once if it has).
@@ -345,12 +348,18 @@ class Handle:
         wait on another op inside it (that raises).
         """
         with _CALLBACKS:
-            if not self._event.is_set():
+            if self._event.is_set():
+                callbacks = [fn]
+            else:
                 if self._then is None:
                     self._then = []
                 self._then.append(fn)
-                return
-        fn(self)
+                if not self._event.is_set():
+                    return  # _finish takes it
+                # It ended meanwhile, and _finish may have looked before the list was there.
+                callbacks, self._then = self._then, None
+        for cb in callbacks or ():
+            cb(self)
 
     def done(self) -> bool:
         """True once the op completed or failed; progresses the engine once, as ``MPI_Test``."""
@@ -382,13 +391,13 @@ class Handle:
                 if not self._event.wait(timeout):
                     raise TimeoutError(f"op {self.name!r} did not complete within {timeout} s")
             else:
-                t0 = time.perf_counter_ns()
+                trace = loop.trace  # read once: stop_timeline may clear it meanwhile
+                t0 = 0 if trace is None else time.perf_counter_ns()
                 lop = self._lop
                 tried = lop is not None and timeout is None
-                finished = (
-                    lop is not None and tried and loop._lane_try(lop, self._event, 2e-4)
-                ) or loop.progress(self._event, timeout, spec, self._spec_now, tried)
-                trace = loop.trace  # read once: stop_timeline may clear it meanwhile
+                finished = (tried and loop._lane_try(lop, self._event, 2e-4)) or loop.progress(
+                    self._event, timeout, spec, self._spec_now, tried
+                )
                 if trace is not None:
                     trace.wait(self.name, self.generation, t0, time.perf_counter_ns())
                 if not finished:

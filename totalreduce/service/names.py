@@ -60,12 +60,16 @@ class NameTable:
 
     def ended(self, name: str | int) -> None:
         """One generation of ``name`` is no longer in flight."""
-        with self._lock:
+        lock = self._lock  # (acquire/release: half the cost of a with block, once per op)
+        lock.acquire()
+        try:
             st = self._names.get(name)
             if st is not None:
                 st.in_flight -= 1
                 if st.unnamed and not st.in_flight:
                     del self._names[name]
+        finally:
+            lock.release()
 
     def skip(self, name: str | int) -> int:
         """Take the next generation of ``name`` for an op this rank will never submit."""

@@ -1,0 +1,258 @@
+# ruff: noqa: F405 - the field constants come from lane_layout by a star import (Numba
+# folds module globals into constants; listing ~100 names would only repeat them)
+"""The compiled lane's receiving side: frames of a landed message placed by op key.
+
+A frame of an op active here is applied (or staged until its turn, :func:`_place`); a
+frame of an op not submitted here yet floats in a pool slot within its sender's credit
+(:func:`_float`); control frames (announcements, answers, abandons) go to
+:mod:`.lane_bodies`.  :func:`_consume` walks the landing buffer, and
+:mod:`.lane_core`'s pass calls it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..native.intrinsics import (
+    ld_i32,
+    ld_i64,
+    ld_u8,
+    ld_u16,
+    ld_u32,
+)
+from ..native.libc import memcpy
+from .lane_bodies import (
+    _on_ask,
+    _on_cts,
+    _owe,
+)
+from .lane_layout import *  # noqa: F403 - the field constants
+from .lane_progress import (
+    _apply,
+    _drain_stack,
+    _fail,
+    _mark_peer,
+    _push_stack,
+)
+from .lane_tables import (
+    _abandon,
+    _dyn,
+    _event,
+    _find_recv,
+    _op,
+    _same_shape,
+    _slot_addr,
+    hash_find,
+    hash_put,
+    hash_value,
+    slot_give,
+    slot_take,
+)
+
+
+@njit(nogil=True, cache=True)
+def _place(mem, prog, arena, b, slot, src, f, pool_slot):  # type: ignore[no-untyped-def]
+    """A DATA frame (header at ``f``) of active op ``slot`` from ``src``: apply its body,
+    or stage it (in ``pool_slot`` if the frame already lies in one, else in a new slot).
+    Returns False only when a new slot was needed and none is free."""
+    if not _same_shape(mem, slot, f):
+        _event(mem, arena, EV_MISMATCH, slot, src, 0, 0, f)
+        _fail(mem, prog, arena, slot)
+        if pool_slot >= 0:
+            slot_give(mem, pool_slot)
+        return True
+    q = _find_recv(mem, prog, slot, src, ld_u32(f + 12), ld_u32(f + 16))
+    if q < 0 or mem[_dyn(mem, slot, D_RS) + q] != RS_WAIT:
+        _event(mem, arena, EV_UNEXPECTED, slot, src, 0, 0, f)
+        _fail(mem, prog, arena, slot)
+        if pool_slot >= 0:
+            slot_give(mem, pool_slot)
+        return True
+    o = _op(mem, slot)
+    n = ld_i64(f + 40)
+    want = prog[prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N + G_NBYTES]
+    if n != want:
+        _event(mem, arena, EV_SIZE, slot, src, n, want, f)
+        _fail(mem, prog, arena, slot)
+        if pool_slot >= 0:
+            slot_give(mem, pool_slot)
+        return True
+    if ld_u8(f + 5) & 1:
+        mem[o + O_URGENT] = 1
+    if mem[_dyn(mem, slot, D_RW) + q] == 0:
+        _apply(mem, prog, arena, slot, q, f + FRAME_SIZE)
+        if pool_slot >= 0:
+            slot_give(mem, pool_slot)
+        _push_stack(mem, arena, slot, -1)
+        return True
+    s = pool_slot
+    if s < 0:
+        s = slot_take(mem)
+        if s < 0:
+            return False
+        memcpy(_slot_addr(mem, arena.ctypes.data, s), f, FRAME_SIZE + n)
+    mem[_dyn(mem, slot, D_RS) + q] = RS_STAGED
+    mem[_dyn(mem, slot, D_RSLOT) + q] = s
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _float(mem, arena, src, f, ftype, credited, nbytes):  # type: ignore[no-untyped-def]
+    """Keep a frame of an op not submitted here; False when no slot is free."""
+    s = slot_take(mem)
+    if s < 0:
+        return False
+    memcpy(_slot_addr(mem, arena.ctypes.data, s), f, FRAME_SIZE + nbytes)
+    m = mem[C_META] + s * M_N
+    mem[m + M_SOURCE] = src
+    mem[m + M_TYPE] = ftype
+    mem[m + M_CREDITED] = credited
+    wid = ld_i64(f + 24)
+    gen = ld_i64(f + 32)
+    e = hash_find(mem, mem[C_FHASH], wid, gen)
+    mem[m + M_NEXT] = -1 if e < 0 else mem[e + 2]
+    hash_put(mem, mem[C_FHASH], wid, gen, s)
+    mem[C_FLOATING] += 1
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-def]
+    """One frame at address ``f`` (``avail`` bytes left in the message); the bytes it took,
+    0 when it must wait for a free slot, or -1 after a malformed-message event."""
+    ftype = ld_u8(f)
+    flags = ld_u8(f + 5)
+    n = ld_i64(f + 40)
+    size = FRAME_SIZE
+    if ftype == F_DATA:
+        if n < 0 or n > mem[C_MICRO]:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_BODY, n, f)
+            return -1
+        size = FRAME_SIZE + ((n + 7) & ~7)
+    elif ftype != F_RTS and ftype != F_READY and ftype != F_CTS and ftype != F_ASK:
+        _event(mem, arena, EV_MALFORMED, -1, src, MF_TYPE, ftype, f)
+        return -1
+    if size > avail:
+        _event(mem, arena, EV_MALFORMED, -1, src, MF_TRUNCATED, avail, f)
+        return -1
+    wid = ld_i64(f + 24)
+    gen = ld_i64(f + 32)
+    v = hash_value(mem, mem[C_HASH], wid, gen)
+    credited = 1 if flags & FLAG_CREDIT else 0
+    if ftype == F_READY:
+        if v >= 0:
+            _mark_peer(mem, prog, v, src, SB_READY)
+        return size
+    if ftype == F_CTS or ftype == F_ASK:
+        # Never kept for an op not submitted here: its sender asks again (ASK) or its
+        # receiver clears again (CTS) once the op starts here.
+        if v >= 0:
+            if ftype == F_CTS:
+                tag = np.int64(ld_u32(f + 8))
+                if tag < mem[C_BTAG] or tag >= mem[C_BTAG] + mem[C_BSPAN]:
+                    _event(mem, arena, EV_MALFORMED, -1, src, MF_TAG, tag, f)
+                    return -1
+                _on_cts(mem, prog, arena, v, src, f, tag)
+            else:
+                _on_ask(mem, prog, arena, v, src, f)
+        elif v == H_FOREIGN:
+            _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
+        elif v == H_FAILED and ftype == F_CTS:
+            # The op failed here: the receive posted for its body is answered empty.
+            tag = np.int64(ld_u32(f + 8))
+            if mem[C_BTAG] <= tag < mem[C_BTAG] + mem[C_BSPAN]:
+                _abandon(mem, arena, src, tag)
+        # H_DONE: a second clear that crossed an ASK, or an ASK that crossed the clear
+        # and whose body came first: both answered already.
+        return size
+    if ftype == F_RTS:
+        if v >= 0:
+            _owe(mem, arena, v, src, -1)
+        elif v == H_FOREIGN:
+            _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
+        elif v == H_DONE:
+            _event(mem, arena, EV_LATE, -1, src, 0, 0, f)
+        elif v == H_EMPTY and not _float(mem, arena, src, f, 2, 0, 0):
+            return 0
+        return size
+    # DATA
+    if v >= 0:
+        if not _place(mem, prog, arena, b, v, src, f, -1):
+            return 0
+        if credited:
+            mem[mem[C_PEERS] + src * P_N + P_OWED] += 1
+        return size
+    if v == H_EMPTY:
+        if not credited:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_CREDIT, 0, f)
+            return -1
+        if not _float(mem, arena, src, f, 1, 1, n):
+            return 0
+        return size
+    if v == H_FOREIGN:
+        _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
+    elif v == H_DONE:
+        _event(mem, arena, EV_LATE, -1, src, 0, 0, f)
+    if credited:
+        mem[mem[C_PEERS] + src * P_N + P_OWED] += 1
+    return size
+
+
+@njit(nogil=True, cache=True)
+def _consume(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+    """Place the frames of the message in the landing buffer; False when it must wait
+    for a free slot (``C_FULL`` set: Python grows the pool)."""
+    abase = arena.ctypes.data
+    land = abase + mem[C_A_LAND]
+    length = mem[C_LANDLEN]
+    src = mem[C_LANDSRC]
+    pos = mem[C_LANDPOS]
+    if pos == 0:
+        if length < MSG_SIZE:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_SHORT, length, 0)
+            return True
+        if ld_u32(land) != LANE_MAGIC or ld_u8(land + 4) != LANE_VERSION:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_MAGIC, ld_u32(land), 0)
+            return True
+        if ld_i32(land + 8) != src:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_SENDER, ld_i32(land + 8), 0)
+            return True
+        credit = ld_i64(land + 16)
+        if credit < 0 or credit > mem[C_CREDIT]:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_CREDIT, credit, 0)
+            return True
+        mem[mem[C_PEERS] + src * P_N + P_CREDIT] += credit
+        mem[C_LANDPOS] = MSG_SIZE
+        # frames left to read go in the upper bits of the position's twin
+        mem[C_LANDLEN] = length | (np.int64(ld_u16(land + 6)) << 40)
+    while True:
+        pos = mem[C_LANDPOS]
+        packed = mem[C_LANDLEN]
+        length = packed & ((np.int64(1) << 40) - 1)
+        left = packed >> 40
+        if left == 0:
+            if pos != length:
+                _event(mem, arena, EV_MALFORMED, -1, src, MF_LONG, length - pos, 0)
+            mem[C_LANDLEN] = 0
+            mem[C_LANDPOS] = 0
+            mem[C_FULL] = 0
+            return True
+        if pos + FRAME_SIZE > length:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_TRUNCATED, length - pos, 0)
+            mem[C_LANDLEN] = 0
+            mem[C_LANDPOS] = 0
+            mem[C_FULL] = 0
+            return True
+        took = _on_frame(mem, prog, arena, b, src, land + pos, length - pos)
+        if took == 0:
+            mem[C_FULL] = 1
+            return False
+        if took < 0:
+            mem[C_LANDLEN] = 0
+            mem[C_LANDPOS] = 0
+            mem[C_FULL] = 0
+            return True
+        mem[C_LANDPOS] = pos + took
+        mem[C_LANDLEN] = length | ((left - 1) << 40)
+        _drain_stack(mem, prog, arena)
