@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -150,6 +152,47 @@ def test_done_callback_runs_exactly_once() -> None:
                 time.sleep(0.001)  # callbacks run just after the event is set
             time.sleep(0.002)
             assert calls == [h0, h0]
+
+
+def test_a_callback_added_while_the_handle_ends_runs_exactly_once() -> None:
+    """``Handle._finish`` takes the callback lock only when it sees callbacks: one added
+    just as it ends runs once (by the ender or by the adder), never twice, never not.
+    The adder's look at the completion word is slowed, so the ender sets it and looks
+    for callbacks in between."""
+    from totalreduce.engine.completion import Completion
+    from totalreduce.service.handle import Handle
+
+    class SlowWord(Completion):
+        __slots__ = ()
+
+        def is_set(self) -> bool:
+            flag = self._flag
+            if not flag:
+                time.sleep(0.002)  # what the ender may do meanwhile
+            return flag
+
+    for i in range(40):
+        h = Handle("cb", 0, None)
+        h._event = SlowWord()
+        calls: list[str] = []
+        start = threading.Barrier(3)
+
+        def add(tag: str, h: Handle = h, calls: list[str] = calls, start: Any = start) -> None:
+            start.wait()
+            h.add_done_callback(lambda _h: calls.append(tag))
+
+        def end(h: Handle = h, start: Any = start, late: float = 0.001 * (i % 3)) -> None:
+            start.wait()
+            time.sleep(late)  # before, while and after the adders look
+            h._finish(None)
+
+        threads = [threading.Thread(target=add, args=(t,)) for t in "ab"]
+        threads.append(threading.Thread(target=end))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert sorted(calls) == ["a", "b"], i
 
 
 def test_abort_then_submit_fails_on_every_rank() -> None:
