@@ -75,7 +75,7 @@ from .failures import _error_from_peer
 from .floating import BufferPool, FloatingList
 from .lane_loop import LaneHooks
 from .link import Link
-from .payload import OpKey, OpSpec, OpState, Payload
+from .payload import REMEMBERED, OpKey, OpSpec, OpState, Payload
 from .peers import PeerHooks
 from .receiving import ReceiveHooks
 from .reducing import ReduceHooks
@@ -527,7 +527,7 @@ class CommLoop(
         if key[0] == wire.SESSION_ID:
             return  # every job starts with it: a memory of it would meet the next job
         table[key] = value
-        if len(table) > 4096:
+        if len(table) > REMEMBERED:
             table.popitem(last=False)
 
     @staticmethod

@@ -76,6 +76,10 @@ class OpSpec:
         return describe_op(self.name, self.generation)
 
 
+#: Completed and failed ops a loop remembers (for a late frame or error about one).
+REMEMBERED = 4096
+
+
 def describe_op(name: str | int, generation: int) -> str:
     """How errors name an op: ``op 'fc1.grad' generation 7``."""
     return f"op {name!r} generation {generation}"

@@ -35,7 +35,9 @@ class NameTable:
 
     def name(self, name: str | int | None, signature: tuple[Any, ...]) -> tuple[str | int, int]:
         """Name and generation of a new op; checks a reused name keeps its shape."""
-        with self._lock:
+        lock = self._lock  # (acquire/release: half the cost of a with block, once per op)
+        lock.acquire()
+        try:
             unnamed = name is None
             if unnamed:
                 name = f"__unnamed__.{self._unnamed}"
@@ -57,6 +59,8 @@ class NameTable:
             gen = st.next_generation
             st.next_generation += 1
             return name, gen
+        finally:
+            lock.release()
 
     def ended(self, name: str | int) -> None:
         """One generation of ``name`` is no longer in flight."""
