@@ -14,6 +14,7 @@ from typing import Any
 #: checks a cached function against its own file only, and the lane inlines functions
 #: of all of these: :func:`forget_stale_cache` covers the rest.
 _SOURCES = (
+    "engine/lane_cache.py",  # these rules: a change to them flushes too
     "engine/lane_core.py",
     "engine/lane_receive.py",
     "engine/lane_bodies.py",
@@ -26,16 +27,11 @@ _SOURCES = (
     "native/intrinsics.py",
     "native/libc.py",
 )
-#: The modules whose cached functions inline the others (flushed together).
-_CACHED = (
-    "engine.lane_core",
-    "engine.lane_receive",
-    "engine.lane_progress",
-    "engine.lane_tables",
-    "kernels.raw",
-    "transport.mpi_native",
-    "native.libc",
-)
+#: The modules whose cached functions are flushed together: every one of :data:`_SOURCES`.
+#: A module left out keeps machine code that inlined an old version of the others (a
+#: cached ``lane_bodies`` function with an old outbox layout wrote its answers where the
+#: outboxes no longer were, and peers refused the messages).
+_CACHED = tuple(rel[: -len(".py")].replace("/", ".") for rel in _SOURCES)
 
 
 def sources_digest() -> str:
