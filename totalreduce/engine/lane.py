@@ -233,8 +233,10 @@ class Lane(LanePlans, LaneGrowth):
         mem[L.C_NFREEOP] = nops
         for peer in range(world):
             mem[at["peers"] + peer * L.P_N + L.P_CREDIT] = mem[L.C_CREDIT]
-        # The arena: requests and status first, then outboxes, send buffers, landing,
-        # event frames, and the pool's slots last (so the pool can grow in place).
+            mem[at["peers"] + peer * L.P_N + L.P_OUTSB] = -1
+        # The arena: requests and status first, then send buffers (a peer's outbox is
+        # written in one), landing, event frames, and the pool's slots last (so the pool
+        # can grow in place).
         a = 0
         mem[L.C_A_REQ] = a
         a += nsb * 8
@@ -242,8 +244,6 @@ class Lane(LanePlans, LaneGrowth):
         a += mpi_native.STATUS_MAX
         mem[L.C_A_MSG] = a
         a += 64
-        mem[L.C_A_OUT] = a
-        a += world * outcap
         mem[L.C_A_SB] = a
         a += nsb * outcap
         mem[L.C_A_LAND] = a

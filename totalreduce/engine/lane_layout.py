@@ -54,7 +54,7 @@ C_FAILQ = 30
 C_FAILCAP = 31
 C_FAILHEAD = 32
 C_A_SLOTS = 33  # offsets in the arena
-C_A_OUT = 34
+C_A_OUT = 34  # (unused: outboxes are written in send buffers)
 C_A_SB = 35
 C_A_REQ = 36
 C_A_LAND = 37
@@ -105,7 +105,8 @@ C_AQCAP = 82
 C_WATCH = 83  # the op slot a waiting thread's lane_drive waits for (-1: none), and
 C_WATCHSEQ = 84  # its submission: a pass stops receiving once that op ended, the last
 C_CTLSKIP = 85  # passes since the last probe of the main loop's tag (see lane_pass)
-C_LEN = 86
+C_SBNEXT = 86  # where the search for a free send buffer starts (see lane_tables._free_sb)
+C_LEN = 87
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0
@@ -185,7 +186,8 @@ P_OUTLEN = 2  # bytes in the outbox (0: empty; else header and frames)
 P_NFRAMES = 3
 P_NEXTTAG = 4  # the next body tag (an offset from C_BTAG) for a receive from the peer
 P_BODIES = 5  # body sends to the peer in flight
-P_N = 6
+P_OUTSB = 6  # the send buffer its outbox is written in (-1: none yet)
+P_N = 7
 
 # -- events: mem[evq + i * E_N + E_*] ------------------------------------------------
 E_TYPE = 0

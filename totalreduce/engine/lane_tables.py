@@ -224,7 +224,7 @@ def _reap(mem, b, abase):  # type: ignore[no-untyped-def]
     """Test the busy send buffers; those whose send completed are free again."""
     sbs = mem[C_SBSTATE]
     for i in range(mem[C_NSB]):
-        if mem[sbs + i] != 0:
+        if mem[sbs + i] == 1:
             r = mpi_test(b, abase + mem[C_A_REQ] + i * 8, abase + mem[C_A_STATUS])
             if r == 1:
                 mem[sbs + i] = 0
@@ -233,21 +233,36 @@ def _reap(mem, b, abase):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _free_sb(mem, b, abase):  # type: ignore[no-untyped-def]
-    """A free send buffer (testing busy ones if none is), or -1."""
+    """A free send buffer (testing busy ones if none is), or -1: the next free one after
+    the last one taken, round the table.  The peer's core read the buffer a send just
+    used (MPI may copy straight from it), so writing into that one again first takes
+    its lines back across cores: on a 2-core machine a 64 KiB copy into the buffer just
+    sent took 10 us, into one unused for 64 sends 2.9 us."""
     sbs = mem[C_SBSTATE]
-    for i in range(mem[C_NSB]):
+    nsb = mem[C_NSB]
+    start = mem[C_SBNEXT]
+    for k in range(nsb):
+        i = start + k
+        if i >= nsb:
+            i -= nsb
         if mem[sbs + i] == 0:
+            mem[C_SBNEXT] = i + 1 if i + 1 < nsb else 0
             return i
     _reap(mem, b, abase)
-    for i in range(mem[C_NSB]):
+    for k in range(nsb):
+        i = start + k
+        if i >= nsb:
+            i -= nsb
         if mem[sbs + i] == 0:
+            mem[C_SBNEXT] = i + 1 if i + 1 < nsb else 0
             return i
     return -1
 
 
 @njit(nogil=True, cache=True)
 def _flush_peer(mem, arena, b, peer):  # type: ignore[no-untyped-def]
-    """Send the outbox of ``peer`` (and the credit owed to it) as one message.
+    """Send the outbox of ``peer`` (and the credit owed to it) as one message: the send
+    buffer its frames were written in (:func:`_room`), a free one for credit alone.
 
     False when no send buffer is free (the outbox stays as it is)."""
     abase = arena.ctypes.data
@@ -255,13 +270,12 @@ def _flush_peer(mem, arena, b, peer):  # type: ignore[no-untyped-def]
     n = mem[pw + P_OUTLEN]
     if n == 0:
         n = MSG_SIZE
-    sb = _free_sb(mem, b, abase)
+    sb = mem[pw + P_OUTSB]
     if sb < 0:
-        return False
-    out = abase + mem[C_A_OUT] + peer * mem[C_OUTCAP]
+        sb = _free_sb(mem, b, abase)
+        if sb < 0:
+            return False
     dst = abase + mem[C_A_SB] + sb * mem[C_OUTCAP]
-    if n > MSG_SIZE:
-        memcpy(dst + MSG_SIZE, out + MSG_SIZE, n - MSG_SIZE)
     st_u32(dst, np.uint32(LANE_MAGIC))
     st_u8(dst + 4, np.uint8(LANE_VERSION))
     st_u8(dst + 5, np.uint8(0))
@@ -269,23 +283,29 @@ def _flush_peer(mem, arena, b, peer):  # type: ignore[no-untyped-def]
     st_i32(dst + 8, np.int32(mem[C_RANK]))
     st_u32(dst + 12, np.uint32(0))
     st_i64(dst + 16, mem[pw + P_OWED])
+    nframes = mem[pw + P_NFRAMES]
+    mem[pw + P_OUTSB] = -1
+    mem[pw + P_OWED] = 0
+    mem[pw + P_OUTLEN] = 0
+    mem[pw + P_NFRAMES] = 0
     rc = mpi_isend(b, dst, n, peer, mem[C_TAG], abase + mem[C_A_REQ] + sb * 8)
     if rc < 0:
+        mem[mem[C_SBSTATE] + sb] = 0
         _event(mem, arena, EV_MPI, -1, peer, rc, 0, 0)
         return True
     mem[mem[C_SBSTATE] + sb] = 1
     mem[C_NSBBUSY] += 1
     mem[C_SENT_MSGS] += 1
-    mem[C_SENT_FRAMES] += mem[pw + P_NFRAMES]
-    mem[pw + P_OWED] = 0
-    mem[pw + P_OUTLEN] = 0
-    mem[pw + P_NFRAMES] = 0
+    mem[C_SENT_FRAMES] += nframes
     return True
 
 
 @njit(nogil=True, cache=True)
 def _room(mem, arena, b, peer, need):  # type: ignore[no-untyped-def]
-    """Address in ``peer``'s outbox for ``need`` more bytes (flushing it if full), or 0."""
+    """Address in ``peer``'s outbox for ``need`` more bytes (flushing it if full), or 0.
+    The outbox is written straight into a send buffer (state 2 while it fills), so a
+    frame's body is copied once on its way to MPI."""
+    abase = arena.ctypes.data
     pw = mem[C_PEERS] + peer * P_N
     n = mem[pw + P_OUTLEN]
     if n == 0:
@@ -294,9 +314,16 @@ def _room(mem, arena, b, peer, need):  # type: ignore[no-untyped-def]
         if not _flush_peer(mem, arena, b, peer):
             return 0
         n = MSG_SIZE
+    sb = mem[pw + P_OUTSB]
+    if sb < 0:
+        sb = _free_sb(mem, b, abase)
+        if sb < 0:
+            return 0
+        mem[mem[C_SBSTATE] + sb] = 2
+        mem[pw + P_OUTSB] = sb
     mem[pw + P_OUTLEN] = n + need
     mem[pw + P_NFRAMES] += 1
-    return arena.ctypes.data + mem[C_A_OUT] + peer * mem[C_OUTCAP] + n
+    return abase + mem[C_A_SB] + sb * mem[C_OUTCAP] + n
 
 
 @njit(nogil=True, cache=True)
