@@ -64,8 +64,6 @@ _POOLED_BYTES = 64 << 10
 _POOLED_PER_SIZE = 4
 _POOLED_MAX = 512 << 20
 _NO_POOLED: list[np.ndarray] = []
-# Layout words an express entry reads (module globals: no attribute lookups there).
-_C_NDONE, _C_NEV = L.C_NDONE, L.C_NEV
 
 
 def _signed(v: int) -> int:
@@ -292,26 +290,19 @@ class Lane(LanePlans, LaneGrowth):
 
     def enter(self, spec: OpSpec, shape: LaneShape) -> LaneOp | None:
         """Enter a repeat of the shape ``shape`` was made for (its generation, priority,
-        urgency and buffers are this op's); None, nothing entered, when the table or the
-        pool is full.  ``pending`` then says whether ops ended or events wait for Python."""
+        urgency and buffers are this op's); None when the table is full.  ``pending``
+        then says whether ops ended or events wait for Python."""
         if not shape.plain:
-            if self.mem[L.C_FULL]:
-                return None
-            f = shape.fields
-            f[1] = spec.generation
-            f[9] = spec.priority
-            f[14] = 1 if spec.urgent else 0
             work = np.empty(shape.work, dtype=spec.dtype.numpy) if shape.work else None
-            lop = self._enter(spec, f, work, shape)
-            self.pending = bool(self.mem[_C_NDONE] or self.mem[_C_NEV])
-            return lop
-        # What _enter does, less what a plain shape never needs (copies, buffers), in one
-        # compiled call (its WORK and SCRATCH addresses stay 0).
-        inb, outb = spec.inbuf, spec.outbuf
+            return self._enter(spec, shape.fields, work, shape)
+        # What _enter does, less what a plain shape never needs (copies, buffers).
+        a = self._plain_addrs  # its WORK and SCRATCH addresses stay 0
         if shape.f16:
-            inb, outb = inb.view(np.uint16), outb.view(np.uint16)
+            core.buffer_addresses(spec.inbuf.view(np.uint16), spec.outbuf.view(np.uint16), a)
+        else:
+            core.buffer_addresses(spec.inbuf, spec.outbuf, a)
         slot, seq, self.pending = core.lane_enter(
-            self.mem, self.prog, self.arena, self.b, shape.fields, self._plain_addrs, inb, outb,
+            self.mem, self.prog, self.arena, self.b, shape.fields, a,
             spec.generation, spec.priority, 1 if spec.urgent else 0,
         )  # fmt: skip
         if slot < 0:
@@ -373,12 +364,15 @@ class Lane(LanePlans, LaneGrowth):
             scratch = self._take(nscr)
             pooled = [*pooled, scratch]
             a[3] = scratch.__array_interface__["data"][0]
-        slot = core.lane_submit(mem, prog, self.arena, self.b, f, a)
+        slot, seq, self.pending = core.lane_enter(
+            mem, prog, self.arena, self.b, f, a, spec.generation, spec.priority,
+            1 if spec.urgent else 0,
+        )  # fmt: skip
         if slot < 0:
             for raw in pooled:
                 self._give(raw)
             return None
-        lop = LaneOp(spec, slot, int(mem[L.C_SEQ]), keep)  # the seq lane_submit just gave
+        lop = LaneOp(spec, slot, seq, keep)
         if pooled:
             lop.pooled = pooled
         self.ops[slot] = lop

@@ -359,19 +359,15 @@ def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-
 
 
 @njit(nogil=True, cache=True)
-def lane_enter(mem, prog, arena, b, fields, addrs, inb, outb, gen, prio, urgent):  # type: ignore[no-untyped-def]
-    """A repeat of a plain shape (no copy, work or scratch: ``Lane.enter``) in one call:
-    its generation, priority and urgency into ``fields``, its buffers' addresses into
-    ``addrs``, then :func:`lane_submit`.  Returns (slot, seq, whether ops ended or events
-    wait for Python); slot -1, nothing done, when the table is full or the pool is
-    (``C_FULL``: Python grows it first)."""
-    if mem[C_FULL] != 0:
-        return -1, 0, False
+def lane_enter(mem, prog, arena, b, fields, addrs, gen, prio, urgent):  # type: ignore[no-untyped-def]
+    """Submission's entry point: the op's generation, priority and urgency into
+    ``fields`` (a shape's fields, kept between repeats), then :func:`lane_submit`.
+    Returns (slot, seq, whether ops ended or events wait for Python); slot -1 when the
+    table is full.  One signature for every element type (the buffers come as addresses:
+    :func:`buffer_addresses`), so the submission code is linked once, not once per type."""
     fields[1] = gen
     fields[9] = prio
     fields[14] = urgent
-    addrs[0] = inb.ctypes.data
-    addrs[1] = outb.ctypes.data
     slot = lane_submit(mem, prog, arena, b, fields, addrs)
     return slot, mem[C_SEQ], mem[C_NDONE] != 0 or mem[C_NEV] != 0
 
@@ -418,11 +414,10 @@ def compile_all() -> None:
     arena = types.Array(types.uint8, 1, "C")
     i64 = types.int64
     lane_pass.compile((mem, mem, arena, mem, i64))
-    lane_submit.compile((mem, mem, arena, mem, mem, mem))
+    lane_enter.compile((mem, mem, arena, mem, mem, mem, i64, i64, i64))
     for dt in (types.uint16, types.float32, types.float64, types.int32, types.int64):
         buf = types.Array(dt, 1, "C")
         buffer_addresses.compile((buf, buf, mem))
-        lane_enter.compile((mem, mem, arena, mem, mem, mem, buf, buf, i64, i64, i64))
     lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64, i64))
     lane_fail.compile((mem, mem, arena, i64))
     lane_drop_floating.compile((mem, i64, i64))

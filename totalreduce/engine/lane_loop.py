@@ -161,6 +161,7 @@ class LaneHooks:
             or self.bad_peers
             or self.trace is not None
             or self._held  # type: ignore[attr-defined]
+            or lane.mem[L.C_FULL]
             or not self._express_lock(lane)
         ):
             return None
