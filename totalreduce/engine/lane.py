@@ -393,7 +393,8 @@ class Lane(LanePlans, LaneGrowth):
         )  # fmt: skip
 
     def wait_own(self, lop: LaneOp, max_ns: int, spin_ns: int) -> bool:
-        """:meth:`wait`, then :meth:`take_own`, in one compiled call: True when ``lop``
+        """:meth:`wait`, then the op taken out (``lane_core.lane_own``), in one compiled
+        call: True when ``lop``
         ended well as the one op done (it left the table then); False, nothing taken,
         when it did not end, or something else waits for Python."""
         slot = lop.slot
