@@ -394,9 +394,8 @@ class Lane(LanePlans, LaneGrowth):
 
     def wait_own(self, lop: LaneOp, max_ns: int, spin_ns: int) -> bool:
         """:meth:`wait`, then the op taken out (``lane_core.lane_own``), in one compiled
-        call: True when ``lop``
-        ended well as the one op done (it left the table then); False, nothing taken,
-        when it did not end, or something else waits for Python."""
+        call: True when ``lop`` ended well as the one op done (it left the table then);
+        False, nothing taken, when it did not end, or something else waits for Python."""
         slot = lop.slot
         if self.ops.get(slot) is not lop:
             return False
