@@ -418,17 +418,10 @@ class Lane(LanePlans, LaneGrowth):
         ``C_KICK`` before it checks its own queues, so a kick after the check is seen."""
         return bool(
             core.lane_drive(
-                self.mem,
-                self.prog,
-                self.arena,
-                self.b,
-                -1,
-                0,
-                int(max_s * 1e9),
-                int(spin_s * 1e9),
-                0,
-            )  # fmt: skip
-        )
+                self.mem, self.prog, self.arena, self.b, -1, 0,
+                int(max_s * 1e9), int(spin_s * 1e9), 0,
+            )
+        )  # fmt: skip
 
     def kick(self) -> None:
         """Bring the comm thread back from :meth:`drive` (any thread; no lock needed)."""

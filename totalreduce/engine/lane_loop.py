@@ -25,9 +25,7 @@ from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceErro
 from . import lane_layout as L
 from .completion import Waitable
 from .failures import _error_from_peer
-from .payload import REMEMBERED as _REMEMBERED
 from .payload import OpKey, OpSpec, Payload
-from .wire import SESSION_ID as _SESSION_ID
 
 if TYPE_CHECKING:
     from .floating import FloatingList
@@ -290,13 +288,10 @@ class LaneHooks:
     def _lane_ok(self, lop: LaneOp) -> None:
         """Finish ``lop``, which the lane completed and which left its table."""
         spec = lop.spec
-        key = lop.key
-        if key[0] != _SESSION_ID:  # what CommLoop._remember does, inline (once per op)
-            # (name, generation), not its text: made only if an error about it comes later
-            completed = self.completed
-            completed[key] = ((spec.name, spec.generation), spec.group, (), _NONE)
-            if len(completed) > _REMEMBERED:
-                completed.popitem(last=False)
+        # (name, generation), not its text: made only if an error about it comes later
+        self._remember(
+            self.completed, lop.key, ((spec.name, spec.generation), spec.group, (), _NONE)
+        )
         self.stats.ops_completed += 1
         if self.trace is not None:
             self.trace.op(spec.name, spec.generation, "done", spec.priority)

@@ -238,17 +238,20 @@ def _free_sb(mem, b, abase):  # type: ignore[no-untyped-def]
     used (MPI may copy straight from it), so writing into that one again first takes
     its lines back across cores: on a 2-core machine a 64 KiB copy into the buffer just
     sent took 10 us, into one unused for 64 sends 2.9 us."""
+    i = _next_free_sb(mem)
+    if i < 0:
+        _reap(mem, b, abase)
+        i = _next_free_sb(mem)
+    return i
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _next_free_sb(mem):  # type: ignore[no-untyped-def]
+    """The first free send buffer from ``C_SBNEXT`` on, round the table (the cursor moves
+    past it), or -1."""
     sbs = mem[C_SBSTATE]
     nsb = mem[C_NSB]
     start = mem[C_SBNEXT]
-    for k in range(nsb):
-        i = start + k
-        if i >= nsb:
-            i -= nsb
-        if mem[sbs + i] == 0:
-            mem[C_SBNEXT] = i + 1 if i + 1 < nsb else 0
-            return i
-    _reap(mem, b, abase)
     for k in range(nsb):
         i = start + k
         if i >= nsb:
