@@ -26,6 +26,7 @@ engine: :meth:`ThinService.peer_left`); the session's later ops fail at once.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -43,6 +44,7 @@ from ..group import Group
 from ..kernels import copy_into, finish_average, reduce_into
 from ..transport import arena as A
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
+from . import arena_pass
 
 log = logging.getLogger("totalreduce.daemon")
 
@@ -218,11 +220,25 @@ class ThinService:
         self.engine = engine
         self.eventfd = new_eventfd()
         self._ctl = [arena.control(k) for k in range(self.slots)]
-        self._ring = [c[A.RING_WORD : A.DONE_WORD].reshape(A.RING, A.D_WORDS) for c in self._ctl]
         self._words = [c[A.DONE_WORD : A.DONE_WORD + A.RING] for c in self._ctl]
         self._efd: list[int | None] = [None] * self.slots
         self._inc = [0] * self.slots  # the incarnation attached to each slot, 0 if none
-        self._head = [0] * self.slots
+        #: the compiled pass (arena_pass.py): the world's common ops on one node, no Python
+        self._fast = fast = arena_pass.Table(self.slots, nodes, node, arena.data_bytes)
+        fast.lo[:] = [arena.data_start(k) for k in range(self.slots)]
+        fast.st[arena_pass.S_ON] = 1
+        self._head = fast.heads  # descriptors taken from each slot's ring
+        fast.cw[:] = [arena.slot_start(k) // 8 for k in range(self.slots)]
+        self._pass_args = (
+            fast.st, arena.bytes.view(np.int64), fast.cw, arena.base, fast.heads, fast.incs,
+            fast.lo, fast.keys, fast.seen, fast.order, fast.descs, fast.born, fast.bucket,
+            fast.next, fast.pykeys, fast.outq, fast.outslot, fast.sig, fast.wake, fast.tmp,
+        )  # fmt: skip
+        self._eject_args = (
+            fast.st, fast.keys, fast.seen, fast.order, fast.descs, fast.born, fast.bucket,
+            fast.next, fast.pykeys, fast.outq, fast.outslot,
+        )  # fmt: skip
+        arena_pass.prepare()
         self._world = _Grp(tuple(range(self.size)), 0, node, self.slots)
         self._groups: dict[tuple[int, int, int], _Grp] = {}  # (slot, offset, context) -> group
         #: ops still collecting their local members' descriptors, by (wire id, generation):
@@ -294,7 +310,9 @@ class ThinService:
         while not self._stop.is_set():
             try:
                 if self._events:
+                    self._eject(None)  # Python's tables have every op when it handles one
                     self._event(self._events.popleft())
+                    self._fast.st[arena_pass.S_ON] = 0 if self._gone else 1
                     continue
                 if time.monotonic() >= self._next_look:
                     self._look_for_stalls()
@@ -310,6 +328,7 @@ class ThinService:
                     h.drive(DRIVE_S)
                     continue
                 if time.perf_counter() - last < SPIN_S:
+                    os.sched_yield()
                     continue
                 header[A.H_SERVICE_SLEEPING] = 1
                 fence()
@@ -325,10 +344,11 @@ class ThinService:
         if ev[0] == "attach":
             _, slot, inc, efd = ev
             self._inc[slot], self._efd[slot], self._head[slot] = inc, efd, 0
+            self._fast.incs[slot] = inc
             self._gone.pop(self.node * self.slots + slot, None)
         elif ev[0] == "detach":
             _, slot, why = ev
-            self._inc[slot] = 0
+            self._inc[slot] = self._fast.incs[slot] = 0
             self._efd[slot] = None
             rank = self.node * self.slots + slot
             if why is not None:
@@ -346,22 +366,36 @@ class ThinService:
             self._collected.clear()
 
     def _drain(self) -> bool:
-        got = False
-        for slot in range(self.slots):
-            if not self._inc[slot]:
-                continue
-            ctl = self._ctl[slot]
-            tail = int(ctl[A.C_TAIL])
-            head = self._head[slot]
-            ring = self._ring[slot]
-            while head < tail:
-                d = ring[head % A.RING].copy()
-                head += 1
-                self._head[slot] = head
-                ctl[A.C_HEAD] = head
-                got = True
-                self._take(slot, d)
-        return got
+        """Take what the clients submitted: the compiled pass takes and runs the common
+        ops; what it hands over (arena_pass.py says what) Python takes in order."""
+        fast = self._fast
+        if not arena_pass.arena_pass(*self._pass_args):
+            return False
+        st = fast.st
+        for i in range(int(st[arena_pass.S_NSIG])):
+            efd = self._efd[int(fast.sig[i])]
+            if efd is not None:
+                signal_eventfd(efd)
+        self._take_queued()
+        return True
+
+    def _take_queued(self) -> None:
+        fast = self._fast
+        for i in range(int(fast.st[arena_pass.S_NOUT])):
+            self._take(int(fast.outslot[i]), fast.outq[i].copy())
+
+    def _eject(self, older_s: float | None) -> None:
+        """Hand Python the compiled pass's ops (those waiting ``older_s`` seconds, or all)."""
+        fast = self._fast
+        if not fast.st[arena_pass.S_LIVE]:
+            return
+        now = arena_pass.clock_ns()
+        before = now if older_s is None else now - int(older_s * 1e9)
+        while True:
+            left = arena_pass.arena_eject(*self._eject_args, before)
+            self._take_queued()
+            if not left:
+                return
 
     # ------------------------------------------------------------------ ops
 
@@ -964,6 +998,7 @@ class ThinService:
     def _look_for_stalls(self) -> None:
         """Warn about ops some of the node's clients submitted long ago and others never
         did (once per ``stall_warning_s``), naming both."""
+        self._eject(1.0)  # ops waiting that long: Python's inspector looks at them too
         now = time.monotonic()
         self._next_look = now + 1.0
         for op in [o for ops in self._pending.values() for o in ops]:

@@ -34,24 +34,33 @@ _SOURCES = (
 _CACHED = tuple(rel[: -len(".py")].replace("/", ".") for rel in _SOURCES)
 
 
-def sources_digest() -> str:
-    """A digest of :data:`_SOURCES` as they are now."""
+def sources_digest(sources: tuple[str, ...] = _SOURCES) -> str:
+    """A digest of ``sources`` (paths under the package) as they are now."""
     import hashlib
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for rel in _SOURCES:
+    for rel in sources:
         h.update(rel.encode() + b"\0")
         h.update((root / rel).read_bytes())
     return h.hexdigest()
 
 
-def forget_stale_cache(probe: Any) -> bool:
+def forget_stale_cache(
+    probe: Any,
+    sources: tuple[str, ...] = _SOURCES,
+    modules: tuple[str, ...] = _CACHED,
+    stamp_name: str = "lane_core.sources",
+) -> bool:
     """Drop Numba's cached code of the lane when any of its sources changed since it was
     cached (an edited or partly upgraded installation): otherwise a function whose own file
     is unchanged would be loaded with the old code of what it inlines.  ``probe`` is one of
-    the lane's functions (its cache directory is the lane's).  True if dropped."""
+    the lane's functions (its cache directory is the lane's).  True if dropped.
+
+    Other compiled code that inlines functions of other modules (the daemon's arena pass)
+    passes its own ``sources``, the ``modules`` (dotted, under the package) to flush, and
+    the name of its digest file."""
     import importlib
     from pathlib import Path
 
@@ -61,15 +70,15 @@ def forget_stale_cache(probe: Any) -> bool:
     path = getattr(cache, "cache_path", None)
     if not path:
         return False
-    stamp = Path(path) / "lane_core.sources"
-    digest = sources_digest()
+    stamp = Path(path) / stamp_name
+    digest = sources_digest(sources)
     try:
         if stamp.read_text() == digest:
             return False
     except OSError:
         pass
     package = __name__.rsplit(".", 2)[0]  # totalreduce
-    for name in _CACHED:
+    for name in modules:
         mod = importlib.import_module(f"{package}.{name}")
         for obj in vars(mod).values():
             cached = getattr(obj, "_cache", None) if isinstance(obj, CPUDispatcher) else None

@@ -1,0 +1,343 @@
+"""The arena thread's compiled pass (daemon/arena_pass.py).
+
+Two levels: the compiled function itself over a fake arena (what it takes, what it
+hands Python and in which order, the wake-up list, a full table), and a node's
+service with its clients in one process (tests/daemon/test_thin_local.py's ``Node``):
+the same ops give the same bits whether the pass or Python ran them, the pass runs the
+common ops without Python, and everything else still ends as it did.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from totalreduce.algorithms.codes import AlgorithmCode, OpKind
+from totalreduce.daemon import arena_pass as P
+from totalreduce.daemon.thin import ThinService
+from totalreduce.dtypes import DType, ReduceOp
+from totalreduce.errors import InvalidArgumentError, OpMismatchError
+from totalreduce.service.thin import ThinHandle
+from totalreduce.transport import arena as A
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from test_thin_local import Node  # noqa: E402
+
+# ---------------------------------------------------------------- the function alone
+
+DATA = 1 << 16  # data bytes per slot of the fake arena
+
+
+class Fake:
+    """A fake arena of ``slots`` slots (int64 words), and the pass's table over it."""
+
+    def __init__(self, slots: int, nodes: int = 1) -> None:
+        self.slots = slots
+        self.ctl_words = A.ERROR_WORD
+        self.data_words = DATA // 8
+        self.slot_words = self.ctl_words + self.data_words
+        self.mem = np.zeros(slots * self.slot_words, np.int64)
+        self.t = t = P.Table(slots, nodes, 0, DATA)
+        t.cw[:] = [k * self.slot_words for k in range(slots)]
+        t.lo[:] = [8 * (k * self.slot_words + self.ctl_words) for k in range(slots)]
+        t.incs[:] = 1
+        t.st[P.S_ON] = 1
+        self.base = self.mem.ctypes.data
+        self.tickets = [0] * slots
+
+    def write(self, k: int, **fields: int) -> int:
+        """A descriptor into slot ``k``'s ring (fields by name, D_ left out); its ticket."""
+        cw = int(self.t.cw[k])
+        tail = int(self.mem[cw + A.C_TAIL])
+        row = cw + A.RING_WORD + (tail % A.RING) * A.D_WORDS
+        d = self.mem[row : row + A.D_WORDS]
+        d[:] = 0
+        self.tickets[k] += 1
+        d[A.D_TICKET] = self.tickets[k]
+        d[A.D_KIND], d[A.D_DTYPE], d[A.D_OP] = int(OpKind.ALLREDUCE), int(DType.INT64), 1
+        d[A.D_IN] = d[A.D_OUT] = int(self.t.lo[k])
+        d[A.D_GROUP], d[A.D_AUX] = -1, -1
+        for name, v in fields.items():
+            d[getattr(A, "D_" + name.upper())] = v
+        self.mem[cw + A.C_TAIL] = tail + 1
+        return self.tickets[k]
+
+    def data(self, k: int, n: int) -> np.ndarray:
+        at = (int(self.t.lo[k])) // 8
+        return self.mem[at : at + n]
+
+    def word(self, k: int, ticket: int) -> int:
+        return int(self.mem[int(self.t.cw[k]) + A.DONE_WORD + (ticket - 1) % A.RING])
+
+    def run(self) -> int:
+        t = self.t
+        return int(P.arena_pass(
+            t.st, self.mem, t.cw, self.base, t.heads, t.incs, t.lo, t.keys, t.seen, t.order,
+            t.descs, t.born, t.bucket, t.next, t.pykeys, t.outq, t.outslot, t.sig, t.wake, t.tmp,
+        ))  # fmt: skip
+
+    def eject(self, older_ns: int) -> int:
+        t = self.t
+        return int(P.arena_eject(
+            t.st, t.keys, t.seen, t.order, t.descs, t.born, t.bucket, t.next, t.pykeys,
+            t.outq, t.outslot, older_ns,
+        ))  # fmt: skip
+
+    def queued(self) -> list[tuple[int, int, int]]:
+        """(slot, wire, generation) of what the last call handed Python, in order."""
+        t = self.t
+        return [
+            (int(t.outslot[i]), int(t.outq[i, A.D_WIRE]), int(t.outq[i, A.D_GEN]))
+            for i in range(int(t.st[P.S_NOUT]))
+        ]
+
+
+def test_an_allreduce_of_every_slot_runs_and_sets_every_word() -> None:
+    f = Fake(3)
+    for k in range(3):
+        f.data(k, 5)[:] = np.arange(5) + 10 * k
+    t0 = f.write(0, wire=7, count=5)
+    assert f.run() == 1 and f.word(0, t0) == 0 and f.t.st[P.S_LIVE] == 1
+    t1, t2 = f.write(1, wire=7, count=5), f.write(2, wire=7, count=5)
+    assert f.run() == 2
+    assert f.t.st[P.S_LIVE] == 0 and f.t.st[P.S_NOUT] == 0
+    assert [f.word(k, t) for k, t in enumerate((t0, t1, t2))] == [t0, t1, t2]
+    for k in range(3):
+        assert f.data(k, 5).tolist() == (3 * np.arange(5) + 30).tolist()
+    assert f.t.heads.tolist() == [1, 1, 1]
+
+
+def test_what_the_pass_does_not_take_goes_to_python_in_order() -> None:
+    f = Fake(2)
+    f.write(0, wire=1, count=4)  # taken
+    f.write(0, wire=2, count=4, ctx=99)  # a group's: Python's
+    f.write(0, wire=3, count=4, dtype=int(DType.UINT8))  # not a raw kernel's type
+    f.write(0, wire=4, count=4, algo=int(AlgorithmCode.RING))  # an algorithm named
+    f.write(0, wire=5, count=4, kind=int(OpKind.REDUCE_SCATTER))
+    f.write(0, wire=6, count=4, dtype=int(DType.FLOAT32), op=int(ReduceOp.BAND))
+    f.write(0, wire=8, count=DATA)  # does not fit the slot's data
+    f.write(0, wire=9, count=4, out=123)  # outside its part of the arena
+    f.write(0, wire=10, count=4, kind=int(OpKind.BROADCAST), root=2)  # root outside the world
+    assert f.run() == 9
+    assert f.queued() == [(0, w, 0) for w in (2, 3, 4, 5, 6, 8, 9, 10)]
+    assert f.t.st[P.S_LIVE] == 1
+    # the second part of a key Python has follows it there, whatever it is
+    f.write(1, wire=2, count=4)
+    assert f.run() == 1 and f.queued() == [(1, 2, 0)]
+
+
+def test_a_disagreement_hands_python_the_op_in_the_order_it_came() -> None:
+    f = Fake(3)
+    f.write(2, wire=5, count=4)
+    assert f.run() == 1
+    f.write(0, wire=5, count=4)
+    assert f.run() == 1 and f.t.st[P.S_LIVE] == 1
+    f.write(1, wire=5, count=6)  # another count: Python says who disagrees
+    assert f.run() == 1
+    assert f.queued() == [(2, 5, 0), (0, 5, 0), (1, 5, 0)]
+    assert f.t.st[P.S_LIVE] == 0
+    f.write(0, wire=5, count=4, gen=1)  # the name's next generation is the pass's again
+    assert f.run() == 1 and f.queued() == [] and f.t.st[P.S_LIVE] == 1
+
+
+def test_a_second_submission_by_one_rank_goes_to_python() -> None:
+    f = Fake(2)
+    f.write(0, wire=5, count=4)
+    f.write(0, wire=5, count=4)
+    assert f.run() == 2
+    assert f.queued() == [(0, 5, 0), (0, 5, 0)]
+
+
+def test_on_several_nodes_a_complete_op_goes_to_python() -> None:
+    f = Fake(2, nodes=2)
+    f.write(0, wire=5, count=4)
+    assert f.run() == 1 and f.queued() == []
+    f.write(1, wire=5, count=4)
+    assert f.run() == 1 and f.queued() == [(0, 5, 0), (1, 5, 0)]
+
+
+def test_off_everything_goes_to_python() -> None:
+    f = Fake(1)
+    f.t.st[P.S_ON] = 0
+    t = f.write(0, wire=5, count=4)
+    assert f.run() == 1 and f.queued() == [(0, 5, 0)] and f.word(0, t) == 0
+
+
+def test_eject_hands_over_old_ops_and_keeps_young_ones() -> None:
+    f = Fake(3)
+    f.write(1, wire=1, count=2)
+    f.run()
+    f.write(0, wire=1, count=2)
+    f.write(0, wire=2, count=2)
+    f.run()
+    f.t.born[:] = 0
+    f.write(2, wire=3, count=2)
+    f.run()
+    e3 = P._find(f.t.keys, f.t.bucket, f.t.next, 3, 0)
+    f.t.born[e3] = 10**18
+    assert f.eject(10**9) == 0
+    got = f.queued()
+    assert sorted(got) == sorted([(1, 1, 0), (0, 1, 0), (0, 2, 0)])
+    assert got.index((1, 1, 0)) < got.index((0, 1, 0))
+    assert f.t.st[P.S_LIVE] == 1
+    f.write(1, wire=1, count=2)  # Python has wire 1 now: its last part goes there
+    assert f.run() == 1 and f.queued() == [(1, 1, 0)]
+
+
+def test_a_full_table_hands_the_rest_to_python() -> None:
+    f = Fake(2)
+    n = P.CAP + 10
+    for i in range(n):
+        f.write(0, wire=100 + i, count=1)
+        if (i + 1) % 200 == 0:
+            f.run()
+    f.run()
+    assert f.t.st[P.S_LIVE] == P.CAP
+    for i in range(n):
+        f.write(1, wire=100 + i, count=1)
+        if (i + 1) % 50 == 0:
+            f.run()
+    f.run()
+    assert f.t.st[P.S_LIVE] == 0
+
+
+def test_sleepers_are_woken_once_per_pass() -> None:
+    f = Fake(2)
+    for k in range(2):
+        f.mem[int(f.t.cw[k]) + A.C_SLEEPING] = 1
+    for i in range(20):  # twenty ops end in one pass: each sleeper is listed once
+        for k in range(2):
+            f.write(k, wire=50 + i, count=1)
+    f.run()
+    assert sorted(f.t.sig[: int(f.t.st[P.S_NSIG])].tolist()) == [0, 1]
+
+
+# ---------------------------------------------------------------- a node, in one process
+
+
+def _count_python_takes(monkeypatch: Any) -> list[int]:
+    seen = [0]
+    take = ThinService._take
+
+    def counting(self: ThinService, slot: int, d: np.ndarray) -> None:
+        seen[0] += 1
+        take(self, slot, d)
+
+    monkeypatch.setattr(ThinService, "_take", counting)
+    return seen
+
+
+def _run(node: Node, name: str, x: list[np.ndarray], kind: OpKind, op: ReduceOp,
+         root: int = 0) -> list[Any]:  # fmt: skip
+    hs = [None] * len(x)
+
+    def go(k: int) -> None:
+        hs[k] = node.submit(k, kind, name, x[k], op=op, root=root)  # type: ignore[call-overload]
+
+    threads = [threading.Thread(target=go, args=(k,)) for k in range(len(x))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return [h.wait(30) for h in hs]  # type: ignore[attr-defined]
+
+
+def _inputs(rng: np.random.Generator, npdt: Any, L: int, n: int) -> list[np.ndarray]:
+    if np.dtype(npdt).kind == "f":
+        return [rng.standard_normal(n).astype(npdt) for _ in range(L)]
+    return [rng.integers(-1000, 1000, n).astype(npdt) for _ in range(L)]
+
+
+@pytest.mark.parametrize("L", [2, 3])
+def test_the_pass_gives_the_python_paths_bits(monkeypatch: Any, L: int) -> None:
+    """Each op of each type the pass takes, run by the pass and (the pass off) by Python:
+    the same bits in every rank's result."""
+    seen = _count_python_takes(monkeypatch)
+    node = Node(L)
+    rng = np.random.default_rng(L)
+    cases = [
+        (npdt, op)
+        for npdt in (np.float16, np.float32, np.float64, np.int32, np.int64)
+        for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT)
+    ] + [(np.int64, ReduceOp.BXOR), (np.int32, ReduceOp.BAND)]
+    try:
+        for i, (npdt, op) in enumerate(cases):
+            x = _inputs(rng, npdt, L, 97)
+            fast = _run(node, f"c{i}", [a.copy() for a in x], OpKind.ALLREDUCE, op)
+            assert seen[0] == 0, (npdt, op)
+            node.service._fast.st[P.S_ON] = 0
+            slow = _run(node, f"s{i}", [a.copy() for a in x], OpKind.ALLREDUCE, op)
+            node.service._fast.st[P.S_ON] = 1
+            assert seen[0] == L
+            seen[0] = 0
+            for k in range(L):
+                assert fast[k].tobytes() == slow[k].tobytes(), (npdt, op, k)
+        x = _inputs(rng, np.float32, L, 33)
+        for r in range(L):
+            got = _run(node, f"b{r}", [a.copy() for a in x], OpKind.BROADCAST, ReduceOp.SUM, r)
+            assert all(g.tobytes() == x[r].tobytes() for g in got)
+        assert seen[0] == 0
+        assert node.service._fast.st[P.S_TAKEN] > 0
+    finally:
+        node.close()
+
+
+def test_a_disagreement_on_the_algorithm_fails_every_rank(monkeypatch: Any) -> None:
+    """Rank 0's op is the pass's, rank 1's names an algorithm (Python's): both raise, in
+    either order, and the name goes on."""
+    node = Node(2)
+    try:
+        for first in (0, 1):
+            name = f"algo{first}"
+            hs: list[ThinHandle] = []
+            for k in (first, 1 - first):
+                c = node.clients[k]
+                x = np.ones(3, np.int64)
+                at, staged = c.place(x, fill=x)
+                h = ThinHandle(c, name, 0, OpKind.ALLREDUCE, np.empty_like(x), lambda: None)
+                h.hold((staged,), np.empty_like(x), staged)
+                algo = int(AlgorithmCode.RING) if k == 1 else 0
+                hs.append(c.submit(h, wire=hash(name) & ((1 << 62) - 1), dtype=DType.INT64,
+                                   count=3, op=ReduceOp.SUM, root=0, priority=0, at_in=at,
+                                   at_out=at, unnamed=False, algorithm=algo))  # fmt: skip
+            for h in hs:
+                with pytest.raises(OpMismatchError, match="ranks disagree"):
+                    h.wait(30)
+            again = [node.submit(k, OpKind.ALLREDUCE, name, np.ones(3, np.int64), gen=1)
+                     for k in range(2)]  # fmt: skip
+            assert all(np.array_equal(h.wait(30), np.full(3, 2)) for h in again)
+    finally:
+        node.close()
+
+
+def test_a_rank_that_submits_twice_is_told(monkeypatch: Any) -> None:
+    node = Node(2)
+    try:
+        first = node.submit(0, OpKind.ALLREDUCE, "twice", np.ones(2, np.int64))
+        second = node.submit(0, OpKind.ALLREDUCE, "twice", np.ones(2, np.int64))
+        with pytest.raises(InvalidArgumentError, match="submitted twice"):
+            second.wait(30)
+        other = node.submit(1, OpKind.ALLREDUCE, "twice", np.ones(2, np.int64))
+        assert np.array_equal(first.wait(30), np.full(2, 2))
+        assert np.array_equal(other.wait(30), np.full(2, 2))
+    finally:
+        node.close()
+
+
+def test_more_ops_in_flight_than_the_table_holds() -> None:
+    node = Node(2)
+    try:
+        n = P.CAP + 200
+        hs = [node.submit(0, OpKind.ALLREDUCE, f"m{i}", np.full(2, i, np.int64)) for i in range(n)]
+        hs += [node.submit(1, OpKind.ALLREDUCE, f"m{i}", np.full(2, 1, np.int64)) for i in range(n)]
+        for i, h in enumerate(hs):
+            assert np.array_equal(h.wait(30), np.full(2, i % n + 1)), i
+    finally:
+        node.close()

@@ -1,0 +1,473 @@
+"""The arena thread's compiled pass: the common op of one node runs without Python.
+
+The arena thread of a node's service (:mod:`.thin`) reads its clients' submission
+rings.  Most of what it reads is the same few ops again and again: an allreduce, a
+broadcast or a barrier over the whole world, of a gradient's element type.  On a
+service with one node, :func:`arena_pass` takes such descriptors into a table of
+arrays, and when every local client has submitted one it reduces the buffers in place
+in the arena (the kernels of :mod:`totalreduce.kernels.raw`, the same bits as the
+Python path), copies the result into the other clients' outputs and sets their
+completion words.  No Python object is made per op.
+
+Everything else goes to Python, in order, through an *out-queue* of descriptors that
+``ThinService`` takes one by one as before:
+
+- a descriptor that is not such an op (a group's, a reduce-scatter's, an algorithm
+  named, a window's, a dtype the raw kernels do not take), or that is wrong in any way
+  (Python finds what, and says it);
+- one whose (wire id, generation) Python has had before (:data:`PYKEYS`, a cache of
+  them): its other parts go where it went;
+- one that meets an op of the table it does not agree with, or that its client
+  submitted twice: the op's descriptors in the table go out first, in the order they
+  came, so Python sees them as if it had taken them all;
+- an op complete on a service of several nodes (the services' engine runs it);
+- and, by :func:`arena_eject`, the whole table before Python handles an event (a
+  client attached, left or died, a new session, the service stops) and every op that
+  has waited a second (the stall inspector's, and the rare key the cache forgot).
+
+The pass is on only while no rank is gone (``st[S_ON]``): Python owns every op then.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..kernels.raw import (
+    DT_BF16,
+    DT_F16,
+    DT_F32,
+    DT_F64,
+    DT_I32,
+    DT_I64,
+    ITEMSIZE,
+    average_raw,
+    copy_raw,
+    reduce3_raw,
+    reduce_raw,
+)
+from ..native.intrinsics import fence
+from ..native.libc import now_ns
+from ..transport import arena as A
+
+# ---------------------------------------------------------------- st: the pass's scalars
+#: on (no rank gone), slots, world size, nodes, the slot's first rank (node * slots),
+#: data bytes per slot, live entries, out-queue rows, slots to wake, descriptors taken
+(S_ON, S_SLOTS, S_SIZE, S_NODES, S_BASE_RANK, S_DATA, S_LIVE, S_NOUT, S_NSIG, S_TAKEN,
+ S_FREE) = range(11)  # fmt: skip
+ST_WORDS = 16
+
+#: Ops the table holds at most (more wait in Python's tables).
+CAP = 1024
+#: Hash buckets of the table (a power of two).
+BUCKETS = 2048
+#: Keys Python took, remembered direct-mapped (a power of two).
+PYKEYS = 4096
+#: Descriptors the out-queue holds (and two per slot).
+QCAP = 256
+
+# kinds and flags, as constants of the compiled code
+_AR, _BC, _BAR = 1, 2, 3  # OpKind.ALLREDUCE, BROADCAST, BARRIER (checked below)
+_OP_SUM, _OP_AVG, _OP_BXOR = 1, 2, 8
+_SIMPLE_FLAGS = A.F_AVG | A.F_UNNAMED
+_HASH = 0x9E3779B97F4A7C15 - (1 << 64)  # 2^64 / golden ratio, as a signed word
+
+_RING_WORD, _DONE_WORD, _RING, _DW = A.RING_WORD, A.DONE_WORD, A.RING, A.D_WORDS
+_C_TAIL, _C_HEAD, _C_SLEEPING = A.C_TAIL, A.C_HEAD, A.C_SLEEPING
+(_D_TICKET, _D_KIND, _D_WIRE, _D_GEN, _D_DTYPE, _D_COUNT, _D_OP, _D_ROOT, _D_PRIO, _D_IN,
+ _D_OUT, _D_FLAGS, _D_GROUP, _D_CTX, _D_AUX, _D_ALGO) = range(16)  # fmt: skip
+
+
+class Table:
+    """The pass's arrays: shared by Python (which makes and reads them) and the pass."""
+
+    def __init__(self, slots: int, nodes: int, node: int, data_bytes: int) -> None:
+        self.st = np.zeros(ST_WORDS, np.int64)
+        st = self.st
+        st[S_SLOTS], st[S_SIZE], st[S_NODES] = slots, nodes * slots, nodes
+        st[S_BASE_RANK], st[S_DATA] = node * slots, data_bytes
+        self.heads = np.zeros(slots, np.int64)  # descriptors taken from each ring
+        self.incs = np.zeros(slots, np.int64)  # each slot's incarnation, 0: none attached
+        self.lo = np.zeros(slots, np.int64)  # each slot's data region (arena offsets)
+        self.cw = np.zeros(slots, np.int64)  # each slot's control block (arena words)
+        self.keys = np.zeros((CAP, 2), np.int64)  # (wire id, generation)
+        self.seen = np.zeros(CAP, np.int64)  # descriptors come
+        self.order = np.zeros((CAP, slots), np.int64)  # the slots, in the order they came
+        self.descs = np.zeros((CAP, slots, _DW), np.int64)
+        self.born = np.zeros(CAP, np.int64)  # now_ns() of its first descriptor
+        self.bucket = np.full(BUCKETS, -1, np.int64)
+        self.next = np.full(CAP, -1, np.int64)  # the bucket's chain; the free list
+        self.next[: CAP - 1] = np.arange(1, CAP)
+        st[S_FREE] = 0
+        self.pykeys = np.full((PYKEYS, 2), -1, np.int64)  # generations are >= 0
+        self.outq = np.zeros((QCAP + 2 * slots, _DW), np.int64)
+        self.outslot = np.zeros(QCAP + 2 * slots, np.int64)
+        self.sig = np.zeros(slots, np.int64)  # slots whose client sleeps: wake them
+        self.wake = np.zeros(slots, np.int64)  # 1: in sig already
+        self.tmp = np.zeros(_DW, np.int64)
+
+
+# ---------------------------------------------------------------- the table
+
+
+@njit(nogil=True, cache=True)
+def _bucket_of(wire, gen):  # type: ignore[no-untyped-def]
+    return ((wire * _HASH) ^ gen) & (BUCKETS - 1)
+
+
+@njit(nogil=True, cache=True)
+def _pykey_of(wire, gen):  # type: ignore[no-untyped-def]
+    return ((wire * _HASH) ^ (gen * 31)) & (PYKEYS - 1)
+
+
+@njit(nogil=True, cache=True)
+def _find(keys, bucket, nxt, wire, gen):  # type: ignore[no-untyped-def]
+    e = bucket[_bucket_of(wire, gen)]
+    while e >= 0:
+        if keys[e, 0] == wire and keys[e, 1] == gen:
+            return e
+        e = nxt[e]
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _unlink(st, keys, bucket, nxt, e):  # type: ignore[no-untyped-def]
+    """Take entry ``e`` out of its bucket and give it back."""
+    b = _bucket_of(keys[e, 0], keys[e, 1])
+    if bucket[b] == e:
+        bucket[b] = nxt[e]
+    else:
+        p = bucket[b]
+        while nxt[p] != e:
+            p = nxt[p]
+        nxt[p] = nxt[e]
+    nxt[e] = st[S_FREE]
+    st[S_FREE] = e
+    st[S_LIVE] -= 1
+
+
+@njit(nogil=True, cache=True)
+def _queue(st, outq, outslot, d, slot):  # type: ignore[no-untyped-def]
+    q = st[S_NOUT]
+    for i in range(_DW):
+        outq[q, i] = d[i]
+    outslot[q] = slot
+    st[S_NOUT] = q + 1
+
+
+@njit(nogil=True, cache=True)
+def _to_python(st, keys, seen, order, descs, bucket, nxt, pykeys, outq, outslot, e, wire, gen):  # type: ignore[no-untyped-def]
+    """Queue entry ``e``'s descriptors (if ``e`` >= 0) for Python, in the order they
+    came, and remember that Python has the key from now on."""
+    if e >= 0:
+        for i in range(seen[e]):
+            s = order[e, i]
+            _queue(st, outq, outslot, descs[e, s], s)
+        _unlink(st, keys, bucket, nxt, e)
+    p = _pykey_of(wire, gen)
+    pykeys[p, 0] = wire
+    pykeys[p, 1] = gen
+
+
+# ---------------------------------------------------------------- checks
+
+
+@njit(nogil=True, cache=True)
+def _dtype_ok(dt, op):  # type: ignore[no-untyped-def]
+    if dt == DT_I32 or dt == DT_I64:
+        return 1 <= op <= _OP_BXOR
+    if dt == DT_F32 or dt == DT_F64 or dt == DT_F16 or dt == DT_BF16:
+        return 1 <= op <= 5  # SUM, AVG, MAX, MIN, PRODUCT: no bitwise op on floats
+    return False
+
+
+@njit(nogil=True, cache=True)
+def _simple(st, lo, d, slot):  # type: ignore[no-untyped-def]
+    """Whether the compiled pass takes ``d``: a well-formed allreduce, broadcast or
+    barrier over the world, of a raw kernel's element type, no algorithm named."""
+    if st[S_ON] == 0 or d[_D_CTX] != 0 or d[_D_ALGO] != 0:
+        return False
+    if (d[_D_FLAGS] & ~_SIMPLE_FLAGS) != 0 or d[_D_GEN] < 0 or d[_D_TICKET] <= 0:
+        return False
+    kind = d[_D_KIND]
+    if kind != _AR and kind != _BC and kind != _BAR:
+        return False
+    dt = d[_D_DTYPE]
+    if not _dtype_ok(dt, d[_D_OP]):  # a barrier's too: Python refuses what it refuses
+        return False
+    n = d[_D_COUNT]
+    span = n * ITEMSIZE[dt]
+    data = st[S_DATA]
+    if n < 0 or span > data:
+        return False
+    if kind == _BAR:
+        return True
+    if kind == _BC and not (0 <= d[_D_ROOT] < st[S_SIZE]):
+        return False
+    a, b = lo[slot], lo[slot] + data - span
+    return a <= d[_D_IN] <= b and a <= d[_D_OUT] <= b
+
+
+@njit(nogil=True, cache=True)
+def _agrees(d, e0):  # type: ignore[no-untyped-def]
+    """Whether two ranks' descriptors of one op agree on its shape."""
+    return (
+        d[_D_KIND] == e0[_D_KIND] and d[_D_DTYPE] == e0[_D_DTYPE]
+        and d[_D_COUNT] == e0[_D_COUNT] and d[_D_OP] == e0[_D_OP]
+        and d[_D_ROOT] == e0[_D_ROOT] and d[_D_FLAGS] == e0[_D_FLAGS]
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- running an op
+
+
+@njit(nogil=True, cache=True)
+def _run(st, base, descs, e):  # type: ignore[no-untyped-def]
+    """Op ``e``, complete on this node (its only node): the result in every output."""
+    slots = st[S_SLOTS]
+    d0 = descs[e, 0]
+    kind = d0[_D_KIND]
+    if kind == _BAR:
+        return
+    dt, n = d0[_D_DTYPE], d0[_D_COUNT]
+    span = n * ITEMSIZE[dt]
+    if kind == _AR:
+        op = d0[_D_OP]
+        if op == _OP_AVG:
+            op = _OP_SUM  # summed, divided at the end
+        dst = base + d0[_D_OUT]
+        if slots == 1:
+            copy_raw(dst, base + d0[_D_IN], span)
+        else:
+            reduce3_raw(dt, op, dst, base + d0[_D_IN], base + descs[e, 1, _D_IN], n)
+            for k in range(2, slots):
+                reduce_raw(dt, op, dst, base + descs[e, k, _D_IN], n)
+        if d0[_D_FLAGS] & A.F_AVG:
+            average_raw(dt, dst, n, st[S_SIZE])
+        src = dst
+        first = 1
+    else:  # a broadcast: the root's input, into every output
+        r = d0[_D_ROOT] - st[S_BASE_RANK]
+        src = base + descs[e, r, _D_OUT]
+        copy_raw(src, base + descs[e, r, _D_IN], span)
+        first = 0
+    for k in range(first, slots):
+        out = base + descs[e, k, _D_OUT]
+        if out != src:
+            copy_raw(out, src, span)
+
+
+@njit(nogil=True, cache=True)
+def _answer(st, mem, cw, descs, sig, wake, e):  # type: ignore[no-untyped-def]
+    """Set every client's completion word of op ``e``; list the sleepers to wake."""
+    slots = st[S_SLOTS]
+    for k in range(slots):
+        t = descs[e, k, _D_TICKET]
+        mem[cw[k] + _DONE_WORD + (t - 1) % _RING] = t
+    fence()
+    for k in range(slots):
+        if mem[cw[k] + _C_SLEEPING] != 0 and wake[k] == 0:
+            wake[k] = 1
+            sig[st[S_NSIG]] = k
+            st[S_NSIG] += 1
+
+
+# ---------------------------------------------------------------- the pass
+
+
+@njit(nogil=True, cache=True)
+def arena_pass(
+    st,
+    mem,
+    cw,
+    base,
+    heads,
+    incs,
+    lo,
+    keys,
+    seen,
+    order,
+    descs,
+    born,
+    bucket,
+    nxt,
+    pykeys,
+    outq,
+    outslot,
+    sig,
+    wake,
+    d,
+):  # type: ignore[no-untyped-def]
+    """Take every descriptor the attached clients wrote; run the ops it completes.
+
+    ``mem`` is the arena as int64 words, ``cw`` where each slot's control block starts in
+    it, ``base`` the arena's address.
+    Returns the number of descriptors taken (0: nothing new).  What Python must take is
+    in ``outq``/``outslot`` (``st[S_NOUT]`` rows), the slots to wake in ``sig``
+    (``st[S_NSIG]``).  Stops early when the out-queue may not hold another op."""
+    st[S_NOUT] = 0
+    st[S_NSIG] = 0
+    slots = st[S_SLOTS]
+    for k in range(slots):
+        wake[k] = 0
+    taken = 0
+    for s in range(slots):
+        if incs[s] == 0:
+            continue
+        tail = mem[cw[s] + _C_TAIL]
+        if heads[s] >= tail:
+            continue
+        fence()  # the descriptors were written before the tail
+        while heads[s] < tail:
+            if st[S_NOUT] + slots + 1 > outq.shape[0]:
+                return taken
+            row = _RING_WORD + (heads[s] % _RING) * _DW
+            for i in range(_DW):
+                d[i] = mem[cw[s] + row + i]
+            heads[s] += 1
+            mem[cw[s] + _C_HEAD] = heads[s]
+            taken += 1
+            wire, gen = d[_D_WIRE], d[_D_GEN]
+            e = _find(keys, bucket, nxt, wire, gen)
+            p = _pykey_of(wire, gen)
+            ok = _simple(st, lo, d, s) and not (pykeys[p, 0] == wire and pykeys[p, 1] == gen)
+            if ok and e >= 0:
+                # submitted twice by this rank, or a shape another rank does not share
+                ok = descs[e, s, _D_TICKET] == 0 and _agrees(d, descs[e, order[e, 0]])
+            if ok and e < 0:
+                e = st[S_FREE]
+                if e < 0:  # the table is full: Python's tables take the rest
+                    ok = False
+                else:
+                    st[S_FREE] = nxt[e]
+                    b = _bucket_of(wire, gen)
+                    nxt[e] = bucket[b]
+                    bucket[b] = e
+                    st[S_LIVE] += 1
+                    keys[e, 0], keys[e, 1] = wire, gen
+                    seen[e] = 0
+                    born[e] = now_ns()
+                    for k in range(slots):
+                        descs[e, k, _D_TICKET] = 0
+            if not ok:
+                _to_python(
+                    st, keys, seen, order, descs, bucket, nxt, pykeys, outq, outslot, e, wire, gen
+                )
+                _queue(st, outq, outslot, d, s)
+                continue
+            for i in range(_DW):
+                descs[e, s, i] = d[i]
+            order[e, seen[e]] = s
+            seen[e] += 1
+            if seen[e] < slots:
+                continue
+            if st[S_NODES] > 1:  # the services' engine runs it: Python starts it
+                _to_python(
+                    st, keys, seen, order, descs, bucket, nxt, pykeys, outq, outslot, e, wire, gen
+                )
+                continue
+            _run(st, base, descs, e)
+            _answer(st, mem, cw, descs, sig, wake, e)
+            _unlink(st, keys, bucket, nxt, e)
+    st[S_TAKEN] += taken
+    return taken
+
+
+@njit(nogil=True, cache=True)
+def arena_eject(st, keys, seen, order, descs, born, bucket, nxt, pykeys, outq, outslot, older_ns):  # type: ignore[no-untyped-def]
+    """Queue for Python the descriptors of every op that came before ``older_ns``
+    (``now_ns()`` for all), as many as the out-queue holds; how many ops remain to go."""
+    st[S_NOUT] = 0
+    slots = st[S_SLOTS]
+    left = 0
+    for b in range(BUCKETS):
+        e = bucket[b]
+        while e >= 0:
+            nx = nxt[e]
+            if born[e] <= older_ns:
+                if st[S_NOUT] + slots > outq.shape[0]:
+                    left += 1
+                else:
+                    _to_python(
+                        st,
+                        keys,
+                        seen,
+                        order,
+                        descs,
+                        bucket,
+                        nxt,
+                        pykeys,
+                        outq,
+                        outslot,
+                        e,
+                        keys[e, 0],
+                        keys[e, 1],
+                    )
+            e = nx
+    return left
+
+
+@njit(nogil=True, cache=True)
+def clock_ns():  # type: ignore[no-untyped-def]
+    """The clock of the table's ``born`` (for Python's ages)."""
+    return now_ns()
+
+
+#: What the pass's machine code is made of: a change to any flushes its cached code
+#: (Numba checks a cached function against its own file only).
+SOURCES = (
+    "daemon/arena_pass.py",
+    "engine/lane_cache.py",
+    "kernels/raw.py",
+    "kernels/numba_kernels.py",
+    "native/intrinsics.py",
+    "native/libc.py",
+    "transport/arena.py",
+)
+
+
+def prepare() -> None:
+    """Compile the pass (or load it from Numba's cache, dropped first if any of its
+    :data:`SOURCES` changed): in the service's start, not in a client's first op."""
+    from ..engine.lane_cache import forget_stale_cache
+
+    forget_stale_cache(arena_pass, SOURCES, (__name__.split(".", 1)[1],), "arena_pass.sources")
+    t = Table(1, 1, 0, 0)
+    mem = np.zeros(A.ERROR_WORD, np.int64)
+    arena_pass(
+        t.st,
+        mem,
+        t.cw,
+        0,
+        t.heads,
+        t.incs,
+        t.lo,
+        t.keys,
+        t.seen,
+        t.order,
+        t.descs,
+        t.born,
+        t.bucket,
+        t.next,
+        t.pykeys,
+        t.outq,
+        t.outslot,
+        t.sig,
+        t.wake,
+        t.tmp,
+    )
+    arena_eject(
+        t.st,
+        t.keys,
+        t.seen,
+        t.order,
+        t.descs,
+        t.born,
+        t.bucket,
+        t.next,
+        t.pykeys,
+        t.outq,
+        t.outslot,
+        0,
+    )
+    clock_ns()
