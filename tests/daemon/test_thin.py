@@ -23,7 +23,7 @@ from cluster import have_mpiexec, run_clients, serve  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec not found (mpich wheel)")
 WORKER = str(HERE / "thin_worker.py")
-ARENA_CHECKS = ("NO-ENGINE", "ZERO-COPY", "DTYPES", "BROADCAST", "IN-FLIGHT", "CALLBACK",
+ARENA_CHECKS = ("NO-ENGINE", "ZERO-COPY", "EXPRESS", "DTYPES", "BROADCAST", "IN-FLIGHT", "CALLBACK",
                 "TORCH-EMPTY", "MISMATCH", "AFTER", "PAIRWISE")  # fmt: skip
 
 

@@ -27,6 +27,7 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 import threading
@@ -63,6 +64,41 @@ def mode_arena(p: int, rank: int) -> None:
     ok &= h.wait() is not None and np.all(x == p * (p + 1) / 2)
     report(rank, "ZERO-COPY", bool(ok), f"{thin.space.used_bytes - base} bytes in use, {x[:3]}")
     del x, h
+
+    # a repeat of an in-place allreduce: the express path (the descriptor of the first)
+    from totalreduce.service import express
+
+    x = tr.empty((4, 25), np.float32)
+    bad = []
+    for i in range(5):
+        x[:] = rank + i
+        h = tr.allreduce_async(x, name="express", out=x, priority=i)
+        h.wait()
+        if h.generation != i or not np.all(x == sum(r + i for r in range(p))):
+            bad.append(f"repeat {i}: generation {h.generation}, {x[0, :3]}")
+    if (express.THIN, "express", "sum", None) not in svc._express:
+        bad.append("no express record")
+    ro = x.view()
+    ro.flags.writeable = False
+    try:
+        tr.allreduce_async(ro, name="express", out=ro)
+        bad.append("a read-only array was taken")
+    except tr.InvalidArgumentError:
+        pass
+    # a repeat on one rank meets another op on the other: both raise; the name goes on
+    try:
+        tr.allreduce(x, name="express", out=x, op="max" if rank == 1 else "sum")
+        bad.append("no mismatch")
+    except tr.OpMismatchError as exc:
+        if "max" not in str(exc) or "sum" not in str(exc):
+            bad.append(str(exc))
+    x[:] = 1
+    tr.allreduce(x, name="express", out=x)
+    if not np.all(x == p):
+        bad.append(f"after the mismatch: {x[0, :3]}")
+    report(rank, "EXPRESS", not bad, "; ".join(bad))
+    del x, ro, h
+    gc.collect()  # the failed op's handle and its error's traceback hold x in a cycle
 
     # plain arrays: staged, given back
     bad = []

@@ -60,11 +60,17 @@ class CollectiveOps(OpSubmitter):
         """
         if name is not None and group is None and dtype is None:
             # A repeat of a shape this name had: the express path (service/express.py).
-            ex = express.lookup(self._express, (name, op, out is x, algorithm), x)
-            if ex is not None:
-                h = express.start(self, ex, name, x, out, priority)
-                if h is not None:
-                    return h
+            if self._thin is not None:
+                if out is x:  # daemon mode, in place: the record keeps the descriptor
+                    th = express.thin_start(self, (express.THIN, name, op, algorithm), x, priority)
+                    if th is not None:
+                        return th
+            else:
+                ex = express.lookup(self._express, (name, op, out is x, algorithm), x)
+                if ex is not None:
+                    h = express.start(self, ex, name, x, out, priority)
+                    if h is not None:
+                        return h
         arr, dt = as_array(x, "x", dtype)
         if isinstance(op, str) and op.lower() == "adasum":  # Horovod's: service/adasum.py
             o, _ = checks.output(arr, out)
@@ -77,10 +83,13 @@ class CollectiveOps(OpSubmitter):
         avg = rop is ReduceOp.AVG
         algo = self._thin_for(OpKind.ALLREDUCE, wanted, arr.nbytes, dt)
         if algo is not None:
-            return self._thin_op(  # the node's service runs it (service/thin.py)
+            th = self._thin_op(  # the node's service runs it (service/thin.py)
                 OpKind.ALLREDUCE, arr, dt, o, in_place, name, rop, priority, 0,
                 o.reshape(arr.shape), group=grp, algorithm=algo,
             )  # fmt: skip
+            if name is not None and group is None and dtype is None and out is x:
+                express.thin_remember(self, (express.THIN, name, op, algorithm), x, th)
+            return th
         hier = self._hierarchical(OpKind.ALLREDUCE, wanted, grp, arr.nbytes, dt)
         param = 0
         if hier is not None:

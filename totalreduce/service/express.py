@@ -35,9 +35,11 @@ from ..dtypes import DType, ReduceOp
 from ..engine.payload import OpSpec
 from . import checks, tuning
 from .handle import Handle
+from .thin import ThinHandle as _ThinHandle
 
 if TYPE_CHECKING:
     from ..engine.lane import LaneShape
+    from .thin import ThinHandle
 
 #: Most express records a service keeps (a model's parameter count is far below).
 MAX_RECORDS = 1 << 15
@@ -143,3 +145,82 @@ def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
     if len(table) >= MAX_RECORDS:
         table.clear()
     table[key] = Express(spec, x, sig, tuning.EPOCH[0])
+
+
+# ---------------------------------------------------------------- daemon mode (thin path)
+
+#: The first item of a thin record's key (the same table as the engine's records).
+THIN = "thin"
+
+
+class ThinExpress:
+    """What a repeat of one in-place allreduce in daemon mode needs: the array's dtype and
+    shape, the name's signature, and the descriptor the whole way wrote."""
+
+    __slots__ = ("npdt", "shape", "sig", "row", "epoch")
+
+    def __init__(self, x: np.ndarray, sig: tuple[Any, ...], row: np.ndarray) -> None:
+        self.npdt = x.dtype
+        self.shape = x.shape
+        self.sig = sig
+        self.row = row
+        self.epoch = tuning.EPOCH[0]
+
+
+def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None:
+    """After a whole-way in-place allreduce in daemon mode: keep a record if a repeat can
+    take the express path (an array of the arena, one op, no staging)."""
+    thin = svc._thin
+    if (
+        h.__class__ is not _ThinHandle
+        or h._blocks
+        or h._out is not None
+        or h._finalize is not None
+        or h._ticket == 0
+        or x.__class__ is not np.ndarray
+        or not x.flags.c_contiguous
+    ):
+        return
+    try:
+        sig = svc._names.signature(h.name)
+        table = svc._express
+        if len(table) >= MAX_RECORDS:
+            table.clear()
+        table[key] = ThinExpress(x, sig, thin.last_row())
+    except (TypeError, KeyError):
+        return
+
+
+def thin_start(svc: Any, key: tuple[Any, ...], x: Any, priority: Any) -> ThinHandle | None:
+    """A repeat of the in-place allreduce under ``key`` with array ``x``: its descriptor
+    is the record's, with the new generation, priority and place; None when anything
+    differs or is unusual (the whole way then checks, and raises what it raises)."""
+    try:
+        rec = svc._express.get(key)
+    except TypeError:
+        return None
+    if (
+        rec is None
+        or rec.__class__ is not ThinExpress
+        or x.__class__ is not np.ndarray
+        or x.dtype is not rec.npdt
+        or x.shape != rec.shape
+        or not x.flags.c_contiguous
+        or not x.flags.writeable
+        or priority.__class__ is not int
+        or not -(1 << 31) <= priority < 1 << 31
+        or rec.epoch != tuning.EPOCH[0]
+        or svc._closed
+    ):
+        return None
+    lp = svc._loop  # a client engine (a window larger than the thin path's) may have news
+    if lp is not None and (lp.fatal is not None or lp.late_errors):
+        return None
+    thin = svc._thin
+    at = thin.arena.offset_of(x)
+    if at < 0 or thin.busy():
+        return None
+    names = svc._names
+    op_name, gen = names.name(key[1], rec.sig)
+    h = _ThinHandle(thin, op_name, gen, OpKind.ALLREDUCE, x, lambda: names.ended(op_name))
+    return thin.submit_again(h, rec.row, priority, at)

@@ -62,6 +62,10 @@ class NameTable:
         finally:
             lock.release()
 
+    def signature(self, name: str | int) -> tuple[Any, ...]:
+        """The signature ``name`` was last given (KeyError if it has none)."""
+        return self._names[name].signature
+
     def ended(self, name: str | int) -> None:
         """One generation of ``name`` is no longer in flight."""
         lock = self._lock  # (acquire/release: half the cost of a with block, once per op)

@@ -310,6 +310,27 @@ class ThinClient:
             h.passive = passive
             self._flight[t] = h
             self.ctl[A.C_TAIL] = self._tail = pos
+        return self._posted(h, priority)
+
+    def submit_again(self, h: ThinHandle, row: np.ndarray, priority: int, at: int) -> ThinHandle:
+        """Write the descriptor of a repeat: ``row``, an earlier descriptor of the same op
+        (the express path's record), with ``h``'s generation, ``priority`` and its buffer
+        at arena offset ``at`` (input and output: in place).  The caller checked that the
+        service is there, a completion word is free and no late error waits."""
+        with self.lock:
+            pos = self._tail + 1
+            d = self.ring[(pos - 1) % A.RING]
+            t = self.new_ticket()
+            d[:] = row
+            d[A.D_GEN], d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = h.generation, priority, at, at
+            d[A.D_TICKET] = h._ticket = t
+            self._flight[t] = h
+            self.ctl[A.C_TAIL] = self._tail = pos
+        return self._posted(h, priority)
+
+    def _posted(self, h: ThinHandle, priority: int) -> ThinHandle:
+        """The descriptor of ``h`` is in the ring: the timeline, and the service woken if
+        it sleeps."""
         trace = self.trace
         if trace is not None:
             trace.op(h.name, h.generation, "submitted", priority)
@@ -317,6 +338,19 @@ class ThinClient:
         if self.header[A.H_SERVICE_SLEEPING]:
             signal_eventfd(self.service_efd)
         return h
+
+    def last_row(self) -> np.ndarray:
+        """A copy of the last descriptor written (an express record keeps it)."""
+        return self.ring[(self._tail - 1) % A.RING].copy()
+
+    def busy(self) -> bool:
+        """Whether a submission must take the whole way: the service is gone, every
+        completion word is in use, or a late error waits to be raised."""
+        return (
+            self.gone is not None
+            or len(self._flight) >= A.RING - 1
+            or int(self.ctl[A.C_LATE]) != self._late_seen
+        )
 
     def new_ticket(self) -> int:
         """The next op's ticket (``lock`` held).  A ticket names the op's completion word
@@ -456,6 +490,7 @@ class ThinClient:
         while time.perf_counter() - t0 < SPIN_S:
             if self.check(h):
                 return
+            os.sched_yield()
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.check(h):
             left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
