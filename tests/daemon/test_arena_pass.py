@@ -77,18 +77,14 @@ class Fake:
         return int(self.mem[int(self.t.cw[k]) + A.DONE_WORD + (ticket - 1) % A.RING])
 
     def run(self) -> int:
-        t = self.t
-        return int(P.arena_pass(
-            t.st, self.mem, t.cw, self.base, t.heads, t.incs, t.lo, t.keys, t.seen, t.order,
-            t.descs, t.born, t.bucket, t.next, t.pykeys, t.outq, t.outslot, t.sig, t.wake, t.tmp,
-        ))  # fmt: skip
+        return int(P.arena_pass(self.t.tab, self.mem, self.base))
 
     def eject(self, older_ns: int) -> int:
-        t = self.t
-        return int(P.arena_eject(
-            t.st, t.keys, t.seen, t.order, t.descs, t.born, t.bucket, t.next, t.pykeys,
-            t.outq, t.outslot, older_ns,
-        ))  # fmt: skip
+        return int(P.arena_eject(self.t.tab, older_ns))
+
+    def started(self) -> list[int]:
+        """The entries the last pass left Python to start among the nodes."""
+        return self.t.starts[: int(self.t.st[P.S_NSTART])].tolist()
 
     def queued(self) -> list[tuple[int, int, int]]:
         """(slot, wire, generation) of what the last call handed Python, in order."""
@@ -155,12 +151,49 @@ def test_a_second_submission_by_one_rank_goes_to_python() -> None:
     assert f.queued() == [(0, 5, 0), (0, 5, 0)]
 
 
-def test_on_several_nodes_a_complete_op_goes_to_python() -> None:
+def test_on_several_nodes_the_node_part_is_done_and_python_starts_the_rest() -> None:
+    """Node 0 of two, two slots: an avg allreduce complete here is reduced into the first
+    client's output and listed to start; after the nodes' step, arena_finish divides by
+    the world's size, copies it back and sets the words."""
     f = Fake(2, nodes=2)
-    f.write(0, wire=5, count=4)
+    for k in range(2):
+        f.data(k, 3)[:] = [10 * k + 1, 10 * k + 2, 10 * k + 3]
+    t0 = f.write(0, wire=5, count=3, op=int(ReduceOp.AVG), flags=A.F_AVG)
+    assert f.run() == 1 and f.queued() == [] and f.started() == []
+    t1 = f.write(1, wire=5, count=3, op=int(ReduceOp.AVG), flags=A.F_AVG)
     assert f.run() == 1 and f.queued() == []
-    f.write(1, wire=5, count=4)
-    assert f.run() == 1 and f.queued() == [(0, 5, 0), (1, 5, 0)]
+    (e,) = f.started()
+    assert f.data(0, 3).tolist() == [12, 14, 16]  # the node's sum, not divided yet
+    assert f.word(0, t0) == 0 and f.word(1, t1) == 0
+    assert P._find(f.t.keys, f.t.bucket, f.t.next, 5, 0) == -1  # out of the buckets
+    f.write(1, wire=5, count=3, op=int(ReduceOp.AVG), flags=A.F_AVG)  # a second one
+    assert f.run() == 1 and f.queued() == [(1, 5, 0)]  # goes to Python
+    f.data(0, 3)[:] += [100, 100, 100]  # what the other node gave
+    P.arena_finish(f.t.tab, f.mem, f.base, e)
+    assert f.data(0, 3).tolist() == [28, 28, 29]  # (112, 114, 116) // 4
+    assert f.data(1, 3).tolist() == [28, 28, 29]
+    assert f.word(0, t0) == t0 and f.word(1, t1) == t1
+    assert f.t.st[P.S_LIVE] == 0
+
+
+def test_a_broadcast_from_another_node_lands_in_the_first_clients_output() -> None:
+    f = Fake(2, nodes=2)
+    for k in range(2):
+        f.data(k, 2)[:] = [7 + k, 7 + k]
+    f.write(0, wire=9, count=2, kind=int(OpKind.BROADCAST), root=3)  # node 1's second
+    f.write(1, wire=9, count=2, kind=int(OpKind.BROADCAST), root=3)
+    f.run()
+    (e,) = f.started()
+    assert P.node_buffer(f.t.st, f.t.descs, e) == f.t.lo[0]
+    f.data(0, 2)[:] = [42, 43]
+    P.arena_finish(f.t.tab, f.mem, f.base, e)
+    assert f.data(1, 2).tolist() == [42, 43]
+    f.write(0, wire=9, count=2, kind=int(OpKind.BROADCAST), root=1, gen=1)  # from here
+    f.write(1, wire=9, count=2, kind=int(OpKind.BROADCAST), root=1, gen=1)
+    f.data(1, 2)[:] = [5, 6]
+    f.run()
+    (e,) = f.started()
+    assert P.node_buffer(f.t.st, f.t.descs, e) == f.t.lo[1]
 
 
 def test_off_everything_goes_to_python() -> None:

@@ -52,9 +52,10 @@ from ..transport import arena as A
 
 # ---------------------------------------------------------------- st: the pass's scalars
 #: on (no rank gone), slots, world size, nodes, the slot's first rank (node * slots),
-#: data bytes per slot, live entries, out-queue rows, slots to wake, descriptors taken
+#: data bytes per slot, live entries, out-queue rows, slots to wake, descriptors taken,
+#: the first free entry, ops to start among the nodes
 (S_ON, S_SLOTS, S_SIZE, S_NODES, S_BASE_RANK, S_DATA, S_LIVE, S_NOUT, S_NSIG, S_TAKEN,
- S_FREE) = range(11)  # fmt: skip
+ S_FREE, S_NSTART) = range(12)  # fmt: skip
 ST_WORDS = 16
 
 #: Ops the table holds at most (more wait in Python's tables).
@@ -79,11 +80,13 @@ _C_TAIL, _C_HEAD, _C_SLEEPING = A.C_TAIL, A.C_HEAD, A.C_SLEEPING
 
 
 class Table:
-    """The pass's arrays: shared by Python (which makes and reads them) and the pass."""
+    """The pass's arrays: shared by Python (which makes and reads them) and the pass.
+
+    ``tab`` is the tuple the compiled functions take (one argument instead of sixteen);
+    its order is :data:`_TAB`'s."""
 
     def __init__(self, slots: int, nodes: int, node: int, data_bytes: int) -> None:
-        self.st = np.zeros(ST_WORDS, np.int64)
-        st = self.st
+        self.st = st = np.zeros(ST_WORDS, np.int64)
         st[S_SLOTS], st[S_SIZE], st[S_NODES] = slots, nodes * slots, nodes
         st[S_BASE_RANK], st[S_DATA] = node * slots, data_bytes
         self.heads = np.zeros(slots, np.int64)  # descriptors taken from each ring
@@ -104,7 +107,14 @@ class Table:
         self.outslot = np.zeros(QCAP + 2 * slots, np.int64)
         self.sig = np.zeros(slots, np.int64)  # slots whose client sleeps: wake them
         self.wake = np.zeros(slots, np.int64)  # 1: in sig already
+        self.starts = np.zeros(CAP, np.int64)  # ops complete here, to run among the nodes
         self.tmp = np.zeros(_DW, np.int64)
+        self.tab = tuple(getattr(self, name) for name in _TAB)
+
+
+#: The arrays of :attr:`Table.tab`, in order.
+_TAB = ("st", "heads", "incs", "lo", "cw", "keys", "seen", "order", "descs", "born", "bucket",
+        "next", "pykeys", "outq", "outslot", "sig", "wake", "starts", "tmp")  # fmt: skip
 
 
 # ---------------------------------------------------------------- the table
@@ -131,8 +141,8 @@ def _find(keys, bucket, nxt, wire, gen):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _unlink(st, keys, bucket, nxt, e):  # type: ignore[no-untyped-def]
-    """Take entry ``e`` out of its bucket and give it back."""
+def _unhash(keys, bucket, nxt, e):  # type: ignore[no-untyped-def]
+    """Take entry ``e`` out of its bucket (no descriptor meets it there any more)."""
     b = _bucket_of(keys[e, 0], keys[e, 1])
     if bucket[b] == e:
         bucket[b] = nxt[e]
@@ -141,9 +151,21 @@ def _unlink(st, keys, bucket, nxt, e):  # type: ignore[no-untyped-def]
         while nxt[p] != e:
             p = nxt[p]
         nxt[p] = nxt[e]
+
+
+@njit(nogil=True, cache=True)
+def _free(st, nxt, e):  # type: ignore[no-untyped-def]
+    """Give entry ``e`` (out of its bucket) back."""
     nxt[e] = st[S_FREE]
     st[S_FREE] = e
     st[S_LIVE] -= 1
+
+
+@njit(nogil=True, cache=True)
+def _remember_python(pykeys, wire, gen):  # type: ignore[no-untyped-def]
+    p = _pykey_of(wire, gen)
+    pykeys[p, 0] = wire
+    pykeys[p, 1] = gen
 
 
 @njit(nogil=True, cache=True)
@@ -156,17 +178,18 @@ def _queue(st, outq, outslot, d, slot):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _to_python(st, keys, seen, order, descs, bucket, nxt, pykeys, outq, outslot, e, wire, gen):  # type: ignore[no-untyped-def]
+def _to_python(tab, e, wire, gen):  # type: ignore[no-untyped-def]
     """Queue entry ``e``'s descriptors (if ``e`` >= 0) for Python, in the order they
     came, and remember that Python has the key from now on."""
+    st, keys, seen, order, descs = tab[0], tab[5], tab[6], tab[7], tab[8]
+    bucket, nxt, pykeys, outq, outslot = tab[10], tab[11], tab[12], tab[13], tab[14]
     if e >= 0:
         for i in range(seen[e]):
             s = order[e, i]
             _queue(st, outq, outslot, descs[e, s], s)
-        _unlink(st, keys, bucket, nxt, e)
-    p = _pykey_of(wire, gen)
-    pykeys[p, 0] = wire
-    pykeys[p, 1] = gen
+        _unhash(keys, bucket, nxt, e)
+        _free(st, nxt, e)
+    _remember_python(pykeys, wire, gen)
 
 
 # ---------------------------------------------------------------- checks
@@ -222,36 +245,62 @@ def _agrees(d, e0):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _run(st, base, descs, e):  # type: ignore[no-untyped-def]
-    """Op ``e``, complete on this node (its only node): the result in every output."""
+def node_buffer(st, descs, e):  # type: ignore[no-untyped-def]
+    """The arena offset of op ``e``'s node buffer, where the node's part is: the first
+    client's output (a broadcast's root's, if the root is here); -1 for a barrier."""
+    d0 = descs[e, 0]
+    kind = d0[_D_KIND]
+    if kind == _AR:
+        return d0[_D_OUT]
+    if kind == _BC:
+        r = d0[_D_ROOT] - st[S_BASE_RANK]
+        if 0 <= r < st[S_SLOTS]:
+            return descs[e, r, _D_OUT]
+        return d0[_D_OUT]
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _local(st, base, descs, e):  # type: ignore[no-untyped-def]
+    """Op ``e``, complete on this node: the node's part in its node buffer (an
+    allreduce's local inputs reduced, in slot order; a broadcast root's input)."""
     slots = st[S_SLOTS]
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
     if kind == _BAR:
         return
     dt, n = d0[_D_DTYPE], d0[_D_COUNT]
-    span = n * ITEMSIZE[dt]
     if kind == _AR:
         op = d0[_D_OP]
         if op == _OP_AVG:
-            op = _OP_SUM  # summed, divided at the end
+            op = _OP_SUM  # summed (here and among the nodes), divided at the end
         dst = base + d0[_D_OUT]
         if slots == 1:
-            copy_raw(dst, base + d0[_D_IN], span)
+            copy_raw(dst, base + d0[_D_IN], n * ITEMSIZE[dt])
         else:
             reduce3_raw(dt, op, dst, base + d0[_D_IN], base + descs[e, 1, _D_IN], n)
             for k in range(2, slots):
                 reduce_raw(dt, op, dst, base + descs[e, k, _D_IN], n)
-        if d0[_D_FLAGS] & A.F_AVG:
-            average_raw(dt, dst, n, st[S_SIZE])
-        src = dst
-        first = 1
-    else:  # a broadcast: the root's input, into every output
-        r = d0[_D_ROOT] - st[S_BASE_RANK]
-        src = base + descs[e, r, _D_OUT]
-        copy_raw(src, base + descs[e, r, _D_IN], span)
-        first = 0
-    for k in range(first, slots):
+        return
+    r = d0[_D_ROOT] - st[S_BASE_RANK]
+    if 0 <= r < slots:  # a broadcast whose root is here
+        copy_raw(base + descs[e, r, _D_OUT], base + descs[e, r, _D_IN], n * ITEMSIZE[dt])
+
+
+@njit(nogil=True, cache=True)
+def _back(st, base, descs, e):  # type: ignore[no-untyped-def]
+    """Op ``e``'s result (in its node buffer) into every local output; ``avg`` divided
+    by the world's size first."""
+    d0 = descs[e, 0]
+    kind = d0[_D_KIND]
+    if kind == _BAR:
+        return
+    dt, n = d0[_D_DTYPE], d0[_D_COUNT]
+    src = base + node_buffer(st, descs, e)
+    if kind == _AR and d0[_D_FLAGS] & A.F_AVG:
+        average_raw(dt, src, n, st[S_SIZE])
+    span = n * ITEMSIZE[dt]
+    for k in range(st[S_SLOTS]):
         out = base + descs[e, k, _D_OUT]
         if out != src:
             copy_raw(out, src, span)
@@ -272,44 +321,34 @@ def _answer(st, mem, cw, descs, sig, wake, e):  # type: ignore[no-untyped-def]
             st[S_NSIG] += 1
 
 
-# ---------------------------------------------------------------- the pass
+@njit(nogil=True, cache=True)
+def _clear_wakes(st, wake):  # type: ignore[no-untyped-def]
+    st[S_NSIG] = 0
+    for k in range(st[S_SLOTS]):
+        wake[k] = 0
+
+
+# ---------------------------------------------------------------- what Python calls
 
 
 @njit(nogil=True, cache=True)
-def arena_pass(
-    st,
-    mem,
-    cw,
-    base,
-    heads,
-    incs,
-    lo,
-    keys,
-    seen,
-    order,
-    descs,
-    born,
-    bucket,
-    nxt,
-    pykeys,
-    outq,
-    outslot,
-    sig,
-    wake,
-    d,
-):  # type: ignore[no-untyped-def]
+def arena_pass(tab, mem, base):  # type: ignore[no-untyped-def]
     """Take every descriptor the attached clients wrote; run the ops it completes.
 
-    ``mem`` is the arena as int64 words, ``cw`` where each slot's control block starts in
-    it, ``base`` the arena's address.
-    Returns the number of descriptors taken (0: nothing new).  What Python must take is
-    in ``outq``/``outslot`` (``st[S_NOUT]`` rows), the slots to wake in ``sig``
-    (``st[S_NSIG]``).  Stops early when the out-queue may not hold another op."""
+    ``mem`` is the arena as int64 words, ``base`` its address.  Returns the number of
+    descriptors taken (0: nothing new).  For Python: what it must take in the out-queue
+    (``st[S_NOUT]`` rows of ``outq``, their slots in ``outslot``), the slots to wake in
+    ``sig`` (``st[S_NSIG]``), and, on a service of several nodes, the entries complete
+    here to start among the nodes in ``starts`` (``st[S_NSTART]``; their node's part is
+    in their node buffer, and they stay in the table, out of its buckets, until
+    :func:`arena_finish` or :func:`arena_release`).  Stops early when the out-queue may
+    not hold another op."""
+    st, heads, incs, lo, cw, keys, seen, order, descs, born = tab[:10]
+    bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d = tab[10:]
     st[S_NOUT] = 0
-    st[S_NSIG] = 0
+    st[S_NSTART] = 0
+    _clear_wakes(st, wake)
     slots = st[S_SLOTS]
-    for k in range(slots):
-        wake[k] = 0
     taken = 0
     for s in range(slots):
         if incs[s] == 0:
@@ -321,9 +360,9 @@ def arena_pass(
         while heads[s] < tail:
             if st[S_NOUT] + slots + 1 > outq.shape[0]:
                 return taken
-            row = _RING_WORD + (heads[s] % _RING) * _DW
+            row = cw[s] + _RING_WORD + (heads[s] % _RING) * _DW
             for i in range(_DW):
-                d[i] = mem[cw[s] + row + i]
+                d[i] = mem[row + i]
             heads[s] += 1
             mem[cw[s] + _C_HEAD] = heads[s]
             taken += 1
@@ -350,9 +389,7 @@ def arena_pass(
                     for k in range(slots):
                         descs[e, k, _D_TICKET] = 0
             if not ok:
-                _to_python(
-                    st, keys, seen, order, descs, bucket, nxt, pykeys, outq, outslot, e, wire, gen
-                )
+                _to_python(tab, e, wire, gen)
                 _queue(st, outq, outslot, d, s)
                 continue
             for i in range(_DW):
@@ -361,22 +398,43 @@ def arena_pass(
             seen[e] += 1
             if seen[e] < slots:
                 continue
-            if st[S_NODES] > 1:  # the services' engine runs it: Python starts it
-                _to_python(
-                    st, keys, seen, order, descs, bucket, nxt, pykeys, outq, outslot, e, wire, gen
-                )
+            _local(st, base, descs, e)
+            _unhash(keys, bucket, nxt, e)
+            if st[S_NODES] > 1:  # the services' engine runs it among the nodes
+                _remember_python(pykeys, wire, gen)  # a rank's second submission: Python's
+                starts[st[S_NSTART]] = e
+                st[S_NSTART] += 1
                 continue
-            _run(st, base, descs, e)
+            _back(st, base, descs, e)
             _answer(st, mem, cw, descs, sig, wake, e)
-            _unlink(st, keys, bucket, nxt, e)
+            _free(st, nxt, e)
     st[S_TAKEN] += taken
     return taken
 
 
 @njit(nogil=True, cache=True)
-def arena_eject(st, keys, seen, order, descs, born, bucket, nxt, pykeys, outq, outslot, older_ns):  # type: ignore[no-untyped-def]
-    """Queue for Python the descriptors of every op that came before ``older_ns``
-    (``now_ns()`` for all), as many as the out-queue holds; how many ops remain to go."""
+def arena_finish(tab, mem, base, e):  # type: ignore[no-untyped-def]
+    """Entry ``e`` ended among the nodes, its node buffer holds the result: results
+    back, every word set (the sleepers to wake in ``sig``), the entry given back."""
+    st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
+    _clear_wakes(st, wake)
+    _back(st, base, descs, e)
+    _answer(st, mem, cw, descs, sig, wake, e)
+    _free(st, nxt, e)
+
+
+@njit(nogil=True, cache=True)
+def arena_release(tab, e):  # type: ignore[no-untyped-def]
+    """Give back entry ``e``, started among the nodes, whose op Python now owns."""
+    _free(tab[0], tab[11], e)
+
+
+@njit(nogil=True, cache=True)
+def arena_eject(tab, older_ns):  # type: ignore[no-untyped-def]
+    """Queue for Python the descriptors of every op waiting in the table that came
+    before ``older_ns`` (``now_ns()`` for all), as many as the out-queue holds; how
+    many such ops remain."""
+    st, keys, born, bucket, nxt, outq = tab[0], tab[5], tab[9], tab[10], tab[11], tab[13]
     st[S_NOUT] = 0
     slots = st[S_SLOTS]
     left = 0
@@ -388,21 +446,7 @@ def arena_eject(st, keys, seen, order, descs, born, bucket, nxt, pykeys, outq, o
                 if st[S_NOUT] + slots > outq.shape[0]:
                     left += 1
                 else:
-                    _to_python(
-                        st,
-                        keys,
-                        seen,
-                        order,
-                        descs,
-                        bucket,
-                        nxt,
-                        pykeys,
-                        outq,
-                        outslot,
-                        e,
-                        keys[e, 0],
-                        keys[e, 1],
-                    )
+                    _to_python(tab, e, keys[e, 0], keys[e, 1])
             e = nx
     return left
 
@@ -432,42 +476,13 @@ def prepare() -> None:
     from ..engine.lane_cache import forget_stale_cache
 
     forget_stale_cache(arena_pass, SOURCES, (__name__.split(".", 1)[1],), "arena_pass.sources")
-    t = Table(1, 1, 0, 0)
+    t = Table(1, 2, 0, 0)
     mem = np.zeros(A.ERROR_WORD, np.int64)
-    arena_pass(
-        t.st,
-        mem,
-        t.cw,
-        0,
-        t.heads,
-        t.incs,
-        t.lo,
-        t.keys,
-        t.seen,
-        t.order,
-        t.descs,
-        t.born,
-        t.bucket,
-        t.next,
-        t.pykeys,
-        t.outq,
-        t.outslot,
-        t.sig,
-        t.wake,
-        t.tmp,
-    )
-    arena_eject(
-        t.st,
-        t.keys,
-        t.seen,
-        t.order,
-        t.descs,
-        t.born,
-        t.bucket,
-        t.next,
-        t.pykeys,
-        t.outq,
-        t.outslot,
-        0,
-    )
+    arena_pass(t.tab, mem, 0)
+    arena_eject(t.tab, 0)
+    t.st[S_LIVE] = 1
+    t.descs[0, 0, _D_KIND] = _BAR
+    arena_finish(t.tab, mem, 0, 0)
+    arena_release(t.tab, 0)
+    node_buffer(t.st, t.descs, 0)
     clock_ns()

@@ -223,21 +223,20 @@ class ThinService:
         self._words = [c[A.DONE_WORD : A.DONE_WORD + A.RING] for c in self._ctl]
         self._efd: list[int | None] = [None] * self.slots
         self._inc = [0] * self.slots  # the incarnation attached to each slot, 0 if none
-        #: the compiled pass (arena_pass.py): the world's common ops on one node, no Python
+        #: the compiled pass (arena_pass.py): the world's common ops, no Python on one
+        #: node; on several, Python only starts them among the nodes and hears them end
         self._fast = fast = arena_pass.Table(self.slots, nodes, node, arena.data_bytes)
         fast.lo[:] = [arena.data_start(k) for k in range(self.slots)]
+        fast.cw[:] = [arena.slot_start(k) // 8 for k in range(self.slots)]
         fast.st[arena_pass.S_ON] = 1
         self._head = fast.heads  # descriptors taken from each slot's ring
-        fast.cw[:] = [arena.slot_start(k) // 8 for k in range(self.slots)]
-        self._pass_args = (
-            fast.st, arena.bytes.view(np.int64), fast.cw, arena.base, fast.heads, fast.incs,
-            fast.lo, fast.keys, fast.seen, fast.order, fast.descs, fast.born, fast.bucket,
-            fast.next, fast.pykeys, fast.outq, fast.outslot, fast.sig, fast.wake, fast.tmp,
-        )  # fmt: skip
-        self._eject_args = (
-            fast.st, fast.keys, fast.seen, fast.order, fast.descs, fast.born, fast.bucket,
-            fast.next, fast.pykeys, fast.outq, fast.outslot,
-        )  # fmt: skip
+        self._mem = arena.bytes.view(np.int64)
+        #: the pass's ops running among the nodes: token -> [entry, engine handle, the
+        #: _Op that Python made of it once it took the op over (an event came), or None]
+        self._fast_running: dict[int, list[Any]] = {}
+        self._fast_tokens = 0
+        #: (token, handle) of those that ended on another thread, for this one to finish
+        self._fast_ended: deque[tuple[int, Any]] = deque()
         arena_pass.prepare()
         self._world = _Grp(tuple(range(self.size)), 0, node, self.slots)
         self._groups: dict[tuple[int, int, int], _Grp] = {}  # (slot, offset, context) -> group
@@ -309,6 +308,8 @@ class ThinService:
         last = time.perf_counter()
         while not self._stop.is_set():
             try:
+                while self._fast_ended:
+                    self._fast_end(*self._fast_ended.popleft())
                 if self._events:
                     self._eject(None)  # Python's tables have every op when it handles one
                     self._event(self._events.popleft())
@@ -321,6 +322,8 @@ class ThinService:
                     continue
                 oldest = next((o for o in self._running.values() if not o.standing), None)
                 h = None if oldest is None else oldest.handle
+                if h is None and self._fast_running:
+                    h = next(iter(self._fast_running.values()))[1]
                 if h is not None:
                     # Ops among the services: this thread drives their engine, as a thread
                     # in wait() does (compiled passes for the lane's ops; the comm thread
@@ -369,15 +372,21 @@ class ThinService:
         """Take what the clients submitted: the compiled pass takes and runs the common
         ops; what it hands over (arena_pass.py says what) Python takes in order."""
         fast = self._fast
-        if not arena_pass.arena_pass(*self._pass_args):
+        if not arena_pass.arena_pass(fast.tab, self._mem, self.arena.base):
             return False
         st = fast.st
-        for i in range(int(st[arena_pass.S_NSIG])):
+        self._wake_sleepers()
+        self._take_queued()
+        for i in range(int(st[arena_pass.S_NSTART])):
+            self._fast_start(int(fast.starts[i]))
+        return True
+
+    def _wake_sleepers(self) -> None:
+        fast = self._fast
+        for i in range(int(fast.st[arena_pass.S_NSIG])):
             efd = self._efd[int(fast.sig[i])]
             if efd is not None:
                 signal_eventfd(efd)
-        self._take_queued()
-        return True
 
     def _take_queued(self) -> None:
         fast = self._fast
@@ -385,17 +394,128 @@ class ThinService:
             self._take(int(fast.outslot[i]), fast.outq[i].copy())
 
     def _eject(self, older_s: float | None) -> None:
-        """Hand Python the compiled pass's ops (those waiting ``older_s`` seconds, or all)."""
+        """Hand Python the compiled pass's ops waiting in its table (those waiting
+        ``older_s`` seconds, or all); with ``None``, those running among the nodes too."""
         fast = self._fast
+        if older_s is None:
+            for item in self._fast_running.values():
+                if item[2] is None:
+                    item[2] = self._take_over(item[0], item[1])
         if not fast.st[arena_pass.S_LIVE]:
             return
         now = arena_pass.clock_ns()
         before = now if older_s is None else now - int(older_s * 1e9)
         while True:
-            left = arena_pass.arena_eject(*self._eject_args, before)
+            left = arena_pass.arena_eject(fast.tab, before)
             self._take_queued()
             if not left:
                 return
+
+    # ------------------------------------------------------------------ the pass's ops
+    # among the nodes
+
+    def _entry_op(self, e: int) -> _Op:
+        """Python's _Op of the pass's entry ``e`` (complete here: its local part done)."""
+        fast = self._fast
+        op = _Op((int(fast.keys[e, 0]), int(fast.keys[e, 1]), 0), self.slots, self._world)
+        for i in range(int(fast.seen[e])):
+            k = int(fast.order[e, i])
+            op.descs[k] = fast.descs[e, k].copy()
+            op.incarnations[k] = self._inc[k]
+            op.seen += 1
+        return op
+
+    def _fast_start(self, e: int) -> None:
+        """Entry ``e`` of the pass is complete here, its node's part in its node buffer:
+        start it among the nodes (as _among_nodes does for the world)."""
+        fast = self._fast
+        d = fast.descs[e, 0]
+        kind, prio, wire = int(d[A.D_KIND]), int(d[A.D_PRIO]), int(fast.keys[e, 0])
+        eng = self.engine
+        for late in eng.take_late_errors():  # about ops answered already
+            log.warning("an op among the services failed elsewhere after it ended here: %s", late)
+        try:
+            if kind == int(OpKind.BARRIER):
+                h = eng.barrier_async(name=wire, priority=prio)
+            else:
+                dt = DType(int(d[A.D_DTYPE]))
+                at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
+                buf = self.arena.view(at, int(d[A.D_COUNT]), dt.numpy)
+                bf = "bfloat16" if dt is DType.BFLOAT16 else None
+                if kind == int(OpKind.ALLREDUCE):
+                    rop = ReduceOp(int(d[A.D_OP]))
+                    if rop is ReduceOp.AVG:
+                        rop = ReduceOp.SUM  # divided at the end
+                    h = eng.allreduce_async(
+                        buf,
+                        name=wire,
+                        op=rop,
+                        out=buf,
+                        priority=prio,
+                        dtype=bf,
+                        algorithm="auto",
+                    )
+                else:
+                    root = int(d[A.D_ROOT]) // self.slots  # the root's node
+                    h = eng.broadcast_async(
+                        buf, root=root, name=wire, out=buf, priority=prio, dtype=bf
+                    )
+        except Exception as exc:
+            op = self._entry_op(e)
+            arena_pass.arena_release(fast.tab, e)
+            self._fail(op, A.E_FAILED, f"the services could not start it: {exc}")
+            return
+        self._fast_tokens += 1
+        token = self._fast_tokens
+        self._fast_running[token] = [e, h, None]
+        me = self._thread.ident
+
+        def ended(h: Any) -> None:
+            if threading.get_ident() == me:
+                self._fast_end(token, h)
+            else:  # the engine's comm thread: the arena thread finishes it
+                self._fast_ended.append((token, h))
+                self._kick()
+
+        h.add_done_callback(ended)
+
+    def _fast_end(self, token: int, h: Any) -> None:
+        """The pass's op ``token`` ended among the nodes (on this thread)."""
+        item = self._fast_running.pop(token, None)
+        if item is None:
+            return
+        e, _, op = item
+        if op is not None:  # Python took it over: it ends the Python way
+            self._finish(op, h.exception(), h)
+            return
+        fast = self._fast
+        flags = int(fast.descs[e, 0, A.D_FLAGS])
+        if flags & A.F_UNNAMED:  # as _finish forgets a client's unnamed name
+            session = int(fast.keys[e, 0]) == _SESSION
+            self.engine.forget_name(h.name, h.generation if session else None)
+        error = h.exception()
+        if error is not None:
+            op = self._entry_op(e)
+            arena_pass.arena_release(fast.tab, e)
+            op.handle = _Ended(h.name, h.generation)
+            self._fail(op, _error_kind(error), self._among_nodes_text(error))
+            return
+        arena_pass.arena_finish(fast.tab, self._mem, self.arena.base, e)
+        self._wake_sleepers()
+
+    def _take_over(self, e: int, h: Any) -> _Op:
+        """Python's tables take the pass's running entry ``e`` (an event is coming that
+        may fail it): an _Op in ``_running`` with the engine's handle, as _start makes."""
+        op = self._entry_op(e)
+        fast = self._fast
+        at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
+        d = fast.descs[e, 0]
+        if at >= 0:
+            op.node_buf = self.arena.view(at, int(d[A.D_COUNT]), DType(int(d[A.D_DTYPE])).numpy)
+        op.handle = h
+        self._running[op.key] = op
+        arena_pass.arena_release(fast.tab, e)
+        return op
 
     # ------------------------------------------------------------------ ops
 
