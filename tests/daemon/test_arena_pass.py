@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from totalreduce.algorithms.codes import AlgorithmCode, OpKind
 from totalreduce.daemon import arena_pass as P
 from totalreduce.daemon.thin import ThinService
 from totalreduce.dtypes import DType, ReduceOp
-from totalreduce.errors import InvalidArgumentError, OpMismatchError
+from totalreduce.errors import InvalidArgumentError, OpFailedError, OpMismatchError
 from totalreduce.service.thin import ThinHandle
 from totalreduce.transport import arena as A
 
@@ -372,5 +373,187 @@ def test_more_ops_in_flight_than_the_table_holds() -> None:
         hs += [node.submit(1, OpKind.ALLREDUCE, f"m{i}", np.full(2, 1, np.int64)) for i in range(n)]
         for i, h in enumerate(hs):
             assert np.array_equal(h.wait(30), np.full(2, i % n + 1)), i
+    finally:
+        node.close()
+
+
+# ---------------------------------------------------------------- two nodes, a fake engine
+
+
+class FakeHandle:
+    """An op among the services, ended by the test (from its own thread)."""
+
+    def __init__(self, kind: str, name: int, generation: int, buf: Any) -> None:
+        self.kind, self.name, self.generation, self.buf = kind, name, generation, buf
+        self._error: BaseException | None = None
+        self._done = False
+        self._then: list[Any] = []
+        self.lock = threading.Lock()
+
+    def add_done_callback(self, fn: Any) -> None:
+        with self.lock:
+            if not self._done:
+                self._then.append(fn)
+                return
+        fn(self)
+
+    def end(self, error: BaseException | None = None) -> None:
+        with self.lock:
+            self._error, self._done = error, True
+            then, self._then = self._then, []
+        for fn in then:
+            fn(self)
+
+    def done(self) -> bool:
+        return self._done
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def drive(self, span: float) -> bool:
+        time.sleep(min(span, 1e-4))
+        return self._done
+
+
+class FakeEngine:
+    """The services' engine of node 0 of two: it records what the node starts."""
+
+    def __init__(self) -> None:
+        self.started: list[FakeHandle] = []
+        self.aborted: list[tuple[Any, ...]] = []
+        self.gens: dict[int, int] = {}
+        self.fail_next = False
+
+    def _handle(self, kind: str, name: int, buf: Any) -> FakeHandle:
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("no engine today")
+        gen = self.gens.get(name, 0)
+        self.gens[name] = gen + 1
+        h = FakeHandle(kind, name, gen, buf)
+        self.started.append(h)
+        return h
+
+    def allreduce_async(self, buf: Any, name: int, **kw: Any) -> FakeHandle:
+        assert kw["out"] is buf and kw["algorithm"] == "auto", kw
+        return self._handle("allreduce", name, buf)
+
+    def broadcast_async(self, buf: Any, root: int, name: int, **kw: Any) -> FakeHandle:
+        return self._handle(f"broadcast from node {root}", name, buf)
+
+    def barrier_async(self, name: int, **kw: Any) -> FakeHandle:
+        return self._handle("barrier", name, None)
+
+    def take_late_errors(self) -> list[BaseException]:
+        return []
+
+    def forget_name(self, name: Any, generation: Any = None) -> None:
+        pass
+
+    def abort(self, name: Any, generation: int, reason: str, mismatch: bool = False) -> None:
+        self.aborted.append((name, generation, reason))
+        for h in self.started:
+            if h.name == name and h.generation == generation and not h.done():
+                h.end(OpFailedError(f"op {name} generation {generation}: {reason}"))
+
+    def abort_next(self, name: Any, reason: str, mismatch: bool = False) -> int:
+        self.aborted.append((name, None, reason))
+        return 0
+
+
+def _two_nodes(monkeypatch: Any) -> tuple[Node, FakeEngine]:
+    """Node 0 of two nodes of two slots, its services' engine a fake."""
+    engine = FakeEngine()
+    real = ThinService.__init__
+
+    def init(self: ThinService, arena: Any, node: int, nodes: int, eng: Any, **kw: Any) -> None:
+        real(self, arena, 0, 2, engine, **kw)
+
+    monkeypatch.setattr(ThinService, "__init__", init)
+    return Node(2), engine
+
+
+def _wait_for(cond: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_on_two_nodes_the_pass_starts_the_op_and_hands_the_result_back(monkeypatch: Any) -> None:
+    seen = _count_python_takes(monkeypatch)
+    node, engine = _two_nodes(monkeypatch)
+    try:
+        for i in range(3):
+            hs = [
+                node.submit(k, OpKind.ALLREDUCE, "g", np.full(4, k + 1, np.int64),
+                            op=ReduceOp.AVG, gen=i)
+                for k in range(2)
+            ]  # fmt: skip
+            _wait_for(lambda n=i + 1: len(engine.started) == n)
+            h = engine.started[i]
+            assert h.kind == "allreduce" and h.generation == i
+            assert h.buf.tolist() == [3] * 4  # this node's sum: 1 + 2
+            h.buf += 10  # the other node's part
+            threading.Thread(target=h.end).start()  # ends on another thread
+            assert all(x.wait(30).tolist() == [3] * 4 for x in hs)  # 13 // 4
+        assert seen[0] == 0  # Python took no descriptor
+        bar = [node.submit(k, OpKind.BARRIER, "b", None) for k in range(2)]
+        _wait_for(lambda: len(engine.started) == 4)
+        engine.started[3].end()
+        assert all(x.wait(30) is None for x in bar)
+    finally:
+        node.close()
+
+
+def test_on_two_nodes_a_failure_among_the_nodes_fails_every_local_rank(monkeypatch: Any) -> None:
+    node, engine = _two_nodes(monkeypatch)
+    try:
+        hs = [node.submit(k, OpKind.ALLREDUCE, "f", np.ones(2, np.int64)) for k in range(2)]
+        _wait_for(lambda: len(engine.started) == 1)
+        engine.started[0].end(OpFailedError("op 1 generation 0: rank 1 died"))
+        for h in hs:
+            with pytest.raises(OpFailedError, match=r"node 1 \(ranks 2..3\) died"):
+                h.wait(30)
+        engine.fail_next = True  # the next cannot even start: every rank hears why
+        hs = [node.submit(k, OpKind.ALLREDUCE, "f", np.ones(2, np.int64), gen=1) for k in range(2)]
+        for h in hs:
+            with pytest.raises(OpFailedError, match="could not start it: no engine today"):
+                h.wait(30)
+        assert engine.aborted and engine.aborted[-1][1] is None  # its next generation
+    finally:
+        node.close()
+
+
+def test_on_two_nodes_a_death_on_the_node_fails_the_running_op(monkeypatch: Any) -> None:
+    """A local client dies while the node's op runs among the nodes: Python takes the op
+    over, the engine aborts it, and the other local client's handle fails naming it."""
+    node, engine = _two_nodes(monkeypatch)
+    try:
+        hs = [node.submit(k, OpKind.ALLREDUCE, "d", np.ones(2, np.int64)) for k in range(2)]
+        _wait_for(lambda: len(engine.started) == 1)
+        node.service.detach(1, "died (killed)")
+        with pytest.raises(OpFailedError, match="rank 1 died"):
+            hs[0].wait(30)
+        assert engine.aborted and engine.aborted[0][1] == 0
+        assert node.service._fast.st[P.S_LIVE] == 0 and not node.service._fast_running
+    finally:
+        node.close()
+
+
+def test_on_two_nodes_an_op_taken_over_still_ends_well(monkeypatch: Any) -> None:
+    """A new session (an event) comes while the op runs: Python takes it over, and the
+    engine's end hands the result back the Python way."""
+    node, engine = _two_nodes(monkeypatch)
+    try:
+        hs = [node.submit(k, OpKind.ALLREDUCE, "s", np.full(3, 5, np.int64)) for k in range(2)]
+        _wait_for(lambda: len(engine.started) == 1)
+        node.service.new_session()
+        _wait_for(lambda: any(o.handle is engine.started[0]
+                              for o in list(node.service._running.values())))  # fmt: skip
+        engine.started[0].buf += 1
+        engine.started[0].end()
+        assert all(h.wait(30).tolist() == [11] * 3 for h in hs)
+        assert not node.service._running and not node.service._fast_running
     finally:
         node.close()
