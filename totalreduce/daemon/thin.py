@@ -1,9 +1,13 @@
 """The node's side of the thin path: its clients' hierarchical ops, run from the arena.
 
 One thread (``totalreduce-arena``) reads every attached client's submission ring
-(:mod:`~totalreduce.transport.arena`).  An op (an allreduce, broadcast, barrier,
-reduce-scatter or all-gather, over the world or a group) starts when all the node's
-clients in its group have submitted it (the same wire id, generation and group):
+(:mod:`~totalreduce.transport.arena`), through the compiled pass of :mod:`.arena_pass`:
+the world's allreduces, broadcasts and barriers of the raw kernels' types run there
+(on several nodes, this module starts their step among the nodes and hands the result
+back through it); everything else comes here, in order, as below.  An op (an
+allreduce, broadcast, barrier, reduce-scatter or all-gather, over the world or a group)
+starts when all the node's clients in its group have submitted it (the same wire id,
+generation and group):
 
 1. **on the node**: the clients' inputs are reduced into the first client's output,
    in place in the arena, with the kernels of :mod:`totalreduce.kernels` (a
