@@ -32,6 +32,7 @@ import random
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +71,15 @@ def mode_arena(p: int, rank: int) -> None:
 
     x = tr.empty((4, 25), np.float32)
     bad = []
+    taken: list[bool] = []  # whether each call took the express path
+    real_start = express.thin_start
+
+    def counting(*args: Any) -> Any:
+        h = real_start(*args)
+        taken.append(h is not None)
+        return h
+
+    express.thin_start = counting
     for i in range(5):
         x[:] = rank + i
         h = tr.allreduce_async(x, name="express", out=x, priority=i)
@@ -96,6 +106,23 @@ def mode_arena(p: int, rank: int) -> None:
     tr.allreduce(x, name="express", out=x)
     if not np.all(x == p):
         bad.append(f"after the mismatch: {x[0, :3]}")
+    # repeats of plain arrays: staged, in place or into a new array, all given back
+    for i in range(4):
+        v = np.arange(12, dtype=np.float64).reshape(3, 4) + rank + i
+        got = tr.allreduce(v, name="express.new", op="max")
+        if got.shape != (3, 4) or not np.array_equal(got, np.arange(12).reshape(3, 4) + p - 1 + i):
+            bad.append(f"new array, repeat {i}: {got.ravel()[:3]}")
+        w = np.full(7, rank + i, np.int32)
+        back = tr.allreduce_async(w, name="express.in", out=w).wait()
+        if not (np.all(w == sum(r + i for r in range(p))) and np.array_equal(back, w)):
+            bad.append(f"in place, repeat {i}: {w[:3]}")
+    express.thin_start = real_start
+    if (express.THIN, "express.new", "max", None) not in svc._express:
+        bad.append("no express record of a new array")
+    # the first call of each name (and op) goes the whole way, its repeats the express
+    # one; the read-only array goes the whole way, and so does rank 1's "max"
+    if taken.count(True) != 4 + (rank != 1) + 1 + 3 + 3:
+        bad.append(f"the express path was taken {taken.count(True)} times: {taken}")
     report(rank, "EXPRESS", not bad, "; ".join(bad))
     del x, ro, h
     gc.collect()  # the failed op's handle and its error's traceback hold x in a cycle

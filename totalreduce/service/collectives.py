@@ -61,8 +61,9 @@ class CollectiveOps(OpSubmitter):
         if name is not None and group is None and dtype is None:
             # A repeat of a shape this name had: the express path (service/express.py).
             if self._thin is not None:
-                if out is x:  # daemon mode, in place: the record keeps the descriptor
-                    th = express.thin_start(self, (express.THIN, name, op, algorithm), x, priority)
+                if out is x or out is None:  # daemon mode: the record keeps the descriptor
+                    key = (express.THIN, name, op, algorithm)
+                    th = express.thin_start(self, key, x, out, priority)
                     if th is not None:
                         return th
             else:
@@ -87,7 +88,7 @@ class CollectiveOps(OpSubmitter):
                 OpKind.ALLREDUCE, arr, dt, o, in_place, name, rop, priority, 0,
                 o.reshape(arr.shape), group=grp, algorithm=algo,
             )  # fmt: skip
-            if name is not None and group is None and dtype is None and out is x:
+            if name is not None and group is None and dtype is None and (out is x or out is None):
                 express.thin_remember(self, (express.THIN, name, op, algorithm), x, th)
             return th
         hier = self._hierarchical(OpKind.ALLREDUCE, wanted, grp, arr.nbytes, dt)

@@ -168,13 +168,11 @@ class ThinExpress:
 
 
 def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None:
-    """After a whole-way in-place allreduce in daemon mode: keep a record if a repeat can
-    take the express path (an array of the arena, one op, no staging)."""
+    """After a whole-way allreduce in daemon mode (in place, or into a new array): keep a
+    record if a repeat can take the express path (one op, not pieces, no finalizer)."""
     thin = svc._thin
     if (
         h.__class__ is not _ThinHandle
-        or h._blocks
-        or h._out is not None
         or h._finalize is not None
         or h._ticket == 0
         or x.__class__ is not np.ndarray
@@ -191,22 +189,29 @@ def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None
         return
 
 
-def thin_start(svc: Any, key: tuple[Any, ...], x: Any, priority: Any) -> ThinHandle | None:
-    """A repeat of the in-place allreduce under ``key`` with array ``x``: its descriptor
-    is the record's, with the new generation, priority and place; None when anything
+def thin_start(
+    svc: Any, key: tuple[Any, ...], x: Any, out: Any, priority: Any
+) -> ThinHandle | None:
+    """A repeat of the allreduce under ``key`` with array ``x``, in place (``out`` is
+    ``x``) or into a new array (``out`` None): its descriptor is the record's, with the
+    new generation, priority and place.  The place is ``x`` itself for an in-place array
+    of the arena, else a staging block filled from ``x`` (the result is copied out of it
+    into ``x``, or into the new array), as the whole way places it.  None when anything
     differs or is unusual (the whole way then checks, and raises what it raises)."""
     try:
         rec = svc._express.get(key)
     except TypeError:
         return None
+    in_place = out is x
     if (
         rec is None
         or rec.__class__ is not ThinExpress
+        or not (in_place or out is None)
         or x.__class__ is not np.ndarray
         or x.dtype is not rec.npdt
         or x.shape != rec.shape
         or not x.flags.c_contiguous
-        or not x.flags.writeable
+        or (in_place and not x.flags.writeable)
         or priority.__class__ is not int
         or not -(1 << 31) <= priority < 1 << 31
         or rec.epoch != tuning.EPOCH[0]
@@ -217,10 +222,28 @@ def thin_start(svc: Any, key: tuple[Any, ...], x: Any, priority: Any) -> ThinHan
     if lp is not None and (lp.fatal is not None or lp.late_errors):
         return None
     thin = svc._thin
-    at = thin.arena.offset_of(x)
-    if at < 0 or thin.busy():
+    if thin.busy():
         return None
+    at = thin.arena.offset_of(x) if in_place else -1
+    back: np.ndarray | None = None
+    result: np.ndarray = x
+    if at < 0:  # staged: one copy in, one out (the result's)
+        if not x.size or not thin.takes(x.nbytes):
+            return None
+        at = thin.stage(x)
+        if in_place:
+            back = x
+        else:
+            back = np.empty(x.size, dtype=x.dtype)
+            result = back if x.ndim == 1 else back.reshape(x.shape)
     names = svc._names
-    op_name, gen = names.name(key[1], rec.sig)
-    h = _ThinHandle(thin, op_name, gen, OpKind.ALLREDUCE, x, lambda: names.ended(op_name))
+    try:
+        op_name, gen = names.name(key[1], rec.sig)
+    except BaseException:
+        if back is not None:
+            thin.space.free(at)
+        raise
+    h = _ThinHandle(thin, op_name, gen, OpKind.ALLREDUCE, result, lambda: names.ended(op_name))
+    if back is not None:
+        h.hold((at,), back, at)
     return thin.submit_again(h, rec.row, priority, at)

@@ -240,6 +240,12 @@ class ThinClient:
             return at, -1
         return at, at
 
+    def stage(self, arr: np.ndarray) -> int:
+        """A staging block of ``arr``'s size (C-contiguous), filled from it: its offset."""
+        at = self._alloc(arr.nbytes, "a staging copy")
+        self.arena.view(at, arr.nbytes, np.uint8)[:] = arr.reshape(-1).view(np.uint8)
+        return at
+
     def place(self, arr: np.ndarray, fill: np.ndarray | None) -> tuple[int, int]:
         """(arena offset of ``arr``'s bytes, staging offset or -1): ``arr`` itself if it
         lives in the arena, else a staging block of its size, filled from ``fill`` (an
