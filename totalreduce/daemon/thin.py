@@ -431,39 +431,22 @@ class ThinService:
 
     def _fast_start(self, e: int) -> None:
         """Entry ``e`` of the pass is complete here, its node's part in its node buffer:
-        start it among the nodes (as _among_nodes does for the world)."""
+        start it among the nodes (:meth:`_engine_op`, over the world)."""
         fast = self._fast
         d = fast.descs[e, 0]
-        kind, prio, wire = int(d[A.D_KIND]), int(d[A.D_PRIO]), int(fast.keys[e, 0])
-        eng = self.engine
-        for late in eng.take_late_errors():  # about ops answered already
+        kind, wire = int(d[A.D_KIND]), int(fast.keys[e, 0])
+        for late in self.engine.take_late_errors():  # about ops answered already
             log.warning("an op among the services failed elsewhere after it ended here: %s", late)
         try:
-            if kind == int(OpKind.BARRIER):
-                h = eng.barrier_async(name=wire, priority=prio)
-            else:
-                dt = DType(int(d[A.D_DTYPE]))
+            dt = DType(int(d[A.D_DTYPE]))
+            buf = None
+            if kind != int(OpKind.BARRIER):
                 at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
                 buf = self.arena.view(at, int(d[A.D_COUNT]), dt.numpy)
-                bf = "bfloat16" if dt is DType.BFLOAT16 else None
-                if kind == int(OpKind.ALLREDUCE):
-                    rop = ReduceOp(int(d[A.D_OP]))
-                    if rop is ReduceOp.AVG:
-                        rop = ReduceOp.SUM  # divided at the end
-                    h = eng.allreduce_async(
-                        buf,
-                        name=wire,
-                        op=rop,
-                        out=buf,
-                        priority=prio,
-                        dtype=bf,
-                        algorithm="auto",
-                    )
-                else:
-                    root = int(d[A.D_ROOT]) // self.slots  # the root's node
-                    h = eng.broadcast_async(
-                        buf, root=root, name=wire, out=buf, priority=prio, dtype=bf
-                    )
+            rop = ReduceOp(int(d[A.D_OP]))
+            if rop is ReduceOp.AVG:
+                rop = ReduceOp.SUM  # divided at the end
+            h = self._engine_op((wire, int(fast.keys[e, 1]), 0), self._world, kind, buf, rop, dt, d)
         except Exception as exc:
             op = self._entry_op(e)
             arena_pass.arena_release(fast.tab, e)
@@ -493,10 +476,7 @@ class ThinService:
             self._finish(op, h.exception(), h)
             return
         fast = self._fast
-        flags = int(fast.descs[e, 0, A.D_FLAGS])
-        if flags & A.F_UNNAMED:  # as _finish forgets a client's unnamed name
-            session = int(fast.keys[e, 0]) == _SESSION
-            self.engine.forget_name(h.name, h.generation if session else None)
+        self._forget_unnamed(int(fast.keys[e, 0]), fast.descs[e, 0], h)
         error = h.exception()
         if error is not None:
             op = self._entry_op(e)
@@ -869,10 +849,11 @@ class ThinService:
         for x in ins[1:]:
             reduce_into(dst, x, rop, dt)
 
-    def _engine_name(self, op: _Op) -> int:
-        """The op's name among the services: the client's wire id (its session is mixed in,
-        unnamed ops' too), and the group's context for a group's (groups may share names)."""
-        wire, _, ctx = op.key
+    def _engine_name(self, key: tuple[int, int, int]) -> int:
+        """The name among the services of the op of ``key`` (wire id, generation, context):
+        the client's wire id (its session is mixed in, unnamed ops' too), and the group's
+        context for a group's (groups may share names)."""
+        wire, _, ctx = key
         if not ctx:
             return wire
         return A.signed((wire ^ (ctx * _GOLDEN)) & _MASK)
@@ -881,14 +862,14 @@ class ThinService:
         self, op: _Op, kind: int, buf: np.ndarray | None, rop: ReduceOp, dt: DType,
         d: np.ndarray, parts: tuple[int, ...] | None,
     ) -> Any:  # fmt: skip
+        if kind not in (_A2A, _RS, _AG):
+            return self._engine_op(op.key, op.grp, kind, buf, rop, dt, d)
         eng = self.engine
         g = op.grp
-        name = self._engine_name(op)
+        name = self._engine_name(op.key)
         prio = int(d[A.D_PRIO])
         bf = "bfloat16" if dt is DType.BFLOAT16 else None
         grp = g.engine_group
-        code = int(d[A.D_ALGO])
-        algo = AlgorithmCode(code).name.lower() if code else "auto"
         if kind == _A2A:
             send, recv, _ = op.plan
             if op.passive:  # a window's standing receive: it may wait for ever there too
@@ -901,16 +882,29 @@ class ThinService:
             return eng.alltoall_async(
                 buf, name=name, splits=send, recv_splits=recv, group=grp, priority=prio
             )
-        if kind in (_RS, _AG):
-            assert parts is not None
-            per_node = [sum(parts[i] for i in m) for m in g.members]
-            if kind == _RS:
-                return eng.reduce_scatter_async(
-                    buf, name=name, op=rop, group=grp, counts=per_node, priority=prio, dtype=bf
-                )
-            return eng.allgather_async(
-                buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
+        assert parts is not None
+        per_node = [sum(parts[i] for i in m) for m in g.members]
+        if kind == _RS:
+            return eng.reduce_scatter_async(
+                buf, name=name, op=rop, group=grp, counts=per_node, priority=prio, dtype=bf
             )
+        return eng.allgather_async(
+            buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
+        )
+
+    def _engine_op(
+        self, key: tuple[int, int, int], g: _Grp, kind: int, buf: np.ndarray | None,
+        rop: ReduceOp, dt: DType, d: np.ndarray,
+    ) -> Any:  # fmt: skip
+        """Start an allreduce, broadcast or barrier among the services: the op of ``key``,
+        over the nodes of group ``g``, its node's part in ``buf`` (None for a barrier)."""
+        eng = self.engine
+        name = self._engine_name(key)
+        prio = int(d[A.D_PRIO])
+        bf = "bfloat16" if dt is DType.BFLOAT16 else None
+        grp = g.engine_group
+        code = int(d[A.D_ALGO])
+        algo = AlgorithmCode(code).name.lower() if code else "auto"
         if kind == int(OpKind.ALLREDUCE):
             return eng.allreduce_async(
                 buf, name=name, op=rop, out=buf, priority=prio, dtype=bf, group=grp,
@@ -965,10 +959,8 @@ class ThinService:
         """The op ended among the nodes (any thread): results back, words set."""
         self._running.pop(op.key, None)
         d0 = op.first()
-        if op.handle is not None and int(d0[A.D_FLAGS]) & A.F_UNNAMED:
-            # its wire id comes once, but for the session agreement's (once per job)
-            session = op.key[0] == _SESSION
-            self.engine.forget_name(op.handle.name, op.handle.generation if session else None)
+        if op.handle is not None:
+            self._forget_unnamed(op.key[0], d0, op.handle)
         result = None
         if error is None and h is not None and int(d0[A.D_KIND]) in _PARTED:
             try:
@@ -995,6 +987,12 @@ class ThinService:
             if x is not None:
                 self._answer(k, op.incarnations[k], x, 0, "")
         op.release()
+
+    def _forget_unnamed(self, wire: int, d: np.ndarray, h: Any) -> None:
+        """An unnamed op ended among the services (its handle ``h``): its wire id comes
+        once, but for the session agreement's (once per job), so the engine forgets it."""
+        if int(d[A.D_FLAGS]) & A.F_UNNAMED:
+            self.engine.forget_name(h.name, h.generation if wire == _SESSION else None)
 
     def _results_back(self, op: _Op, result: np.ndarray | None) -> None:
         d = op.first()
@@ -1075,7 +1073,7 @@ class ThinService:
         d = next((x for x in op.descs if x is not None), None)
         if h is None and d is not None and len(op.grp.nodes) > 1 and self.engine is not None:
             try:
-                name = self._engine_name(op)
+                name = self._engine_name(op.key)
                 self.engine.abort_next(name, _CLIENT_TERMS + why, kind == A.E_MISMATCH)
                 if int(d[A.D_FLAGS]) & A.F_UNNAMED:
                     self.engine.forget_name(name)

@@ -230,7 +230,7 @@ def thin_start(
     if at < 0:  # staged: one copy in, one out (the result's)
         if not x.size or not thin.takes(x.nbytes):
             return None
-        at = thin.stage(x)
+        at = thin.stage(x.nbytes, x)
         if in_place:
             back = x
         else:

@@ -240,10 +240,12 @@ class ThinClient:
             return at, -1
         return at, at
 
-    def stage(self, arr: np.ndarray) -> int:
-        """A staging block of ``arr``'s size (C-contiguous), filled from it: its offset."""
-        at = self._alloc(arr.nbytes, "a staging copy")
-        self.arena.view(at, arr.nbytes, np.uint8)[:] = arr.reshape(-1).view(np.uint8)
+    def stage(self, nbytes: int, fill: np.ndarray | None) -> int:
+        """A staging block of ``nbytes``, filled from ``fill`` (an array of as many bytes)
+        unless that is None: its offset."""
+        at = self._alloc(nbytes, "a staging copy")
+        if fill is not None and fill.nbytes:
+            self.arena.view(at, fill.nbytes, np.uint8)[:] = fill.reshape(-1).view(np.uint8)
         return at
 
     def place(self, arr: np.ndarray, fill: np.ndarray | None) -> tuple[int, int]:
@@ -254,9 +256,7 @@ class ThinClient:
             at = self.arena.offset_of(arr)
             if at >= 0:
                 return at, -1
-        at = self._alloc(arr.nbytes, "a staging copy")
-        if fill is not None and fill.nbytes:
-            self.arena.view(at, fill.nbytes, np.uint8)[:] = fill.reshape(-1).view(np.uint8)
+        at = self.stage(arr.nbytes, fill)
         return at, at
 
     # ------------------------------------------------------------------ submitting
