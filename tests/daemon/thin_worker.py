@@ -499,29 +499,61 @@ def mode_pressure(p: int, rank: int) -> None:
         report(rank, "MISMATCH-PIECES", "count 1000" in str(exc), str(exc))
     got = tr.allreduce(np.ones(5, np.int64), name="big.mm")
     report(rank, "AFTER-PIECES", bool(np.all(got == p)), str(got))
-    report(rank, "LARGE-NO-ENGINE", tr.default_service()._loop is None, "an engine started")
-    # a window larger than the thin path's messages (windows.THIN_MESSAGE_BYTES): the
-    # client's engine carries it, as before; the thin path's receives are still standing
+    # a window larger than a client's whole part of the arena: its data messages travel as
+    # pieces (windows.THIN_MESSAGE_BYTES each) on the thin path, its standing receives stay
+    # small and passive, and the result is exact
     from totalreduce.topology import get_topology, plan
 
-    n = half // 8 + 1000
+    n = thin.arena.data_bytes // 8 + 1000
     x = np.full(n, float(rank + 1))
+    x[::7] = -rank  # not one value: a piece out of place would show
     tr.win_create(x, "big.win", topology="ring")
-    waiting = thin.in_flight()  # its get channel's standing receive: it holds nothing up
+    waiting = thin.in_flight()
     standing = bool(waiting) and all(h.passive for h in waiting)
+    bad = []
+    ins = sorted(plan(get_topology("ring", p), rank, 0).src_weights)
+    windows = tr.default_service().windows
+    if not windows.window("big.win", "check").pieced:
+        bad.append("not pieced")
+
+    def value(r: int) -> np.ndarray:
+        v = np.full(n, float(r + 1))
+        v[::7] = -r
+        return v
+
+    def landed(count: int) -> None:
+        # (a put completes before the target's service has written it: see docs/daemon.md)
+        deadline = time.monotonic() + 60
+        while min(tr.get_win_version("big.win").values()) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"versions {tr.get_win_version('big.win')} after 60 s")
+            time.sleep(0.001)
+
     tr.win_put(x, "big.win")
     tr.barrier(name="big.win.put")
-    # (a put this large may land after the barrier: see the session note; wait for it)
-    ins = sorted(plan(get_topology("ring", p), rank, 0).src_weights)
-    deadline = time.monotonic() + 30
-    while min(tr.get_win_version("big.win").values()) < 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    landed(1)
     tr.win_update("big.win")
-    want = (rank + 1 + sum(r + 1 for r in ins)) / (len(ins) + 1)
+    want = (value(rank) + sum(value(r) for r in ins)) / (len(ins) + 1)
+    if not np.array_equal(x, want):
+        bad.append(f"put/update {x[:8]} != {want[:8]}")
     tr.barrier(name="big.win.read")
+    x[:] = value(rank)
+    tr.win_accumulate(x, "big.win")
+    tr.win_accumulate(x, "big.win")
+    tr.barrier(name="big.win.acc")
+    landed(2)
+    for r in ins:  # the put's value(r), then two accumulates of it
+        if not np.array_equal(windows.slot("big.win", r), 3 * value(r)):
+            bad.append(f"accumulate from {r}")
+    tr.barrier(name="big.win.acc.read")
+    tr.win_get("big.win")  # the in-neighbours' arrays, now value(r): the reply is pieced too
+    for r in ins:
+        if not np.array_equal(windows.slot("big.win", r), value(r)):
+            bad.append(f"get from {r}")
+    tr.barrier(name="big.win.get")
     tr.win_free("big.win")
-    ok = standing and bool(np.allclose(x, want))
-    report(rank, "LARGE-WINDOW", ok, f"{x[:3]} != {want}, standing receives {waiting}")
+    report(rank, "LARGE-WINDOW", standing and not bad, f"{bad}, standing receives {waiting}")
+    report(rank, "LARGE-NO-ENGINE", tr.default_service()._loop is None, "an engine started")
 
 
 def mode_garbage(p: int, rank: int) -> None:

@@ -344,12 +344,10 @@ class RootedOps(OpSubmitter):
         priority: Any,
         result: Any,
         passive: bool = False,
-        engine: bool = False,
     ) -> Handle | ThinHandle:
         """A message from ``src`` to the other rank of ``grp``.  ``passive``: a window's
         standing receive, which may wait for ever.  In daemon mode it takes the thin path
-        (in pieces if large) unless ``engine`` (a large window's message: both sides
-        decide alike, from its size)."""
+        (in pieces if large)."""
         n = int(max(x.size, o.size))
         me = grp.rank_of(self.rank)
         assert me is not None
@@ -359,7 +357,7 @@ class RootedOps(OpSubmitter):
         checks.priority(priority)  # before the name: a refused call must not use a generation
         # Consecutive messages on one tag may differ in size: no signature to keep.
         reserved = self._names.name(name, ("send_recv", "", 0, "", 0))
-        if self._thin is not None and not engine:
+        if self._thin is not None:
             # daemon mode: a two-rank all-to-all on the thin path (in pieces if large)
             sends = [x.size if j != sender else 0 for j in range(2)] if me == sender else [0, 0]
             recvs = [o.size if j == sender else 0 for j in range(2)] if me != sender else [0, 0]

@@ -33,6 +33,17 @@ channels (so no GET comes after it answers the last), waits until its
 out-neighbours did the same, then closes its data channels and waits for
 its in-neighbours' FREE.  A peer that dies fails its channels; the window
 reports that error from every later call on it and frees without it.
+
+Daemon mode.  A standing receive's buffer lies in the client's part of the
+node's arena for the window's life, so a message on a window's channel is at
+most :data:`THIN_MESSAGE_BYTES`.  A larger window sends each data-channel
+message as pieces of that size (its header says which), in order, at most
+:data:`PIECES_IN_FLIGHT` of them at a time; the receiver gathers them in
+memory of its own and applies the message when the last one comes, so an
+arrival still applies whole, in the order sent.  Pieces are submitted by this
+service's sender thread, never by the thread that applies arrivals: a
+submission may wait for arena room that other sends hold, and those end only
+when their targets post their next receives, which nothing may hold up.
 """
 
 from __future__ import annotations
@@ -62,15 +73,22 @@ log = logging.getLogger("totalreduce.windows")
 __all__ = ["WinHandle", "Window", "Windows"]
 
 PUT, ACCUMULATE, REPLY, FREE, GET = 1, 2, 3, 4, 5
-HEADER = 16  # int32 kind, int32 spare, float64 p (or a GET's weight)
-#: Daemon mode: messages up to this size take the thin path (their standing receives wait
-#: at the node's service, their buffers in the arena); larger ones the client's engine.
-#: On the thin path a large window's standing receive would hold arena room a put needs,
-#: and a put completes before the target's service has written its body.
+HEADER = 16  # int32 kind, int32 piece index (0 unless pieced), float64 p (or a GET's weight)
+#: Daemon mode: the largest message on a window's channel.  A standing receive's buffer
+#: lies in the client's part of the node's arena for as long as the window lives, so it
+#: is never larger than this; a window whose data messages would be (16 bytes of header
+#: and the window) sends each as pieces of this size (see :class:`_Pieces`).
 THIN_MESSAGE_BYTES = 64 << 10
+#: The window's bytes one piece carries.
+PIECE_BYTES = THIN_MESSAGE_BYTES - HEADER
+#: Pieces of one message a rank has in flight at a time.
+PIECES_IN_FLIGHT = 4
 DATA, ASK = 0, 1  # the channels: data (into a slot) and get requests
 _KINDS = {DATA: (PUT, ACCUMULATE, REPLY, FREE), ASK: (GET, FREE)}
 _FLOATS = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)
+
+
+_EMPTY = np.empty(0, np.uint8)
 
 
 def _channel(window: str, src: int, dst: int, chan: int) -> str:
@@ -93,6 +111,16 @@ class _Get:
 
     event: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+
+
+@dataclass
+class _Gathering:
+    """A pieced message arriving from one in-neighbour: what its pieces said so far."""
+
+    kind: int
+    p: float
+    body: np.ndarray  # the window's bytes
+    next: int = 0  # the piece expected
 
 
 @dataclass
@@ -119,6 +147,9 @@ class Window:
     freeing: bool = False
     pending: list[Any] = field(default_factory=list)  # arrivals not applied yet, in order
     held: int = 0  # win_mutex blocks holding it
+    pieced: bool = False  # data messages travel as pieces (daemon mode, a large window)
+    gathering: dict[int, _Gathering] = field(default_factory=dict)  # by in-neighbour
+    bodies: dict[int, np.ndarray] = field(default_factory=dict)  # their memory, kept
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)
@@ -126,6 +157,11 @@ class Window:
     @property
     def nbytes(self) -> int:
         return int(self.mine.nbytes)
+
+    @property
+    def message_bytes(self) -> int:
+        """The size of every message on one of its data channels."""
+        return THIN_MESSAGE_BYTES if self.pieced else HEADER + self.nbytes
 
     def check_open(self, what: str) -> None:
         if self.freeing:
@@ -173,6 +209,47 @@ class WinHandle:
         return f"<WinHandle {self.name} {'done' if self.done() else 'in flight'}>"
 
 
+class _Pieces:
+    """A pieced message: a handle (``done``, ``exception``, ``wait``) that the sender
+    thread's :meth:`run` ends, once every piece went or one failed."""
+
+    def __init__(self, what: str, send: Any, msgs: np.ndarray) -> None:
+        self.name = what
+        self._send = send
+        self._msgs: np.ndarray | None = msgs
+        self._error: BaseException | None = None
+        self._ended = threading.Event()
+
+    def run(self) -> None:
+        flight: list[Any] = []
+        try:
+            assert self._msgs is not None
+            for msg in self._msgs:
+                if len(flight) >= PIECES_IN_FLIGHT:
+                    flight.pop(0).wait()
+                flight.append(self._send(msg))
+            for h in flight:
+                h.wait()
+        except Exception as exc:
+            self._error = exc
+        finally:
+            self._msgs = None
+            self._ended.set()
+
+    def done(self) -> bool:
+        return self._ended.is_set()
+
+    def exception(self) -> BaseException | None:
+        return self._error if self._ended.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._ended.wait(timeout):
+            raise OpTimeoutError(f"{self.name} did not complete within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+
 class Windows:
     """The windows of one service (``service.windows``) and the thread that applies arrivals."""
 
@@ -185,6 +262,8 @@ class Windows:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._outbox: queue.SimpleQueue[_Pieces | None] = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lookup
 
@@ -264,6 +343,8 @@ class Windows:
             slot_p={r: 0.0 if zero_init else 1.0 for r in in_ranks},
             versions=dict.fromkeys(in_ranks, 0),
             gets={r: [] for r in in_ranks},
+            pieced=getattr(self.svc, "_thin", None) is not None
+            and HEADER + arr.nbytes > THIN_MESSAGE_BYTES,
         )
         with self._lock:
             self._windows[name] = win
@@ -275,9 +356,9 @@ class Windows:
         # In daemon mode the thin path's standing receives have their buffers in the node's
         # arena: what arrives lands there without a copy.
         for r in in_ranks:
-            self._listen(win, r, DATA, self._buffer(HEADER + win.nbytes))
+            self._listen(win, r, DATA, self.svc.empty(win.message_bytes, np.uint8))
         for r in out_ranks:
-            self._listen(win, r, ASK, self._buffer(HEADER))
+            self._listen(win, r, ASK, self.svc.empty(HEADER, np.uint8))
         return True
 
     def _topology(self, topology: Any, name: str) -> MixingTopology:
@@ -297,26 +378,50 @@ class Windows:
     # ------------------------------------------------------------------ messages
 
     def _send(self, win: Window, dst: int, chan: int, kind: int, p: float, body: Any) -> Any:
-        n = HEADER + (win.nbytes if chan == DATA else 0)
-        msg = np.zeros(n, dtype=np.uint8)
-        msg[:4].view(np.int32)[0] = kind
-        msg[8:16].view(np.float64)[0] = p
+        """Send one message (``body``: ``(data, weight)`` or None); its handle.  The data
+        is copied (times the weight) now: the caller may change it at once."""
+        pieced = win.pieced and chan == DATA
+        if pieced:
+            count = 1 if body is None else -(-win.nbytes // PIECE_BYTES)
+            msgs = np.zeros((count, THIN_MESSAGE_BYTES), dtype=np.uint8)
+        else:
+            msgs = np.zeros((1, HEADER + (win.nbytes if chan == DATA else 0)), dtype=np.uint8)
+        for i, msg in enumerate(msgs):
+            msg[:8].view(np.int32)[:] = kind, i  # the piece's index, where pieced
+            msg[8:16].view(np.float64)[0] = p
         if body is not None:
             data, weight = body
-            out = msg[HEADER:].view(win.dtype.numpy)
-            copy_into(out, data, win.dtype)
-            if weight != 1.0:
-                scale_into(out, weight, win.dtype)
+            each = (msgs.shape[1] - HEADER) // win.dtype.itemsize
+            for i, msg in enumerate(msgs):
+                part = data[i * each : (i + 1) * each]
+                out = msg[HEADER : HEADER + part.nbytes].view(win.dtype.numpy)
+                copy_into(out, part, win.dtype)
+                if weight != 1.0:
+                    scale_into(out, weight, win.dtype)
         grp = Group(sorted((self.rank, dst)))
         name = _channel(win.name, self.rank, dst, chan)
-        empty = np.empty(0, np.uint8)
-        return self.svc._point(
-            msg, empty, DType.UINT8, grp, self.rank, name, 0, None, engine=n > THIN_MESSAGE_BYTES
-        )
+        if not pieced:
+            return self.svc._point(msgs[0], _EMPTY, DType.UINT8, grp, self.rank, name, 0, None)
+        job = _Pieces(f"{name} ({len(msgs)} pieces)", lambda m: self.svc._point(
+            m, _EMPTY, DType.UINT8, grp, self.rank, name, 0, None
+        ), msgs)  # fmt: skip
+        with self._lock:
+            if self._sender is None:
+                self._sender = threading.Thread(
+                    target=self._send_pieces, name=f"totalreduce-win-send-{self.rank}",
+                    daemon=True,
+                )  # fmt: skip
+                self._sender.start()
+        self._outbox.put(job)
+        return job
 
-    def _buffer(self, n: int) -> np.ndarray:
-        """A standing receive's buffer: in the arena where its messages take the thin path."""
-        return self.svc.empty(n, np.uint8) if n <= THIN_MESSAGE_BYTES else np.empty(n, np.uint8)
+    def _send_pieces(self) -> None:
+        """The sender thread: the pieced messages, one after another, in the order sent."""
+        while True:
+            job = self._outbox.get()
+            if job is None:
+                return
+            job.run()
 
     def _listen(self, win: Window, src: int, chan: int, buf: np.ndarray) -> None:
         grp = Group(sorted((self.rank, src)))
@@ -331,7 +436,6 @@ class Windows:
             0,
             buf,
             passive=True,
-            engine=buf.nbytes > THIN_MESSAGE_BYTES,
         )
         h.add_done_callback(lambda h: self._on_done(win, (src, chan, h, buf)))
 
@@ -394,7 +498,7 @@ class Windows:
                 g.event.set()
             win.changed.notify_all()
             return
-        kind = int(buf[:4].view(np.int32)[0])
+        kind, index = (int(v) for v in buf[:8].view(np.int32))
         p = float(buf[8:16].view(np.float64)[0])
         if kind not in _KINDS[chan]:
             log.error(
@@ -408,8 +512,7 @@ class Windows:
         elif kind == GET:
             reply = self._send(win, peer, DATA, REPLY, win.p * p, (win.mine, p))
             win.sends = [s for s in win.sends if not s.done()] + [reply]
-        else:
-            data = buf[HEADER:].view(win.dtype.numpy)
+        elif (data := self._message(win, peer, kind, index, p, buf)) is not None:
             slot = win.slots[peer]
             if kind == ACCUMULATE:
                 axpy_into(slot, data, 1.0, win.dtype)
@@ -421,6 +524,37 @@ class Windows:
             if kind == REPLY and win.gets[peer]:
                 win.gets[peer].pop(0).event.set()
         self._listen(win, peer, chan, buf)
+
+    def _message(
+        self, win: Window, peer: int, kind: int, index: int, p: float, buf: np.ndarray
+    ) -> np.ndarray | None:
+        """The window's data that ``buf`` completes (a PUT, ACCUMULATE or REPLY from
+        ``peer``), or None while pieces of it are still to come."""
+        if not win.pieced:
+            return buf[HEADER:].view(win.dtype.numpy)
+        got = win.gathering.get(peer)
+        if index == 0:
+            body = win.bodies.get(peer)
+            if body is None:
+                body = win.bodies[peer] = np.empty(win.nbytes, np.uint8)
+            got = win.gathering[peer] = _Gathering(kind, p, body)
+        if got is None or index != got.next or kind != got.kind:
+            log.error(
+                "rank %d: window %r: rank %d sent piece %d of a kind-%d message, expected "
+                "piece %s; dropped",
+                self.rank, win.name, peer, index, kind, "0" if got is None else
+                f"{got.next} of a kind-{got.kind} message",
+            )  # fmt: skip
+            win.gathering.pop(peer, None)
+            return None
+        at = index * PIECE_BYTES
+        n = min(PIECE_BYTES, win.nbytes - at)
+        got.body[at : at + n] = buf[HEADER : HEADER + n]
+        got.next += 1
+        if at + n < win.nbytes:
+            return None
+        del win.gathering[peer]
+        return got.body.view(win.dtype.numpy)
 
     # ------------------------------------------------------------------ the calls
 
@@ -652,3 +786,7 @@ class Windows:
             self._queue.put(None)
             self._thread.join(timeout=5)
             self._thread = None
+        if self._sender is not None:
+            self._outbox.put(None)
+            self._sender.join(timeout=5)
+            self._sender = None
