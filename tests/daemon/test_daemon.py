@@ -27,14 +27,15 @@ ROOT = HERE.parents[1]
 pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec missing (install mpich)")
 
 
-def memfds(pid: int) -> int:
-    """Shared-memory channels a process holds open (memfd descriptors)."""
+def client_fds(pid: int) -> int:
+    """What a service holds open for its clients: memory files and eventfds."""
     n = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            n += "memfd:totalreduce" in os.readlink(f"/proc/{pid}/fd/{fd}")
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
-            pass
+            continue
+        n += "memfd:totalreduce" in link or "[eventfd]" in link
     return n
 
 
@@ -86,12 +87,13 @@ def test_window_ops_between_daemon_clients(tmp_path: Path) -> None:
 
 def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path) -> None:
     """SIGKILL one client in the middle of a 64 MiB allreduce: every other client's op
-    fails naming it, the service frees its memory and serves a new job in the slots."""
+    fails naming it, the service lets go of what it held for it and serves a new job in
+    the slots."""
     served = serve(2, 1, tmp_path / "s")
     try:
         pids = service_pids(served)
         assert len(pids) == 2, pids
-        base = {pid: memfds(pid) for pid in pids}
+        base = {pid: client_fds(pid) for pid in pids}
         procs = [
             subprocess.Popen(
                 [sys.executable, WORKER, "big"],
@@ -113,10 +115,10 @@ def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path) -> 
         procs[1].wait(10)
         assert "rank 0: ERROR" in out0 and "rank 1" in out0, out0
         assert "'big'" in out0, out0
-        deadline = time.monotonic() + 10  # the channels go once the transports let go
-        while any(memfds(pid) > base[pid] for pid in pids) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10  # the clients' eventfds go once the slots are free
+        while any(client_fds(pid) > base[pid] for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert all(memfds(pid) == base[pid] for pid in pids), (base, served.stderr())
+        assert all(client_fds(pid) == base[pid] for pid in pids), (base, served.stderr())
         # a new job: fresh clients in both slots, the same names, generation 0 again
         results = run_clients(served, [WORKER, "every"], timeout=120)
         for r, res in enumerate(results):

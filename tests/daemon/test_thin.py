@@ -5,8 +5,8 @@ The other daemon tests run every collective through it too (``daemon_worker.py
 every``, the torch examples, tests/mpi against daemons); here: zero copy for arena
 arrays, staging given back, every dtype and op, broadcast with mixed buffers, 2,000
 ops in flight in random orders, callbacks without a waiter, ``totalreduce.torch.empty``,
-a mismatch among one node's clients, the engine's way for ops too large for the arena,
-and backpressure when staged ops do not fit.
+a mismatch among one node's clients, pieces for ops (and windows) too large for the
+arena, and backpressure when staged ops do not fit.
 """
 
 from __future__ import annotations

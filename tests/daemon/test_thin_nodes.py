@@ -40,12 +40,15 @@ class Cluster:
 
     def __init__(self, stack: ExitStack, nodes: int, slots: int) -> None:
         engines = stack.enter_context(local_services(nodes)) if nodes > 1 else [None]
+        self.engines = engines
         self.nodes, self.slots, self.size = nodes, slots, nodes * slots
         self.clients: list[ThinClient] = []
         self.services: list[ThinService] = []
         for n in range(nodes):
             arena = Arena.create(slots, 2 << 20)
             service = ThinService(arena, n, nodes, engines[n])
+            if engines[n] is not None:  # as `totalreduce serve` does
+                engines[n].loop.on_client_notice = service.client_notice
             self.services.append(service)
             stack.callback(arena.close)
             stack.callback(service.stop)
@@ -382,9 +385,10 @@ def test_a_client_that_dies_fails_only_the_ops_of_its_groups(nodes: int) -> None
         world = [cl.submit(r, OpKind.ALLREDUCE, "w", data(r, 0, 3)) for r in (0, 2, 3)]
         g = Group([3, 1, 0])
         with_it = [cl.submit(r, OpKind.ALLREDUCE, "g", data(r, 0, 3), group=g) for r in (0, 3)]
-        cl.services[1 // (4 // nodes)].detach(1 % (4 // nodes), "died (it was killed)")
-        if nodes > 1:  # the other node hears it as the relay engine's GONE would say
-            cl.services[1].peer_left(1, "died")
+        node, slot = divmod(1, 4 // nodes)
+        cl.services[node].detach(slot, "died (it was killed)")
+        if nodes > 1:  # as the node's socket side does: the other node hears it (GONE)
+            cl.engines[node].loop.tell_services("died", 1)
         for h in world + with_it:
             with pytest.raises(OpFailedError, match="rank 1 died"):
                 h.wait(30)

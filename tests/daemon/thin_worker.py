@@ -20,9 +20,10 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
 - ``garbage``: descriptors written past the client's checks (an unknown kind or dtype, a
   negative count, a root outside the world, buffers outside the client's part of the arena)
   each fail with ``InvalidArgumentError`` saying what was wrong; the next op works.
-- ``pressure``: with a small arena, ops larger than half a client's part take the
-  engine's way (an allreduce, a reduce-scatter, an all-gather with and without counts),
-  and many staged ops in flight wait for room (backpressure), all exact.
+- ``pressure``: with a small arena, ops larger than half a client's part run in pieces
+  (an allreduce, a reduce-scatter, an all-gather with and without counts, all-to-alls), a
+  window larger than a client's whole part sends its messages in pieces, and many staged
+  ops in flight wait for room (backpressure), all exact and with no engine.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def mode_arena(p: int, rank: int) -> None:
     def engine_threads() -> list[str]:
         return [t.name for t in threading.enumerate() if t.name.startswith("totalreduce-")]
 
-    # only hierarchical ops so far (init's session agreement): no engine, no threads
+    # init's session agreement so far: no engine, no threads
     report(rank, "NO-ENGINE", svc._loop is None and not engine_threads(), str(engine_threads()))
 
     # tr.empty: in the arena, in place, no staging

@@ -36,9 +36,9 @@ def _start(key: Any, modes: list[str], service: str) -> str:
     modes = sorted(modes, key=lambda m: m == "timeout")
     if service == "embedded":
         return run(service, n, CHECK, ",".join(modes), timeout=60 + 15 * len(modes))
-    # Against daemons one launch per mode: a client that starts its next engine while a
-    # peer client's last one is still attached joins that job again (the node cannot tell
-    # a rank's restart from the next job), and the peer's goodbye fails its first op.
+    # Against daemons one launch per mode: a client of the next mode that attaches while a
+    # peer client of the last one is still attached joins that job's session (the node
+    # cannot tell a rank's restart from the next job), and the peer's bye fails its ops.
     outs = []
     for mode in modes:
         where = Path(service) / mode
@@ -169,8 +169,8 @@ def test_reverse_blocking_order_small_pool_over_mpi(n: int, service: str) -> Non
 
 
 def test_reverse_blocking_order_small_pool_against_daemons(tmp_path: Path) -> None:
-    # the services run with the small pool and their clients take it from them: a launch of
-    # its own
+    # the services' engine among the nodes runs with the small pool (and their clients,
+    # which share its options, take it from them): a launch of its own
     out = run(str(tmp_path), 4, CHECK, "flow", TOTALREDUCE_FLOATING_POOL_BYTES=str(16 << 10))
     assert out.count("FLOW OK") == 4, out
 

@@ -1,24 +1,22 @@
 """A node's service: accept, hello, register and teardown of the node's client processes.
 
-The engine of a node's service is an ordinary :class:`~totalreduce.service.service.Service`
-whose transport is a :class:`~totalreduce.transport.relay.RelayTransport` and whose loop
-adopts the relay steps of hierarchical ops.  What is left to this module is
-the socket:
+The clients' ops are the arena thread's (:class:`~.thin.ThinService`): a client
+hands them over in the node's shared-memory arena.  What is left to this module
+is the socket:
 
 - **hello**: a client connects (only the service's own user is admitted,
   checked with ``SO_PEERCRED``), says hello with its pid and the slot it wants;
-  the service gives it a slot, a fresh shared-memory channel and an eventfd,
-  attaches the slot to the relay transport, tells every rank that the slot's
-  rank is a new process (the engine's JOIN: whoever saw the old one leave
-  forgets it), and answers ``welcome`` with the descriptors;
+  the service gives it a slot and an eventfd, attaches the slot to the arena
+  thread, tells the other nodes' services that the slot's rank is a new process
+  (JOIN, through the engine among the services: whoever saw the old one go
+  forgets it), and answers ``welcome`` with the arena's memory file and the two
+  eventfds;
 - **liveness**: the connection stays open while the client lives.  Its end
-  detaches the slot.  With ``bye`` first the client exited cleanly (its engine
-  said goodbye to every rank itself); without, the process died, and the
-  engine fails the ops that rank was part of, here and on every rank (GONE),
-  with an error naming it;
-- **teardown**: a detached slot's channel is unmapped and closed (its memory
-  is freed when the client's mapping goes too) and the slot is free for a new
-  client.
+  detaches the slot.  With ``bye`` first the client exited cleanly; without,
+  the process died, and the ops that rank was part of fail, here and (GONE,
+  through the engine among the services) on every node, with an error naming it;
+- **teardown**: a detached slot's part of the arena is reset when the next
+  client takes it.
 
 Sessions.  A node's clients form a session from the first hello after the node
 had none until the last one leaves.  A session in which a client died admits no
@@ -37,6 +35,7 @@ import os
 import selectors
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,8 +62,6 @@ class Node:
 
     def __init__(
         self,
-        service: Any,
-        transport: Any,
         listener: socket.socket,
         path: Path,
         *,
@@ -72,25 +69,27 @@ class Node:
         nodes: int,
         local_clients: int,
         options: dict[str, int],
-        thin: Any = None,
+        thin: Any,
+        notices: Any = None,
+        drain_timeout: float = 0.0,
     ) -> None:
-        self.service = service
-        self.transport = transport
         self.listener = listener
         self.path = path
         self.node = node
         self.nodes = nodes
         self.local_clients = local_clients
         self.options = options
-        self.thin = thin  # the arena thread (daemon/thin.py): the clients' hierarchical ops
+        self.thin = thin  # the arena thread (daemon/thin.py): the clients' ops
+        #: the engine loop among the nodes' services (None on one node): it tells the
+        #: others of this node's clients (``tell_services``)
+        self.notices = notices
+        self.drain_timeout = drain_timeout
         self.slots: list[_Conn | None] = [None] * local_clients
-        self.channels: list[Any] = [None] * local_clients
         self.epoch = 0
         self.sessions = 0
         self.admitted = 0  # clients admitted so far: each one's incarnation
         self.failed: str | None = None  # why this session admits no new client
         self._stop = threading.Event()
-        self._releasing: list[tuple[threading.Event, Any]] = []
         self._sel = selectors.DefaultSelector()
         self._sel.register(listener, selectors.EVENT_READ, None)
         self._wake_r, self._wake_w = os.pipe()
@@ -123,23 +122,17 @@ class Node:
                             pass
                     else:
                         self._readable(key.data)
-                self._close_released()
         finally:
+            # running ops may end (up to --drain-timeout) before their clients are let go
+            deadline = time.monotonic() + self.drain_timeout
+            while self.thin.busy() and time.monotonic() < deadline:
+                time.sleep(0.05)
             for conn in [c for c in self.slots if c is not None]:
                 self._drop(conn, "was disconnected: the service stops")
             self._sel.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
         return 0
-
-    def _close_released(self) -> None:
-        keep = []
-        for released, channel in self._releasing:
-            if released.is_set():
-                channel.close()
-            else:
-                keep.append((released, channel))
-        self._releasing = keep
 
     # ------------------------------------------------------------------ connections
 
@@ -228,43 +221,34 @@ class Node:
             self.thin.new_session()  # what the last job's ranks did no longer counts
         from ..transport.shm import new_eventfd
 
-        channel = self.transport.new_channel()
-        client_efd = new_eventfd()
         rank = self.node * self.local_clients + slot
         self.admitted += 1
         conn.incarnation = self.admitted
         conn.slot = slot
         self.slots[slot] = conn
-        self.channels[slot] = channel
-        self.transport.attach(slot, channel, os.dup(client_efd), pid)
         thin_efd = new_eventfd()
         self.thin.attach(slot, conn.incarnation, os.dup(thin_efd))
-        self.service.loop.rejoin(rank, conn.incarnation)
+        if self.notices is not None:
+            self.notices.tell_services("joined", rank)
         welcome = {
             "t": "welcome",
             "rank": rank,
             "size": self.nodes * self.local_clients,
-            "relays": self.nodes,
             "node": self.node,
             "nodes": self.nodes,
             "local": slot,
             "local_clients": self.local_clients,
             "epoch": self.epoch,
             "pid": os.getpid(),
-            "region_bytes": channel.size,
-            "tag_span": self.transport.tag_span,
             "options": self.options,
             "incarnation": conn.incarnation,
             "arena_bytes": self.thin.arena.size,
         }
-        # The client gets its own copies of the descriptors; the transport and the arena
-        # thread own ours.
-        fds = (channel.fd, client_efd, self.transport.eventfd, self.thin.arena.fd, thin_efd,
-               self.thin.eventfd)  # fmt: skip
+        # The client gets its own copies of the descriptors; the arena thread owns ours.
+        fds = (self.thin.arena.fd, thin_efd, self.thin.eventfd)
         try:
             hello.send(conn.sock, welcome, fds)
         finally:
-            os.close(client_efd)
             os.close(thin_efd)
         log.info("client pid %d is rank %d (local %d)", pid, rank, slot)
 
@@ -296,16 +280,12 @@ class Node:
         if self._stop.is_set():
             level = logging.WARNING
         log.log(level, "rank %d (pid %d) %s", rank, conn.pid, how)
-        if not conn.said_bye:  # its ops fail everywhere now, as if it had said goodbye
-            self.service.loop.peer_gone(rank, conn.incarnation)
+        if not conn.said_bye:  # its ops fail everywhere now
+            if self.notices is not None:
+                self.notices.tell_services("died", rank)
             self.failed = self.failed or f"rank {rank} (pid {conn.pid}) died"
         self.thin.detach(slot, None if conn.said_bye else how)
-        released = self.transport.detach(slot)
         self.slots[slot] = None
-        channel, self.channels[slot] = self.channels[slot], None
-        if channel is not None:  # closed (its memory freed) once the transport let go
-            self._releasing.append((released, channel))
         if not any(self.slots):
             log.info("session %d ends", self.epoch)
             self.failed = None
-            self.transport.new_session()  # the slots wait for the next job's clients

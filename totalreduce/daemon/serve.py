@@ -2,17 +2,19 @@
 
 ``mpiexec -n NODES totalreduce serve --local-clients N`` starts one service per
 MPI rank (one rank per node; on one machine ``-n 2`` simulates two nodes).
-Each opens its relay transport (shared memory to its ``N`` client slots, MPI to
-the other nodes), starts the engine, checks its socket path is free, agrees
-with the other nodes that all could start and that all serve ``N`` local
-clients, then prints one line with its socket path on stdout and serves until
-SIGTERM or SIGINT.  Logs go to stderr.  The exit status is 0 after a clean
-shutdown, 1 if a node could not start (its socket is already served, its
-directory is not private), 2 for bad arguments.
+Each checks its socket path is free, agrees with the other nodes that all could
+start and that all serve ``N`` local clients with arenas of one size, creates
+its arena (the shared memory of its ``N`` client slots), starts the engine
+among the nodes' services (MPI, on a communicator of its own; none on a single
+node) and the arena thread, then prints one line with its socket path on stdout
+and serves until SIGTERM or SIGINT.  Logs go to stderr.  The exit status is 0
+after a clean shutdown, 1 if a node could not start (its socket is already
+served, its directory is not private), 2 for bad arguments.
 
 Engine options come from the ``TOTALREDUCE_*`` environment variables, as for
 ``totalreduce.init()``; the service hands ``segment_bytes``, ``micro_bytes``
-and ``floating_pool_bytes`` to its clients, so every rank agrees on them.
+and ``floating_pool_bytes`` to its clients, which refuse other settings of
+their own.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import dataclasses
 import logging
 import signal
 import sys
-import time
 from pathlib import Path
 
 from ..errors import TotalReduceError
@@ -50,14 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="directory of the sockets, created 0700 (default $XDG_RUNTIME_DIR/totalreduce "
         "or /tmp/totalreduce-$UID); node n listens on DIR/node{n}.sock",
     )
-    p.add_argument(
-        "--channel-bytes",
-        type=int,
-        default=4 << 20,
-        metavar="B",
-        help="bytes of shared memory per client and direction (default 4 MiB; larger "
-        "messages stream through it)",
-    )
+    # Before the thin path every client had a channel of this size; scripts may still pass it.
+    p.add_argument("--channel-bytes", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--arena-bytes",
         type=int,
@@ -78,8 +73,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 1 <= args.local_clients <= 1024:
         p.error("--local-clients must be in 1..1024")
-    if not 64 << 10 <= args.channel_bytes <= 1 << 30:
-        p.error("--channel-bytes must be in 64 KiB..1 GiB")
     if not 1 << 20 <= args.arena_bytes <= 1 << 40:
         p.error("--arena-bytes must be in 1 MiB..1 TiB")
     if args.drain_timeout < 0:
@@ -89,27 +82,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from ..algorithms.hierarchical import NodeLayout
     from ..kernels import warm_up
     from ..service.config import Config
     from ..service.service import Service
     from ..transport import hello
     from ..transport.arena import Arena
-    from ..transport.mpi import MPITransport
-    from ..transport.relay import agree, open_relay
+    from ..transport.mpi import MPITransport, world, world_max
     from . import sockets
-    from .adopt import MAX_OP_BYTES, relay_adopter
     from .node import Node
     from .thin import ThinService
 
     config = Config.load()
-    transport = open_relay(args.local_clients, args.channel_bytes)
-    node, nodes = transport.node, transport.nodes
+    node, nodes = world()
     logging.basicConfig(
         stream=sys.stderr,
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format=f"%(asctime)s totalreduce serve [node {node}] %(levelname)s: %(message)s",
     )
+    if args.channel_bytes is not None:
+        log.warning("--channel-bytes has no effect: clients hand their buffers over in the arena")
     directory = args.socket_dir or hello.default_dir()
     path = hello.node_socket(directory, node)
     problem = ""
@@ -119,14 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     except (TotalReduceError, OSError) as exc:
         problem = str(exc)
     # Every node must be able to serve, and all must agree on the number of local clients.
-    failed, most, least, arena_most, arena_least = agree(
-        transport,
+    failed, most, least, arena_most, arena_least = world_max(
         [1 if problem else 0, args.local_clients, -args.local_clients, args.arena_bytes,
          -args.arena_bytes],
     )  # fmt: skip
     if failed:
         log.error("not starting: %s", problem or "another node could not start (see its log)")
-        transport.close()
         return 1
     if most != -least:
         log.error(
@@ -134,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             -least,
             most,
         )
-        transport.close()
         return 2
     if arena_most != -arena_least:
         log.error(
@@ -142,15 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             -arena_least,
             arena_most,
         )
-        transport.close()
         return 2
-    layout = NodeLayout(nodes, args.local_clients)
-    svc = Service(transport, config)
-    svc.loop.adopt = relay_adopter(
-        layout, transport.rank, config.segment_bytes, max_op_bytes=MAX_OP_BYTES
-    )
-    # The clients' hierarchical ops: the arena, and an engine among the nodes' services
-    # (MPI on a communicator of its own; the compiled lane runs it).
+    # The clients' ops: the arena, and an engine among the nodes' services (MPI on a
+    # communicator of its own; the compiled lane runs it), which also carries what each
+    # service sees of its own clients (a death, a new process) to the others.
     # The arena thread drives the ops it has; the comm thread meets frames that come
     # before this node's part of an op: idle, it may sleep longer than a rank's (with
     # windows' standing receives waiting there, no longer than a rank's:
@@ -159,13 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     engine = Service(MPITransport(), quiet) if nodes > 1 else None
     arena = Arena.create(args.local_clients, args.arena_bytes // args.local_clients)
     thin = ThinService(arena, node, nodes, engine, stall_warning_s=config.stall_warning_s)
-    svc.loop.on_peer_left, svc.loop.on_peer_joined = thin.peer_left, thin.peer_joined
+    if engine is not None:
+        engine.loop.on_client_notice = thin.client_notice
     warm_up()
     listener = sockets.listen(path)
     options = {k: int(getattr(config, k)) for k in hello.SHARED_OPTIONS}
     server = Node(
-        svc,
-        transport,
         listener,
         path,
         node=node,
@@ -173,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         local_clients=args.local_clients,
         options=options,
         thin=thin,
+        notices=None if engine is None else engine.loop,
+        drain_timeout=args.drain_timeout,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda num, _frame: server.stop(signal.Signals(num).name))
@@ -190,13 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             path.unlink()
         except OSError:
             pass
-        deadline = time.monotonic() + args.drain_timeout
-        while svc.loop.table and time.monotonic() < deadline:
-            time.sleep(0.05)
         thin.stop()
         if engine is not None:
             engine.shutdown(timeout=2)
-        svc.shutdown(timeout=2)
         arena.close()
     log.info("stopped")
     return status

@@ -23,8 +23,9 @@ generation and group):
 
 Ranks that disagree on an op's shape fail it on every rank with an error naming
 them.  A client that dies fails the ops of its session on every node (the
-engine's abort, and, on the other nodes, its rank's GONE through the relay
-engine: :meth:`ThinService.peer_left`); the session's later ops fail at once.
+engine's abort, and, on the other nodes, its rank's GONE, which its node's service
+sends them through ``engine``: :meth:`ThinService.client_notice`); the session's
+later ops fail at once.
 """
 
 from __future__ import annotations
@@ -272,9 +273,21 @@ class ThinService:
         self._events.append(("detach", slot, why))
         self._kick()
 
+    def busy(self) -> bool:
+        """Whether ops run here (every local client submitted them; windows' standing
+        receives aside): a stopping service gives them time to end."""
+        return bool(self._fast_running) or any(not o.standing for o in list(self._running.values()))
+
+    def client_notice(self, kind: str, rank: int) -> None:
+        """Another node's service says its client rank ``rank`` ``"died"`` or that a new
+        process has it (``"joined"``): the engine among the services carries it."""
+        if kind == "died":
+            self.peer_left(rank, "died")
+        else:
+            self.peer_joined(rank)
+
     def peer_left(self, rank: int, how: str) -> None:
-        """A client rank of any node ``"left"`` (it said goodbye) or ``"died"`` (the relay
-        engine heard it)."""
+        """A client rank of any node ``"left"`` (it said goodbye) or ``"died"``."""
         if 0 <= rank < self.size:
             died = how == "died"
             why = "died (its process ended without saying goodbye)" if died else "left"
@@ -282,7 +295,7 @@ class ThinService:
             self._kick()
 
     def peer_joined(self, rank: int) -> None:
-        """A new process has client rank ``rank`` (the relay engine heard its JOIN)."""
+        """A new process has client rank ``rank`` (its node's service said so)."""
         if 0 <= rank < self.size:
             self._events.append(("joined", rank))
             self._kick()
@@ -350,13 +363,14 @@ class ThinService:
     def _event(self, ev: tuple[Any, ...]) -> None:
         if ev[0] == "attach":
             _, slot, inc, efd = ev
+            self._close_efd(slot)
             self._inc[slot], self._efd[slot], self._head[slot] = inc, efd, 0
             self._fast.incs[slot] = inc
             self._gone.pop(self.node * self.slots + slot, None)
         elif ev[0] == "detach":
             _, slot, why = ev
             self._inc[slot] = self._fast.incs[slot] = 0
-            self._efd[slot] = None
+            self._close_efd(slot)
             rank = self.node * self.slots + slot
             if why is not None:
                 self._left(rank, why, died=True)
@@ -371,6 +385,12 @@ class ThinService:
             self._gone.clear()
             self._pending.clear()  # what the last job left unfinished
             self._collected.clear()
+
+    def _close_efd(self, slot: int) -> None:
+        with self._answering:
+            efd, self._efd[slot] = self._efd[slot], None
+        if efd is not None:
+            os.close(efd)
 
     def _drain(self) -> bool:
         """Take what the clients submitted: the compiled pass takes and runs the common
@@ -1113,9 +1133,11 @@ class ThinService:
                 A.write_error(ctl, ticket, kind, why)
             self._words[slot][(ticket - 1) % A.RING] = -ticket if kind else ticket
         fence()
-        efd = self._efd[slot]
-        if ctl[A.C_SLEEPING] and efd is not None:
-            signal_eventfd(efd)
+        if ctl[A.C_SLEEPING]:
+            with self._answering:  # a detach closes the eventfd under it
+                efd = self._efd[slot]
+                if efd is not None:
+                    signal_eventfd(efd)
 
     def _look_for_stalls(self) -> None:
         """Warn about ops some of the node's clients submitted long ago and others never

@@ -70,8 +70,6 @@ class DriveHooks:
     _asleep: bool
     _wait_spin: float
     _wait_spin_ns: int
-    _t_wait: Callable[[float], None] | None
-    _t_sleepers: set[int]
     run_once: Callable[[], bool]
     mark_needed: Callable[[OpSpec], None]
     _stopped_by: Callable[[Exception], None]
@@ -80,17 +78,8 @@ class DriveHooks:
     _lane_progress: Callable[[LaneOp, Waitable, float | None, float], bool | None]
 
     def _sleep(self, delay: float, done: Waitable) -> None:
-        """Sleep up to ``delay`` unless ``done`` is set: in the transport if it can wake us."""
-        if self._t_wait is None:
-            done.wait(delay)
-            return
-        me = threading.get_ident()
-        self._t_sleepers.add(me)  # before the check: a waker that sets ``done`` sees us
-        try:
-            if not done.is_set():
-                self._t_wait(delay)
-        finally:
-            self._t_sleepers.discard(me)
+        """Sleep up to ``delay`` unless ``done`` is set."""
+        done.wait(delay)
 
     # ------------------------------------------------------------------ driving the loop
 

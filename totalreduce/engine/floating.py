@@ -145,10 +145,6 @@ class FloatingList:
                 self.held -= ff.body.nbytes
         return frames
 
-    def keys_from(self, source: int) -> list[OpKey]:
-        """The ops with a frame from rank ``source`` waiting here."""
-        return [k for k, ffs in self._frames.items() if any(ff.source == source for ff in ffs)]
-
     def add_error(self, key: OpKey, message: str, code: int) -> None:
         """An op failed on a peer before this rank submitted it."""
         if len(self._errors) > 4096:  # old ones belong to ops nobody will submit

@@ -39,7 +39,7 @@ class Link:
         self.reset()
 
     def reset(self) -> None:
-        """Back to the state of a new link (the peer rejoined with a new incarnation)."""
+        """Back to the state of a new link."""
         self.out: bytearray | None = None  # the message being built
         self.out_frames = 0
         self.backlog.clear()

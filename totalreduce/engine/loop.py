@@ -82,7 +82,7 @@ from .reducing import ReduceHooks
 from .sending import _NO_SHAPE as _NO_SHAPE  # tests import it from here
 from .sending import _RECV, SendHooks
 from .stalls import StallHooks
-from .wire import FRAME_SIZE, GONE, JOIN, MSG_SIZE, READY
+from .wire import FRAME_SIZE, MSG_SIZE, READY
 from .wire import NEED as NEED  # tests import it from here
 
 if TYPE_CHECKING:
@@ -138,9 +138,7 @@ class CommLoop(
         self._draining = False
         self.rank = transport.rank
         self.size = transport.size
-        # Ranks the loop may talk to: the user ranks and, in daemon mode, the nodes'
-        # services after them (``transport.relays``).
-        self.world = transport.size + int(getattr(transport, "relays", 0))
+        self.world = transport.size  # the ranks the loop may talk to
         self.cfg = cfg = config or Config()
         # Ops, aborts and urgency notes in one queue, so they are seen in order.
         self.submissions: deque[Any] = deque()
@@ -154,25 +152,11 @@ class CommLoop(
         # lock asks for it: the comm thread hands the lock over at its next check.
         self._wanted = False
         self._asleep = False  # the comm thread is (about to be) blocked on ``wake``
-        # A transport that can wake a sleeping process (shared memory: an eventfd)
-        # offers ``wait``/``wake``: the loop then sleeps in the transport, so a
-        # message from another process ends the sleep at once.  Threads asleep there:
-        self._t_wait: Callable[[float], None] | None = getattr(transport, "wait", None)
-        self._t_wake: Callable[[], None] | None = getattr(transport, "wake", None)
-        self._t_sleepers: set[int] = set()
-        # A waiter spins (MPI_Wait-like) only where nothing can wake it: a transport that
-        # wakes a sleeper when a message arrives (shared memory) makes spinning a waste of
-        # the cores the other processes of the node need.
-        self._wait_spin = cfg.wait_spin_s if self._t_wake is None else min(cfg.wait_spin_s, 5e-5)
+        self._wait_spin = cfg.wait_spin_s  # a waiter spins (MPI_Wait-like) this long
         self._wait_spin_ns = int(self._wait_spin * 1e9)
         self.pool = BufferPool()
         self.floating = FloatingList(cfg.floating_pool_bytes, self.world)
         self.table: dict[OpKey, Payload] = {}
-        # Daemon mode: which process of its rank this one is, and the latest process of
-        # each peer this rank has heard of (JOIN).  BYE, GONE and JOIN carry it in their
-        # op id, so a late notice about an earlier process of a rank is ignored.
-        self.incarnation = int(getattr(transport, "incarnation", 0) or 0)
-        self._incarnations = [0] * self.world
         self._passive = 0  # standing receives in the table (OpSpec.passive)
         # Bounded memories of finished ops: OrderedDict, because evicting the oldest
         # entry of a plain dict scans past every deleted slot (quadratic over a run).
@@ -188,12 +172,6 @@ class CommLoop(
         self.fatal: BaseException | None = None
         self.bad_peers: dict[int, TotalReduceError] = {}
         self.trace: Any = None  # a timeline recorder, when one is on
-        # Daemon mode, a client: the rank every message goes through (its node's service).
-        self._via: int | None = getattr(transport, "relay", None)
-        # Daemon mode: a node's service takes part in ops it never submitted (the relay
-        # steps of hierarchical schedules).  ``adopt(source, frame)`` returns the spec of
-        # the op a frame for an unknown op belongs to, if this rank is to join it.
-        self.adopt: Callable[[int, wire.Frame], OpSpec | None] | None = None
         self._seq = 0
         # Sending.
         self._heap: list[tuple[int, int, int, int, int, Payload]] = []
@@ -210,9 +188,8 @@ class CommLoop(
         self._dirty: set[int] = set()
         self._tag_span = int(getattr(transport, "tag_span", wire.BODY_TAG_SPAN))
         self._left: set[int] = set()  # peers that said goodbye (a subset of bad_peers)
-        #: A node's service: told (peer, how) when a rank leaves or dies (daemon/thin.py).
-        self.on_peer_left: Callable[[int, str], None] | None = None
-        self.on_peer_joined: Callable[[int], None] | None = None  # a new process has the rank
+        #: A node's service: what another service tells of its clients (engine/peers.py).
+        self.on_client_notice: Callable[[str, int], None] | None = None
         self._unreachable: set[int] = set()  # peers whose link failed: nothing goes to them
         # Receiving: ops refused for lack of room here (to tell when submitted), and
         # urgency noted for ops not submitted yet.
@@ -277,12 +254,10 @@ class CommLoop(
         self._ring()
 
     def _ring(self) -> None:
-        """Wake the comm thread, and any thread asleep in the transport."""
+        """Wake the comm thread."""
         if self.lane is not None:
             self.lane.kick()
         self.wake.set()
-        if self._t_sleepers and self._t_wake is not None:
-            self._t_wake()
 
     @property
     def busy(self) -> bool:
@@ -333,8 +308,6 @@ class CommLoop(
             progressed = True
         if self._dirty:
             self._flush()
-        if progressed and self._t_sleepers:  # an op another thread waits for may be done
-            self._ring()
         now = time.monotonic()
         if now - self._last_stall_check > self._stall_every:
             self._last_stall_check = now
@@ -354,16 +327,8 @@ class CommLoop(
                     self.failed.pop(item[1], None)
                     if self.lane is not None:
                         self.lane.forget(item[1])
-                elif item[0] == "rejoin":
-                    peer, inc = item[1], item[2]
-                    self._incarnations[peer] = max(self._incarnations[peer], inc)
-                    self._rejoin(peer)
-                    self._announce(JOIN, peer, inc)
-                elif item[0] == "gone":
-                    peer, inc = item[1], item[2]
-                    if self._current(peer, inc) and peer not in self._left:
-                        self._peer_left(peer, died=True)
-                    self._announce(GONE, peer, inc)
+                elif item[0] == "notice":  # a node's service tells the others
+                    self._announce(item[1], item[2])
                 elif item[0] == "need":
                     p = self.table.get(item[1])
                     if p is not None:
@@ -405,10 +370,10 @@ class CommLoop(
         bad = self.bad_peers and [
             self.bad_peers[w] for w in spec.group if w in self.bad_peers and w not in self._left
         ]
-        if bad and not spec.joined:
+        if bad:
             self._fail_unsubmitted(spec, type(bad[0])(f"{spec.describe()}: {bad[0]}"))
             return
-        if self.lane is not None and not spec.joined and self._lane_activate(spec):
+        if self.lane is not None and self._lane_activate(spec):
             return
         if key in self.table:
             self._finish_spec(
@@ -453,7 +418,7 @@ class CommLoop(
             self._on_body(p, q, ff.body)
         for peer in self._rejected.pop(key, ()):
             self._control(peer, READY, p.shape, key)
-        for peer in () if spec.joined else self._left.intersection(spec.group):
+        for peer in self._left.intersection(spec.group):
             if p.needs(peer):  # frames it sent before leaving are filed above
                 self._fail(p, self._left_error(p, peer), tell_peers=True)
                 return

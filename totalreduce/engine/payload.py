@@ -59,9 +59,6 @@ class OpSpec:
     #: Start only once this op (of this rank) completed; fail if it fails (a chain of
     #: schedules: a later phase reads what an earlier one wrote).
     after: tuple[int, int] | None = None
-    #: A node's service joined it from a frame (daemon mode): whether its ranks are
-    #: still there is for the ranks that submitted it to say.
-    joined: bool = False
     #: A standing receive (a window's): it waits for a peer to act whenever that peer
     #: chooses, so it is never a stall, keeps no loop busy and is not "in flight" at
     #: shutdown (its owner cancels it).

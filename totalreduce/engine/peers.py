@@ -5,10 +5,10 @@ garbage or whose link fails is a bad peer (``_bad_peer``): every op with it fail
 now and later; one whose process is gone, where the transport can tell
 (``alive``), too (``_check_peers``).  A peer that shuts down says goodbye (BYE,
 ``say_goodbye``): the ops that still need it fail, those with only local work left
-finish.  In daemon mode a node's service tells every rank that a client's process
-died (GONE, ``peer_gone``) or that a new process has its rank (JOIN, ``rejoin``);
-each notice names the process (its incarnation), so a late one about an earlier
-process is ignored (``_current``).
+finish.  Among daemon mode's node services, whose engine has no client ranks,
+GONE and JOIN carry what one service saw of its own clients to the others: a
+client's process died (``tell_services("died", ...)``) or a new process has its
+rank (``"joined"``); the others hear it through ``on_client_notice``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .floating import FloatingList
 from .link import Link
 from .payload import OpKey, Payload
 from .sending import _NO_SHAPE, _RECV
-from .wire import BYE, F_AUX, F_WID
+from .wire import BYE, F_AUX, GONE, JOIN
 
 if TYPE_CHECKING:
     from .lane import Lane
@@ -42,7 +42,6 @@ class PeerHooks:
     rank: int
     size: int
     world: int
-    incarnation: int
     t: Transport
     lane: Lane | None
     lock: threading.Lock
@@ -50,12 +49,10 @@ class PeerHooks:
     floating: FloatingList
     submissions: deque[Any]
     bad_peers: dict[int, TotalReduceError]
-    _incarnations: list[int]
-    _via: int | None
     _left: set[int]
-    #: (rank, "left" or "died"): a node's service hears of its clients' ranks going.
-    on_peer_left: Callable[[int, str], None] | None
-    on_peer_joined: Callable[[int], None] | None
+    #: The engine among daemon services: ("died" or "joined", client rank) that another
+    #: service told with GONE or JOIN (:meth:`tell_services`).
+    on_client_notice: Callable[[str, int], None] | None
     _unreachable: set[int]
     _reqs: list[Any]
     _owners: list[tuple[int, Any]]
@@ -76,10 +73,8 @@ class PeerHooks:
     # ------------------------------------------------------------------ peers that fail
 
     def _who(self, rank: int) -> str:
-        """A rank in words: the nodes' services (daemon mode) are ranks after the users'."""
-        if rank < self.size:
-            return f"rank {rank}"
-        return f"the service of node {rank - self.size} (rank {rank})"
+        """A rank in words (error texts)."""
+        return f"rank {rank}"
 
     def _check_peers(self) -> None:
         """Fail every op of a peer whose process is gone (where the transport can tell)."""
@@ -92,7 +87,7 @@ class PeerHooks:
                 self._bad_peer(
                     peer,
                     TransportError(
-                        f"rank {self.rank}: {self._who(peer)} is gone (its process exited); "
+                        f"rank {self.rank}: rank {peer} is gone (its process exited); "
                         "every op with it fails"
                     ),
                 )
@@ -113,27 +108,12 @@ class PeerHooks:
         self.bad_peers[peer] = err
         log.error("%s", err)
         self._cancel_from(peer)
-        if peer == self._via:
-            self._cut_off(peer)
 
     def _cancel_from(self, peer: int) -> None:
         """Cancel receives posted for bodies from ``peer``; they complete empty (given up)."""
         for what, obj in self._owners:
             if what == _RECV and obj[0].source == peer:
                 self.t.cancel(obj[0].req)
-
-    def _cut_off(self, via: int) -> None:
-        """Every message goes through rank ``via`` and it is gone: every op fails."""
-        self._lane_fail_all(OpFailedError(f"rank {self.rank}: {self._who(via)} stopped"))
-        for p in list(self.table.values()):
-            self._fail(
-                p,
-                OpFailedError(
-                    f"rank {self.rank}: {p.spec.describe()}: {self._who(via)} stopped; this "
-                    "rank reaches no other rank without it"
-                ),
-                tell_peers=False,
-            )
 
     # ------------------------------------------------------------------ peers leaving, rejoining
 
@@ -142,50 +122,34 @@ class PeerHooks:
         with self.lock:
             for peer in range(self.world):
                 if peer != self.rank and peer not in self.bad_peers:
-                    self._control(peer, BYE, _NO_SHAPE, (self.incarnation, 0))
+                    self._control(peer, BYE, _NO_SHAPE, (0, 0))
             self._flush()
 
-    def peer_gone(self, peer: int, incarnation: int = 0) -> None:
-        """Daemon mode, a node's service: client rank ``peer``'s process (``incarnation``)
-        died (any thread).  Its ops fail here and, told by GONE, on every rank, as if it
-        had said BYE."""
-        self.submissions.append(("gone", peer, int(incarnation)))
-        self._ring()
-
-    def rejoin(self, peer: int, incarnation: int = 0) -> None:
-        """Daemon mode, a node's service: a new process (``incarnation``) has client rank
-        ``peer`` (any thread).  Every rank that saw the old one leave forgets it (JOIN), and
-        a late BYE or GONE of the old one is ignored."""
-        self.submissions.append(("rejoin", peer, int(incarnation)))
+    def tell_services(self, what: str, client: int) -> None:
+        """A node's service (any thread): tell every other service that its client rank
+        ``client`` ``"died"`` (GONE) or that a new process has it (``"joined"``, JOIN)."""
+        self.submissions.append(("notice", GONE if what == "died" else JOIN, int(client)))
         self._ring()
 
     def _on_bye(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
         """Rank ``source`` shuts down."""
-        if self._current(source, f[F_WID]):  # else an earlier process's goodbye
-            self._peer_left(source)
+        self._peer_left(source)
 
     def _on_gone(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
-        """A node's service says client rank ``f[F_AUX]``'s process died."""
-        peer, inc = f[F_AUX], f[F_WID]
-        if 0 <= peer < self.size and peer != self.rank and peer != source:
-            if peer not in self._left and self._current(peer, inc):
-                self._peer_left(peer, died=True)
+        """Another node's service says its client rank ``f[F_AUX]``'s process died."""
+        if self.on_client_notice is not None:
+            self.on_client_notice("died", int(f[F_AUX]))
 
     def _on_join(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
-        """A node's service says a new process has client rank ``f[F_AUX]``."""
-        peer, inc = f[F_AUX], f[F_WID]
-        if 0 <= peer < self.size and peer != self.rank and peer != source:
-            if inc >= self._incarnations[peer]:  # else an earlier process's JOIN
-                self._incarnations[peer] = inc
-                self._rejoin(peer)
+        """Another node's service says a new process has its client rank ``f[F_AUX]``."""
+        if self.on_client_notice is not None:
+            self.on_client_notice("joined", int(f[F_AUX]))
 
-    def _peer_left(self, peer: int, died: bool = False) -> None:
+    def _peer_left(self, peer: int) -> None:
         """Rank ``peer`` shut down: it sends nothing more (every frame it sent has come,
         in order), so the ops that still need it fail; those with only local work left
         finish."""
         why = f"rank {peer} stopped (its service shut down: the program ended or failed)"
-        if self.on_peer_left is not None:  # a node's service: its arena ops hear it too
-            self.on_peer_left(peer, "died" if died else "left")
         if self._reqs:  # sends it received may not be marked done here yet
             self._poll_requests()
         self.bad_peers[peer] = OpFailedError(f"rank {self.rank}: {why}; ops with it fail")
@@ -200,56 +164,20 @@ class PeerHooks:
         self._lane_fail_with(
             peer,
             lambda s: OpFailedError(
-                f"rank {self.rank}: {s.describe()}: {self._who(peer)} stopped (its service "
+                f"rank {self.rank}: {s.describe()}: rank {peer} stopped (its service "
                 "shut down: the program ended or failed) before it completed"
             ),
             only_needed=True,
         )
         self._cancel_from(peer)
-        if peer == self._via:
-            self._cut_off(peer)
 
     def _left_error(self, p: Payload, peer: int) -> OpFailedError:
         return OpFailedError(
-            f"rank {self.rank}: {p.spec.describe()}: {self._who(peer)} stopped (its service "
+            f"rank {self.rank}: {p.spec.describe()}: rank {peer} stopped (its service "
             "shut down: the program ended or failed) before it completed"
         )
 
-    def _current(self, peer: int, incarnation: int) -> bool:
-        """Whether a BYE or GONE about client rank ``peer``'s process ``incarnation`` is
-        about the process this rank knows.  In daemon mode a node forwards what comes for
-        a slot between jobs to the slot's next client, so a goodbye of a rank's process
-        from the job before can reach the next job's ranks, before or after the JOIN of
-        the rank's new process: only a notice about the process JOIN announced counts.
-        """
-        if self.world == self.size or peer >= self.size:
-            return True  # embedded (no incarnations), or a node's service
-        known = self._incarnations[peer]
-        return known > 0 and incarnation >= known
-
-    def _announce(self, ftype: int, peer: int, incarnation: int) -> None:
-        for world in range(self.world):
-            if world not in (self.rank, peer) and world not in self._unreachable:
-                self._control(world, ftype, _NO_SHAPE, (incarnation, 0), aux=peer)
-
-    def _rejoin(self, peer: int) -> None:
-        """Forget the process that had rank ``peer`` if it left (its ops failed then).
-
-        Between nodes' services a JOIN travels on MPI's control tag and the new
-        process's own frames in envelopes on another tag, so MPI does not order them:
-        a frame of the new process could be counted before the JOIN resets its
-        credits.  Its session agreement at ``init()`` comes first in practice (every
-        client waits for it before its first op), which is what the tests exercise.
-        """
-        if self.on_peer_joined is not None:
-            self.on_peer_joined(peer)
-        if peer not in self._left and peer not in self.bad_peers:
-            return  # never seen leave: nothing to forget (a rank's first process)
-        self.bad_peers.pop(peer, None)
-        self._left.discard(peer)
-        self._unreachable.discard(peer)
-        for key in self.floating.keys_from(peer):
-            for ff in self.floating.take(key):
-                self._drop_floating(ff)
-        self._links[peer].reset()
-        self._dirty.discard(peer)
+    def _announce(self, ftype: int, client: int) -> None:
+        for peer in range(self.world):
+            if peer != self.rank and peer not in self._unreachable:
+                self._control(peer, ftype, _NO_SHAPE, (0, 0), aux=client)

@@ -10,7 +10,7 @@ answered with clear-to-send into the op's buffer or a pool buffer, or refused wh
 the op is not submitted here and the pool is full; large bodies are cleared before
 they are announced (``_preclear``); a frame is matched to its receive segment
 (``_match``) or, for an op not in the table, to what this rank knows of the op
-(``_unknown_op``, ``_adopted``).  Then the posted body sends and receives are tested
+(``_unknown_op``).  Then the posted body sends and receives are tested
 (``_poll_requests``) and the bodies received go to their ops.
 """
 
@@ -99,7 +99,6 @@ class ReceiveHooks:
     pool: BufferPool
     bad_peers: dict[int, TotalReduceError]
     fatal: BaseException | None
-    adopt: Callable[[int, wire.Frame], OpSpec | None] | None
     _left: set[int]
     _msg_cap: int
     _links: list[Link]
@@ -217,8 +216,6 @@ class ReceiveHooks:
         charge = FRAME_SIZE + n
         self.stats.bytes_received += n
         p = self.table.get(key)
-        if p is None and self.adopt is not None:
-            p = self._adopted(source, f, key)
         if p is not None:
             self._owe(source, 0, charge)
             q = self._match(p, f, source)
@@ -270,8 +267,6 @@ class ReceiveHooks:
             )
             return
         p = self.table.get(key)
-        if p is None and self.adopt is not None:
-            p = self._adopted(source, f, key)
         link = self._links[source]
         tag = wire.BODY_TAG_BASE + link.body_tag()
         if p is not None and p.precleared:
@@ -456,25 +451,6 @@ class ReceiveHooks:
         self._on_error(key, msg, ERROR_MISMATCH, source)
         self._error_frame(key, source, msg, ERROR_MISMATCH)
         return True
-
-    def _adopted(self, source: int, f: wire.Frame, key: OpKey) -> Payload | None:
-        """Join the op of a frame from ``source`` if ``adopt`` says this rank takes part."""
-        if key in self.failed or key in self.completed or self.floating.has_error(key):
-            return None
-        try:
-            spec = None if self.fatal is not None else self.adopt(source, f)  # type: ignore[misc]
-        except Exception as exc:  # a frame this rank cannot join: refuse it, loudly
-            msg = (
-                f"{self._who(self.rank)} cannot take part in op '#{key[0]:016x}' generation "
-                f"{key[1]}: {exc}"
-            )
-            self._on_error(key, msg, ERROR_MISMATCH, source)
-            self._error_frame(key, source, msg, ERROR_MISMATCH)
-            return None
-        if spec is None:
-            return None
-        self._activate(spec)
-        return self.table.get(key)
 
     def _drop_floating(self, ff: FloatingFrame) -> None:
         if ff.eager:

@@ -21,8 +21,6 @@ from .handle import Handle
 from .ops import (
     choose_allreduce,
     choose_broadcast,
-    choose_hierarchical,
-    compile_hierarchical,
     compile_op,
 )
 from .submit import OpSubmitter
@@ -91,25 +89,18 @@ class CollectiveOps(OpSubmitter):
             if name is not None and group is None and dtype is None and (out is x or out is None):
                 express.thin_remember(self, (express.THIN, name, op, algorithm), x, th)
             return th
-        hier = self._hierarchical(OpKind.ALLREDUCE, wanted, grp, arr.nbytes, dt)
-        param = 0
-        if hier is not None:
-            code = AlgorithmCode.HIERARCHICAL
-            param, sched = compile_hierarchical(
-                OpKind.ALLREDUCE, self.rank, self._layout, int(arr.size), avg, 0, *hier
+        _not_hierarchical(wanted)
+        route = (wanted, grp.ranks, arr.nbytes, dt, arr.size, avg, tuning.EPOCH[0])
+        hit = self._routes.get(route)
+        if hit is None:
+            algo = choose_allreduce(
+                wanted, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
             )
-        else:
-            route = (wanted, grp.ranks, arr.nbytes, dt, arr.size, avg, tuning.EPOCH[0])
-            hit = self._routes.get(route)
-            if hit is None:
-                algo = choose_allreduce(
-                    wanted, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
-                )
-                hit = compile_op(OpKind.ALLREDUCE, algo, me, grp.size, int(arr.size), avg)
-                if len(self._routes) >= 4096:
-                    self._routes.clear()
-                self._routes[route] = hit
-            code, sched = hit
+            hit = compile_op(OpKind.ALLREDUCE, algo, me, grp.size, int(arr.size), avg)
+            if len(self._routes) >= 4096:
+                self._routes.clear()
+            self._routes[route] = hit
+        code, sched = hit
         return self._simple(
             kind=OpKind.ALLREDUCE,
             x=arr,
@@ -122,12 +113,10 @@ class CollectiveOps(OpSubmitter):
             group=grp,
             code=code,
             schedule=sched,
-            param=param,
             result=o.reshape(arr.shape),
             express_key=(
                 (name, op, out is x, algorithm)
-                if hier is None
-                and name.__class__ in (str, int)
+                if name.__class__ in (str, int)
                 and (algorithm is None or algorithm.__class__ is str)
                 and group is None
                 and dtype is None
@@ -155,22 +144,6 @@ class CollectiveOps(OpSubmitter):
         elif kind is OpKind.BROADCAST:
             algorithm = choose_broadcast(algorithm, self.size, nbytes, table, dt.name.lower())
         return AlgorithmCode[algorithm.upper()]
-
-    def _hierarchical(
-        self, kind: OpKind, algorithm: str, group: Group, nbytes: int, dtype: DType
-    ) -> tuple[str, str] | None:
-        """The relays' algorithms when this op runs hierarchically (daemon mode), else None."""
-        if self._layout is None or group is not self._world_group:
-            if algorithm == "hierarchical":
-                raise InvalidArgumentError(
-                    "algorithm 'hierarchical' runs through the nodes' services: it needs daemon "
-                    "mode and the whole world (no group=)"
-                )
-            return None
-        return choose_hierarchical(
-            kind, algorithm, self._layout, nbytes, self.config.tuning_file or None,
-            dtype.name.lower(),
-        )  # fmt: skip
 
     def broadcast_async(
         self,
@@ -213,22 +186,14 @@ class CollectiveOps(OpSubmitter):
                 OpKind.BROADCAST, arr, dt, o, in_place, name, ReduceOp.SUM, priority, int(root),
                 o.reshape(arr.shape), group=grp, algorithm=algo,
             )  # fmt: skip
-        hier = self._hierarchical(OpKind.BROADCAST, algorithm, grp, arr.nbytes, dt)
-        if hier is not None:
-            express_key = None  # daemon mode's hierarchical broadcasts go the whole way
-            code = AlgorithmCode.HIERARCHICAL
-            param, sched = compile_hierarchical(
-                OpKind.BROADCAST, self.rank, self._layout, int(arr.size), False, int(root), *hier
-            )
-        else:
-            algorithm = choose_broadcast(
-                algorithm, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
-            )
-            param = int(root)
-            code, sched = compile_op(
-                OpKind.BROADCAST, algorithm, me, grp.size, int(arr.size), False,
-                (("root", int(root)),),
-            )  # fmt: skip
+        _not_hierarchical(algorithm)
+        algorithm = choose_broadcast(
+            algorithm, grp.size, arr.nbytes, self.config.tuning_file or None, dt.name.lower()
+        )
+        code, sched = compile_op(
+            OpKind.BROADCAST, algorithm, me, grp.size, int(arr.size), False,
+            (("root", int(root)),),
+        )  # fmt: skip
         return self._simple(
             kind=OpKind.BROADCAST,
             x=arr,
@@ -241,7 +206,7 @@ class CollectiveOps(OpSubmitter):
             group=grp,
             code=code,
             schedule=sched,
-            param=param,
+            param=int(root),
             result=o.reshape(arr.shape),
             express_key=express_key,
         )
@@ -271,16 +236,9 @@ class CollectiveOps(OpSubmitter):
                 OpKind.BARRIER, none, DType.INT64, none, True, name, ReduceOp.SUM, priority, 0,
                 None, group=grp, algorithm=algo,
             )  # fmt: skip
-        hier = self._hierarchical(OpKind.BARRIER, algorithm, grp, 0, DType.INT64)
-        param = 0
-        if hier is not None:
-            code = AlgorithmCode.HIERARCHICAL
-            param, sched = compile_hierarchical(
-                OpKind.BARRIER, self.rank, self._layout, 0, False, 0, *hier
-            )
-        else:
-            flat = "all_to_all" if algorithm == "auto" else algorithm
-            code, sched = compile_op(OpKind.BARRIER, flat, me, grp.size, 0, False)
+        _not_hierarchical(algorithm)
+        flat = "all_to_all" if algorithm == "auto" else algorithm
+        code, sched = compile_op(OpKind.BARRIER, flat, me, grp.size, 0, False)
         empty = np.empty(0, dtype=np.int64)
         return self._simple(
             kind=OpKind.BARRIER,
@@ -294,7 +252,6 @@ class CollectiveOps(OpSubmitter):
             group=grp,
             code=code,
             schedule=sched,
-            param=param,
         )
 
     def pairwise_exchange_async(
@@ -380,3 +337,12 @@ class CollectiveOps(OpSubmitter):
             group=grp, parts=(*sends, *sends), finalize=in_step_order, reserved=reserved,
             shown=OpKind.PAIRWISE_EXCHANGE, cut=arr.nbytes,
         )  # fmt: skip
+
+
+def _not_hierarchical(algorithm: str | None) -> None:
+    """Outside daemon mode (which runs every op through the nodes' services), refuse the
+    algorithm that means that."""
+    if algorithm == "hierarchical":
+        raise InvalidArgumentError(
+            "algorithm 'hierarchical' runs through the nodes' services: it needs daemon mode"
+        )

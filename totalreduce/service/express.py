@@ -127,7 +127,7 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     spec = OpSpec(
         op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
         flat, o, ex.sched, ex.plan, ex.group, 0, ex.param, ex.in_place, False, None,
-        False, False, done,
+        False, done,
     )  # fmt: skip
     handle._spec = spec
     lop = loop.lane_express(spec, ex)
@@ -217,9 +217,6 @@ def thin_start(
         or rec.epoch != tuning.EPOCH[0]
         or svc._closed
     ):
-        return None
-    lp = svc._loop  # a client engine (a window larger than the thin path's) may have news
-    if lp is not None and (lp.fatal is not None or lp.late_errors):
         return None
     thin = svc._thin
     if thin.busy():

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.hierarchical import NodeLayout
 from ..engine.loop import CommLoop
 from ..engine.wire import wire_id
 from ..errors import InvalidArgumentError, NotInitializedError, TotalReduceError
@@ -33,7 +32,7 @@ class Lifecycle(OpSubmitter):
 
     def _start(self, transport: Transport, config: Config) -> None:
         """Set up the name table and the rest; start the engine, unless this is a daemon
-        client (whose engine starts with its first op that needs it)."""
+        client (which runs none: the node's service runs its ops)."""
         shared = getattr(transport, "options", None)
         if shared:  # a client of a daemon world: the service's engine options hold
             config = config.joining(shared, getattr(transport, "socket_path", "the service"))
@@ -52,11 +51,8 @@ class Lifecycle(OpSubmitter):
         self._closed = False
         self._stop = threading.Event()
         self._world_group = Group.world(self.size)
-        relays = int(getattr(transport, "relays", 0))
-        # Daemon mode: the nodes' services are ranks after the clients, and hierarchical
-        # ops span them all; the node's session is mixed into every op's wire id, so a
-        # new job never meets what the services remember of an old one.
-        self._layout = NodeLayout(relays, self.size // relays) if relays else None
+        # Daemon mode: the node's session is mixed into every op's wire id, so a new job
+        # never meets what the services remember of an old one.
         self._salt = 0
         self._loop = None
         self._engine_lock = threading.Lock()
@@ -84,6 +80,11 @@ class Lifecycle(OpSubmitter):
                 return self._loop
             if self._closed:
                 raise NotInitializedError("totalreduce was shut down; call init() again to use it")
+            if getattr(self, "_thin", None) is not None:
+                raise TotalReduceError(
+                    f"rank {self.rank} is a daemon client: it runs no engine (its node's service "
+                    f"at {getattr(self.transport, 'socket_path', '?')} runs its ops)"
+                )
             from .reducer import Reducer, execute, run  # the Numba kernels: only now
 
             cfg, transport = self.config, self.transport
@@ -196,7 +197,7 @@ class Lifecycle(OpSubmitter):
             self._thin.close()
         with self._engine_lock:  # no engine starts from here on (_closed is set)
             pass
-        if self._loop is None:  # a daemon client that ran only hierarchical ops
+        if self._loop is None:  # a daemon client
             if self._trace is not None:
                 self._trace.close()
             self.transport.close()

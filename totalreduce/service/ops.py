@@ -158,49 +158,6 @@ def compile_op(
     return code, sched
 
 
-def choose_hierarchical(
-    kind: OpKind,
-    algorithm: str,
-    layout: Any,
-    nbytes: int,
-    tuning_file: str | None = None,
-    dtype: str | None = None,
-) -> tuple[str, str] | None:
-    """Daemon mode: the relays' (allreduce, broadcast) algorithms of a hierarchical op, or
-    None when ``algorithm`` names a flat one (it then runs among the clients, through
-    the services).  ``auto`` and ``hierarchical`` choose hierarchical."""
-    if algorithm not in ("auto", "hierarchical"):
-        return None
-    nodes = layout.nodes
-    if nodes == 1 or kind is OpKind.BARRIER:
-        return "ring", "one_to_all"
-    if kind is OpKind.BROADCAST:
-        return "ring", choose_broadcast("auto", nodes, nbytes, tuning_file, dtype)
-    return choose_allreduce("auto", nodes, nbytes, tuning_file, dtype), "one_to_all"
-
-
-@functools.lru_cache(maxsize=1024)
-def compile_hierarchical(
-    kind: OpKind,
-    rank: int,
-    layout: Any,
-    count: int,
-    average: bool,
-    root: int,
-    cross: str,
-    broadcast_cross: str,
-) -> tuple[int, Schedule]:
-    """(param, schedule) of a hierarchical op for engine ``rank`` (cached)."""
-    from ..algorithms.hierarchical import hierarchical_schedule, join_param
-
-    sched = hierarchical_schedule(
-        kind, rank, layout, count, op_average=average, root=root, cross=cross,
-        broadcast_cross=broadcast_cross,
-    )  # fmt: skip
-    sched.validate()
-    return join_param(root, cross, broadcast_cross), sched
-
-
 @functools.lru_cache(maxsize=256)
 def cached_edge(rank: int, size: int, count: int, weight: float) -> Schedule:
     """Decent-DP edge averaging schedules, cached (a training loop repeats them)."""

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.codes import AlgorithmCode, OpKind
-from ..algorithms.hierarchical import NodeLayout
 from ..algorithms.schedule import Schedule
 from ..dtypes import DType, ReduceOp
 from ..engine.loop import CommLoop
@@ -42,18 +41,16 @@ class OpSubmitter:
     transport: Transport
     rank: int
     size: int
-    #: The engine's loop once started (a daemon client starts it on its first op that is
-    #: not a hierarchical one: those take the thin path), else None.
+    #: The engine's loop once started (embedded mode; a daemon client runs none), else None.
     _loop: CommLoop | None
     _start_engine: Callable[[], CommLoop]
     _names: NameTable
     _world_group: Group
-    _layout: NodeLayout | None
     _salt: int
     _express: dict[tuple[Any, ...], Any]
     _closed: bool
     _stop: threading.Event
-    #: Daemon mode: the thin path to the node's service (hierarchical ops), else None.
+    #: Daemon mode: the thin path to the node's service (every op), else None.
     _thin: ThinClient | None
 
     @property
@@ -89,12 +86,6 @@ class OpSubmitter:
                 ids.clear()
             ids[key] = wid
         return wid
-
-    def _ranks(self, code: AlgorithmCode, group: Group) -> tuple[int, ...]:
-        """The engine ranks an op spans: its group's, and the services' for hierarchical ops."""
-        if code is AlgorithmCode.HIERARCHICAL and self._layout is not None:
-            return tuple(range(self._layout.world))
-        return group.ranks
 
     def _group(self, group: Group | None) -> tuple[Group, int]:
         """The group an op runs over and this rank's rank in it."""
@@ -146,7 +137,7 @@ class OpSubmitter:
             outbuf=out.reshape(-1),
             schedule=schedule,
             plan=plan_for(schedule, seg),
-            group=self._ranks(code, group),
+            group=group.ranks,
             context=0 if group is self._world_group else group.context,
             param=param,
             in_place=in_place,

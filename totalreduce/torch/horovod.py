@@ -213,7 +213,7 @@ def mpi_enabled() -> bool:
     if not is_initialized():
         return False
     t = default_service().transport
-    return type(t).__module__.endswith((".mpi", ".relay")) or bool(getattr(t, "relay", None))
+    return type(t).__module__.endswith(".mpi")
 
 
 def mpi_threads_supported() -> bool:

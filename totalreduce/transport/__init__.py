@@ -1,5 +1,6 @@
-"""Transports behind one protocol: ``mpi`` (mpi4py), ``shm`` and ``relay`` (daemon mode: a
-node's client processes and its service) and ``local`` (threads, for tests)."""
+"""Transports behind one protocol: ``mpi`` (mpi4py) and ``local`` (threads, for tests); and
+daemon mode's shared memory between a node's service and its client processes
+(``shm``, ``arena``) and the socket that connects them (``hello``)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ def open_transport(config: TransportOptions, comm: Any = None) -> Transport:
     ``embedded``: MPI on ``comm`` (default: the world); totalreduce works on a
     private duplicate of it.  MPI is imported (and started) here, not when the
     package is imported.  ``daemon``: this process becomes a client rank of its
-    node's service (``config.socket``, ``config.local_rank``); the transport's
-    ``options`` then hold the engine options every rank of that world shares
-    (see :func:`.hello.attach`).
+    node's service (``config.socket``, ``config.local_rank``); what it gets is a
+    :class:`.hello.DaemonClient`, not a transport (it runs no engine), whose
+    ``options`` hold the engine options every rank of that world shares.
     """
     if config.service == "daemon":
         if comm is not None:

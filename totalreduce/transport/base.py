@@ -49,13 +49,8 @@ class Transport(Protocol):
     """Non-blocking messaging among ``size`` ranks; this end is ``rank``."""
 
     rank: int
-    #: The number of client (user) ranks, 0..size-1.
+    #: The number of ranks, 0..size-1.
     size: int
-    #: The number of relay ranks, numbered ``size .. size + relays - 1``: a node's
-    #: service in daemon mode, an engine rank that forwards its clients' messages
-    #: and owns no user data.  0 for the MPI and local transports.  Any engine
-    #: rank in ``0 .. size + relays - 1`` may be a peer.
-    relays: int
     #: Human-readable description for logs and the benchmark.
     description: str
 

@@ -1,12 +1,13 @@
 """The daemon's socket: hello, welcome and goodbye between a client process and its node's service.
 
 This module owns the Unix socket's wire format and the client's side of it.
-The socket carries only what sets up and tears down a client's place in the
-node's engine: ``hello`` (client), ``welcome`` with the shared-memory channel
-and the two eventfds as ``SCM_RIGHTS`` descriptors (service), ``error``
-(service) and ``bye`` (client).  Frames and data never cross it: they travel
-through the channel (:mod:`totalreduce.transport.shm`).  The connection stays
-open while the client lives: its end tells the service the client is gone.
+The socket carries only what sets up and tears down a client's place at its
+node's service: ``hello`` (client), ``welcome`` with the node's arena and two
+eventfds (the client's and the service's) as ``SCM_RIGHTS`` descriptors
+(service), ``error`` (service) and ``bye`` (client).  Ops and data never cross
+it: they travel through the arena (:mod:`totalreduce.transport.arena`).  The
+connection stays open while the client lives: its end tells the service the
+client is gone, and the service's end tells the client.
 
 A message is a 4-byte little-endian length followed by that many bytes of
 UTF-8 JSON holding one object whose ``"t"`` field names its type.  A length
@@ -35,11 +36,11 @@ from typing import Any
 from ..errors import TotalReduceError
 
 #: Protocol version a hello carries; a service refuses any other.
-VERSION = 3
+VERSION = 4
 #: Largest message body in bytes (the length prefix excluded).
 MAX_MESSAGE = 64 << 10
 #: Most descriptors one ``sendmsg`` may carry.
-MAX_FDS = 6
+MAX_FDS = 3
 _LEN = struct.Struct("<I")
 _ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
@@ -258,8 +259,8 @@ SHARED_OPTIONS = ("segment_bytes", "micro_bytes", "floating_pool_bytes")
 
 HELLO_FIELDS = frozenset({"version", "pid", "local_rank"})
 WELCOME_FIELDS = frozenset(
-    {"rank", "size", "relays", "node", "nodes", "local", "local_clients", "epoch", "pid",
-     "region_bytes", "tag_span", "options", "incarnation", "arena_bytes"}
+    {"rank", "size", "node", "nodes", "local", "local_clients", "epoch", "pid", "options",
+     "incarnation", "arena_bytes"}
 )  # fmt: skip
 
 
@@ -269,27 +270,19 @@ class Welcome:
 
     rank: int
     size: int
-    relays: int
     node: int
     nodes: int
     local: int
     local_clients: int
     epoch: int
     pid: int
-    region_bytes: int
-    tag_span: int
     options: dict[str, int]
     #: Which process of its rank this client is (increases with every client a node
     #: admits): a goodbye or death notice of an earlier process of the rank that arrives
     #: late is told apart from this one's.
     incarnation: int = 0
-    #: Bytes of the node's arena (its memory file is the welcome's fourth descriptor).
+    #: Bytes of the node's arena (its memory file is the welcome's first descriptor).
     arena_bytes: int = 0
-
-    @property
-    def relay(self) -> int:
-        """The engine rank of this node's service."""
-        return self.size + self.node
 
 
 def parse_welcome(msg: dict[str, Any]) -> Welcome:
@@ -304,15 +297,12 @@ def parse_welcome(msg: dict[str, Any]) -> Welcome:
     w = Welcome(
         rank=f.int("rank", 0, nodes * local_clients - 1),
         size=f.int("size", 1, nodes * local_clients),
-        relays=f.int("relays", 1, nodes),
         node=f.int("node", 0, nodes - 1),
         nodes=nodes,
         local=f.int("local", 0, local_clients - 1),
         local_clients=local_clients,
         epoch=f.int("epoch", 0, 1 << 40),
         pid=f.int("pid", 1, 1 << 31),
-        region_bytes=f.int("region_bytes", 1, MAX_SIZE),
-        tag_span=f.int("tag_span", 1, 1 << 30),
         options={k: int(options[k]) for k in SHARED_OPTIONS},
         incarnation=f.int("incarnation", 1, 1 << 62),
         arena_bytes=f.int("arena_bytes", 1, MAX_SIZE),
@@ -327,14 +317,12 @@ def attach(
     local_rank: int | None = None,
     timeout: float = 30.0,
 ) -> Any:
-    """Say hello to the node's service at ``path``; the client's transport.
+    """Say hello to the node's service at ``path``; this client's :class:`DaemonClient`.
 
     ``local_rank`` asks for a slot (default: the lowest free one).  Raises
     :class:`TotalReduceError` naming the path when no service answers or it
     refuses (all slots taken, the slot busy, another protocol version).
     """
-    from .shm import Channel, ShmClientTransport
-
     where = find_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -355,33 +343,25 @@ def attach(
         if msg.get("t") != "welcome":
             raise ProtocolError(f"the service on {where} answered {msg.get('t')!r}, not welcome")
         w = parse_welcome(msg)
-        region_fd = reader.take_fd("welcome (channel)")
-        own_fd = reader.take_fd("welcome (client eventfd)")
-        relay_fd = reader.take_fd("welcome (service eventfd)")
         arena_fd = reader.take_fd("welcome (arena)")
-        thin_fd = reader.take_fd("welcome (client's arena eventfd)")
-        thin_service_fd = reader.take_fd("welcome (service's arena eventfd)")
+        own_fd = reader.take_fd("welcome (client's eventfd)")
+        service_fd = reader.take_fd("welcome (service's eventfd)")
     except BaseException:
         reader.close_fds()
         sock.close()
         raise
-    channel = Channel.attach(region_fd, w.region_bytes)
-    t = ShmClientTransport(
-        w.rank, w.size, w.relays, w.relay, channel, own_fd, relay_fd, w.pid, tag_span=w.tag_span
-    )
-    t.epoch = w.epoch
-    t.incarnation = w.incarnation
-    t.options = dict(w.options)
-    t.socket_path = str(where)
-    t.on_close = lambda: _goodbye(sock)
     from .arena import Arena
 
-    # The thin path's parts (service/thin.py): the node's arena, this client's and the
-    # service's arena eventfds, the socket (whose end says the service is gone).
-    t.arena = ArenaLink(
-        Arena.attach(arena_fd, w.arena_bytes), w, thin_fd, thin_service_fd, sock, str(where)
-    )
-    return t
+    try:
+        arena = Arena.attach(arena_fd, w.arena_bytes)
+    except BaseException:
+        for fd in (own_fd, service_fd):
+            os.close(fd)
+        _goodbye(sock)
+        raise
+    # What the thin path (service/thin.py) takes over: the node's arena, this client's
+    # and the service's eventfds, the socket (whose end says the service is gone).
+    return DaemonClient(w, str(where), ArenaLink(arena, w, own_fd, service_fd, sock, str(where)))
 
 
 @dataclass
@@ -396,8 +376,40 @@ class ArenaLink:
     where: str
 
 
+class DaemonClient:
+    """A daemon client's place in its world, as its node's service told it (what a
+    :class:`~totalreduce.service.service.Service` takes instead of a transport: it runs
+    no engine, and its ops go through ``arena``)."""
+
+    #: a daemon's client (``totalreduce.torch.horovod.mpi_enabled`` says no MPI here)
+    daemon = True
+
+    def __init__(self, welcome: Welcome, socket_path: str, arena: ArenaLink) -> None:
+        self.welcome = welcome
+        self.rank, self.size = welcome.rank, welcome.size
+        self.epoch = welcome.epoch
+        self.options = dict(welcome.options)
+        self.socket_path = socket_path
+        self.arena = arena
+        self.description = (
+            f"daemon (rank {welcome.rank} of {welcome.size}: local client {welcome.local} of "
+            f"{welcome.local_clients} of node {welcome.node} of {welcome.nodes}; shared memory "
+            f"arena of the service pid {welcome.pid}, {socket_path})"
+        )
+
+    def node_layout(self) -> tuple[int, int, int, int]:
+        """(local_rank, local_size, cross_rank, cross_size): the node's clients and the
+        nodes."""
+        w = self.welcome
+        return w.local, w.local_clients, w.node, w.nodes
+
+    def close(self) -> None:
+        """Say bye and leave (the thin client let go of the arena and eventfds)."""
+        _goodbye(self.arena.sock)
+
+
 def _goodbye(sock: socket.socket) -> None:
-    """Say bye (the engine said goodbye already) and leave."""
+    """Say bye and leave."""
     if sock.fileno() < 0:
         return
     try:

@@ -188,7 +188,6 @@ class LocalTransport:
         self.world = world
         self.rank = rank
         self.size = world.size
-        self.relays = 0
         self.description = f"local ({world.size} ranks in one process)"
         self.tag_span = 1 << 20
         if world.compiled:

@@ -58,7 +58,6 @@ class MPITransport:
         self.comm.Set_name("totalreduce")
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.relays = 0
         name = MPI.Get_library_version().splitlines()[0].strip()
         self.description = f"mpi ({name}, thread level {_LEVELS.get(level, level)})"
         self._status = MPI.Status()
@@ -312,3 +311,29 @@ def _finalize_without_peers(MPI: Any, gone: list[int]) -> None:
         log.info("ranks %s exited without finalizing MPI: finalizing locally", gone)
     else:
         log.warning("ranks %s exited without finalizing MPI; MPI_Finalize may hang", gone)
+
+
+def world() -> tuple[int, int]:
+    """This process's rank in MPI's world and the world's size (MPI is initialized here,
+    asking for ``MPI_THREAD_MULTIPLE``, if it was not)."""
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def world_max(values: list[int]) -> list[int]:
+    """The element-wise maximum of ``values`` over MPI's world (collective, blocking; on a
+    communicator of its own)."""
+    from mpi4py import MPI
+
+    world()
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        mine = np.array(values, np.int64)
+        out = np.empty_like(mine)
+        comm.Allreduce(mine, out, op=MPI.MAX)
+    finally:
+        comm.Free()
+    return [int(v) for v in out]
