@@ -378,9 +378,14 @@ def test_torch_examples_run_unchanged_on_a_daemon(tmp_path: Path, script: str) -
 
 
 def test_info_reports_daemon_mode(tmp_path: Path) -> None:
-    served = serve(1, 1, tmp_path / "s")
+    """A client says it is one, and runs no engine; an old script's ``--channel-bytes``
+    (the byte rings' size before the arena) still starts the service, with a warning."""
+    served = serve(1, 1, tmp_path / "s", extra=("--channel-bytes", str(1 << 20)))
     try:
-        code = "import totalreduce as tr; s = tr.init(); print(s.transport.description)"
+        code = (
+            "import totalreduce as tr; s = tr.init(); print(s.transport.description)\n"
+            "try:\n    s.loop\nexcept tr.TotalReduceError as e:\n    print('NO ENGINE:', e)"
+        )
         out = subprocess.run(
             [sys.executable, "-c", code],
             env=served.client_env(0),
@@ -389,9 +394,11 @@ def test_info_reports_daemon_mode(tmp_path: Path) -> None:
             timeout=60,
         )
         assert out.returncode == 0, out.stderr
-        assert "shared memory" in out.stdout or "shm" in out.stdout, out.stdout
+        assert "shared memory" in out.stdout, out.stdout
+        assert "NO ENGINE: rank 0 is a daemon client: it runs no engine" in out.stdout, out.stdout
     finally:
         served.stop()
+    assert "--channel-bytes has no effect" in served.stderr(), served.stderr()
 
 
 def test_later_jobs_with_staggered_starts_reuse_names(tmp_path: Path) -> None:
