@@ -15,6 +15,9 @@ API only.  For every size (float32, in place) it measures:
   slowest rank, the figure is the median over iterations;
 - busbw: back-to-back blocking allreduces, ``2(P-1)/P * bytes / time``
   (nccl-tests' definition);
+
+  (each size starts with a full garbage collection, so that none falls in its
+  timed loops: one alone takes longer than 300 small allreduces)
 - an overlapped step: ``--layers`` gradients of ``--layer-bytes``, each
   submitted after ``--compute-ms`` of pure-Python work (which holds the
   interpreter lock, as a framework's Python does), all waited for at the end.
@@ -32,6 +35,7 @@ Figures are printed, never asserted: benchmarks are not tests.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -97,6 +101,10 @@ def worker(args: argparse.Namespace) -> None:
         name = f"bench.{label}"
         for _ in range(3):
             tr.allreduce(x, name=name, out=x)
+        # A full collection now, not in the middle of a timed loop: one of a process that
+        # loaded Numba's compiled code takes about 50 ms on the 2-core machine, more than
+        # 300 allreduces of 4 KiB (timeit turns the collector off for the same reason).
+        gc.collect()
         lat = []
         for _ in range(iters):
             tr.barrier(name="bench.sync")
