@@ -10,7 +10,8 @@ ordinary engine whose ranks are the nodes' services.  Layout:
 
 - :mod:`.serve` - the command: start-up, agreement between nodes, signals;
 - :mod:`.node` - the socket: hello, slots, sessions, liveness and teardown;
-- :mod:`.thin` - the arena thread: the clients' ops, on the node and among the nodes;
+- :mod:`.thin` - the arena thread: the clients' ops, on the node and among the nodes
+  (with :mod:`.thin_ops`, :mod:`.thin_nodes` and :mod:`.thin_answers`);
 - :mod:`.arena_pass` - its compiled pass over the clients' submission rings;
 - :mod:`.sockets` - the listening socket, its permissions and peer credentials;
 - :mod:`.bench` - daemon mode against embedded mode.

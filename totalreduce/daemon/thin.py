@@ -26,13 +26,17 @@ them.  A client that dies fails the ops of its session on every node (the
 engine's abort, and, on the other nodes, its rank's GONE, which its node's service
 sends them through ``engine``: :meth:`ThinService.client_notice`); the session's
 later ops fail at once.
+
+Here: the thread, its events and the pass's ops, and taking and starting the ops
+Python has.  Its bases: :mod:`.thin_ops` (an op of the node, the checks of a
+descriptor), :mod:`.thin_nodes` (the step among the services) and
+:mod:`.thin_answers` (results, completion words and errors back to the clients).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections import deque
@@ -40,177 +44,39 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.codes import AlgorithmCode, OpKind
+from ..algorithms.codes import OpKind
 from ..algorithms.rooted import offsets
 from ..dtypes import DType, ReduceOp
-from ..engine.wire import SESSION_ID
-from ..errors import OpMismatchError, TransportError
-from ..group import Group
-from ..kernels import copy_into, finish_average, reduce_into
+from ..kernels import copy_into, reduce_into
 from ..transport import arena as A
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
 from . import arena_pass
+from .thin_answers import Answers
+from .thin_nodes import AmongNodes
+from .thin_ops import (
+    _A2A,
+    _AG,
+    _PARTED,
+    _RS,
+    _SHAPE,
+    Descriptors,
+    _Ended,
+    _error_kind,
+    _Grp,
+    _Mismatch,
+    _Op,
+    _shape_text,
+)
 
 log = logging.getLogger("totalreduce.daemon")
 
-#: The session agreement's wire id, as a descriptor's signed word holds it.
-_SESSION = A.signed(SESSION_ID)
 #: How long the arena thread keeps looking after its last descriptor before it sleeps.
 SPIN_S = 50e-6
 #: With ops among the services in flight: how long it drives their engine at a time.
 DRIVE_S = 100e-6
-_SHAPE = (A.D_KIND, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_ROOT, A.D_ALGO)  # and D_FLAGS
-#: The algorithms a descriptor may name among the services, by kind.
-_ALGOS = {
-    int(OpKind.ALLREDUCE): {AlgorithmCode.RING, AlgorithmCode.RING_CHUNKED,
-                            AlgorithmCode.HALVING_DOUBLING, AlgorithmCode.RECURSIVE_DOUBLING,
-                            AlgorithmCode.BCUBE},
-    int(OpKind.BROADCAST): {AlgorithmCode.ONE_TO_ALL, AlgorithmCode.PIPELINED},
-    int(OpKind.BARRIER): {AlgorithmCode.ALL_TO_ALL, AlgorithmCode.ALL_TO_ONE},
-}  # fmt: skip
-_RS, _AG, _A2A = int(OpKind.REDUCE_SCATTER), int(OpKind.ALLGATHER), int(OpKind.ALLTOALL)
-_KINDS = {int(OpKind.ALLREDUCE): "allreduce", int(OpKind.BROADCAST): "broadcast",
-          int(OpKind.BARRIER): "barrier", _RS: "reduce-scatter", _AG: "all-gather",
-          _A2A: "all-to-all"}  # fmt: skip
-#: Kinds whose descriptor has parts (D_AUX); an all-to-all's are its splits, then its receives.
-_PARTED = (_RS, _AG, _A2A)
-#: Mixed into a group's context to name its ops among the services (2^64 / golden ratio).
-_GOLDEN = 0x9E37_79B9_7F4A_7C15
-_MASK = (1 << 64) - 1
-_I64 = np.dtype(np.int64)
 
 
-#: How the engine among the services starts an op's error, and names a service.
-_ENGINE_PREFIX = re.compile(r"^(rank \d+: )?op -?\d+ generation \d+: ")
-_ENGINE_RANK = re.compile(r"\brank (\d+)")
-#: Starts a reason this node gives the services' engine in its clients' terms (an abort):
-#: what follows it is not told again in nodes' terms.
-_CLIENT_TERMS = "\x1f"
-
-
-def _error_kind(error: BaseException) -> int:
-    if isinstance(error, OpMismatchError):
-        return A.E_MISMATCH
-    if isinstance(error, TransportError):
-        return A.E_TRANSPORT
-    return A.E_FAILED
-
-
-class _Grp:
-    """What a node knows of an op's group: its ranks, and where they live."""
-
-    __slots__ = ("ranks", "ctx", "rankset", "local", "slots", "nodes", "where", "members",
-                 "order", "identity", "engine_group")  # fmt: skip
-
-    def __init__(self, ranks: tuple[int, ...], ctx: int, node: int, per_node: int) -> None:
-        self.ranks, self.ctx = ranks, ctx
-        self.rankset = frozenset(ranks)
-        #: (group rank, slot) of this node's members, in group order
-        self.local = [(g, r % per_node) for g, r in enumerate(ranks) if r // per_node == node]
-        self.slots = frozenset(k for _, k in self.local)
-        #: the nodes it spans, and this node's place among them
-        self.nodes = sorted({r // per_node for r in ranks})
-        self.where = self.nodes.index(node) if node in self.nodes else -1
-        by_node: dict[int, list[int]] = {n: [] for n in self.nodes}
-        for g, r in enumerate(ranks):
-            by_node[r // per_node].append(g)
-        #: each node's group ranks (node order, then group order): how the nodes' parts lie
-        self.members = [by_node[n] for n in self.nodes]
-        self.order = [g for m in self.members for g in m]
-        self.identity = self.order == list(range(len(ranks)))
-        #: the services' group (None: all of them, for the world); its context is the
-        #: clients' group's, so services that disagree on it raise a mismatch
-        self.engine_group: Group | None = None
-        if ctx:
-            self.engine_group = Group(self.nodes)
-            self.engine_group.context = ctx & _MASK
-
-
-class _Ended:
-    """What an answered op keeps of its handle among the services: the name to forget."""
-
-    __slots__ = ("name", "generation")
-
-    def __init__(self, name: Any, generation: int) -> None:
-        self.name, self.generation = name, generation
-
-    def done(self) -> bool:
-        return True
-
-    def drive(self, span: float) -> bool:
-        return True  # nothing to drive: the arena thread looks at its next op
-
-
-class _Mismatch(Exception):
-    """Ranks disagree on an op (found when its data came): it fails as a mismatch."""
-
-
-class _Op:
-    """One op of the node: the descriptors of its local clients, as they come."""
-
-    __slots__ = ("key", "grp", "expect", "parts", "descs", "seen", "incarnations", "handle",
-                 "node_buf", "ins", "plan", "over", "why", "fail_kind", "since",
-                 "warned", "standing")  # fmt: skip
-
-    def __init__(self, key: tuple[int, int, int], slots: int, grp: _Grp) -> None:
-        self.key = key
-        self.grp = grp
-        self.expect = len(grp.local)
-        self.since = time.monotonic()
-        self.warned = 0.0  # when its last stall warning went out
-        self.descs: list[np.ndarray | None] = [None] * slots
-        self.parts: list[tuple[int, ...] | None] = [None] * slots
-        self.incarnations = [0] * slots
-        self.seen = 0
-        self.handle: Any = None
-        self.node_buf: np.ndarray | None = None
-        self.ins: list[np.ndarray] = []  # an all-to-all's inputs (copies where in place)
-        self.plan: Any = None  # an all-to-all's bytes to and from each node, its outputs
-        self.over = False  # answered: its clients' words are set (once, by whoever ends it)
-        self.why, self.fail_kind = "", 0  # why it failed
-        self.standing = False  # running, and passive: the arena thread does not drive it
-
-    def release(self) -> None:
-        """It is answered: drop its buffers (it stays a while among the collected ops, for
-        what a late descriptor of its name meets; the engine keeps what it still uses)."""
-        self.node_buf, self.ins, self.plan = None, [], None
-        h = self.handle
-        if h is not None:  # the engine's handle holds its buffers: keep its name only
-            self.handle = _Ended(h.name, h.generation)
-
-    @property
-    def passive(self) -> bool:
-        """Only windows' standing receives of this node are in it so far: it may wait for
-        ever (no stall warning; the arena thread does not drive it)."""
-        return all(x is None or int(x[A.D_FLAGS]) & A.F_PASSIVE for x in self.descs)
-
-    def first(self) -> np.ndarray:
-        """The descriptor of its first local member (its shape, once all agree)."""
-        d = self.descs[self.grp.local[0][1]]
-        assert d is not None
-        return d
-
-
-def _shape_text(d: np.ndarray, parts: tuple[int, ...] | None = None) -> str:
-    kind = _KINDS.get(int(d[A.D_KIND]), f"kind {int(d[A.D_KIND])}")
-    try:
-        dt = DType(int(d[A.D_DTYPE])).name.lower()
-    except ValueError:
-        dt = f"dtype {int(d[A.D_DTYPE])}"
-    text = f"{kind}, count {int(d[A.D_COUNT])} {dt}"
-    if int(d[A.D_KIND]) in (int(OpKind.ALLREDUCE), _RS):
-        try:
-            text += f" (op {ReduceOp(int(d[A.D_OP])).name.lower()})"
-        except ValueError:
-            text += f" (op {int(d[A.D_OP])})"
-    if int(d[A.D_KIND]) == int(OpKind.BROADCAST):
-        text += f" from root {int(d[A.D_ROOT])}"
-    if parts is not None:
-        text += f", parts {list(parts)}"
-    return text
-
-
-class ThinService:
+class ThinService(Descriptors, AmongNodes, Answers):
     """The arena thread of one node's service."""
 
     def __init__(
@@ -523,90 +389,6 @@ class ThinService:
 
     # ------------------------------------------------------------------ ops
 
-    def _malformed(self, d: np.ndarray) -> str:
-        """What is wrong with a descriptor as a client wrote it, or ""."""
-        kind, count = int(d[A.D_KIND]), int(d[A.D_COUNT])
-        if kind not in _KINDS:
-            return f"kind {kind} is not an op of the thin path"
-        try:
-            dt = DType(int(d[A.D_DTYPE]))
-            ReduceOp(int(d[A.D_OP]))
-        except ValueError:
-            return f"dtype {int(d[A.D_DTYPE])} or reduce op {int(d[A.D_OP])} is unknown"
-        if not 0 <= count <= self.arena.data_bytes // dt.itemsize:
-            return f"count {count} does not fit a client's part of the arena"
-        if kind == int(OpKind.BROADCAST) and not 0 <= int(d[A.D_ROOT]) < self.size:
-            return f"root {int(d[A.D_ROOT])} is outside 0..{self.size - 1}"
-        if int(d[A.D_GEN]) < 0 or int(d[A.D_TICKET]) <= 0:
-            return f"generation {int(d[A.D_GEN])} or ticket {int(d[A.D_TICKET])} is negative"
-        algo = int(d[A.D_ALGO])
-        if algo and algo not in _ALGOS.get(kind, ()):
-            return f"algorithm {algo} is not one for {_KINDS[kind]}"
-        return ""
-
-    def _words_at(self, slot: int, at: int, what: str) -> tuple[tuple[int, ...], str]:
-        """The int64 words [n, v...] a client placed at ``at`` (its group, its parts)."""
-        lo = self.arena.data_start(slot)
-        hi = lo + self.arena.data_bytes
-        if not (lo <= at <= hi - 8 and at % 8 == 0):
-            return (), f"its {what} at {at} is outside its part of the arena"
-        n = int(self.arena.view(at, 1, _I64)[0])
-        if not 1 <= n <= 2 * self.size or at + 8 * (n + 1) > hi:  # an all-to-all's: 2 per rank
-            return (), f"its {what} has {n} entries (a world of {self.size})"
-        return tuple(int(v) for v in self.arena.view(at + 8, n, _I64)), ""
-
-    def _group_of(self, slot: int, d: np.ndarray) -> tuple[_Grp | None, str]:
-        """The op's group (the world for context 0), or what is wrong with it."""
-        ctx = int(d[A.D_CTX])
-        if ctx == 0:
-            return self._world, ""
-        key = (slot, int(d[A.D_GROUP]), ctx)
-        grp = self._groups.get(key)
-        if grp is not None:
-            return grp, ""
-        ranks, bad = self._words_at(slot, int(d[A.D_GROUP]), "group")
-        if bad:
-            return None, bad
-        if any(not 0 <= r < self.size for r in ranks) or len(set(ranks)) != len(ranks):
-            return None, f"its group {list(ranks)} is not distinct ranks of 0..{self.size - 1}"
-        if Group(ranks).context != ctx & _MASK:
-            return None, f"its group's context does not match its ranks {list(ranks)}"
-        me = self.node * self.slots + slot
-        if me not in ranks:
-            return None, f"rank {me} is not a member of its group {list(ranks)}"
-        if len(self._groups) >= 4096:
-            self._groups.clear()
-        grp = self._groups[key] = _Grp(ranks, ctx, self.node, self.slots)
-        return grp, ""
-
-    def _parts_of(self, slot: int, d: np.ndarray, grp: _Grp) -> tuple[tuple[int, ...], str]:
-        """A reduce-scatter's or all-gather's parts (elements per group rank), checked."""
-        parts, bad = self._words_at(slot, int(d[A.D_AUX]), "parts")
-        if bad:
-            return (), bad
-        count = int(d[A.D_COUNT])
-        g = len(grp.ranks)
-        if int(d[A.D_KIND]) == _A2A:
-            me = grp.ranks.index(self.node * self.slots + slot)
-            if len(parts) != 2 * g or any(c < 0 for c in parts):
-                return (), f"its splits {list(parts)} are not {2 * g} counts >= 0"
-            if sum(parts[:g]) != count or parts[me] != parts[g + me]:
-                return (), f"its splits {list(parts[:g])} do not sum to its count {count}"
-            if sum(parts[g:]) > self.arena.data_bytes // DType(int(d[A.D_DTYPE])).itemsize:
-                return (), f"its receives {list(parts[g:])} do not fit a client's part of the arena"
-            return parts, ""
-        if len(parts) != g or any(c < 0 for c in parts):
-            return (), f"its parts {list(parts)} are not {g} counts >= 0"
-        if int(d[A.D_KIND]) == _RS and sum(parts) != count:
-            return (), f"its parts {list(parts)} do not sum to its count {count}"
-        if int(d[A.D_KIND]) == _AG:
-            me = grp.ranks.index(self.node * self.slots + slot)
-            if parts[me] != count:
-                return (), f"its parts give it {parts[me]} elements, its count is {count}"
-            if sum(parts) > self.arena.data_bytes // DType(int(d[A.D_DTYPE])).itemsize:
-                return (), f"its parts {list(parts)} do not fit a client's part of the arena"
-        return parts, ""
-
     def _take(self, slot: int, d: np.ndarray) -> None:
         rank = self.node * self.slots + slot
         bad = self._malformed(d)
@@ -759,184 +541,12 @@ class ThinService:
             return
         handle.add_done_callback(lambda h: self._finish(op, h.exception(), h))
 
-    def _alltoall_out(
-        self, op: _Op, ins: list[np.ndarray], outs: list[np.ndarray]
-    ) -> np.ndarray | None:
-        """An all-to-all's bytes for the other nodes: to each, per pair (sender here,
-        receiver there) the counts both sides were given, then the blocks.  Pairs on this
-        node are checked here (and copied at the end)."""
-        g = op.grp
-        G = len(g.ranks)
-        here = g.members[g.where]
-        at, parts = self._by_group_rank(op)
-        for s in here:
-            for r in here:
-                if parts[s][r] != parts[r][G + s]:
-                    raise _Mismatch(self._pair_text(g, s, r, parts[s][r], parts[r][G + s]))
-        # inputs that an output overlaps (in place) are read from copies
-        op.ins = [x.copy() if any(np.shares_memory(x, o) for o in outs) else x for x in ins]
-        item = ins[0].itemsize if ins else 1
-        off = {s: offsets(parts[s][:G]) for s in here}
-        send, recv, chunks = [], [], []
-        for y, there in enumerate(g.members):
-            if y == g.where:
-                send.append(0)
-                recv.append(0)
-                continue
-            pairs = [(s, r) for s in here for r in there]
-            words = [parts[s][r] for s, r in pairs] + [parts[s][G + r] for s, r in pairs]
-            words.append(int(op.first()[A.D_DTYPE]))  # bytes travel: the element type too
-            chunks.append(np.array(words, dtype=np.int64).view(np.uint8))
-            for s, r in pairs:
-                c = parts[s][r]
-                chunks.append(op.ins[at[s]][off[s][r] : off[s][r] + c].view(np.uint8))
-            send.append(sum(c.nbytes for c in chunks[len(chunks) - 1 - len(pairs) :]))
-            recv.append(
-                8 * (2 * len(pairs) + 1) + item * sum(parts[r][G + s] for s in there for r in here)
-            )
-        op.plan = (send, recv, outs)
-        return np.concatenate(chunks) if chunks else None
-
-    @staticmethod
-    def _by_group_rank(op: _Op) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
-        """Of the node's members of an all-to-all, by group rank: where each is in the
-        inputs and outputs (group order), and its counts (splits, then receives)."""
-        at = {gi: i for i, (gi, _) in enumerate(op.grp.local)}
-        return at, {gi: op.parts[k] or () for gi, k in op.grp.local}
-
-    def _pair_text(self, g: _Grp, s: int, r: int, sends: int, expects: int) -> str:
-        return (
-            f"the ranks disagree: rank {g.ranks[s]} sends rank {g.ranks[r]} {sends} elements "
-            f"(its splits), rank {g.ranks[r]} expects {expects} (its recv_splits)"
-        )
-
-    def _alltoall_back(self, op: _Op, got: np.ndarray | None, dt: DType) -> None:
-        """Every pair's block into its receiver's output, the other nodes' counts checked
-        against this node's first."""
-        g = op.grp
-        G = len(g.ranks)
-        here = g.members[g.where]
-        at, parts = self._by_group_rank(op)
-        _, _, outs = op.plan
-        soff = {s: offsets(parts[s][:G]) for s in here}
-        roff = {r: offsets(parts[r][G:]) for r in here}
-        item = outs[0].itemsize if outs else 1
-        blocks: list[tuple[int, int, np.ndarray]] = []  # (receiver, sender, block)
-        pos = 0
-        for y, there in enumerate(g.members):
-            if y == g.where or got is None:
-                continue
-            pairs = [(s, r) for s in there for r in here]  # as the sender there laid them
-            nw = 2 * len(pairs) + 1
-            words = np.frombuffer(got[pos : pos + 8 * nw].tobytes(), dtype=np.int64)
-            pos += 8 * nw
-            if int(words[-1]) != int(dt):
-                ranks = [g.ranks[q] for q in there]
-                try:
-                    theirs = DType(int(words[-1])).name.lower()
-                except ValueError:
-                    theirs = f"dtype {int(words[-1])}"
-                raise _Mismatch(
-                    f"the ranks disagree: ranks {ranks} send {theirs}, ranks "
-                    f"{[g.ranks[q] for q in here]} {dt.name.lower()}"
-                )
-            for i, (s, r) in enumerate(pairs):
-                sends, expects = int(words[i]), parts[r][G + s]
-                if sends != expects:
-                    raise _Mismatch(self._pair_text(g, s, r, sends, expects))
-                if int(words[len(pairs) + i]) != parts[r][s]:
-                    raise _Mismatch(
-                        self._pair_text(g, r, s, parts[r][s], int(words[len(pairs) + i]))
-                    )
-            for s, r in pairs:
-                c = parts[r][G + s]
-                blocks.append((r, s, got[pos : pos + c * item].view(outs[0].dtype)))
-                pos += c * item
-        for s in here:
-            for r in here:
-                c = parts[s][r]
-                if c:
-                    src = op.ins[at[s]][soff[s][r] : soff[s][r] + c]
-                    copy_into(outs[at[r]][roff[r][s] : roff[r][s] + c], src, dt)
-        for r, s, block in blocks:
-            if block.size:
-                copy_into(outs[at[r]][roff[r][s] : roff[r][s] + block.size], block, dt)
-
     def _reduce(self, dst: np.ndarray, ins: list[np.ndarray], rop: ReduceOp, dt: DType) -> None:
         """``dst`` = the local members' inputs reduced (in group order)."""
         if ins[0] is not dst:
             copy_into(dst, ins[0], dt)
         for x in ins[1:]:
             reduce_into(dst, x, rop, dt)
-
-    def _engine_name(self, key: tuple[int, int, int]) -> int:
-        """The name among the services of the op of ``key`` (wire id, generation, context):
-        the client's wire id (its session is mixed in, unnamed ops' too), and the group's
-        context for a group's (groups may share names)."""
-        wire, _, ctx = key
-        if not ctx:
-            return wire
-        return A.signed((wire ^ (ctx * _GOLDEN)) & _MASK)
-
-    def _among_nodes(
-        self, op: _Op, kind: int, buf: np.ndarray | None, rop: ReduceOp, dt: DType,
-        d: np.ndarray, parts: tuple[int, ...] | None,
-    ) -> Any:  # fmt: skip
-        if kind not in (_A2A, _RS, _AG):
-            return self._engine_op(op.key, op.grp, kind, buf, rop, dt, d)
-        eng = self.engine
-        g = op.grp
-        name = self._engine_name(op.key)
-        prio = int(d[A.D_PRIO])
-        bf = "bfloat16" if dt is DType.BFLOAT16 else None
-        grp = g.engine_group
-        if kind == _A2A:
-            send, recv, _ = op.plan
-            if op.passive:  # a window's standing receive: it may wait for ever there too
-                x = np.empty(0, np.uint8) if buf is None else buf
-                o = np.empty(sum(recv), np.uint8)
-                return eng._alltoall(
-                    x, DType.UINT8, o, False, name, prio, eng._group(grp)[0], send, recv, o,
-                    False, passive=True,
-                )  # fmt: skip
-            return eng.alltoall_async(
-                buf, name=name, splits=send, recv_splits=recv, group=grp, priority=prio
-            )
-        assert parts is not None
-        per_node = [sum(parts[i] for i in m) for m in g.members]
-        if kind == _RS:
-            return eng.reduce_scatter_async(
-                buf, name=name, op=rop, group=grp, counts=per_node, priority=prio, dtype=bf
-            )
-        return eng.allgather_async(
-            buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
-        )
-
-    def _engine_op(
-        self, key: tuple[int, int, int], g: _Grp, kind: int, buf: np.ndarray | None,
-        rop: ReduceOp, dt: DType, d: np.ndarray,
-    ) -> Any:  # fmt: skip
-        """Start an allreduce, broadcast or barrier among the services: the op of ``key``,
-        over the nodes of group ``g``, its node's part in ``buf`` (None for a barrier)."""
-        eng = self.engine
-        name = self._engine_name(key)
-        prio = int(d[A.D_PRIO])
-        bf = "bfloat16" if dt is DType.BFLOAT16 else None
-        grp = g.engine_group
-        code = int(d[A.D_ALGO])
-        algo = AlgorithmCode(code).name.lower() if code else "auto"
-        if kind == int(OpKind.ALLREDUCE):
-            return eng.allreduce_async(
-                buf, name=name, op=rop, out=buf, priority=prio, dtype=bf, group=grp,
-                algorithm=algo,
-            )  # fmt: skip
-        if kind == int(OpKind.BROADCAST):
-            root = g.nodes.index(g.ranks[int(d[A.D_ROOT])] // self.slots)
-            return eng.broadcast_async(
-                buf, root=root, name=name, out=buf, priority=prio, dtype=bf, group=grp,
-                algorithm=algo,
-            )  # fmt: skip
-        return eng.barrier_async(name=name, priority=prio, group=grp, algorithm=algo)
 
     def _buffers(self, op: _Op, dt: DType, count: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The local members' input and output buffers (group order), checked to lie in
@@ -974,170 +584,6 @@ class ThinService:
                 out if at_in == at_out and n_in == n_out else self.arena.view(at_in, n_in, npdt)
             )
         return ins, outs
-
-    def _finish(self, op: _Op, error: BaseException | None, h: Any = None) -> None:
-        """The op ended among the nodes (any thread): results back, words set."""
-        self._running.pop(op.key, None)
-        d0 = op.first()
-        if op.handle is not None:
-            self._forget_unnamed(op.key[0], d0, op.handle)
-        result = None
-        if error is None and h is not None and int(d0[A.D_KIND]) in _PARTED:
-            try:
-                result = h.wait(0)
-            except Exception as exc:
-                error = exc
-        if error is not None:
-            self._fail(op, _error_kind(error), self._among_nodes_text(error))
-            return
-        if not self._claim(op):
-            return  # failed meanwhile (the service stops)
-        try:
-            self._results_back(op, result)
-        except _Mismatch as exc:
-            op.over = False
-            self._fail(op, A.E_MISMATCH, str(exc))
-            return
-        except Exception as exc:  # never leave the clients waiting
-            log.exception("the arena thread could not hand back %s", op.key)
-            op.over = False
-            self._fail(op, A.E_FAILED, f"the node's service could not hand the result back: {exc}")
-            return
-        for k, x in enumerate(op.descs):
-            if x is not None:
-                self._answer(k, op.incarnations[k], x, 0, "")
-        op.release()
-
-    def _forget_unnamed(self, wire: int, d: np.ndarray, h: Any) -> None:
-        """An unnamed op ended among the services (its handle ``h``): its wire id comes
-        once, but for the session agreement's (once per job), so the engine forgets it."""
-        if int(d[A.D_FLAGS]) & A.F_UNNAMED:
-            self.engine.forget_name(h.name, h.generation if wire == _SESSION else None)
-
-    def _results_back(self, op: _Op, result: np.ndarray | None) -> None:
-        d = op.first()
-        g = op.grp
-        kind = int(d[A.D_KIND])
-        if kind == int(OpKind.BARRIER):
-            return
-        dt = DType(int(d[A.D_DTYPE]))
-        if kind == _A2A:
-            self._alltoall_back(op, result, dt)
-            return
-        avg = bool(int(d[A.D_FLAGS]) & A.F_AVG)
-        parts = op.parts[g.local[0][1]]
-        buf = op.node_buf if result is None else result
-        assert buf is not None
-        if kind == _RS:
-            assert parts is not None
-            if avg:
-                finish_average(buf, len(g.ranks), dt)
-            at = 0
-            for gi in g.members[g.where]:  # this node's block: its members' parts in order
-                k = g.ranks[gi] % self.slots
-                self._put(op, k, buf[at : at + parts[gi]], dt)
-                at += parts[gi]
-            return
-        if kind == _AG:
-            assert parts is not None
-            if not g.identity:  # back to group order
-                whole = np.empty(sum(parts), dtype=buf.dtype)
-                starts, pos = offsets(parts), 0
-                for gi in g.order:
-                    whole[starts[gi] : starts[gi] + parts[gi]] = buf[pos : pos + parts[gi]]
-                    pos += parts[gi]
-                buf = whole
-        elif avg:
-            finish_average(buf, len(g.ranks), dt)
-        for _, k in g.local:
-            self._put(op, k, buf, dt)
-
-    def _put(self, op: _Op, slot: int, src: np.ndarray, dt: DType) -> None:
-        """The result ``src`` into slot ``slot``'s output (unless it is there already)."""
-        x = op.descs[slot]
-        assert x is not None
-        at = int(x[A.D_OUT])
-        if self.arena.offset_of(src) != at and self._inc[slot] == op.incarnations[slot]:
-            copy_into(self.arena.view(at, src.size, src.dtype), src, dt)
-
-    def _among_nodes_text(self, error: BaseException) -> str:
-        """The engine's error among the services, told in the clients' terms: the op is
-        named by the client, and a service's rank is its node's ranks."""
-        text, _, told = _ENGINE_PREFIX.sub("", str(error), count=1).partition(_CLIENT_TERMS)
-
-        def node(m: re.Match[str]) -> str:
-            n = int(m.group(1))
-            if n >= self.nodes:
-                return m.group(0)
-            lo, hi = n * self.slots, n * self.slots + self.slots - 1
-            return f"node {n} (rank {lo})" if lo == hi else f"node {n} (ranks {lo}..{hi})"
-
-        return _ENGINE_RANK.sub(node, text) + told
-
-    def _claim(self, op: _Op) -> bool:
-        """Whether this caller ends ``op`` (its engine callback and a failure may race)."""
-        with self._answering:
-            if op.over:
-                return False
-            op.over = True
-            return True
-
-    def _fail(self, op: _Op, kind: int, why: str) -> None:
-        """Fail ``op`` on this node's clients and on every node: an op the services run is
-        aborted there; for one this node never started, the services' engine takes its
-        next generation of the name and fails it everywhere (so every node counts it)."""
-        if not self._claim(op):
-            return
-        op.why, op.fail_kind = why, kind
-        h = op.handle
-        d = next((x for x in op.descs if x is not None), None)
-        if h is None and d is not None and len(op.grp.nodes) > 1 and self.engine is not None:
-            try:
-                name = self._engine_name(op.key)
-                self.engine.abort_next(name, _CLIENT_TERMS + why, kind == A.E_MISMATCH)
-                if int(d[A.D_FLAGS]) & A.F_UNNAMED:
-                    self.engine.forget_name(name)
-            except Exception:
-                log.debug("no abort for %s", op.key, exc_info=True)
-        if h is not None and not h.done():
-            try:
-                self.engine.abort(h.name, h.generation, _CLIENT_TERMS + why, kind == A.E_MISMATCH)
-            except Exception:
-                log.debug("abort of %r failed", h.name, exc_info=True)
-        for k, x in enumerate(op.descs):
-            if x is not None:
-                self._answer(k, op.incarnations[k], x, kind, why)
-        self._running.pop(op.key, None)  # the engine's abort ends it there; nothing to drive
-        op.release()
-
-    def _late(self, op: _Op, kind: int, why: str) -> None:
-        """``op`` completed here, but it fails: each of its clients raises at its next call
-        (the late errors of embedded mode)."""
-        for k, x in enumerate(op.descs):
-            if x is None or self._inc[k] != op.incarnations[k] or not self._inc[k]:
-                continue
-            ctl = self._ctl[k]
-            with self._answering:
-                n = int(ctl[A.C_LATE]) + 1
-                A.write_error(ctl, -n, kind, f"{int(x[A.D_TICKET])}\x1e{why}")
-                fence()
-                ctl[A.C_LATE] = n
-
-    def _answer(self, slot: int, inc: int, d: np.ndarray, kind: int, why: str) -> None:
-        if self._inc[slot] != inc or not inc:
-            return  # that client is gone: nobody reads its words
-        ctl = self._ctl[slot]
-        ticket = int(d[A.D_TICKET])
-        with self._answering:  # the arena thread and the engine's callbacks
-            if kind:
-                A.write_error(ctl, ticket, kind, why)
-            self._words[slot][(ticket - 1) % A.RING] = -ticket if kind else ticket
-        fence()
-        if ctl[A.C_SLEEPING]:
-            with self._answering:  # a detach closes the eventfd under it
-                efd = self._efd[slot]
-                if efd is not None:
-                    signal_eventfd(efd)
 
     def _look_for_stalls(self) -> None:
         """Warn about ops some of the node's clients submitted long ago and others never

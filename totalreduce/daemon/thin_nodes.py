@@ -1,0 +1,228 @@
+"""The arena thread's ops among the nodes' services: starting them on the engine among
+the services, all-to-alls as bytes between the nodes, and their errors in clients' terms.
+
+:class:`AmongNodes` is a base of :class:`~.thin.ThinService`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.codes import AlgorithmCode, OpKind
+from ..algorithms.rooted import offsets
+from ..dtypes import DType, ReduceOp
+from ..kernels import copy_into
+from ..transport import arena as A
+from .thin_ops import (
+    _A2A,
+    _AG,
+    _CLIENT_TERMS,
+    _ENGINE_PREFIX,
+    _ENGINE_RANK,
+    _GOLDEN,
+    _MASK,
+    _RS,
+    _Grp,
+    _Mismatch,
+    _Op,
+)
+
+
+class AmongNodes:
+    """Ops among the nodes' services (a base of :class:`~.thin.ThinService`)."""
+
+    engine: Any
+    node: int
+    nodes: int
+    slots: int
+    size: int
+    arena: Any
+
+    def _alltoall_out(
+        self, op: _Op, ins: list[np.ndarray], outs: list[np.ndarray]
+    ) -> np.ndarray | None:
+        """An all-to-all's bytes for the other nodes: to each, per pair (sender here,
+        receiver there) the counts both sides were given, then the blocks.  Pairs on this
+        node are checked here (and copied at the end)."""
+        g = op.grp
+        G = len(g.ranks)
+        here = g.members[g.where]
+        at, parts = self._by_group_rank(op)
+        for s in here:
+            for r in here:
+                if parts[s][r] != parts[r][G + s]:
+                    raise _Mismatch(self._pair_text(g, s, r, parts[s][r], parts[r][G + s]))
+        # inputs that an output overlaps (in place) are read from copies
+        op.ins = [x.copy() if any(np.shares_memory(x, o) for o in outs) else x for x in ins]
+        item = ins[0].itemsize if ins else 1
+        off = {s: offsets(parts[s][:G]) for s in here}
+        send, recv, chunks = [], [], []
+        for y, there in enumerate(g.members):
+            if y == g.where:
+                send.append(0)
+                recv.append(0)
+                continue
+            pairs = [(s, r) for s in here for r in there]
+            words = [parts[s][r] for s, r in pairs] + [parts[s][G + r] for s, r in pairs]
+            words.append(int(op.first()[A.D_DTYPE]))  # bytes travel: the element type too
+            chunks.append(np.array(words, dtype=np.int64).view(np.uint8))
+            for s, r in pairs:
+                c = parts[s][r]
+                chunks.append(op.ins[at[s]][off[s][r] : off[s][r] + c].view(np.uint8))
+            send.append(sum(c.nbytes for c in chunks[len(chunks) - 1 - len(pairs) :]))
+            recv.append(
+                8 * (2 * len(pairs) + 1) + item * sum(parts[r][G + s] for s in there for r in here)
+            )
+        op.plan = (send, recv, outs)
+        return np.concatenate(chunks) if chunks else None
+
+    @staticmethod
+    def _by_group_rank(op: _Op) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
+        """Of the node's members of an all-to-all, by group rank: where each is in the
+        inputs and outputs (group order), and its counts (splits, then receives)."""
+        at = {gi: i for i, (gi, _) in enumerate(op.grp.local)}
+        return at, {gi: op.parts[k] or () for gi, k in op.grp.local}
+
+    def _pair_text(self, g: _Grp, s: int, r: int, sends: int, expects: int) -> str:
+        return (
+            f"the ranks disagree: rank {g.ranks[s]} sends rank {g.ranks[r]} {sends} elements "
+            f"(its splits), rank {g.ranks[r]} expects {expects} (its recv_splits)"
+        )
+
+    def _alltoall_back(self, op: _Op, got: np.ndarray | None, dt: DType) -> None:
+        """Every pair's block into its receiver's output, the other nodes' counts checked
+        against this node's first."""
+        g = op.grp
+        G = len(g.ranks)
+        here = g.members[g.where]
+        at, parts = self._by_group_rank(op)
+        _, _, outs = op.plan
+        soff = {s: offsets(parts[s][:G]) for s in here}
+        roff = {r: offsets(parts[r][G:]) for r in here}
+        item = outs[0].itemsize if outs else 1
+        blocks: list[tuple[int, int, np.ndarray]] = []  # (receiver, sender, block)
+        pos = 0
+        for y, there in enumerate(g.members):
+            if y == g.where or got is None:
+                continue
+            pairs = [(s, r) for s in there for r in here]  # as the sender there laid them
+            nw = 2 * len(pairs) + 1
+            words = np.frombuffer(got[pos : pos + 8 * nw].tobytes(), dtype=np.int64)
+            pos += 8 * nw
+            if int(words[-1]) != int(dt):
+                ranks = [g.ranks[q] for q in there]
+                try:
+                    theirs = DType(int(words[-1])).name.lower()
+                except ValueError:
+                    theirs = f"dtype {int(words[-1])}"
+                raise _Mismatch(
+                    f"the ranks disagree: ranks {ranks} send {theirs}, ranks "
+                    f"{[g.ranks[q] for q in here]} {dt.name.lower()}"
+                )
+            for i, (s, r) in enumerate(pairs):
+                sends, expects = int(words[i]), parts[r][G + s]
+                if sends != expects:
+                    raise _Mismatch(self._pair_text(g, s, r, sends, expects))
+                if int(words[len(pairs) + i]) != parts[r][s]:
+                    raise _Mismatch(
+                        self._pair_text(g, r, s, parts[r][s], int(words[len(pairs) + i]))
+                    )
+            for s, r in pairs:
+                c = parts[r][G + s]
+                blocks.append((r, s, got[pos : pos + c * item].view(outs[0].dtype)))
+                pos += c * item
+        for s in here:
+            for r in here:
+                c = parts[s][r]
+                if c:
+                    src = op.ins[at[s]][soff[s][r] : soff[s][r] + c]
+                    copy_into(outs[at[r]][roff[r][s] : roff[r][s] + c], src, dt)
+        for r, s, block in blocks:
+            if block.size:
+                copy_into(outs[at[r]][roff[r][s] : roff[r][s] + block.size], block, dt)
+
+    def _engine_name(self, key: tuple[int, int, int]) -> int:
+        """The name among the services of the op of ``key`` (wire id, generation, context):
+        the client's wire id (its session is mixed in, unnamed ops' too), and the group's
+        context for a group's (groups may share names)."""
+        wire, _, ctx = key
+        if not ctx:
+            return wire
+        return A.signed((wire ^ (ctx * _GOLDEN)) & _MASK)
+
+    def _among_nodes(
+        self, op: _Op, kind: int, buf: np.ndarray | None, rop: ReduceOp, dt: DType,
+        d: np.ndarray, parts: tuple[int, ...] | None,
+    ) -> Any:  # fmt: skip
+        if kind not in (_A2A, _RS, _AG):
+            return self._engine_op(op.key, op.grp, kind, buf, rop, dt, d)
+        eng = self.engine
+        g = op.grp
+        name = self._engine_name(op.key)
+        prio = int(d[A.D_PRIO])
+        bf = "bfloat16" if dt is DType.BFLOAT16 else None
+        grp = g.engine_group
+        if kind == _A2A:
+            send, recv, _ = op.plan
+            if op.passive:  # a window's standing receive: it may wait for ever there too
+                x = np.empty(0, np.uint8) if buf is None else buf
+                o = np.empty(sum(recv), np.uint8)
+                return eng._alltoall(
+                    x, DType.UINT8, o, False, name, prio, eng._group(grp)[0], send, recv, o,
+                    False, passive=True,
+                )  # fmt: skip
+            return eng.alltoall_async(
+                buf, name=name, splits=send, recv_splits=recv, group=grp, priority=prio
+            )
+        assert parts is not None
+        per_node = [sum(parts[i] for i in m) for m in g.members]
+        if kind == _RS:
+            return eng.reduce_scatter_async(
+                buf, name=name, op=rop, group=grp, counts=per_node, priority=prio, dtype=bf
+            )
+        return eng.allgather_async(
+            buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
+        )
+
+    def _engine_op(
+        self, key: tuple[int, int, int], g: _Grp, kind: int, buf: np.ndarray | None,
+        rop: ReduceOp, dt: DType, d: np.ndarray,
+    ) -> Any:  # fmt: skip
+        """Start an allreduce, broadcast or barrier among the services: the op of ``key``,
+        over the nodes of group ``g``, its node's part in ``buf`` (None for a barrier)."""
+        eng = self.engine
+        name = self._engine_name(key)
+        prio = int(d[A.D_PRIO])
+        bf = "bfloat16" if dt is DType.BFLOAT16 else None
+        grp = g.engine_group
+        code = int(d[A.D_ALGO])
+        algo = AlgorithmCode(code).name.lower() if code else "auto"
+        if kind == int(OpKind.ALLREDUCE):
+            return eng.allreduce_async(
+                buf, name=name, op=rop, out=buf, priority=prio, dtype=bf, group=grp,
+                algorithm=algo,
+            )  # fmt: skip
+        if kind == int(OpKind.BROADCAST):
+            root = g.nodes.index(g.ranks[int(d[A.D_ROOT])] // self.slots)
+            return eng.broadcast_async(
+                buf, root=root, name=name, out=buf, priority=prio, dtype=bf, group=grp,
+                algorithm=algo,
+            )  # fmt: skip
+        return eng.barrier_async(name=name, priority=prio, group=grp, algorithm=algo)
+
+    def _among_nodes_text(self, error: BaseException) -> str:
+        """The engine's error among the services, told in the clients' terms: the op is
+        named by the client, and a service's rank is its node's ranks."""
+        text, _, told = _ENGINE_PREFIX.sub("", str(error), count=1).partition(_CLIENT_TERMS)
+
+        def node(m: re.Match[str]) -> str:
+            n = int(m.group(1))
+            if n >= self.nodes:
+                return m.group(0)
+            lo, hi = n * self.slots, n * self.slots + self.slots - 1
+            return f"node {n} (rank {lo})" if lo == hi else f"node {n} (ranks {lo}..{hi})"
+
+        return _ENGINE_RANK.sub(node, text) + told
