@@ -501,7 +501,7 @@ def mode_pressure(p: int, rank: int) -> None:
     got = tr.allreduce(np.ones(5, np.int64), name="big.mm")
     report(rank, "AFTER-PIECES", bool(np.all(got == p)), str(got))
     # a window larger than a client's whole part of the arena: its data messages travel as
-    # pieces (windows.THIN_MESSAGE_BYTES each) on the thin path, its standing receives stay
+    # pieces (window_parts.THIN_MESSAGE_BYTES each) on the thin path, its standing receives stay
     # small and passive, and the result is exact
     from totalreduce.topology import get_topology, plan
 
