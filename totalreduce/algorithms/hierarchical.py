@@ -1,5 +1,10 @@
 """Hierarchical (three-phase) collectives over clients and one relay per node, Gloo's.
 
+Daemon mode no longer runs these schedules: its services reduce their clients'
+buffers in the node's arena and run an ordinary algorithm among themselves
+(``daemon/thin.py``).  They stay as the reference of a hierarchical allreduce
+pipelined by segments, and the simulator checks them for every layout.
+
 Engine ranks (:class:`NodeLayout`): with ``N`` nodes of ``L`` clients each,
 the clients are ranks ``0 .. C-1`` (``C = N·L``; slot ``k`` of node ``n`` is
 rank ``n·L + k``) and the relay of node ``n`` (the node's service process) is
