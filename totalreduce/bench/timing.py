@@ -9,10 +9,16 @@ can cost an MPI call of a few µs tens of µs), and shuffling makes every
 implementation pay that alike instead of whichever follows the last one.  An iteration's time is the
 slowest rank's; the figures kept are the median, mean, minimum and maximum
 over the timed iterations.
+
+The garbage collector is off while calls are timed (after one full collection),
+as ``timeit`` does: a full pass in a process that has loaded Numba's code takes
+about 50 ms on the 2-core machine, longer than most of the calls timed, and where
+it falls depends on what the process made before, not on the call it lands in.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import time
@@ -68,17 +74,24 @@ def time_alternating(
 
     samples: dict[str, list[float]] = {k: [] for k in calls}
     order = list(calls.items())
-    for i in range(warmup + max(1, iters)):
-        random.Random(i).shuffle(order)  # seeded by the iteration: the same on every rank
-        for key, call in order:
-            call.reset()
-            comm.Barrier()
-            t0 = time.perf_counter()
-            call.run()
-            dt = time.perf_counter() - t0
-            worst = comm.allreduce(dt, op=MPI.MAX)
-            if i >= warmup:
-                samples[key].append(worst)
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(warmup + max(1, iters)):
+            random.Random(i).shuffle(order)  # seeded by the iteration: the same on every rank
+            for key, call in order:
+                call.reset()
+                comm.Barrier()
+                t0 = time.perf_counter()
+                call.run()
+                dt = time.perf_counter() - t0
+                worst = comm.allreduce(dt, op=MPI.MAX)
+                if i >= warmup:
+                    samples[key].append(worst)
+    finally:
+        if collecting:
+            gc.enable()
     return {k: Stats.of(v) for k, v in samples.items()}
 
 
