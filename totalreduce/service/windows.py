@@ -243,17 +243,18 @@ class Windows:
                     scale_into(out, weight, win.dtype)
         grp = Group(sorted((self.rank, dst)))
         name = _channel(win.name, self.rank, dst, chan)
+
+        def send(msg: np.ndarray) -> Any:
+            return self.svc._point(msg, _EMPTY, DType.UINT8, grp, self.rank, name, 0, None)
+
         if not pieced:
-            return self.svc._point(msgs[0], _EMPTY, DType.UINT8, grp, self.rank, name, 0, None)
-        job = _Pieces(f"{name} ({len(msgs)} pieces)", lambda m: self.svc._point(
-            m, _EMPTY, DType.UINT8, grp, self.rank, name, 0, None
-        ), msgs)  # fmt: skip
+            return send(msgs[0])
+        job = _Pieces(f"{name} ({len(msgs)} pieces)", send, msgs)
         with self._lock:
             if self._sender is None:
                 self._sender = threading.Thread(
-                    target=self._send_pieces, name=f"totalreduce-win-send-{self.rank}",
-                    daemon=True,
-                )  # fmt: skip
+                    target=self._send_pieces, name=f"totalreduce-win-send-{self.rank}", daemon=True
+                )
                 self._sender.start()
         self._outbox.put(job)
         return job
