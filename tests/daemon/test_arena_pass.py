@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -423,6 +424,8 @@ class FakeEngine:
         self.aborted: list[tuple[Any, ...]] = []
         self.gens: dict[int, int] = {}
         self.fail_next = False
+        #: its loop, where the node hooks what other services tell of their clients
+        self.loop = SimpleNamespace(on_client_notice=None)
 
     def _handle(self, kind: str, name: int, buf: Any) -> FakeHandle:
         if self.fail_next:

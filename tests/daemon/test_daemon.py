@@ -7,6 +7,7 @@ doing everything at once, faults, the socket, memory and shutdown.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import stat
@@ -384,7 +385,11 @@ def test_info_reports_daemon_mode(tmp_path: Path) -> None:
     try:
         code = (
             "import totalreduce as tr; s = tr.init(); print(s.transport.description)\n"
-            "try:\n    s.loop\nexcept tr.TotalReduceError as e:\n    print('NO ENGINE:', e)"
+            "try:\n    s.loop\nexcept tr.TotalReduceError as e:\n    print('NO ENGINE:', e)\n"
+            "import importlib.util\n"
+            "if importlib.util.find_spec('torch'):\n"
+            "    from totalreduce.torch import horovod as hvd\n"
+            "    print('MPI ENABLED:', hvd.mpi_enabled())"
         )
         out = subprocess.run(
             [sys.executable, "-c", code],
@@ -396,6 +401,9 @@ def test_info_reports_daemon_mode(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         assert "shared memory" in out.stdout, out.stdout
         assert "NO ENGINE: rank 0 is a daemon client: it runs no engine" in out.stdout, out.stdout
+        # Horovod's question: a daemon client's world does not run over MPI
+        if importlib.util.find_spec("torch") is not None:
+            assert "MPI ENABLED: False" in out.stdout, out.stdout
     finally:
         served.stop()
     assert "--channel-bytes has no effect" in served.stderr(), served.stderr()

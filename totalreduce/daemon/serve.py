@@ -142,8 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     engine = Service(MPITransport(), quiet) if nodes > 1 else None
     arena = Arena.create(args.local_clients, args.arena_bytes // args.local_clients)
     thin = ThinService(arena, node, nodes, engine, stall_warning_s=config.stall_warning_s)
-    if engine is not None:
-        engine.loop.on_client_notice = thin.client_notice
     warm_up()
     listener = sockets.listen(path)
     options = {k: int(getattr(config, k)) for k in hello.SHARED_OPTIONS}

@@ -123,6 +123,8 @@ class ThinService(Descriptors, AmongNodes, Answers):
         self._gone: dict[int, str] = {}  # client ranks that left or died, and how
         self._answering = threading.Lock()
         self._stop = threading.Event()
+        if engine is not None:  # what the other services tell of their clients
+            engine.loop.on_client_notice = self.client_notice
         self._thread = threading.Thread(target=self._run, name="totalreduce-arena", daemon=True)
         self._thread.start()
 

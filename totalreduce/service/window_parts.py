@@ -65,8 +65,7 @@ class _Get:
 class _Gathering:
     """A pieced message arriving from one in-neighbour: what its pieces said so far."""
 
-    kind: int
-    p: float
+    kind: int  # every piece carries the message's kind and p; the last one's p is used
     body: np.ndarray  # the window's bytes
     next: int = 0  # the piece expected
 

@@ -356,7 +356,7 @@ class Windows:
         elif kind == GET:
             reply = self._send(win, peer, DATA, REPLY, win.p * p, (win.mine, p))
             win.sends = [s for s in win.sends if not s.done()] + [reply]
-        elif (data := self._message(win, peer, kind, index, p, buf)) is not None:
+        elif (data := self._message(win, peer, kind, index, buf)) is not None:
             slot = win.slots[peer]
             if kind == ACCUMULATE:
                 axpy_into(slot, data, 1.0, win.dtype)
@@ -370,7 +370,7 @@ class Windows:
         self._listen(win, peer, chan, buf)
 
     def _message(
-        self, win: Window, peer: int, kind: int, index: int, p: float, buf: np.ndarray
+        self, win: Window, peer: int, kind: int, index: int, buf: np.ndarray
     ) -> np.ndarray | None:
         """The window's data that ``buf`` completes (a PUT, ACCUMULATE or REPLY from
         ``peer``), or None while pieces of it are still to come."""
@@ -381,7 +381,7 @@ class Windows:
             body = win.bodies.get(peer)
             if body is None:
                 body = win.bodies[peer] = np.empty(win.nbytes, np.uint8)
-            got = win.gathering[peer] = _Gathering(kind, p, body)
+            got = win.gathering[peer] = _Gathering(kind, body)
         if got is None or index != got.next or kind != got.kind:
             log.error(
                 "rank %d: window %r: rank %d sent piece %d of a kind-%d message, expected "

@@ -39,11 +39,7 @@ class MPITransport:
     """Point-to-point over a duplicated MPI communicator."""
 
     def __init__(self, comm: Any = None, *, allow_serialized: bool = False) -> None:
-        from mpi4py import MPI
-
-        self._MPI = MPI
-        if not MPI.Is_initialized():
-            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        self._MPI = MPI = _started()
         level = MPI.Query_thread()
         wanted = MPI.THREAD_SERIALIZED if allow_serialized else MPI.THREAD_MULTIPLE
         if level < wanted:
@@ -313,22 +309,25 @@ def _finalize_without_peers(MPI: Any, gone: list[int]) -> None:
         log.warning("ranks %s exited without finalizing MPI; MPI_Finalize may hang", gone)
 
 
-def world() -> tuple[int, int]:
-    """This process's rank in MPI's world and the world's size (MPI is initialized here,
-    asking for ``MPI_THREAD_MULTIPLE``, if it was not)."""
+def _started() -> Any:
+    """mpi4py's ``MPI``, initialized here (asking for ``MPI_THREAD_MULTIPLE``) if it was not."""
     from mpi4py import MPI
 
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    return MPI
+
+
+def world() -> tuple[int, int]:
+    """This process's rank in MPI's world and the world's size (MPI started if need be)."""
+    MPI = _started()
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
 def world_max(values: list[int]) -> list[int]:
     """The element-wise maximum of ``values`` over MPI's world (collective, blocking; on a
     communicator of its own)."""
-    from mpi4py import MPI
-
-    world()
+    MPI = _started()
     comm = MPI.COMM_WORLD.Dup()
     try:
         mine = np.array(values, np.int64)
