@@ -1,5 +1,5 @@
 """The window ops (BlueFog's one-sided ops) are declared once, in ``WINDOW_OPS`` of
-totalreduce/ops_table.py: the numpy functions (totalreduce.windows) and the torch ones
+totalreduce/window_table.py: the numpy functions (totalreduce.windows) and the torch ones
 (totalreduce.torch.windows) are built from those records, with the declared parameters."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import totalreduce as tr
 import totalreduce.windows as windows
 from totalreduce.declare import WinDecl, signature
-from totalreduce.ops_table import WINDOW_OPS
+from totalreduce.window_table import WINDOW_OPS
 
 #: Handle utilities, not window ops (as poll/synchronize beside the collectives).
 HANDLE_UTILITIES = {"win_poll", "win_wait"}

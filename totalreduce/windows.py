@@ -15,7 +15,7 @@ that completed has landed: after a barrier, the target's ``win_update`` sees it.
 Arrivals apply atomically with respect to this rank's ``win_update``, so
 ``require_mutex`` (accepted everywhere BlueFog has it) always holds.
 
-Each op is declared once, in ``WINDOW_OPS`` of :mod:`totalreduce.ops_table`; the
+Each op is declared once, in ``WINDOW_OPS`` of :mod:`totalreduce.window_table`; the
 functions here and the torch ones (:mod:`totalreduce.torch.windows`) are built
 from those records.
 """
@@ -27,8 +27,8 @@ from typing import Any
 
 from .api import default_service
 from .declare import WinDecl, build_function, signature
-from .ops_table import WINDOW_OPS, window_op
 from .service.windows import WinHandle
+from .window_table import WINDOW_OPS, window_op
 
 #: Every window op's functions (from WINDOW_OPS), the handle and the handle utilities.
 __all__ = ["WinHandle", "win_poll", "win_wait"] + [

@@ -32,8 +32,8 @@ from .. import windows as _w
 from ..api import default_service
 from ..declare import WinDecl, build_function, signature
 from ..errors import InvalidArgumentError
-from ..ops_table import window_op
 from ..service.windows import WinHandle
+from ..window_table import window_op
 from .bluefog import is_topo_weighted, load_topology
 from .tensors import array_to_tensor, check_tensor, host_buffer
 
