@@ -34,7 +34,7 @@ from totalreduce.errors import OpTimeoutError  # noqa: E402
 from totalreduce.ops_table import OPS  # noqa: E402
 from totalreduce.service.service import Service  # noqa: E402
 from totalreduce.torch.futures import torch_work  # noqa: E402
-from totalreduce.torch.process_group import _C10D  # noqa: E402
+from totalreduce.torch.group_core import _C10D  # noqa: E402
 
 TORCH_OPS = [d for d in OPS if d.torch is not None]
 ALIASES = [(d, a) for d in OPS for a in d.aliases]

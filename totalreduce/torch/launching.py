@@ -1,4 +1,8 @@
-"""``env://`` under ``mpiexec`` without ``MASTER_ADDR``: MPI answers the rendezvous.
+"""The rendezvous over MPI: the ``totalreduce://`` init method, and ``env://`` under
+``mpiexec`` without ``MASTER_ADDR``.
+
+:func:`rendezvous` is the ``totalreduce://`` init method (the backend's
+:func:`~.process_group.register` registers it): rank, world size and a store from MPI.
 
 torch's ``env://`` init method needs ``MASTER_ADDR`` and ``MASTER_PORT`` (torchrun sets
 them); ``mpiexec`` does not.  Under an MPI launcher with ``MASTER_ADDR`` unset, this
@@ -12,13 +16,43 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import torch.distributed as dist
+
+from ..api import init
+from ..errors import TotalReduceError
 from ..launch import mpi_launch
+from .broadcast_state import broadcast_object
 
 _MARK = "_totalreduce_env_over_mpi"
+
+
+def rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **_kw: Any) -> Iterator[Any]:
+    """The ``totalreduce://`` init method: rank, world size and a store from MPI.
+
+    Rank 0 opens a ``TCPStore`` on a free port and broadcasts where it is over
+    the totalreduce service (127.0.0.1 when every rank is on one node, else rank
+    0's host name), so no ``MASTER_ADDR``, ``RANK`` or ``WORLD_SIZE`` is needed
+    under ``mpiexec``.
+    """
+    service = init()
+    _local, local_size, _cross, _nodes = service.node_layout()
+    host = "127.0.0.1" if local_size == service.size else socket.gethostname()
+    store = None
+    if service.rank == 0:
+        store = dist.TCPStore(host, 0, service.size, True, timeout=timeout, wait_for_workers=False)
+        where = (host, int(store.port))
+    else:
+        where = None
+    host, port = broadcast_object(where, 0, name="torch.distributed.rendezvous", service=service)
+    if store is None:
+        store = dist.TCPStore(host, port, service.size, False, timeout=timeout)
+    yield store, service.rank, service.size
+    raise TotalReduceError(f"the {url!r} rendezvous cannot run twice in one process group")
 
 
 def install() -> None:
@@ -33,8 +67,6 @@ def install() -> None:
         url: str, timeout: timedelta = timedelta(minutes=30), **kw: Any
     ) -> Iterator[Any]:
         if "MASTER_ADDR" not in os.environ and mpi_launch() is not None:
-            from .process_group import rendezvous
-
             return rendezvous(url, timeout, **kw)
         return original(url, timeout=timeout, **kw)  # type: ignore[no-any-return]
 
