@@ -40,13 +40,13 @@ DATA = 1 << 16  # data bytes per slot of the fake arena
 class Fake:
     """A fake arena of ``slots`` slots (int64 words), and the pass's table over it."""
 
-    def __init__(self, slots: int, nodes: int = 1) -> None:
+    def __init__(self, slots: int, nodes: int = 1, pipe_min_bytes: int = P.PIPE_MIN_BYTES) -> None:
         self.slots = slots
         self.ctl_words = A.ERROR_WORD
         self.data_words = DATA // 8
         self.slot_words = self.ctl_words + self.data_words
         self.mem = np.zeros(slots * self.slot_words, np.int64)
-        self.t = t = P.Table(slots, nodes, 0, DATA)
+        self.t = t = P.Table(slots, nodes, 0, DATA, pipe_min_bytes)
         t.cw[:] = [k * self.slot_words for k in range(slots)]
         t.lo[:] = [8 * (k * self.slot_words + self.ctl_words) for k in range(slots)]
         t.incs[:] = 1
@@ -171,11 +171,44 @@ def test_on_several_nodes_the_node_part_is_done_and_python_starts_the_rest() -> 
     f.write(1, wire=5, count=3, op=int(ReduceOp.AVG), flags=A.F_AVG)  # a second one
     assert f.run() == 1 and f.queued() == [(1, 5, 0)]  # goes to Python
     f.data(0, 3)[:] += [100, 100, 100]  # what the other node gave
-    P.arena_finish(f.t.tab, f.mem, f.base, e)
+    P.arena_finish(f.t.tab, f.mem, f.base, e, 1)
     assert f.data(0, 3).tolist() == [28, 28, 29]  # (112, 114, 116) // 4
     assert f.data(1, 3).tolist() == [28, 28, 29]
     assert f.word(0, t0) == t0 and f.word(1, t1) == t1
     assert f.t.st[P.S_LIVE] == 0
+
+
+def test_a_segmented_op_is_made_and_handed_back_by_ranges() -> None:
+    """An avg allreduce of 10 int64 (80 bytes) with segments from 64 bytes: the pass lists
+    it to start but leaves its node's part to Python's ranges (arena_local); each range's
+    result goes back divided (arena_back), and arena_finish then only sets the words."""
+    f = Fake(2, nodes=2, pipe_min_bytes=64)
+    for k in range(2):
+        f.data(k, 10)[:] = np.arange(10) + 100 * k
+    ts = [f.write(k, wire=5, count=10, op=int(ReduceOp.AVG), flags=A.F_AVG) for k in range(2)]
+    f.run()
+    (e,) = f.started()
+    assert P.pipelined(f.t.st, f.t.descs[e, 0])
+    assert f.data(0, 10).tolist() == list(range(10))  # not made yet
+    P.arena_local(f.t.tab, f.base, e, 0, 4)
+    assert f.data(0, 10).tolist() == [100, 102, 104, 106, 4, 5, 6, 7, 8, 9]
+    P.arena_local(f.t.tab, f.base, e, 4, 10)
+    f.data(0, 10)[:] += 2  # what the other node gave: the world's sum is even, 4 ranks
+    P.arena_back(f.t.tab, f.base, e, 4, 10)
+    assert f.data(1, 10)[4:].tolist() == [(102 + 2 * i) // 4 for i in range(4, 10)]
+    assert f.data(1, 10)[:4].tolist() == [100, 101, 102, 103]  # not back yet
+    assert f.word(0, ts[0]) == 0
+    P.arena_back(f.t.tab, f.base, e, 0, 4)
+    P.arena_finish(f.t.tab, f.mem, f.base, e, 0)
+    want = [(102 + 2 * i) // 4 for i in range(10)]
+    assert f.data(0, 10).tolist() == want and f.data(1, 10).tolist() == want  # once divided
+    assert f.word(0, ts[0]) == ts[0] and f.word(1, ts[1]) == ts[1]
+    # under the least bytes, on one node, or of one client: made whole by the pass
+    for slots, nodes, count in ((2, 2, 7), (2, 1, 10), (1, 2, 10)):
+        g = Fake(slots, nodes=nodes, pipe_min_bytes=64)
+        d = g.t.descs[0, 0]
+        d[A.D_KIND], d[A.D_DTYPE], d[A.D_COUNT] = int(OpKind.ALLREDUCE), int(DType.INT64), count
+        assert not P.pipelined(g.t.st, d)
 
 
 def test_a_broadcast_from_another_node_lands_in_the_first_clients_output() -> None:
@@ -188,7 +221,7 @@ def test_a_broadcast_from_another_node_lands_in_the_first_clients_output() -> No
     (e,) = f.started()
     assert P.node_buffer(f.t.st, f.t.descs, e) == f.t.lo[0]
     f.data(0, 2)[:] = [42, 43]
-    P.arena_finish(f.t.tab, f.mem, f.base, e)
+    P.arena_finish(f.t.tab, f.mem, f.base, e, 1)
     assert f.data(1, 2).tolist() == [42, 43]
     f.write(0, wire=9, count=2, kind=int(OpKind.BROADCAST), root=1, gen=1)  # from here
     f.write(1, wire=9, count=2, kind=int(OpKind.BROADCAST), root=1, gen=1)

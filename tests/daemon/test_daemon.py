@@ -86,11 +86,13 @@ def test_window_ops_between_daemon_clients(tmp_path: Path) -> None:
     assert status == 0, served.stderr()
 
 
-def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path) -> None:
-    """SIGKILL one client in the middle of a 64 MiB allreduce: every other client's op
-    fails naming it, the service lets go of what it held for it and serves a new job in
-    the slots."""
-    served = serve(2, 1, tmp_path / "s")
+@pytest.mark.parametrize("slots", [1, 2], ids=["2x1", "2x2"])
+def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path, slots: int) -> None:
+    """SIGKILL one client in the middle of a 64 MiB allreduce (on two nodes of two clients,
+    an op run among the nodes in segments): every other client's op fails naming it, the
+    service lets go of what it held for it and serves a new job in the slots."""
+    extra = ("--segment-bytes", str(4 << 20)) if slots > 1 else ()  # (auto: off on 2 cores)
+    served = serve(2, slots, tmp_path / "s", extra=extra)
     try:
         pids = service_pids(served)
         assert len(pids) == 2, pids
@@ -103,7 +105,7 @@ def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path) -> 
                 stderr=subprocess.STDOUT,
                 text=True,
             )
-            for r in range(2)
+            for r in range(2 * slots)
         ]
         for p in procs:
             assert p.stdout is not None
@@ -112,10 +114,12 @@ def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path) -> 
         assert procs[1].stdout.readline().strip() == "FIRST DONE"
         time.sleep(0.05)  # in the middle of one of the next ops
         procs[1].kill()
-        out0, _ = procs[0].communicate(timeout=60)
         procs[1].wait(10)
-        assert "rank 0: ERROR" in out0 and "rank 1" in out0, out0
-        assert "'big'" in out0, out0
+        for r, p in enumerate(procs):
+            if r != 1:
+                out, _ = p.communicate(timeout=60)
+                assert f"rank {r}: ERROR" in out and "rank 1" in out, out
+                assert "'big'" in out and "WRONG" not in out, out
         deadline = time.monotonic() + 10  # the clients' eventfds go once the slots are free
         while any(client_fds(pid) > base[pid] for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -130,6 +134,26 @@ def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path) -> 
     assert status == 0, log
     assert "rank 1 (pid" in log and "died" in log, log
     assert "Traceback" not in log, log
+    if slots > 1:
+        assert "of 4194304 bytes or more run among the nodes in 8 segments" in log, log
+
+
+def test_segment_bytes_option() -> None:
+    """``--segment-bytes``: a number, off, or auto (on only with cores to spare); the
+    nodes' largest wins (serve), so all cut the same ops."""
+    from totalreduce.daemon.arena_pass import PIPE_MIN_BYTES
+    from totalreduce.daemon.serve import OFF, parse_args, segment_bytes
+
+    assert segment_bytes("1048576", 2) == 1 << 20
+    assert segment_bytes("off", 1) == OFF
+    assert segment_bytes("auto", 2, cores=4) == PIPE_MIN_BYTES
+    assert segment_bytes("auto", 2, cores=3) == OFF
+    assert parse_args(["--segment-bytes", "off"]).segment_bytes == OFF
+    for bad in ("0", "-5", "4MiB", ""):
+        with pytest.raises(ValueError, match="--segment-bytes"):
+            segment_bytes(bad, 1)
+    with pytest.raises(SystemExit):
+        parse_args(["--segment-bytes", "lots"])
 
 
 def raw_reply(path: Path, data: bytes) -> dict | None:

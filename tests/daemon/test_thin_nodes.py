@@ -26,6 +26,8 @@ import pytest
 from conftest import local_services
 from totalreduce.algorithms.codes import OpKind
 from totalreduce.algorithms.schedule import balanced_parts
+from totalreduce.daemon import arena_pass, thin_ops
+from totalreduce.daemon.arena_pass import PIPE_MIN_BYTES
 from totalreduce.daemon.thin import ThinService  # noqa: I001 (the node's side)
 from totalreduce.dtypes import DType, ReduceOp
 from totalreduce.errors import OpMismatchError
@@ -38,7 +40,9 @@ from totalreduce.transport.shm import new_eventfd
 class Cluster:
     """``nodes`` nodes of ``slots`` clients; ``clients[r]`` is client rank ``r``."""
 
-    def __init__(self, stack: ExitStack, nodes: int, slots: int) -> None:
+    def __init__(
+        self, stack: ExitStack, nodes: int, slots: int, pipe_min_bytes: int = PIPE_MIN_BYTES
+    ) -> None:
         engines = stack.enter_context(local_services(nodes)) if nodes > 1 else [None]
         self.engines = engines
         self.nodes, self.slots, self.size = nodes, slots, nodes * slots
@@ -46,7 +50,7 @@ class Cluster:
         self.services: list[ThinService] = []
         for n in range(nodes):
             arena = Arena.create(slots, 2 << 20)
-            service = ThinService(arena, n, nodes, engines[n])
+            service = ThinService(arena, n, nodes, engines[n], pipe_min_bytes=pipe_min_bytes)
             self.services.append(service)
             stack.callback(arena.close)
             stack.callback(service.stop)
@@ -212,9 +216,36 @@ def want(s: dict[str, Any], r: int) -> Any:
 @pytest.mark.parametrize("slots", [1, 2, 3, 4], ids=lambda n: f"L{n}")
 @pytest.mark.parametrize("nodes", [1, 2, 3, 4], ids=lambda n: f"N{n}")
 def test_every_kind_over_world_and_groups_is_exact(nodes: int, slots: int) -> None:
+    check_every_kind(nodes, slots, PIPE_MIN_BYTES, seed=nodes * 10 + slots)
+
+
+@pytest.mark.parametrize(("nodes", "slots"), [(2, 2), (3, 2), (2, 3), (4, 4)])
+def test_every_kind_with_segmented_ops_is_exact(
+    nodes: int, slots: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, with every allreduce and broadcast of 8 bytes or more among the nodes run
+    in segments (each node's part made, and its result handed back, segment by segment)."""
+    started: list[int] = []
+    add = thin_ops._Segments.add
+
+    def counted(self: Any, h: Any) -> None:
+        started.append(1)
+        add(self, h)
+
+    monkeypatch.setattr(thin_ops._Segments, "add", counted)
+    local, back = arena_pass.arena_local, arena_pass.arena_back
+    made: list[int] = []
+    monkeypatch.setattr(arena_pass, "arena_local", lambda *a: (made.append(1), local(*a)))
+    monkeypatch.setattr(arena_pass, "arena_back", lambda *a: (made.append(2), back(*a)))
+    check_every_kind(nodes, slots, 8, seed=nodes * 100 + slots)
+    assert started  # segments ran: the compiled pass's, made and handed back one by one
+    assert made.count(1) >= arena_pass.SEGMENTS and made.count(2) >= arena_pass.SEGMENTS
+
+
+def check_every_kind(nodes: int, slots: int, pipe_min_bytes: int, seed: int) -> None:
     with ExitStack() as stack:
-        cl = Cluster(stack, nodes, slots)
-        ops = plan(cl.size, seed=nodes * 10 + slots)
+        cl = Cluster(stack, nodes, slots, pipe_min_bytes)
+        ops = plan(cl.size, seed=seed)
         got: list[Any] = [None] * cl.size
         errors: list[BaseException] = []
 
@@ -476,10 +507,53 @@ def test_a_client_whose_ops_are_all_standing_receives_is_told_not_hung() -> None
 
     with ExitStack() as stack:
         cl = Cluster(stack, 1, 2)
-        for k in range(A.RING - 1):
-            message(cl, 1, 0, 1, "win y 0->1", k, 1)
+        standing = [message(cl, 1, 0, 1, "win y 0->1", k, 1) for k in range(A.RING - 1)]
         with pytest.raises(InvalidArgumentError, match="standing receives"):
             message(cl, 1, 0, 1, "win y 0->1", A.RING, 1)
         message(cl, 0, 0, 1, "win y 0->1", 0, 1).wait(30)  # one of them ends: room again
+        standing[0].wait(30)  # (its word may be set a moment after the sender's)
         message(cl, 1, 0, 1, "win y 0->1", A.RING - 1, 1)
         assert len(cl.clients[1].in_flight()) == A.RING - 1
+
+
+@pytest.mark.parametrize("counts", [(64, 8), (64, 96)], ids=["whole-on-node-1", "both-segmented"])
+def test_nodes_that_disagree_on_a_segmented_ops_count_fail_it_everywhere(
+    counts: tuple[int, int],
+) -> None:
+    """Node 0's clients give 64 elements (segmented), node 1's another count (run whole, or
+    segmented otherwise): every rank fails with a mismatch, none hangs, and the next ops
+    of the name (and of the segments' names) run on every rank."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, 2, 2, pipe_min_bytes=256)  # 32 int64 elements or more
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "x", data(r, 0, counts[r // 2])) for r in range(4)]
+        for r, h in enumerate(hs):  # each names its own node's op, and the cut
+            with pytest.raises(OpMismatchError, match="the nodes disagree about it") as e:
+                h.wait(30)
+            assert f"node {r // 2} " in str(e.value) and f"count {counts[r // 2]} " in str(e.value)
+            assert "into 8 parts" in str(e.value) or "cut its op into parts" in str(e.value)
+        for gen in (1, 2, 3):
+            n = [64, 8, 40][gen - 1]
+            hs = [cl.submit(r, OpKind.ALLREDUCE, "x", data(r, gen, n), gen=gen) for r in range(4)]
+            want = sum(data(r, gen, n) for r in range(4))
+            for h in hs:
+                assert np.array_equal(h.wait(30), want), gen
+
+
+def test_a_client_that_dies_fails_a_segmented_op_on_every_node() -> None:
+    """Rank 1 dies with a segmented allreduce in flight (its node's part made, rank 3 not
+    in yet): it fails on every rank, naming it, and a later one without it runs."""
+    from totalreduce.errors import OpFailedError
+
+    with ExitStack() as stack:
+        cl = Cluster(stack, 2, 2, pipe_min_bytes=256)
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "w", data(r, 0, 100)) for r in (0, 1, 2)]
+        time.sleep(0.2)  # node 0 started it among the nodes; node 1 waits for rank 3
+        cl.services[0].detach(1, "died (it was killed)")
+        cl.engines[0].loop.tell_services("died", 1)
+        for h in hs[:1] + hs[2:]:
+            with pytest.raises(OpFailedError, match="rank 1"):
+                h.wait(30)
+        pair = Group([0, 2, 3])
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "p", data(r, 1, 90), group=pair) for r in (0, 2, 3)]
+        for h in hs:
+            assert np.array_equal(h.wait(30), data(0, 1, 90) + data(2, 1, 90) + data(3, 1, 90))

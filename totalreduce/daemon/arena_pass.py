@@ -20,7 +20,10 @@ Everything else goes to Python, in order, through an *out-queue* of descriptors 
 - one that meets an op of the table it does not agree with, or that its client
   submitted twice: the op's descriptors in the table go out first, in the order they
   came, so Python sees them as if it had taken them all;
-- an op complete on a service of several nodes (the services' engine runs it);
+- an op complete on a service of several nodes (the services' engine runs it; the pass
+  has made its node's part, but for an op run in segments, :func:`pipelined`, whose
+  node's part Python makes and hands back segment by segment, with :func:`arena_local`
+  and :func:`arena_back`);
 - and, by :func:`arena_eject`, the whole table before Python handles an event (a
   client attached, left or died, a new session, the service stops) and every op that
   has waited a second (the stall inspector's, and the rare key the cache forgot).
@@ -53,9 +56,9 @@ from ..transport import arena as A
 # ---------------------------------------------------------------- st: the pass's scalars
 #: on (no rank gone), slots, world size, nodes, the slot's first rank (node * slots),
 #: data bytes per slot, live entries, out-queue rows, slots to wake, descriptors taken,
-#: the first free entry, ops to start among the nodes
+#: the first free entry, ops to start among the nodes, the least bytes of a segmented op
 (S_ON, S_SLOTS, S_SIZE, S_NODES, S_BASE_RANK, S_DATA, S_LIVE, S_NOUT, S_NSIG, S_TAKEN,
- S_FREE, S_NSTART) = range(12)  # fmt: skip
+ S_FREE, S_NSTART, S_PIPE) = range(13)  # fmt: skip
 ST_WORDS = 16
 
 #: Ops the table holds at most (more wait in Python's tables).
@@ -66,6 +69,14 @@ BUCKETS = 2048
 PYKEYS = 4096
 #: Descriptors the out-queue holds (and two per slot).
 QCAP = 256
+#: An allreduce or broadcast among the nodes of at least this many bytes, on a service
+#: of several clients, runs in :data:`SEGMENTS` segments (every service of a job must
+#: take the same: ``ThinService``'s ``pipe_min_bytes``, for tests): the node's part of segment
+#: ``i + 1`` is made while segment ``i`` crosses between the nodes, and each segment's
+#: result goes back to the clients as soon as it comes (:mod:`.thin_nodes`).
+PIPE_MIN_BYTES = 4 << 20
+#: How many segments such an op runs in (each its own op among the services).
+SEGMENTS = 8
 
 # kinds and flags, as constants of the compiled code
 _AR, _BC, _BAR = 1, 2, 3  # OpKind.ALLREDUCE, BROADCAST, BARRIER (checked below)
@@ -85,9 +96,13 @@ class Table:
     ``tab`` is the tuple the compiled functions take (one argument instead of sixteen);
     its order is :data:`_TAB`'s."""
 
-    def __init__(self, slots: int, nodes: int, node: int, data_bytes: int) -> None:
+    def __init__(
+        self, slots: int, nodes: int, node: int, data_bytes: int,
+        pipe_min_bytes: int = PIPE_MIN_BYTES,
+    ) -> None:  # fmt: skip
         self.st = st = np.zeros(ST_WORDS, np.int64)
         st[S_SLOTS], st[S_SIZE], st[S_NODES] = slots, nodes * slots, nodes
+        st[S_PIPE] = pipe_min_bytes
         st[S_BASE_RANK], st[S_DATA] = node * slots, data_bytes
         self.heads = np.zeros(slots, np.int64)  # descriptors taken from each ring
         self.incs = np.zeros(slots, np.int64)  # each slot's incarnation, 0: none attached
@@ -261,47 +276,62 @@ def node_buffer(st, descs, e):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _local(st, base, descs, e):  # type: ignore[no-untyped-def]
-    """Op ``e``, complete on this node: the node's part in its node buffer (an
-    allreduce's local inputs reduced, in slot order; a broadcast root's input)."""
+def pipelined(st, d0):  # type: ignore[no-untyped-def]
+    """Whether the op of descriptor ``d0``, complete here, runs among the nodes in
+    segments (Python makes the node's part segment by segment then): see
+    :data:`PIPE_MIN_BYTES` (``st[S_PIPE]``)."""
+    kind = d0[_D_KIND]
+    if st[S_NODES] < 2 or st[S_SLOTS] < 2 or (kind != _AR and kind != _BC):
+        return False
+    return d0[_D_COUNT] * ITEMSIZE[d0[_D_DTYPE]] >= st[S_PIPE]
+
+
+@njit(nogil=True, cache=True)
+def _local(st, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
+    """Op ``e``, complete on this node: the node's part of its elements [lo, hi) in its
+    node buffer (an allreduce's local inputs reduced, in slot order; a broadcast
+    root's input)."""
     slots = st[S_SLOTS]
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
-    if kind == _BAR:
+    if kind == _BAR or hi <= lo:
         return
-    dt, n = d0[_D_DTYPE], d0[_D_COUNT]
+    dt = d0[_D_DTYPE]
+    n, at = hi - lo, lo * ITEMSIZE[d0[_D_DTYPE]]
     if kind == _AR:
         op = d0[_D_OP]
         if op == _OP_AVG:
             op = _OP_SUM  # summed (here and among the nodes), divided at the end
-        dst = base + d0[_D_OUT]
+        dst = base + d0[_D_OUT] + at
         if slots == 1:
-            copy_raw(dst, base + d0[_D_IN], n * ITEMSIZE[dt])
+            copy_raw(dst, base + d0[_D_IN] + at, n * ITEMSIZE[dt])
         else:
-            reduce3_raw(dt, op, dst, base + d0[_D_IN], base + descs[e, 1, _D_IN], n)
+            reduce3_raw(dt, op, dst, base + d0[_D_IN] + at, base + descs[e, 1, _D_IN] + at, n)
             for k in range(2, slots):
-                reduce_raw(dt, op, dst, base + descs[e, k, _D_IN], n)
+                reduce_raw(dt, op, dst, base + descs[e, k, _D_IN] + at, n)
         return
     r = d0[_D_ROOT] - st[S_BASE_RANK]
     if 0 <= r < slots:  # a broadcast whose root is here
-        copy_raw(base + descs[e, r, _D_OUT], base + descs[e, r, _D_IN], n * ITEMSIZE[dt])
+        src = base + descs[e, r, _D_IN] + at
+        copy_raw(base + descs[e, r, _D_OUT] + at, src, n * ITEMSIZE[dt])
 
 
 @njit(nogil=True, cache=True)
-def _back(st, base, descs, e):  # type: ignore[no-untyped-def]
-    """Op ``e``'s result (in its node buffer) into every local output; ``avg`` divided
-    by the world's size first."""
+def _back(st, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
+    """Op ``e``'s result of elements [lo, hi) (in its node buffer) into every local
+    output; ``avg`` divided by the world's size first."""
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
-    if kind == _BAR:
+    if kind == _BAR or hi <= lo:
         return
-    dt, n = d0[_D_DTYPE], d0[_D_COUNT]
-    src = base + node_buffer(st, descs, e)
+    dt = d0[_D_DTYPE]
+    at = lo * ITEMSIZE[dt]
+    src = base + node_buffer(st, descs, e) + at
     if kind == _AR and d0[_D_FLAGS] & A.F_AVG:
-        average_raw(dt, src, n, st[S_SIZE])
-    span = n * ITEMSIZE[dt]
+        average_raw(dt, src, hi - lo, st[S_SIZE])
+    span = (hi - lo) * ITEMSIZE[dt]
     for k in range(st[S_SLOTS]):
-        out = base + descs[e, k, _D_OUT]
+        out = base + descs[e, k, _D_OUT] + at
         if out != src:
             copy_raw(out, src, span)
 
@@ -398,14 +428,15 @@ def arena_pass(tab, mem, base):  # type: ignore[no-untyped-def]
             seen[e] += 1
             if seen[e] < slots:
                 continue
-            _local(st, base, descs, e)
+            if not pipelined(st, descs[e, 0]):  # else Python makes it segment by segment
+                _local(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
             _unhash(keys, bucket, nxt, e)
             if st[S_NODES] > 1:  # the services' engine runs it among the nodes
                 _remember_python(pykeys, wire, gen)  # a rank's second submission: Python's
                 starts[st[S_NSTART]] = e
                 st[S_NSTART] += 1
                 continue
-            _back(st, base, descs, e)
+            _back(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
             _answer(st, mem, cw, descs, sig, wake, e)
             _free(st, nxt, e)
     st[S_TAKEN] += taken
@@ -413,14 +444,30 @@ def arena_pass(tab, mem, base):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def arena_finish(tab, mem, base, e):  # type: ignore[no-untyped-def]
+def arena_finish(tab, mem, base, e, back):  # type: ignore[no-untyped-def]
     """Entry ``e`` ended among the nodes, its node buffer holds the result: results
-    back, every word set (the sleepers to wake in ``sig``), the entry given back."""
+    back (unless ``back`` is 0: its segments went back already), every word set (the
+    sleepers to wake in ``sig``), the entry given back."""
     st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
     _clear_wakes(st, wake)
-    _back(st, base, descs, e)
+    if back:
+        _back(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
     _answer(st, mem, cw, descs, sig, wake, e)
     _free(st, nxt, e)
+
+
+@njit(nogil=True, cache=True)
+def arena_local(tab, base, e, lo, hi):  # type: ignore[no-untyped-def]
+    """The node's part of elements [lo, hi) of entry ``e`` (a pipelined op's segment,
+    before it starts among the nodes)."""
+    _local(tab[0], base, tab[8], e, lo, hi)
+
+
+@njit(nogil=True, cache=True)
+def arena_back(tab, base, e, lo, hi):  # type: ignore[no-untyped-def]
+    """Elements [lo, hi) of entry ``e``'s result back into its clients' outputs (a
+    pipelined op's segment, ended among the nodes)."""
+    _back(tab[0], base, tab[8], e, lo, hi)
 
 
 @njit(nogil=True, cache=True)
@@ -482,7 +529,10 @@ def prepare() -> None:
     arena_eject(t.tab, 0)
     t.st[S_LIVE] = 1
     t.descs[0, 0, _D_KIND] = _BAR
-    arena_finish(t.tab, mem, 0, 0)
+    arena_finish(t.tab, mem, 0, 0, 1)
+    arena_local(t.tab, 0, 0, 0, 0)
+    arena_back(t.tab, 0, 0, 0, 0)
+    pipelined(t.st, t.descs[0, 0])
     arena_release(t.tab, 0)
     node_buffer(t.st, t.descs, 0)
     clock_ns()

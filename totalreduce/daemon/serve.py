@@ -22,11 +22,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
 from ..errors import TotalReduceError
+from .arena_pass import PIPE_MIN_BYTES, SEGMENTS
+
+#: ``--segment-bytes off``: more bytes than any op has.
+OFF = 1 << 62
 
 log = logging.getLogger("totalreduce.daemon.serve")
 
@@ -69,8 +74,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="on SIGTERM/SIGINT, how long running ops may finish before they are failed "
         "(default 10)",
     )
+    p.add_argument(
+        "--segment-bytes",
+        default="auto",
+        metavar="B",
+        help="an allreduce or broadcast among the nodes of at least B bytes runs in "
+        f"{SEGMENTS} segments, so the node's reduction, the step among the nodes and the "
+        "copy back overlap; 'off', or 'auto' (the default): "
+        f"{PIPE_MIN_BYTES >> 20} MiB on a node with at least --local-clients + 2 cores, "
+        "else off (the phases overlap only on cores left free); the nodes take the "
+        "largest they were given",
+    )
     p.add_argument("--log-level", default="INFO", metavar="L", help="DEBUG, INFO, WARNING or ERROR")
     args = p.parse_args(argv)
+    try:
+        args.segment_bytes = segment_bytes(args.segment_bytes, args.local_clients)
+    except ValueError as exc:
+        p.error(str(exc))
     if not 1 <= args.local_clients <= 1024:
         p.error("--local-clients must be in 1..1024")
     if not 1 << 20 <= args.arena_bytes <= 1 << 40:
@@ -78,6 +98,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.drain_timeout < 0:
         p.error("--drain-timeout must be >= 0")
     return args
+
+
+def segment_bytes(value: str, local_clients: int, cores: int | None = None) -> int:
+    """``--segment-bytes``: the least bytes of a segmented op among the nodes (``OFF``:
+    none is)."""
+    if value == "off":
+        return OFF
+    if value == "auto":
+        if cores is None:
+            cores = len(os.sched_getaffinity(0))
+        return PIPE_MIN_BYTES if cores >= local_clients + 2 else OFF
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(
+            f"--segment-bytes must be a number of bytes, off or auto, not {value!r}"
+        ) from None
+    if not 1 <= n < OFF:
+        raise ValueError(f"--segment-bytes must be at least 1, not {n}")
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TotalReduceError, OSError) as exc:
         problem = str(exc)
     # Every node must be able to serve, and all must agree on the number of local clients.
-    failed, most, least, arena_most, arena_least = world_max(
+    failed, most, least, arena_most, arena_least, segments = world_max(
         [1 if problem else 0, args.local_clients, -args.local_clients, args.arena_bytes,
-         -args.arena_bytes],
+         -args.arena_bytes, args.segment_bytes],
     )  # fmt: skip
     if failed:
         log.error("not starting: %s", problem or "another node could not start (see its log)")
@@ -141,7 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     quiet = dataclasses.replace(config, idle_backoff_max_s=max(config.idle_backoff_max_s, 0.25))
     engine = Service(MPITransport(), quiet) if nodes > 1 else None
     arena = Arena.create(args.local_clients, args.arena_bytes // args.local_clients)
-    thin = ThinService(arena, node, nodes, engine, stall_warning_s=config.stall_warning_s)
+    thin = ThinService(
+        arena, node, nodes, engine, stall_warning_s=config.stall_warning_s,
+        pipe_min_bytes=segments,
+    )  # fmt: skip
+    if nodes > 1 and args.local_clients > 1:
+        if segments < OFF:
+            log.info("allreduces and broadcasts of %d bytes or more run among the nodes in "
+                     "%d segments", segments, SEGMENTS)  # fmt: skip
+        else:
+            log.info("no op among the nodes runs in segments (--segment-bytes)")
     warm_up()
     listener = sockets.listen(path)
     options = {k: int(getattr(config, k)) for k in hello.SHARED_OPTIONS}

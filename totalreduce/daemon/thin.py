@@ -16,7 +16,10 @@ generation and group):
    a barrier; reduce-scattered or all-gathered with the nodes' parts) over MPI by
    ``engine``, an ordinary embedded service whose ranks are the nodes' services (the
    compiled lane runs it), over the nodes the group spans; an op whose group lies on
-   one node has no such step;
+   one node has no such step.  A large allreduce or broadcast runs in segments
+   (:class:`~.thin_ops._Segments`), two among the nodes at a time; the pass's ops make
+   each segment's node's part just before it starts, and hand its result back (3.)
+   as it ends;
 3. **back**: ``avg`` divides, the result (or each client's part of it) is copied into
    the clients' outputs and every client's completion word is set (its eventfd written
    if it sleeps).
@@ -40,6 +43,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -60,12 +64,13 @@ from .thin_ops import (
     _RS,
     _SHAPE,
     Descriptors,
-    _Ended,
     _error_kind,
     _Grp,
     _Mismatch,
     _Op,
+    _Segments,
     _shape_text,
+    ended_of,
 )
 
 log = logging.getLogger("totalreduce.daemon")
@@ -80,8 +85,9 @@ class ThinService(Descriptors, AmongNodes, Answers):
     """The arena thread of one node's service."""
 
     def __init__(
-        self, arena: A.Arena, node: int, nodes: int, engine: Any, stall_warning_s: float = 60.0
-    ) -> None:
+        self, arena: A.Arena, node: int, nodes: int, engine: Any, stall_warning_s: float = 60.0,
+        pipe_min_bytes: int = arena_pass.PIPE_MIN_BYTES,
+    ) -> None:  # fmt: skip
         self.arena = arena
         self.stall_warning_s = stall_warning_s
         self._next_look = time.monotonic() + 1.0
@@ -96,7 +102,10 @@ class ThinService(Descriptors, AmongNodes, Answers):
         self._inc = [0] * self.slots  # the incarnation attached to each slot, 0 if none
         #: the compiled pass (arena_pass.py): the world's common ops, no Python on one
         #: node; on several, Python only starts them among the nodes and hears them end
-        self._fast = fast = arena_pass.Table(self.slots, nodes, node, arena.data_bytes)
+        self._fast = fast = arena_pass.Table(
+            self.slots, nodes, node, arena.data_bytes, pipe_min_bytes
+        )
+        self.pipe_min_bytes = pipe_min_bytes  # segmented ops among the nodes (thin_nodes)
         fast.lo[:] = [arena.data_start(k) for k in range(self.slots)]
         fast.cw[:] = [arena.slot_start(k) // 8 for k in range(self.slots)]
         fast.st[arena_pass.S_ON] = 1
@@ -106,11 +115,13 @@ class ThinService(Descriptors, AmongNodes, Answers):
         #: _Op that Python made of it once it took the op over (an event came), or None]
         self._fast_running: dict[int, list[Any]] = {}
         self._fast_tokens = 0
-        #: (token, handle) of those that ended on another thread, for this one to finish
-        self._fast_ended: deque[tuple[int, Any]] = deque()
+        #: what the engine's comm thread left this thread to do: a pass's op (or one of
+        #: its segments) ended among the nodes
+        self._fast_ended: deque[Callable[[], None]] = deque()
         arena_pass.prepare()
         self._world = _Grp(tuple(range(self.size)), 0, node, self.slots)
         self._groups: dict[tuple[int, int, int], _Grp] = {}  # (slot, offset, context) -> group
+        self._segment_groups: dict[int, Any] = {}  # context -> services' group (thin_nodes)
         #: ops still collecting their local members' descriptors, by (wire id, generation):
         #: one per group of that name (two only when ranks disagree on it, or groups differ)
         self._pending: dict[tuple[int, int], list[_Op]] = {}
@@ -194,7 +205,7 @@ class ThinService(Descriptors, AmongNodes, Answers):
         while not self._stop.is_set():
             try:
                 while self._fast_ended:
-                    self._fast_end(*self._fast_ended.popleft())
+                    self._fast_ended.popleft()()
                 if self._events:
                     self._eject(None)  # Python's tables have every op when it handles one
                     self._event(self._events.popleft())
@@ -318,13 +329,18 @@ class ThinService(Descriptors, AmongNodes, Answers):
         return op
 
     def _fast_start(self, e: int) -> None:
-        """Entry ``e`` of the pass is complete here, its node's part in its node buffer:
-        start it among the nodes (:meth:`_engine_op`, over the world)."""
+        """Entry ``e`` of the pass is complete here: start it among the nodes
+        (:meth:`_engine_op`, over the world).  Its node's part is in its node buffer, but
+        for a segmented op (:func:`.arena_pass.pipelined`), whose node's part is made
+        here segment by segment, as each starts."""
         fast = self._fast
         d = fast.descs[e, 0]
         kind, wire = int(d[A.D_KIND]), int(fast.keys[e, 0])
+        key = (wire, int(fast.keys[e, 1]), 0)
         for late in self.engine.take_late_errors():  # about ops answered already
             log.warning("an op among the services failed elsewhere after it ended here: %s", late)
+        self._fast_tokens += 1
+        token = self._fast_tokens
         try:
             dt = DType(int(d[A.D_DTYPE]))
             buf = None
@@ -334,25 +350,44 @@ class ThinService(Descriptors, AmongNodes, Answers):
             rop = ReduceOp(int(d[A.D_OP]))
             if rop is ReduceOp.AVG:
                 rop = ReduceOp.SUM  # divided at the end
-            h = self._engine_op((wire, int(fast.keys[e, 1]), 0), self._world, kind, buf, rop, dt, d)
+            segs = self._segmented(key, self._world, d) if buf is not None else None
+            if segs is not None:  # its node's part made, and handed back, by segments
+                tab, base = fast.tab, self.arena.base
+                segs.local = lambda lo, hi: arena_pass.arena_local(tab, base, e, lo, hi)
+                segs.back = lambda i: self._fast_segment(token, i)
+                self._fast_running[token] = [e, segs, None]
+            h = self._engine_op(key, self._world, kind, buf, rop, dt, d, segs)
         except Exception as exc:
+            self._fast_running.pop(token, None)
             op = self._entry_op(e)
             arena_pass.arena_release(fast.tab, e)
             self._fail(op, A.E_FAILED, f"the services could not start it: {exc}")
             return
-        self._fast_tokens += 1
-        token = self._fast_tokens
-        self._fast_running[token] = [e, h, None]
-        me = self._thread.ident
+        if segs is None:
+            self._fast_running[token] = [e, h, None]
+        # a segmented op ends after its segments' ends, in the order they came
+        run = segs is None
+        h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h), run))
 
-        def ended(h: Any) -> None:
-            if threading.get_ident() == me:
-                self._fast_end(token, h)
-            else:  # the engine's comm thread: the arena thread finishes it
-                self._fast_ended.append((token, h))
-                self._kick()
+    def _on_arena_thread(self, fn: Callable[[], None], run: bool = True) -> None:
+        """Call ``fn`` on this thread: now if here and ``run``, else in its turn."""
+        if run and threading.get_ident() == self._thread.ident:
+            fn()
+            return
+        self._fast_ended.append(fn)
+        if threading.get_ident() != self._thread.ident:
+            self._kick()
 
-        h.add_done_callback(ended)
+    def _fast_segment(self, token: int, i: int) -> None:
+        """Segment ``i`` of the pass's segmented op ``token`` ended among the nodes: its
+        result goes back to the clients (unless Python took the op over)."""
+        item = self._fast_running.get(token)
+        if item is None or item[2] is not None:
+            return
+        e, segs, _ = item
+        lo, hi = segs.ranges[i]
+        arena_pass.arena_back(self._fast.tab, self.arena.base, e, lo, hi)
+        segs.backed[i] = True
 
     def _fast_end(self, token: int, h: Any) -> None:
         """The pass's op ``token`` ended among the nodes (on this thread)."""
@@ -369,10 +404,12 @@ class ThinService(Descriptors, AmongNodes, Answers):
         if error is not None:
             op = self._entry_op(e)
             arena_pass.arena_release(fast.tab, e)
-            op.handle = _Ended(h.name, h.generation)
-            self._fail(op, _error_kind(error), self._among_nodes_text(error))
+            op.handle = ended_of(h)
+            text = self._among_nodes_text(error, h, op.first())
+            self._fail(op, _error_kind(error), text)
             return
-        arena_pass.arena_finish(fast.tab, self._mem, self.arena.base, e)
+        back = 0 if isinstance(h, _Segments) else 1  # a segmented op's went back already
+        arena_pass.arena_finish(fast.tab, self._mem, self.arena.base, e, back)
         self._wake_sleepers()
 
     def _take_over(self, e: int, h: Any) -> _Op:
@@ -385,6 +422,11 @@ class ThinService(Descriptors, AmongNodes, Answers):
         if at >= 0:
             op.node_buf = self.arena.view(at, int(d[A.D_COUNT]), DType(int(d[A.D_DTYPE])).numpy)
         op.handle = h
+        if isinstance(h, _Segments) and h.local is not None:
+            # its segments not started yet: their node's part now, while the entry is ours
+            for lo, hi in h.ranges[len(h.handles) :]:
+                h.local(lo, hi)
+            h.local = None
         self._running[op.key] = op
         arena_pass.arena_release(fast.tab, e)
         return op

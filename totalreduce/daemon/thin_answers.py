@@ -18,7 +18,18 @@ from ..dtypes import DType
 from ..kernels import copy_into, finish_average
 from ..transport import arena as A
 from ..transport.shm import fence, signal_eventfd
-from .thin_ops import _A2A, _AG, _CLIENT_TERMS, _PARTED, _RS, _SESSION, _error_kind, _Mismatch, _Op
+from .thin_ops import (
+    _A2A,
+    _AG,
+    _CLIENT_TERMS,
+    _PARTED,
+    _RS,
+    _SESSION,
+    _error_kind,
+    _Mismatch,
+    _Op,
+    _Segments,
+)
 
 log = logging.getLogger("totalreduce.daemon")
 
@@ -49,7 +60,9 @@ class Answers:
             except Exception as exc:
                 error = exc
         if error is not None:
-            self._fail(op, _error_kind(error), self._among_nodes_text(error))
+            self._fail(
+                op, _error_kind(error), self._among_nodes_text(error, op.handle, d0, op.key[2])
+            )
             return
         if not self._claim(op):
             return  # failed meanwhile (the service stops)
@@ -73,7 +86,8 @@ class Answers:
         """An unnamed op ended among the services (its handle ``h``): its wire id comes
         once, but for the session agreement's (once per job), so the engine forgets it."""
         if int(d[A.D_FLAGS]) & A.F_UNNAMED:
-            self.engine.forget_name(h.name, h.generation if wire == _SESSION else None)
+            for name in getattr(h, "names", (h.name,)):  # a segmented op's every name
+                self.engine.forget_name(name, h.generation if wire == _SESSION else None)
 
     def _results_back(self, op: _Op, result: np.ndarray | None) -> None:
         d = op.first()
@@ -109,7 +123,13 @@ class Answers:
                     pos += parts[gi]
                 buf = whole
         elif avg:
-            finish_average(buf, len(g.ranks), dt)
+            h = op.handle
+            if isinstance(h, _Segments):  # the pass's op: its segments that went back
+                for (lo, hi), back in zip(h.ranges, h.backed, strict=True):  # divided then
+                    if not back:
+                        finish_average(buf[lo:hi], len(g.ranks), dt)
+            else:
+                finish_average(buf, len(g.ranks), dt)
         for _, k in g.local:
             self._put(op, k, buf, dt)
 
@@ -140,6 +160,8 @@ class Answers:
         d = next((x for x in op.descs if x is not None), None)
         if h is None and d is not None and len(op.grp.nodes) > 1 and self.engine is not None:
             try:
+                # (a segmented op's other segments fail where they started: the first
+                # runs under this name)
                 name = self._engine_name(op.key)
                 self.engine.abort_next(name, _CLIENT_TERMS + why, kind == A.E_MISMATCH)
                 if int(d[A.D_FLAGS]) & A.F_UNNAMED:
@@ -148,7 +170,12 @@ class Answers:
                 log.debug("no abort for %s", op.key, exc_info=True)
         if h is not None and not h.done():
             try:
-                self.engine.abort(h.name, h.generation, _CLIENT_TERMS + why, kind == A.E_MISMATCH)
+                if isinstance(h, _Segments):
+                    h.abort(_CLIENT_TERMS + why, kind == A.E_MISMATCH)
+                else:
+                    self.engine.abort(
+                        h.name, h.generation, _CLIENT_TERMS + why, kind == A.E_MISMATCH
+                    )
             except Exception:
                 log.debug("abort of %r failed", h.name, exc_info=True)
         for k, x in enumerate(op.descs):

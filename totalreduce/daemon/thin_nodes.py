@@ -14,8 +14,11 @@ import numpy as np
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.rooted import offsets
 from ..dtypes import DType, ReduceOp
+from ..errors import OpMismatchError
+from ..group import Group
 from ..kernels import copy_into
 from ..transport import arena as A
+from . import arena_pass
 from .thin_ops import (
     _A2A,
     _AG,
@@ -28,7 +31,16 @@ from .thin_ops import (
     _Grp,
     _Mismatch,
     _Op,
+    _Segments,
+    _shape_text,
 )
+
+#: Mixed into an op's name among the services, times its segment's number plus one, to
+#: name the segment (a segmented op: :class:`~.thin_ops._Segments`).
+_SEGMENT_MIX = 0xC2B2_AE3D_27D4_EB4F
+#: Mixed into a group's context (0: the world's) for its segmented ops' segments.
+_SEGMENT_CONTEXT = 0x1656_67B1_9E37_79F9
+_SEGMENTED = (int(OpKind.ALLREDUCE), int(OpKind.BROADCAST))
 
 
 class AmongNodes:
@@ -40,6 +52,9 @@ class AmongNodes:
     slots: int
     size: int
     arena: Any
+    _segment_groups: dict[int, Group]
+    pipe_min_bytes: int
+    _on_arena_thread: Any
 
     def _alltoall_out(
         self, op: _Op, ins: list[np.ndarray], outs: list[np.ndarray]
@@ -187,12 +202,44 @@ class AmongNodes:
             buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
         )
 
+    def _segmented(self, key: tuple[int, int, int], g: _Grp, d: np.ndarray) -> _Segments | None:
+        """The segments among the services of the op of ``key`` over group ``g`` whose
+        shape is descriptor ``d``'s (None: it runs whole): an allreduce or broadcast of
+        at least :data:`~.arena_pass.PIPE_MIN_BYTES` over several nodes, on services of
+        several clients (every service decides the same from the same shape; the
+        compiled pass by :func:`~.arena_pass.pipelined`)."""
+        kind = int(d[A.D_KIND])
+        if kind not in _SEGMENTED or self.slots < 2 or len(g.nodes) < 2:
+            return None
+        count = int(d[A.D_COUNT])
+        if count * DType(int(d[A.D_DTYPE])).numpy.itemsize < self.pipe_min_bytes:
+            return None
+        name = self._engine_name(key)
+        n = arena_pass.SEGMENTS
+        names = [name] + [A.signed((name ^ (i * _SEGMENT_MIX)) & _MASK) for i in range(1, n)]
+        ranges = [(i * count // n, (i + 1) * count // n) for i in range(n)]
+        return _Segments(self.engine, names, ranges)
+
+    def _segment_group(self, g: _Grp) -> Group:
+        """The services' group a segmented op's segments run over: ``g``'s nodes, with a
+        context no client's group has (its own, mixed)."""
+        group = self._segment_groups.get(g.ctx)
+        if group is None:
+            group = self._segment_groups[g.ctx] = Group(g.nodes)
+            group.context = (g.ctx ^ _SEGMENT_CONTEXT) & _MASK
+        return group
+
     def _engine_op(
         self, key: tuple[int, int, int], g: _Grp, kind: int, buf: np.ndarray | None,
-        rop: ReduceOp, dt: DType, d: np.ndarray,
+        rop: ReduceOp, dt: DType, d: np.ndarray, segs: _Segments | None = None,
     ) -> Any:  # fmt: skip
         """Start an allreduce, broadcast or barrier among the services: the op of ``key``,
-        over the nodes of group ``g``, its node's part in ``buf`` (None for a barrier)."""
+        over the nodes of group ``g``, its node's part in ``buf`` (None for a barrier).
+
+        A segmented op (``segs``, or :meth:`_segmented`'s) returns its
+        :class:`~.thin_ops._Segments`, its first segments started (its ``local`` and
+        ``back``, if set, make each one's node's part just before it starts, and hand
+        its result back once it ended, so the node's work overlaps the nodes' step)."""
         eng = self.engine
         name = self._engine_name(key)
         prio = int(d[A.D_PRIO])
@@ -200,23 +247,87 @@ class AmongNodes:
         grp = g.engine_group
         code = int(d[A.D_ALGO])
         algo = AlgorithmCode(code).name.lower() if code else "auto"
-        if kind == int(OpKind.ALLREDUCE):
-            return eng.allreduce_async(
-                buf, name=name, op=rop, out=buf, priority=prio, dtype=bf, group=grp,
-                algorithm=algo,
-            )  # fmt: skip
+        if kind == int(OpKind.BARRIER):
+            return eng.barrier_async(name=name, priority=prio, group=grp, algorithm=algo)
+        assert buf is not None
+        root = 0
         if kind == int(OpKind.BROADCAST):
             root = g.nodes.index(g.ranks[int(d[A.D_ROOT])] // self.slots)
+
+        def start(name: int, x: np.ndarray, grp: Group | None) -> Any:
+            if kind == int(OpKind.ALLREDUCE):
+                return eng.allreduce_async(
+                    x, name=name, op=rop, out=x, priority=prio, dtype=bf, group=grp,
+                    algorithm=algo,
+                )  # fmt: skip
             return eng.broadcast_async(
-                buf, root=root, name=name, out=buf, priority=prio, dtype=bf, group=grp,
+                x, root=root, name=name, out=x, priority=prio, dtype=bf, group=grp,
                 algorithm=algo,
             )  # fmt: skip
-        return eng.barrier_async(name=name, priority=prio, group=grp, algorithm=algo)
 
-    def _among_nodes_text(self, error: BaseException) -> str:
+        if segs is None:
+            segs = self._segmented(key, g, d)
+            if segs is None:
+                return start(name, buf, grp)
+        sgrp = self._segment_group(g)
+        ranges, names, s = segs.ranges, segs.names, segs
+        s.start = lambda i: start(names[i], buf[ranges[i][0] : ranges[i][1]], sgrp)
+        s.on_segment = lambda i: self._on_arena_thread(lambda: self._segment_ended(s, i), False)
+        self._start_segments(segs)
+        return segs
+
+    def _start_segments(self, segs: _Segments) -> None:
+        """Start ``segs``'s next segments, while fewer than ``IN_FLIGHT`` run (the first
+        one's failure to start raises: nothing started)."""
+        while len(segs.handles) < len(segs.names) and segs.running < segs.IN_FLIGHT:
+            i = len(segs.handles)
+            if segs.failed:
+                segs.skip_rest()
+                return
+            try:
+                if segs.local is not None:
+                    segs.local(*segs.ranges[i])
+                if i:
+                    self.engine.start_name_at(segs.names[i], segs.generation)
+                assert segs.start is not None
+                h = segs.start(i)
+            except Exception as exc:
+                if not i:
+                    raise
+                segs.skip_rest(exc)
+                return
+            segs.add(h)
+
+    def _segment_ended(self, segs: _Segments, i: int) -> None:
+        """Segment ``i`` of ``segs`` ended among the nodes (on the arena thread): its
+        result back, the next one started."""
+        if segs.back is not None and not segs.failed:
+            segs.back(i)
+        self._start_segments(segs)
+
+    def _among_nodes_text(
+        self, error: BaseException, h: Any = None, d: Any = None, ctx: int = 0
+    ) -> str:
         """The engine's error among the services, told in the clients' terms: the op is
-        named by the client, and a service's rank is its node's ranks."""
+        named by the client, and a service's rank is its node's ranks.  Where nodes
+        disagree about an op (of shape ``d``, its group's context ``ctx``) that one of
+        them cut into segments (``h``, here), the text says so: the engine speaks of a
+        part, or of the parts' group."""
         text, _, told = _ENGINE_PREFIX.sub("", str(error), count=1).partition(_CLIENT_TERMS)
+        if d is not None and isinstance(error, OpMismatchError):
+            how = f"ops of {self.pipe_min_bytes} bytes or more are"
+            if isinstance(h, _Segments):
+                text = (
+                    f"the nodes disagree about it: node {self.node} cut its {_shape_text(d)} "
+                    f"into {len(h.ranges)} parts among the nodes ({how}), and another node's "
+                    f"op differs in count, dtype or kind: {text}"
+                )
+            elif f"{(ctx ^ _SEGMENT_CONTEXT) & _MASK:#x}" in text:
+                text = (
+                    f"the nodes disagree about it: node {self.node} runs its {_shape_text(d)} "
+                    f"whole among the nodes, and another node cut its op into parts ({how}): "
+                    f"their count, dtype or kind differ; {text}"
+                )
 
         def node(m: re.Match[str]) -> str:
             n = int(m.group(1))

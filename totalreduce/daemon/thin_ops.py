@@ -10,7 +10,9 @@ name, and how the engine among the services words its errors.
 from __future__ import annotations
 
 import re
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,7 @@ import numpy as np
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
 from ..engine.wire import SESSION_ID
-from ..errors import OpMismatchError, TransportError
+from ..errors import OpFailedError, OpMismatchError, TransportError
 from ..group import Group
 from ..transport import arena as A
 
@@ -92,18 +94,171 @@ class _Grp:
 
 
 class _Ended:
-    """What an answered op keeps of its handle among the services: the name to forget."""
+    """What an answered op keeps of its handle among the services: the names to forget
+    (``names``: all of a segmented op's, its own name first)."""
 
-    __slots__ = ("name", "generation")
+    __slots__ = ("name", "generation", "names")
 
-    def __init__(self, name: Any, generation: int) -> None:
+    def __init__(self, name: Any, generation: int, names: tuple[Any, ...] = ()) -> None:
         self.name, self.generation = name, generation
+        self.names = names or (name,)
 
     def done(self) -> bool:
         return True
 
     def drive(self, span: float) -> bool:
         return True  # nothing to drive: the arena thread looks at its next op
+
+
+def _is_mismatch(error: BaseException | None) -> bool:
+    return isinstance(error, OpMismatchError)
+
+
+def _segment_failed(error: BaseException | None) -> str:
+    """The reason a segmented op's other segments fail with, when one failed."""
+    return "another segment of it failed: " + _ENGINE_PREFIX.sub("", str(error), count=1)
+
+
+def ended_of(h: Any) -> _Ended:
+    """What an op keeps of its handle ``h`` among the services once it ended."""
+    if isinstance(h, (_Ended, _Segments)):
+        return h.ended() if isinstance(h, _Segments) else h
+    return _Ended(h.name, h.generation)
+
+
+class _Segments:
+    """An allreduce or broadcast among the services, run in segments (see
+    :data:`.arena_pass.PIPE_MIN_BYTES`); it stands where the engine's handle of an op
+    stands.
+
+    Each segment is an op among the services over a group of the op's nodes whose
+    context no client's group has: the first under the op's own name (so a service that
+    runs the op whole, because its clients gave another count, meets a group it
+    disagrees with, and both fail), the others under names made from it
+    (:attr:`names`), each at the first's generation (so a generation one service never
+    started is one no service starts again).  At most :data:`IN_FLIGHT` run at once
+    (the engine moves two large ops as fast as one; eight at once took twice as long):
+    :meth:`~.thin_nodes.AmongNodes._start_segments` starts the next as one ends, first
+    making its node's part (``local``), and hands each result back (``back``) as it
+    comes.  Each segment's end calls :attr:`on_segment` (any thread); the whole ends when
+    all of them ended.  The first error is the whole's, and fails the segments still
+    running or not started, here and on the other services."""
+
+    #: Segments among the services at once.
+    IN_FLIGHT = 2
+
+    def __init__(self, engine: Any, names: list[int], ranges: list[tuple[int, int]]) -> None:
+        self.engine = engine
+        self.names = names  # the op's own, then each further segment's
+        self.ranges = ranges  # each segment's elements [lo, hi)
+        self.handles: list[Any] = []  # the engine's handles, in the order of ``names``
+        self.backed = [False] * len(ranges)  # whose result went back to the clients
+        self.on_segment: Callable[[int], None] | None = None
+        #: (set by whoever starts it) segment i's op among the services, from its index;
+        #: its node's part, made before it starts; its result back, once it ended
+        self.start: Callable[[int], Any] | None = None
+        self.local: Callable[[int, int], None] | None = None
+        self.back: Callable[[int], None] | None = None
+        self.ended_count = 0
+        self._left = len(names)
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[Any], None]] = []
+        self._error: BaseException | None = None
+        self._skipped = False
+
+    @property
+    def name(self) -> Any:
+        return self.names[0]
+
+    @property
+    def generation(self) -> int:
+        return int(self.handles[0].generation) if self.handles else -1
+
+    @property
+    def running(self) -> int:
+        return len(self.handles) - self.ended_count
+
+    def add(self, h: Any) -> None:
+        """The engine's handle of the next of :attr:`names`."""
+        with self._lock:
+            i = len(self.handles)
+            self.handles.append(h)
+            error = self._error
+        h.add_done_callback(lambda h: self._ended(i, h))
+        if error is not None and not h.done():  # another failed meanwhile
+            self.engine.abort(h.name, h.generation, _segment_failed(error), _is_mismatch(error))
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
+    def skip_rest(self, error: BaseException | None = None) -> None:
+        """No more segments start here (one failed, or ``error`` came starting the next):
+        the rest fail, here and on every service."""
+        with self._lock:
+            first = self._error is None and error is not None
+            if first:
+                self._error = error
+            reason = self._error
+            running = [x for x in self.handles if not x.done()] if first else []
+            rest = [] if self._skipped else self.names[len(self.handles) :]
+            self._skipped = True
+        for x in running:
+            self.engine.abort(x.name, x.generation, _segment_failed(reason), _is_mismatch(reason))
+        for name in rest:
+            self.engine.abort(name, self.generation, _segment_failed(reason), _is_mismatch(reason))
+        self._count_ended(len(rest))
+
+    def _ended(self, i: int, h: Any) -> None:
+        error = h.exception()
+        with self._lock:
+            first = error is not None and self._error is None
+            if first:
+                self._error = error
+            running = [x for x in self.handles if not x.done()] if first else []
+            self.ended_count += 1
+        for x in running:  # the segments still running fail too, on every service
+            self.engine.abort(x.name, x.generation, _segment_failed(error), _is_mismatch(error))
+        if self.on_segment is not None:
+            self.on_segment(i)
+        self._count_ended(1)
+
+    def _count_ended(self, n: int) -> None:
+        with self._lock:
+            self._left -= n
+            callbacks = self._callbacks if self._left == 0 and n else []
+        for cb in callbacks:
+            cb(self)
+
+    def add_done_callback(self, cb: Callable[[Any], None]) -> None:
+        with self._lock:
+            if self._left:
+                self._callbacks.append(cb)
+                return
+        cb(self)
+
+    def done(self) -> bool:
+        return self._left == 0
+
+    def exception(self) -> BaseException | None:
+        return self._error if self._left == 0 else None
+
+    def drive(self, span: float) -> bool:
+        h = next((h for h in self.handles if not h.done()), None)
+        return True if h is None else bool(h.drive(span))
+
+    def abort(self, reason: str, mismatch: bool) -> None:
+        """Fail it, here and on every service: what runs, and what has not started."""
+        with self._lock:
+            if self._error is None:
+                self._error = OpMismatchError(reason) if mismatch else OpFailedError(reason)
+        for h in list(self.handles):
+            if not h.done():
+                self.engine.abort(h.name, h.generation, reason, mismatch)
+        self.skip_rest()
+
+    def ended(self) -> _Ended:
+        return _Ended(self.name, self.generation, tuple(self.names))
 
 
 class _Mismatch(Exception):
@@ -140,8 +295,8 @@ class _Op:
         what a late descriptor of its name meets; the engine keeps what it still uses)."""
         self.node_buf, self.ins, self.plan = None, [], None
         h = self.handle
-        if h is not None:  # the engine's handle holds its buffers: keep its name only
-            self.handle = _Ended(h.name, h.generation)
+        if h is not None:  # the engine's handle holds its buffers: keep its names only
+            self.handle = ended_of(h)
 
     @property
     def passive(self) -> bool:

@@ -89,6 +89,14 @@ class NameTable:
             st.next_generation += 1
             return gen
 
+    def start_at(self, name: str | int, generation: int) -> None:
+        """The next generation of ``name`` is ``generation``, if it is not past it yet."""
+        with self._lock:
+            st = self._names.get(name)
+            if st is None:
+                st = self._names[name] = _NameState(False)
+            st.next_generation = max(st.next_generation, generation)
+
     def forget(self, name: str | int) -> None:
         """Drop ``name`` once none of its generations is in flight (a name used once)."""
         with self._lock:

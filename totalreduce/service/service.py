@@ -74,6 +74,12 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Li
         if generation is not None:
             self.loop.forget_op((self._wire_id(name), int(generation)))
 
+    def start_name_at(self, name: str | int, generation: int) -> None:
+        """The next op of ``name`` takes generation ``generation`` (unless ``name`` is past
+        it): a node's service runs a large op's segments under names of their own, at
+        the op's generation, so a generation one service skipped is skipped everywhere."""
+        self._names.start_at(name, generation)
+
     def abort_next(self, name: str | int, reason: str, mismatch: bool = False) -> int:
         """Fail the next generation of ``name`` on every rank without submitting it here
         (this rank never will: a node's service, for an op its clients failed); returns
