@@ -30,10 +30,11 @@ engine's abort, and, on the other nodes, its rank's GONE, which its node's servi
 sends them through ``engine``: :meth:`ThinService.client_notice`); the session's
 later ops fail at once.
 
-Here: the thread, its events and the pass's ops, and taking and starting the ops
-Python has.  Its bases: :mod:`.thin_ops` (an op of the node, the checks of a
-descriptor), :mod:`.thin_nodes` (the step among the services) and
-:mod:`.thin_answers` (results, completion words and errors back to the clients).
+Here: the thread and its events, and taking and starting the ops Python has.  Its
+bases: :mod:`.thin_fast` (the compiled pass's side: what it took, and its ops among the
+nodes), :mod:`.thin_ops` (an op of the node, the checks of a descriptor),
+:mod:`.thin_nodes` (the step among the services) and :mod:`.thin_answers` (results,
+completion words and errors back to the clients).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from ..transport import arena as A
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
 from . import arena_pass
 from .thin_answers import Answers
+from .thin_fast import PassOps
 from .thin_nodes import AmongNodes
 from .thin_ops import (
     _A2A,
@@ -64,13 +66,10 @@ from .thin_ops import (
     _RS,
     _SHAPE,
     Descriptors,
-    _error_kind,
     _Grp,
     _Mismatch,
     _Op,
-    _Segments,
     _shape_text,
-    ended_of,
 )
 
 log = logging.getLogger("totalreduce.daemon")
@@ -81,7 +80,7 @@ SPIN_S = 50e-6
 DRIVE_S = 100e-6
 
 
-class ThinService(Descriptors, AmongNodes, Answers):
+class ThinService(PassOps, Descriptors, AmongNodes, Answers):
     """The arena thread of one node's service."""
 
     def __init__(
@@ -270,166 +269,6 @@ class ThinService(Descriptors, AmongNodes, Answers):
             efd, self._efd[slot] = self._efd[slot], None
         if efd is not None:
             os.close(efd)
-
-    def _drain(self) -> bool:
-        """Take what the clients submitted: the compiled pass takes and runs the common
-        ops; what it hands over (arena_pass.py says what) Python takes in order."""
-        fast = self._fast
-        if not arena_pass.arena_pass(fast.tab, self._mem, self.arena.base):
-            return False
-        st = fast.st
-        self._wake_sleepers()
-        self._take_queued()
-        for i in range(int(st[arena_pass.S_NSTART])):
-            self._fast_start(int(fast.starts[i]))
-        return True
-
-    def _wake_sleepers(self) -> None:
-        fast = self._fast
-        for i in range(int(fast.st[arena_pass.S_NSIG])):
-            efd = self._efd[int(fast.sig[i])]
-            if efd is not None:
-                signal_eventfd(efd)
-
-    def _take_queued(self) -> None:
-        fast = self._fast
-        for i in range(int(fast.st[arena_pass.S_NOUT])):
-            self._take(int(fast.outslot[i]), fast.outq[i].copy())
-
-    def _eject(self, older_s: float | None) -> None:
-        """Hand Python the compiled pass's ops waiting in its table (those waiting
-        ``older_s`` seconds, or all); with ``None``, those running among the nodes too."""
-        fast = self._fast
-        if older_s is None:
-            for item in self._fast_running.values():
-                if item[2] is None:
-                    item[2] = self._take_over(item[0], item[1])
-        if not fast.st[arena_pass.S_LIVE]:
-            return
-        now = arena_pass.clock_ns()
-        before = now if older_s is None else now - int(older_s * 1e9)
-        while True:
-            left = arena_pass.arena_eject(fast.tab, before)
-            self._take_queued()
-            if not left:
-                return
-
-    # ------------------------------------------------------------------ the pass's ops
-    # among the nodes
-
-    def _entry_op(self, e: int) -> _Op:
-        """Python's _Op of the pass's entry ``e`` (complete here: its local part done)."""
-        fast = self._fast
-        op = _Op((int(fast.keys[e, 0]), int(fast.keys[e, 1]), 0), self.slots, self._world)
-        for i in range(int(fast.seen[e])):
-            k = int(fast.order[e, i])
-            op.descs[k] = fast.descs[e, k].copy()
-            op.incarnations[k] = self._inc[k]
-            op.seen += 1
-        return op
-
-    def _fast_start(self, e: int) -> None:
-        """Entry ``e`` of the pass is complete here: start it among the nodes
-        (:meth:`_engine_op`, over the world).  Its node's part is in its node buffer, but
-        for a segmented op (:func:`.arena_pass.pipelined`), whose node's part is made
-        here segment by segment, as each starts."""
-        fast = self._fast
-        d = fast.descs[e, 0]
-        kind, wire = int(d[A.D_KIND]), int(fast.keys[e, 0])
-        key = (wire, int(fast.keys[e, 1]), 0)
-        for late in self.engine.take_late_errors():  # about ops answered already
-            log.warning("an op among the services failed elsewhere after it ended here: %s", late)
-        self._fast_tokens += 1
-        token = self._fast_tokens
-        try:
-            dt = DType(int(d[A.D_DTYPE]))
-            buf = None
-            if kind != int(OpKind.BARRIER):
-                at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
-                buf = self.arena.view(at, int(d[A.D_COUNT]), dt.numpy)
-            rop = ReduceOp(int(d[A.D_OP]))
-            if rop is ReduceOp.AVG:
-                rop = ReduceOp.SUM  # divided at the end
-            segs = self._segmented(key, self._world, d) if buf is not None else None
-            if segs is not None:  # its node's part made, and handed back, by segments
-                tab, base = fast.tab, self.arena.base
-                segs.local = lambda lo, hi: arena_pass.arena_local(tab, base, e, lo, hi)
-                segs.back = lambda i: self._fast_segment(token, i)
-                self._fast_running[token] = [e, segs, None]
-            h = self._engine_op(key, self._world, kind, buf, rop, dt, d, segs)
-        except Exception as exc:
-            self._fast_running.pop(token, None)
-            op = self._entry_op(e)
-            arena_pass.arena_release(fast.tab, e)
-            self._fail(op, A.E_FAILED, f"the services could not start it: {exc}")
-            return
-        if segs is None:
-            self._fast_running[token] = [e, h, None]
-        # a segmented op ends after its segments' ends, in the order they came
-        run = segs is None
-        h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h), run))
-
-    def _on_arena_thread(self, fn: Callable[[], None], run: bool = True) -> None:
-        """Call ``fn`` on this thread: now if here and ``run``, else in its turn."""
-        if run and threading.get_ident() == self._thread.ident:
-            fn()
-            return
-        self._fast_ended.append(fn)
-        if threading.get_ident() != self._thread.ident:
-            self._kick()
-
-    def _fast_segment(self, token: int, i: int) -> None:
-        """Segment ``i`` of the pass's segmented op ``token`` ended among the nodes: its
-        result goes back to the clients (unless Python took the op over)."""
-        item = self._fast_running.get(token)
-        if item is None or item[2] is not None:
-            return
-        e, segs, _ = item
-        lo, hi = segs.ranges[i]
-        arena_pass.arena_back(self._fast.tab, self.arena.base, e, lo, hi)
-        segs.backed[i] = True
-
-    def _fast_end(self, token: int, h: Any) -> None:
-        """The pass's op ``token`` ended among the nodes (on this thread)."""
-        item = self._fast_running.pop(token, None)
-        if item is None:
-            return
-        e, _, op = item
-        if op is not None:  # Python took it over: it ends the Python way
-            self._finish(op, h.exception(), h)
-            return
-        fast = self._fast
-        self._forget_unnamed(int(fast.keys[e, 0]), fast.descs[e, 0], h)
-        error = h.exception()
-        if error is not None:
-            op = self._entry_op(e)
-            arena_pass.arena_release(fast.tab, e)
-            op.handle = ended_of(h)
-            text = self._among_nodes_text(error, h, op.first())
-            self._fail(op, _error_kind(error), text)
-            return
-        back = 0 if isinstance(h, _Segments) else 1  # a segmented op's went back already
-        arena_pass.arena_finish(fast.tab, self._mem, self.arena.base, e, back)
-        self._wake_sleepers()
-
-    def _take_over(self, e: int, h: Any) -> _Op:
-        """Python's tables take the pass's running entry ``e`` (an event is coming that
-        may fail it): an _Op in ``_running`` with the engine's handle, as _start makes."""
-        op = self._entry_op(e)
-        fast = self._fast
-        at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
-        d = fast.descs[e, 0]
-        if at >= 0:
-            op.node_buf = self.arena.view(at, int(d[A.D_COUNT]), DType(int(d[A.D_DTYPE])).numpy)
-        op.handle = h
-        if isinstance(h, _Segments) and h.local is not None:
-            # its segments not started yet: their node's part now, while the entry is ours
-            for lo, hi in h.ranges[len(h.handles) :]:
-                h.local(lo, hi)
-            h.local = None
-        self._running[op.key] = op
-        arena_pass.arena_release(fast.tab, e)
-        return op
 
     # ------------------------------------------------------------------ ops
 
