@@ -54,8 +54,12 @@ def service_pids(served) -> list[int]:
     return [int(x) for x in out.stdout.split() if int(x) != served.proc.pid]
 
 
-def test_eight_clients_on_two_nodes_every_op_random_orders(tmp_path: Path) -> None:
-    served = serve(2, 4, tmp_path / "s")
+@pytest.mark.parametrize("segments", ["auto", "64"], ids=["segments-auto", "segments-64B"])
+def test_eight_clients_on_two_nodes_every_op_random_orders(tmp_path: Path, segments: str) -> None:
+    """Every kind, in random orders and priorities, exact; with ``--segment-bytes 64``
+    every allreduce and broadcast of 8 int64 or more among the nodes runs in segments (the
+    compiled pass's, a group's, an algorithm named)."""
+    served = serve(2, 4, tmp_path / "s", extra=("--segment-bytes", segments))
     try:
         for line in served.lines:
             assert "listening on" in line, line
@@ -72,6 +76,8 @@ def test_eight_clients_on_two_nodes_every_op_random_orders(tmp_path: Path) -> No
     log = served.stderr()
     assert status == 0, log
     assert "ERROR" not in log and "Traceback" not in log, log
+    if segments != "auto":
+        assert "of 64 bytes or more run among the nodes in 8 segments" in log, log
 
 
 def test_window_ops_between_daemon_clients(tmp_path: Path) -> None:
