@@ -46,8 +46,9 @@ outgoing messages and credit, the receiver's answers), ``reducing.py``
 (:class:`~.reducing.ReduceHooks`: reductions and local steps), ``failing.py``
 (:class:`~.failing.FailHooks`: ops failing, errors to and from peers, aborts),
 ``peers.py`` (:class:`~.peers.PeerHooks`: peers failing, leaving, dying, coming back),
-``stalls.py`` (:class:`~.stalls.StallHooks`: the stall inspector) and ``lane_loop.py``
-(:class:`~.lane_loop.LaneHooks`: the compiled lane's side).  Each base declares what it
+``stalls.py`` (:class:`~.stalls.StallHooks`: the stall inspector), ``lane_loop.py``
+(:class:`~.lane_loop.LaneHooks`: the compiled lane's side) and ``lane_failing.py``
+(:class:`~.lane_failing.LaneFailHooks`: lane ops failing).  Each base declares what it
 uses of the others as class annotations; none imports this module.
 """
 
@@ -73,6 +74,7 @@ from .driving import DriveHooks
 from .failing import FailHooks
 from .failures import _error_from_peer
 from .floating import BufferPool, FloatingList
+from .lane_failing import LaneFailHooks
 from .lane_loop import LaneHooks
 from .link import Link
 from .payload import REMEMBERED, OpKey, OpSpec, OpState, Payload
@@ -116,7 +118,15 @@ class LoopStats:
 
 
 class CommLoop(
-    DriveHooks, LaneHooks, FailHooks, PeerHooks, StallHooks, ReceiveHooks, SendHooks, ReduceHooks
+    DriveHooks,
+    LaneHooks,
+    LaneFailHooks,
+    FailHooks,
+    PeerHooks,
+    StallHooks,
+    ReceiveHooks,
+    SendHooks,
+    ReduceHooks,
 ):
     """Executes payloads' segment plans over a transport (see the module docstring)."""
 

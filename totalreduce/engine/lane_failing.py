@@ -1,0 +1,234 @@
+"""The compiled lane's ops failing: its events into errors, and lane ops failed with the rest.
+
+:class:`LaneFailHooks` is a base of :class:`~.loop.CommLoop`, next to
+:class:`~.lane_loop.LaneHooks` (the lane's routing, driving and waiting).  It turns
+the lane's events into the errors the main loop raises for its own ops (the same
+words, sent to the same ranks: ``_lane_event``), fails a lane op here and on its
+group (``_lane_fail``), and takes lane ops through everything that fails ops:
+peers gone (``_lane_fail_with``), shutdown and fatal errors (``_lane_fail_all``),
+stalls (``_lane_stalls``).  It declares what it uses of the other bases as class
+annotations; it does not import :mod:`.loop`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import struct
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
+from . import lane_layout as L
+from .payload import OpKey, OpSpec, Payload
+
+if TYPE_CHECKING:
+    from .lane import Lane, LaneOp
+
+log = logging.getLogger("totalreduce.engine")
+
+_FRAME = struct.Struct("<BBBBBBHIIIIQQQQqQ")
+
+_MALFORMED = {
+    L.MF_SHORT: "shorter than its header",
+    L.MF_MAGIC: "bad magic or protocol version",
+    L.MF_SENDER: "names another sender",
+    L.MF_TRUNCATED: "truncated frame",
+    L.MF_TYPE: "unknown frame type",
+    L.MF_BODY: "eager body over micro_bytes",
+    L.MF_CREDIT: "a frame or credit beyond what this rank granted",
+    L.MF_LONG: "longer than any message a peer may send",
+    L.MF_TAG: "a clear naming a tag outside the lane's body tags",
+}
+
+
+class LaneFailHooks:
+    """Lane ops failing, for the main loop (see the module docstring)."""
+
+    lane: Lane | None
+    rank: int
+    table: dict[OpKey, Payload]
+    completed: OrderedDict[OpKey, tuple[Any, ...]]
+
+    # provided by CommLoop
+    _error_frame: Callable[[OpKey, int, str, int], None]
+    _tell_group: Callable[[OpKey, tuple[int, ...], int, BaseException], None]
+    _who: Callable[[int], str]
+    _lane_drain: Callable[[], None]
+
+    # ------------------------------------------------------------------ one op, events
+
+    def _lane_fail(
+        self, lop: LaneOp, error: BaseException, *, tell_peers: bool, also: int = -1
+    ) -> None:
+        """Fail a lane op here (and, with ``tell_peers``, on its group and rank ``also``)."""
+        lane = self.lane
+        assert lane is not None
+        if lane.state(lop) != L.S_ACTIVE or lop.error is not None:
+            return
+        lop.error = error
+        lane.fail(lop)
+        self._lane_tell(lop.spec, error, tell_peers, also)
+        self._lane_drain()
+
+    def _lane_tell(self, spec: OpSpec, error: BaseException, tell_peers: bool, also: int) -> None:
+        if tell_peers:
+            self._tell_group(spec.key, spec.group, also, error)
+        text = str(error)
+        log.error(
+            "%s", text if text.startswith(f"rank {self.rank}:") else f"rank {self.rank}: {text}"
+        )
+
+    def _lane_event(self, kind: int, slot: int, source: int, a: int, b: int, raw: bytes) -> None:
+        lane = self.lane
+        assert lane is not None
+        lop = lane.ops.get(slot) if slot >= 0 else None
+        if kind in (L.EV_MISMATCH, L.EV_UNEXPECTED, L.EV_SIZE) and lop is not None:
+            f = _FRAME.unpack(raw)
+            error: TotalReduceError = OpMismatchError(
+                self._lane_mismatch_text(kind, lop, f, source, a, b)
+            )
+            lop.error = error
+            self._lane_tell(lop.spec, error, True, source)
+        elif kind == L.EV_FOREIGN:
+            f = _FRAME.unpack(raw)
+            key = (f[11], f[12])
+            p = self.table.get(key)
+            error = OpMismatchError(
+                f"op generation {key[1]}: ranks disagree about the op (its dtype, count, reduce "
+                f"op or algorithm): rank {source} runs it in the compiled lane, rank {self.rank} "
+                "in the main loop"
+            )
+            if p is not None:
+                error = OpMismatchError(
+                    f"{p.spec.describe()}: ranks disagree about the op (its dtype, count, reduce "
+                    f"op or algorithm): {self._who(source)} runs it in the compiled lane, "
+                    f"{self._who(self.rank)} in the main loop"
+                )
+                self._fail(p, error, tell_peers=True, also=source)  # type: ignore[attr-defined]
+            else:
+                self._error_frame(key, source, str(error), 1)
+        elif kind == L.EV_LATE:
+            f = _FRAME.unpack(raw)
+            key = (f[11], f[12])
+            if key in self.completed:
+                self._unknown_op(source, f, key)  # type: ignore[attr-defined]
+        elif kind == L.EV_MALFORMED:
+            self._bad_peer(  # type: ignore[attr-defined]
+                source,
+                FrameError(
+                    f"rank {self.rank}: message from rank {source} refused: "
+                    f"{_MALFORMED.get(a, 'malformed')} ({b})"
+                ),
+            )
+        elif kind == L.EV_MPI:
+            from ..transport import mpi_native
+
+            rec = None if self.lane is None else self.lane.b
+            if rec is not None and int(rec[mpi_native.B_KIND]) == mpi_native.KIND_LOCAL:
+                from ..transport.local_native import error_text
+
+                text = error_text(-a)
+            else:
+                text = mpi_native.error_text(-a)
+            err = TotalReduceError(
+                f"rank {self.rank}: MPI call of the compiled lane failed"
+                + (f" with rank {source}" if source >= 0 else "")
+                + f": {text}"
+            )
+            if source >= 0:
+                self._bad_peer(source, err)  # type: ignore[attr-defined]
+            else:
+                raise err
+        elif kind in (L.EV_KERNEL, L.EV_LOST) and lop is not None:
+            error = OpFailedError(
+                f"{lop.spec.describe()}: the compiled lane could not run it on rank {self.rank} "
+                f"(event {kind}, {a}, {b}): a bug, please report it"
+            )
+            lop.error = error
+            if lane.state(lop) == L.S_ACTIVE:
+                lane.fail(lop)
+            self._lane_tell(lop.spec, error, True, -1)
+
+    def _lane_mismatch_text(
+        self, kind: int, lop: LaneOp, f: tuple[int, ...], source: int, a: int, b: int
+    ) -> str:
+        spec = lop.spec
+        if kind == L.EV_MISMATCH:
+            from .payload import Payload
+
+            fake = Payload.__new__(Payload)
+            fake.spec = spec
+            fake.shape = (
+                int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
+                spec.count, spec.param, spec.context,
+            )  # fmt: skip
+            full = (f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10],
+                    f[11], f[12], f[13], f[14], f[15], f[16])  # fmt: skip
+            why = fake.mismatch(full, self._who(source), self._who(self.rank))
+            if why is not None:
+                return why
+        if kind == L.EV_SIZE:
+            return (
+                f"{spec.describe()}: step {f[8]} segment {f[9]}: rank {self.rank} expects {b} "
+                f"bytes, rank {source} sends {a} (do the ranks use the same micro_bytes?)"
+            )
+        return (
+            f"{spec.describe()}: rank {self.rank} got an unexpected frame from rank {source} for "
+            f"step {f[8]} segment {f[9]} (do the ranks use the same algorithm, group and "
+            "micro_bytes?)"
+        )
+
+    # ------------------------------------------------------------------ every lane op
+
+    def _lane_fail_with(self, peer: int, make: Any, *, only_needed: bool = False) -> None:
+        """Fail the lane ops with world rank ``peer`` (``make(spec)`` is the error)."""
+        lane = self.lane
+        if lane is None:
+            return
+        for lop in list(lane.ops.values()):
+            if peer in lop.spec.group and (not only_needed or lane.needs(lop, peer)):
+                self._lane_fail(lop, make(lop.spec), tell_peers=True)
+
+    def _lane_fail_all(self, error: BaseException) -> None:
+        lane = self.lane
+        if lane is None:
+            return
+        for lop in list(lane.ops.values()):
+            self._lane_fail(lop, error, tell_peers=False)
+
+    def _lane_stalls(self, now: float, first: float, warn: float, shut: float) -> None:
+        """The stall inspector's pass over lane ops (see ``CommLoop._check_stalls``)."""
+        from .wire import PROBE
+
+        lane = self.lane
+        if lane is None:
+            return
+        for lop in list(lane.ops.values()):
+            idle = now - lop.t0
+            spec = lop.spec
+            if not lop.probed and idle >= first / 2:
+                lop.probed = True
+                shape = (int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
+                         spec.count, spec.param, spec.context)  # fmt: skip
+                for world in spec.group:
+                    if world != self.rank:
+                        self._control(world, PROBE, shape, spec.key)  # type: ignore[attr-defined]
+            timeout = self._stall_verdict(  # type: ignore[attr-defined]
+                spec, idle, warn, shut, lop.warned, functools.partial(self._lane_stall_text, lop)
+            )
+            if timeout is not None:
+                self._lane_fail(lop, timeout, tell_peers=True)
+            elif warn > 0 and idle >= warn:
+                lop.warned = True
+
+    def _lane_stall_text(self, lop: LaneOp) -> str:
+        lane = self.lane
+        assert lane is not None
+        recv_from = lane.waiting_on(lop)
+        # After the probe every rank that submitted the op has answered HAVE: the others are
+        # missing, whether this rank waits on them or on a rank that waits on them.
+        missing = [w for w in lop.spec.group if w != self.rank and w not in lop.have]
+        text = f"ranks {missing} have not submitted it; " if missing and lop.probed else ""
+        return text + f"it waits for frames from ranks {recv_from}"
