@@ -29,7 +29,7 @@ from ..service.handle import ServiceLike
 from ..topology import MixingTopology, get_topology, topology_options
 from .broadcast_state import broadcast_parameters
 from .collectives import allreduce_async_, resolve_service
-from .optimizer import priority_of
+from .optimizer_args import priority_of
 from .tensors import array_to_tensor, host_buffer
 
 

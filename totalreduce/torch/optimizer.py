@@ -36,6 +36,9 @@ Rules a user can rely on:
   extra element in the last bucket of the plan where it can (free); without
   such a bucket (no fusion, integer averages, min) it is an 8-byte op of its
   own, ``prefix + "#round"``, started with the first gradient of the step.
+
+The factory's arguments (Horovod's positional order, the check of every option,
+``named_parameters`` and ``priority`` rules) are read in :mod:`.optimizer_args`.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import contextlib
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -56,6 +59,7 @@ from .buckets import Bucket, describe, member_index, plan_buckets
 from .collectives import allreduce_async_, resolve_service
 from .compression import Compression, Compressor
 from .cuda_staging import CudaLauncher
+from .optimizer_args import PriorityRule, _check_names, priority_of, read_arguments
 from .tensors import TensorHandle
 
 #: Default ``fusion_bytes``: the most bytes of gradients one bucket op carries.  Measured
@@ -64,8 +68,6 @@ from .tensors import TensorHandle
 #: default) keeps a few buckets per step on ResNet-sized models, so the first can overlap
 #: the rest of backward where cores are free.
 DEFAULT_FUSION_BYTES = 25 << 20
-
-PriorityRule = int | Mapping[str, int] | Callable[[str, torch.Tensor], int] | None
 
 
 class GradientSyncError(TotalReduceError):
@@ -118,70 +120,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, a factory that returns
     >>> loss.backward()       # each gradient leaves when ready    # doctest: +SKIP
     >>> opt.step()            # waits for the averages, then steps  # doctest: +SKIP
     """
-    if isinstance(op, type) and issubclass(op, Compressor):
-        # Horovod's positional order: (optimizer, named_parameters, compression,
-        # backward_passes_per_step, op, gradient_predivide_factor, num_groups, groups,
-        # sparse_as_dense).
-        given = [op, priority, backward_passes_per_step, prefix, *args]
-        names = ["compression", "backward_passes_per_step", "op", "gradient_predivide_factor",
-                 "num_groups", "groups", "sparse_as_dense"]  # fmt: skip
-        if len(given) > len(names):
-            raise InvalidArgumentError(f"DistributedOptimizer takes at most {len(names) + 2} "
-                                       "positional arguments in Horovod's order")  # fmt: skip
-        values = dict(zip(names, given, strict=False))
-        compression = values.get("compression", compression)
-        backward_passes_per_step = values.get("backward_passes_per_step", 1)
-        op = values.get("op", "avg")
-        gradient_predivide_factor = values.get(
-            "gradient_predivide_factor", gradient_predivide_factor
-        )
-        num_groups = values.get("num_groups", num_groups)
-        groups = values.get("groups", groups)
-        sparse_as_dense = values.get("sparse_as_dense", sparse_as_dense)
-        priority, prefix = None, "grad."
-    elif args:
-        raise InvalidArgumentError(
-            "DistributedOptimizer takes (optimizer, named_parameters, op, priority, "
-            "backward_passes_per_step, prefix) positionally, or Horovod's order with a "
-            "compression third"
-        )
-    op = {"Average": "avg", "Sum": "sum", "Adasum": "adasum"}.get(getattr(op, "__name__", op), op)
-    if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
-        raise InvalidArgumentError(
-            f"gradient_predivide_factor must be a number > 0, got {gradient_predivide_factor!r}"
-        )
-    if gradient_predivide_factor != 1.0 and op != "avg":
-        raise InvalidArgumentError(
-            f"gradient_predivide_factor only applies to op=Average (as in Horovod); got op={op!r}"
-        )
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
-        raise InvalidArgumentError(f"num_groups must be an int >= 0, got {num_groups!r}")
-    if groups is not None and not (isinstance(groups, int) or isinstance(groups, (list, tuple))):
-        raise InvalidArgumentError(
-            f"groups must be an int or a list of lists of parameters, got {groups!r}"
-        )
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise InvalidArgumentError(
-            f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}"
-        )
-    if isinstance(optimizer, _DistributedOptimizer):
-        raise InvalidArgumentError("this optimizer is already a DistributedOptimizer")
-    if (
-        isinstance(backward_passes_per_step, bool)
-        or not isinstance(backward_passes_per_step, int)
-        or backward_passes_per_step < 1
-    ):
-        raise InvalidArgumentError(
-            f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
-        )
-    if isinstance(fusion_bytes, bool) or not isinstance(fusion_bytes, int) or fusion_bytes < 0:
-        raise InvalidArgumentError(
-            f"fusion_bytes must be an int >= 0 (0 turns fusion off), got {fusion_bytes!r}"
-        )
-    if not (isinstance(compression, type) and issubclass(compression, Compressor)):
-        raise InvalidArgumentError(
-            f"compression must be Compression.none or Compression.fp16, got {compression!r}"
-        )
+    # Horovod's order and names, every option checked (optimizer_args.py).
+    op, priority, backward_passes_per_step, prefix, compression, sparse_as_dense = read_arguments(
+        optimizer, _DistributedOptimizer, op, priority, backward_passes_per_step, prefix, args,
+        fusion_bytes=fusion_bytes, compression=compression,
+        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
+        sparse_as_dense=sparse_as_dense,
+    )  # fmt: skip
     if op == "adasum":  # Horovod's Adasum combines the model's updates: its own wrapper
         from .adasum import adasum_optimizer
 
@@ -564,49 +509,3 @@ def _in_completion_order(buckets: list[Bucket]) -> Iterator[Bucket]:
 
 #: How long :func:`_in_completion_order` blocks before it progresses the engine itself.
 _POLL_S = 1.0
-
-
-def _check_names(
-    named_parameters: Iterable[tuple[str, torch.Tensor]], in_groups: list[torch.Tensor]
-) -> list[tuple[str, torch.Tensor]]:
-    try:
-        named = [(n, p) for n, p in named_parameters]
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(
-            "named_parameters must be pairs (name, parameter), e.g. model.named_parameters()"
-        ) from None
-    seen: set[str] = set()
-    for n, p in named:
-        if not isinstance(n, str) or not isinstance(p, torch.Tensor):
-            raise InvalidArgumentError(
-                f"named_parameters must be pairs (str, tensor), got ({n!r}, {type(p).__name__})"
-            )
-        if n in seen:
-            raise InvalidArgumentError(f"parameter name {n!r} appears twice in named_parameters")
-        seen.add(n)
-    named_set = {p for _, p in named}
-    missing = [i for i, p in enumerate(in_groups) if p not in named_set]
-    if missing:
-        raise InvalidArgumentError(
-            f"{len(missing)} parameters of the optimizer (positions {missing[:8]} in its "
-            "param_groups) are not in named_parameters; pass model.named_parameters() of the "
-            "model the optimizer trains"
-        )
-    return named
-
-
-def priority_of(rule: PriorityRule, name: str, p: torch.Tensor, default: int) -> int:
-    """The priority ``rule`` gives parameter ``name`` (``default`` when the rule is None)."""
-    if rule is None:
-        value: Any = default
-    elif callable(rule):
-        value = rule(name, p)
-    elif isinstance(rule, Mapping):
-        value = rule.get(name, 0)
-    else:
-        value = rule
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(
-            f"the priority of parameter {name!r} must be an int, got {value!r}"
-        )
-    return value
