@@ -11,6 +11,10 @@ the op's completion word.  ``done()`` reads that word; ``wait()`` spins briefly,
 then sleeps on this client's eventfd, which the service writes when it sees the
 client's sleeping flag.  No thread of this process takes part, unless a caller
 adds a done callback to an op in flight: then one thread watches the words.
+
+:class:`ThinHandle` and :class:`ThinClient` (submitting, completing, waiting) are here;
+where the client's buffers go in its part of the arena is its base
+:class:`~.thin_buffers.ThinBuffers`.
 """
 
 from __future__ import annotations
@@ -38,13 +42,12 @@ from ..errors import (
 )
 from ..transport import arena as A
 from ..transport.shm import drain_eventfd, fence, signal_eventfd
+from .thin_buffers import ThinBuffers
 
 log = logging.getLogger("totalreduce.thin")
 
 #: How long ``wait()`` checks the completion word before it sleeps.
 SPIN_S = 50e-6
-#: How many groups' ranks and ops' parts a client keeps in the arena for its next ops.
-CONSTS = 1024
 _KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.BARRIER: "barrier",
           OpKind.REDUCE_SCATTER: "reduce-scatter", OpKind.ALLGATHER: "all-gather",
           OpKind.ALLTOALL: "all-to-all", OpKind.REDUCE: "reduce", OpKind.GATHER: "gather",
@@ -139,8 +142,9 @@ class ThinHandle:
         return f"<ThinHandle op={self.name!r} generation={self.generation} {state}>"
 
 
-class ThinClient:
-    """This process's side of the arena: its slot's ring, words and buffers."""
+class ThinClient(ThinBuffers):
+    """This process's side of the arena: its slot's ring, words and buffers (placed by its
+    base :class:`~.thin_buffers.ThinBuffers`)."""
 
     def __init__(self, link: Any) -> None:
         w = link.welcome
@@ -173,93 +177,11 @@ class ThinClient:
         #: The timeline recorder (the service's, when one records): the ops' lives, waits.
         self.trace: Any = None
 
-    # ------------------------------------------------------------------ placing buffers
-
-    def takes(self, nbytes: int) -> bool:
-        """Whether an op of ``nbytes`` can be staged here (else, unless it is one that is
-        cut into pieces, it goes the engine's way)."""
-        return nbytes <= self.arena.data_bytes // 2
-
-    def pieces(self, nbytes: int) -> int:
-        """How many thin ops an op of ``nbytes`` (a size all its ranks know) runs as: one
-        that half a client's part takes, else pieces of at most an eighth part."""
-        if self.takes(nbytes):
-            return 1
-        return -(-nbytes // max(self.arena.data_bytes // 8, 1))
-
-    def empty(self, shape: Any, dtype: Any) -> np.ndarray:
-        """A new array in this client's part of the arena (its ops then take no copy)."""
-        dt = np.dtype(dtype)
-        shp = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        n = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
-        at = self._alloc(max(n, dt.itemsize), None)
-        raw = self.arena.view(at, max(n, dt.itemsize), np.uint8)
-        whole = np.asarray(_Owner(raw, _Block(self.space, at))).view(dt)
-        return whole[: n // dt.itemsize].reshape(shp)
-
-    def _alloc(self, nbytes: int, what: str | None) -> int:
-        at = self.space.alloc(nbytes)
-        if at >= 0:
-            return at
-        if nbytes > self.arena.data_bytes:
-            raise InvalidArgumentError(
-                f"{nbytes} bytes do not fit this client's {self.arena.data_bytes} bytes of the "
-                "node's arena (start the service with a larger --arena-bytes)"
-            )
-        t0 = time.monotonic()
-        warned = False
-        while (at := self.space.alloc(nbytes)) < 0:  # backpressure: ops in flight give back
-            oldest = self._oldest()
-            if oldest is None:
-                time.sleep(0.001)  # arrays of tr.empty() hold it: wait for the collector
-            else:
-                self.block(oldest, None)
-            if not warned and time.monotonic() - t0 > 10:
-                warned = True
-                log.warning(
-                    "rank %d: %s waits for %d bytes of the arena (%d of %d in use) for 10 s",
-                    self.rank, what or "an array", nbytes, self.space.used_bytes,
-                    self.arena.data_bytes,
-                )  # fmt: skip
-        return at
+    # ------------------------------------------------------------------ submitting
 
     def _oldest(self) -> ThinHandle | None:
         """The oldest op in flight that is sure to end (not a standing receive)."""
         return next((h for h in self._flight.values() if not h.passive), None)
-
-    def const_block(self, values: tuple[int, ...]) -> tuple[int, int]:
-        """(arena offset, block to free or -1) of ``values`` as int64 words (a group's ranks,
-        an op's parts): kept for the next op that has them, up to :data:`CONSTS` of them."""
-        at = self._consts.get(values)
-        if at is not None:
-            return at, -1
-        at = self._alloc(8 * max(len(values), 1), "a group or parts block")
-        self.arena.view(at, len(values), np.dtype(np.int64))[:] = values
-        if len(self._consts) < CONSTS:
-            self._consts[values] = at
-            return at, -1
-        return at, at
-
-    def stage(self, nbytes: int, fill: np.ndarray | None) -> int:
-        """A staging block of ``nbytes``, filled from ``fill`` (an array of as many bytes)
-        unless that is None: its offset."""
-        at = self._alloc(nbytes, "a staging copy")
-        if fill is not None and fill.nbytes:
-            self.arena.view(at, fill.nbytes, np.uint8)[:] = fill.reshape(-1).view(np.uint8)
-        return at
-
-    def place(self, arr: np.ndarray, fill: np.ndarray | None) -> tuple[int, int]:
-        """(arena offset of ``arr``'s bytes, staging offset or -1): ``arr`` itself if it
-        lives in the arena, else a staging block of its size, filled from ``fill`` (an
-        array of as many bytes) unless that is None."""
-        if arr.flags.c_contiguous:
-            at = self.arena.offset_of(arr)
-            if at >= 0:
-                return at, -1
-        at = self.stage(arr.nbytes, fill)
-        return at, at
-
-    # ------------------------------------------------------------------ submitting
 
     def submit(
         self,
@@ -583,28 +505,3 @@ class ThinClient:
             except OSError:
                 pass
         self.arena.close()
-
-
-class _Block:
-    """Gives an arena block back when the last array over it goes."""
-
-    __slots__ = ("space", "at", "__weakref__")
-
-    def __init__(self, space: A.Allocator, at: int) -> None:
-        self.space, self.at = space, at
-
-    def __del__(self) -> None:
-        try:
-            self.space.free(self.at)
-        except Exception:  # interpreter teardown
-            pass
-
-
-class _Owner:
-    """The buffer of an arena array; it holds its block (numpy keeps it as the base)."""
-
-    __slots__ = ("raw", "keeper", "__array_interface__")
-
-    def __init__(self, raw: np.ndarray, keeper: _Block) -> None:
-        self.raw, self.keeper = raw, keeper
-        self.__array_interface__ = raw.__array_interface__

@@ -1,0 +1,147 @@
+"""A daemon client's buffers in its part of the node's arena.
+
+:class:`ThinBuffers` is the base of :class:`~.thin.ThinClient` that places an op's
+buffers (:mod:`.thin` says how the thin path works): arrays made in the arena
+(``empty``: an op on one takes no copy), staging blocks for the others (``place``,
+``stage``), the int64 blocks of a group's ranks or an op's parts, kept for the next
+op that has them (``const_block``), and the backpressure of a full part: a block
+that does not fit waits for the oldest op in flight to end and give its blocks back.
+What it uses of :class:`~.thin.ThinClient` is declared below as annotations; it does
+not import :mod:`.thin`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..transport import arena as A
+
+log = logging.getLogger("totalreduce.thin")
+
+#: How many groups' ranks and ops' parts a client keeps in the arena for its next ops.
+CONSTS = 1024
+
+
+class ThinBuffers:
+    """Where a client's ops' buffers go in the arena (see the module docstring)."""
+
+    # the state, made by ThinClient.__init__
+    arena: Any  # transport.arena.Arena
+    space: A.Allocator
+    rank: int
+    _consts: dict[tuple[int, ...], int]
+
+    # provided by ThinClient
+    _oldest: Callable[[], Any]  # the oldest op in flight that is sure to end, or None
+    block: Callable[[Any, float | None], None]  # until that op is done
+
+    def takes(self, nbytes: int) -> bool:
+        """Whether an op of ``nbytes`` can be staged here (else, unless it is one that is
+        cut into pieces, it goes the engine's way)."""
+        return nbytes <= self.arena.data_bytes // 2
+
+    def pieces(self, nbytes: int) -> int:
+        """How many thin ops an op of ``nbytes`` (a size all its ranks know) runs as: one
+        that half a client's part takes, else pieces of at most an eighth part."""
+        if self.takes(nbytes):
+            return 1
+        return -(-nbytes // max(self.arena.data_bytes // 8, 1))
+
+    def empty(self, shape: Any, dtype: Any) -> np.ndarray:
+        """A new array in this client's part of the arena (its ops then take no copy)."""
+        dt = np.dtype(dtype)
+        shp = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        n = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        at = self._alloc(max(n, dt.itemsize), None)
+        raw = self.arena.view(at, max(n, dt.itemsize), np.uint8)
+        whole = np.asarray(_Owner(raw, _Block(self.space, at))).view(dt)
+        return whole[: n // dt.itemsize].reshape(shp)
+
+    def _alloc(self, nbytes: int, what: str | None) -> int:
+        at = self.space.alloc(nbytes)
+        if at >= 0:
+            return at
+        if nbytes > self.arena.data_bytes:
+            raise InvalidArgumentError(
+                f"{nbytes} bytes do not fit this client's {self.arena.data_bytes} bytes of the "
+                "node's arena (start the service with a larger --arena-bytes)"
+            )
+        t0 = time.monotonic()
+        warned = False
+        while (at := self.space.alloc(nbytes)) < 0:  # backpressure: ops in flight give back
+            oldest = self._oldest()
+            if oldest is None:
+                time.sleep(0.001)  # arrays of tr.empty() hold it: wait for the collector
+            else:
+                self.block(oldest, None)
+            if not warned and time.monotonic() - t0 > 10:
+                warned = True
+                log.warning(
+                    "rank %d: %s waits for %d bytes of the arena (%d of %d in use) for 10 s",
+                    self.rank, what or "an array", nbytes, self.space.used_bytes,
+                    self.arena.data_bytes,
+                )  # fmt: skip
+        return at
+
+    def const_block(self, values: tuple[int, ...]) -> tuple[int, int]:
+        """(arena offset, block to free or -1) of ``values`` as int64 words (a group's ranks,
+        an op's parts): kept for the next op that has them, up to :data:`CONSTS` of them."""
+        at = self._consts.get(values)
+        if at is not None:
+            return at, -1
+        at = self._alloc(8 * max(len(values), 1), "a group or parts block")
+        self.arena.view(at, len(values), np.dtype(np.int64))[:] = values
+        if len(self._consts) < CONSTS:
+            self._consts[values] = at
+            return at, -1
+        return at, at
+
+    def stage(self, nbytes: int, fill: np.ndarray | None) -> int:
+        """A staging block of ``nbytes``, filled from ``fill`` (an array of as many bytes)
+        unless that is None: its offset."""
+        at = self._alloc(nbytes, "a staging copy")
+        if fill is not None and fill.nbytes:
+            self.arena.view(at, fill.nbytes, np.uint8)[:] = fill.reshape(-1).view(np.uint8)
+        return at
+
+    def place(self, arr: np.ndarray, fill: np.ndarray | None) -> tuple[int, int]:
+        """(arena offset of ``arr``'s bytes, staging offset or -1): ``arr`` itself if it
+        lives in the arena, else a staging block of its size, filled from ``fill`` (an
+        array of as many bytes) unless that is None."""
+        if arr.flags.c_contiguous:
+            at = self.arena.offset_of(arr)
+            if at >= 0:
+                return at, -1
+        at = self.stage(arr.nbytes, fill)
+        return at, at
+
+
+class _Block:
+    """Gives an arena block back when the last array over it goes."""
+
+    __slots__ = ("space", "at", "__weakref__")
+
+    def __init__(self, space: A.Allocator, at: int) -> None:
+        self.space, self.at = space, at
+
+    def __del__(self) -> None:
+        try:
+            self.space.free(self.at)
+        except Exception:  # interpreter teardown
+            pass
+
+
+class _Owner:
+    """The buffer of an arena array; it holds its block (numpy keeps it as the base)."""
+
+    __slots__ = ("raw", "keeper", "__array_interface__")
+
+    def __init__(self, raw: np.ndarray, keeper: _Block) -> None:
+        self.raw, self.keeper = raw, keeper
+        self.__array_interface__ = raw.__array_interface__
