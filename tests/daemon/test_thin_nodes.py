@@ -557,3 +557,34 @@ def test_a_client_that_dies_fails_a_segmented_op_on_every_node() -> None:
         hs = [cl.submit(r, OpKind.ALLREDUCE, "p", data(r, 1, 90), group=pair) for r in (0, 2, 3)]
         for h in hs:
             assert np.array_equal(h.wait(30), data(0, 1, 90) + data(2, 1, 90) + data(3, 1, 90))
+
+
+def test_python_takes_over_a_segmented_avg_mid_way_and_divides_each_part_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An event comes (Python's tables take the pass's ops) after the first segment of an
+    avg allreduce went back to the clients, divided: the rest is made, divided and handed
+    back by Python, and no element is divided twice."""
+    from totalreduce.daemon import thin_fast
+
+    backed = thin_fast.PassOps._fast_segment
+    events: list[int] = []
+
+    def back_then_event(self: Any, token: int, i: int) -> None:
+        backed(self, token, i)
+        if not events:  # the first segment is back: an event now (a rank joined)
+            events.append(i)
+            self._events.append(("joined", 99))
+
+    monkeypatch.setattr(thin_fast.PassOps, "_fast_segment", back_then_event)
+    with ExitStack() as stack:
+        cl = Cluster(stack, 2, 2, pipe_min_bytes=256)
+        n = 200
+        hs = [
+            cl.submit(r, OpKind.ALLREDUCE, "avg", data(r, 0, n) * 100, op=ReduceOp.AVG)
+            for r in range(4)
+        ]
+        want = sum(data(r, 0, n) * 100 for r in range(4)) // 4
+        for r, h in enumerate(hs):
+            assert np.array_equal(h.wait(30), want), r
+        assert events  # it happened mid-way
