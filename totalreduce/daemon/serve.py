@@ -81,8 +81,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="an allreduce or broadcast among the nodes of at least B bytes runs in "
         f"{SEGMENTS} segments, so the node's reduction, the step among the nodes and the "
         "copy back overlap; 'off', or 'auto' (the default): "
-        f"{PIPE_MIN_BYTES >> 20} MiB on a node with at least --local-clients + 2 cores, "
-        "else off (the phases overlap only on cores left free); the nodes take the "
+        f"{PIPE_MIN_BYTES >> 20} MiB where the service may run on at least --local-clients "
+        "+ 2 cores, else off (the phases overlap only on cores left free); the nodes take the "
         "largest they were given",
     )
     p.add_argument("--log-level", default="INFO", metavar="L", help="DEBUG, INFO, WARNING or ERROR")
