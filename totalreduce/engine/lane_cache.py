@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..native import digest
+
 #: The sources the lane's machine code is made of (paths under the package).  Numba
 #: checks a cached function against its own file only, and the lane inlines functions
 #: of all of these: :func:`forget_stale_cache` covers the rest.
@@ -36,15 +38,7 @@ _CACHED = tuple(rel[: -len(".py")].replace("/", ".") for rel in _SOURCES)
 
 def sources_digest(sources: tuple[str, ...] = _SOURCES) -> str:
     """A digest of ``sources`` (paths under the package) as they are now."""
-    import hashlib
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for rel in sources:
-        h.update(rel.encode() + b"\0")
-        h.update((root / rel).read_bytes())
-    return h.hexdigest()
+    return digest.sources_digest(sources)
 
 
 def forget_stale_cache(

@@ -9,6 +9,7 @@ compiled transports (``transport/``) and the kernels (``kernels/``) build on it:
 - :mod:`.libc`: the C library's memory, clock and futex calls, linked by name, so the
   compiled functions that use them cache on disk.
 
-Every function here is ``@njit(nogil=True, cache=True)`` or an ``@intrinsic``; importing
-this package compiles nothing.
+Every function of those two is ``@njit(nogil=True, cache=True)`` or an ``@intrinsic``;
+importing this package compiles nothing.  :mod:`.digest` (plain Python) digests the source
+files whose change makes code cached on disk stale.
 """

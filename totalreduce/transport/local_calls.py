@@ -12,7 +12,6 @@ code of this module and of :mod:`.local_tables` when this module is next importe
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -22,6 +21,7 @@ from numba import cfunc, njit, types
 from numba.core.caching import FunctionCache
 from numba.core.registry import CPUDispatcher
 
+from ..native import digest
 from ..native.intrinsics import atomic_load_i64, atomic_store_i64, ld_i32, ld_i64, st_i32, st_i64
 from . import local_tables
 from .local_tables import (
@@ -101,12 +101,7 @@ SOURCES = (
 
 def sources_digest() -> str:
     """A digest of :data:`SOURCES` as they are now."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for rel in SOURCES:
-        h.update(rel.encode() + b"\0")
-        h.update((root / rel).read_bytes())
-    return h.hexdigest()
+    return digest.sources_digest(SOURCES)
 
 
 _F = TypeVar("_F", bound=Callable[..., object])
