@@ -9,6 +9,7 @@ descriptor, and a client that dies with ops in flight (the others' fail, naming 
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import socket
@@ -227,3 +228,28 @@ def test_the_thin_path_records_into_the_timeline(tmp_path: Any) -> None:
         assert len(life) == 1 and life[0]["args"]["status"] == "done", life
         assert life[0]["dur"] > 0 and "submitted_us" in life[0]["args"], life
     assert any(e.get("name", "").startswith("wait ") for e in load(tmp_path / "tl.0.json"))
+
+
+def test_empty_if_room_keeps_half_the_part_for_staging() -> None:
+    """A cache's buffers (the DDP comm hook's) take the client's part only while it stays at
+    most half used, never wait, and give their block back with their last array."""
+    node = Node(1)
+    try:
+        c = node.clients[0]
+        half = node.arena.data_bytes // 2
+        a = c.empty_if_room(half // 8 - 16, np.float64)
+        assert a is not None and a.shape == (half // 8 - 16,) and c.arena.offset_of(a) >= 0
+        assert c.empty_if_room(1024, np.float64) is None  # past half: None, at once
+        b = c.empty_if_room(8, np.float32)  # what is left of the half
+        assert b is not None
+        used = c.space.used_bytes
+        del a
+        gc.collect()
+        assert c.space.used_bytes < used  # its block went back with it
+        a2 = c.empty_if_room(half // 16, np.float64)
+        assert a2 is not None
+        a2[:] = 3.0
+        node.submit(0, OpKind.ALLREDUCE, "x", a2).wait(30)  # an op of it, in place
+        assert (a2 == 3.0).all()
+    finally:
+        node.close()

@@ -66,14 +66,20 @@ def _finish_reference(proc: subprocess.Popen[str], backend: str) -> str:
         return out
 
 
-def test_unchanged_ddp_under_torchrun_against_a_service_matches_gloo(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hook", ["", "hook"], ids=["backend", "comm-hook"])
+def test_unchanged_ddp_under_torchrun_against_a_service_matches_gloo(
+    tmp_path: Path, hook: str
+) -> None:
+    """DDP on the "totalreduce" backend, or with totalreduce's comm hook (whose buckets
+    are reduced in the node's arena, and handed to DDP from there), matches gloo's DDP."""
     torch = import_torch()
     served = serve(1, 2, tmp_path / "s", timeout=TIMEOUT + 60)
     try:
         daemon = _env(TOTALREDUCE_SERVICE="daemon", TOTALREDUCE_SOCKET=str(served.socket(0)))
         script = str(HERE / "torchrun_ddp.py")
         # the two jobs at once: gloo's needs no service
-        ours = _torchrun([script, "totalreduce", str(tmp_path / "tr")], daemon, tmp_path / "l1")
+        args = [script, "totalreduce", str(tmp_path / "tr"), *([hook] if hook else [])]
+        ours = _torchrun(args, daemon, tmp_path / "l1")
         gloo = _torchrun([script, "gloo", str(tmp_path / "gl")], _env(), tmp_path / "l2")
         try:
             out = _finish(ours)
@@ -84,6 +90,8 @@ def test_unchanged_ddp_under_torchrun_against_a_service_matches_gloo(tmp_path: P
                     proc.kill()
                     proc.wait()
         assert "DONE totalreduce 0" in out and "DONE totalreduce 1" in out, out
+        if hook:
+            assert "ARENA OK 0" in out and "ARENA OK 1" in out, out
         for r in (0, 1):
             ours = torch.load(tmp_path / f"tr.{r}.pt")
             gloo = torch.load(tmp_path / f"gl.{r}.pt")

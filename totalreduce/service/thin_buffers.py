@@ -58,10 +58,25 @@ class ThinBuffers:
         dt = np.dtype(dtype)
         shp = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
         n = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
-        at = self._alloc(max(n, dt.itemsize), None)
-        raw = self.arena.view(at, max(n, dt.itemsize), np.uint8)
+        return self._array_at(self._alloc(max(n, dt.itemsize), None), n, dt).reshape(shp)
+
+    def empty_if_room(self, count: int, dtype: Any) -> np.ndarray | None:
+        """A new flat array of ``count`` elements in this client's part of the arena if
+        that part stays at most half used (staging keeps the other half); None if not.
+        Never waits: a cache of buffers (the DDP comm hook's) asks, and copies otherwise."""
+        dt = np.dtype(dtype)
+        n = count * dt.itemsize
+        if self.space.used_bytes + max(n, dt.itemsize) > self.arena.data_bytes // 2:
+            return None
+        at = self.space.alloc(max(n, dt.itemsize))
+        return None if at < 0 else self._array_at(at, n, dt)
+
+    def _array_at(self, at: int, nbytes: int, dt: np.dtype) -> np.ndarray:
+        """The flat array of ``nbytes`` at arena offset ``at`` (its block, freed when the
+        last array over it goes)."""
+        raw = self.arena.view(at, max(nbytes, dt.itemsize), np.uint8)
         whole = np.asarray(_Owner(raw, _Block(self.space, at))).view(dt)
-        return whole[: n // dt.itemsize].reshape(shp)
+        return whole[: nbytes // dt.itemsize]
 
     def _alloc(self, nbytes: int, what: str | None) -> int:
         at = self.space.alloc(nbytes)

@@ -15,13 +15,23 @@ once per iteration on every rank, so the generation of that name is the
 iteration and the ranks' ops meet whatever order the buckets finish in.  Two
 DDP models in one process need two states with different prefixes
 (:class:`CommHookState`), or their bucket names would meet each other.
+
+In daemon mode :func:`allreduce_hook` copies each bucket into a buffer of its own
+in the node's arena (kept for the bucket's next iterations, while the client's part
+of the arena stays at most half used), reduces that in place, and hands DDP the
+buffer as the result: DDP reads its gradients from it (by default it copies them into
+the parameters' ``.grad`` anyway), so the result is not copied back into the bucket
+first.  DDP fills buckets of its own memory, so the copy in stays.  The compress
+hooks write the 16-bit bucket straight into such a buffer too.
 """
 
 # No ``from __future__ import annotations`` here: DDP's register_comm_hook compares
 # the hook's annotations with dist.GradBucket and Future[Tensor] as objects.
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -47,6 +57,13 @@ class CommHookState:
     service: ServiceLike | None = None
     prefix: str = "ddp."
     calls: int = 0
+
+
+#: Daemon mode: each bucket's buffer in the node's arena, by service (they live in its
+#: arena), then by (prefix, bucket index).
+_ARENA_BUFFERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, int], torch.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 _DEFAULT_PREFIX = CommHookState.prefix
@@ -87,7 +104,38 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch
     >>> ddp.register_comm_hook(None, trt.allreduce_hook)   # doctest: +SKIP
     """
     buffer = bucket.buffer()
+    own = _arena_buffer(state, bucket, buffer.dtype)
+    if own is not None:  # daemon mode: reduced in the arena, where DDP reads it
+        own.copy_(buffer)
+        buffer = own
     return _bucket_op(state, bucket, buffer, "avg", lambda reduced: reduced)
+
+
+def _arena_buffer(state: Any, bucket: Any, dtype: torch.dtype) -> torch.Tensor | None:
+    """The bucket's buffer of ``dtype`` in the node's arena (made the first time, and
+    again when DDP rebuilds its buckets); None in embedded mode, or when the client's part
+    of the arena has no room to spare (the tensor is then staged, one copy in and one out,
+    as any other)."""
+    svc, prefix, _ = _state(state)
+    thin = getattr(svc, "_thin", None)
+    buffer = bucket.buffer()
+    if thin is None or buffer.dim() != 1 or not buffer.is_contiguous() or buffer.is_cuda:
+        return None
+    cache = _ARENA_BUFFERS.setdefault(svc, {})
+    key = (prefix, int(bucket.index()))
+    own = cache.get(key)
+    if own is not None and own.dtype == dtype and own.numel() == buffer.numel():
+        return own
+    cache.pop(key, None)  # (its arena block is freed with its last array)
+    storage = np.uint16 if dtype is torch.bfloat16 else torch.empty(0, dtype=dtype).numpy().dtype
+    arr = thin.empty_if_room(buffer.numel(), storage)
+    if arr is None:
+        return None
+    own = torch.from_numpy(arr)
+    if dtype is torch.bfloat16:
+        own = own.view(torch.bfloat16)
+    cache[key] = own
+    return own
 
 
 def _compressed(state: Any, bucket: Any, dtype: torch.dtype) -> torch.futures.Future[torch.Tensor]:
@@ -95,7 +143,11 @@ def _compressed(state: Any, bucket: Any, dtype: torch.dtype) -> torch.futures.Fu
     svc, _, _ = _state(state)
     # Divide before the sum, as DDP's own compress hooks do, so the 16-bit sum
     # cannot overflow where the mean would not.
-    compressed = buffer.div(svc.size).to(dtype)
+    compressed = _arena_buffer(state, bucket, dtype)  # daemon mode: no staging copies
+    if compressed is None:
+        compressed = buffer.div(svc.size).to(dtype)
+    else:
+        compressed.copy_(buffer.div(svc.size))
 
     def decompress(reduced: torch.Tensor) -> torch.Tensor:
         buffer.copy_(reduced)
