@@ -173,7 +173,8 @@ class AmongNodes:
         d: np.ndarray, parts: tuple[int, ...] | None,
     ) -> Any:  # fmt: skip
         if kind not in (_A2A, _RS, _AG):
-            return self._engine_op(op.key, op.grp, kind, buf, rop, dt, d)
+            segs = self._segmented(op.key, op.grp, d) if buf is not None else None
+            return self._engine_op(op.key, op.grp, kind, buf, rop, dt, d, segs)
         eng = self.engine
         g = op.grp
         name = self._engine_name(op.key)
@@ -236,8 +237,8 @@ class AmongNodes:
         """Start an allreduce, broadcast or barrier among the services: the op of ``key``,
         over the nodes of group ``g``, its node's part in ``buf`` (None for a barrier).
 
-        A segmented op (``segs``, or :meth:`_segmented`'s) returns its
-        :class:`~.thin_ops._Segments`, its first segments started (its ``local`` and
+        With ``segs`` (:meth:`_segmented`'s, which the caller asked once) it returns
+        that :class:`~.thin_ops._Segments`, its first segments started (its ``local`` and
         ``back``, if set, make each one's node's part just before it starts, and hand
         its result back once it ended, so the node's work overlaps the nodes' step)."""
         eng = self.engine
@@ -266,9 +267,7 @@ class AmongNodes:
             )  # fmt: skip
 
         if segs is None:
-            segs = self._segmented(key, g, d)
-            if segs is None:
-                return start(name, buf, grp)
+            return start(name, buf, grp)
         sgrp = self._segment_group(g)
         ranges, names, s = segs.ranges, segs.names, segs
         s.start = lambda i: start(names[i], buf[ranges[i][0] : ranges[i][1]], sgrp)

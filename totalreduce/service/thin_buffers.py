@@ -3,10 +3,11 @@
 :class:`ThinBuffers` is the base of :class:`~.thin.ThinClient` that places an op's
 buffers (:mod:`.thin` says how the thin path works): arrays made in the arena
 (``empty``: an op on one takes no copy; ``empty_if_room``, for a cache of buffers such
-as the DDP comm hook's, only while the part stays half free), staging blocks for the others (``place``,
-``stage``), the int64 blocks of a group's ranks or an op's parts, kept for the next
-op that has them (``const_block``), and the backpressure of a full part: a block
-that does not fit waits for the oldest op in flight to end and give its blocks back.
+as the DDP comm hook's, only while the part stays half free), staging blocks for the
+others (``place``, ``stage``), the int64 blocks of a group's ranks or an op's parts,
+kept for the next op that has them (``const_block``), and the backpressure of a full
+part: a block that does not fit waits for the oldest op in flight to end and give its
+blocks back.
 What it uses of :class:`~.thin.ThinClient` is declared below as annotations; it does
 not import :mod:`.thin`.
 """

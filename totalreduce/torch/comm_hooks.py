@@ -86,9 +86,13 @@ def _state(state: Any) -> tuple[ServiceLike, str, CommHookState | None]:
 
 
 def _bucket_op(
-    state: Any, bucket: Any, tensor: torch.Tensor, op: str, finish: Any
+    resolved: tuple[ServiceLike, str, CommHookState | None],
+    bucket: Any,
+    tensor: torch.Tensor,
+    op: str,
+    finish: Any,
 ) -> torch.futures.Future[torch.Tensor]:
-    svc, prefix, counted = _state(state)
+    svc, prefix, counted = resolved
     index = int(bucket.index())
     if counted is not None:
         counted.calls += 1
@@ -103,20 +107,23 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch
 
     >>> ddp.register_comm_hook(None, trt.allreduce_hook)   # doctest: +SKIP
     """
+    resolved = _state(state)
     buffer = bucket.buffer()
-    own = _arena_buffer(state, bucket, buffer.dtype)
+    own = _arena_buffer(resolved, bucket, buffer.dtype)
     if own is not None:  # daemon mode: reduced in the arena, where DDP reads it
         own.copy_(buffer)
         buffer = own
-    return _bucket_op(state, bucket, buffer, "avg", lambda reduced: reduced)
+    return _bucket_op(resolved, bucket, buffer, "avg", lambda reduced: reduced)
 
 
-def _arena_buffer(state: Any, bucket: Any, dtype: torch.dtype) -> torch.Tensor | None:
+def _arena_buffer(
+    resolved: tuple[ServiceLike, str, CommHookState | None], bucket: Any, dtype: torch.dtype
+) -> torch.Tensor | None:
     """The bucket's buffer of ``dtype`` in the node's arena (made the first time, and
     again when DDP rebuilds its buckets); None in embedded mode, or when the client's part
     of the arena has no room to spare (the tensor is then staged, one copy in and one out,
     as any other)."""
-    svc, prefix, _ = _state(state)
+    svc, prefix, _ = resolved
     thin = getattr(svc, "_thin", None)
     buffer = bucket.buffer()
     if thin is None or buffer.dim() != 1 or not buffer.is_contiguous() or buffer.is_cuda:
@@ -140,10 +147,11 @@ def _arena_buffer(state: Any, bucket: Any, dtype: torch.dtype) -> torch.Tensor |
 
 def _compressed(state: Any, bucket: Any, dtype: torch.dtype) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
-    svc, _, _ = _state(state)
+    resolved = _state(state)
+    svc = resolved[0]
     # Divide before the sum, as DDP's own compress hooks do, so the 16-bit sum
     # cannot overflow where the mean would not.
-    compressed = _arena_buffer(state, bucket, dtype)  # daemon mode: no staging copies
+    compressed = _arena_buffer(resolved, bucket, dtype)  # daemon mode: no staging copies
     if compressed is None:
         compressed = buffer.div(svc.size).to(dtype)
     else:
@@ -153,7 +161,7 @@ def _compressed(state: Any, bucket: Any, dtype: torch.dtype) -> torch.futures.Fu
         buffer.copy_(reduced)
         return buffer
 
-    return _bucket_op(state, bucket, compressed, "sum", decompress)
+    return _bucket_op(resolved, bucket, compressed, "sum", decompress)
 
 
 def fp16_compress_hook(state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
