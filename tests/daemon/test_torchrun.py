@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,11 +41,35 @@ def _torchrun(args: list[str], env: dict[str, str], tmp: Path) -> subprocess.Pop
     )  # fmt: skip
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: torch's agent starts its workers in their
+    own sessions, so killing the agent leaves them, holding its output open)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def _finish(proc: subprocess.Popen[str]) -> str:
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        for pid in [*_descendants(proc.pid), proc.pid]:  # the workers too: no orphan
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         out, _ = proc.communicate()
         raise AssertionError(f"torchrun did not finish within {TIMEOUT} s:\n{out}") from None
     assert proc.returncode == 0, out
