@@ -253,3 +253,43 @@ def test_empty_if_room_keeps_half_the_part_for_staging() -> None:
         assert (a2 == 3.0).all()
     finally:
         node.close()
+
+
+def test_a_callback_added_while_the_watcher_leaves_still_runs(monkeypatch: Any) -> None:
+    """The watcher thread that runs the done callbacks of ops in flight leaves when it
+    finds none; a callback added between that and the thread's end (it is still alive)
+    starts another.  Nobody else looks at the op: DDP's reducer waits on the torch future
+    only, which that callback completes (a DDP job hung in ``finalize_backward``)."""
+    node = Node(2)
+    try:
+        c = node.clients[0]
+        watch = c._watch
+        left, go = threading.Event(), threading.Event()
+        calls = [0]
+
+        def watch_then_linger() -> None:
+            calls[0] += 1
+            watch()
+            if calls[0] == 1:  # found nothing to watch, returned: still alive a while
+                left.set()
+                go.wait(30)
+
+        monkeypatch.setattr(c, "_watch", watch_then_linger)
+        ran: list[str] = []
+        first = node.submit(0, OpKind.ALLREDUCE, "a", data(0, 0))
+        first.add_done_callback(lambda h: ran.append("a"))  # the watcher starts
+        node.submit(1, OpKind.ALLREDUCE, "a", data(1, 0)).wait(30)
+        assert left.wait(30) and ran == ["a"]  # the watcher ran it, then found nothing
+        lingering = c._watcher
+        second = node.submit(0, OpKind.ALLREDUCE, "b", data(0, 1))
+        done = threading.Event()
+        second.add_done_callback(lambda h: (ran.append("b"), done.set()))
+        go.set()
+        if lingering is not None:
+            lingering.join(30)
+        node.submit(1, OpKind.ALLREDUCE, "b", data(1, 1)).wait(30)
+        assert done.wait(10), "the callback of an op that completed never ran"
+        assert ran == ["a", "b"] and second.done()
+    finally:
+        go.set()
+        node.close()

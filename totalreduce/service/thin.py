@@ -470,7 +470,8 @@ class ThinClient(ThinBuffers):
             self._complete(h, self._gone_error(h))
 
     def watch(self) -> None:
-        """Start the watcher thread (callbacks of ops in flight run on it), if not running."""
+        """Start the watcher thread (callbacks of ops in flight run on it), if not running
+        (``lock`` held: the watcher decides to leave under it, see :meth:`_watch`)."""
         if self._watcher is None or not self._watcher.is_alive():
             self._watcher = threading.Thread(
                 target=self._watch, name=f"totalreduce-thin-{self.rank}", daemon=True
@@ -478,14 +479,18 @@ class ThinClient(ThinBuffers):
             self._watcher.start()
 
     def _watch(self) -> None:
-        def pending() -> list[ThinHandle]:
-            with self.lock:
-                return [h for h in self._flight.values() if h._then]
-
+        me = threading.current_thread()
         while not self.closed:
-            waiting = pending()
-            if not waiting:
-                return
+            with self.lock:
+                waiting = [h for h in self._flight.values() if h._then]
+                if not waiting:
+                    # It leaves: said under the lock, where add_done_callback adds a
+                    # callback and calls watch().  A thread that found nothing to watch
+                    # is still alive until it has returned; were it left as the watcher,
+                    # a callback added meanwhile would have no thread to run it.
+                    if self._watcher is me:
+                        self._watcher = None
+                    return
             if any([self.check(h) for h in waiting]):
                 continue
             self._sleep(lambda w=waiting: any(self.check(h) for h in w), 0.5)  # type: ignore[misc]
