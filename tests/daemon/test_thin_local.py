@@ -293,3 +293,52 @@ def test_a_callback_added_while_the_watcher_leaves_still_runs(monkeypatch: Any) 
     finally:
         go.set()
         node.close()
+
+
+def test_a_chained_op_with_a_callback_submitted_after_the_watcher_left_runs_it() -> None:
+    """``chain()`` hands its final op out before ``then()`` submits it, so a callback can
+    be on it before it is in flight (an all-gather without counts, a torch future on
+    it).  If the watcher thread left meanwhile (the first op ended on another thread),
+    the submission itself starts one: else nothing would run the callback."""
+    node = Node(2)
+    try:
+        c = node.clients[0]
+        real_check = c.check
+        blind = threading.Event()
+        blind.set()
+
+        def check(h: ThinHandle) -> bool:  # the first watcher never ends an op itself
+            if blind.is_set() and threading.current_thread() is c._watcher:
+                return bool(h._done)
+            return bool(real_check(h))
+
+        c.check = check  # type: ignore[method-assign]
+        x = np.arange(4, dtype=np.int64)
+        first = node.submit(0, OpKind.ALLREDUCE, "a", x.copy())
+        out = np.empty_like(x)
+        final = ThinHandle(c, "b", 0, OpKind.ALLREDUCE, out, lambda: None)
+        left: list[bool] = []
+
+        def then() -> None:
+            deadline = time.monotonic() + 10
+            while c._watcher is not None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            left.append(c._watcher is None)
+            blind.clear()
+            at, staged = c.place(x, fill=x)
+            final.hold((staged,) if staged >= 0 else (), out, staged)
+            c.submit(final, wire=hash("b") & ((1 << 62) - 1), dtype=DType.INT64, count=4,
+                     op=ReduceOp.SUM, root=0, priority=0, at_in=at, at_out=at,
+                     unnamed=False)  # fmt: skip
+
+        c.chain(first, final, then)
+        ran = threading.Event()
+        final.add_done_callback(lambda h: ran.set())  # the watcher (watching `first`) is alive
+        node.submit(1, OpKind.ALLREDUCE, "a", x.copy())
+        first.wait(10)  # this thread ends `first`: go() runs then() here
+        node.submit(1, OpKind.ALLREDUCE, "b", x.copy()).wait(10)
+        assert left == [True]  # the case this test is about
+        assert ran.wait(10), "the callback of a chained op that completed never ran"
+        np.testing.assert_array_equal(final.wait(10), 2 * x)
+    finally:
+        node.close()

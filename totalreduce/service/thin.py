@@ -238,6 +238,8 @@ class ThinClient(ThinBuffers):
             h.passive = passive
             self._flight[t] = h
             self.ctl[A.C_TAIL] = self._tail = pos
+            if h._then:  # callbacks came before it was in flight (chain()'s final op)
+                self.watch()
         return self._posted(h, priority)
 
     def submit_again(self, h: ThinHandle, row: np.ndarray, priority: int, at: int) -> ThinHandle:
@@ -254,6 +256,8 @@ class ThinClient(ThinBuffers):
             d[A.D_TICKET] = h._ticket = t
             self._flight[t] = h
             self.ctl[A.C_TAIL] = self._tail = pos
+            if h._then:
+                self.watch()
         return self._posted(h, priority)
 
     def _posted(self, h: ThinHandle, priority: int) -> ThinHandle:
