@@ -336,3 +336,33 @@ def test_completion_callbacks_submit_repeats_in_a_chain() -> None:
         results = run_ranks(svcs, rank_main, timeout=120)
     for got in results:
         assert got == [2.0 * k for k in range(n)]
+
+
+@pytest.mark.parametrize("repeat", [False, True], ids=["first_of_its_name", "express_repeat"])
+def test_an_op_nobody_waits_for_after_an_idle_spell_completes_at_once(repeat: bool) -> None:
+    """After an idle spell the comm thread sleeps long (up to ``idle_backoff_max_s``); an
+    op entered into the lane from the submitting thread, which nobody waits for (its
+    completion callback is what the caller, a torch future say, needs), wakes it: before,
+    the op waited out the sleep (here up to about a second)."""
+    sync = threading.Barrier(2)
+
+    def rank_main(s):
+        x = np.ones(256, np.float32)
+        for _ in range(2):  # a name's second call leaves the express record's lane part
+            s.allreduce_async(x, name="warm").wait()
+        sync.wait(30)
+        time.sleep(1.5)  # the comm thread's sleeps double up to a second
+        ended = threading.Event()
+        e0 = s.loop.stats.lane_express
+        t0 = time.monotonic()
+        h = s.allreduce_async(x, name="warm" if repeat else "fresh")
+        h.add_done_callback(lambda _h: ended.set())
+        took = time.monotonic() - t0 if ended.wait(10) else None
+        h.wait(10)
+        return took, s.loop.stats.lane_express - e0
+
+    with local_services(2, idle_backoff_max_s=4.0) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=60)
+    for took, express in results:
+        assert took is not None and took < 0.25, f"the callback came {took} s after the submission"
+        assert express == (1 if repeat else 0)  # each path is the one meant

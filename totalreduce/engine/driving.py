@@ -68,6 +68,7 @@ class DriveHooks:
     _comm_ident: int
     _wanted: bool
     _asleep: bool
+    _sleep_s: float
     _wait_spin: float
     _wait_spin_ns: int
     run_once: Callable[[], bool]
@@ -125,14 +126,32 @@ class DriveHooks:
                 continue
             self.stats.idle_sleeps += 1
             self._asleep = True
+            if lane is not None and lane.mem[L_INFLIGHT]:
+                # An op entered the lane since the look above (_nudge saw no sleep): it
+                # may have nobody else to drive it
+                delay = min(delay, cfg.backoff_max_s)
+            self._sleep_s = delay
             if not self.submissions:  # one queued since the last pass: no sleep
                 self._sleep(delay, self.wake)
             self._asleep = False
+            rung = self.wake.is_set()
             self.wake.clear()
+            if rung:  # work came (an op entered the lane, say): short sleeps again
+                delay = cfg.backoff_min_s
+                continue
             ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s  # type: ignore[attr-defined]
             if self._passive:
                 ceiling = min(ceiling, STANDING_BACKOFF_S)
             delay = min(delay * 2, ceiling)
+
+    def _nudge(self) -> None:
+        """An op entered the lane from a submitting thread: wake the comm thread if it is in
+        a sleep longer than a busy loop's (an idle one's, up to ``idle_backoff_max_s``).
+        Nobody may wait for the op (a completion callback, a torch future): the comm thread
+        is then what drives it, and it would sleep on.  Shorter sleeps end soon enough, and
+        waking for each op of a tight loop would cost the loop a futex call per op."""
+        if self._asleep and self._sleep_s > self.cfg.backoff_max_s:
+            self._ring()  # type: ignore[attr-defined]
 
     def _pass(self) -> bool:
         """One pass under the lock (False if another thread is running one)."""

@@ -70,6 +70,10 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
+#: A lane op's ``have`` until a rank answers a probe (a set is made then).
+_NOBODY: frozenset[int] = frozenset()
+
+
 class LaneOp:
     """Python's record of an op in the lane: its spec, and what keeps its buffers alive."""
 
@@ -87,7 +91,7 @@ class LaneOp:
         self.t0 = time.monotonic()
         self.probed = False
         self.warned = False
-        self.have: set[int] = set()
+        self.have: set[int] | frozenset[int] = _NOBODY  # ranks that answered a probe (rare)
         self.error: BaseException | None = None
 
 

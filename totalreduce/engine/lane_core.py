@@ -187,11 +187,14 @@ def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, take):  # type: 
     on (what ``mark_needed`` does for the main loop's ops).  ``slot < 0``, the comm
     thread's while the lane alone has work: until something needs Python (1: an op ended,
     an event, the main loop's message, ``C_KICK``), or nothing is left in flight (0).
-    With ``take`` (a waiter's first try), 2 when the op ended and :func:`lane_own` took it.
+    With ``take`` (a waiter's first try), 2 when the op ended and :func:`lane_own` took it,
+    and 0 at once while a message of the main loop waits.
     One entry point for both: each entry point links and optimizes the whole pass again
     when it is first compiled."""
     if slot < 0:
         return _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns)
+    if take != 0 and mem[C_CTL_WAITING] > 0:
+        return 0  # a first try, with the main loop's message waiting: the whole way takes it
     mem[C_WATCH] = slot
     mem[C_WATCHSEQ] = seq
     r = _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns)

@@ -189,6 +189,8 @@ class LaneHooks:
         finally:
             self._owner = 0  # type: ignore[attr-defined]
             self.lock.release()
+        if self._asleep:  # type: ignore[attr-defined]
+            self._nudge()  # type: ignore[attr-defined]
         return lop
 
     def _express_lock(self, lane: Lane) -> bool:
@@ -308,7 +310,15 @@ class LaneHooks:
             return False
         self._owner = _get_ident()  # type: ignore[attr-defined]
         try:
-            if self._main_has_work():
+            # _main_has_work, less the main loop's tag: wait_own's compiled call looks at it
+            if (
+                self.submissions
+                or self.table
+                or self._dirty  # type: ignore[attr-defined]
+                or self._reqs  # type: ignore[attr-defined]
+                or self.compute.done  # type: ignore[attr-defined]
+                or time.monotonic() - self._last_stall_check > self._stall_every  # type: ignore[attr-defined]
+            ):
                 return False
             lane = self.lane
             assert lane is not None

@@ -162,6 +162,7 @@ class CommLoop(
         # lock asks for it: the comm thread hands the lock over at its next check.
         self._wanted = False
         self._asleep = False  # the comm thread is (about to be) blocked on ``wake``
+        self._sleep_s = 0.0  # for how long (at most)
         self._wait_spin = cfg.wait_spin_s  # a waiter spins (MPI_Wait-like) this long
         self._wait_spin_ns = int(self._wait_spin * 1e9)
         self.pool = BufferPool()
@@ -230,6 +231,7 @@ class CommLoop(
             finally:
                 self._owner = 0
                 self.lock.release()
+            self._nudge()
             return
         if self.lane is not None:  # it may be in compiled passes, holding the lock
             self.lane.kick()

@@ -129,7 +129,10 @@ class StallHooks:
         if p is not None:
             p.have.add(source)
         elif self.lane is not None and (f[F_WID], f[F_GEN]) in self.lane.by_key:
-            self.lane.by_key[(f[F_WID], f[F_GEN])].have.add(source)
+            lop = self.lane.by_key[(f[F_WID], f[F_GEN])]
+            if not lop.have:
+                lop.have = set()
+            lop.have.add(source)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ for error messages
 
