@@ -181,7 +181,8 @@ class ThinClient(ThinBuffers):
 
     def _oldest(self) -> ThinHandle | None:
         """The oldest op in flight that is sure to end (not a standing receive)."""
-        return next((h for h in self._flight.values() if not h.passive), None)
+        with self.lock:  # the watcher takes ended ops out meanwhile
+            return next((h for h in self._flight.values() if not h.passive), None)
 
     def submit(
         self,
