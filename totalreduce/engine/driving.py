@@ -69,6 +69,7 @@ class DriveHooks:
     _wanted: bool
     _asleep: bool
     _sleep_s: float
+    _nudged: bool
     _wait_spin: float
     _wait_spin_ns: int
     run_once: Callable[[], bool]
@@ -134,10 +135,17 @@ class DriveHooks:
             if not self.submissions:  # one queued since the last pass: no sleep
                 self._sleep(delay, self.wake)
             self._asleep = False
-            rung = self.wake.is_set()
             self.wake.clear()
-            if rung:  # work came (an op entered the lane, say): short sleeps again
-                delay = cfg.backoff_min_s
+            if self._nudged:
+                # An op entered the lane in a long sleep: drive it within a busy loop's
+                # sleep, not at once (its submitter may be entering more: the lock stays
+                # theirs meanwhile, as it did while this thread slept)
+                self._nudged = False
+                self._sleep_s = delay = cfg.backoff_max_s
+                self._asleep = True
+                self._sleep(delay, self.wake)
+                self._asleep = False
+                self.wake.clear()
                 continue
             ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s  # type: ignore[attr-defined]
             if self._passive:
@@ -149,8 +157,10 @@ class DriveHooks:
         a sleep longer than a busy loop's (an idle one's, up to ``idle_backoff_max_s``).
         Nobody may wait for the op (a completion callback, a torch future): the comm thread
         is then what drives it, and it would sleep on.  Shorter sleeps end soon enough, and
-        waking for each op of a tight loop would cost the loop a futex call per op."""
+        waking for each op of a tight loop would cost the loop a futex call per op.  The
+        thread woken so sleeps ``backoff_max_s`` more before it drives (see :meth:`run`)."""
         if self._asleep and self._sleep_s > self.cfg.backoff_max_s:
+            self._nudged = True
             self._ring()  # type: ignore[attr-defined]
 
     def _pass(self) -> bool:

@@ -139,7 +139,9 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
     # sooner.  (Measured at P = 2, 4 KiB: 1.7 empty passes per op, each of three calls.)
     # With bodies in flight every call stays: each one also moves the library's large
     # transfers.
-    quiet = mem[C_NBREQ] == 0 and mem[C_CTLSKIP] < _CTL_SKIPS
+    # A main-loop message seen waiting is looked for again every pass: only the probe
+    # clears the word, and while it is set the waiters leave their op to the main loop.
+    quiet = mem[C_NBREQ] == 0 and mem[C_CTLSKIP] < _CTL_SKIPS and mem[C_CTL_WAITING] == 0
     if quiet:
         mem[C_CTLSKIP] += 1
     else:

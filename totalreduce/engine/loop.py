@@ -163,6 +163,7 @@ class CommLoop(
         self._wanted = False
         self._asleep = False  # the comm thread is (about to be) blocked on ``wake``
         self._sleep_s = 0.0  # for how long (at most)
+        self._nudged = False  # woken by _nudge (an op entered the lane in a long sleep)
         self._wait_spin = cfg.wait_spin_s  # a waiter spins (MPI_Wait-like) this long
         self._wait_spin_ns = int(self._wait_spin * 1e9)
         self.pool = BufferPool()
