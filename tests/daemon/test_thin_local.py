@@ -25,6 +25,8 @@ from totalreduce.algorithms.codes import OpKind
 from totalreduce.daemon.thin import ThinService  # noqa: I001 (the node's side)
 from totalreduce.dtypes import DType, ReduceOp
 from totalreduce.errors import InvalidArgumentError, OpFailedError, OpMismatchError
+from totalreduce.service import chunks
+from totalreduce.service.names import NameTable
 from totalreduce.service.thin import ThinClient, ThinHandle
 from totalreduce.transport.arena import Arena
 from totalreduce.transport.shm import new_eventfd
@@ -342,3 +344,156 @@ def test_a_chained_op_with_a_callback_submitted_after_the_watcher_left_runs_it()
         np.testing.assert_array_equal(final.wait(10), 2 * x)
     finally:
         node.close()
+
+
+def test_a_callback_added_to_an_op_that_ended_unread_runs_at_once() -> None:
+    """An op can end at the service while nothing in its client has read its completion
+    word (its own callbacks come later; the watcher sleeps on the ops it listed, and the
+    service's signal for this one came and went).  A callback added then runs at once, as
+    ``add_done_callback`` says, not when the watcher next wakes (up to 0.5 s later)."""
+    node = Node(2)
+    try:
+        c = node.clients[0]
+        x = np.arange(4, dtype=np.int64)
+        alone = node.submit(0, OpKind.ALLREDUCE, "a", x.copy())  # rank 1 never submits it
+        alone.add_done_callback(lambda h: None)  # the watcher starts, and sleeps on it
+        ended = node.submit(0, OpKind.ALLREDUCE, "b", x.copy())
+        node.submit(1, OpKind.ALLREDUCE, "b", x.copy()).wait(10)
+        time.sleep(0.05)  # the watcher woke at its signal, found its list unchanged: asleep
+        assert c._watcher is not None and c._watcher.is_alive()
+        ran: list[int] = []
+        ended.add_done_callback(lambda h: ran.append(1))
+        assert ran == [1], "the callback of an op that had ended did not run at once"
+        np.testing.assert_array_equal(ended.wait(0), 2 * x)
+        assert not alone.done()
+    finally:
+        node.close()
+
+
+def test_a_cut_op_whose_piece_failed_leaves_no_thread_waiting() -> None:
+    """An op too large for the arena runs as pieces (service/chunks.py), two in flight;
+    a thread of the op's submits each later piece once the one two before it ended.  When
+    a piece fails, the op fails and its pieces in flight are let go (they may never end):
+    that thread must end too, not wait on one of them until shutdown."""
+    node = Node(1)
+    try:
+        c = node.clients[0]
+        names = NameTable()
+        calls: list[dict[str, Any]] = []
+        sub = SimpleNamespace(
+            _thin=c, _names=names, _wire_id=lambda name: 12345, rank=0, size=1,
+            _thin_op=lambda **kw: calls.append(kw),
+        )  # fmt: skip
+        before = set(threading.enumerate())
+        x = np.arange(64, dtype=np.float32)
+        reserved = names.name("big", ("allreduce", "float32", 64, "sum", 0))
+        call = {
+            "reserved": reserved, "kind": OpKind.ALLREDUCE, "x": x, "out": x, "result": x,
+            "finalize": None, "shown": None, "handle": None, "parts": None, "group": None,
+            "in_place": True,
+        }  # fmt: skip
+        final = chunks.run(sub, 4, call)
+        assert len(calls) == chunks.IN_FLIGHT
+        feeders = [t for t in threading.enumerate() if t not in before and "pieces" in t.name]
+        assert len(feeders) == 1
+        first, second = (kw["handle"] for kw in calls)
+        c.settle(second, None, OpFailedError("piece 1 failed"))  # before the first ends
+        with pytest.raises(OpFailedError, match="piece 1 failed"):
+            final.wait(5)
+        assert first.passive and not first.done()
+        feeders[0].join(5)
+        assert not feeders[0].is_alive(), "the thread feeding the pieces still waits"
+        assert len(calls) == chunks.IN_FLIGHT  # no later piece went out
+    finally:
+        node.close()
+
+
+class _EngineHandle:
+    """An op among the services of :class:`_Engine`: it ends when the test says so."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x, self.name, self.generation = x, 0, 0
+        self.callbacks: list[Any] = []
+        self.ended = threading.Event()
+
+    def add_done_callback(self, fn: Any) -> None:
+        self.callbacks.append(fn)
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def done(self) -> bool:
+        return self.ended.is_set()
+
+    def drive(self, seconds: float) -> None:  # the arena thread drives ops in flight
+        self.ended.wait(seconds)
+
+
+class _Engine:
+    """The services' engine, as a node's service sees it, with no other node behind it."""
+
+    def __init__(self) -> None:
+        self.loop = SimpleNamespace(on_client_notice=None)
+        self.started: list[_EngineHandle] = []
+
+    def take_late_errors(self) -> list[BaseException]:
+        return []
+
+    def allreduce_async(self, x: np.ndarray, **kw: Any) -> _EngineHandle:
+        h = _EngineHandle(x)
+        self.started.append(h)
+        return h
+
+
+def test_an_op_among_the_nodes_is_finished_on_the_arena_thread() -> None:
+    """An op among the nodes that Python started (here an int16 allreduce: the compiled
+    pass takes no int16) ends on whichever thread ends it in the services' engine, often
+    its comm thread.  Its end is handled on the arena thread, which reads and changes the
+    table of running ops: from another thread the two met ('dictionary changed size
+    during iteration', the arena thread logging a failure and pausing)."""
+    arena = Arena.create(1, 4 << 20)
+    engine = _Engine()
+    service = ThinService(arena, 0, 2, engine)
+    efd = new_eventfd()
+    service.attach(0, 1, os.dup(efd))
+    mine, theirs = socket.socketpair()
+    assert arena.fd is not None
+    link = SimpleNamespace(
+        arena=Arena.attach(os.dup(arena.fd), arena.size),
+        welcome=SimpleNamespace(local=0, rank=0, size=2, pid=os.getpid()),
+        where="test", eventfd=efd, service_eventfd=os.dup(service.eventfd), sock=mine,
+    )  # fmt: skip
+    c = ThinClient(link)
+    finished_on: list[threading.Thread] = []
+    real_finish = service._finish
+
+    def finish(*args: Any) -> None:
+        finished_on.append(threading.current_thread())
+        real_finish(*args)
+
+    service._finish = finish  # type: ignore[method-assign]
+    try:
+        x = np.arange(5, dtype=np.int16)
+        out = np.empty_like(x)
+        at, staged = c.place(x, fill=x)
+        h = ThinHandle(c, "g", 0, OpKind.ALLREDUCE, out, lambda: None)
+        h.hold((staged,), out, staged)
+        c.submit(h, wire=77, dtype=DType.INT16, count=5, op=ReduceOp.SUM, root=0, priority=0,
+                 at_in=at, at_out=at, unnamed=False)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not engine.started and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(engine.started) == 1, "the op was not started among the nodes"
+        op = engine.started[0]
+        op.x *= 3  # what the other node's part made of it
+        op.ended.set()
+        for fn in op.callbacks:  # the engine's comm thread, say, ends it: here, this thread
+            fn(op)
+        np.testing.assert_array_equal(h.wait(10), 3 * x)
+        assert finished_on == [service._thread]
+    finally:
+        service.stop()
+        c.close()
+        mine.close()
+        theirs.close()
+        arena.close()

@@ -128,12 +128,15 @@ class ThinHandle:
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(handle)`` once when the op ends (at once if it has; else on a
         watcher thread, or on the thread that finds it done)."""
-        with self._client.lock:
+        client = self._client
+        if not self._done:
+            client.check(self)  # ended already (nobody read its word yet): ``fn`` runs now
+        with client.lock:
             if not self._done:
                 if self._then is None:
                     self._then = []
                 self._then.append(fn)
-                self._client.watch()
+                client.watch()
                 return
         fn(self)
 
@@ -172,6 +175,9 @@ class ThinClient(ThinBuffers):
         self._sleeper = threading.Lock()  # one thread sleeps on the eventfd at a time
         self._woken = threading.Condition()
         self._watcher: threading.Thread | None = None
+        #: bumped whenever an op with callbacks is given to the watcher (:meth:`watch`):
+        #: a watcher asleep on the ops it listed before wakes to list them again
+        self._watched = 0
         self.gone: str | None = None  # the service died: every op fails, saying so
         self.closed = False
         #: The timeline recorder (the service's, when one records): the ops' lives, waits.
@@ -476,18 +482,24 @@ class ThinClient(ThinBuffers):
 
     def watch(self) -> None:
         """Start the watcher thread (callbacks of ops in flight run on it), if not running
-        (``lock`` held: the watcher decides to leave under it, see :meth:`_watch`)."""
+        (``lock`` held: the watcher decides to leave under it, see :meth:`_watch`); if it
+        runs, have it look at the ops again (it sleeps on those it listed, and the new
+        one may end without a signal: it could end before anyone here slept)."""
+        self._watched += 1
         if self._watcher is None or not self._watcher.is_alive():
             self._watcher = threading.Thread(
                 target=self._watch, name=f"totalreduce-thin-{self.rank}", daemon=True
             )
             self._watcher.start()
+        elif self.ctl[A.C_SLEEPING] and not self.closed:
+            signal_eventfd(self.efd)
 
     def _watch(self) -> None:
         me = threading.current_thread()
         while not self.closed:
             with self.lock:
                 waiting = [h for h in self._flight.values() if h._then]
+                listed = self._watched
                 if not waiting:
                     # It leaves: said under the lock, where add_done_callback adds a
                     # callback and calls watch().  A thread that found nothing to watch
@@ -498,7 +510,11 @@ class ThinClient(ThinBuffers):
                     return
             if any([self.check(h) for h in waiting]):
                 continue
-            self._sleep(lambda w=waiting: any(self.check(h) for h in w), 0.5)  # type: ignore[misc]
+
+            def ready(w: list[ThinHandle] = waiting, n: int = listed) -> bool:
+                return self._watched != n or any(self.check(h) for h in w)
+
+            self._sleep(ready, 0.5)
 
     def in_flight(self) -> list[ThinHandle]:
         with self.lock:
