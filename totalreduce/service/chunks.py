@@ -88,8 +88,13 @@ def run(sub: Any, pieces: int, call: dict[str, Any]) -> ThinHandle:
     plan = _plan(kind, x, call["out"], call["parts"], pieces, call["group"], sub.rank, sub.size)
     state = {"left": len(plan), "error": None}
     lock = threading.Lock()
+    #: pieces that ended, by index; the feeding thread waits on ``changed`` for the one
+    #: ``IN_FLIGHT`` before its next, or for the op to fail (a piece made passive then
+    #: may never end: a thread waiting on it alone would wait for ever)
+    over: set[int] = set()
+    changed = threading.Condition(lock)
 
-    def ended(h: ThinHandle, back: Callable[[], None] | None) -> None:
+    def ended(i: int, h: ThinHandle, back: Callable[[], None] | None) -> None:
         err = h.exception()
         if err is None and back is not None:
             try:
@@ -97,6 +102,8 @@ def run(sub: Any, pieces: int, call: dict[str, Any]) -> ThinHandle:
             except Exception as exc:  # never leave the caller waiting
                 err = exc
         with lock:
+            over.add(i)
+            changed.notify_all()
             if final.done() or state["error"] is not None:
                 return
             state["left"] -= 1
@@ -128,11 +135,12 @@ def run(sub: Any, pieces: int, call: dict[str, Any]) -> ThinHandle:
             sent.append(h)
             if state["error"] is not None:  # the op failed meanwhile: this may never end
                 h.passive = True
-        h.add_done_callback(lambda h: ended(h, back))
+        h.add_done_callback(lambda h: ended(i, h, back))
 
     def fail(exc: BaseException) -> None:  # the pieces in flight end unheard; the name ends
         with lock:
             state["error"] = exc
+            changed.notify_all()
         thin.settle(final, None, exc if isinstance(exc, Exception) else None)
 
     sent: list[ThinHandle] = []
@@ -146,14 +154,16 @@ def run(sub: Any, pieces: int, call: dict[str, Any]) -> ThinHandle:
         raise
 
     def feed() -> None:
-        """The later pieces, each once the one ``IN_FLIGHT`` before it has ended."""
+        """The later pieces, each once the one ``IN_FLIGHT`` before it has ended (its
+        callback ran: the client's watcher thread sees it end); none once the op failed."""
         try:
             for i in range(IN_FLIGHT, len(plan)):
-                try:
-                    sent[i - IN_FLIGHT].wait()
-                except Exception:
-                    return  # it failed: ``ended`` has failed the op
-                if state["error"] is not None or final.done():
+                with lock:
+                    while i - IN_FLIGHT not in over and state["error"] is None:
+                        if thin.closed:
+                            return
+                        changed.wait(0.5)  # (a shutdown ends no op: looked at twice a second)
+                if state["error"] is not None or final.done() or thin.closed:
                     return
                 submit(i)
         except Exception as exc:
