@@ -422,7 +422,11 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
             self._running.pop(op.key, None)
             self._fail(op, A.E_FAILED, f"the services could not start it: {exc}")
             return
-        handle.add_done_callback(lambda h: self._finish(op, h.exception(), h))
+        # Its end is handled on this thread, as the pass's ops' are: the engine's comm
+        # thread may end it, and this thread iterates ``_running`` meanwhile.
+        handle.add_done_callback(
+            lambda h: self._on_arena_thread(lambda: self._finish(op, h.exception(), h))
+        )
 
     def _reduce(self, dst: np.ndarray, ins: list[np.ndarray], rop: ReduceOp, dt: DType) -> None:
         """``dst`` = the local members' inputs reduced (in group order)."""
