@@ -497,3 +497,75 @@ def test_an_op_among_the_nodes_is_finished_on_the_arena_thread() -> None:
         mine.close()
         theirs.close()
         arena.close()
+
+
+def test_repeats_among_two_nodes_start_from_the_engines_express_record() -> None:
+    """Two nodes' services in one process, their engine among the nodes over the in-process
+    transport, one client each.  A world allreduce the compiled pass takes goes among the
+    nodes; its first call the whole way (``_engine_op``), its repeats straight from the
+    engine's express record of that call (``_fast_repeat``).  Exact results either way,
+    the repeats taken so, and a new shape (another count) or another reduce op the whole
+    way again."""
+    from conftest import local_services
+
+    with local_services(2) as engines:
+        nodes = []
+        for node in (0, 1):
+            arena = Arena.create(1, 4 << 20)
+            service = ThinService(arena, node, 2, engines[node])
+            efd = new_eventfd()
+            service.attach(0, 1, os.dup(efd))
+            mine, theirs = socket.socketpair()
+            assert arena.fd is not None
+            link = SimpleNamespace(
+                arena=Arena.attach(os.dup(arena.fd), arena.size),
+                welcome=SimpleNamespace(local=0, rank=node, size=2, pid=os.getpid()),
+                where="test", eventfd=efd, service_eventfd=os.dup(service.eventfd), sock=mine,
+            )  # fmt: skip
+            nodes.append((arena, service, ThinClient(link), mine, theirs))
+        repeats = [0, 0]
+        for k, (_, service, *_rest) in enumerate(nodes):
+            real = service._fast_repeat
+
+            def counted(*args: Any, k: int = k, real: Any = real) -> bool:
+                taken = bool(real(*args))
+                repeats[k] += taken
+                return taken
+
+            service._fast_repeat = counted  # type: ignore[method-assign]
+        try:
+            gens: dict[tuple[str, int, ReduceOp], int] = {}
+
+            def allreduce(name: str, n: int, op: ReduceOp, step: int) -> list[np.ndarray]:
+                gen = gens.get((name, n, op), 0)
+                gens[name, n, op] = gen + 1
+                hs = []
+                for node, (_, _, c, _, _) in enumerate(nodes):
+                    x = np.arange(n, dtype=np.float32) * (node + 1) + step
+                    at, staged = c.place(x, fill=x)
+                    h = ThinHandle(c, name, gen, OpKind.ALLREDUCE, np.empty_like(x), lambda: None)
+                    h.hold((staged,), h._result, staged)
+                    hs.append(c.submit(h, wire=hash((name, n)) & ((1 << 62) - 1),
+                                       dtype=DType.FLOAT32, count=n, op=op, root=0, priority=0,
+                                       at_in=at, at_out=at, unnamed=False))  # fmt: skip
+                return [h.wait(30) for h in hs]
+
+            for step in range(6):
+                for got in allreduce("grad", 1000, ReduceOp.SUM, step):
+                    np.testing.assert_array_equal(
+                        got, np.arange(1000, dtype=np.float32) * 3 + 2 * step
+                    )
+            assert repeats == [5, 5], repeats
+            for got in allreduce("grad.b", 7, ReduceOp.MAX, 1):  # another name and shape
+                np.testing.assert_array_equal(got, np.arange(7, dtype=np.float32) * 2 + 1)
+            assert repeats == [5, 5], repeats
+            for got in allreduce("grad.b", 7, ReduceOp.MAX, 2):
+                np.testing.assert_array_equal(got, np.arange(7, dtype=np.float32) * 2 + 2)
+            assert repeats == [6, 6], repeats
+        finally:
+            for arena, service, c, mine, theirs in nodes:
+                service.stop()
+                c.close()
+                mine.close()
+                theirs.close()
+                arena.close()

@@ -114,6 +114,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         #: _Op that Python made of it once it took the op over (an event came), or None]
         self._fast_running: dict[int, list[Any]] = {}
         self._fast_tokens = 0
+        self._fast_shapes: dict[tuple[int, ...], tuple[np.ndarray, Any]] = {}
         #: what the engine's comm thread left this thread to do: a pass's op (or one of
         #: its segments) ended among the nodes
         self._fast_ended: deque[Callable[[], None]] = deque()
@@ -192,6 +193,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         self._stop.set()
         signal_eventfd(self.eventfd)
         self._thread.join(timeout=5)
+        self._fast_shapes.clear()  # (views of the arena: its mapping may go now)
 
     def _kick(self) -> None:
         signal_eventfd(self.eventfd)

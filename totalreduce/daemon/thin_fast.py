@@ -16,14 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.codes import OpKind
+from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
+from ..service import express
 from ..transport import arena as A
 from ..transport.shm import signal_eventfd
 from . import arena_pass
 from .thin_ops import _error_kind, _Grp, _Op, _Segments, ended_of
 
 log = logging.getLogger("totalreduce.daemon")
+
+_ALLREDUCE = int(OpKind.ALLREDUCE)
 
 
 class PassOps:
@@ -41,6 +44,10 @@ class PassOps:
     _running: dict[tuple[int, int, int], _Op]
     _fast_running: dict[int, list[Any]]
     _fast_tokens: int
+    #: The engine's express record of each whole allreduce among the nodes the pass
+    #: started, with the view of its node buffer, by (wire id, dtype, count, reduce op,
+    #: algorithm, node buffer's offset): a repeat starts from them (:meth:`_fast_repeat`)
+    _fast_shapes: dict[tuple[int, ...], tuple[np.ndarray, Any]]
     _fast_ended: deque[Callable[[], None]]
     _take: Any
     _fail: Any
@@ -121,7 +128,14 @@ class PassOps:
             log.warning("an op among the services failed elsewhere after it ended here: %s", late)
         self._fast_tokens += 1
         token = self._fast_tokens
+        shape: tuple[int, ...] | None = None
         try:
+            if kind == _ALLREDUCE:
+                at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
+                shape = (wire, int(d[A.D_DTYPE]), int(d[A.D_COUNT]), int(d[A.D_OP]),
+                         int(d[A.D_ALGO]), at)  # fmt: skip
+                if self._fast_repeat(token, e, d, shape):
+                    return
             dt = DType(int(d[A.D_DTYPE]))
             buf = None
             if kind != int(OpKind.BARRIER):
@@ -145,9 +159,44 @@ class PassOps:
             return
         if segs is None:
             self._fast_running[token] = [e, h, None]
+            if shape is not None and buf is not None and dt is not DType.BFLOAT16:
+                self._remember_shape(shape, buf, rop, int(d[A.D_ALGO]))
         # a segmented op ends after its segments' ends, in the order they came
         run = segs is None
         h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h), run))
+
+    def _fast_repeat(self, token: int, e: int, d: np.ndarray, shape: tuple[int, ...]) -> bool:
+        """Start entry ``e``, a whole allreduce among the nodes of a shape started before,
+        straight from the engine's express record of it (what ``_engine_op`` comes to
+        through ``allreduce_async``, less the conversions and the lookups on its way);
+        False when there is no record, or the engine wants the whole way (its checks are
+        made here all the same: :func:`~totalreduce.service.express.start`)."""
+        rec = self._fast_shapes.get(shape)
+        if rec is None:
+            return False
+        buf, ex = rec
+        h = express.start(self.engine, ex, shape[0], buf, buf, int(d[A.D_PRIO]))
+        if h is None:
+            return False
+        self._fast_running[token] = [e, h, None]
+        h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h)))
+        return True
+
+    def _remember_shape(
+        self, shape: tuple[int, ...], buf: np.ndarray, rop: ReduceOp, algo: int
+    ) -> None:
+        """After a whole allreduce among the nodes: keep the engine's express record of it
+        (made by that call, under the key ``_engine_op``'s call gave it) for its repeats."""
+        eng = self.engine
+        name = AlgorithmCode(algo).name.lower() if algo else "auto"
+        table = getattr(eng, "_express", None)
+        ex = None if table is None else table.get((shape[0], rop, True, name))
+        if ex is None or ex.__class__ is not express.Express:
+            return
+        shapes = self._fast_shapes
+        if len(shapes) >= express.MAX_RECORDS:
+            shapes.clear()
+        shapes[shape] = (buf, ex)
 
     def _on_arena_thread(self, fn: Callable[[], None], run: bool = True) -> None:
         """Call ``fn`` on this thread: now if here and ``run``, else in its turn."""
