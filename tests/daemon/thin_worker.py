@@ -124,8 +124,26 @@ def mode_arena(p: int, rank: int) -> None:
     # one; the read-only array goes the whole way, and so does rank 1's "max"
     if taken.count(True) != 4 + (rank != 1) + 1 + 3 + 3:
         bad.append(f"the express path was taken {taken.count(True)} times: {taken}")
+    # two arrays of the arena in turn under one name: the record remembers the last one's
+    # place; each result lands in its own array, and a new array of the same shape in its own
+    y = tr.empty((4, 25), np.float32)
+    for i in range(4):
+        arr = x if i % 2 else y
+        other = y if i % 2 else x
+        other[:] = -1
+        arr[:] = rank * 10 + i
+        tr.allreduce(arr, name="express", out=arr)
+        if not (np.all(arr == sum(r * 10 + i for r in range(p))) and np.all(other == -1)):
+            bad.append(f"two arrays in turn, call {i}: {arr[0, :2]}, the other {other[0, :2]}")
+    del y, arr, other
+    gc.collect()
+    z = tr.empty((4, 25), np.float32)  # may take y's place, as a new object
+    z[:] = rank
+    tr.allreduce(z, name="express", out=z)
+    if not np.all(z == sum(range(p))):
+        bad.append(f"a new array in a freed place: {z[0, :2]}")
     report(rank, "EXPRESS", not bad, "; ".join(bad))
-    del x, ro, h
+    del x, ro, h, z
     gc.collect()  # the failed op's handle and its error's traceback hold x in a cycle
 
     # plain arrays: staged, given back

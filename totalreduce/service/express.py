@@ -25,6 +25,7 @@ path changes how fast an op starts, never what it does.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -157,7 +158,7 @@ class ThinExpress:
     """What a repeat of one in-place allreduce in daemon mode needs: the array's dtype and
     shape, the name's signature, and the descriptor the whole way wrote."""
 
-    __slots__ = ("npdt", "shape", "sig", "row", "epoch")
+    __slots__ = ("npdt", "shape", "sig", "row", "epoch", "last", "last_at")
 
     def __init__(self, x: np.ndarray, sig: tuple[Any, ...], row: np.ndarray) -> None:
         self.npdt = x.dtype
@@ -165,6 +166,12 @@ class ThinExpress:
         self.sig = sig
         self.row = row
         self.epoch = tuning.EPOCH[0]
+        #: The last array of the arena the op was given, weakly, and its arena offset: a
+        #: training loop hands the same buffer every step, and finding an array's place
+        #: (``__array_interface__``) costs a microsecond.  An array of the arena is a view
+        #: of its mapping, which cannot be resized: the same object, the same place.
+        self.last: weakref.ref[np.ndarray] | None = None
+        self.last_at = -1
 
 
 def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None:
@@ -221,7 +228,15 @@ def thin_start(
     thin = svc._thin
     if thin.busy():
         return None
-    at = thin.arena.offset_of(x) if in_place else -1
+    at = -1
+    if in_place:
+        last = rec.last
+        if last is not None and last() is x:
+            at = rec.last_at
+        else:
+            at = thin.arena.offset_of(x)
+            if at >= 0:
+                rec.last, rec.last_at = weakref.ref(x), at
     back: np.ndarray | None = None
     result: np.ndarray = x
     if at < 0:  # staged: one copy in, one out (the result's)
