@@ -79,10 +79,10 @@ class Fake:
         return int(self.mem[int(self.t.cw[k]) + A.DONE_WORD + (ticket - 1) % A.RING])
 
     def run(self) -> int:
-        return int(P.arena_pass(self.t.tab, self.mem, self.base))
+        return int(P.arena_pass(self.t.buf, self.t.lay, self.mem, self.base))
 
     def eject(self, older_ns: int) -> int:
-        return int(P.arena_eject(self.t.tab, older_ns))
+        return int(P.arena_eject(self.t.buf, self.t.lay, older_ns))
 
     def started(self) -> list[int]:
         """The entries the last pass left Python to start among the nodes."""
@@ -171,7 +171,7 @@ def test_on_several_nodes_the_node_part_is_done_and_python_starts_the_rest() -> 
     f.write(1, wire=5, count=3, op=int(ReduceOp.AVG), flags=A.F_AVG)  # a second one
     assert f.run() == 1 and f.queued() == [(1, 5, 0)]  # goes to Python
     f.data(0, 3)[:] += [100, 100, 100]  # what the other node gave
-    P.arena_finish(f.t.tab, f.mem, f.base, e, 1)
+    P.arena_finish(f.t.buf, f.t.lay, f.mem, f.base, e, 1)
     assert f.data(0, 3).tolist() == [28, 28, 29]  # (112, 114, 116) // 4
     assert f.data(1, 3).tolist() == [28, 28, 29]
     assert f.word(0, t0) == t0 and f.word(1, t1) == t1
@@ -190,16 +190,16 @@ def test_a_segmented_op_is_made_and_handed_back_by_ranges() -> None:
     (e,) = f.started()
     assert P.pipelined(f.t.st, f.t.descs[e, 0])
     assert f.data(0, 10).tolist() == list(range(10))  # not made yet
-    P.arena_local(f.t.tab, f.base, e, 0, 4)
+    P.arena_local(f.t.buf, f.t.lay, f.base, e, 0, 4)
     assert f.data(0, 10).tolist() == [100, 102, 104, 106, 4, 5, 6, 7, 8, 9]
-    P.arena_local(f.t.tab, f.base, e, 4, 10)
+    P.arena_local(f.t.buf, f.t.lay, f.base, e, 4, 10)
     f.data(0, 10)[:] += 2  # what the other node gave: the world's sum is even, 4 ranks
-    P.arena_back(f.t.tab, f.base, e, 4, 10)
+    P.arena_back(f.t.buf, f.t.lay, f.base, e, 4, 10)
     assert f.data(1, 10)[4:].tolist() == [(102 + 2 * i) // 4 for i in range(4, 10)]
     assert f.data(1, 10)[:4].tolist() == [100, 101, 102, 103]  # not back yet
     assert f.word(0, ts[0]) == 0
-    P.arena_back(f.t.tab, f.base, e, 0, 4)
-    P.arena_finish(f.t.tab, f.mem, f.base, e, 0)
+    P.arena_back(f.t.buf, f.t.lay, f.base, e, 0, 4)
+    P.arena_finish(f.t.buf, f.t.lay, f.mem, f.base, e, 0)
     want = [(102 + 2 * i) // 4 for i in range(10)]
     assert f.data(0, 10).tolist() == want and f.data(1, 10).tolist() == want  # once divided
     assert f.word(0, ts[0]) == ts[0] and f.word(1, ts[1]) == ts[1]
@@ -221,7 +221,7 @@ def test_a_broadcast_from_another_node_lands_in_the_first_clients_output() -> No
     (e,) = f.started()
     assert P.node_buffer(f.t.st, f.t.descs, e) == f.t.lo[0]
     f.data(0, 2)[:] = [42, 43]
-    P.arena_finish(f.t.tab, f.mem, f.base, e, 1)
+    P.arena_finish(f.t.buf, f.t.lay, f.mem, f.base, e, 1)
     assert f.data(1, 2).tolist() == [42, 43]
     f.write(0, wire=9, count=2, kind=int(OpKind.BROADCAST), root=1, gen=1)  # from here
     f.write(1, wire=9, count=2, kind=int(OpKind.BROADCAST), root=1, gen=1)

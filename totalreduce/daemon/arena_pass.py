@@ -93,43 +93,92 @@ _C_TAIL, _C_HEAD, _C_SLEEPING = A.C_TAIL, A.C_HEAD, A.C_SLEEPING
 class Table:
     """The pass's arrays: shared by Python (which makes and reads them) and the pass.
 
-    ``tab`` is the tuple the compiled functions take (one argument instead of sixteen);
-    its order is :data:`_TAB`'s."""
+    They are views of one int64 buffer, :attr:`buf`; :attr:`lay` says where each lies
+    (offset and shape, in :data:`_TAB`'s order).  The compiled functions Python calls
+    take those two arrays and make the views themselves (:func:`_tab`): a tuple of the
+    nineteen arrays, as an argument, cost 1.7 µs of Numba's dispatch per call."""
 
     def __init__(
         self, slots: int, nodes: int, node: int, data_bytes: int,
         pipe_min_bytes: int = PIPE_MIN_BYTES,
     ) -> None:  # fmt: skip
-        self.st = st = np.zeros(ST_WORDS, np.int64)
+        shapes = {
+            "st": (ST_WORDS,),
+            "heads": (slots,),  # descriptors taken from each ring
+            "incs": (slots,),  # each slot's incarnation, 0: none attached
+            "lo": (slots,),  # each slot's data region (arena offsets)
+            "cw": (slots,),  # each slot's control block (arena words)
+            "keys": (CAP, 2),  # (wire id, generation)
+            "seen": (CAP,),  # descriptors come
+            "order": (CAP, slots),  # the slots, in the order they came
+            "descs": (CAP, slots, _DW),
+            "born": (CAP,),  # now_ns() of its first descriptor
+            "bucket": (BUCKETS,),
+            "next": (CAP,),  # the bucket's chain; the free list
+            "pykeys": (PYKEYS, 2),
+            "outq": (QCAP + 2 * slots, _DW),
+            "outslot": (QCAP + 2 * slots,),
+            "sig": (slots,),  # slots whose client sleeps: wake them
+            "wake": (slots,),  # 1: in sig already
+            "starts": (CAP,),  # ops complete here, to run among the nodes
+            "tmp": (_DW,),
+        }
+        self.lay = lay = np.zeros((len(_TAB), 4), np.int64)
+        at = 0
+        for i, name in enumerate(_TAB):
+            shape = shapes[name]
+            lay[i, 0] = at
+            lay[i, 1 : 1 + len(shape)] = shape
+            at += int(np.prod(shape))
+        self.buf = buf = np.zeros(at, np.int64)
+        for i, name in enumerate(_TAB):
+            shape = shapes[name]
+            o = int(lay[i, 0])
+            setattr(self, name, buf[o : o + int(np.prod(shape))].reshape(shape))
+        st = self.st
         st[S_SLOTS], st[S_SIZE], st[S_NODES] = slots, nodes * slots, nodes
         st[S_PIPE] = pipe_min_bytes
         st[S_BASE_RANK], st[S_DATA] = node * slots, data_bytes
-        self.heads = np.zeros(slots, np.int64)  # descriptors taken from each ring
-        self.incs = np.zeros(slots, np.int64)  # each slot's incarnation, 0: none attached
-        self.lo = np.zeros(slots, np.int64)  # each slot's data region (arena offsets)
-        self.cw = np.zeros(slots, np.int64)  # each slot's control block (arena words)
-        self.keys = np.zeros((CAP, 2), np.int64)  # (wire id, generation)
-        self.seen = np.zeros(CAP, np.int64)  # descriptors come
-        self.order = np.zeros((CAP, slots), np.int64)  # the slots, in the order they came
-        self.descs = np.zeros((CAP, slots, _DW), np.int64)
-        self.born = np.zeros(CAP, np.int64)  # now_ns() of its first descriptor
-        self.bucket = np.full(BUCKETS, -1, np.int64)
-        self.next = np.full(CAP, -1, np.int64)  # the bucket's chain; the free list
+        self.bucket[:] = -1
+        self.next[:] = -1
         self.next[: CAP - 1] = np.arange(1, CAP)
         st[S_FREE] = 0
-        self.pykeys = np.full((PYKEYS, 2), -1, np.int64)  # generations are >= 0
-        self.outq = np.zeros((QCAP + 2 * slots, _DW), np.int64)
-        self.outslot = np.zeros(QCAP + 2 * slots, np.int64)
-        self.sig = np.zeros(slots, np.int64)  # slots whose client sleeps: wake them
-        self.wake = np.zeros(slots, np.int64)  # 1: in sig already
-        self.starts = np.zeros(CAP, np.int64)  # ops complete here, to run among the nodes
-        self.tmp = np.zeros(_DW, np.int64)
-        self.tab = tuple(getattr(self, name) for name in _TAB)
+        self.pykeys[:] = -1  # generations are >= 0
 
 
-#: The arrays of :attr:`Table.tab`, in order.
+#: The arrays of :class:`Table`, in the order of :attr:`Table.lay` (and of :func:`_tab`).
 _TAB = ("st", "heads", "incs", "lo", "cw", "keys", "seen", "order", "descs", "born", "bucket",
         "next", "pykeys", "outq", "outslot", "sig", "wake", "starts", "tmp")  # fmt: skip
+
+
+@njit(nogil=True, cache=True)
+def _v1(buf, lay, i):  # type: ignore[no-untyped-def]
+    o = lay[i, 0]
+    return buf[o : o + lay[i, 1]]
+
+
+@njit(nogil=True, cache=True)
+def _v2(buf, lay, i):  # type: ignore[no-untyped-def]
+    o, n0, n1 = lay[i, 0], lay[i, 1], lay[i, 2]
+    return buf[o : o + n0 * n1].reshape((n0, n1))
+
+
+@njit(nogil=True, cache=True)
+def _v3(buf, lay, i):  # type: ignore[no-untyped-def]
+    o, n0, n1, n2 = lay[i, 0], lay[i, 1], lay[i, 2], lay[i, 3]
+    return buf[o : o + n0 * n1 * n2].reshape((n0, n1, n2))
+
+
+@njit(nogil=True, cache=True)
+def _tab(buf, lay):  # type: ignore[no-untyped-def]
+    """The table's arrays as views of ``buf`` (:attr:`Table.lay`), in :data:`_TAB`'s order."""
+    return (
+        _v1(buf, lay, 0), _v1(buf, lay, 1), _v1(buf, lay, 2), _v1(buf, lay, 3),
+        _v1(buf, lay, 4), _v2(buf, lay, 5), _v1(buf, lay, 6), _v2(buf, lay, 7),
+        _v3(buf, lay, 8), _v1(buf, lay, 9), _v1(buf, lay, 10), _v1(buf, lay, 11),
+        _v2(buf, lay, 12), _v2(buf, lay, 13), _v1(buf, lay, 14), _v1(buf, lay, 15),
+        _v1(buf, lay, 16), _v1(buf, lay, 17), _v1(buf, lay, 18),
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- the table
@@ -362,7 +411,7 @@ def _clear_wakes(st, wake):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def arena_pass(tab, mem, base):  # type: ignore[no-untyped-def]
+def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
     """Take every descriptor the attached clients wrote; run the ops it completes.
 
     ``mem`` is the arena as int64 words, ``base`` its address.  Returns the number of
@@ -372,7 +421,8 @@ def arena_pass(tab, mem, base):  # type: ignore[no-untyped-def]
     here to start among the nodes in ``starts`` (``st[S_NSTART]``; their node's part is
     in their node buffer, and they stay in the table, out of its buckets, until
     :func:`arena_finish` or :func:`arena_release`).  Stops early when the out-queue may
-    not hold another op."""
+    not hold another op.  ``buf`` and ``lay`` are the table's (:class:`Table`)."""
+    tab = _tab(buf, lay)
     st, heads, incs, lo, cw, keys, seen, order, descs, born = tab[:10]
     bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d = tab[10:]
     st[S_NOUT] = 0
@@ -444,10 +494,11 @@ def arena_pass(tab, mem, base):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def arena_finish(tab, mem, base, e, back):  # type: ignore[no-untyped-def]
+def arena_finish(buf, lay, mem, base, e, back):  # type: ignore[no-untyped-def]
     """Entry ``e`` ended among the nodes, its node buffer holds the result: results
     back (unless ``back`` is 0: its segments went back already), every word set (the
     sleepers to wake in ``sig``), the entry given back."""
+    tab = _tab(buf, lay)
     st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
     _clear_wakes(st, wake)
     if back:
@@ -457,30 +508,31 @@ def arena_finish(tab, mem, base, e, back):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def arena_local(tab, base, e, lo, hi):  # type: ignore[no-untyped-def]
+def arena_local(buf, lay, base, e, lo, hi):  # type: ignore[no-untyped-def]
     """The node's part of elements [lo, hi) of entry ``e`` (a pipelined op's segment,
     before it starts among the nodes)."""
-    _local(tab[0], base, tab[8], e, lo, hi)
+    _local(_v1(buf, lay, 0), base, _v3(buf, lay, 8), e, lo, hi)
 
 
 @njit(nogil=True, cache=True)
-def arena_back(tab, base, e, lo, hi):  # type: ignore[no-untyped-def]
+def arena_back(buf, lay, base, e, lo, hi):  # type: ignore[no-untyped-def]
     """Elements [lo, hi) of entry ``e``'s result back into its clients' outputs (a
     pipelined op's segment, ended among the nodes)."""
-    _back(tab[0], base, tab[8], e, lo, hi)
+    _back(_v1(buf, lay, 0), base, _v3(buf, lay, 8), e, lo, hi)
 
 
 @njit(nogil=True, cache=True)
-def arena_release(tab, e):  # type: ignore[no-untyped-def]
+def arena_release(buf, lay, e):  # type: ignore[no-untyped-def]
     """Give back entry ``e``, started among the nodes, whose op Python now owns."""
-    _free(tab[0], tab[11], e)
+    _free(_v1(buf, lay, 0), _v1(buf, lay, 11), e)
 
 
 @njit(nogil=True, cache=True)
-def arena_eject(tab, older_ns):  # type: ignore[no-untyped-def]
+def arena_eject(buf, lay, older_ns):  # type: ignore[no-untyped-def]
     """Queue for Python the descriptors of every op waiting in the table that came
     before ``older_ns`` (``now_ns()`` for all), as many as the out-queue holds; how
     many such ops remain."""
+    tab = _tab(buf, lay)
     st, keys, born, bucket, nxt, outq = tab[0], tab[5], tab[9], tab[10], tab[11], tab[13]
     st[S_NOUT] = 0
     slots = st[S_SLOTS]
@@ -525,14 +577,14 @@ def prepare() -> None:
     forget_stale_cache(arena_pass, SOURCES, (__name__.split(".", 1)[1],), "arena_pass.sources")
     t = Table(1, 2, 0, 0)
     mem = np.zeros(A.ERROR_WORD, np.int64)
-    arena_pass(t.tab, mem, 0)
-    arena_eject(t.tab, 0)
+    arena_pass(t.buf, t.lay, mem, 0)
+    arena_eject(t.buf, t.lay, 0)
     t.st[S_LIVE] = 1
     t.descs[0, 0, _D_KIND] = _BAR
-    arena_finish(t.tab, mem, 0, 0, 1)
-    arena_local(t.tab, 0, 0, 0, 0)
-    arena_back(t.tab, 0, 0, 0, 0)
+    arena_finish(t.buf, t.lay, mem, 0, 0, 1)
+    arena_local(t.buf, t.lay, 0, 0, 0, 0)
+    arena_back(t.buf, t.lay, 0, 0, 0, 0)
     pipelined(t.st, t.descs[0, 0])
-    arena_release(t.tab, 0)
+    arena_release(t.buf, t.lay, 0)
     node_buffer(t.st, t.descs, 0)
     clock_ns()

@@ -62,7 +62,7 @@ class PassOps:
         """Take what the clients submitted: the compiled pass takes and runs the common
         ops; what it hands over (arena_pass.py says what) Python takes in order."""
         fast = self._fast
-        if not arena_pass.arena_pass(fast.tab, self._mem, self.arena.base):
+        if not arena_pass.arena_pass(fast.buf, fast.lay, self._mem, self.arena.base):
             return False
         st = fast.st
         self._wake_sleepers()
@@ -96,7 +96,7 @@ class PassOps:
         now = arena_pass.clock_ns()
         before = now if older_s is None else now - int(older_s * 1e9)
         while True:
-            left = arena_pass.arena_eject(fast.tab, before)
+            left = arena_pass.arena_eject(fast.buf, fast.lay, before)
             self._take_queued()
             if not left:
                 return
@@ -146,15 +146,15 @@ class PassOps:
                 rop = ReduceOp.SUM  # divided at the end
             segs = self._segmented(key, self._world, d) if buf is not None else None
             if segs is not None:  # its node's part made, and handed back, by segments
-                tab, base = fast.tab, self.arena.base
-                segs.local = lambda lo, hi: arena_pass.arena_local(tab, base, e, lo, hi)
+                tb, lay, base = fast.buf, fast.lay, self.arena.base
+                segs.local = lambda lo, hi: arena_pass.arena_local(tb, lay, base, e, lo, hi)
                 segs.back = lambda i: self._fast_segment(token, i)
                 self._fast_running[token] = [e, segs, None]
             h = self._engine_op(key, self._world, kind, buf, rop, dt, d, segs)
         except Exception as exc:
             self._fast_running.pop(token, None)
             op = self._entry_op(e)
-            arena_pass.arena_release(fast.tab, e)
+            arena_pass.arena_release(fast.buf, fast.lay, e)
             self._fail(op, A.E_FAILED, f"the services could not start it: {exc}")
             return
         if segs is None:
@@ -215,7 +215,7 @@ class PassOps:
             return
         e, segs, _ = item
         lo, hi = segs.ranges[i]
-        arena_pass.arena_back(self._fast.tab, self.arena.base, e, lo, hi)
+        arena_pass.arena_back(self._fast.buf, self._fast.lay, self.arena.base, e, lo, hi)
         segs.backed[i] = True
 
     def _fast_end(self, token: int, h: Any) -> None:
@@ -232,13 +232,13 @@ class PassOps:
         error = h.exception()
         if error is not None:
             op = self._entry_op(e)
-            arena_pass.arena_release(fast.tab, e)
+            arena_pass.arena_release(fast.buf, fast.lay, e)
             op.handle = ended_of(h)
             text = self._among_nodes_text(error, h, op.first())
             self._fail(op, _error_kind(error), text)
             return
         back = 0 if isinstance(h, _Segments) else 1  # a segmented op's went back already
-        arena_pass.arena_finish(fast.tab, self._mem, self.arena.base, e, back)
+        arena_pass.arena_finish(fast.buf, fast.lay, self._mem, self.arena.base, e, back)
         self._wake_sleepers()
 
     def _take_over(self, e: int, h: Any) -> _Op:
@@ -257,5 +257,5 @@ class PassOps:
                 h.local(lo, hi)
             h.local = None
         self._running[op.key] = op
-        arena_pass.arena_release(fast.tab, e)
+        arena_pass.arena_release(fast.buf, fast.lay, e)
         return op
