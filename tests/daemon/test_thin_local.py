@@ -35,9 +35,13 @@ from totalreduce.transport.shm import new_eventfd
 class Node:
     """A node's arena thread and ``slots`` clients attached to it."""
 
-    def __init__(self, slots: int, stall_warning_s: float = 60.0) -> None:
+    def __init__(
+        self, slots: int, stall_warning_s: float = 60.0, *, node: int = 0, nodes: int = 1,
+        engine: Any = None,
+    ) -> None:  # fmt: skip
+        """Node ``node`` of ``nodes`` (``engine``: the services' engine among them)."""
         self.arena = Arena.create(slots, 4 << 20)
-        self.service = ThinService(self.arena, 0, 1, None, stall_warning_s=stall_warning_s)
+        self.service = ThinService(self.arena, node, nodes, engine, stall_warning_s=stall_warning_s)
         self.clients: list[ThinClient] = []
         self.socks: list[socket.socket] = []
         for k in range(slots):
@@ -48,7 +52,9 @@ class Node:
             assert self.arena.fd is not None
             link = SimpleNamespace(
                 arena=Arena.attach(os.dup(self.arena.fd), self.arena.size),
-                welcome=SimpleNamespace(local=k, rank=k, size=slots, pid=os.getpid()),
+                welcome=SimpleNamespace(
+                    local=k, rank=node * slots + k, size=nodes * slots, pid=os.getpid()
+                ),
                 where="test",
                 eventfd=efd,
                 service_eventfd=os.dup(self.service.eventfd),
@@ -451,19 +457,9 @@ def test_an_op_among_the_nodes_is_finished_on_the_arena_thread() -> None:
     its comm thread.  Its end is handled on the arena thread, which reads and changes the
     table of running ops: from another thread the two met ('dictionary changed size
     during iteration', the arena thread logging a failure and pausing)."""
-    arena = Arena.create(1, 4 << 20)
     engine = _Engine()
-    service = ThinService(arena, 0, 2, engine)
-    efd = new_eventfd()
-    service.attach(0, 1, os.dup(efd))
-    mine, theirs = socket.socketpair()
-    assert arena.fd is not None
-    link = SimpleNamespace(
-        arena=Arena.attach(os.dup(arena.fd), arena.size),
-        welcome=SimpleNamespace(local=0, rank=0, size=2, pid=os.getpid()),
-        where="test", eventfd=efd, service_eventfd=os.dup(service.eventfd), sock=mine,
-    )  # fmt: skip
-    c = ThinClient(link)
+    node = Node(1, nodes=2, engine=engine)
+    service, c = node.service, node.clients[0]
     finished_on: list[threading.Thread] = []
     real_finish = service._finish
 
@@ -492,11 +488,7 @@ def test_an_op_among_the_nodes_is_finished_on_the_arena_thread() -> None:
         np.testing.assert_array_equal(h.wait(10), 3 * x)
         assert finished_on == [service._thread]
     finally:
-        service.stop()
-        c.close()
-        mine.close()
-        theirs.close()
-        arena.close()
+        node.close()
 
 
 def test_repeats_among_two_nodes_start_from_the_engines_express_record() -> None:
@@ -509,22 +501,10 @@ def test_repeats_among_two_nodes_start_from_the_engines_express_record() -> None
     from conftest import local_services
 
     with local_services(2) as engines:
-        nodes = []
-        for node in (0, 1):
-            arena = Arena.create(1, 4 << 20)
-            service = ThinService(arena, node, 2, engines[node])
-            efd = new_eventfd()
-            service.attach(0, 1, os.dup(efd))
-            mine, theirs = socket.socketpair()
-            assert arena.fd is not None
-            link = SimpleNamespace(
-                arena=Arena.attach(os.dup(arena.fd), arena.size),
-                welcome=SimpleNamespace(local=0, rank=node, size=2, pid=os.getpid()),
-                where="test", eventfd=efd, service_eventfd=os.dup(service.eventfd), sock=mine,
-            )  # fmt: skip
-            nodes.append((arena, service, ThinClient(link), mine, theirs))
+        nodes = [Node(1, node=k, nodes=2, engine=engines[k]) for k in (0, 1)]
         repeats = [0, 0]
-        for k, (_, service, *_rest) in enumerate(nodes):
+        for k, node in enumerate(nodes):
+            service = node.service
             real = service._fast_repeat
 
             def counted(*args: Any, k: int = k, real: Any = real) -> bool:
@@ -540,8 +520,9 @@ def test_repeats_among_two_nodes_start_from_the_engines_express_record() -> None
                 gen = gens.get((name, n, op), 0)
                 gens[name, n, op] = gen + 1
                 hs = []
-                for node, (_, _, c, _, _) in enumerate(nodes):
-                    x = np.arange(n, dtype=np.float32) * (node + 1) + step
+                for k, node in enumerate(nodes):
+                    c = node.clients[0]
+                    x = np.arange(n, dtype=np.float32) * (k + 1) + step
                     at, staged = c.place(x, fill=x)
                     h = ThinHandle(c, name, gen, OpKind.ALLREDUCE, np.empty_like(x), lambda: None)
                     h.hold((staged,), h._result, staged)
@@ -563,9 +544,5 @@ def test_repeats_among_two_nodes_start_from_the_engines_express_record() -> None
                 np.testing.assert_array_equal(got, np.arange(7, dtype=np.float32) * 2 + 2)
             assert repeats == [6, 6], repeats
         finally:
-            for arena, service, c, mine, theirs in nodes:
-                service.stop()
-                c.close()
-                mine.close()
-                theirs.close()
-                arena.close()
+            for node in nodes:
+                node.close()
