@@ -191,8 +191,13 @@ class PassOps:
         name = AlgorithmCode(algo).name.lower() if algo else "auto"
         table = getattr(eng, "_express", None)
         ex = None if table is None else table.get((shape[0], rop, True, name))
-        if ex is None or ex.__class__ is not express.Express:
-            return
+        if (
+            ex is None
+            or ex.__class__ is not express.Express
+            or ex.npdt is not buf.dtype
+            or ex.shape != buf.shape
+        ):
+            return  # (a record of this name's other shape: the next whole call makes one)
         shapes = self._fast_shapes
         if len(shapes) >= express.MAX_RECORDS:
             shapes.clear()
