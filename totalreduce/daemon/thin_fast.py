@@ -26,7 +26,7 @@ from .thin_ops import _error_kind, _Grp, _Op, _Segments, ended_of
 
 log = logging.getLogger("totalreduce.daemon")
 
-_ALLREDUCE = int(OpKind.ALLREDUCE)
+_ALLREDUCE, _BARRIER = int(OpKind.ALLREDUCE), int(OpKind.BARRIER)
 
 
 class PassOps:
@@ -130,16 +130,15 @@ class PassOps:
         token = self._fast_tokens
         shape: tuple[int, ...] | None = None
         try:
+            at = -1 if kind == _BARRIER else int(arena_pass.node_buffer(fast.st, fast.descs, e))
             if kind == _ALLREDUCE:
-                at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
                 shape = (wire, int(d[A.D_DTYPE]), int(d[A.D_COUNT]), int(d[A.D_OP]),
                          int(d[A.D_ALGO]), at)  # fmt: skip
                 if self._fast_repeat(token, e, d, shape):
                     return
             dt = DType(int(d[A.D_DTYPE]))
             buf = None
-            if kind != int(OpKind.BARRIER):
-                at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
+            if kind != _BARRIER:
                 buf = self.arena.view(at, int(d[A.D_COUNT]), dt.numpy)
             rop = ReduceOp(int(d[A.D_OP]))
             if rop is ReduceOp.AVG:
