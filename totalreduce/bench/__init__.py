@@ -18,11 +18,17 @@ write the same results to files.
   Python ring loop (:mod:`.bare`, the floor of any Python engine) and the same
   ring compiled (:mod:`.floor`, one Numba function calling MPI: the floor of
   any compiled engine), then a burst of ResNet-50's 161 gradients and
-  thousands of small ops in flight.
+  thousands of small ops in flight;
+- ``--step``: training steps whose gradients (ResNet-18's 62 by default) are
+  made at different times and in a different order on every rank, with
+  simulated compute at two speeds: totalreduce's ops submitted as gradients are
+  made against MPI's ``Allreduce`` after the backward, ``Iallreduce`` per
+  gradient, and ``Iallreduce`` per bucket as DDP does (:mod:`.step`).
 
 Modules: :mod:`.run` (command line and loop), :mod:`.cases` (what is timed and
 checked), :mod:`.timing`, :mod:`.table` (text, CSV, JSON, plot), :mod:`.bare`,
-:mod:`.floor`, :mod:`.resnet50`, :mod:`.tune` (``totalreduce tune``).
+:mod:`.floor`, :mod:`.resnet50`, :mod:`.resnet18`, :mod:`.step`, :mod:`.tune`
+(``totalreduce tune``).
 
 Benchmarks are not tests: nothing here asserts a figure.
 """

@@ -12,7 +12,9 @@ import numpy as np
 import totalreduce as tr
 
 from .cases import Case, allreduce_cases, burst_cases, collective_cases, inflight_cases
+from .resnet18 import RESNET18_GRADIENTS
 from .resnet50 import RESNET50_GRADIENTS
+from .step import COMPUTE, Scenario, run_scenario
 from .table import (
     Result,
     bandwidths,
@@ -21,6 +23,8 @@ from .table import (
     many_row,
     plot,
     row,
+    step_header,
+    step_row,
     write_csv,
     write_json,
 )
@@ -85,6 +89,31 @@ def parser() -> argparse.ArgumentParser:
         "--latency",
         action="store_true",
         help="small sizes, every algorithm, the bare Python loop; burst and in-flight blocks",
+    )
+    mode.add_argument(
+        "--step",
+        action="store_true",
+        help="training steps: gradients ready at different times and orders on each rank",
+    )
+    step = ap.add_argument_group("the step scenario (--step)")
+    step.add_argument("--step-model", choices=("resnet18", "resnet50"), default="resnet18")
+    step.add_argument(
+        "--step-scale", type=float, default=1.0, help="tensor sizes times this (default 1)"
+    )
+    step.add_argument("--step-forward-ms", type=float, default=5.0)
+    step.add_argument("--step-backward-ms", type=float, default=10.0)
+    step.add_argument(
+        "--step-speeds",
+        default="1,4",
+        help="compute times of a step as multiples of forward+backward, comma-separated",
+    )
+    step.add_argument("--step-compute", choices=COMPUTE, default="sleep")
+    step.add_argument("--step-jitter", type=float, default=0.1, help="per-rank speed, +-")
+    step.add_argument("--step-swap", type=float, default=0.3, help="chance of a swap in order")
+    step.add_argument("--step-rounds", type=int, default=5)
+    step.add_argument("--step-steps", type=int, default=4, help="steps per round")
+    step.add_argument(
+        "--step-bucket", type=parse_size, default=25 << 20, help="MPI bucket bytes (DDP's 25M)"
     )
     ap.add_argument("--inflight", default="1000,4000,16000", help="in-flight op counts (--latency)")
     ap.add_argument(
@@ -184,6 +213,8 @@ def run(args: argparse.Namespace) -> list[Result]:
 
     comm = MPI.COMM_WORLD
     tr.init()
+    if args.step:
+        return run_step(comm, args)
     p, rank = tr.size(), tr.rank()
     latency = args.latency
     minbytes = args.minbytes or (8 if latency else 4 << 10)
@@ -261,6 +292,66 @@ def run(args: argparse.Namespace) -> list[Result]:
     for extra in (bare_comm, floor_comm):
         if extra is not None:
             extra.Free()
+    tr.shutdown()
+    return results
+
+
+def run_step(comm: Any, args: argparse.Namespace) -> list[Result]:
+    """``--step``: the training-step scenario at every compute speed (:mod:`.step`)."""
+    p, rank = tr.size(), tr.rank()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    base = RESNET18_GRADIENTS if args.step_model == "resnet18" else RESNET50_GRADIENTS
+    if args.step_scale <= 0:
+        raise SystemExit(
+            f"totalreduce bench --step: --step-scale must be > 0, got {args.step_scale}"
+        )
+    counts = tuple(max(1, round(c * args.step_scale)) for c in base)
+    speeds = [float(s) for s in args.step_speeds.split(",") if s.strip()]
+    if not speeds or min(speeds) <= 0:
+        raise SystemExit(
+            "totalreduce bench --step: --step-speeds needs positive numbers, "
+            f"got {args.step_speeds!r}"
+        )
+    say(f"# totalreduce bench (step): P={p}, float32, op sum")
+    say(f"# transport: {tr.default_service().transport.description}")
+    say(
+        f"# {args.step_model} x{args.step_scale:g}: {len(counts)} gradients, "
+        f"{sum(counts)} elements; compute {args.step_compute}, jitter +-{args.step_jitter:g}, "
+        f"swap {args.step_swap:g}; {args.step_rounds} rounds of {args.step_steps} steps, "
+        f"implementations alternated; MPI buckets {args.step_bucket} B"
+    )
+    say(
+        "# step: slowest rank's round over its steps, median over the rounds; "
+        "vs_mpi = the best MPI implementation's step / this step (above 1: faster)"
+    )
+    results: list[Result] = []
+    for speed in speeds:
+        scenario = Scenario(
+            counts,
+            args.step_forward_ms * speed / 1e3,
+            args.step_backward_ms * speed / 1e3,
+            jitter=args.step_jitter,
+            swap=args.step_swap,
+            compute=args.step_compute,
+        )
+        rows = run_scenario(
+            comm, scenario, args.step_rounds, args.step_steps, args.step_bucket, args.check > 0
+        )
+        say("#")
+        say(
+            f"# forward {args.step_forward_ms * speed:g} ms + backward "
+            f"{args.step_backward_ms * speed:g} ms per step"
+        )
+        for line in step_header():
+            say(line)
+        for r in rows:
+            say(step_row(r))
+        sys.stdout.flush()
+        results += rows
+    if rank == 0:
+        meta = {"P": p, "mode": "step", "dtype": "float32", "op": "sum"}
+        meta["transport"] = tr.default_service().transport.description
+        _write(args, results, meta, f"totalreduce bench (step), P={p}")
     tr.shutdown()
     return results
 

@@ -64,6 +64,7 @@ class Result:
     time_min_us: float | None = None
     time_max_us: float | None = None
     chosen: str | None = None  # what ``auto`` ran
+    compute_ms: float | None = None  # the step scenario: simulated compute per step
 
     @property
     def us_per_op(self) -> float | None:
@@ -135,6 +136,29 @@ def many_row(r: Result) -> str:
         f" {_num(r.time_us, 10, '.1f')} {_num(r.us_per_op, 8, '.2f')}"
         f" {_num(r.algbw, 8, '.3f')} {_num(r.busbw, 8, '.3f')} {_num(r.wrong, 6, 'd')}"
         f" {_num(r.vs_mpi, 7, '.2f')}"
+    )
+
+
+def step_header() -> list[str]:
+    """Header of the step scenario's block: the model's totals, the time per step."""
+    return [
+        f"#{'size':>11} {'count':>11} {'ops':>5} {'compute':>8} {'impl':<26}"
+        f" {'step':>9} {'min':>9} {'max':>9} {'#wrong':>6} {'vs_mpi':>7}",
+        f"#{'(B)':>11} {'(elements)':>11} {'':>5} {'(ms)':>8} {'':<26}"
+        f" {'(ms)':>9} {'(ms)':>9} {'(ms)':>9}",
+    ]
+
+
+def step_row(r: Result) -> str:
+    """One row of the step scenario: an implementation's time per step at one compute speed."""
+
+    def ms(us: float | None) -> float | None:
+        return None if us is None else us / 1e3
+
+    return (
+        f"{r.size:>12} {r.count:>11} {r.ops:>5} {_num(r.compute_ms, 8, '.1f')} {r.impl:<26}"
+        f" {_num(ms(r.time_us), 9, '.2f')} {_num(ms(r.time_min_us), 9, '.2f')}"
+        f" {_num(ms(r.time_max_us), 9, '.2f')} {_num(r.wrong, 6, 'd')} {_num(r.vs_mpi, 7, '.2f')}"
     )
 
 
