@@ -199,12 +199,18 @@ class LaneHooks:
         passes back) and wait up to ``EXPRESS_WAIT_S``, since queueing the op instead
         would send it, and every op submitted after it until the queue drains, the whole
         way.  Held by another thread (a waiter's passes) or by this one (a callback that
-        runs inside a pass submits): False at once."""
+        runs inside a pass submits): False at once.  Held by the comm thread while bodies
+        are in flight: False at once too, as its pass may be reducing or copying a
+        segment of up to ``segment_bytes`` first (hundreds of µs, measured in
+        ``bench --step``), and the submitting thread (a training loop's backward) would
+        wait for it; such an op is queued, and the comm thread's next pass takes it."""
         if self.lock.acquire(blocking=False):
             return True
         owner = self._owner
         if owner != self._comm_ident or not owner or owner == threading.get_ident():
             return False  # a waiter's passes, or this thread's own (a completion callback)
+        if lane.mem[L.C_NBREQ]:
+            return False
         self._wanted = True
         lane.kick()
         try:
