@@ -15,8 +15,10 @@ from totalreduce.bench.resnet18 import RESNET18_GRADIENTS, resnet18_gradient_cou
 from totalreduce.bench.step import (
     MpiBuckets,
     Scenario,
+    TotalreduceBuckets,
     _Compute,
     expected,
+    plan_buckets,
     value,
     wrong,
 )
@@ -92,6 +94,10 @@ def test_buckets_are_runs_in_reverse_model_order() -> None:
     assert bucketed.name == "mpi.Iallreduce(buckets)"
     two = MpiBuckets(grads, flat, None, 400 * 4)  # 20+20+300+10 < 400: the first layer closes
     assert two.buckets == [(4, 7), (0, 4)]
+    mine = TotalreduceBuckets(grads, flat, 300 * 4)  # totalreduce's rows use the same runs
+    assert (mine.buckets, mine.bucket_of) == plan_buckets(grads, 300 * 4)
+    assert mine.buckets == bucketed.buckets
+    np.testing.assert_array_equal(mine.part(1), flat[10:350])
 
 
 def test_the_compute_timeline_moves_on_by_the_hooks_time_not_by_late_wake_ups() -> None:
@@ -146,16 +152,17 @@ def test_step_mode_under_mpiexec(n: int, compute: str, tmp_path: Path) -> None:
         "mpi.Iallreduce x62",
         "mpi.Iallreduce(buckets)",
         "tr.allreduce_async x62",
+        "tr.allreduce_async(buckets)",
     ]
     assert [r["impl"] for r in rows] == impls * 2, out
-    assert [float(r["compute_ms"]) for r in rows] == [1.5] * 5 + [3.0] * 5
+    assert [float(r["compute_ms"]) for r in rows] == [1.5] * 6 + [3.0] * 6
     for r in rows:
         assert r["mode"] == "step" and r["ops"] == "62"
         assert r["wrong"] == ("" if r["impl"] == "compute.only" else "0"), r
         assert float(r["time_us"]) > 0 and float(r["vs_mpi"]) > 0
-    for speed in (rows[:5], rows[5:]):
+    for speed in (rows[:6], rows[6:]):
         mpi = [r for r in speed if r["impl"].startswith("mpi")]
         assert max(float(r["vs_mpi"]) for r in mpi) == pytest.approx(1.0)
         assert float(speed[0]["time_us"]) >= 0.9 * float(speed[0]["compute_ms"]) * 1e3
     text = [ln.split() for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
-    assert len(text) == 10 and all(ln[0] == rows[0]["size"] for ln in text)
+    assert len(text) == 12 and all(ln[0] == rows[0]["size"] for ln in text)

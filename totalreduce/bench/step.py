@@ -31,6 +31,9 @@ op waited; a step's time is the slowest rank's round over its steps):
 - ``tr.allreduce_async xL``: each gradient submitted the moment it is made,
   with a higher priority the nearer its layer is to the input; the forward waits
   layer by layer.
+- ``tr.allreduce_async(buckets)``: the same buckets as MPI's, each submitted the
+  moment its gradients are made (in whatever order that is), the buckets nearer
+  the input first: how ``DistributedOptimizer`` and the DDP hook send gradients.
 
 ``vs_mpi`` is the best MPI implementation's step time over this one's (above 1:
 faster than the best of MPI).  After every round each rank checks the last
@@ -39,6 +42,7 @@ step's sums (exact small integers); ``#wrong`` counts the wrong elements.
 
 from __future__ import annotations
 
+import abc
 import random
 import statistics
 import time
@@ -190,49 +194,99 @@ class MpiFused(Implementation):
         self.comm.Allreduce(MPI.IN_PLACE, self.flat)
 
 
-class MpiBuckets(Implementation):
-    """``Iallreduce`` of runs of consecutive gradients (a run per gradient: per tensor)."""
+def plan_buckets(
+    grads: Sequence[np.ndarray], bucket_bytes: int
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """Runs ``[lo, hi)`` of consecutive layers, in reverse model order, each closed once it
+    holds ``bucket_bytes`` (0: a run per layer), and each layer's run."""
+    buckets: list[tuple[int, int]] = []
+    hi, size = len(grads), 0
+    for layer in reversed(range(len(grads))):
+        size += grads[layer].nbytes
+        if bucket_bytes <= 0 or size >= bucket_bytes or layer == 0:
+            buckets.append((layer, hi))
+            hi, size = layer, 0
+    bucket_of = [0] * len(grads)
+    for b, (lo, hi) in enumerate(buckets):
+        for layer in range(lo, hi):
+            bucket_of[layer] = b
+    return buckets, bucket_of
+
+
+class _Bucketed(Implementation, abc.ABC):
+    """Gradients reduced in runs (:func:`plan_buckets`) once every gradient of a run is
+    made; the next forward waits for a layer's run before the layer."""
+
+    def __init__(self, grads: Sequence[np.ndarray], flat: np.ndarray, bucket_bytes: int) -> None:
+        super().__init__(grads)
+        self.flat = flat
+        self.buckets, self.bucket_of = plan_buckets(grads, bucket_bytes)
+        self.offsets = np.cumsum([0] + [g.size for g in grads])
+        self.missing = [hi - lo for lo, hi in self.buckets]
+        self.running: list[Any] = [None] * len(self.buckets)
+        self.waiting: list[Any] = [None] * len(self.buckets)
+
+    def part(self, b: int) -> np.ndarray:
+        lo, hi = self.buckets[b]
+        return self.flat[self.offsets[lo] : self.offsets[hi]]
+
+    @abc.abstractmethod
+    def start(self, b: int) -> Any:
+        """Start run ``b``'s reduction; what ``finish_one`` waits on."""
+
+    def made(self, layer: int) -> None:
+        b = self.bucket_of[layer]
+        self.missing[b] -= 1
+        if self.missing[b] == 0:
+            self.running[b] = self.start(b)
+
+    def backward_done(self) -> None:
+        # The next step's backward counts its gradients again; this step's runs are waited
+        # for by the forward.
+        self.missing = [hi - lo for lo, hi in self.buckets]
+        self.waiting, self.running = self.running, [None] * len(self.buckets)
+
+    def need(self, layer: int) -> None:
+        b = self.bucket_of[layer]
+        h = self.waiting[b]
+        if h is not None:
+            self.finish_one(h)
+            self.waiting[b] = None
+
+    def finish_one(self, h: Any) -> None:
+        h.wait()
+
+    def finish(self) -> None:
+        for layer in range(len(self.grads)):
+            self.need(layer)
+
+
+class MpiBuckets(_Bucketed):
+    """``Iallreduce`` of each run, posted in run order (the same on every rank: a run goes
+    once it and every run before it are made); ``Testall`` between layers."""
 
     def __init__(
         self, grads: Sequence[np.ndarray], flat: np.ndarray, comm: Any, bucket_bytes: int
     ) -> None:
-        super().__init__(grads)
-        self.flat, self.comm = flat, comm
-        self.per_tensor = bucket_bytes <= 0
+        super().__init__(grads, flat, bucket_bytes)
+        self.comm = comm
         self.name = (
-            f"mpi.Iallreduce x{len(grads)}" if self.per_tensor else "mpi.Iallreduce(buckets)"
+            f"mpi.Iallreduce x{len(grads)}" if bucket_bytes <= 0 else "mpi.Iallreduce(buckets)"
         )
-        # Buckets in reverse model order, each a run [lo, hi) of layers: a slice of flat.
-        self.buckets: list[tuple[int, int]] = []
-        hi, size = len(grads), 0
-        for layer in reversed(range(len(grads))):
-            size += grads[layer].nbytes
-            if self.per_tensor or size >= bucket_bytes or layer == 0:
-                self.buckets.append((layer, hi))
-                hi, size = layer, 0
-        self.bucket_of = [0] * len(grads)
-        for b, (lo, hi) in enumerate(self.buckets):
-            for layer in range(lo, hi):
-                self.bucket_of[layer] = b
-        self.offsets = np.cumsum([0] + [g.size for g in grads])
-        self._new_round()
-
-    def _new_round(self) -> None:
-        self.missing = [hi - lo for lo, hi in self.buckets]
         self.posted = 0
-        self.requests: list[Any] = [None] * len(self.buckets)
         self.pending: list[Any] = []
 
-    def made(self, layer: int) -> None:
+    def start(self, b: int) -> Any:
         from mpi4py import MPI
 
+        req = self.comm.Iallreduce(MPI.IN_PLACE, self.part(b))
+        self.pending.append(req)
+        return req
+
+    def made(self, layer: int) -> None:
         self.missing[self.bucket_of[layer]] -= 1
         while self.posted < len(self.buckets) and self.missing[self.posted] == 0:
-            lo, hi = self.buckets[self.posted]
-            part = self.flat[self.offsets[lo] : self.offsets[hi]]
-            req = self.comm.Iallreduce(MPI.IN_PLACE, part)
-            self.requests[self.posted] = req
-            self.pending.append(req)
+            self.running[self.posted] = self.start(self.posted)
             self.posted += 1
 
     def between(self) -> None:
@@ -242,25 +296,27 @@ class MpiBuckets(Implementation):
             self.pending.clear()
 
     def backward_done(self) -> None:
-        # The next step's backward counts its gradients again; this step's requests stay.
-        self.missing = [hi - lo for lo, hi in self.buckets]
+        super().backward_done()
         self.posted = 0
-        self.waiting = self.requests
-        self.requests = [None] * len(self.buckets)
 
-    def need(self, layer: int) -> None:
-        waiting = getattr(self, "waiting", None)
-        if waiting is not None:
-            req = waiting[self.bucket_of[layer]]
-            if req is not None:
-                req.Wait()
+    def finish_one(self, h: Any) -> None:
+        h.Wait()
 
     def finish(self) -> None:
-        from mpi4py import MPI
+        super().finish()
+        self.pending.clear()
 
-        MPI.Request.Waitall([r for r in getattr(self, "waiting", []) if r is not None])
-        self.waiting = None
-        self._new_round()
+
+class TotalreduceBuckets(_Bucketed):
+    """``tr.allreduce_async`` of each run the moment its gradients are made (in any order),
+    the runs nearest the input first by priority: how ``DistributedOptimizer`` and the DDP
+    hook send gradients (its fusion buckets)."""
+
+    name = "tr.allreduce_async(buckets)"
+
+    def start(self, b: int) -> Any:
+        part = self.part(b)
+        return tr.allreduce_async(part, name=f"bench.step.bucket{b}", out=part, priority=b)
 
 
 class Totalreduce(Implementation):
@@ -340,6 +396,7 @@ def run_scenario(
         MpiBuckets(grads, flat, comm, 0),
         MpiBuckets(grads, flat, comm, bucket_bytes),
         Totalreduce(grads),
+        TotalreduceBuckets(grads, flat, bucket_bytes),
     ]
     compute = _Compute(scenario.compute == "spin")
     times: dict[str, list[float]] = {i.name: [] for i in impls}
