@@ -38,6 +38,7 @@ from .lane_plans import (  # noqa: F401 - the lane's limits, also named here
     LanePlans,
     large_segment_bytes,
 )
+from .lane_pool import BufferPool
 from .payload import OpSpec
 
 log = logging.getLogger("totalreduce.engine")
@@ -60,7 +61,8 @@ LANE_ORPHAN_S = 2.0
 LANE_ABANDONS = 4096
 #: In-place inputs of at least this many bytes are copied into pooled buffers.
 _POOLED_BYTES = 64 << 10
-#: Pooled buffers kept per size (a few large ops of one size in flight at once), and in all.
+#: Pooled buffers kept per size: as many as were in use at once, at least this many
+#: (lane_pool.py); and at most this many bytes in all.
 _POOLED_PER_SIZE = 4
 _POOLED_MAX = 512 << 20
 _NO_POOLED: list[np.ndarray] = []
@@ -266,8 +268,9 @@ class Lane(LanePlans, LaneGrowth):
         #: After :meth:`enter`: whether ops ended or events wait for Python.
         self.pending = False
         #: Scratch and input copies of large ops, by size, for the next op of that size.
-        self._pool: dict[int, list[np.ndarray]] = {}
-        self._pooled_bytes = 0
+        self._pool = BufferPool(_POOLED_MAX, _POOLED_PER_SIZE)
+        self._take = self._pool.take
+        self._give = self._pool.give
         #: What failed ops with bodies still posted keep alive (until ``C_ORPHANS`` is 0).
         self._orphans: list[Any] = []
 
@@ -486,21 +489,11 @@ class Lane(LanePlans, LaneGrowth):
             lop.pooled = _NO_POOLED
             out.append((lop, ok))
         if self._orphans and not mem[L.C_ORPHANS]:
+            for orphan in self._orphans:  # MPI let go of their buffers: free again
+                for raw in orphan[3]:
+                    self._give(raw)
             self._orphans.clear()
         return out
-
-    def _take(self, nbytes: int) -> np.ndarray:
-        free = self._pool.get(nbytes)
-        if free:
-            self._pooled_bytes -= nbytes
-            return free.pop()
-        return np.empty(nbytes, dtype=np.uint8)
-
-    def _give(self, raw: np.ndarray) -> None:
-        free = self._pool.setdefault(raw.size, [])
-        if len(free) < _POOLED_PER_SIZE and self._pooled_bytes + raw.size <= _POOLED_MAX:
-            free.append(raw)
-            self._pooled_bytes += raw.size
 
     def fail(self, lop: LaneOp) -> None:
         core.lane_fail(self.mem, self.prog, self.arena, lop.slot)
