@@ -276,7 +276,7 @@ class Lane(LanePlans, LaneGrowth):
 
     # ------------------------------------------------------------------ ops
 
-    def submit(self, spec: OpSpec, plan: int, work: np.ndarray | None) -> LaneOp | None:
+    def submit(self, spec: OpSpec, plan: int, work: int) -> LaneOp | None:
         """Enter ``spec`` (its plan from :meth:`plan_of`); None when the table is full."""
         return self._enter(spec, self._fields_of(spec, plan, self._fields), work, None)
 
@@ -300,8 +300,7 @@ class Lane(LanePlans, LaneGrowth):
         urgency and buffers are this op's); None when the table is full.  ``pending``
         then says whether ops ended or events wait for Python."""
         if not shape.plain:
-            work = np.empty(shape.work, dtype=spec.dtype.numpy) if shape.work else None
-            return self._enter(spec, shape.fields, work, shape)
+            return self._enter(spec, shape.fields, shape.work, shape)
         # What _enter does, less what a plain shape never needs (copies, buffers).
         a = self._plain_addrs  # its WORK and SCRATCH addresses stay 0
         if shape.f16:
@@ -339,7 +338,7 @@ class Lane(LanePlans, LaneGrowth):
         return f
 
     def _enter(
-        self, spec: OpSpec, f: np.ndarray, work: np.ndarray | None, shape: LaneShape | None
+        self, spec: OpSpec, f: np.ndarray, work_count: int, shape: LaneShape | None
     ) -> LaneOp | None:
         inbuf = spec.inbuf
         keep: Any = None
@@ -355,7 +354,15 @@ class Lane(LanePlans, LaneGrowth):
             else:
                 inbuf = inbuf.copy()
             keep = inbuf
-        if work is not None:
+        work = None
+        if work_count:  # the schedule's WORK buffer (a reduce-scatter's is the whole count)
+            nbytes = work_count * spec.dtype.itemsize
+            if nbytes >= _POOLED_BYTES:
+                raw = self._take(nbytes)
+                pooled = [*pooled, raw]
+                work = raw.view(spec.dtype.numpy)
+            else:
+                work = np.empty(work_count, dtype=spec.dtype.numpy)
             keep = (keep, work)
         a = self._addrs
         if spec.dtype is DType.FLOAT16:

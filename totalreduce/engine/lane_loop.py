@@ -17,8 +17,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..algorithms.codes import OpKind
 from ..errors import OpFailedError, OpMismatchError, TotalReduceError
 from . import lane_layout as L
@@ -99,11 +97,7 @@ class LaneHooks:
                 spec, OpFailedError(f"{spec.describe()} submitted twice on rank {self.rank}")
             )
             return True
-        work = None
-        wc = spec.schedule.work_count
-        if wc:
-            work = np.empty(wc, dtype=spec.dtype.numpy)
-        lop = lane.submit(spec, plan, work)
+        lop = lane.submit(spec, plan, spec.schedule.work_count)
         if lop is None:
             self._lane_refuse(
                 spec,
