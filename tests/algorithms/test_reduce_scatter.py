@@ -60,7 +60,14 @@ def test_reduce_scatter_steps_and_bytes(p: int) -> None:
         s = reduce_scatter_ring(r, p, n)
         assert len(s.steps) == p - 1
         assert s.bytes_sent(8) == 8 * (p - 1) * n // p
-        assert s.work_count == n and s.out_count == 100
+        # No copy of the input first nor of the result after; WORK only carries the parts
+        # passed on between (none at P=2).
+        assert s.work_count == (n if p > 2 else 0) and s.out_count == 100
+        assert s.prologue == () and s.epilogue == ()
+        first = s.steps[0].sends[0].region
+        assert first.buffer.name == "INPUT"
+        last = s.steps[-1].recvs[0]
+        assert last.region.buffer.name == "OUTPUT" and last.src is not None
 
 
 @pytest.mark.parametrize("p", range(1, 17))

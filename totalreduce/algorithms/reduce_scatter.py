@@ -83,19 +83,36 @@ def reduce_scatter_ring(
         off, n = parts[p % size]
         return Region(Buffer.WORK, off, n)
 
-    steps = []
-    if size > 1:
-        for k in range(size - 1):
-            steps.append(
-                Step(
-                    sends=(Send(right, part(rank - k - 1)),),
-                    recvs=(Recv(left, part(rank - k - 2), Action.REDUCE),),
-                )
-            )
+    def source(p: int) -> Region:
+        off, n = parts[p % size]
+        return Region(Buffer.INPUT, off, n)
+
     mine = parts[rank][1]
     out = Region(Buffer.OUTPUT, 0, mine)
-    epilogue = [LocalOp(LocalKind.COPY, out, part(rank))]
-    if average and size > 1:
+    steps = []
+    # Step 0 sends straight from the input; each part's one reduce takes its local operand
+    # from the input, and the last one (this rank's part) lands in the output: no copy of
+    # the input first and none of the result after.  Only the parts passed on between
+    # (P > 2) go through WORK.
+    for k in range(size - 1):
+        last = k == size - 2
+        steps.append(
+            Step(
+                sends=(Send(right, source(rank - 1) if k == 0 else part(rank - k - 1)),),
+                recvs=(
+                    Recv(
+                        left,
+                        out if last else part(rank - k - 2),
+                        Action.REDUCE,
+                        src=source(rank - k - 2),
+                    ),
+                ),
+            )
+        )
+    epilogue: list[LocalOp] = []
+    if size == 1:
+        epilogue.append(LocalOp(LocalKind.COPY, out, source(rank)))
+    elif average:
         epilogue.append(LocalOp(LocalKind.AVERAGE, out, divisor=size))
     return Schedule(
         rank=rank,
@@ -103,11 +120,8 @@ def reduce_scatter_ring(
         count=count,
         out_count=mine,
         steps=tuple(steps),
-        prologue=(
-            LocalOp(LocalKind.COPY, Region(Buffer.WORK, 0, count), Region(Buffer.INPUT, 0, count)),
-        ),
         epilogue=tuple(epilogue),
-        work_count=count,
+        work_count=count if size > 2 else 0,
     )
 
 
