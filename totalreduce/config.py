@@ -26,8 +26,10 @@ class Config:
     - ``segment_bytes``: largest piece of a step sent as one frame: the unit of
       pipelining and of preemption (the compiled lane cuts at 256 KiB, or at this if
       smaller). All ranks must agree.
-    - ``micro_bytes``: bodies up to this size travel inside the header message.
-      All ranks must agree.
+    - ``micro_bytes``: bodies up to this size travel inside the header message
+      (eager, no rendezvous; the compiled lane sends an op of at most eight such
+      segments that way). 64 KiB: from 16 KiB, 64-512 KiB allreduces took 0.7-0.9
+      of MPI's speed and now 0.95-1.2 (docs/benchmarks.md). All ranks must agree.
     - ``max_inflight_sends``: frames posted and not yet completed, at most.
     - ``floating_pool_bytes``: bytes of early frames (ops not submitted here
       yet) held before backpressure stops receiving more.
@@ -76,7 +78,7 @@ class Config:
     """
 
     segment_bytes: int = 1 << 20
-    micro_bytes: int = 16 << 10
+    micro_bytes: int = 64 << 10
     max_inflight_sends: int = 8
     floating_pool_bytes: int = 256 << 20
     stall_warning_s: float = 60.0

@@ -72,7 +72,10 @@ def test_an_announcement_that_crossed_an_unasked_clear_is_not_a_mismatch() -> No
     protocol: ``compiled=False`` keeps the broadcast out of the compiled lane.)"""
     world = LocalWorld(2, compiled=False)
     svcs = [
-        Service(world.transport(r), Config.load(env={}, segment_bytes=64 << 10)) for r in (0, 1)
+        Service(
+            world.transport(r), Config.load(env={}, segment_bytes=64 << 10, micro_bytes=16 << 10)
+        )
+        for r in (0, 1)
     ]
     try:
         for s in svcs:  # this thread drives both loops, in the order the race needs

@@ -626,18 +626,20 @@ def mode_crowd(p: int, rank: int) -> None:
     ``main``), in per-rank random orders: the rest wait in order while the table grows;
     nothing is lost or stuck (a table that stayed full of receives would deadlock)."""
     lane = tr.default_service().loop.lane
+    # Above the lane's eager limit (eight micro_bytes segments): every op's bodies are large.
+    base = 8 * tr.default_service().config.micro_bytes // 4 + 1000
     rng = random.Random(5 + rank)
     order = list(range(60))
     rng.shuffle(order)
     hs = {}
     for k in order:
-        x = np.full(75_000 + k, k + rank, dtype=np.float32)
+        x = np.full(base + k, k + rank, dtype=np.float32)
         hs[k] = tr.allreduce_async(x, name=f"cr{k}", priority=rng.randint(-2, 2))
     waiting = lane.stats()["receives_waiting"]
     bad = 0
     for k in range(60):
         got = hs[k].wait(timeout=60)
-        if got.size != 75_000 + k or not np.all(got == sum(k + r for r in range(p))):
+        if got.size != base + k or not np.all(got == sum(k + r for r in range(p))):
             bad += 1
     st = lane.stats()
     ok = (
@@ -655,7 +657,8 @@ def mode_absent_peer(p: int, rank: int) -> None:
     the comm thread spins only just after progress, then sleeps between passes; and so
     does a thread that waits on it (``wait_spin_s`` of polling, then sleeps)."""
     x = np.ones(256, np.float32)
-    big = np.ones(100_000, np.float32)  # a large op: its receives posted, nothing arrives
+    # A large op (above eight micro_bytes segments): its receives posted, nothing arrives.
+    big = np.ones(8 * tr.default_service().config.micro_bytes // 4 + 1000, np.float32)
     tr.allreduce(x, name="ap.warm")
     if rank != 0:
         time.sleep(2.0)
