@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -337,16 +337,11 @@ def run_step(comm: Any, args: argparse.Namespace) -> list[Result]:
         rows = run_scenario(
             comm, scenario, args.step_rounds, args.step_steps, args.step_bucket, args.check > 0
         )
-        say("#")
-        say(
+        title = (
             f"# forward {args.step_forward_ms * speed:g} ms + backward "
             f"{args.step_backward_ms * speed:g} ms per step"
         )
-        for line in step_header():
-            say(line)
-        for r in rows:
-            say(step_row(r))
-        sys.stdout.flush()
+        _say_block(say, title, step_header(), rows, step_row)
         results += rows
     if rank == 0:
         meta = {"P": p, "mode": "step", "dtype": "float32", "op": "sum"}
@@ -385,15 +380,22 @@ def _many(comm: Any, args: argparse.Namespace, dtype: np.dtype, say: Any) -> lis
     assert factor is not None
     for mode, title, cases, ops in blocks:
         rows = _measure(comm, cases, args.burst_iters, 1, args.check > 0, mode, dtype.name, ops=ops)
-        say("#")
-        say(title)
-        for line in many_header():
-            say(line)
-        for r in rows:
-            say(many_row(r))
-        sys.stdout.flush()
+        _say_block(say, title, many_header(), rows, many_row)
         results += rows
     return results
+
+
+def _say_block(
+    say: Any, title: str, head: list[str], rows: list[Result], fmt: Callable[[Result], str]
+) -> None:
+    """A block of rows after the per-size table: a blank ``#`` line, its title, its header."""
+    say("#")
+    say(title)
+    for line in head:
+        say(line)
+    for r in rows:
+        say(fmt(r))
+    sys.stdout.flush()
 
 
 def _write(args: argparse.Namespace, results: list[Result], meta: dict, title: str) -> None:
