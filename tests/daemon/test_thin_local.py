@@ -546,3 +546,23 @@ def test_repeats_among_two_nodes_start_from_the_engines_express_record() -> None
         finally:
             for node in nodes:
                 node.close()
+
+
+def test_a_large_array_of_the_arena_is_placed_on_a_huge_page() -> None:
+    """``empty`` of a huge page or more starts on one (so MPI and the kernels see huge
+    pages where the kernel makes them), and its ops run in place as any other's."""
+    from totalreduce.transport.arena import HUGE_BYTES
+
+    node = Node(2)
+    try:
+        arrays = [c.empty(HUGE_BYTES // 8, np.int64) for c in node.clients]
+        for k, (c, a) in enumerate(zip(node.clients, arrays, strict=True)):
+            assert c.arena.offset_of(a) % HUGE_BYTES == 0
+            a[:] = np.arange(a.size) + k
+        hs = [node.submit(k, OpKind.ALLREDUCE, "big", a) for k, a in enumerate(arrays)]
+        for h in hs:
+            h.wait(30)
+        for a in arrays:
+            assert np.array_equal(a, 2 * np.arange(a.size) + 1)
+    finally:
+        node.close()

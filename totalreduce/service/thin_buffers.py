@@ -71,6 +71,8 @@ class ThinBuffers:
         if self.space.used_bytes + max(n, dt.itemsize) > self.arena.data_bytes // 2:
             return None
         at = self.space.alloc(max(n, dt.itemsize))
+        if at >= 0 and n >= A.HUGE_BYTES:
+            self.arena.make_huge(at, n)
         return None if at < 0 else self._array_at(at, n, dt)
 
     def _array_at(self, at: int, nbytes: int, dt: np.dtype) -> np.ndarray:
@@ -81,6 +83,13 @@ class ThinBuffers:
         return whole[: nbytes // dt.itemsize]
 
     def _alloc(self, nbytes: int, what: str | None) -> int:
+        """A block of ``nbytes`` (waiting for room); a large one on huge pages."""
+        at = self._alloc_block(nbytes, what)
+        if nbytes >= A.HUGE_BYTES:
+            self.arena.make_huge(at, nbytes)
+        return at
+
+    def _alloc_block(self, nbytes: int, what: str | None) -> int:
         at = self.space.alloc(nbytes)
         if at >= 0:
             return at

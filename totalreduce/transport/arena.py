@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TotalReduceError
-from .shm import SharedRegion, round_up
+from .shm import HUGE, SharedRegion, round_up
 
 MAGIC = 0x7472_6172_656E_6101  # "tr arena", version 1
 
@@ -63,8 +63,10 @@ CONTROL_BYTES = round_up((ERROR_WORD + ERRORS * ERROR_BYTES // 8) * 8, 1 << 20)
 #: error kinds in an error entry
 E_FAILED, E_MISMATCH, E_INVALID, E_TRANSPORT = 1, 2, 3, 4
 
-#: Buffers are placed on this alignment (a cache line).
+#: Buffers are placed on this alignment (a cache line) ...
 ALIGN = 64
+#: ... and those of at least a huge page on a huge page (:meth:`Arena.make_huge`).
+HUGE_BYTES = HUGE
 
 
 def signed(wire: int) -> int:
@@ -93,7 +95,7 @@ class Arena:
     def create(cls, slots: int, data_bytes: int) -> Arena:
         """A new arena of ``slots`` slots with ``data_bytes`` of buffers each (rounded up)."""
         slot_bytes = CONTROL_BYTES + round_up(max(data_bytes, 1 << 16), 1 << 20)
-        region = SharedRegion.create(HEADER_BYTES + slots * slot_bytes, "arena")
+        region = SharedRegion.create(HEADER_BYTES + slots * slot_bytes, "arena", huge=True)
         h = region.array(0, HEADER_BYTES // 8, np.int64)
         h[H_SLOTS], h[H_SLOT_BYTES], h[H_CONTROL_BYTES] = slots, slot_bytes, CONTROL_BYTES
         h[H_MAGIC] = MAGIC
@@ -102,7 +104,7 @@ class Arena:
     @classmethod
     def attach(cls, fd: int, size: int) -> Arena:
         """Map the arena a service sent (takes ownership of ``fd``)."""
-        return cls(SharedRegion.attach(fd, size))
+        return cls(SharedRegion.attach(fd, size, huge=True))
 
     @property
     def fd(self) -> int | None:
@@ -125,7 +127,12 @@ class Arena:
 
     def view(self, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
         """``count`` elements of ``dtype`` at arena byte ``offset``."""
-        return np.frombuffer(self.region.mm, dtype=dtype, count=count, offset=offset)
+        return self.region.array(offset, count, dtype)
+
+    def make_huge(self, offset: int, nbytes: int) -> int:
+        """Back a buffer's whole huge pages with huge pages (best effort: see
+        :meth:`~.shm.SharedRegion.make_huge`); the bytes so backed."""
+        return self.region.make_huge(offset, nbytes)
 
     def offset_of(self, arr: np.ndarray) -> int:
         """The arena offset of a C-contiguous ``arr`` that lies in the arena, else -1."""
@@ -171,7 +178,9 @@ class Allocator:
     """First-fit placement of buffers in one slot's data region (a client's own; any thread).
 
     Offsets are arena offsets.  ``alloc`` returns -1 when no free run is long enough:
-    the caller waits for its ops in flight to give staging back (backpressure).
+    the caller waits for its ops in flight to give staging back (backpressure).  A block
+    of at least :data:`HUGE_BYTES` starts on a huge page (where a run has room for that;
+    else anywhere it fits), so that huge pages can back it.
     """
 
     def __init__(self, start: int, size: int) -> None:
@@ -188,17 +197,28 @@ class Allocator:
     def alloc(self, nbytes: int) -> int:
         n = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
         with self._lock:
+            if n >= HUGE_BYTES:
+                for at in self._free_at:
+                    gap = -at % HUGE_BYTES
+                    if self._free_len[at] >= gap + n:
+                        return self._take(at, gap, n)
             for at in self._free_at:
-                run = self._free_len[at]
-                if run >= n:
-                    del self._free_len[at]
-                    self._free_at.remove(at)
-                    if run > n:
-                        bisect.insort(self._free_at, at + n)
-                        self._free_len[at + n] = run - n
-                    self._used[at] = n
-                    return at
+                if self._free_len[at] >= n:
+                    return self._take(at, 0, n)
         return -1
+
+    def _take(self, at: int, gap: int, n: int) -> int:
+        """Use ``n`` bytes ``gap`` bytes into the free run at ``at`` (the gap stays free)."""
+        run = self._free_len.pop(at)
+        self._free_at.remove(at)
+        if gap:
+            bisect.insort(self._free_at, at)
+            self._free_len[at] = gap
+        if run > gap + n:
+            bisect.insort(self._free_at, at + gap + n)
+            self._free_len[at + gap + n] = run - gap - n
+        self._used[at + gap] = n
+        return at + gap
 
     def free(self, at: int) -> None:
         with self._lock:
