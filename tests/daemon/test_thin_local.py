@@ -566,3 +566,46 @@ def test_a_large_array_of_the_arena_is_placed_on_a_huge_page() -> None:
             assert np.array_equal(a, 2 * np.arange(a.size) + 1)
     finally:
         node.close()
+
+
+def test_the_arena_thread_spins_after_an_op_among_the_nodes_ends(monkeypatch: Any) -> None:
+    """After its last work the arena thread spins ``SPIN_S`` before it sleeps, so that a
+    client's next op (submitted just after it saw the last end) finds it awake.  The end of
+    an op among the nodes is work: the spin counts from there, not from the op's start (it
+    did, and a thread that had driven an op longer than ``SPIN_S`` slept at once after it,
+    so one 4 KiB op in six between two nodes paid a wake-up of the service)."""
+    from totalreduce.daemon import thin as thin_service
+
+    sleeps: list[float] = []
+    real_sleep = thin_service.sleep_on
+
+    def counted(fd: int, timeout: float) -> None:
+        sleeps.append(time.monotonic())
+        real_sleep(fd, timeout)
+
+    monkeypatch.setattr(thin_service, "SPIN_S", 1.0)
+    monkeypatch.setattr(thin_service, "sleep_on", counted)
+    engine = _Engine()
+    node = Node(1, nodes=2, engine=engine)
+    c = node.clients[0]
+    try:
+        x = np.arange(5, dtype=np.int16)  # Python starts it among the nodes (int16)
+        at, staged = c.place(x, fill=x)
+        h = ThinHandle(c, "g", 0, OpKind.ALLREDUCE, np.empty_like(x), lambda: None)
+        h.hold((staged,), h._result, staged)
+        c.submit(h, wire=78, dtype=DType.INT16, count=5, op=ReduceOp.SUM, root=0, priority=0,
+                 at_in=at, at_out=at, unnamed=False)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not engine.started and time.monotonic() < deadline:
+            time.sleep(0.001)
+        op = engine.started[0]
+        time.sleep(1.3)  # the arena thread drives it, longer than SPIN_S
+        ended = time.monotonic()
+        op.ended.set()
+        for fn in op.callbacks:
+            fn(op)
+        h.wait(10)
+        time.sleep(0.3)
+        assert not [t for t in sleeps if t > ended], "the arena thread slept right after the end"
+    finally:
+        node.close()

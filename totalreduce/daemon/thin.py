@@ -205,8 +205,10 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         last = time.perf_counter()
         while not self._stop.is_set():
             try:
-                while self._fast_ended:
-                    self._fast_ended.popleft()()
+                if self._fast_ended:
+                    while self._fast_ended:
+                        self._fast_ended.popleft()()
+                    last = time.perf_counter()
                 if self._events:
                     self._eject(None)  # Python's tables have every op when it handles one
                     self._event(self._events.popleft())
@@ -226,6 +228,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
                     # in wait() does (compiled passes for the lane's ops; the comm thread
                     # steps aside), DRIVE_S at a time between looks at the rings.
                     h.drive(DRIVE_S)
+                    last = time.perf_counter()  # (an op may have ended: spin from here)
                     continue
                 if time.perf_counter() - last < SPIN_S:
                     os.sched_yield()
