@@ -111,3 +111,36 @@ def test_one_to_all_to_many_ranks_goes_large_before_the_eager_limit() -> None:
     assert fits_eager(8 * micro, 2, micro, OpKind.BROADCAST, AlgorithmCode.ONE_TO_ALL)
     assert not fits_eager(8 * micro, 32, micro, OpKind.BROADCAST, AlgorithmCode.ONE_TO_ALL)
     assert fits_eager(8 * micro, 32, micro, OpKind.REDUCE_SCATTER, AlgorithmCode.RING)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_an_in_place_ring_lands_its_gathered_parts_in_place(p: int) -> None:
+    """A large in-place allreduce's all-gather receives (copies, whose places the op's own
+    earlier sends read) land straight in the output, posted once those sends are over:
+    no scratch and no copy for them; only the reduce-scatter's receives take scratch."""
+    from totalreduce.algorithms.schedule import Action, alias_input
+    from totalreduce.engine import lane_layout as L
+    from totalreduce.engine.lane_plans import LanePlans
+
+    isz, count = 4, 1 << 20
+    seg = large_segment_bytes(count * isz, p, LANE_SEGMENT_BYTES, isz)
+    for rank in range(p):
+        sched = alias_input(allreduce_schedule("ring", rank, p, count))
+        assert sched is not None
+        plans = LanePlans(64 << 10, 1 << 20, 1 << 16)
+        at = plans._compile(sched, isz, seg)
+        prog = plans.prog
+        segplan = plan_segments(sched, seg // isz)
+        r0 = int(prog[at + L.PL_RECVS])
+        reducing = 0
+        for q, r in enumerate(segplan.recvs):
+            scr = int(prog[r0 + q * L.G_N + L.G_SCR])
+            if r.action is Action.COPY:
+                assert scr == L.SCR_DIRECT, (rank, q)
+            else:
+                assert scr >= 0
+                reducing += (r.region.count * isz + 63) & ~63
+        assert int(prog[at + L.PL_SCR]) == reducing
+        assert any(
+            segplan.recv_waits[q] for q, r in enumerate(segplan.recvs) if r.action is Action.COPY
+        )  # fmt: skip (posted after their waits)

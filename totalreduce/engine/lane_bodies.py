@@ -39,6 +39,7 @@ from .lane_progress import (
     _fail,
     _find_send,
     _push_stack,
+    _queue_post,
     _sent,
 )
 from .lane_tables import (
@@ -148,15 +149,7 @@ def want_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
     the queue is full."""
     if mem[C_NPQ] == 0 and _post_recv(mem, prog, arena, b, slot, q):
         return True
-    n = mem[C_NPQ]
-    if n >= mem[C_PQCAP]:
-        return False
-    e = mem[C_PQ] + n * 3
-    mem[e] = slot
-    mem[e + 1] = mem[_op(mem, slot) + O_SEQ]
-    mem[e + 2] = q
-    mem[C_NPQ] = n + 1
-    return True
+    return _queue_post(mem, slot, q)
 
 
 @njit(nogil=True, cache=True)

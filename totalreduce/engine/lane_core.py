@@ -124,11 +124,19 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
     if mem[C_NAQ]:
         _send_abandons(mem, arena, b)
     if mem[C_NBREQ]:
+        # Clears owed and bodies ready go out before the bodies in flight are tested: that
+        # test may copy an arriving body (MPICH's CMA copies in the receiver's progress)
+        # and apply it, hundreds of µs during which the peer would wait for them.
+        if mem[C_NRQ]:
+            _send_readies(mem, prog, arena, b)
+        _send_ready(mem, prog, arena, b)
+        flush_all(mem, arena, b)
         got += _reap_bodies(mem, prog, arena, b)
     if mem[C_NPQ]:
         _post_waiting(mem, prog, arena, b)
     if mem[C_NRQ]:
         _send_readies(mem, prog, arena, b)
+        flush_all(mem, arena, b)  # clears before the bodies the next call posts
     _send_ready(mem, prog, arena, b)
     flush_all(mem, arena, b)
     # Each MPI call polls the library's queues (0.2-0.5 us each on a small machine, and a
@@ -331,8 +339,11 @@ def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-
         if mem[sw + i] == 0:
             _heap_push(mem, slot, i)
     if prog[plan + PL_NLARGE]:  # large receives: posted now, their CTS sent unasked
-        for q in range(nr):
-            if prog[r0 + q * G_N + G_SCR] != -1 and not want_recv(mem, prog, arena, b, slot, q):
+        for q in range(nr):  # (one landing in place, once its waits end: _release)
+            scr = prog[r0 + q * G_N + G_SCR]
+            if scr == -1 or (scr == SCR_DIRECT and mem[rw + q]):
+                continue
+            if not want_recv(mem, prog, arena, b, slot, q):
                 _fail(mem, prog, arena, slot)
                 _event(mem, arena, EV_LOST, slot, -1, q, 3, 0)
                 return slot

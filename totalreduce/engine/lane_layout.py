@@ -253,7 +253,7 @@ G_SBUF = 10  # a receive's base: dst = base (op) body (-1: dst itself)
 G_SOFF = 11
 G_SCR = 12  # a large receive segment's offset in the op's scratch (-1: eager; SCR_DIRECT)
 G_N = 13
-SCR_DIRECT = -2  # a large copy with no waits: received straight into its place
+SCR_DIRECT = -2  # a large copy: received straight into its place, posted when its waits end
 # local op rows
 L_KIND = 0
 L_DBUF = 1

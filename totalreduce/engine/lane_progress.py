@@ -60,8 +60,35 @@ def _release(mem, prog, arena, slot, succ, nsucc):  # type: ignore[no-untyped-de
             q = -t - 1
             w = _dyn(mem, slot, D_RW) + q
             mem[w] -= 1
-            if mem[w] == 0 and mem[_dyn(mem, slot, D_RS) + q] == RS_STAGED:
-                _push_stack(mem, arena, slot, q)
+            if mem[w] == 0:
+                rs = mem[_dyn(mem, slot, D_RS) + q]
+                if rs == RS_STAGED:
+                    _push_stack(mem, arena, slot, q)
+                elif rs == RS_WAIT and _lands_in_place(mem, prog, slot, q):
+                    # its place is free now: its receive is posted (and the clear sent)
+                    # in this pass, after the request table's queue ahead of it
+                    if not _queue_post(mem, slot, q):
+                        _event(mem, arena, EV_LOST, slot, -1, q, 4, 0)
+
+
+@njit(nogil=True, cache=True)
+def _lands_in_place(mem, prog, slot, q):  # type: ignore[no-untyped-def]
+    return prog[prog[mem[_op(mem, slot) + O_PLAN] + PL_RECVS] + q * G_N + G_SCR] == SCR_DIRECT
+
+
+@njit(nogil=True, cache=True)
+def _queue_post(mem, slot, q):  # type: ignore[no-untyped-def]
+    """Queue large receive ``q`` of op ``slot`` for posting (``lane_bodies._post_waiting``,
+    every pass); False if the queue is full."""
+    n = mem[C_NPQ]
+    if n >= mem[C_PQCAP]:
+        return False
+    e = mem[C_PQ] + n * 3
+    mem[e] = slot
+    mem[e + 1] = mem[_op(mem, slot) + O_SEQ]
+    mem[e + 2] = q
+    mem[C_NPQ] = n + 1
+    return True
 
 
 @njit(nogil=True, cache=True)
