@@ -136,7 +136,8 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
         _post_waiting(mem, prog, arena, b)
     if mem[C_NRQ]:
         _send_readies(mem, prog, arena, b)
-        flush_all(mem, arena, b)  # clears before the bodies the next call posts
+        if mem[C_NBREQ]:  # clears before the bodies the next call posts
+            flush_all(mem, arena, b)
     _send_ready(mem, prog, arena, b)
     flush_all(mem, arena, b)
     # Each MPI call polls the library's queues (0.2-0.5 us each on a small machine, and a
