@@ -230,7 +230,10 @@ def _map(fd: int, size: int, huge: bool) -> tuple[mmap.mmap, int]:
     huge page boundary, mapped (fixed) into an anonymous mapping ``HUGE`` bytes larger,
     which owns the address range (closing it unmaps both); elsewhere as mmap maps."""
     if huge:
-        mm = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            mm = mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except OSError:  # (no room to reserve it under strict overcommit: the plain way)
+            return mmap.mmap(fd, size), 0
         base = int(np.frombuffer(mm, np.uint8, count=1).ctypes.data)
         off = -base % HUGE
         got = _the_libc().mmap(base + off, size, mmap.PROT_READ | mmap.PROT_WRITE,
