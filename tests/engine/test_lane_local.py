@@ -278,42 +278,6 @@ def test_large_in_place_ops_land_in_place_in_any_order(p: int, jitter: float) ->
         assert st["bodies_in_flight"] == 0 and st["receives_waiting"] == 0
 
 
-def test_a_reduce_scatter_or_all_gather_goes_eager_by_what_a_rank_sends() -> None:
-    """At P = 2 a rank sends half the count of a reduce-scatter or an all-gather: one whose
-    half is eight eager segments goes eager (no bodies, no clears), as an allreduce of that
-    half's size does; one a little larger, and an allreduce of the whole count, go large."""
-
-    def rank_main(s):
-        lane = s.loop.lane
-        limit = 8 * lane.micro  # bytes a rank may send eagerly
-        n = limit // 4  # float32 elements in half the count
-        got = {}
-
-        def bodies(fn):
-            before = lane.stats()["bodies_sent"]
-            got_ = fn()
-            return got_, lane.stats()["bodies_sent"] - before
-
-        x = np.arange(2 * n, dtype=np.float32) + s.rank
-        got["rs"] = bodies(lambda: s.reduce_scatter(x, name="rs"))
-        part = np.full(n, s.rank, np.float32)
-        got["ag"] = bodies(lambda: s.allgather(part, name="ag"))
-        y = np.arange(2 * n + 32, dtype=np.float32) + s.rank
-        got["rs+"] = bodies(lambda: s.reduce_scatter(y, name="rs+"))
-        got["ar"] = bodies(lambda: s.allreduce(x, name="ar"))
-        return n, got
-
-    with local_services(2) as svcs:
-        results = run_ranks(svcs, rank_main, timeout=120)
-    for r, (n, got) in enumerate(results):
-        full = sum(np.arange(2 * n, dtype=np.float32) + q for q in range(2))
-        np.testing.assert_array_equal(got["rs"][0], full[r * n : (r + 1) * n])
-        np.testing.assert_array_equal(got["ag"][0], np.repeat(np.arange(2, dtype=np.float32), n))
-        np.testing.assert_array_equal(got["ar"][0], full)
-        assert got["rs"][1] == 0 and got["ag"][1] == 0, got
-        assert got["rs+"][1] > 0 and got["ar"][1] > 0, got
-
-
 def test_an_op_a_peer_aborts_fails_everywhere_and_the_next_works() -> None:
     def rank_main(s):
         if s.rank == 2:

@@ -17,11 +17,10 @@ from ..dtypes import DType
 from . import lane_layout as L
 from .payload import OpSpec
 
-#: Ops of which a rank sends at most this many eager segments (``micro_bytes``) are cut
-#: into eager segments (frames with their bodies); larger ones into segments of
-#: ``segment_bytes`` or more (see :func:`large_segment_bytes`), whose bodies above
-#: ``micro_bytes`` travel on tags of their own once the receiver has posted the receive
-#: (rendezvous).
+#: Ops of at most this many eager segments (``micro_bytes``) are cut into eager segments
+#: (frames with their bodies); larger ones into segments of ``segment_bytes`` or more
+#: (see :func:`large_segment_bytes`), whose bodies above ``micro_bytes`` travel on tags
+#: of their own once the receiver has posted the receive (rendezvous).
 LANE_MAX_SEGMENTS = 8
 #: Largest segment of a large op in the lane (``segment_bytes`` if smaller): measured on
 #: a 2-core machine at P=2, 4 MiB ring allreduces took 1.16 ms in 256 KiB segments with
@@ -60,8 +59,6 @@ LANE_TYPES = frozenset(
     {DType.FLOAT32, DType.FLOAT64, DType.INT32, DType.INT64, DType.FLOAT16, DType.BFLOAT16}
 )
 _FLOAT_TYPES = frozenset({DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16})
-#: The kinds whose ranks each send all parts of the count but their own.
-_PARTED = frozenset({OpKind.REDUCE_SCATTER, OpKind.ALLGATHER})
 
 
 def _bound(kind: OpKind, algorithm: AlgorithmCode | None, group_size: int) -> tuple[int, int]:
@@ -152,10 +149,7 @@ class LanePlans:
         nbytes = spec.count * isz
         seg = max(self.micro, 8)
         p = len(spec.group)
-        # what one rank sends: an allreduce's count, a reduce-scatter's or an all-gather's
-        # count but its own part (P - 1 parts of P)
-        moved = nbytes if spec.kind not in _PARTED else nbytes - nbytes // p
-        if moved > LANE_MAX_SEGMENTS * seg or not (
+        if nbytes > LANE_MAX_SEGMENTS * seg or not (
             allreduce or fits_eager(nbytes, p, seg, spec.kind, spec.algorithm)
         ):
             if self.body_tag < 0:
