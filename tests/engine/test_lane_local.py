@@ -422,3 +422,36 @@ def test_large_reduce_scatters_take_their_work_buffer_from_the_pool() -> None:
                 full = sum(np.arange(n, dtype=np.float64) * (k + 1) + q + rnd for q in range(3))
                 np.testing.assert_array_equal(got, full[r * n // 3 : (r + 1) * n // 3])
         assert peak == 3 and in_use == 0 and kept == 3, (peak, in_use, kept)
+
+
+def test_ops_that_end_in_the_same_pass_are_reported_most_urgent_first() -> None:
+    """When several lane ops leave the table between two looks (the same pass ended them),
+    ``take_done`` hands them over in priority order, highest first, so that their
+    completion callbacks run in that order.  (Under Open MPI an urgent op submitted just
+    after a large one often ends in the very pass the large one ends in: its callback
+    still runs first.)"""
+    from types import SimpleNamespace
+
+    from totalreduce.engine import lane_layout as L
+    from totalreduce.engine.lane import LaneOp
+
+    with local_services(1) as svcs:
+        svc = svcs[0]
+        svc.allreduce(np.ones(4, np.float32), name="warm")  # the lane is made and used
+        lane = svc.loop.lane
+        with svc.loop.lock:  # the comm thread stays out of the lane meanwhile
+            free = [s for s in range(8, 64) if s not in lane.ops][:4]
+            prios = [0, 9, -3, 5]
+            mem = lane.mem
+            for slot, prio in zip(free, prios, strict=True):
+                spec = SimpleNamespace(wire_id=1000 + slot, generation=0, priority=prio)
+                lane.ops[slot] = LaneOp(spec, slot, 0, None)  # type: ignore[arg-type]
+                o = int(mem[L.C_OPS]) + slot * L.O_N
+                mem[o + L.O_STATE] = L.S_DONE
+                mem[o + L.O_NREQ] = 0
+            d = int(mem[L.C_DONEQ])
+            mem[d : d + len(free)] = free
+            mem[L.C_NDONE] = len(free)
+            done = lane.take_done()
+    assert [lop.spec.priority for lop, _ in done] == [9, 5, 0, -3]
+    assert all(ok for _, ok in done)

@@ -68,6 +68,10 @@ _POOLED_MAX = 512 << 20
 _NO_POOLED: list[np.ndarray] = []
 
 
+def _by_priority(item: tuple[LaneOp, bool]) -> int:
+    return -item[0].spec.priority
+
+
 def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
@@ -470,7 +474,8 @@ class Lane(LanePlans, LaneGrowth):
         return out
 
     def take_done(self) -> list[tuple[LaneOp, bool]]:
-        """Ops that left the table since the last call, and whether each succeeded."""
+        """Ops that left the table since the last call, and whether each succeeded; those of
+        one call in priority order (highest first), so that their callbacks run in it."""
         mem = self.mem
         n = int(mem[L.C_NDONE])
         if n == 0:
@@ -495,6 +500,8 @@ class Lane(LanePlans, LaneGrowth):
                     self._give(raw)
             lop.pooled = _NO_POOLED
             out.append((lop, ok))
+        if len(out) > 1:  # ops that ended in the same passes: the more urgent first
+            out.sort(key=_by_priority)
         if self._orphans and not mem[L.C_ORPHANS]:
             for orphan in self._orphans:  # MPI let go of their buffers: free again
                 for raw in orphan[3]:
