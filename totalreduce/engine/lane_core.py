@@ -127,19 +127,11 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
         # Clears owed and bodies ready go out before the bodies in flight are tested: that
         # test may copy an arriving body (MPICH's CMA copies in the receiver's progress)
         # and apply it, hundreds of µs during which the peer would wait for them.
-        if mem[C_NRQ]:
-            _send_readies(mem, prog, arena, b)
-        _send_ready(mem, prog, arena, b)
-        flush_all(mem, arena, b)
+        _send_all(mem, prog, arena, b)
         got += _reap_bodies(mem, prog, arena, b)
     if mem[C_NPQ]:
         _post_waiting(mem, prog, arena, b)
-    if mem[C_NRQ]:
-        _send_readies(mem, prog, arena, b)
-        if mem[C_NBREQ]:  # clears before the bodies the next call posts
-            flush_all(mem, arena, b)
-    _send_ready(mem, prog, arena, b)
-    flush_all(mem, arena, b)
+    _send_all(mem, prog, arena, b)
     # Each MPI call polls the library's queues (0.2-0.5 us each on a small machine, and a
     # waiting thread polls again at once): while no body is in flight, only every
     # _CTL_SKIPS-th pass tests the send buffers (or any pass, once more than half are
@@ -160,6 +152,19 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
     if mem[C_CTL_TAG] >= 0 and not quiet:
         mem[C_CTL_WAITING] = mpi_iprobe(b, b[B_ANY_SOURCE], mem[C_CTL_TAG], status)
     return got + (mem[C_OPS_DONE] - done0)
+
+
+@njit(nogil=True, cache=True)
+def _send_all(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+    """Send the answers owed (``READY``, ``CTS``) and the segments ready, then flush.  While
+    bodies are in flight the answers are flushed first: a clear must not wait behind the
+    bodies posted after it (the peer's MPI may copy those before it sees the clear)."""
+    if mem[C_NRQ]:
+        _send_readies(mem, prog, arena, b)
+        if mem[C_NBREQ]:
+            flush_all(mem, arena, b)
+    _send_ready(mem, prog, arena, b)
+    flush_all(mem, arena, b)
 
 
 #: Passes without a body in flight between two that test the send buffers and probe the
