@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("totalreduce.engine")
 
-_NONE: frozenset[Any] = frozenset()
+#: No clears sent unasked (a lane op's record in ``completed``): a tuple, not a frozenset,
+#: so that the record holds no container the garbage collector tracks and the record
+#: leaves its young generation untracked instead of being promoted, once per op.
+_NONE: tuple[Any, ...] = ()
 #: How long an express entry waits for the comm thread to hand the loop's lock over.
 EXPRESS_WAIT_S = 0.0005
 _get_ident = threading.get_ident

@@ -25,7 +25,9 @@ path changes how fast an op starts, never what it does.
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -119,16 +121,11 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
             o = o.reshape(-1)
     op_name, gen = svc._names.name(name, ex.sig)
     handle = Handle(op_name, gen, result, loop)
-    names = svc._names
-
-    def done(error: BaseException | None) -> None:
-        names.ended(op_name)
-        handle._finish(error)
-
+    handle._names = svc._names
     spec = OpSpec(
         op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
         flat, o, ex.sched, ex.plan, ex.group, 0, ex.param, ex.in_place, False, None,
-        False, done,
+        False, handle._ended,
     )  # fmt: skip
     handle._spec = spec
     lop = loop.lane_express(spec, ex)
@@ -158,7 +155,7 @@ class ThinExpress:
     """What a repeat of one in-place allreduce in daemon mode needs: the array's dtype and
     shape, the name's signature, and the descriptor the whole way wrote."""
 
-    __slots__ = ("npdt", "shape", "sig", "row", "epoch", "last", "last_at")
+    __slots__ = ("npdt", "shape", "sig", "row", "epoch", "last", "last_at", "ended")
 
     def __init__(self, x: np.ndarray, sig: tuple[Any, ...], row: np.ndarray) -> None:
         self.npdt = x.dtype
@@ -172,6 +169,11 @@ class ThinExpress:
         #: of its mapping, which cannot be resized: the same object, the same place.
         self.last: weakref.ref[np.ndarray] | None = None
         self.last_at = -1
+        #: What a repeat's handle calls when it ends (its name's generation is no longer in
+        #: flight): made at the first repeat and shared by the later ones, not a closure
+        #: per op for the garbage collector to track (a repeat is named: its op's name is
+        #: the record's).
+        self.ended: Callable[[], None] | None = None
 
 
 def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None:
@@ -255,7 +257,10 @@ def thin_start(
         if back is not None:
             thin.space.free(at)
         raise
-    h = _ThinHandle(thin, op_name, gen, OpKind.ALLREDUCE, result, lambda: names.ended(op_name))
+    ended = rec.ended
+    if ended is None:
+        ended = rec.ended = functools.partial(names.ended, op_name)
+    h = _ThinHandle(thin, op_name, gen, OpKind.ALLREDUCE, result, ended)
     if back is not None:
         h.hold((at,), back, at)
     return thin.submit_again(h, rec.row, priority, at)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..engine.loop import CommLoop
     from ..engine.payload import OpSpec
     from ..group import Group, Partition
+    from .names import NameTable
 
 
 # Orders the taking of a handle's callbacks (only when it has some: see Handle._finish).
@@ -291,6 +292,7 @@ class Handle:
         "_loop",
         "_then",
         "_lop",
+        "_names",
     )
 
     def __init__(
@@ -316,6 +318,17 @@ class Handle:
         #: Its op in the compiled lane, when it entered there from the submitting
         #: thread (the express path): ``wait()`` tries it first, without the way there.
         self._lop: Any = None
+        #: The name table its op's name was taken from (``_ended`` gives it back).
+        self._names: NameTable | None = None
+
+    def _ended(self, error: BaseException | None) -> None:
+        """The op's ``on_done``: its name's generation is no longer in flight, then
+        :meth:`_finish`.  A bound method, not a closure per op: one object for the
+        garbage collector to track, where a closure and its cells are five."""
+        names = self._names
+        if names is not None:
+            names.ended(self.name)
+        self._finish(error)
 
     def _attach(self, spec: OpSpec) -> None:
         self._spec = spec

@@ -182,12 +182,7 @@ class OpSubmitter:
         else:
             op_name, gen = reserved
         handle = Handle(op_name, gen, result, self.loop, finalize)
-        names = self._names
-
-        def done(error: BaseException | None) -> None:
-            names.ended(op_name)
-            handle._finish(error)
-
+        handle._names = self._names
         spec = self._spec(
             kind=kind,
             name=op_name,
@@ -202,7 +197,7 @@ class OpSubmitter:
             priority=prio,
             group=group,
             param=param,
-            on_done=done,
+            on_done=handle._ended,
             count=count,
         )
         spec.passive = passive
