@@ -76,7 +76,8 @@ def test_torch_distributed_backend(n: int, init_method: str, checks: list[str]) 
 
 
 def test_bench_torch_runs() -> None:
-    """``python -m totalreduce.torch.bench`` at P=2 on a tiny budget prints every method's row."""
+    """``python -m totalreduce.torch.bench`` at P=2 on a tiny budget prints every method's row,
+    and the compute-only ceiling's."""
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
     args = ["--steps", "1", "--rounds", "1", "--batch-size", "2", "--image-size", "32"]
     proc = subprocess.run(
@@ -89,7 +90,8 @@ def test_bench_torch_runs() -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "resnet18 (62 parameter tensors" in out, out
-    for row in ("totalreduce DistributedOptimizer", "DDP over gloo", "DDP over totalreduce"):
+    rows = ("totalreduce DistributedOptimizer", "DDP over gloo", "DDP over totalreduce")
+    for row in (*rows, "compute only (no exchange)"):
         assert any(
             line.startswith(row) and float(line.split()[-2]) > 0 for line in out.splitlines()
         ), out

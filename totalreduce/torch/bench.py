@@ -8,7 +8,10 @@ with the same parameter tensors) on random images and labels, with SGD, in:
 - ``totalreduce DistributedOptimizer``: totalreduce's optimizer wrapper
   (``--fusion-bytes`` may list several bucket caps, each a row);
 - ``DDP over gloo``: ``DistributedDataParallel`` on a gloo group;
-- ``DDP over totalreduce``: the same DDP on the ``"totalreduce"`` backend.
+- ``DDP over totalreduce``: the same DDP on the ``"totalreduce"`` backend;
+- ``compute only``: the same steps with plain SGD and no gradient exchange at all
+  (``local``): the ceiling any of the others can reach on this machine, since every rank
+  still computes its whole step.
 
 The methods alternate round by round (``--rounds`` rounds of ``--steps``
 steps, after one warm-up round each; each round starts with the next method),
@@ -54,8 +57,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--methods",
-        default="totalreduce,gloo,ddp-totalreduce",
-        help="which of totalreduce, gloo, ddp-totalreduce to run, comma-separated",
+        default="totalreduce,gloo,ddp-totalreduce,local",
+        help=(
+            "which of totalreduce, gloo, ddp-totalreduce and local (compute only, no "
+            "gradient exchange: the ceiling) to run, comma-separated"
+        ),
     )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     return p.parse_args(argv)
@@ -106,9 +112,13 @@ def _methods(args: argparse.Namespace, template: torch.nn.Module) -> dict[str, S
             opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
             label = "DDP over gloo" if method == "gloo" else "DDP over totalreduce"
             out[label] = _stepper(ddp, opt, loss_fn)
+        elif method == "local":
+            model = copy.deepcopy(template)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            out["compute only (no exchange)"] = _stepper(model, opt, loss_fn)
         else:
             raise SystemExit(
-                f"unknown method {method!r}; known: totalreduce, gloo, ddp-totalreduce"
+                f"unknown method {method!r}; known: totalreduce, gloo, ddp-totalreduce, local"
             )
     return out
 
