@@ -186,7 +186,8 @@ def cross_size() -> int:
 #
 # Each op's two functions come from its record in ops_table.py: ``{name}_async``
 # calls the default service's ``{name}_async`` with the declared parameters, and
-# ``{name}`` is the same call and ``.wait()``.  Nothing else here takes an op's
+# ``{name}`` is the same call and ``.wait()`` (for an op declared ``direct``, the
+# service's blocking ``{name}``, which has a path of its own).  Nothing else here takes an op's
 # arguments (tests/test_declarations.py checks it).
 
 
@@ -197,6 +198,8 @@ def _numpy_forms(name: str) -> tuple[Callable[..., HandleLike], Callable[..., An
     start = _signature(params, more=more, returns="HandleLike")
     wait = _signature(params, more=more, returns=decl.returns.value)
     call = f"_service().{decl.method}({_forward(start)})"
+    # An op declared ``direct`` blocks through the service's blocking method (its own path).
+    blocking = f"_service().{decl.name}({_forward(wait)})" if decl.direct else f"{call}.wait()"
     env = {"_service": default_service}
     return (
         _build_function(
@@ -204,7 +207,7 @@ def _numpy_forms(name: str) -> tuple[Callable[..., HandleLike], Callable[..., An
             declared=(decl.name, "async"),
         ),
         _build_function(
-            decl.name, wait, f"return {call}.wait()", env, doc=decl.doc, module=__name__,
+            decl.name, wait, f"return {blocking}", env, doc=decl.doc, module=__name__,
             declared=(decl.name, "blocking"),
         ),
     )  # fmt: skip

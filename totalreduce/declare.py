@@ -259,6 +259,9 @@ class OpDecl:
     docstring, ``async_doc`` the ``_async`` one's.  ``torch``: its torch forms
     (None: none).  ``aliases``: its Horovod and BlueFog names.  ``c10d``: the
     ``torch.distributed`` calls the ``"totalreduce"`` backend runs on this op.
+    ``direct``: the service has ``_{name}_direct``, with the blocking method's
+    parameters, which the blocking forms call instead of ``{name}_async(...).wait()``
+    (a path of its own where it can, that wait otherwise).
     """
 
     name: str
@@ -271,6 +274,7 @@ class OpDecl:
     torch: TorchDecl | None = None
     aliases: tuple[Alias, ...] = field(default=())
     c10d: tuple[str, ...] = ()
+    direct: bool = False
 
     @property
     def method(self) -> str:

@@ -7,7 +7,8 @@ functions name before ``**kw``, its torch forms and its Horovod and BlueFog
 names.  From a record come:
 
 - ``totalreduce.{name}_async`` and ``totalreduce.{name}`` (``api.py``: the
-  blocking form is the ``_async`` form and ``.wait()``);
+  blocking form is the ``_async`` form and ``.wait()``, or, for an op declared
+  ``direct``, the service's blocking method);
 - the service's blocking method ``Service.{name}`` (``service/service.py``);
 - ``totalreduce.torch.{name}_async``, ``{name}_async_``, ``{name}`` and
   ``{name}_`` (``torch/collectives.py``), where ``torch`` declares them;
@@ -85,6 +86,7 @@ OPS: tuple[OpDecl, ...] = (
         Takes.ONE,
         Returns.ARRAY,
         c10d=("all_reduce", "all_reduce_coalesced"),
+        direct=True,
         doc="Reduce ``x`` across ranks and return the result (blocking).",
         async_doc="""Start an allreduce of ``x``; see :meth:`Service.allreduce_async`.
 

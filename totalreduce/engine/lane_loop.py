@@ -25,8 +25,10 @@ from .failures import _error_from_peer
 from .payload import OpKey, OpSpec, Payload
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .floating import FloatingList
-    from .lane import Lane, LaneOp
+    from .lane import Lane, LaneOp, LaneShape
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -189,6 +191,73 @@ class LaneHooks:
         if self._asleep:  # type: ignore[attr-defined]
             self._nudge()  # type: ignore[attr-defined]
         return lop
+
+    def lane_now(
+        self, shape: LaneShape, name: str | int, key: OpKey, group: tuple[int, ...],
+        priority: int, inbuf: np.ndarray, outbuf: np.ndarray,
+        make: Callable[..., tuple[Any, OpSpec]], args: tuple[Any, ...],
+    ) -> Any:  # fmt: skip
+        """A blocking repeat (``service/express.run``) of a plain lane shape: enter it and
+        drive it from the calling thread in one hold of the loop's lock, as a waiter's
+        first try does (``_lane_try``), with nothing made for it in Python.  True when it
+        ended well in that try (recorded as done; the caller gives its name back); None
+        when it was not entered (whatever ``lane_express`` or ``_lane_try`` would stay away
+        from: the caller goes their way); else ``make(*args)``'s handle and the op's
+        ``LaneOp``: entered, not ended (its peers are late, or the lane has events or ops
+        for Python), which the caller waits for."""
+        lane = self.lane
+        if (
+            lane is None
+            or self.submissions
+            or self.bad_peers
+            or self.trace is not None
+            or self._held  # type: ignore[attr-defined]
+            or self.table
+            or self._dirty  # type: ignore[attr-defined]
+            or self._reqs  # type: ignore[attr-defined]
+            or self.compute.done  # type: ignore[attr-defined]
+            or lane.mem[L.C_FULL]
+            or not self._express_lock(lane)
+        ):
+            return None
+        self._owner = _get_ident()  # type: ignore[attr-defined]
+        try:
+            floating = self.floating
+            if (
+                self.fatal is not None
+                or self.bad_peers
+                or self.submissions
+                or self.table
+                or time.monotonic() - self._last_stall_check > self._stall_every  # type: ignore[attr-defined]
+                or (
+                    (floating._frames or floating._errors or lane.by_key)
+                    and (key in floating._frames or key in floating._errors or key in lane.by_key)
+                )
+            ):
+                return None
+            try:
+                slot, seq, r = lane.now(shape, inbuf, outbuf, key[1], priority,
+                                        self._wait_spin_ns)  # type: ignore[attr-defined]  # fmt: skip
+            except Exception as exc:
+                self._stopped_by(exc)
+                return None
+            if slot < 0:
+                return None
+            self.stats.lane_express += 1
+            if r == 2:  # it ended well, the one op done: taken out of the table
+                self._remember(self.completed, key, ((name, key[1]), group, (), _NONE))
+                self.stats.ops_completed += 1
+                return True
+            handle, spec = make(*args)
+            lop = lane.adopt(spec, slot, seq)
+            try:
+                self._lane_settle()
+            except Exception as exc:
+                self._stopped_by(exc)
+            return handle, lop
+        finally:
+            self._owner = 0  # type: ignore[attr-defined]
+            self.lock.release()
 
     def _express_lock(self, lane: Lane) -> bool:
         """Take the loop's lock for an express entry.  Held by the comm thread (its compiled

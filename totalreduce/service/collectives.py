@@ -127,6 +127,28 @@ class CollectiveOps(OpSubmitter):
             ),
         )
 
+    def _allreduce_direct(
+        self,
+        x: Any,
+        name: str | int | None = None,
+        op: str | ReduceOp = "sum",
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str | None = None,
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> Any:
+        """The blocking ``allreduce``: a repeat the compiled lane runs is entered and driven
+        to its end in this call, with no handle (``express.run``); anything else is
+        ``allreduce_async(...).wait()``."""
+        if name is not None and group is None and dtype is None and self._thin is None:
+            ex = express.lookup(self._express, (name, op, out is x, algorithm), x)
+            if ex is not None:
+                got = express.run(self, ex, name, x, out, priority)
+                if got is not None:
+                    return got
+        return self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype).wait()
+
     def _thin_for(
         self, kind: OpKind, algorithm: str, nbytes: int, dt: DType
     ) -> AlgorithmCode | None:

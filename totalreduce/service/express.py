@@ -92,11 +92,10 @@ def lookup(table: dict[tuple[Any, ...], Express], key: tuple[Any, ...], x: Any) 
     return None
 
 
-def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
-          priority: Any) -> Handle | None:  # fmt: skip
-    """Start a repeat of ``ex`` with array ``x`` (its type, dtype and shape checked by the
-    caller) on service ``svc`` (a ``submit.OpSubmitter``); None when something unusual
-    needs the whole way."""
+def _buffers(svc: Any, ex: Express, x: np.ndarray, out: Any,
+             priority: Any) -> tuple[np.ndarray, np.ndarray, Any] | None:  # fmt: skip
+    """A repeat's input, output and result (``x`` of the record's type, dtype and shape,
+    checked by the caller), or None when something unusual needs the whole way."""
     loop = svc.loop
     if (
         svc._closed
@@ -119,21 +118,81 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         result = o if o.shape == ex.shape else o.reshape(ex.shape)
         if o.ndim != 1:
             o = o.reshape(-1)
-    op_name, gen = svc._names.name(name, ex.sig)
-    handle = Handle(op_name, gen, result, loop)
+    return flat, o, result
+
+
+def _make(svc: Any, ex: Express, op_name: str | int, gen: int, flat: np.ndarray, o: np.ndarray,
+          result: Any, priority: int, urgent: bool) -> tuple[Handle, OpSpec]:  # fmt: skip
+    """The handle and spec of a repeat whose generation is taken."""
+    handle = Handle(op_name, gen, result, svc.loop)
     handle._names = svc._names
     spec = OpSpec(
         op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
-        flat, o, ex.sched, ex.plan, ex.group, 0, ex.param, ex.in_place, False, None,
+        flat, o, ex.sched, ex.plan, ex.group, 0, ex.param, ex.in_place, urgent, None,
         False, handle._ended,
     )  # fmt: skip
     handle._spec = spec
+    return handle, spec
+
+
+def _launch(svc: Any, ex: Express, op_name: str | int, gen: int, flat: np.ndarray,
+            o: np.ndarray, result: Any, priority: int) -> Handle:  # fmt: skip
+    """A repeat whose generation is taken, entered into the lane from this thread or
+    submitted the usual way."""
+    handle, spec = _make(svc, ex, op_name, gen, flat, o, result, priority, False)
+    loop = svc.loop
     lop = loop.lane_express(spec, ex)
     if lop is None:
         loop.submit(spec)
     else:
         handle._lop = lop
     return handle
+
+
+def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
+          priority: Any) -> Handle | None:  # fmt: skip
+    """Start a repeat of ``ex`` with array ``x`` (its type, dtype and shape checked by the
+    caller) on service ``svc`` (a ``submit.OpSubmitter``); None when something unusual
+    needs the whole way."""
+    bufs = _buffers(svc, ex, x, out, priority)
+    if bufs is None:
+        return None
+    op_name, gen = svc._names.name(name, ex.sig)
+    return _launch(svc, ex, op_name, gen, *bufs, priority)
+
+
+def run(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priority: Any) -> Any:
+    """A blocking repeat of ``ex`` (the blocking ``allreduce``): its result, or None when
+    something unusual needs the whole way (nothing was taken then).
+
+    An op of a plain lane shape (no copy of its input, no scratch) is entered into the
+    lane and driven to its end in one hold of the loop's lock, with no handle, spec or
+    lane op made for it (``CommLoop.lane_now``), as ``MPI_Allreduce`` makes no request.
+    One that does not end there (its peers are late, or anything needs Python) gets
+    them then, and is waited for as ``start(...).wait()`` would."""
+    shape = ex.lane_shape
+    if shape is None or shape is False or not shape.plain:  # type: ignore[union-attr]
+        return None
+    bufs = _buffers(svc, ex, x, out, priority)
+    if bufs is None:
+        return None
+    flat, o, result = bufs
+    names = svc._names
+    op_name, gen = names.name(name, ex.sig)
+    loop = svc.loop
+    r = loop.lane_now(
+        shape, op_name, (ex.wid, gen), ex.group, priority, flat, o, _make,
+        (svc, ex, op_name, gen, flat, o, result, priority, True),
+    )  # fmt: skip
+    if r is True:
+        names.ended(op_name)
+        return result
+    if r is None:  # not entered: the way start goes
+        handle = _launch(svc, ex, op_name, gen, flat, o, result, priority)
+    else:  # entered, not ended: waited for as a handle of the express path
+        handle, lop = r
+        handle._lop = lop
+    return handle.wait()
 
 
 def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,

@@ -108,12 +108,16 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Li
 
 
 def _blocking_method(decl: OpDecl) -> Callable[..., Any]:
-    """``Service.{name}``: ``self.{name}_async(...).wait()`` with the numpy API's parameters."""
+    """``Service.{name}``: ``self.{name}_async(...).wait()`` with the numpy API's parameters
+    (``self._{name}_direct(...)`` for an op declared ``direct``)."""
     sig = signature(decl.api_params(), more=decl.api_more, first="self", returns=decl.returns.value)
+    args = forward(sig, skip=("self",))
     return build_function(
         decl.name,
         sig,
-        f"return self.{decl.method}({forward(sig, skip=('self',))}).wait()",
+        f"return self._{decl.name}_direct({args})"
+        if decl.direct
+        else f"return self.{decl.method}({args}).wait()",
         {},
         doc=f"Blocking :meth:`{decl.method}`.",
         module=__name__,
