@@ -231,6 +231,14 @@ def test_the_services_blocking_method_is_built_from_the_table(decl: OpDecl) -> N
         assert decl.name not in vars(cls), f"{cls.__name__}.{decl.name}"
 
 
+@pytest.mark.parametrize("decl", [d for d in OPS if d.direct], ids=lambda d: d.name)
+def test_a_direct_op_has_its_blocking_path_with_the_declared_parameters(decl: OpDecl) -> None:
+    """The blocking forms of an op declared ``direct`` call ``Service._{name}_direct``: it
+    takes what the blocking method takes."""
+    method = getattr(Service, f"_{decl.name}_direct")
+    assert shape(inspect.signature(method))[1:] == declared_shape(decl.api_params(), decl.api_more)
+
+
 @pytest.mark.parametrize("decl", OPS, ids=lambda d: d.name)
 def test_the_protocol_agrees_with_the_table(decl: OpDecl) -> None:
     """ServiceLike (static typing's copy) lists each form with the declared parameters,
