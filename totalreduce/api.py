@@ -199,7 +199,11 @@ def _numpy_forms(name: str) -> tuple[Callable[..., HandleLike], Callable[..., An
     wait = _signature(params, more=more, returns=decl.returns.value)
     call = f"_service().{decl.method}({_forward(start)})"
     # An op declared ``direct`` blocks through the service's blocking method (its own path).
-    blocking = f"_service().{decl.name}({_forward(wait)})" if decl.direct else f"{call}.wait()"
+    blocking = (
+        f"_service().{decl.name}({_forward(wait, in_order=True)})"
+        if decl.direct
+        else f"{call}.wait()"
+    )
     env = {"_service": default_service}
     return (
         _build_function(

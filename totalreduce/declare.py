@@ -431,11 +431,18 @@ def build_function(
     return fn
 
 
-def forward(sig: inspect.Signature, skip: tuple[str, ...] = ()) -> str:
-    """``a=a, b=b, **kw``: every parameter of ``sig`` passed on by keyword."""
+def forward(sig: inspect.Signature, skip: tuple[str, ...] = (), in_order: bool = False) -> str:
+    """``a=a, b=b, **kw``: every parameter of ``sig`` passed on by keyword.  ``in_order``
+    (for a callee whose leading parameters are ``sig``'s, in its order): the positional
+    ones by position, ``a, b, c=c, **kw``, which a call parses faster."""
     out = []
     for p in sig.parameters.values():
         if p.name in skip:
             continue
-        out.append(f"**{p.name}" if p.kind is p.VAR_KEYWORD else f"{p.name}={p.name}")
+        if p.kind is p.VAR_KEYWORD:
+            out.append(f"**{p.name}")
+        elif in_order and p.kind is p.POSITIONAL_OR_KEYWORD:
+            out.append(p.name)
+        else:
+            out.append(f"{p.name}={p.name}")
     return ", ".join(out)

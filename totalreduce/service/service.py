@@ -115,7 +115,7 @@ def _blocking_method(decl: OpDecl) -> Callable[..., Any]:
     return build_function(
         decl.name,
         sig,
-        f"return self._{decl.name}_direct({args})"
+        f"return self._{decl.name}_direct({forward(sig, skip=('self',), in_order=True)})"
         if decl.direct
         else f"return self.{decl.method}({args}).wait()",
         {},
