@@ -356,7 +356,12 @@ class LaneHooks:
         self.stats.ops_completed += 1
         if self.trace is not None:
             self.trace.op(spec.name, spec.generation, "done", spec.priority)
-        self._finish_spec(spec, None)
+        on_done = spec.on_done  # _finish_spec's work, written out: a call is 0.3-0.6 µs of a
+        if on_done is not None:  # small op's wait (measured in one process, in turn)
+            try:
+                on_done(None)
+            except Exception:  # a user callback must not kill the loop
+                log.exception("completion callback of %s failed", spec.describe())
         held = self._held  # type: ignore[attr-defined]
         if held:
             for later in held.pop(lop.key, ()):
