@@ -369,6 +369,34 @@ def test_completion_callbacks_submit_repeats_in_a_chain() -> None:
         assert got == [2.0 * k for k in range(n)]
 
 
+def test_a_raising_completion_callback_is_logged_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A callback that raises on a lane op (finished in a waiter's first try, or in a pass)
+    is logged naming the op; its op's result stands and the ops after it run."""
+
+    def rank_main(s):
+        out, at_once = [], 0
+        for k in range(20):
+            h = s.allreduce_async(np.full(8, k + s.rank, np.float32), name="cb")
+            try:
+                h.add_done_callback(lambda _h: 1 / 0)
+            except ZeroDivisionError:  # it had ended already: the callback ran here
+                at_once += 1
+            out.append(float(h.wait(30)[0]))
+        out.append(float(s.allreduce(np.ones(8, np.float32), name="cb")[0]))
+        return out, at_once
+
+    with caplog.at_level("ERROR", logger="totalreduce.engine"):
+        with local_services(2) as svcs:
+            results = run_ranks(svcs, rank_main, timeout=60)
+    for out, _ in results:
+        assert out == [2.0 * k + 1 for k in range(20)] + [2.0]
+    failed = [r for r in caplog.records if "completion callback of op 'cb'" in r.getMessage()]
+    assert all(r.exc_info[0] is ZeroDivisionError for r in failed)
+    assert len(failed) + sum(n for _, n in results) == 40 and failed
+
+
 @pytest.mark.parametrize("repeat", [False, True], ids=["first_of_its_name", "express_repeat"])
 def test_an_op_nobody_waits_for_after_an_idle_spell_completes_at_once(repeat: bool) -> None:
     """After an idle spell the comm thread sleeps long (up to ``idle_backoff_max_s``); an
