@@ -24,6 +24,12 @@ API only.  For every size (float32, in place) it measures:
   In embedded mode the comm thread competes with that work for the lock; in
   daemon mode it runs in another process.
 
+With ``--floor`` each round also runs, at every size, daemon mode's floor
+(:mod:`totalreduce.daemon.floor`: services and clients that are compiled loops meeting
+in shared-memory words, the compiled ring among the services) and the same ring among the
+``P`` ranks directly (the embedded floor), with the same latency and back-to-back loops:
+the least any implementation of either mode can take on this machine.
+
 With ``--example PATH`` (default: ``examples/train_distributed_optimizer.py``
 if it exists and torch is installed) it also runs that example's
 ``--compare`` benchmark in both modes and reports its DistributedOptimizer's
@@ -269,6 +275,37 @@ def _default_example() -> str:
     return str(path) if path.exists() else ""
 
 
+def _run_floors(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from .floor import measure
+
+    return {
+        label: measure(
+            args.nodes, args.local_clients, nbytes, _iterations(nbytes), _env(), work / label
+        )
+        for label, nbytes in SIZES.items()
+        if label in args.sizes.split(",")
+    }
+
+
+def _print_floors(floors: dict[str, Any], emb: dict[str, Any]) -> None:
+    print(
+        "\nthe floors (compiled loops and nothing else: daemon/floor.py); the target column is "
+        "the daemon floor against embedded mode above"
+    )
+    print(
+        f"{'size':>6}  {'latency embedded':>17} {'daemon':>9} {'ratio':>6}   "
+        f"{'per op embedded':>16} {'daemon':>9} {'ratio':>6}   {'daemon floor / embedded':>23}"
+    )
+    for label, f in floors.items():
+        e, d = f["embedded"], f["daemon"]
+        print(
+            f"{label:>6}  {e['latency_s'] * 1e6:14.1f} us {d['latency_s'] * 1e6:6.1f} us "
+            f"{d['latency_s'] / e['latency_s']:6.2f}   {e['per_op_s'] * 1e6:13.1f} us "
+            f"{d['per_op_s'] * 1e6:6.1f} us {d['per_op_s'] / e['per_op_s']:6.2f}   "
+            f"{d['latency_s'] / emb['sizes'][label]['latency_s']:23.2f}"
+        )
+
+
 def _print(
     emb: dict[str, Any], dmn: dict[str, Any], steps: tuple[Any, Any], nodes: int, local: int
 ) -> None:
@@ -312,6 +349,20 @@ def _median(values: list[Any]) -> Any:
     return statistics.median(got) if got else None
 
 
+def _median_floors(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each floor figure's median over the rounds."""
+    return {
+        label: {
+            mode: {
+                key: _median([r[label][mode][key] for r in rounds])
+                for key in rounds[0][label][mode]
+            }
+            for mode in rounds[0][label]
+        }
+        for label in rounds[0]
+    }
+
+
 def _median_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over the rounds."""
     out = json.loads(json.dumps(reports[0]))
@@ -346,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         help="numpy arrays for the buffers instead of tr.empty's (a daemon client then "
         "copies each op's buffer into the node's arena and the result out)",
     )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time both modes' floors (compiled loops with nothing else in them)",
+    )
     p.add_argument("--repeat", type=int, default=3, help="rounds; figures are medians")
     p.add_argument("--json", default="", help="also write the figures to this file")
     args = p.parse_args(argv)
@@ -358,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         args.example = _default_example()
     work = Path(tempfile.mkdtemp(prefix="totalreduce-bench-"))
     rounds: list[tuple[dict[str, Any], dict[str, Any], float | None, float | None]] = []
+    floors: list[dict[str, Any]] = []
     try:
         for r in range(args.repeat):
             # the modes alternate, and the service runs only during the daemon half,
@@ -373,15 +430,20 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 service.stop()
             rounds.append((emb, dmn, step_emb, step_dmn))
+            if args.floor:
+                print(f"round {r + 1} of {args.repeat}: floors ...", flush=True)
+                floors.append(_run_floors(args, work / f"floor{r}"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     emb, dmn = _median_report([r[0] for r in rounds]), _median_report([r[1] for r in rounds])
     step_emb, step_dmn = (_median([r[i] for r in rounds]) for i in (2, 3))
     _print(emb, dmn, (step_emb, step_dmn), args.nodes, args.local_clients)
+    floor = _median_floors(floors) if floors else None
+    if floor is not None:
+        _print_floors(floor, emb)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"embedded": emb, "daemon": dmn, "example_step_s": [step_emb, step_dmn]})
-        )
+        figures = {"embedded": emb, "daemon": dmn, "example_step_s": [step_emb, step_dmn]}
+        Path(args.json).write_text(json.dumps({**figures, "floors": floor}))
     return 0
 
 

@@ -1,0 +1,55 @@
+"""Daemon mode's floor (daemon/floor.py): compiled services and clients meeting in
+shared-memory words, the compiled ring among the services; and the embedded floor beside
+it.  Figures are never asserted: these check that both floors compute exact sums (every
+process checks its first ops' result and fails otherwise) and that the benchmark reports
+them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from cluster import have_mpiexec  # noqa: E402
+
+from totalreduce.daemon import bench, floor  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec not found (mpich wheel)")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "MPIEXEC_TIMEOUT": "120", "PYTHONUNBUFFERED": "1"}
+
+
+def test_both_floors_sum_exactly_over_two_nodes_of_two_clients(tmp_path: Path) -> None:
+    got = floor.measure(2, 2, 4096 + 12, 5, _env(), tmp_path)
+    for mode in ("embedded", "daemon"):
+        assert got[mode]["latency_s"] > 0 and got[mode]["per_op_s"] > 0, got
+    assert not list(tmp_path.glob("floor-node*.bin"))  # the arena files are gone
+
+
+def test_a_client_whose_service_never_comes_gives_up(tmp_path: Path) -> None:
+    # the node's file is there, but no service serves it: the client's wait is bounded
+    _, size = floor.layout(1, 1024)
+    (tmp_path / "floor-node0.bin").write_bytes(bytes(size))
+    argv = ["client", f"--dir={tmp_path}", "--nodes=1", "--local=1", "--count=1024",
+            "--iters=1", "--give-up-s=0.2", f"--out={tmp_path / 'c.json'}"]  # fmt: skip
+    with pytest.raises(SystemExit, match="client 0 of node 0: its peers gave no sign"):
+        floor.main(argv)
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_the_floors_median_over_rounds() -> None:
+    rounds = [
+        {"4KiB": {"embedded": {"latency_s": v, "per_op_s": 2 * v}, "daemon": {"latency_s": 3 * v,
+                                                                              "per_op_s": v}}}
+        for v in (1.0, 5.0, 2.0)
+    ]  # fmt: skip
+    med = bench._median_floors(rounds)
+    assert med["4KiB"]["embedded"] == {"latency_s": 2.0, "per_op_s": 4.0}
+    assert med["4KiB"]["daemon"] == {"latency_s": 6.0, "per_op_s": 2.0}
