@@ -6,6 +6,7 @@ them."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ sys.path.insert(0, str(HERE))
 from cluster import have_mpiexec  # noqa: E402
 
 from totalreduce.daemon import bench, floor  # noqa: E402
+from totalreduce.transport.shm import SharedRegion  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec not found (mpich wheel)")
 
@@ -30,13 +32,15 @@ def test_both_floors_sum_exactly_over_two_nodes_of_two_clients(tmp_path: Path) -
     got = floor.measure(2, 2, 4096 + 12, 5, _env(), tmp_path)
     for mode in ("embedded", "daemon"):
         assert got[mode]["latency_s"] > 0 and got[mode]["per_op_s"] > 0, got
-    assert not list(tmp_path.glob("floor-node*.bin"))  # the arena files are gone
+    assert not list(tmp_path.glob("floor-node*"))  # the services' notes are gone
 
 
 def test_a_client_whose_service_never_comes_gives_up(tmp_path: Path) -> None:
-    # the node's file is there, but no service serves it: the client's wait is bounded
+    # the node's memory file is there, but no service serves it: the client's wait is bounded
     _, size = floor.layout(1, 1024)
-    (tmp_path / "floor-node0.bin").write_bytes(bytes(size))
+    region = SharedRegion.create(size, "test")
+    note = {"pid": os.getpid(), "fd": region.fd, "size": size}
+    (tmp_path / "floor-node0.json").write_text(json.dumps(note))
     argv = ["client", f"--dir={tmp_path}", "--nodes=1", "--local=1", "--count=1024",
             "--iters=1", "--give-up-s=0.2", f"--out={tmp_path / 'c.json'}"]  # fmt: skip
     with pytest.raises(SystemExit, match="client 0 of node 0: its peers gave no sign"):

@@ -2,22 +2,26 @@
 among the services can take on this machine, for the daemon benchmark to set beside it.
 
 Daemon mode's shape, with nothing else in it: each node's service is one compiled loop,
-its clients are compiled loops too, and they meet only in a shared-memory file of the
-service's (one submission word, one completion word and one buffer per client).  One op:
+its clients are compiled loops too, and they meet only in a memory file of the
+service's on huge pages, as the arena is (one submission word, one completion word and
+one buffer per client).  One op:
 
 1. each client bumps its submission word (its buffer already holds its data: in place);
 2. the service, spinning on the words, sees the node's last client, sums the other
    clients' buffers into the first's (``L - 1`` passes), runs the compiled floor ring
    (:mod:`totalreduce.bench.floor`) among the services on it in place, copies the result
    into the other clients' buffers and sets every completion word;
-3. each client, spinning (or, with ``client_wait="futex"``, asleep on its word after a
-   short spin; the service then wakes it), sees its word.
+3. each client, spinning (or, with ``--futex-after N``, asleep on its word after ``N``
+   polls; the service then wakes it), sees its word.  :func:`measure` lets clients
+   sleep on ops above ``SPIN_ONLY_BYTES``, which measured fastest.
 
 No interpreter, no descriptor beyond a count, no names, no checks, no flow control: an
-engine that does more can only be slower, so a target below this floor cannot be met by any
-implementation of daemon mode on the machine it was measured on.  Every spinning loop
-yields its core between polls after ``polls_before_yield`` of them, as MPICH's blocking
-calls do: with more busy processes than cores, the process waited for needs that core.
+engine that does more work per op can hardly be faster, so a target well below this floor
+is out of reach of daemon mode on the machine it was measured on, and one above it is not.
+Every spinning loop yields its core between polls after ``--polls`` of them (default 0:
+with more busy processes than cores the process waited for needs that core; on the 2-core
+machine, two nodes of one client, 1,000 polls before yielding made a 4 KiB op take 31-38
+µs instead of 4).
 
 The same ring among the ``P = NODES * L`` ranks directly (``run_ranks``) is the embedded
 floor, its anchor.  float32 sums only: a yardstick, not a collective.
@@ -30,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import statistics
 import sys
@@ -51,6 +54,7 @@ from ..native.intrinsics import (
     ptr_f32,
 )
 from ..native.libc import futex_wait, futex_wake, memcpy, now_ns, yield_cpu
+from ..transport.shm import SharedRegion
 
 #: Bytes per client's words: its own cache lines, so a client's stores never share a line
 #: with another's.
@@ -66,6 +70,12 @@ _W_SLEEPS = 72
 _SYNC_COUNT = 1
 #: How long a loop waits for its peer before it gives up (a process that died), by default.
 GIVE_UP_S = 30.0
+#: Ops up to this size: the clients only spin (yielding between polls); larger ones: they
+#: sleep on their word after ``SLEEP_AFTER_POLLS`` polls.  Measured on the 2-core machine,
+#: two nodes of one client: a 64 MiB op took 23 ms with spinning clients and 14 ms (the
+#: embedded floor's time) with sleeping ones; a 4 KiB op was slower with sleeping ones.
+SPIN_ONLY_BYTES = 256 << 10
+SLEEP_AFTER_POLLS = 100
 #: What a loop that gave up returns.
 TIMED_OUT = -(1 << 40)
 
@@ -206,7 +216,8 @@ def _ops(iters: int) -> int:
 
 
 def _node_file(directory: Path, node: int) -> Path:
-    return directory / f"floor-node{node}.bin"
+    """Where node ``node``'s service says where its memory file is (pid, fd, size)."""
+    return directory / f"floor-node{node}.json"
 
 
 def _comm() -> Any:
@@ -231,14 +242,14 @@ def run_service(args: argparse.Namespace) -> None:
     comm = _comm()
     node = comm.Get_rank()
     data, size = layout(args.local, args.count)
+    # a memory file on huge pages, as the daemon's arena (MPI moves a buffer between
+    # processes much faster on them); the clients open it through /proc
+    region = SharedRegion.create(size, f"floor-node{node}", huge=True)
+    region.make_huge(data, size - data)
+    base = np.int64(region.address)
     path = _node_file(Path(args.dir), node)
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.ftruncate(fd, size)
-    mem = mmap.mmap(fd, size)
-    os.close(fd)
-    words = np.frombuffer(mem, dtype=np.uint8)
-    base = np.int64(words.ctypes.data)
+    tmp.write_text(json.dumps({"pid": os.getpid(), "fd": region.fd, "size": size}))
     scratch = np.zeros(-(-args.count // comm.Get_size()) + 1, np.float32)
     per = _buffer(data, args.count, 1) - data
     ops = _ops(1) + _ops(args.iters)
@@ -252,8 +263,7 @@ def run_service(args: argparse.Namespace) -> None:
     )  # fmt: skip
     _check(rc, f"service of node {node}")
     comm.Barrier()
-    del words
-    mem.close()
+    region.close_fd()
     comm.Free()
 
 
@@ -266,14 +276,13 @@ def run_client(args: argparse.Namespace) -> None:
             raise SystemExit(f"daemon floor: {path} never appeared")
         time.sleep(0.01)
     data, size = layout(args.local, args.count)
-    fd = os.open(path, os.O_RDWR)
-    mem = mmap.mmap(fd, size)
-    os.close(fd)
-    words = np.frombuffer(mem, dtype=np.uint8)
-    base = int(words.ctypes.data)
-    x = np.frombuffer(
-        mem, dtype=np.float32, count=args.count, offset=_buffer(data, args.count, args.local_rank)
-    )
+    where = json.loads(path.read_text())
+    if where["size"] != size:
+        raise SystemExit(f"daemon floor: {path} holds {where['size']} bytes, not {size}")
+    fd = os.open(f"/proc/{where['pid']}/fd/{where['fd']}", os.O_RDWR)
+    region = SharedRegion.attach(fd, size, huge=True)
+    base = region.address
+    x = region.array(_buffer(data, args.count, args.local_rank), args.count, np.float32)
     rank = args.node * args.local + args.local_rank
     x[:] = rank + 1
     lat = np.zeros(args.iters, np.int64)
@@ -295,8 +304,7 @@ def run_client(args: argparse.Namespace) -> None:
     )  # fmt: skip
     _check(last, f"client {args.local_rank} of node {args.node}")
     Path(args.out).write_text(json.dumps({"lat_ns": lat.tolist(), "loop_ns": int(loop[0])}))
-    del x, words
-    mem.close()
+    del x
 
 
 def run_ranks(args: argparse.Namespace) -> None:
@@ -337,6 +345,9 @@ def measure(
 
     count = max(nbytes // 4, 2)
     common = {"nodes": nodes, "local": local, "count": count, "iters": iters}
+    # clients spin on a small op and sleep on a large one (their spinning would take the
+    # cores the services copy with), as daemon mode's clients do: what measured fastest
+    wait = {"futex_after": SLEEP_AFTER_POLLS if nbytes > SPIN_ONLY_BYTES else -1}
     work.mkdir(parents=True, exist_ok=True)
     out = work / "ranks.json"
     subprocess.run(
@@ -351,7 +362,7 @@ def measure(
     outs = [work / f"client{n}.{k}.json" for n, k in places]
     clients = [
         subprocess.Popen(
-            _cmd("client", {**common, "dir": work, "node": n, "local_rank": k, "out": o}),
+            _cmd("client", {**common, **wait, "dir": work, "node": n, "local_rank": k, "out": o}),
             env=env,
         )
         for (n, k), o in zip(places, outs, strict=True)
@@ -360,7 +371,7 @@ def measure(
     if service.wait(600) != 0 or failed:
         raise SystemExit(f"the daemon floor failed: {failed or service.args}")
     daemon = summarize([json.loads(o.read_text()) for o in outs], iters)
-    for f in work.glob("floor-node*.bin"):
+    for f in work.glob("floor-node*.json"):
         f.unlink()
     return {"embedded": embedded, "daemon": daemon}
 
