@@ -548,6 +548,51 @@ def test_repeats_among_two_nodes_start_from_the_engines_express_record() -> None
                 node.close()
 
 
+def test_a_repeat_with_nothing_else_among_the_nodes_ends_on_the_arena_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no other op among the nodes in flight, the arena thread drives a repeat to its
+    end at once (``express.now``: no handle, no callback back to the thread); results stay
+    exact, and a repeat that does not end there goes on as a handle."""
+    from conftest import local_services
+    from totalreduce.service import express
+
+    ended = [0, 0]  # ended in the first try, went on as a handle
+    real = express.now
+
+    def counted(*args: Any) -> Any:
+        r = real(*args)
+        if r is not None:
+            ended[0 if r[1] is None else 1] += 1
+        return r
+
+    monkeypatch.setattr(express, "now", counted)
+    with local_services(2) as engines:
+        nodes = [Node(1, node=k, nodes=2, engine=engines[k]) for k in (0, 1)]
+        try:
+            for step in range(20):
+                hs = []
+                for k, node in enumerate(nodes):
+                    c = node.clients[0]
+                    x = np.arange(500, dtype=np.float32) * (k + 1) + step
+                    at, staged = c.place(x, fill=x)
+                    h = ThinHandle(c, "g", step, OpKind.ALLREDUCE, np.empty_like(x), lambda: None)
+                    h.hold((staged,), h._result, staged)
+                    hs.append(c.submit(h, wire=77, dtype=DType.FLOAT32, count=500,
+                                       op=ReduceOp.SUM, root=0, priority=0, at_in=at,
+                                       at_out=at, unnamed=False))  # fmt: skip
+                for h in hs:
+                    got = h.wait(30)
+                    np.testing.assert_array_equal(
+                        got, np.arange(500, dtype=np.float32) * 3 + 2 * step
+                    )
+        finally:
+            for node in nodes:
+                node.close()
+    assert ended[0] > 0, ended  # the first call of the shape goes the whole way, repeats not
+    assert sum(ended) <= 2 * 19, ended
+
+
 def test_a_large_array_of_the_arena_is_placed_on_a_huge_page() -> None:
     """``empty`` of a huge page or more starts on one (so MPI and the kernels see huge
     pages where the kernel makes them), and its ops run in place as any other's."""

@@ -174,9 +174,25 @@ class PassOps:
         if rec is None:
             return False
         buf, ex = rec
-        h = express.start(self.engine, ex, shape[0], buf, buf, int(d[A.D_PRIO]))
+        prio = int(d[A.D_PRIO])
+        h = None
+        if not self._fast_running and not int(d[A.D_FLAGS]) & A.F_UNNAMED:
+            # Nothing else among the nodes: this thread drives the op to its end at once
+            # (at most the engine's first try, 200 µs, then it is a handle like any), so a
+            # small op between nodes makes no handle, spec or lane op, and no callback
+            # hands its end back to this thread.
+            r = express.now(self.engine, ex, shape[0], buf, buf, prio)
+            if r is not None:
+                if r[1] is None:
+                    fast = self._fast
+                    arena_pass.arena_finish(fast.buf, fast.lay, self._mem, self.arena.base, e, 1)
+                    self._wake_sleepers()
+                    return True
+                h = r[1]
         if h is None:
-            return False
+            h = express.start(self.engine, ex, shape[0], buf, buf, prio)
+            if h is None:
+                return False
         self._fast_running[token] = [e, h, None]
         h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h)))
         return True

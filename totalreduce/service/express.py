@@ -172,10 +172,24 @@ def run(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priorit
 
     An op of a plain lane shape (no copy of its input, no scratch) is entered into the
     lane and driven to its end in one hold of the loop's lock, with no handle, spec or
-    lane op made for it (``CommLoop.lane_now``), as ``MPI_Allreduce`` makes no request.
-    One that does not end there (its peers are late, or anything needs Python) gets
-    them then, and is waited for as ``start(...).wait()`` would.  (The checks are
-    ``start``'s, written out for the same reason.)"""
+    lane op made for it (:func:`now`), as ``MPI_Allreduce`` makes no request.  One that
+    does not end there (its peers are late, or anything needs Python) gets them then,
+    and is waited for as ``start(...).wait()`` would."""
+    r = now(svc, ex, name, x, out, priority)
+    if r is None:
+        return None
+    return r[0] if r[1] is None else r[1].wait()
+
+
+def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
+        priority: Any) -> tuple[Any, Handle | None] | None:  # fmt: skip
+    """Try a repeat of ``ex`` to its end now, without waiting past that try: ``(result,
+    None)`` when it ended well (``CommLoop.lane_now``: entered and driven in one hold of
+    the loop's lock, nothing made for it in Python); ``(result, handle)`` when it is on
+    its way (entered and not ended, or started the way :func:`start` starts it); None
+    when something unusual needs the whole way (nothing was taken then).  A thread that
+    must not block on one op (the daemon's arena thread) takes the handle and goes on.
+    (The checks are ``start``'s, written out for the reason ``start`` gives.)"""
     shape = ex.lane_shape
     loop = svc.loop
     if (
@@ -210,13 +224,13 @@ def run(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priorit
     )  # fmt: skip
     if r is True:
         names.ended(op_name)
-        return result
+        return result, None
     if r is None:  # not entered: the way start goes
         handle = _launch(svc, ex, op_name, gen, flat, o, result, priority)
-    else:  # entered, not ended: waited for as a handle of the express path
+    else:  # entered, not ended: a handle of the express path
         handle, lop = r
         handle._lop = lop
-    return handle.wait()
+    return result, handle
 
 
 def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
