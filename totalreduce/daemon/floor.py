@@ -42,18 +42,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numba import carray, njit
+from numba import njit
 
 from ..bench.floor import floor_ring_allreduce, floor_workspace
+from ..dtypes import DType, ReduceOp
+from ..kernels.raw import copy_raw, reduce_raw
 from ..native.intrinsics import (
     atomic_load_i32,
     atomic_load_i64,
     atomic_store_i32,
     atomic_store_i64,
     atomic_xchg_i32,
-    ptr_f32,
 )
-from ..native.libc import futex_wait, futex_wake, memcpy, now_ns, yield_cpu
+from ..native.libc import futex_wait, futex_wake, now_ns, yield_cpu
 from ..transport.shm import SharedRegion
 
 #: Bytes per client's words: its own cache lines, so a client's stores never share a line
@@ -78,18 +79,24 @@ SPIN_ONLY_BYTES = 256 << 10
 SLEEP_AFTER_POLLS = 100
 #: What a loop that gave up returns.
 TIMED_OUT = -(1 << 40)
+_F32, _SUM = int(DType.FLOAT32), int(ReduceOp.SUM)
+
+
+def _per(count: int) -> int:
+    """Bytes of one client's buffer of ``count`` float32 (4 KiB aligned)."""
+    return -(-count * 4 // 4096) * 4096
 
 
 def layout(local: int, count: int) -> tuple[int, int]:
     """(offset of client 0's buffer, the file's size) for ``local`` clients of ``count``
-    float32 each (buffers 4 KiB aligned)."""
+    float32 each."""
     data = _HEAD + -(-local * _SLOT // 4096) * 4096
-    per = -(-count * 4 // 4096) * 4096
-    return data, data + local * per
+    return data, data + local * _per(count)
 
 
 def _buffer(data: int, count: int, k: int) -> int:
-    return data + k * (-(-count * 4 // 4096) * 4096)
+    """Offset of client ``k``'s buffer."""
+    return data + k * _per(count)
 
 
 @njit(nogil=True, cache=True)
@@ -107,17 +114,9 @@ def _spin_i64(addr, target, polls_before_yield, give_up_ns):  # type: ignore[no-
 
 
 @njit(nogil=True, cache=True)
-def _sum_into(dst_addr, src_addr, n):  # type: ignore[no-untyped-def]
-    dst = carray(ptr_f32(dst_addr), n)
-    src = carray(ptr_f32(src_addr), n)
-    for i in range(n):
-        dst[i] += src[i]
-
-
-@njit(nogil=True, cache=True)
 def service_loop(b, ws, base, data, per, local, scratch_addr, ops, polls_before_yield, give_up_ns):  # type: ignore[no-untyped-def]
-    """Serve ``ops`` ops of the node's ``local`` clients (the file mapped at ``base``);
-    0, or the MPI error of the ring (negative)."""
+    """Serve ``ops`` ops of the node's ``local`` clients (the file mapped at ``base``):
+    0; the MPI error of the ring (negative); ``TIMED_OUT`` if a client gave no sign."""
     first = base + data
     for op in range(1, ops + 1):
         for k in range(local):
@@ -125,12 +124,12 @@ def service_loop(b, ws, base, data, per, local, scratch_addr, ops, polls_before_
                 return np.int64(TIMED_OUT)
         n = atomic_load_i64(base + _W_COUNT)
         for k in range(1, local):
-            _sum_into(first, first + k * per, n)
+            reduce_raw(_F32, _SUM, first, first + k * per, n)
         rc = floor_ring_allreduce(b, ws, first, first, scratch_addr, n)
         if rc < 0:
             return rc
         for k in range(1, local):
-            memcpy(first + k * per, first, n * 4)
+            copy_raw(first + k * per, first, n * 4)
         for k in range(local):
             slot = base + k * _SLOT
             atomic_store_i32(slot + _W_DONE, np.int32(op))
@@ -251,7 +250,7 @@ def run_service(args: argparse.Namespace) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"pid": os.getpid(), "fd": region.fd, "size": size}))
     scratch = np.zeros(-(-args.count // comm.Get_size()) + 1, np.float32)
-    per = _buffer(data, args.count, 1) - data
+    per = _per(args.count)
     ops = _ops(1) + _ops(args.iters)
     b, ws = binding(comm), floor_workspace()
     os.replace(tmp, path)
