@@ -43,12 +43,17 @@ def test_a_client_whose_service_never_comes_gives_up(tmp_path: Path) -> None:
     (tmp_path / "floor-node0.json").write_text(json.dumps(note))
     argv = ["client", f"--dir={tmp_path}", "--nodes=1", "--local=1", "--count=1024",
             "--iters=1", "--give-up-s=0.2", f"--out={tmp_path / 'c.json'}"]  # fmt: skip
-    with pytest.raises(SystemExit, match="client 0 of node 0: its peers gave no sign"):
-        floor.main(argv)
+    try:
+        with pytest.raises(SystemExit, match="client 0 of node 0: its peers gave no sign"):
+            floor.main(argv)
+    finally:
+        region.close_fd()
     assert not (tmp_path / "c.json").exists()
 
 
-def test_the_floors_median_over_rounds() -> None:
+def test_the_floors_median_over_rounds_and_print_against_embedded_mode(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     rounds = [
         {"4KiB": {"embedded": {"latency_s": v, "per_op_s": 2 * v}, "daemon": {"latency_s": 3 * v,
                                                                               "per_op_s": v}}}
@@ -57,3 +62,8 @@ def test_the_floors_median_over_rounds() -> None:
     med = bench._median_floors(rounds)
     assert med["4KiB"]["embedded"] == {"latency_s": 2.0, "per_op_s": 4.0}
     assert med["4KiB"]["daemon"] == {"latency_s": 6.0, "per_op_s": 2.0}
+    bench._print_floors(med, {"sizes": {"4KiB": {"latency_s": 12.0}}})
+    row = next(line for line in capsys.readouterr().out.splitlines() if "4KiB" in line).split()
+    # latency embedded, daemon, their ratio; per op, likewise; the daemon floor / embedded mode
+    assert row[1:] == ["2000000.0", "us", "6000000.0", "us", "3.00", "4000000.0", "us",
+                       "2000000.0", "us", "0.50", "0.50"]  # fmt: skip
