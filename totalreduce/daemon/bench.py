@@ -28,7 +28,7 @@ With ``--floor`` each round also runs, at every size, daemon mode's floor
 (:mod:`totalreduce.daemon.floor`: services and clients that are compiled loops meeting
 in shared-memory words, the compiled ring among the services) and the same ring among the
 ``P`` ranks directly (the embedded floor), with the same latency and back-to-back loops:
-the least any implementation of either mode can take on this machine.
+about the least an implementation of either mode can take on this machine.
 
 With ``--example PATH`` (default: ``examples/train_distributed_optimizer.py``
 if it exists and torch is installed) it also runs that example's
