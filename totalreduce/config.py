@@ -47,6 +47,14 @@ class Config:
       the last progress while ops are in flight (frames are likely microseconds away).
     - ``wait_spin_s``: how long a thread in ``wait()`` polls before it sleeps, as
       ``MPI_Wait`` does.
+    - ``nap_s``: how a thread that waits in the compiled lane (in ``wait()``) for a large
+      op (256 KiB or more) waits once the lane has been silent for 50 µs (its peers are
+      late): it sleeps ``nap_s`` between its polls, and yields its core between them
+      before that.  0 (the default): it polls as for any op (a few polls, then yields).
+      A thread that yields still takes its share of a core that another process wants
+      for computing; one asleep takes none.  A node's service (``totalreduce serve``)
+      naps by default, since its node's training processes compute on the cores
+      (docs/daemon.md).
     - ``need_after_s``: how long a ``wait()`` lasts before the waiter asks the
       op's peers to send its frames first (NEED).
     - ``inline_compute_bytes``: received segments (and whole prologues or
@@ -89,6 +97,7 @@ class Config:
     spin_s: float = 2e-4
     wait_spin_s: float = 2e-2
     need_after_s: float = 5e-4
+    nap_s: float = 0.0
     inline_compute_bytes: int = 1 << 20
     algorithm: str = "auto"
     tuning_file: str = ""
@@ -153,7 +162,7 @@ class Config:
             raise InvalidArgumentError(f"local_rank must be >= 0 (or -1), got {self.local_rank}")
         for name in (
             "stall_warning_s", "stall_shutdown_s", "backoff_min_s", "backoff_max_s",
-            "idle_backoff_max_s", "spin_s", "wait_spin_s", "need_after_s",
+            "idle_backoff_max_s", "spin_s", "wait_spin_s", "need_after_s", "nap_s",
         ):  # fmt: skip
             value = getattr(self, name)
             if not value >= 0:  # NaN too

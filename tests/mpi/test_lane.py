@@ -77,6 +77,11 @@ def test_lane_runs_small_reduce_scatters_and_allgathers_exactly(n: int) -> None:
     lane_run(n, "kinds")
 
 
+@sizes([2], "nap")
+def test_lane_a_waiter_with_naps_sleeps_while_a_large_ops_peer_is_late(n: int) -> None:
+    lane_run(n, "nap")
+
+
 @sizes([2], "crowd")
 def test_lane_large_receives_beyond_its_requests_wait_their_turn(n: int) -> None:
     lane_run(n, "crowd")

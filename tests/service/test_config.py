@@ -70,3 +70,22 @@ def test_one_config_for_service_and_loop() -> None:
             Config.load(env={}, **{name: -1.0})
     with pytest.raises(InvalidArgumentError, match="spin_s must be >= 0"):
         Config.load(env={"TOTALREDUCE_SPIN_S": "nan"})
+
+
+def test_naps_are_off_in_a_rank_and_on_in_a_node_services_engine() -> None:
+    """``nap_s``: 0 (yield) by default; checked like the other times; a node's service
+    gives its engine among the services its own naps unless ``TOTALREDUCE_NAP_S`` is set
+    (0 there turns them off)."""
+    from totalreduce.daemon.serve import SERVICE_NAP_S, engine_config
+
+    assert Config.load(env={}).nap_s == 0.0
+    assert Config.load(env={"TOTALREDUCE_NAP_S": "5e-5"}).nap_s == 5e-5
+    with pytest.raises(InvalidArgumentError, match="nap_s must be >= 0"):
+        Config.load(env={}, nap_s=-1.0)
+    assert SERVICE_NAP_S > 0
+    assert engine_config(Config.load(env={}), env={}).nap_s == SERVICE_NAP_S
+    env = {"TOTALREDUCE_NAP_S": "0"}
+    assert engine_config(Config.load(env=env), env=env).nap_s == 0.0
+    env = {"TOTALREDUCE_NAP_S": "1e-4"}
+    assert engine_config(Config.load(env=env), env=env).nap_s == 1e-4
+    assert engine_config(Config.load(env={}), env={}).idle_backoff_max_s >= 0.25

@@ -25,13 +25,18 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+from ..config import ENV_PREFIX, Config
 from ..errors import TotalReduceError
 from .arena_pass import PIPE_MIN_BYTES, SEGMENTS
 
 #: ``--segment-bytes off``: more bytes than any op has.
 OFF = 1 << 62
+#: The services' engine's ``Config.nap_s`` (``TOTALREDUCE_NAP_S`` sets another; 0: off).
+#: On the 2-core machine a 20 µs sleep lasts about 55 µs.
+SERVICE_NAP_S = 20e-6
 
 log = logging.getLogger("totalreduce.daemon.serve")
 
@@ -120,10 +125,27 @@ def segment_bytes(value: str, local_clients: int, cores: int | None = None) -> i
     return n
 
 
+def engine_config(config: Config, env: Mapping[str, str] | None = None) -> Config:
+    """The options of the engine among the services, from the service's own.
+
+    - The arena thread drives the ops it has; the comm thread meets frames that come
+      before this node's part of an op: idle, it may sleep longer than a rank's (with
+      windows' standing receives waiting there, no longer than a rank's:
+      ``engine.driving.STANDING_BACKOFF_S``).
+    - A thread waiting for a large op among the services whose other nodes are late
+      sleeps between its polls (``nap_s``, :data:`SERVICE_NAP_S` unless
+      ``TOTALREDUCE_NAP_S`` says otherwise) instead of yielding the core, which the
+      node's training processes want for their computing (docs/daemon.md)."""
+    env = os.environ if env is None else env
+    nap = config.nap_s if ENV_PREFIX + "NAP_S" in env else SERVICE_NAP_S
+    return dataclasses.replace(
+        config, idle_backoff_max_s=max(config.idle_backoff_max_s, 0.25), nap_s=nap
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from ..kernels import warm_up
-    from ..service.config import Config
     from ..service.service import Service
     from ..transport import hello
     from ..transport.arena import Arena
@@ -174,12 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     # The clients' ops: the arena, and an engine among the nodes' services (MPI on a
     # communicator of its own; the compiled lane runs it), which also carries what each
     # service sees of its own clients (a death, a new process) to the others.
-    # The arena thread drives the ops it has; the comm thread meets frames that come
-    # before this node's part of an op: idle, it may sleep longer than a rank's (with
-    # windows' standing receives waiting there, no longer than a rank's:
-    # engine.driving.STANDING_BACKOFF_S).
-    quiet = dataclasses.replace(config, idle_backoff_max_s=max(config.idle_backoff_max_s, 0.25))
-    engine = Service(MPITransport(), quiet) if nodes > 1 else None
+    engine = Service(MPITransport(), engine_config(config)) if nodes > 1 else None
     arena = Arena.create(args.local_clients, args.arena_bytes // args.local_clients)
     thin = ThinService(
         arena, node, nodes, engine, stall_warning_s=config.stall_warning_s,

@@ -52,6 +52,7 @@ import numpy as np
 from ..algorithms.codes import OpKind
 from ..algorithms.rooted import offsets
 from ..dtypes import DType, ReduceOp
+from ..engine.driving import set_timer_slack
 from ..kernels import copy_into, reduce_into
 from ..transport import arena as A
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
@@ -201,6 +202,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
     # ------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
+        set_timer_slack()  # its naps in the lane (Config.nap_s) as short as asked
         header = self.arena.header
         last = time.perf_counter()
         while not self._stop.is_set():

@@ -43,7 +43,7 @@ _yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
 STANDING_BACKOFF_S = 0.05
 
 
-def _set_timer_slack(ns: int = 1000) -> None:
+def set_timer_slack(ns: int = 1000) -> None:
     """Sleep precisely on this thread (Linux's default timer slack is 50 µs)."""
     if sys.platform.startswith("linux"):
         try:
@@ -87,7 +87,7 @@ class DriveHooks:
 
     def run(self, stop: threading.Event) -> None:
         """The comm thread: progress until ``stop`` is set; back off when idle."""
-        _set_timer_slack()
+        set_timer_slack()
         self._comm_ident = threading.get_ident()
         cfg = self.cfg
         delay = cfg.backoff_min_s

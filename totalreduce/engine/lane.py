@@ -428,6 +428,12 @@ class Lane(LanePlans, LaneGrowth):
         self.by_key[lop.key] = lop
         return lop
 
+    def naps(self, nap_s: float) -> None:
+        """How a thread waiting in the lane's compiled passes for a large op whose peers
+        are silent waits (``Config.nap_s``): sleeps of ``nap_s`` between polls, or (0)
+        yields its core between them (``lane_core._drive``)."""
+        self.mem[L.C_NAP_NS] = int(nap_s * 1e9)
+
     def pump(self) -> int:
         """One compiled pass (receive, send, return credit)."""
         return int(core.lane_pass(self.mem, self.prog, self.arena, self.b, 64))

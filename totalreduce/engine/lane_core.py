@@ -33,7 +33,7 @@ from numba import njit
 from ..native.intrinsics import (
     cpu_relax,
 )
-from ..native.libc import now_ns, yield_cpu
+from ..native.libc import futex_wait, now_ns, yield_cpu
 from ..transport.mpi_native import (
     B_ANY_SOURCE,
     mpi_get_count,
@@ -174,6 +174,12 @@ _CTL_SKIPS = 8
 
 #: Polls without progress before a waiting thread yields its core between polls.
 _POLLS_BEFORE_YIELD = 64
+#: With naps on (``C_NAP_NS``, ``Config.nap_s``): a thread waiting for an op of at least
+#: this many bytes sleeps between polls once the lane has been silent this long (since
+#: ``C_MOVED_NS``, whichever thread's call saw the last move: a thread that drives in
+#: spans, a node service's arena thread, is not back to spinning at each).
+_NAP_MIN_BYTES = 256 << 10
+_NAP_AFTER_NS = 50_000
 
 
 @njit(nogil=True, cache=True)
@@ -227,8 +233,11 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
     last = t0
     idle = 0
     o = _op(mem, slot) if slot >= 0 else 0
+    nap = 0
     if slot >= 0 and mem[o + O_SEQ] == seq:
         mem[o + O_URGENT] = 1  # a thread waits for it: among equal priorities, it goes first
+        if mem[o + O_COUNT] * prog[mem[o + O_PLAN] + PL_ISZ] >= _NAP_MIN_BYTES:
+            nap = mem[C_NAP_NS]
     while True:
         if slot >= 0:
             if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
@@ -239,6 +248,7 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
             last = now_ns()
             idle = 0
             mem[C_PROGRESS] += 1
+            mem[C_MOVED_NS] = last
         needs = mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL] != 0 or mem[C_BFULL] != 0
         if slot >= 0:
             if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
@@ -256,8 +266,18 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
         idle += 1
         # A few polls with the spin hint, then the core goes to whoever needs it (the
         # peer an op waits for may share it: more ranks than cores); after ``spin_ns``
-        # without progress, only yields.
-        if idle > _POLLS_BEFORE_YIELD or t - last > spin_ns:
+        # without progress, only yields.  With naps on (Config.nap_s), a thread waiting
+        # for a large op yields between polls from the first, and once the lane has been
+        # silent for _NAP_AFTER_NS sleeps instead: a spinning or yielding thread still
+        # takes its share of a core that another process wants for computing (a node's
+        # training process), one asleep takes none, and a large op's time dwarfs the
+        # sleep's end.
+        if nap > 0:
+            if t - mem[C_MOVED_NS] > _NAP_AFTER_NS:
+                futex_wait(mem.ctypes.data + 8 * C_NAP_WORD, 0, nap)
+            else:
+                yield_cpu()
+        elif idle > _POLLS_BEFORE_YIELD or t - last > spin_ns:
             yield_cpu()
         else:
             cpu_relax()

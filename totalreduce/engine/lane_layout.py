@@ -106,7 +106,10 @@ C_WATCH = 83  # the op slot a waiting thread's lane_drive waits for (-1: none), 
 C_WATCHSEQ = 84  # its submission: a pass stops receiving once that op ended, the last
 C_CTLSKIP = 85  # passes since the last probe of the main loop's tag (see lane_pass)
 C_SBNEXT = 86  # where the search for a free send buffer starts (see lane_tables._free_sb)
-C_LEN = 87
+C_NAP_NS = 87  # Config.nap_s: a waiter's sleep between polls on a large op (0: it yields)
+C_NAP_WORD = 88  # always 0: the word those sleeps wait on (a futex with a timeout)
+C_MOVED_NS = 89  # now_ns() of the last pass of lane_drive that moved something
+C_LEN = 90
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0

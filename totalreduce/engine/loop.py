@@ -220,6 +220,7 @@ class CommLoop(
 
     def attach_lane(self, lane: Lane) -> None:
         """Run the ops the compiled lane can run there (before any op is submitted)."""
+        lane.naps(self.cfg.nap_s)
         self.lane = lane
 
     def submit(self, spec: OpSpec) -> None:
