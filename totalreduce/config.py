@@ -49,8 +49,9 @@ class Config:
       ``MPI_Wait`` does.
     - ``nap_s``: how a thread that waits in the compiled lane (in ``wait()``) for a large
       op (256 KiB or more) waits once the lane has been silent for 50 µs (its peers are
-      late): it sleeps ``nap_s`` between its polls, and yields its core between them
-      before that.  0 (the default): it polls as for any op (a few polls, then yields).
+      late): it sleeps ``nap_s`` (at most 0.01) between its polls, and yields its core
+      between them before that.  0 (the default): it polls as for any op (a few polls,
+      then yields).
       A thread that yields still takes its share of a core that another process wants
       for computing; one asleep takes none.  A node's service (``totalreduce serve``)
       naps by default, since its node's training processes compute on the cores
@@ -167,6 +168,11 @@ class Config:
             value = getattr(self, name)
             if not value >= 0:  # NaN too
                 raise InvalidArgumentError(f"{name} must be >= 0 seconds, got {value!r}")
+        if self.nap_s > 0.01:
+            raise InvalidArgumentError(
+                f"nap_s must be at most 0.01 seconds (a sleep between two polls of a waiting "
+                f"thread), got {self.nap_s!r}"
+            )
         if self.floating_pool_bytes < 0:
             raise InvalidArgumentError(
                 f"floating_pool_bytes must be >= 0, got {self.floating_pool_bytes}"

@@ -82,6 +82,8 @@ def test_naps_are_off_in_a_rank_and_on_in_a_node_services_engine() -> None:
     assert Config.load(env={"TOTALREDUCE_NAP_S": "5e-5"}).nap_s == 5e-5
     with pytest.raises(InvalidArgumentError, match="nap_s must be >= 0"):
         Config.load(env={}, nap_s=-1.0)
+    with pytest.raises(InvalidArgumentError, match="nap_s must be at most 0.01 seconds"):
+        Config.load(env={"TOTALREDUCE_NAP_S": "1"})
     assert SERVICE_NAP_S > 0
     assert engine_config(Config.load(env={}), env={}).nap_s == SERVICE_NAP_S
     env = {"TOTALREDUCE_NAP_S": "0"}

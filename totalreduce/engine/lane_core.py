@@ -273,8 +273,8 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
         # training process), one asleep takes none, and a large op's time dwarfs the
         # sleep's end.
         if nap > 0:
-            if t - mem[C_MOVED_NS] > _NAP_AFTER_NS:
-                futex_wait(mem.ctypes.data + 8 * C_NAP_WORD, 0, nap)
+            if t - mem[C_MOVED_NS] > _NAP_AFTER_NS:  # (never past max_ns by more than 1 µs)
+                futex_wait(mem.ctypes.data + 8 * C_NAP_WORD, 0, min(nap, max_ns - (t - t0) + 1000))
             else:
                 yield_cpu()
         elif idle > _POLLS_BEFORE_YIELD or t - last > spin_ns:
