@@ -9,11 +9,11 @@ common ops without Python, and everything else still ends as it did.
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -444,9 +444,20 @@ class FakeHandle:
     def exception(self) -> BaseException | None:
         return self._error
 
-    def drive(self, span: float) -> bool:
+    def drive(self, span: float, outer: bool = False) -> bool:
         time.sleep(min(span, 1e-4))
         return self._done
+
+
+class FakeLoop:
+    """The services' engine's loop: the node hooks its notices, and its lane's outer words."""
+
+    def __init__(self) -> None:
+        self.on_client_notice = None
+        self.outer: tuple[int, int, int, int, int] | None = None
+
+    def watch_outer(self, at: int, stride: int, n: int, seen: int, flag: int) -> None:
+        self.outer = (at, stride, n, seen, flag)
 
 
 class FakeEngine:
@@ -458,7 +469,7 @@ class FakeEngine:
         self.gens: dict[int, int] = {}
         self.fail_next = False
         #: its loop, where the node hooks what other services tell of their clients
-        self.loop = SimpleNamespace(on_client_notice=None)
+        self.loop = FakeLoop()
 
     def _handle(self, kind: str, name: int, buf: Any) -> FakeHandle:
         if self.fail_next:
@@ -538,6 +549,38 @@ def test_on_two_nodes_the_pass_starts_the_op_and_hands_the_result_back(monkeypat
         _wait_for(lambda: len(engine.started) == 4)
         engine.started[3].end()
         assert all(x.wait(30) is None for x in bar)
+    finally:
+        node.close()
+
+
+def _word(addr: int) -> int:
+    return ctypes.c_int64.from_address(addr).value
+
+
+def test_on_two_nodes_the_rings_tails_and_the_kick_are_the_lanes_outer_words(
+    monkeypatch: Any,
+) -> None:
+    """The arena thread's drive among the nodes ends when a client writes its ring or
+    another thread leaves it work: the services' lane watches the sum of the rings'
+    tails against the sum the last pass saw, and the kick flag (``Lane.watch_outer``)."""
+    node, engine = _two_nodes(monkeypatch)
+    try:
+        assert engine.loop.outer is not None
+        at, stride, n, seen, flag = engine.loop.outer
+        svc, arena = node.service, node.arena
+        assert n == 2 and stride == arena.slot_bytes
+        for k in range(2):  # the words are the tails the clients write
+            assert at + k * stride == arena.base + arena.slot_start(k) + 8 * A.C_TAIL
+        tails = lambda: sum(_word(at + k * stride) for k in range(n))  # noqa: E731
+        assert tails() == 0
+        hs = [node.submit(k, OpKind.ALLREDUCE, "w", np.ones(2, np.int64)) for k in range(2)]
+        _wait_for(lambda: len(engine.started) == 1)
+        assert tails() == 2
+        _wait_for(lambda: _word(seen) == 2)  # the pass saw both
+        svc._kick()  # as another thread hands it work
+        _wait_for(lambda: _word(flag) == 0)  # the arena thread looked, and cleared it
+        engine.started[0].end()
+        assert all(h.wait(30).tolist() == [2, 2] for h in hs)
     finally:
         node.close()
 

@@ -431,7 +431,7 @@ class _EngineHandle:
     def done(self) -> bool:
         return self.ended.is_set()
 
-    def drive(self, seconds: float) -> None:  # the arena thread drives ops in flight
+    def drive(self, seconds: float, outer: bool = False) -> None:  # the arena thread drives
         self.ended.wait(seconds)
 
 
@@ -439,7 +439,7 @@ class _Engine:
     """The services' engine, as a node's service sees it, with no other node behind it."""
 
     def __init__(self) -> None:
-        self.loop = SimpleNamespace(on_client_notice=None)
+        self.loop = SimpleNamespace(on_client_notice=None, watch_outer=lambda *words: None)
         self.started: list[_EngineHandle] = []
 
     def take_late_errors(self) -> list[BaseException]:

@@ -713,6 +713,68 @@ def mode_nap(p: int, rank: int) -> None:
     print(f"rank {rank}: NAP {'OK' if ok else 'FAILED'} waiting cpu={share:.1%}", flush=True)
 
 
+def mode_outer(p: int, rank: int) -> None:
+    """A waiter that asks for the lane's outer words (a node service's arena thread,
+    ``Handle.drive(span, outer=True)``) is back, its op not ended, as soon as their sum
+    moves from the word it is compared with or the flag word is set; one that does not
+    ask, or whose words did not move, drives for its whole span.  The op then ends,
+    exact.  Rank 1 comes 0.4 s late, so the op is in flight all along on rank 0."""
+    loop = tr.default_service().loop
+    assert loop.lane is not None, "the lane is off"
+    words = np.zeros(6, np.int64)  # "tails" at 0 and 2 (16 bytes apart); the sum seen at 4;
+    at = words.ctypes.data  # the flag at 5
+    loop.watch_outer(at, 16, 2, at + 32, at + 40)
+    big = np.ones((1 << 20) // 4, np.float32)
+    tr.allreduce(np.ones(4, np.float32), name="outer.sync")
+    if rank != 0:
+        time.sleep(0.4)
+        ok = bool(np.all(tr.allreduce(big, name="outer.big") == p))
+        print(f"rank {rank}: OUTER {'OK' if ok else 'FAILED'}", flush=True)
+        return
+
+    def later(i: int, value: int) -> None:
+        time.sleep(0.01)
+        words[i] = value
+
+    def drive(span: float, outer: bool, move: tuple[int, int] | None = None) -> tuple[bool, float]:
+        t = threading.Thread(target=later, args=move) if move else None
+        t0 = time.perf_counter()
+        if t is not None:
+            t.start()
+        ended = h.drive(span, outer=outer)
+        took = time.perf_counter() - t0
+        if t is not None:
+            t.join()
+        return ended, took
+
+    h = tr.allreduce_async(big, name="outer.big")
+    still = drive(0.03, True)  # nothing moved: the whole span
+    words[4] = 5  # "seen" other than the tails' sum (0): moved at once
+    at_once = drive(0.2, True)
+    words[4] = 0
+    tail = drive(0.2, True, (2, 3))  # a "tail" moves after 10 ms
+    words[4] = 3  # the sum is seen again
+    flag = drive(0.2, True, (5, 1))  # the flag after 10 ms
+    words[5] = 0
+    words[0] = 7  # moved, but this waiter does not ask: the whole span
+    deaf = drive(0.03, False)
+    loop.watch_outer(0, 0, 0, 0, 0)
+    got = h.wait(timeout=30)
+    ok = (
+        not still[0] and still[1] >= 0.03
+        and not at_once[0] and at_once[1] < 0.1
+        and not tail[0] and 0.005 < tail[1] < 0.15
+        and not flag[0] and 0.005 < flag[1] < 0.15
+        and not deaf[0] and deaf[1] >= 0.03
+        and bool(np.all(got == p))
+    )  # fmt: skip
+    print(
+        f"rank {rank}: OUTER {'OK' if ok else 'FAILED'} still={still} at_once={at_once} "
+        f"tail={tail} flag={flag} deaf={deaf}",
+        flush=True,
+    )
+
+
 def mode_peer_error(p: int, rank: int) -> None:
     svc = tr.default_service()
     if rank == p - 1:
@@ -762,6 +824,7 @@ MODES = {
     "background": mode_background,
     "absent_peer": mode_absent_peer,
     "nap": mode_nap,
+    "outer": mode_outer,
     "large": mode_large,
     "kinds": mode_kinds,
     "crowd": mode_crowd,

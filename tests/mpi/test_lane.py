@@ -82,6 +82,11 @@ def test_lane_a_waiter_with_naps_sleeps_while_a_large_ops_peer_is_late(n: int) -
     lane_run(n, "nap")
 
 
+@sizes([2], "outer")
+def test_lane_a_waiter_that_watches_outer_words_is_back_when_they_move(n: int) -> None:
+    lane_run(n, "outer")
+
+
 @sizes([2], "crowd")
 def test_lane_large_receives_beyond_its_requests_wait_their_turn(n: int) -> None:
     lane_run(n, "crowd")

@@ -56,9 +56,12 @@ from ..transport import arena as A
 # ---------------------------------------------------------------- st: the pass's scalars
 #: on (no rank gone), slots, world size, nodes, the slot's first rank (node * slots),
 #: data bytes per slot, live entries, out-queue rows, slots to wake, descriptors taken,
-#: the first free entry, ops to start among the nodes, the least bytes of a segmented op
+#: the first free entry, ops to start among the nodes, the least bytes of a segmented op,
+#: the sum of the rings' tails the last pass saw, and a flag another thread sets when it
+#: leaves the arena thread work (the last two are the outer words of the services'
+#: lane: a drive among the nodes ends when either moves, ``ThinService``)
 (S_ON, S_SLOTS, S_SIZE, S_NODES, S_BASE_RANK, S_DATA, S_LIVE, S_NOUT, S_NSIG, S_TAKEN,
- S_FREE, S_NSTART, S_PIPE) = range(13)  # fmt: skip
+ S_FREE, S_NSTART, S_PIPE, S_TAILS, S_KICKED) = range(15)  # fmt: skip
 ST_WORDS = 16
 
 #: Ops the table holds at most (more wait in Python's tables).
@@ -429,6 +432,10 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
     st[S_NSTART] = 0
     _clear_wakes(st, wake)
     slots = st[S_SLOTS]
+    tails = 0  # what a drive among the nodes compares the tails with (S_TAILS)
+    for s in range(slots):
+        tails += mem[cw[s] + _C_TAIL]
+    st[S_TAILS] = tails
     taken = 0
     for s in range(slots):
         if incs[s] == 0:

@@ -77,8 +77,11 @@ log = logging.getLogger("totalreduce.daemon")
 
 #: How long the arena thread keeps looking after its last descriptor before it sleeps.
 SPIN_S = 50e-6
-#: With ops among the services in flight: how long it drives their engine at a time.
-DRIVE_S = 100e-6
+#: With ops among the services in flight: how long it drives their engine at a time.  A
+#: drive of a lane op ends sooner when a client writes its ring or another thread leaves
+#: this one work (the lane's outer words, :meth:`ThinService._watch_rings`): the span
+#: bounds what nothing signals (the stall looks; an op the lane does not run).
+DRIVE_S = 1e-3
 
 
 class ThinService(PassOps, Descriptors, AmongNodes, Answers):
@@ -137,6 +140,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         self._stop = threading.Event()
         if engine is not None:  # what the other services tell of their clients
             engine.loop.on_client_notice = self.client_notice
+            self._watch_rings(engine.loop)
         self._thread = threading.Thread(target=self._run, name="totalreduce-arena", daemon=True)
         self._thread.start()
 
@@ -197,7 +201,23 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         self._fast_shapes.clear()  # (views of the arena: its mapping may go now)
 
     def _kick(self) -> None:
+        self._fast.st[arena_pass.S_KICKED] = 1  # ends a drive among the nodes
         signal_eventfd(self.eventfd)
+
+    def _watch_rings(self, loop: Any) -> None:
+        """Make the rings' tails and the kick flag the outer words of the services'
+        lane: this thread's drive of an op among the nodes (``h.drive(..., outer=True)``)
+        ends as soon as a client submits (the tails' sum differs from the one the last
+        pass saw, ``S_TAILS``) or another thread leaves it work (``S_KICKED``), so what
+        they bring waits for no drive's span.  The arena and the table outlive the
+        engine's waits: only this thread asks for the words, and it ends first."""
+        base, st = self.arena.base, self._fast.st
+        at = base + self.arena.slot_start(0) + 8 * A.C_TAIL
+        stride = self.arena.slot_bytes if self.slots > 1 else 8
+        addr = st.ctypes.data
+        loop.watch_outer(
+            at, stride, self.slots, addr + 8 * arena_pass.S_TAILS, addr + 8 * arena_pass.S_KICKED
+        )
 
     # ------------------------------------------------------------------ the thread
 
@@ -205,8 +225,10 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         set_timer_slack()  # its naps in the lane (Config.nap_s) as short as asked
         header = self.arena.header
         last = time.perf_counter()
+        kicked = self._fast.st
         while not self._stop.is_set():
             try:
+                kicked[arena_pass.S_KICKED] = 0  # before the looks: a kick after them is seen
                 if self._fast_ended:
                     while self._fast_ended:
                         self._fast_ended.popleft()()
@@ -229,7 +251,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
                     # Ops among the services: this thread drives their engine, as a thread
                     # in wait() does (compiled passes for the lane's ops; the comm thread
                     # steps aside), DRIVE_S at a time between looks at the rings.
-                    h.drive(DRIVE_S)
+                    h.drive(DRIVE_S, outer=True)
                     last = time.perf_counter()  # (an op may have ended: spin from here)
                     continue
                 if time.perf_counter() - last < SPIN_S:

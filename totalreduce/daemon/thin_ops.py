@@ -106,7 +106,7 @@ class _Ended:
     def done(self) -> bool:
         return True
 
-    def drive(self, span: float) -> bool:
+    def drive(self, span: float, outer: bool = False) -> bool:
         return True  # nothing to drive: the arena thread looks at its next op
 
 
@@ -243,9 +243,9 @@ class _Segments:
     def exception(self) -> BaseException | None:
         return self._error if self._left == 0 else None
 
-    def drive(self, span: float) -> bool:
+    def drive(self, span: float, outer: bool = False) -> bool:
         h = next((h for h in self.handles if not h.done()), None)
-        return True if h is None else bool(h.drive(span))
+        return True if h is None else bool(h.drive(span, outer))
 
     def abort(self, reason: str, mismatch: bool) -> None:
         """Fail it, here and on every service: what runs, and what has not started."""

@@ -76,8 +76,8 @@ class DriveHooks:
     mark_needed: Callable[[OpSpec], None]
     _stopped_by: Callable[[Exception], None]
     _lane_spin: Callable[[float], bool]
-    _lane_try: Callable[[LaneOp, Waitable, float], bool]
-    _lane_progress: Callable[[LaneOp, Waitable, float | None, float], bool | None]
+    _lane_try: Callable[[LaneOp, Waitable, float, bool], bool]
+    _lane_progress: Callable[[LaneOp, Waitable, float | None, float, bool], bool | None]
 
     def _sleep(self, delay: float, done: Waitable) -> None:
         """Sleep up to ``delay`` unless ``done`` is set."""
@@ -189,12 +189,16 @@ class DriveHooks:
         spec: OpSpec | None,
         follow: Callable[[], OpSpec | None] | None = None,
         tried: bool = False,
+        outer: bool = False,
     ) -> bool:
         """Drive the loop from a waiting thread until ``done`` is set; False on timeout.
         ``follow`` gives the op the waiter's handle stands for now, when that changes
         (an all-gather's data op after its sizes): a lane op is then waited for in
         compiled passes too.  ``tried``: the caller has just made the first try on the op
-        (``_lane_try``; ``Handle.wait`` on the express path), which is not made again."""
+        (``_lane_try``; ``Handle.wait`` on the express path), which is not made again.
+        ``outer``: a lane op's compiled passes also end (False, before ``timeout``) as
+        soon as the lane's outer words move (``Lane.watch_outer``: a node service's
+        arena thread, back at its clients' rings when one writes there)."""
         if self._owner == threading.get_ident():
             raise TotalReduceError(
                 "wait() inside a completion callback would block the loop that completes it; "
@@ -210,12 +214,15 @@ class DriveHooks:
         if spec is not None:
             lop = None if lane is None else lane.by_key.get((spec.wire_id, spec.generation))
             if lop is not None and lop.spec is spec:  # the waiter's compiled passes mark it
+                lane.outer_moved = False  # type: ignore[union-attr]
                 if not tried and self._lane_try(
-                    lop, done, 2e-4 if timeout is None else min(2e-4, timeout)
+                    lop, done, 2e-4 if timeout is None else min(2e-4, timeout), outer
                 ):
                     return True
+                if outer and lane.outer_moved:  # type: ignore[union-attr]
+                    return done.is_set()
                 with _Waiting(self):
-                    ended = self._lane_progress(lop, done, deadline, self._wait_spin)
+                    ended = self._lane_progress(lop, done, deadline, self._wait_spin, outer)
                 if ended is not None:
                     return ended
                 # Its op ended, the handle waits for one chained after it: the general way.
@@ -228,7 +235,9 @@ class DriveHooks:
                 if lane is not None and spec is not None:
                     lop = lane.by_key.get((spec.wire_id, spec.generation))
                     if lop is not None and lop.spec is spec:
-                        ended = self._lane_progress(lop, done, deadline, self._wait_spin)
+                        ended = self._lane_progress(
+                            lop, done, deadline, self._wait_spin, outer
+                        )
                         if ended is not None:
                             return ended
                         continue

@@ -273,6 +273,9 @@ class Lane(LanePlans, LaneGrowth):
         self._plain_addrs = np.zeros(4, dtype=np.int64)
         #: After :meth:`enter`: whether ops ended or events wait for Python.
         self.pending = False
+        #: After :meth:`wait` or :meth:`wait_own` with ``outer``: whether it returned
+        #: because the outer words moved (:meth:`watch_outer`), its op not ended.
+        self.outer_moved = False
         #: Scratch and input copies of large ops, by size, for the next op of that size.
         self._pool = BufferPool(_POOLED_MAX, _POOLED_PER_SIZE)
         self._take = self._pool.take
@@ -344,7 +347,9 @@ class Lane(LanePlans, LaneGrowth):
         )
         if slot < 0:
             return -1, 0, 0
-        return slot, seq, core.lane_drive(mem, prog, arena, b, slot, seq, _NOW_NS, spin_ns, 1)
+        return slot, seq, core.lane_drive(
+            mem, prog, arena, b, slot, seq, _NOW_NS, spin_ns, core.DRIVE_TAKE
+        )
 
     def adopt(self, spec: OpSpec, slot: int, seq: int) -> LaneOp:
         """The lane op of what :meth:`now` entered and did not end."""
@@ -438,25 +443,43 @@ class Lane(LanePlans, LaneGrowth):
         """One compiled pass (receive, send, return credit)."""
         return int(core.lane_pass(self.mem, self.prog, self.arena, self.b, 64))
 
-    def wait(self, lop: LaneOp, max_s: float, spin_s: float) -> bool:
-        """Drive passes until ``lop`` ended or something needs Python; True if it ended."""
-        return bool(
-            core.lane_drive(
-                self.mem, self.prog, self.arena, self.b, lop.slot, lop.seq,
-                int(max_s * 1e9), int(spin_s * 1e9), 0,
-            )
-        )  # fmt: skip
+    def watch_outer(self, at: int, stride: int, n: int, seen: int, flag: int) -> None:
+        """Words outside the lane that end a waiter's drive when they move (a waiter that
+        asks: :meth:`wait`'s ``outer``): the sum of ``n`` int64 words ``stride`` bytes
+        apart from address ``at`` differs from the int64 at address ``seen``, or the
+        int64 at address ``flag`` is not 0.  A node service's arena thread drives its
+        ops among the nodes so, and is back at its clients' rings as soon as one writes
+        there.  The memory must outlive every such wait; ``n`` 0 watches nothing."""
+        if n < 0 or (n > 0 and not (at and seen and flag and stride > 0)):
+            raise ValueError(f"outer words: at={at} stride={stride} n={n} seen={seen} flag={flag}")
+        mem = self.mem
+        mem[L.C_OUTER_AT], mem[L.C_OUTER_STRIDE] = at, stride
+        mem[L.C_OUTER_SEEN], mem[L.C_OUTER_FLAG] = seen, flag
+        mem[L.C_OUTER_N] = n
 
-    def wait_own(self, lop: LaneOp, max_ns: int, spin_ns: int) -> bool:
+    def wait(self, lop: LaneOp, max_s: float, spin_s: float, outer: bool = False) -> bool:
+        """Drive passes until ``lop`` ended or something needs Python; True if it ended.
+        ``outer``: also until the outer words moved (:attr:`outer_moved` says so)."""
+        r = core.lane_drive(
+            self.mem, self.prog, self.arena, self.b, lop.slot, lop.seq,
+            int(max_s * 1e9), int(spin_s * 1e9), core.DRIVE_OUTER if outer else 0,
+        )  # fmt: skip
+        self.outer_moved = r == core.OUTER
+        return r == 1
+
+    def wait_own(self, lop: LaneOp, max_ns: int, spin_ns: int, outer: bool = False) -> bool:
         """:meth:`wait`, then the op taken out (``lane_core.lane_own``), in one compiled
         call: True when ``lop`` ended well as the one op done (it left the table then);
         False, nothing taken, when it did not end, or something else waits for Python."""
         slot = lop.slot
+        self.outer_moved = False
         if self.ops.get(slot) is not lop:
             return False
+        take = core.DRIVE_TAKE | (core.DRIVE_OUTER if outer else 0)
         r = core.lane_drive(
-            self.mem, self.prog, self.arena, self.b, slot, lop.seq, max_ns, spin_ns, 1
+            self.mem, self.prog, self.arena, self.b, slot, lop.seq, max_ns, spin_ns, take
         )
+        self.outer_moved = r == core.OUTER
         if r != 2:
             return False
         del self.ops[slot]

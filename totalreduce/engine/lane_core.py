@@ -31,6 +31,7 @@ from __future__ import annotations
 from numba import njit
 
 from ..native.intrinsics import (
+    atomic_load_i64,
     cpu_relax,
 )
 from ..native.libc import futex_wait, now_ns, yield_cpu
@@ -180,6 +181,12 @@ _POLLS_BEFORE_YIELD = 64
 #: spans, a node service's arena thread, is not back to spinning at each).
 _NAP_MIN_BYTES = 256 << 10
 _NAP_AFTER_NS = 50_000
+#: lane_drive's ``take``: bits.  DRIVE_TAKE: a waiter's first try (the op is taken out
+#: when it ends well, 2); DRIVE_OUTER: return OUTER once the outer words moved.
+DRIVE_TAKE = 1
+DRIVE_OUTER = 2
+#: What lane_drive returns when the outer words moved (the waiter's op goes on).
+OUTER = 3
 
 
 @njit(nogil=True, cache=True)
@@ -209,26 +216,43 @@ def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, take):  # type: 
     on (what ``mark_needed`` does for the main loop's ops).  ``slot < 0``, the comm
     thread's while the lane alone has work: until something needs Python (1: an op ended,
     an event, the main loop's message, ``C_KICK``), or nothing is left in flight (0).
-    With ``take`` (a waiter's first try), 2 when the op ended and :func:`lane_own` took it,
-    and 0 at once while a message of the main loop waits.
+    With ``take & DRIVE_TAKE`` (a waiter's first try), 2 when the op ended and
+    :func:`lane_own` took it, and 0 at once while a message of the main loop waits.  With
+    ``take & DRIVE_OUTER``, OUTER (3) as soon as the outer words moved (``C_OUTER_*``:
+    the caller has work outside the lane; its op goes on, not ended).
     One entry point for both: each entry point links and optimizes the whole pass again
     when it is first compiled."""
     if slot < 0:
-        return _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns)
-    if take != 0 and mem[C_CTL_WAITING] > 0:
+        return _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, 0)
+    first = take & DRIVE_TAKE
+    if first != 0 and mem[C_CTL_WAITING] > 0:
         return 0  # a first try, with the main loop's message waiting: the whole way takes it
     mem[C_WATCH] = slot
     mem[C_WATCHSEQ] = seq
-    r = _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns)
+    outer = mem[C_OUTER_N] if take & DRIVE_OUTER else 0
+    r = _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, outer)
     mem[C_WATCH] = -1
-    if r == 1 and take != 0 and lane_own(mem, slot):
+    if r == 1 and first != 0 and lane_own(mem, slot):
         return 2
     return r
 
 
 @njit(nogil=True, cache=True)
-def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-untyped-def]
-    """lane_drive's loop."""
+def _outer_moved(mem, n):  # type: ignore[no-untyped-def]
+    """Whether the ``n`` outer words moved (see ``C_OUTER_AT``)."""
+    if atomic_load_i64(mem[C_OUTER_FLAG]) != 0:
+        return True
+    at = mem[C_OUTER_AT]
+    stride = mem[C_OUTER_STRIDE]
+    total = 0
+    for i in range(n):
+        total += atomic_load_i64(at + i * stride)
+    return total != atomic_load_i64(mem[C_OUTER_SEEN])
+
+
+@njit(nogil=True, cache=True)
+def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, outer):  # type: ignore[no-untyped-def]
+    """lane_drive's loop (``outer``: how many outer words to watch, 0: none)."""
     t0 = now_ns()
     last = t0
     idle = 0
@@ -255,6 +279,8 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns):  # type: ignore[no-
                 return 1
             if needs:
                 return 0
+            if outer > 0 and _outer_moved(mem, outer):
+                return OUTER
         else:
             if needs or mem[C_NDONE] > 0:
                 return 1

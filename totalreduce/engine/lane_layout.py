@@ -109,7 +109,17 @@ C_SBNEXT = 86  # where the search for a free send buffer starts (see lane_tables
 C_NAP_NS = 87  # Config.nap_s: a waiter's sleep between polls on a large op (0: it yields)
 C_NAP_WORD = 88  # always 0: the word those sleeps wait on (a futex with a timeout)
 C_MOVED_NS = 89  # now_ns() of the last pass of lane_drive that moved something
-C_LEN = 90
+# Outer words (Lane.watch_outer): a waiter that asks (lane_drive's DRIVE_OUTER) returns
+# OUTER as soon as the sum of C_OUTER_N int64 words, C_OUTER_STRIDE bytes apart from the
+# address C_OUTER_AT, differs from the word at address C_OUTER_SEEN, or the word at
+# address C_OUTER_FLAG is not 0 (a node service's arena thread: a client submitted, or
+# another thread handed it work).  C_OUTER_N 0: none.
+C_OUTER_AT = 90
+C_OUTER_STRIDE = 91
+C_OUTER_N = 92
+C_OUTER_SEEN = 93
+C_OUTER_FLAG = 94
+C_LEN = 95
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0

@@ -378,11 +378,12 @@ class LaneHooks:
             lane.grow()
         self._lane_drain()
 
-    def _lane_try(self, lop: LaneOp, done: Waitable, span: float) -> bool:
+    def _lane_try(self, lop: LaneOp, done: Waitable, span: float, outer: bool = False) -> bool:
         """``wait()``'s first try on a lane op: compiled passes for up to ``span`` s, then
         its completion, without the waiter's bookkeeping (most small ops end within
         it); False when it did not end, or the lock or the main loop's work stood in
-        the way (the caller then waits the whole way)."""
+        the way (the caller then waits the whole way).  ``outer``: until the lane's outer
+        words moved, too (``Lane.watch_outer``; ``lane.outer_moved`` says so)."""
         if not self.lock.acquire(blocking=False):
             return False
         self._owner = _get_ident()  # type: ignore[attr-defined]
@@ -399,7 +400,7 @@ class LaneHooks:
                 return False
             lane = self.lane
             assert lane is not None
-            if lane.wait_own(lop, int(span * 1e9), self._wait_spin_ns):  # type: ignore[attr-defined]
+            if lane.wait_own(lop, int(span * 1e9), self._wait_spin_ns, outer):  # type: ignore[attr-defined]
                 self._lane_ok(lop)  # its op alone ended, well: no drain of the whole lane
             else:
                 self._lane_settle()
@@ -411,12 +412,14 @@ class LaneHooks:
         return done.is_set()
 
     def _lane_progress(
-        self, lop: LaneOp, done: Waitable, deadline: float | None, spin_s: float
-    ) -> bool | None:
+        self, lop: LaneOp, done: Waitable, deadline: float | None, spin_s: float,
+        outer: bool = False,
+    ) -> bool | None:  # fmt: skip
         """``wait()`` on a lane op: compiled passes, the main loop's only when it has work.
         None when the op ended and ``done`` is still not set: the handle waits for an op
         chained after it (an all-gather's data after its sizes), which the caller then
-        waits for the general way."""
+        waits for the general way.  ``outer``: back (False) as soon as the lane's outer
+        words moved (``Lane.watch_outer``), the op not ended."""
         lane = self.lane
         assert lane is not None
         last = time.perf_counter()
@@ -443,7 +446,10 @@ class LaneHooks:
                     if deadline is not None:
                         span = min(span, max(0.0, deadline - now))
                     moves = lane.mem[L.C_PROGRESS]
-                    ended = lane.wait(lop, span, spin_s)
+                    ended = lane.wait(lop, span, spin_s, outer)
+                    if outer and lane.outer_moved:
+                        self._lane_settle()
+                        return done.is_set()
                     if ended or lane.mem[L.C_PROGRESS] != moves:
                         last = time.perf_counter()
                         delay = 0.0

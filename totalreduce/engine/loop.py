@@ -140,6 +140,8 @@ class CommLoop(
         self.t = transport
         #: The compiled lane for the allreduces it runs (``attach_lane``), or None.
         self.lane: Lane | None = None
+        #: The lane's outer words (:meth:`watch_outer`), for a lane attached later.
+        self._outer: tuple[int, int, int, int, int] | None = None
         # Small reductions run right here (through the kernels the service hands
         # in), sparing two thread hand-offs; big ones go to the reducer thread.
         self._execute = execute
@@ -221,7 +223,16 @@ class CommLoop(
     def attach_lane(self, lane: Lane) -> None:
         """Run the ops the compiled lane can run there (before any op is submitted)."""
         lane.naps(self.cfg.nap_s)
+        if self._outer is not None:
+            lane.watch_outer(*self._outer)
         self.lane = lane
+
+    def watch_outer(self, at: int, stride: int, n: int, seen: int, flag: int) -> None:
+        """The lane's outer words (``Lane.watch_outer``), for its waiters that ask
+        (``progress(outer=True)``); kept for a lane attached later."""
+        self._outer = (at, stride, n, seen, flag)
+        if self.lane is not None:
+            self.lane.watch_outer(at, stride, n, seen, flag)
 
     def submit(self, spec: OpSpec) -> None:
         """Queue an op (any thread); with the lane, enter it now if no pass is running."""

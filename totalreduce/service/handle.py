@@ -384,16 +384,18 @@ class Handle:
         """The op's error once done, else None."""
         return self._error
 
-    def drive(self, span: float) -> bool:
+    def drive(self, span: float, outer: bool = False) -> bool:
         """Progress the engine for up to ``span`` seconds as ``wait()`` does, without
         raising when the time is up; True once the op has ended.  A node's service drives
-        its ops among the services so, between looks at its clients' rings."""
+        its ops among the services so, between looks at its clients' rings; with
+        ``outer``, a lane op's drive ends early once the lane's outer words move (a
+        client submitted: ``Lane.watch_outer``)."""
         if self._event.is_set():
             return True
         loop = self._loop
         if loop is None:
             return False
-        return loop.progress(self._event, span, self._spec, self._spec_now)
+        return loop.progress(self._event, span, self._spec, self._spec_now, outer=outer)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the op completes; return its result."""
