@@ -28,7 +28,7 @@ from .lane_layout import C_INFLIGHT as L_INFLIGHT
 from .payload import OpKey, OpSpec, Payload
 
 if TYPE_CHECKING:
-    from .lane import Lane, LaneOp
+    from .lane import Lane
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -76,8 +76,8 @@ class DriveHooks:
     mark_needed: Callable[[OpSpec], None]
     _stopped_by: Callable[[Exception], None]
     _lane_spin: Callable[[float], bool]
-    _lane_try: Callable[[LaneOp, Waitable, float, bool], bool]
-    _lane_progress: Callable[[LaneOp, Waitable, float | None, float, bool], bool | None]
+    _lane_try: Callable[..., bool]  # (lop, done, span, outer=False)
+    _lane_progress: Callable[..., bool | None]  # (lop, done, deadline, spin_s, outer=False)
 
     def _sleep(self, delay: float, done: Waitable) -> None:
         """Sleep up to ``delay`` unless ``done`` is set."""
@@ -235,9 +235,7 @@ class DriveHooks:
                 if lane is not None and spec is not None:
                     lop = lane.by_key.get((spec.wire_id, spec.generation))
                     if lop is not None and lop.spec is spec:
-                        ended = self._lane_progress(
-                            lop, done, deadline, self._wait_spin, outer
-                        )
+                        ended = self._lane_progress(lop, done, deadline, self._wait_spin, outer)
                         if ended is not None:
                             return ended
                         continue

@@ -347,8 +347,10 @@ class Lane(LanePlans, LaneGrowth):
         )
         if slot < 0:
             return -1, 0, 0
-        return slot, seq, core.lane_drive(
-            mem, prog, arena, b, slot, seq, _NOW_NS, spin_ns, core.DRIVE_TAKE
+        return (
+            slot,
+            seq,
+            core.lane_drive(mem, prog, arena, b, slot, seq, _NOW_NS, spin_ns, core.DRIVE_TAKE),
         )
 
     def adopt(self, spec: OpSpec, slot: int, seq: int) -> LaneOp:
