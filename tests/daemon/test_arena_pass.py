@@ -573,12 +573,18 @@ def test_on_two_nodes_the_rings_tails_and_the_kick_are_the_lanes_outer_words(
             assert at + k * stride == arena.base + arena.slot_start(k) + 8 * A.C_TAIL
         tails = lambda: sum(_word(at + k * stride) for k in range(n))  # noqa: E731
         assert tails() == 0
+        # Another thread's kick sets the flag (the arena thread, asleep on its eventfd,
+        # is not woken here: it clears the flag when its sleep times out, within 0.5 s).
+        _wait_for(lambda: svc.arena.header[A.H_SERVICE_SLEEPING] == 1)
+        with monkeypatch.context() as quiet:
+            quiet.setattr("totalreduce.daemon.thin.signal_eventfd", lambda fd: None)
+            svc._kick()
+            assert _word(flag) == 1
+        _wait_for(lambda: _word(flag) == 0)
         hs = [node.submit(k, OpKind.ALLREDUCE, "w", np.ones(2, np.int64)) for k in range(2)]
         _wait_for(lambda: len(engine.started) == 1)
         assert tails() == 2
         _wait_for(lambda: _word(seen) == 2)  # the pass saw both
-        svc._kick()  # as another thread hands it work
-        _wait_for(lambda: _word(flag) == 0)  # the arena thread looked, and cleared it
         engine.started[0].end()
         assert all(h.wait(30).tolist() == [2, 2] for h in hs)
     finally:

@@ -211,13 +211,10 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         pass saw, ``S_TAILS``) or another thread leaves it work (``S_KICKED``), so what
         they bring waits for no drive's span.  The arena and the table outlive the
         engine's waits: only this thread asks for the words, and it ends first."""
-        base, st = self.arena.base, self._fast.st
-        at = base + self.arena.slot_start(0) + 8 * A.C_TAIL
-        stride = self.arena.slot_bytes if self.slots > 1 else 8
-        addr = st.ctypes.data
-        loop.watch_outer(
-            at, stride, self.slots, addr + 8 * arena_pass.S_TAILS, addr + 8 * arena_pass.S_KICKED
-        )
+        arena, addr = self.arena, self._fast.st.ctypes.data
+        at = arena.base + arena.slot_start(0) + 8 * A.C_TAIL
+        seen, flag = addr + 8 * arena_pass.S_TAILS, addr + 8 * arena_pass.S_KICKED
+        loop.watch_outer(at, arena.slot_bytes, self.slots, seen, flag)
 
     # ------------------------------------------------------------------ the thread
 

@@ -474,7 +474,6 @@ class Lane(LanePlans, LaneGrowth):
         call: True when ``lop`` ended well as the one op done (it left the table then);
         False, nothing taken, when it did not end, or something else waits for Python."""
         slot = lop.slot
-        self.outer_moved = False
         if self.ops.get(slot) is not lop:
             return False
         take = core.DRIVE_TAKE | (core.DRIVE_OUTER if outer else 0)
