@@ -53,6 +53,15 @@ Modes:
   large op is exact; an urgent 1 MiB op submitted just after a 16 MiB one (the last rank
   0.2 s after the others) finishes first on every rank: its bodies overtake the queued
   ones.  No body request is left posted.
+- ``early``, ``early_small``: rank 0 submits late what the other ranks submitted at once
+  (96 allreduces of 2 MiB in eager bodies of 1 MiB; 4,000 of 32 KiB, frames coalesced):
+  rank 0's lane holds at most its share of ``floating_pool_bytes`` for them meanwhile,
+  and its resident memory grows by less than the pool; then every op is exact.
+- ``hostile``: the last rank writes the lane's messages itself: 20,000 announcements of
+  ops nobody submits (kept up to the table's size, charged), credited frames beyond the
+  credit (refused: a ``FrameError`` naming it on rank 0, which frees what it held), then a
+  flood after it was marked bad (dropped); rank 0's resident memory stays within the pool
+  throughout, and the other ranks go on among themselves.
 """
 
 from __future__ import annotations
@@ -790,6 +799,142 @@ def mode_peer_error(p: int, rank: int) -> None:
     print(f"rank {rank}: PEER_ERROR {'OK' if ok else 'FAILED'} {text!r}", flush=True)
 
 
+MIB = 1 << 20
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _early(p: int, rank: int, tag: str, n_ops: int, count: int) -> None:
+    """Rank 0 submits (in reverse) 1.5 s after the others submitted everything."""
+    from mpi4py import MPI
+
+    pool = tr.default_service().config.floating_pool_bytes
+    xs = [np.full(count, k + rank, np.float64) for k in range(n_ops)]
+    lane = tr.default_service().loop.lane
+    MPI.COMM_WORLD.Barrier()
+    held = grew = 0
+    if rank != 0:
+        hs = [tr.allreduce_async(xs[k], name=f"{tag}{k}") for k in range(n_ops)]
+        got = [h.wait(timeout=120) for h in hs]
+    else:
+        rss0 = _rss()
+        time.sleep(1.5)
+        grew = _rss() - rss0
+        held = lane.floating_bytes
+        order = {k: tr.allreduce_async(xs[k], name=f"{tag}{k}") for k in reversed(range(n_ops))}
+        got = [order[k].wait(timeout=120) for k in range(n_ops)]
+    base = p * (p - 1) / 2
+    ok = all(np.array_equal(got[k], np.full(count, p * k + base)) for k in range(n_ops))
+    if rank == 0:
+        st = lane.stats()
+        ok = ok and 0 < held <= lane.pool_bytes and lane.floating_peak_bytes <= lane.pool_bytes
+        ok = ok and grew < pool
+        print(
+            f"rank 0: {tag} held {held / MIB:.1f} MiB (the lane's share "
+            f"{lane.pool_bytes / MIB:.0f} MiB), RSS +{grew / MIB:.1f} MiB (pool "
+            f"{pool / MIB:.0f} MiB) {st}",
+            flush=True,
+        )
+    print(f"rank {rank}: {tag.upper()} {'OK' if ok else 'FAILED'}", flush=True)
+
+
+def mode_early(p: int, rank: int) -> None:
+    _early(p, rank, "early", 96, 256 << 10)  # 2 MiB each, in eager bodies of 1 MiB
+
+
+def mode_early_small(p: int, rank: int) -> None:
+    _early(p, rank, "early_small", 4000, 4 << 10)  # 32 KiB each, frames coalesced
+
+
+def mode_hostile(p: int, rank: int) -> None:
+    """The last rank sends rank 0's lane raw messages (see the module docstring)."""
+    import struct
+
+    from mpi4py import MPI
+
+    from totalreduce.engine.lane import LANE_TAG
+    from totalreduce.engine.wire import wire_id
+    from totalreduce.transport import mpi_native
+
+    svc = tr.default_service()
+    lane = svc.loop.lane
+    pool = svc.config.floating_pool_bytes
+    rogue = p - 1
+    msg = struct.Struct("<IBBHiIq")
+    frm = struct.Struct("<BBBBBBHIIIIqqqqqq")
+
+    def frame(ftype: int, name: str, nbytes: int, credited: bool) -> bytes:
+        wid = wire_id(name)
+        wid = wid - (1 << 64) if wid >= 1 << 63 else wid
+        flags = L.FLAG_CREDIT if credited else 0
+        head = frm.pack(ftype, 11, 0, 1, 0, flags, 0, 0, 0, 0, 0, wid, 0, nbytes,
+                        max(1, nbytes // 8), 0, 0)  # fmt: skip
+        return head + (bytes(nbytes) if ftype == L.F_DATA else b"")
+
+    b = svc.transport.native_binding()
+    req = mpi_native.request_array(b, 1)
+
+    def send(frames: list[bytes]) -> None:
+        head = msg.pack(L.LANE_MAGIC, L.LANE_VERSION, 0, len(frames), rank, 0, 0)
+        raw = np.frombuffer(head + b"".join(frames), dtype=np.uint8).copy()
+        assert mpi_native.mpi_isend(b, raw.ctypes.data, raw.nbytes, 0, LANE_TAG,
+                                    req.ctypes.data) == 0  # fmt: skip
+        while mpi_native.mpi_test(b, req.ctypes.data, 0) == 0:
+            time.sleep(0.0001)
+
+    def announcements() -> None:
+        for j in range(0, 20_000, 500):
+            send([frame(L.F_RTS, f"ann.{k}", 0, False) for k in range(j, j + 500)])
+
+    def credited() -> None:
+        for k in range(lane.stats()["credit"] + 2000):
+            send([frame(L.F_DATA, f"cr.{k}", 64 << 10, True)])
+
+    def after_bad() -> None:
+        for k in range(1000):
+            send([frame(L.F_DATA, f"bad.{k}", 64 << 10, True),
+                  frame(L.F_RTS, f"bad.ann.{k}", 0, False)])  # fmt: skip
+
+    figures = []
+    ok = True
+    for what, act in (("announcements", announcements), ("credited", credited),
+                      ("after bad", after_bad)):  # fmt: skip
+        MPI.COMM_WORLD.Barrier()
+        rss0 = _rss()
+        if rank == rogue:
+            act()
+        MPI.COMM_WORLD.Barrier()
+        time.sleep(0.3)  # rank 0's lane takes the last messages
+        if rank == 0:
+            grew = _rss() - rss0
+            st = lane.stats()
+            bad = rogue in svc.loop.bad_peers
+            figures.append(
+                f"{what}: RSS +{grew / MIB:.1f} MiB, held {lane.floating_bytes} B, peak "
+                f"{lane.floating_peak_bytes} B, announcements {st['announcements']}, bad {bad}"
+            )
+            ok = ok and grew < pool and lane.floating_peak_bytes <= lane.pool_bytes
+            if what == "announcements":
+                ok = ok and not bad and st["announcements"] == int(lane.mem[L.C_ANNCAP])
+            else:
+                ok = ok and bad and lane.floating_bytes == 0
+                ok = ok and isinstance(svc.loop.bad_peers[rogue], tr.FrameError)
+    # The others go on among themselves.
+    if rank != rogue:
+        honest = tr.Group(list(range(p - 1)))
+        got = tr.allreduce(np.full(5, 1.0 + rank), group=honest, name="honest")
+        ok = ok and np.array_equal(got, np.full(5, sum(1.0 + r for r in range(p - 1))))
+    if rank == 0:
+        print("rank 0: hostile " + "; ".join(figures), flush=True)
+    print(f"rank {rank}: HOSTILE {'OK' if ok else 'FAILED'}", flush=True)
+
+
 def engine(mode: str) -> None:
     """Start an engine with the options ``mode`` needs, run it, shut the engine down."""
     import totalreduce.engine.lane as lane_module
@@ -797,6 +942,10 @@ def engine(mode: str) -> None:
     opts: dict[str, float] = {"stall_warning_s": 30}
     if mode == "credit":
         opts["floating_pool_bytes"] = 16 * (16 << 10)
+    if mode in ("early", "early_small", "hostile"):
+        opts["floating_pool_bytes"] = 32 << 20
+    if mode == "early":
+        opts["micro_bytes"] = 1 << 20
     if mode == "stall":
         opts["stall_shutdown_s"] = 1
     if mode == "nap":
@@ -828,6 +977,9 @@ MODES = {
     "large": mode_large,
     "kinds": mode_kinds,
     "crowd": mode_crowd,
+    "early": mode_early,
+    "early_small": mode_early_small,
+    "hostile": mode_hostile,
 }
 
 

@@ -120,3 +120,18 @@ def test_lane_ops_progress_on_the_comm_thread_without_the_interpreter_lock(n: in
 @sizes([2], "absent_peer")
 def test_lane_op_waiting_for_a_late_peer_costs_little_cpu(n: int) -> None:
     lane_run(n, "absent_peer")
+
+
+@sizes([2, 4], "early")
+def test_lane_early_ops_of_other_ranks_stay_within_the_pool(n: int) -> None:
+    lane_run(n, "early")
+
+
+@sizes([2], "early_small")
+def test_lane_early_small_ops_coalesced_stay_within_the_pool(n: int) -> None:
+    lane_run(n, "early_small")
+
+
+@sizes([2, 3], "hostile")
+def test_lane_a_hostile_peer_is_refused_and_the_receiver_stays_within_the_pool(n: int) -> None:
+    lane_run(n, "hostile")

@@ -149,16 +149,23 @@ class Lane(LanePlans, LaneGrowth):
         while hcap < 2 * nops:
             hcap *= 2
         slot_bytes = L.FRAME_SIZE + ((micro_bytes + 7) & ~7)
-        # The pool: its credited half holds early frames (within floating_pool_bytes, at
-        # most 2048 slots to start with); bodies of submitted ops waiting for their turn
-        # take the rest, and a pool that runs out grows.
-        nslots = max(16, min(2048, pool_bytes // slot_bytes))
+        peers = max(1, world - 1)
+        # What peers may make this rank hold for ops it has not submitted, within
+        # ``pool_bytes`` whatever they send: credited frames, at most half of it (and at
+        # most 1024 slots), shared equally (0 credit: every early frame is announced);
+        # announcements, a quarter of it at ANN_CHARGE each (and at most a quarter of
+        # the floating hash).  The pool's other slots stage bodies of submitted ops
+        # waiting for their turn; the pool grows only for those (``Lane.grow``).
+        credit = min(1024, pool_bytes // 2 // slot_bytes) // peers
+        nslots = max(16, credit * peers + 16, min(2048, pool_bytes // slot_bytes))
+        self.pool_bytes = pool_bytes
         outcap = L.MSG_SIZE + 4 * slot_bytes
         evcap = 1024
         stkcap = 1 << 17
         failcap = 4096
         rqcap = 1 << 16
         breqcap = max(4, body_requests or LANE_BODY_REQUESTS)
+        anncap = max(0, min(hcap // 4, pool_bytes // 4 // L.ANN_CHARGE))
         pqcap = 1 << 16
         sizes = [
             ("ops", nops * L.O_N),
@@ -182,6 +189,8 @@ class Lane(LanePlans, LaneGrowth):
             ("pq", pqcap * 3),
             ("aq", LANE_ABANDONS * 2),
             ("defer", stkcap * 2),
+            ("ann", anncap * L.A_N),
+            ("annfree", anncap),
         ]
         off = L.C_LEN
         at = {}
@@ -197,7 +206,10 @@ class Lane(LanePlans, LaneGrowth):
         mem[L.C_SLOT] = slot_bytes
         mem[L.C_OUTCAP] = outcap
         mem[L.C_NSB] = nsb
-        mem[L.C_CREDIT] = max(4, nslots // (2 * max(1, world - 1)))
+        mem[L.C_CREDIT] = credit
+        mem[L.C_ANN] = at["ann"]
+        mem[L.C_ANNCAP] = anncap
+        mem[L.C_ANNFREE] = at["annfree"]
         mem[L.C_MICRO] = micro_bytes
         mem[L.C_TAG] = LANE_TAG
         mem[L.C_SEGCAP] = SEGCAP
@@ -245,8 +257,8 @@ class Lane(LanePlans, LaneGrowth):
             mem[at["peers"] + peer * L.P_N + L.P_CREDIT] = mem[L.C_CREDIT]
             mem[at["peers"] + peer * L.P_N + L.P_OUTSB] = -1
         # The arena: requests and status first, then send buffers (a peer's outbox is
-        # written in one), landing, event frames, and the pool's slots last (so the pool
-        # can grow in place).
+        # written in one), landing, event frames.  The pool's slots are an array of their
+        # own (``C_POOL``): growing it never moves what MPI may read.
         a = 0
         mem[L.C_A_REQ] = a
         a += nsb * 8
@@ -260,12 +272,11 @@ class Lane(LanePlans, LaneGrowth):
         a += outcap
         mem[L.C_A_EVB] = a
         a += evcap * L.FRAME_SIZE
-        a = (a + 63) & ~63
-        mem[L.C_A_SLOTS] = a
-        a += nslots * slot_bytes
+        mem[L.C_A_SLOTS] = -1  # (the pool's slots: C_POOL)
         self.mem = mem
         self.arena = np.zeros(a, dtype=np.uint8)
-        self._old_arenas: list[np.ndarray] = []  # sends may still read them
+        self.pool = np.zeros(nslots * slot_bytes, dtype=np.uint8)
+        mem[L.C_POOL] = self.pool.ctypes.data
         self.ops: dict[int, LaneOp] = {}  # slot -> op
         self.by_key: dict[tuple[int, int], LaneOp] = {}
         self._fields = np.zeros(16, dtype=np.int64)
@@ -600,6 +611,21 @@ class Lane(LanePlans, LaneGrowth):
     def drop_floating(self, key: tuple[int, int]) -> int:
         return int(core.lane_drop_floating(self.mem, _signed(key[0]), key[1]))
 
+    def drop_peer(self, peer: int) -> int:
+        """``peer`` is bad: its messages are dropped from now on, and what it left
+        floating here is freed; how many frames and announcements that was."""
+        return int(core.lane_drop_peer(self.mem, peer))
+
+    @property
+    def floating_bytes(self) -> int:
+        """Bytes held now for ops not submitted here (slots and announcements)."""
+        return int(self.mem[L.C_FLOATBYTES])
+
+    @property
+    def floating_peak_bytes(self) -> int:
+        """The most of those held at once."""
+        return int(self.mem[L.C_FLOATPEAK])
+
     def remember_failed(self, key: tuple[int, int]) -> None:
         core.remember_failed(self.mem, _signed(key[0]), key[1])
 
@@ -656,6 +682,11 @@ class Lane(LanePlans, LaneGrowth):
             "ops_in_flight": int(m[L.C_INFLIGHT]),
             "ops_done": int(m[L.C_OPS_DONE]),
             "floating_frames": int(m[L.C_FLOATING]),
+            "floating_bytes": int(m[L.C_FLOATBYTES]),
+            "floating_peak_bytes": int(m[L.C_FLOATPEAK]),
+            "announcements": int(m[L.C_ANNS]),
+            "announcements_not_kept": int(m[L.C_ANNDROPS]),
+            "credit": int(m[L.C_CREDIT]),
             "pool_slots": int(m[L.C_NSLOTS]),
             "pool_peak_slots": int(m[L.C_PEAK]),
             "messages_sent": int(m[L.C_SENT_MSGS]),

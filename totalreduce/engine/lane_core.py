@@ -63,6 +63,9 @@ from .lane_progress import (
 )
 from .lane_receive import _consume, _place
 from .lane_tables import (
+    _chain_next,
+    _chain_set_next,
+    _chain_source,
     _dyn,
     _event,
     _heap_push,
@@ -75,6 +78,7 @@ from .lane_tables import (
     hash_rebuild,
     hash_value,
     slot_give,
+    unfloat,
 )
 
 # ------------------------------------------------------------------ the pass
@@ -112,6 +116,8 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
         if rc < 0:
             _event(mem, arena, EV_MPI, -1, src, rc, 0, 0)
             continue
+        if mem[mem[C_PEERS] + src * P_N + P_BAD]:
+            continue  # a peer that sent garbage: what it sends now is taken and dropped
         mem[C_LANDLEN] = count
         mem[C_LANDSRC] = src
         mem[C_LANDPOS] = 0
@@ -399,27 +405,45 @@ def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-
                 _fail(mem, prog, arena, slot)
                 _event(mem, arena, EV_LOST, slot, -1, q, 3, 0)
                 return slot
-    # Frames that came before the op: place them (their slots become its staging).
+    # Frames that came before the op: place them (their slots become its staging), and
+    # answer its announcements (READY: their senders hold the op's frames).
     abase = arena.ctypes.data
     fe = hash_find(mem, mem[C_FHASH], wid, gen)
     if fe >= 0:
-        s = mem[fe + 2]
+        x = mem[fe + 2]
         mem[fe + 2] = H_TOMB
-        while s >= 0:
-            m = mem[C_META] + s * M_N
-            nxt = mem[m + M_NEXT]
-            src = mem[m + M_SOURCE]
-            mem[C_FLOATING] -= 1
-            if mem[m + M_CREDITED]:
-                mem[mem[C_PEERS] + src * P_N + P_OWED] += 1
-            if mem[m + M_TYPE] == 2:
+        while x >= 0:
+            nxt = _chain_next(mem, x)
+            src = _chain_source(mem, x)
+            if x >= ANN_BASE:
                 _owe(mem, arena, slot, src, -1)
-                slot_give(mem, s)
-            elif mem[o + O_STATE] == S_ACTIVE:
-                _place(mem, prog, arena, b, slot, src, _slot_addr(mem, abase, s), s)
+                unfloat(mem, x, False)
             else:
-                slot_give(mem, s)
-            s = nxt
+                # The slot stays taken (it becomes the op's staging, or is given back by
+                # _place): only its floating charge and credit end here.
+                m = mem[C_META] + x * M_N
+                if mem[m + M_CREDITED]:
+                    pw = mem[C_PEERS] + src * P_N
+                    mem[pw + P_HELD] -= 1
+                    mem[pw + P_OWED] += 1
+                mem[C_FLOATING] -= 1
+                mem[C_FLOATBYTES] -= mem[C_SLOT]
+                if mem[o + O_STATE] == S_ACTIVE:
+                    _place(mem, prog, arena, b, slot, src, _slot_addr(mem, abase, x), x)
+                else:
+                    slot_give(mem, x)
+            x = nxt
+    if mem[C_ANNDROPS] and mem[o + O_STATE] == S_ACTIVE:
+        # Announcements were not kept (the table was full): each peer that may hold this
+        # op's frames for want of an answer is answered now, once.
+        g0 = mem[o + O_GROUP]
+        seq = mem[o + O_SEQ]
+        for q in range(nr):
+            src = prog[g0 + prog[r0 + q * G_N + G_PEER]]
+            pw = mem[C_PEERS] + src * P_N
+            if mem[pw + P_ANNDROP] and mem[pw + P_MARK] != seq:
+                mem[pw + P_MARK] = seq
+                _owe(mem, arena, slot, src, -1)
     if mem[o + O_STATE] == S_ACTIVE:
         _push_stack(mem, arena, slot, -1)
         _drain_stack(mem, prog, arena)
@@ -456,18 +480,56 @@ def lane_drop_floating(mem, wid, gen):  # type: ignore[no-untyped-def]
     fe = hash_find(mem, mem[C_FHASH], wid, gen)
     if fe < 0:
         return 0
-    s = mem[fe + 2]
+    x = mem[fe + 2]
     mem[fe + 2] = H_TOMB
     k = 0
-    while s >= 0:
-        m = mem[C_META] + s * M_N
-        nxt = mem[m + M_NEXT]
-        if mem[m + M_CREDITED]:
-            mem[mem[C_PEERS] + mem[m + M_SOURCE] * P_N + P_OWED] += 1
-        mem[C_FLOATING] -= 1
-        slot_give(mem, s)
+    while x >= 0:
+        nxt = _chain_next(mem, x)
+        unfloat(mem, x, True)
         k += 1
-        s = nxt
+        x = nxt
+    return k
+
+
+@njit(nogil=True, cache=True)
+def lane_drop_peer(mem, peer):  # type: ignore[no-untyped-def]
+    """``peer`` is bad (it sent garbage, or it failed): drop its messages from now on, and
+    what it left floating here (no credit goes back to it); a message of its that waits
+    for a free slot is dropped too.  How many frames and announcements were dropped."""
+    mem[mem[C_PEERS] + peer * P_N + P_BAD] = 1
+    if mem[C_FULL] and mem[C_LANDSRC] == peer:
+        mem[C_LANDLEN] = 0
+        mem[C_LANDPOS] = 0
+        mem[C_FULL] = 0
+    pw = mem[C_PEERS] + peer * P_N
+    if mem[pw + P_HELD] == 0 and mem[pw + P_ANN] == 0:
+        return 0
+    base = mem[C_FHASH]
+    k = 0
+    for i in range(mem[C_HCAP]):
+        e = base + i * 3
+        x = mem[e + 2]
+        if x < 0:
+            continue
+        head = -1
+        tail = -1
+        while x >= 0:
+            nxt = _chain_next(mem, x)
+            if _chain_source(mem, x) == peer:
+                unfloat(mem, x, False)
+                k += 1
+            else:
+                if tail < 0:
+                    head = x
+                else:
+                    _chain_set_next(mem, tail, x)
+                tail = x
+            x = nxt
+        if tail >= 0:
+            _chain_set_next(mem, tail, -1)
+            mem[e + 2] = head
+        else:
+            mem[e + 2] = H_TOMB
     return k
 
 
@@ -493,6 +555,7 @@ def compile_all() -> None:
     lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64, i64))
     lane_fail.compile((mem, mem, arena, i64))
     lane_drop_floating.compile((mem, i64, i64))
+    lane_drop_peer.compile((mem, i64))
     hash_value.compile((mem, i64, i64, i64))
     hash_find.compile((mem, i64, i64, i64))
     hash_put.compile((mem, i64, i64, i64, i64))

@@ -37,7 +37,11 @@ _MALFORMED = {
     L.MF_TRUNCATED: "truncated frame",
     L.MF_TYPE: "unknown frame type",
     L.MF_BODY: "eager body over micro_bytes",
-    L.MF_CREDIT: "a frame or credit beyond what this rank granted",
+    L.MF_CREDIT: (
+        "a credited frame beyond the credit this rank granted it (do all ranks use the same "
+        "floating_pool_bytes and micro_bytes?)"
+    ),
+    L.MF_OVERCREDIT: "credit returned beyond what this rank spent",
     L.MF_LONG: "longer than any message a peer may send",
     L.MF_TAG: "a clear naming a tag outside the lane's body tags",
 }

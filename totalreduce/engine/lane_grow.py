@@ -1,8 +1,11 @@
 """Growing the compiled lane's tables between compiled calls: the pool of frame slots and
 the body request table, when compiled code ran out of one (``C_FULL``, ``C_BFULL``).
 
-Both live in ``mem`` (the pool in the arena too); a larger copy replaces each, so nothing
-compiled may hold one across the call that grows it (the caller holds the main loop's lock).
+Both live in ``mem`` (the pool's slots in an array of their own); a larger copy replaces
+each, so nothing compiled may hold one across the call that grows it (the caller holds the
+main loop's lock).  Early frames never grow the pool: their slots are bounded by the
+credit granted to the peers (``lane_receive``); only bodies of ops submitted here, staged
+until their turn, can run it out.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ class LaneGrowth:
 
     mem: np.ndarray
     arena: np.ndarray
+    pool: np.ndarray
     b: np.ndarray
     rank: int
-    _old_arenas: list[np.ndarray]
 
     def grow(self) -> None:
         """Compiled code is out of pool slots (``C_FULL``) or body requests (``C_BFULL``):
@@ -70,21 +73,19 @@ class LaneGrowth:
         log.info("rank %d: the lane's body requests grew to %d", self.rank, new)
 
     def _grow_pool(self) -> None:
-        """The pool is out of slots: double it (the old arena stays alive: sends posted
-        from it may still read it)."""
+        """The pool is out of slots (bodies of submitted ops staged until their turn):
+        double it.  Nothing outside compiled calls points into the slots (MPI reads and
+        writes the arena's buffers only), so the old array goes at once."""
         mem = self.mem
         old = int(mem[L.C_NSLOTS])
         slot_bytes = int(mem[L.C_SLOT])
-        arena = np.zeros(int(mem[L.C_A_SLOTS]) + 2 * old * slot_bytes, dtype=np.uint8)
-        arena[: self.arena.size] = self.arena
-        self._old_arenas.append(self.arena)
-        self.arena = arena
-        meta = int(mem[L.C_META])
-        free = int(mem[L.C_FREESLOT])
+        pool = np.zeros(2 * old * slot_bytes, dtype=np.uint8)
+        pool[: self.pool.size] = self.pool
+        self.pool = pool
         # meta and the free stack live in mem with room for ``old`` slots: move both to
         # a larger mem.
-        extra_meta = old * L.M_N
-        extra_free = old
+        meta = int(mem[L.C_META])
+        free = int(mem[L.C_FREESLOT])
         end = mem.size
         bigger = np.zeros(end + 2 * old * L.M_N + 2 * old, dtype=np.int64)
         bigger[:end] = mem
@@ -98,6 +99,6 @@ class LaneGrowth:
         bigger[L.C_FREESLOT] = new_free
         bigger[L.C_NFREE] = nfree + old
         bigger[L.C_NSLOTS] = 2 * old
-        del extra_meta, extra_free
+        bigger[L.C_POOL] = pool.ctypes.data
         self.mem = bigger
         log.info("rank %d: the lane's pool grew to %d slots", self.rank, 2 * old)

@@ -119,7 +119,21 @@ C_OUTER_STRIDE = 91
 C_OUTER_N = 92
 C_OUTER_SEEN = 93
 C_OUTER_FLAG = 94
-C_LEN = 95
+# The pool's slots live in an array of their own (Lane.pool) at this address, so that
+# growing the pool never moves the arena (whose send buffers MPI may still read).
+C_POOL = 95
+# Announcements (RTS) of ops not submitted here: records of A_N words, at most C_ANNCAP,
+# taken from a free stack (C_ANNFREE, C_NANNFREE) or past the high-water mark C_ANNTOP.
+C_ANN = 96
+C_ANNCAP = 97
+C_ANNFREE = 98
+C_NANNFREE = 99
+C_ANNTOP = 100
+C_ANNS = 101  # announcements kept now
+C_ANNDROPS = 102  # announcements not kept (the table was full): their peers get READY
+C_FLOATBYTES = 103  # bytes held for ops not submitted here: slots and announcements
+C_FLOATPEAK = 104  # the most of those held at once
+C_LEN = 105
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0
@@ -192,6 +206,16 @@ M_TYPE = 2  # 1: a DATA frame (header and body), 2: an announcement (header only
 M_CREDITED = 3
 M_N = 4
 
+# -- announcement records: mem[ann + r * A_N + A_*] -----------------------------------
+A_NEXT = 0  # the next record of its key's chain (a slot, ANN_BASE + a record, or -1)
+A_SOURCE = 1
+A_N = 2
+#: Chains of floating frames mix pool slots (their numbers) and announcement records
+#: (ANN_BASE + their number) under one key of the floating hash.
+ANN_BASE = 1 << 40
+#: What one kept announcement is charged against the pool: a frame header.
+ANN_CHARGE = 72
+
 # -- peers: mem[peers + peer * P_N + P_*] --------------------------------------------
 P_CREDIT = 0  # slots we may still fill at the peer
 P_OWED = 1  # slots freed here that the peer has not been told of
@@ -200,7 +224,13 @@ P_NFRAMES = 3
 P_NEXTTAG = 4  # the next body tag (an offset from C_BTAG) for a receive from the peer
 P_BODIES = 5  # body sends to the peer in flight
 P_OUTSB = 6  # the send buffer its outbox is written in (-1: none yet)
-P_N = 7
+P_HELD = 7  # credited frames of the peer floating here (with P_OWED: within C_CREDIT)
+P_ANN = 8  # announcements of the peer kept here
+P_BAD = 9  # 1: the peer sent garbage (or Python marked it bad): its messages are dropped
+P_ANNDROP = 10  # 1: an announcement of the peer was not kept: each op started here that
+#                 receives from it answers READY at once (the peer may hold its frames)
+P_MARK = 11  # scratch: the op submission that last looked at the peer (lane_submit)
+P_N = 12
 
 # -- events: mem[evq + i * E_N + E_*] ------------------------------------------------
 E_TYPE = 0
@@ -230,6 +260,7 @@ MF_BODY = 6
 MF_CREDIT = 7
 MF_LONG = 8
 MF_TAG = 9
+MF_OVERCREDIT = 10  # credit returned beyond what the peer could have spent
 
 # -- body requests: mem[breq + i * BR_N + BR_*] (dense; swap-remove) -----------------
 BR_SLOT = 0  # the op's slot (-1: its op failed, the request is an orphan)

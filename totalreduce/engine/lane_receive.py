@@ -40,14 +40,16 @@ from .lane_tables import (
     _dyn,
     _event,
     _find_recv,
+    _float_charge,
     _op,
     _same_shape,
     _slot_addr,
-    hash_find,
-    hash_put,
+    ann_take,
+    float_link,
     hash_value,
     slot_give,
     slot_take,
+    unfloat,
 )
 
 
@@ -98,23 +100,38 @@ def _place(mem, prog, arena, b, slot, src, f, pool_slot):  # type: ignore[no-unt
 
 
 @njit(nogil=True, cache=True)
-def _float(mem, arena, src, f, ftype, credited, nbytes):  # type: ignore[no-untyped-def]
-    """Keep a frame of an op not submitted here; False when no slot is free."""
+def _float(mem, arena, src, f, nbytes):  # type: ignore[no-untyped-def]
+    """Keep a credited DATA frame of an op not submitted here in a pool slot (charged to
+    the floating bytes, counted in its peer's credit); False when no slot is free."""
     s = slot_take(mem)
     if s < 0:
         return False
     memcpy(_slot_addr(mem, arena.ctypes.data, s), f, FRAME_SIZE + nbytes)
     m = mem[C_META] + s * M_N
     mem[m + M_SOURCE] = src
-    mem[m + M_TYPE] = ftype
-    mem[m + M_CREDITED] = credited
-    wid = ld_i64(f + 24)
-    gen = ld_i64(f + 32)
-    e = hash_find(mem, mem[C_FHASH], wid, gen)
-    mem[m + M_NEXT] = -1 if e < 0 else mem[e + 2]
-    hash_put(mem, mem[C_FHASH], wid, gen, s)
+    mem[m + M_TYPE] = 1
+    mem[m + M_CREDITED] = 1
+    mem[mem[C_PEERS] + src * P_N + P_HELD] += 1
     mem[C_FLOATING] += 1
+    _float_charge(mem, mem[C_SLOT])
+    if not float_link(mem, ld_i64(f + 24), ld_i64(f + 32), s):
+        unfloat(mem, s, True)  # (the hash holds more keys than frames can float)
+        _event(mem, arena, EV_LOST, -1, src, 0, 5, f)
     return True
+
+
+@njit(nogil=True, cache=True)
+def _announced(mem, arena, src, f):  # type: ignore[no-untyped-def]
+    """An announcement (RTS) of an op not submitted here: ``src`` holds that op's frames
+    for us and has no credit.  Kept in a small record (charged ``ANN_CHARGE``), so that
+    the op's start here answers READY; when the table is full it is not kept, and every
+    op started here that receives from ``src`` answers READY at once from then on."""
+    x = ann_take(mem, src)
+    if x < 0 or not float_link(mem, ld_i64(f + 24), ld_i64(f + 32), x):
+        if x >= 0:
+            unfloat(mem, x, False)
+        mem[mem[C_PEERS] + src * P_N + P_ANNDROP] = 1
+        mem[C_ANNDROPS] += 1
 
 
 @njit(nogil=True, cache=True)
@@ -138,8 +155,15 @@ def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-de
         return -1
     wid = ld_i64(f + 24)
     gen = ld_i64(f + 32)
+    credited = 1 if ftype == F_DATA and flags & FLAG_CREDIT else 0
+    if credited:
+        # Credit enforced on receipt: the frames of this peer floating here and the ones
+        # consumed whose credit is not back with it yet never exceed what was granted.
+        pw = mem[C_PEERS] + src * P_N
+        if mem[pw + P_HELD] + mem[pw + P_OWED] >= mem[C_CREDIT]:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_CREDIT, mem[C_CREDIT], f)
+            return -1
     v = hash_value(mem, mem[C_HASH], wid, gen)
-    credited = 1 if flags & FLAG_CREDIT else 0
     if ftype == F_READY:
         if v >= 0:
             _mark_peer(mem, prog, v, src, SB_READY)
@@ -173,8 +197,8 @@ def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-de
             _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
         elif v == H_DONE:
             _event(mem, arena, EV_LATE, -1, src, 0, 0, f)
-        elif v == H_EMPTY and not _float(mem, arena, src, f, 2, 0, 0):
-            return 0
+        elif v == H_EMPTY:
+            _announced(mem, arena, src, f)
         return size
     # DATA
     if v >= 0:
@@ -187,7 +211,7 @@ def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-de
         if not credited:
             _event(mem, arena, EV_MALFORMED, -1, src, MF_CREDIT, 0, f)
             return -1
-        if not _float(mem, arena, src, f, 1, 1, n):
+        if not _float(mem, arena, src, f, n):
             return 0
         return size
     if v == H_FOREIGN:
@@ -211,18 +235,23 @@ def _consume(mem, prog, arena, b):  # type: ignore[no-untyped-def]
     if pos == 0:
         if length < MSG_SIZE:
             _event(mem, arena, EV_MALFORMED, -1, src, MF_SHORT, length, 0)
+            mem[mem[C_PEERS] + src * P_N + P_BAD] = 1
             return True
         if ld_u32(land) != LANE_MAGIC or ld_u8(land + 4) != LANE_VERSION:
             _event(mem, arena, EV_MALFORMED, -1, src, MF_MAGIC, ld_u32(land), 0)
+            mem[mem[C_PEERS] + src * P_N + P_BAD] = 1
             return True
         if ld_i32(land + 8) != src:
             _event(mem, arena, EV_MALFORMED, -1, src, MF_SENDER, ld_i32(land + 8), 0)
+            mem[mem[C_PEERS] + src * P_N + P_BAD] = 1
             return True
         credit = ld_i64(land + 16)
-        if credit < 0 or credit > mem[C_CREDIT]:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_CREDIT, credit, 0)
+        pw = mem[C_PEERS] + src * P_N
+        if credit < 0 or mem[pw + P_CREDIT] + credit > mem[C_CREDIT]:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_OVERCREDIT, credit, 0)
+            mem[pw + P_BAD] = 1
             return True
-        mem[mem[C_PEERS] + src * P_N + P_CREDIT] += credit
+        mem[pw + P_CREDIT] += credit
         mem[C_LANDPOS] = MSG_SIZE
         # frames left to read go in the upper bits of the position's twin
         mem[C_LANDLEN] = length | (np.int64(ld_u16(land + 6)) << 40)
@@ -234,12 +263,14 @@ def _consume(mem, prog, arena, b):  # type: ignore[no-untyped-def]
         if left == 0:
             if pos != length:
                 _event(mem, arena, EV_MALFORMED, -1, src, MF_LONG, length - pos, 0)
+                mem[mem[C_PEERS] + src * P_N + P_BAD] = 1
             mem[C_LANDLEN] = 0
             mem[C_LANDPOS] = 0
             mem[C_FULL] = 0
             return True
         if pos + FRAME_SIZE > length:
             _event(mem, arena, EV_MALFORMED, -1, src, MF_TRUNCATED, length - pos, 0)
+            mem[mem[C_PEERS] + src * P_N + P_BAD] = 1
             mem[C_LANDLEN] = 0
             mem[C_LANDPOS] = 0
             mem[C_FULL] = 0
@@ -249,6 +280,7 @@ def _consume(mem, prog, arena, b):  # type: ignore[no-untyped-def]
             mem[C_FULL] = 1
             return False
         if took < 0:
+            mem[mem[C_PEERS] + src * P_N + P_BAD] = 1  # the rest of what it sends is dropped
             mem[C_LANDLEN] = 0
             mem[C_LANDPOS] = 0
             mem[C_FULL] = 0

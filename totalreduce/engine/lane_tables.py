@@ -97,7 +97,9 @@ def _dyn(mem, slot, which):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True, inline="always")
 def _slot_addr(mem, abase, s):  # type: ignore[no-untyped-def]
-    return abase + mem[C_A_SLOTS] + s * mem[C_SLOT]
+    """Address of pool slot ``s`` (the pool is an array of its own: ``C_POOL``; ``abase``
+    is not used, kept so that callers read alike)."""
+    return mem[C_POOL] + s * mem[C_SLOT]
 
 
 @njit(nogil=True, cache=True)
@@ -118,6 +120,101 @@ def slot_give(mem, s):  # type: ignore[no-untyped-def]
     n = mem[C_NFREE]
     mem[mem[C_FREESLOT] + n] = s
     mem[C_NFREE] = n + 1
+
+
+# ------------------------------------------------------------------ floating frames
+#
+# Frames of ops not submitted here, by key in the floating hash (``C_FHASH``): a chain,
+# newest first, of pool slots (credited DATA frames: their number) and announcement
+# records (``ANN_BASE`` + their number).  Both are charged to ``C_FLOATBYTES``: a slot
+# its size, an announcement ``ANN_CHARGE``.  Credited slots of a peer never exceed the
+# credit this rank granted it (``lane_receive``), and announcements never exceed
+# ``C_ANNCAP``, so what peers make this rank hold for ops it has not submitted stays
+# within the lane's share of ``floating_pool_bytes`` whatever they send.
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _chain_next(mem, x):  # type: ignore[no-untyped-def]
+    if x >= ANN_BASE:
+        return mem[mem[C_ANN] + (x - ANN_BASE) * A_N + A_NEXT]
+    return mem[mem[C_META] + x * M_N + M_NEXT]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _chain_set_next(mem, x, nxt):  # type: ignore[no-untyped-def]
+    if x >= ANN_BASE:
+        mem[mem[C_ANN] + (x - ANN_BASE) * A_N + A_NEXT] = nxt
+    else:
+        mem[mem[C_META] + x * M_N + M_NEXT] = nxt
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _chain_source(mem, x):  # type: ignore[no-untyped-def]
+    if x >= ANN_BASE:
+        return mem[mem[C_ANN] + (x - ANN_BASE) * A_N + A_SOURCE]
+    return mem[mem[C_META] + x * M_N + M_SOURCE]
+
+
+@njit(nogil=True, cache=True)
+def _float_charge(mem, nbytes):  # type: ignore[no-untyped-def]
+    mem[C_FLOATBYTES] += nbytes
+    if mem[C_FLOATBYTES] > mem[C_FLOATPEAK]:
+        mem[C_FLOATPEAK] = mem[C_FLOATBYTES]
+
+
+@njit(nogil=True, cache=True)
+def float_link(mem, wid, gen, x):  # type: ignore[no-untyped-def]
+    """Put chain element ``x`` first in the chain of key (wid, gen); False if the floating
+    hash has no room (the caller frees ``x``)."""
+    e = hash_find(mem, mem[C_FHASH], wid, gen)
+    _chain_set_next(mem, x, -1 if e < 0 else mem[e + 2])
+    return hash_put(mem, mem[C_FHASH], wid, gen, x) >= 0
+
+
+@njit(nogil=True, cache=True)
+def ann_take(mem, src):  # type: ignore[no-untyped-def]
+    """A free announcement record for ``src`` (charged), as a chain element; -1 if the
+    table is full."""
+    n = mem[C_NANNFREE]
+    if n > 0:
+        r = mem[mem[C_ANNFREE] + n - 1]
+        mem[C_NANNFREE] = n - 1
+    elif mem[C_ANNTOP] < mem[C_ANNCAP]:
+        r = mem[C_ANNTOP]
+        mem[C_ANNTOP] = r + 1
+    else:
+        return -1
+    mem[mem[C_ANN] + r * A_N + A_SOURCE] = src
+    mem[mem[C_PEERS] + src * P_N + P_ANN] += 1
+    mem[C_ANNS] += 1
+    _float_charge(mem, ANN_CHARGE)
+    return ANN_BASE + r
+
+
+@njit(nogil=True, cache=True)
+def unfloat(mem, x, owe):  # type: ignore[no-untyped-def]
+    """Free chain element ``x`` (its op was submitted or dropped, or its peer went bad):
+    its charge leaves the pool; a credited frame's credit is owed back to its peer when
+    ``owe``.  The chain's links are the caller's."""
+    if x >= ANN_BASE:
+        r = x - ANN_BASE
+        src = mem[mem[C_ANN] + r * A_N + A_SOURCE]
+        mem[mem[C_PEERS] + src * P_N + P_ANN] -= 1
+        mem[C_ANNS] -= 1
+        mem[C_FLOATBYTES] -= ANN_CHARGE
+        n = mem[C_NANNFREE]
+        mem[mem[C_ANNFREE] + n] = r
+        mem[C_NANNFREE] = n + 1
+        return
+    m = mem[C_META] + x * M_N
+    if mem[m + M_CREDITED]:
+        pw = mem[C_PEERS] + mem[m + M_SOURCE] * P_N
+        mem[pw + P_HELD] -= 1
+        if owe:
+            mem[pw + P_OWED] += 1
+    mem[C_FLOATING] -= 1
+    mem[C_FLOATBYTES] -= mem[C_SLOT]
+    slot_give(mem, x)
 
 
 @njit(nogil=True, cache=True)

@@ -221,11 +221,32 @@ class CommLoop(
     # ------------------------------------------------------------------ client side
 
     def attach_lane(self, lane: Lane) -> None:
-        """Run the ops the compiled lane can run there (before any op is submitted)."""
+        """Run the ops the compiled lane can run there (before any op is submitted).
+
+        ``floating_pool_bytes`` bounds what peers make this rank hold for ops it has not
+        submitted, both engines together: the lane has its ``pool_bytes`` of it, the main
+        loop the rest (its eager credit shrinks to match, the same on every rank)."""
+        self.floating = FloatingList(max(0, self.cfg.floating_pool_bytes - lane.pool_bytes),
+                                     self.world)  # fmt: skip
+        for link in self._links:
+            link.eager_share = self.floating.eager_share
+            link.reset()
         lane.naps(self.cfg.nap_s)
         if self._outer is not None:
             lane.watch_outer(*self._outer)
         self.lane = lane
+
+    @property
+    def floating_bytes(self) -> int:
+        """Bytes held now for ops not submitted here, by both engines."""
+        return self.floating.held + (0 if self.lane is None else self.lane.floating_bytes)
+
+    @property
+    def floating_peak_bytes(self) -> int:
+        """The most bytes each engine held at once for ops not submitted here, summed (at
+        least the most both held at once)."""
+        lane = 0 if self.lane is None else self.lane.floating_peak_bytes
+        return self.floating.peak + lane
 
     def watch_outer(self, at: int, stride: int, n: int, seen: int, flag: int) -> None:
         """The lane's outer words (``Lane.watch_outer``), for its waiters that ask

@@ -102,6 +102,8 @@ class PeerHooks:
             return
         if not reachable:
             self._unreachable.add(peer)
+        if self.lane is not None:  # its messages are dropped, what it left here freed
+            self.lane.drop_peer(peer)
         for p in [p for p in self.table.values() if peer in p.group_rank]:
             self._fail(p, type(err)(f"{p.spec.describe()}: {err}"), tell_peers=True)
         self._lane_fail_with(peer, lambda s: type(err)(f"{s.describe()}: {err}"))

@@ -105,7 +105,7 @@ class Lifecycle(OpSubmitter):
                         self.size,
                         cfg.micro_bytes,
                         ctl_tag=CONTROL_TAG,
-                        pool_bytes=cfg.floating_pool_bytes,
+                        pool_bytes=cfg.floating_pool_bytes // 2,  # the main loop: the rest
                         segment_bytes=cfg.segment_bytes,
                         body_tag=body_tag,
                     )  # fmt: skip

@@ -1,0 +1,358 @@
+"""The compiled lane against a hostile or hurried peer, through the transport.
+
+Rank 1 of a local world is a rogue: it writes the lane's messages itself and sends them
+on the lane's tag through the world's compiled message layer (what ``MPI_Isend`` is to the
+lane under MPI).  Rank 0 runs a service with the lane; rank 2, where there is one, is an
+honest service.  Whatever the rogue sends, rank 0 holds at most the lane's share of
+``floating_pool_bytes`` for ops it has not submitted (counted by the lane, and seen in the
+process's resident memory), refuses what breaks the protocol with a ``FrameError`` naming
+the rogue, fails every op with it, and goes on with everyone else.  A hurried peer (an
+honest service far ahead) stays within the same bound, and every op still completes.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import numpy as np
+import pytest
+
+import totalreduce as tr
+from conftest import local_services, run_ranks
+from totalreduce.engine import lane_layout as L
+from totalreduce.engine.lane import LANE_TAG
+from totalreduce.engine.wire import wire_id
+from totalreduce.service.config import Config
+from totalreduce.service.service import Service
+from totalreduce.transport import mpi_native
+from totalreduce.transport.local import LocalWorld
+
+_MSG = struct.Struct("<IBBHiIq")  # magic, version, 0, frames, sender, 0, credit returned
+# type, dtype, kind, algorithm, reduce op, flags, 0, aux, step, segment, priority,
+# wire id, generation, bytes, count, parameter, context
+_FRAME = struct.Struct("<BBBBBBHIIIIqqqqqq")
+assert _MSG.size == L.MSG_SIZE and _FRAME.size == L.FRAME_SIZE
+MIB = 1 << 20
+
+
+def frame(ftype: int, name: str, nbytes: int = 0, *, credited: bool = False, gen: int = 0,
+          aux: int = 0, body: bytes | None = None) -> bytes:  # fmt: skip
+    """One lane frame of an allreduce of float64 (its body padded to 8 bytes)."""
+    flags = L.FLAG_CREDIT if credited else 0
+    wid = wire_id(name)
+    wid = wid - (1 << 64) if wid >= 1 << 63 else wid
+    head = _FRAME.pack(ftype, 11, 0, 1, 0, flags, 0, aux, 0, 0, 0, wid, gen, nbytes,
+                       max(1, nbytes // 8), 0, 0)  # fmt: skip
+    if body is None:
+        body = b"\x00" * (nbytes if ftype == L.F_DATA and nbytes > 0 else 0)
+    return head + body + b"\x00" * (-len(body) % 8)
+
+
+def message(frames: list[bytes], *, credit: int = 0, sender: int = 1, count: int | None = None,
+            magic: int = L.LANE_MAGIC, version: int = L.LANE_VERSION) -> bytes:  # fmt: skip
+    n = len(frames) if count is None else count
+    return _MSG.pack(magic, version, 0, n, sender, 0, credit) + b"".join(frames)
+
+
+class Rogue:
+    """Rank 1's raw sends on the lane's tag, one message at a time (each waits until rank
+    0 took it, so the rogue's own memory stays a few buffers)."""
+
+    def __init__(self, world: LocalWorld, rank: int = 1) -> None:
+        self.b = world.native().binding(rank)
+        self.req = mpi_native.request_array(self.b, 1)
+        self.sent = 0
+
+    def send(self, raw: bytes, timeout: float = 10.0) -> None:
+        buf = np.frombuffer(raw, dtype=np.uint8).copy()
+        rc = mpi_native.mpi_isend(self.b, buf.ctypes.data, buf.nbytes, 0, LANE_TAG,
+                                  self.req.ctypes.data)  # fmt: skip
+        assert rc == 0, rc
+        deadline = time.monotonic() + timeout
+        while mpi_native.mpi_test(self.b, self.req.ctypes.data, 0) == 0:
+            assert time.monotonic() < deadline, "rank 0 did not take the rogue's message"
+            time.sleep(0.0002)
+        self.sent += 1
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def lane_of(svc: Service):  # type: ignore[no-untyped-def]
+    lane = svc.loop.lane
+    assert lane is not None, "the lane is off"
+    return lane
+
+
+def settle(svc: Service, received: int, timeout: float = 10.0) -> None:
+    """Wait until rank 0's lane has taken ``received`` messages in all."""
+    deadline = time.monotonic() + timeout
+    while lane_of(svc).stats()["messages_received"] < received:
+        assert time.monotonic() < deadline, lane_of(svc).stats()
+        time.sleep(0.002)
+    time.sleep(0.02)  # and handed its events to Python
+
+
+def refused(svc: Service, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return 1 in svc.loop.bad_peers
+
+
+POOL = 8 * MIB
+
+
+@pytest.fixture
+def rogue_world():  # type: ignore[no-untyped-def]
+    """Rank 0 and rank 2 run services (the lane on), rank 1 is the rogue."""
+    world = LocalWorld(3)
+    cfg = Config.load(env={}, floating_pool_bytes=POOL)
+    svc0 = Service(world.transport(0), cfg)
+    svc2 = Service(world.transport(2), cfg)
+    assert svc0.loop.lane is not None and svc2.loop.lane is not None  # both engines, now
+    try:
+        yield world, svc0, svc2, Rogue(world)
+    finally:
+        svc0.shutdown(timeout=0.3)
+        svc2.shutdown(timeout=0.3)
+
+
+def still_works(svc0: Service, svc2: Service) -> None:
+    """Rank 0 goes on with rank 2 after the rogue; ops with the rogue fail naming it."""
+    h = svc0.allreduce_async(np.ones(4), name="with the rogue")
+    with pytest.raises(tr.FrameError, match="from rank 1"):
+        h.wait(timeout=5)
+    pair = tr.Group([0, 2])
+    hs = [s.allreduce_async(np.arange(5.0) + s.rank, group=pair, name="pair") for s in (svc0, svc2)]
+    for h in hs:
+        np.testing.assert_array_equal(h.wait(timeout=10), 2 * np.arange(5.0) + 2)
+    assert svc0.loop.fatal is None
+
+
+def test_credited_frames_beyond_the_credit_are_refused_and_what_floated_is_freed(
+    rogue_world,
+) -> None:
+    world, svc0, svc2, rogue = rogue_world
+    lane = lane_of(svc0)
+    credit = lane.stats()["credit"]
+    slot = int(lane.mem[L.C_SLOT])
+    assert credit > 0
+    body = 64 << 10
+    for k in range(credit):
+        rogue.send(message([frame(L.F_DATA, f"early.{k}", body, credited=True)]))
+    settle(svc0, credit)
+    assert 1 not in svc0.loop.bad_peers  # within the credit: kept
+    assert lane.floating_bytes == credit * slot <= lane.pool_bytes
+    rss0 = rss_bytes()
+    for k in range(credit, credit + 2000):  # an honest peer would announce these instead
+        rogue.send(message([frame(L.F_DATA, f"early.{k}", body, credited=True)]))
+    assert refused(svc0)
+    assert "beyond the credit" in str(svc0.loop.bad_peers[1])
+    assert lane.floating_bytes == 0  # what it left here is freed
+    assert lane.floating_peak_bytes <= lane.pool_bytes
+    assert rss_bytes() - rss0 < 8 * MIB, "frames beyond the credit were kept"
+    still_works(svc0, svc2)
+
+
+def test_coalesced_small_frames_beyond_the_credit_in_one_message(rogue_world) -> None:
+    world, svc0, svc2, rogue = rogue_world
+    lane = lane_of(svc0)
+    credit = lane.stats()["credit"]
+    frames = [frame(L.F_DATA, f"small.{k}", 32, credited=True) for k in range(2000)]
+    rss0 = rss_bytes()
+    rogue.send(message(frames))
+    assert refused(svc0)
+    assert lane.floating_peak_bytes == credit * int(lane.mem[L.C_SLOT]) <= lane.pool_bytes
+    assert lane.floating_bytes == 0
+    assert rss_bytes() - rss0 < lane.pool_bytes + 4 * MIB
+    still_works(svc0, svc2)
+
+
+def test_announcements_of_ops_nobody_submits_are_charged_and_capped(rogue_world) -> None:
+    world, svc0, svc2, rogue = rogue_world
+    lane = lane_of(svc0)
+    cap = int(lane.mem[L.C_ANNCAP])
+    n = 20_000
+    assert cap < n
+    rss0 = rss_bytes()
+    for first in range(0, n, 500):
+        rogue.send(message([frame(L.F_RTS, f"ann.{k}") for k in range(first, first + 500)]))
+    settle(svc0, n // 500)
+    st = lane.stats()
+    assert 1 not in svc0.loop.bad_peers  # announcing is allowed
+    assert st["announcements"] == cap
+    assert st["announcements_not_kept"] == n - cap
+    assert lane.floating_bytes == cap * L.ANN_CHARGE <= lane.pool_bytes // 4
+    assert st["pool_slots"] == int(lane.mem[L.C_NSLOTS])  # no slot, no growth
+    assert rss_bytes() - rss0 < 4 * MIB
+    # Garbage now: everything it left here goes.
+    rogue.send(message([frame(77, "garbage")]))
+    assert refused(svc0)
+    assert lane.floating_bytes == 0 and lane.stats()["announcements"] == 0
+    still_works(svc0, svc2)
+
+
+def test_a_bad_peer_s_flood_is_dropped(rogue_world) -> None:
+    world, svc0, svc2, rogue = rogue_world
+    lane = lane_of(svc0)
+    rogue.send(message([frame(L.F_DATA, "x", 16)]))  # uncredited, for an op not submitted
+    assert refused(svc0)
+    got0 = lane.stats()["messages_received"]
+    rss0 = rss_bytes()
+    body = 64 << 10
+    for k in range(1000):
+        rogue.send(message([frame(L.F_DATA, f"late.{k}", body, credited=True),
+                            frame(L.F_RTS, f"late.ann.{k}")]))  # fmt: skip
+    settle(svc0, got0 + 1000)
+    assert lane.floating_bytes == 0 and lane.floating_peak_bytes <= lane.pool_bytes
+    assert lane.stats()["announcements"] == 0
+    assert rss_bytes() - rss0 < 8 * MIB, "a bad peer's frames were kept"
+    still_works(svc0, svc2)
+
+
+MALFORMED = {
+    "short": lambda: message([])[:10],
+    "bad magic": lambda: message([frame(L.F_READY, "m")], magic=0x12345678),
+    "bad version": lambda: message([frame(L.F_READY, "m")], version=L.LANE_VERSION + 1),
+    "another sender": lambda: message([frame(L.F_READY, "m")], sender=2),
+    "negative credit": lambda: message([], credit=-1),
+    "credit never spent": lambda: message([], credit=1),
+    "frame count past the end": lambda: message([frame(L.F_READY, "m")], count=3),
+    "stray bytes": lambda: message([frame(L.F_READY, "m")]) + b"\x00" * 8,
+    "too long": lambda: message([frame(L.F_READY, "m")]) + b"\x00" * (8 * MIB),
+    "DATA body over micro_bytes": lambda: message([frame(L.F_DATA, "m", 128 << 10, credited=True)]),
+    "DATA negative size": lambda: message([frame(L.F_DATA, "m", -8, credited=True, body=b"")]),
+    "DATA truncated body": lambda: message([frame(L.F_DATA, "m", 4096, credited=True)])[:-100],
+    "DATA uncredited, op not submitted": lambda: message([frame(L.F_DATA, "m", 64)]),
+    "RTS truncated": lambda: message([frame(L.F_RTS, "m")])[:-1],
+    "READY truncated": lambda: message([frame(L.F_READY, "m")])[:-8],
+    "CTS truncated": lambda: message([frame(L.F_CTS, "m")])[:-30],
+    "ASK truncated": lambda: message([frame(L.F_ASK, "m")])[:-71],
+    "type 0": lambda: message([frame(0, "m")]),
+    "type 3": lambda: message([frame(3, "m")]),
+    "type 4": lambda: message([frame(4, "m")]),
+    "type 8": lambda: message([frame(8, "m")]),
+    "type 255": lambda: message([frame(255, "m")]),
+}
+
+
+@pytest.mark.parametrize("what", sorted(MALFORMED))
+def test_a_malformed_lane_message_is_a_frame_error_and_the_loop_lives(what: str) -> None:
+    world = LocalWorld(2)
+    svc = Service(world.transport(0), Config.load(env={}, floating_pool_bytes=POOL))
+    try:
+        assert svc.loop.lane is not None  # the engine and its lane, now
+        Rogue(world).send(MALFORMED[what]())
+        assert refused(svc), f"{what}: the message was not refused"
+        err = svc.loop.bad_peers[1]
+        assert isinstance(err, tr.FrameError) and "from rank 1" in str(err), err
+        h = svc.allreduce_async(np.ones(4), name="x")
+        with pytest.raises(tr.FrameError, match="from rank 1"):
+            h.wait(timeout=5)
+        assert svc.loop.fatal is None
+        me = tr.Group([0])
+        np.testing.assert_array_equal(svc.allreduce(np.arange(3.0), group=me), np.arange(3.0))
+        assert lane_of(svc).floating_bytes == 0
+    finally:
+        svc.shutdown(timeout=0.3)
+
+
+def test_a_clear_naming_a_tag_outside_the_body_tags_is_refused() -> None:
+    """A CTS for an op active here, naming a tag the lane never posts on."""
+    world = LocalWorld(2)
+    svc = Service(world.transport(0), Config.load(env={}, floating_pool_bytes=POOL))
+    try:
+        lane = lane_of(svc)
+        h = svc.allreduce_async(np.ones(1 << 17), name="big")  # 1 MiB: large segments
+        deadline = time.monotonic() + 5
+        while not lane.by_key and time.monotonic() < deadline:
+            time.sleep(0.001)
+        (lop,) = lane.by_key.values()
+        o = int(lane.mem[L.C_OPS]) + lop.slot * L.O_N
+        w = [int(lane.mem[o + k]) for k in (L.O_DT, L.O_KIND, L.O_ALGO, L.O_ROP, L.O_WID,
+                                            L.O_GEN, L.O_COUNT, L.O_PARAM, L.O_CTX)]  # fmt: skip
+        assert int(lane.mem[L.C_BTAG]) > 5
+        # The op's own shape and key, so that only the tag (5) is wrong.
+        head = _FRAME.pack(L.F_CTS, w[0], w[1], w[2], w[3], 0, 0, 5, 0, 0, 0, w[4], w[5],
+                           512 << 10, w[6], w[7], w[8])  # fmt: skip
+        raw = message([head])
+        Rogue(world).send(bytes(raw))
+        assert refused(svc)
+        assert "tag" in str(svc.loop.bad_peers[1])
+        with pytest.raises(tr.FrameError, match="from rank 1"):
+            h.wait(timeout=5)
+    finally:
+        svc.shutdown(timeout=0.3)
+
+
+# ---------------------------------------------------------------------- hurried peers
+
+
+@pytest.mark.parametrize(
+    "n_ops,count,micro,pool",
+    [
+        (96, 256 << 10, 1 << 20, 32 * MIB),  # 2 MiB allreduces in eager bodies of 1 MiB
+        (4000, 4 << 10, 64 << 10, 32 * MIB),  # 32 KiB ones, frames coalesced
+    ],
+)
+def test_early_ops_of_an_honest_peer_stay_within_the_pool(n_ops, count, micro, pool) -> None:
+    """Rank 1 submits every op at once; rank 0 submits them only later, in reverse."""
+
+    def rank_main(s):
+        xs = [np.full(count, k + s.rank, np.float64) for k in range(n_ops)]
+        if s.rank == 1:
+            hs = [s.allreduce_async(xs[k], name=f"e{k}") for k in range(n_ops)]
+            return [h.wait(timeout=120) for h in hs], None
+        time.sleep(1.0)  # rank 1's frames pile up here meanwhile
+        lane = lane_of(s)
+        held = lane.floating_bytes, lane.stats()
+        hs = {k: s.allreduce_async(xs[k], name=f"e{k}") for k in reversed(range(n_ops))}
+        return [hs[k].wait(timeout=120) for k in range(n_ops)], held
+
+    with local_services(2, micro_bytes=micro, floating_pool_bytes=pool) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=300)
+        lane = lane_of(svcs[0])
+        peak = lane.floating_peak_bytes
+        share = lane.pool_bytes
+        both = svcs[0].loop.floating_peak_bytes
+    held, st = results[0][1]
+    for r in range(2):
+        for k in range(0, n_ops, 7):
+            np.testing.assert_array_equal(results[r][0][k], np.full(count, 2 * k + 1.0))
+    assert 0 < held <= share and peak <= share, (held, peak, share, st)
+    assert both <= pool
+    assert st["announcements"] > 0  # beyond the credit, rank 1 announced instead
+
+
+def test_announcements_not_kept_still_get_their_ready() -> None:
+    """No credit and room for 16 announcements: rank 0 announces 200 ops that rank 1
+    submits later in reverse order, blocking on each.  The announcements it could not
+    keep are answered when each op starts (the peer was marked), so nothing hangs."""
+    n_ops = 200
+    pool = 2 * 16 * 4 * L.ANN_CHARGE  # the lane's half: 16 announcements, no credit
+
+    def rank_main(s):
+        if s.rank == 0:
+            hs = [s.allreduce_async(np.full(100, k, np.int64), name=f"a{k}") for k in range(n_ops)]
+            return [h.wait(timeout=120) for h in hs], None
+        time.sleep(0.5)
+        st = lane_of(s).stats()
+        out = {k: s.allreduce(np.full(100, k, np.int64), name=f"a{k}")
+               for k in reversed(range(n_ops))}  # fmt: skip
+        return [out[k] for k in range(n_ops)], st
+
+    with local_services(2, floating_pool_bytes=pool) as svcs:
+        assert lane_of(svcs[1]).stats()["credit"] == 0
+        results = run_ranks(svcs, rank_main, timeout=300)
+    st = results[1][1]
+    assert st["announcements"] == 16 and st["announcements_not_kept"] > 0, st
+    for r in range(2):
+        for k in range(n_ops):
+            np.testing.assert_array_equal(results[r][0][k], np.full(100, 2 * k))
