@@ -44,7 +44,7 @@ def test_reverse_blocking_order_with_a_small_pool(pool: int) -> None:
         2, segment_bytes=64 << 10, floating_pool_bytes=pool, max_inflight_sends=2
     ) as svcs:
         results = run_ranks(svcs, rank_main, timeout=120)
-        peaks = [s.loop.floating.peak for s in svcs]
+        peaks = [s.loop.floating_peak_bytes for s in svcs]
     for k in range(n_ops):
         for r in range(2):
             np.testing.assert_array_equal(results[r][k], exact(k, count, 2))
@@ -86,7 +86,7 @@ def test_random_orders_tiny_pool(p: int) -> None:
         seed=p,
     ) as svcs:
         results = run_ranks(svcs, rank_main, timeout=120)
-        peaks = [s.loop.floating.peak for s in svcs]
+        peaks = [s.loop.floating_peak_bytes for s in svcs]
     for k in range(n_ops):
         for r in range(p):
             np.testing.assert_array_equal(results[r][k], exact(k, table[k], p))
@@ -110,7 +110,7 @@ def test_a_rank_that_has_not_submitted_bounds_what_it_holds() -> None:
 
     with local_services(2, floating_pool_bytes=pool) as svcs:
         results = run_ranks(svcs, rank_main, timeout=120)
-        peak = svcs[1].loop.floating.peak
+        peak = svcs[1].loop.floating_peak_bytes
     for k in range(0, n_ops, 97):
         np.testing.assert_array_equal(results[1][k], exact(k, count, 2))
     assert peak <= pool
