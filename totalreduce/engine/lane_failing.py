@@ -174,6 +174,16 @@ class LaneFailHooks:
             if why is not None:
                 return why
         if kind == L.EV_SIZE:
+            from .lane_plans import DIRECT_KINDS
+
+            if spec.kind in DIRECT_KINDS:  # a part's size is the two ranks' own business
+                isz = spec.dtype.itemsize
+                return (
+                    f"{spec.describe()}: step {f[8]}: rank {self.rank} expects {b // isz} "
+                    f"elements from rank {source}, which sends {a // isz} (the two ranks "
+                    "disagree on the size of what passes between them: splits, recv_splits, "
+                    "counts or shapes)"
+                )
             return (
                 f"{spec.describe()}: step {f[8]} segment {f[9]}: rank {self.rank} expects {b} "
                 f"bytes, rank {source} sends {a} (do the ranks use the same micro_bytes?)"

@@ -296,7 +296,8 @@ G_NSUCC = 9
 G_SBUF = 10  # a receive's base: dst = base (op) body (-1: dst itself)
 G_SOFF = 11
 G_SCR = 12  # a large receive segment's offset in the op's scratch (-1: eager; SCR_DIRECT)
-G_N = 13
+G_W = 13  # an ACCUMULATE receive's weight (the bits of a float64)
+G_N = 14
 SCR_DIRECT = -2  # a large copy: received straight into its place, posted when its waits end
 # local op rows
 L_KIND = 0
@@ -306,13 +307,17 @@ L_SBUF = 3
 L_SOFF = 4
 L_NBYTES = 5
 L_DIV = 6
-L_N = 7
+L_W = 7  # a SCALE or ACCUMULATE's weight (the bits of a float64)
+L_N = 8
 
 # Schedule codes, repeated (algorithms.schedule.Action / LocalKind).
 ACT_COPY = 1
 ACT_REDUCE = 2
+ACT_ACCUMULATE = 3
 LK_COPY = 1
+LK_SCALE = 2
 LK_AVERAGE = 3
+LK_ACCUMULATE = 4
 
 # -- wire ----------------------------------------------------------------------------
 LANE_MAGIC = 0x4C445254  # b"TRDL"

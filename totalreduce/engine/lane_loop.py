@@ -350,8 +350,10 @@ class LaneHooks:
         """Finish ``lop``, which the lane completed and which left its table."""
         spec = lop.spec
         # (name, generation), not its text: made only if an error about it comes later
-        self._remember(
-            self.completed, lop.key, ((spec.name, spec.generation), spec.group, (), _NONE)
+        self._remember(  # with the schedule's hints: a late frame says what the pattern was
+            self.completed,
+            lop.key,
+            ((spec.name, spec.generation), spec.group, spec.schedule.unexpected, _NONE),
         )
         self.stats.ops_completed += 1
         if self.trace is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..algorithms.codes import AlgorithmCode, OpKind
-from ..algorithms.schedule import Action, LocalKind, Schedule, plan_segments
+from ..algorithms.schedule import Action, Schedule, plan_segments
 from ..dtypes import DType
 from . import lane_layout as L
 from .payload import OpSpec
@@ -54,10 +54,39 @@ LANE_KINDS: dict[OpKind, frozenset[AlgorithmCode]] = {
     OpKind.BARRIER: frozenset({AlgorithmCode.ALL_TO_ALL, AlgorithmCode.ALL_TO_ONE}),
 }
 
-#: The element types the lane reduces (``kernels/raw.py``); others stay with the main loop.
-LANE_TYPES = frozenset(
-    {DType.FLOAT32, DType.FLOAT64, DType.INT32, DType.INT64, DType.FLOAT16, DType.BFLOAT16}
+#: Kinds whose schedules move whole regions straight to their destinations (one step of
+#: data, no pipeline to keep): rooted ops, all-to-all (equal or uneven parts), send/recv,
+#: the pairwise exchange, neighbor ops (BlueFog's weighted neighbours, Decent-DP's edges: a
+#: ring among the edge's ranks, then its weighted epilogue).  Each region is one segment
+#: (cut at ``DIRECT_SEGMENT_BYTES``): eager up to ``micro_bytes``, else a body on its own
+#: tag.  The two ends of a transfer agree on its size whatever the op's other parts are, so
+#: an uneven all-to-all's ranks cut alike without knowing each other's parts.
+DIRECT_KINDS: dict[OpKind, frozenset[AlgorithmCode]] = {
+    OpKind.REDUCE: frozenset({AlgorithmCode.DIRECT}),
+    OpKind.GATHER: frozenset({AlgorithmCode.DIRECT}),
+    OpKind.SCATTER: frozenset({AlgorithmCode.DIRECT}),
+    OpKind.ALLTOALL: frozenset({AlgorithmCode.DIRECT}),
+    OpKind.SEND_RECV: frozenset({AlgorithmCode.DIRECT}),
+    OpKind.PAIRWISE_EXCHANGE: frozenset({AlgorithmCode.PAIRWISE}),
+    OpKind.NEIGHBOR_ALLGATHER: frozenset({AlgorithmCode.NEIGHBOR}),
+    OpKind.NEIGHBOR_ALLREDUCE: frozenset({AlgorithmCode.NEIGHBOR, AlgorithmCode.EDGE}),
+}
+#: Largest segment of a direct kind's region (an MPI count is a C int).
+DIRECT_SEGMENT_BYTES = 1 << 30
+#: The kinds whose schedules do arithmetic on data (reductions, averages, weights): their
+#: element type must be one the lane's kernels take.  The others only move bytes, so every
+#: element type runs in the lane.
+_ARITHMETIC = frozenset(
+    {
+        OpKind.ALLREDUCE,
+        OpKind.REDUCE_SCATTER,
+        OpKind.REDUCE,
+        OpKind.NEIGHBOR_ALLREDUCE,
+    }
 )
+
+#: The element types the lane reduces (``kernels/raw.py``): all of them.
+LANE_TYPES = frozenset(DType)
 _FLOAT_TYPES = frozenset({DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16})
 
 
@@ -105,6 +134,11 @@ def fits_eager(nbytes: int, group_size: int, micro: int, kind: OpKind,
     return regions + -(-moved * nbytes // micro) <= SEGCAP
 
 
+def _bits(weight: float) -> int:
+    """A weight as the lane keeps it: the bits of a float64, in an int64 word."""
+    return int(np.float64(weight).view(np.int64))
+
+
 class LanePlans:
     """``prog``: the compiled plans and groups of a lane, appended as new shapes come."""
 
@@ -132,24 +166,33 @@ class LanePlans:
         if spec.after is not None or spec.passive:
             return -1
         allreduce = spec.kind is OpKind.ALLREDUCE
+        direct = spec.kind in DIRECT_KINDS
         if allreduce:
             if spec.algorithm not in LANE_ALGORITHMS:
                 return -1
+        elif direct:
+            if spec.algorithm not in DIRECT_KINDS[spec.kind] or self.body_tag < 0:
+                return -1  # (a region may be large: its body needs a tag of its own)
         elif spec.algorithm not in LANE_KINDS.get(spec.kind, ()):
             return -1
         if len(spec.group) > LANE_MAX_GROUP:
             return -1
         dt = spec.dtype
         op = spec.op
-        if dt not in LANE_TYPES:
-            return -1
-        if op.bitwise and dt in _FLOAT_TYPES:
-            return -1
+        if spec.kind in _ARITHMETIC:
+            if dt not in LANE_TYPES:
+                return -1
+            if op.bitwise and dt in _FLOAT_TYPES:
+                return -1
+            if spec.kind is OpKind.NEIGHBOR_ALLREDUCE and dt not in _FLOAT_TYPES:
+                return -1  # (weights: the main loop says what it does with integers)
         isz = dt.itemsize
         nbytes = spec.count * isz
         seg = max(self.micro, 8)
         p = len(spec.group)
-        if nbytes > LANE_MAX_SEGMENTS * seg or not (
+        if direct:
+            seg = DIRECT_SEGMENT_BYTES - DIRECT_SEGMENT_BYTES % isz
+        elif nbytes > LANE_MAX_SEGMENTS * seg or not (
             allreduce or fits_eager(nbytes, p, seg, spec.kind, spec.algorithm)
         ):
             if self.body_tag < 0:
@@ -183,13 +226,10 @@ class LanePlans:
         """Write the plan of ``sched`` (segments of at most ``seg_bytes``) into ``prog``;
         -1 if it uses what the lane does not run.  Receive segments above ``micro_bytes``
         get a place in the op's scratch."""
-        if any(r.action not in (Action.COPY, Action.REDUCE)
-               or (r.src is not None and r.action is not Action.REDUCE)
+        if any(r.src is not None and r.action is not Action.REDUCE
                for st in sched.steps for r in st.recvs):  # fmt: skip
             return -1
         locs = list(sched.prologue) + list(sched.epilogue)
-        if any(lop.kind not in (LocalKind.COPY, LocalKind.AVERAGE) for lop in locs):
-            return -1
         plan = plan_segments(sched, max(1, seg_bytes // isz))
         ns, nr = len(plan.sends), len(plan.recvs)
         if ns > SEGCAP or nr > SEGCAP:
@@ -240,6 +280,7 @@ class LanePlans:
             p[g + L.G_NWAIT] = plan.recv_waits[q]
             p[g + L.G_SUCC], p[g + L.G_NSUCC] = successors(plan.after_recv[q])
             p[g + L.G_SCR] = -1
+            p[g + L.G_W] = _bits(r.weight)
             if r.region.count * isz > self.micro:
                 if r.action is Action.COPY and r.src is None:
                     # Whatever reads its elements waits for it, and it is posted once
@@ -256,10 +297,11 @@ class LanePlans:
             g = l0 + k * L.L_N
             p[g + L.L_KIND] = int(lop.kind)
             p[g + L.L_DBUF], p[g + L.L_DOFF] = int(lop.dst.buffer), lop.dst.offset * isz
-            if lop.src is not None:
-                p[g + L.L_SBUF], p[g + L.L_SOFF] = int(lop.src.buffer), lop.src.offset * isz
+            src = lop.dst if lop.src is None else lop.src  # (a scale in place)
+            p[g + L.L_SBUF], p[g + L.L_SOFF] = int(src.buffer), src.offset * isz
             p[g + L.L_NBYTES] = lop.dst.count * isz
             p[g + L.L_DIV] = lop.divisor
+            p[g + L.L_W] = _bits(lop.weight)
         self._prog_len = l0 + len(locs) * L.L_N
         return at
 

@@ -8,9 +8,17 @@ the pass that drives them is :mod:`.lane_core`.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
-from ..kernels.raw import average_raw, copy_raw, reduce3_raw, reduce_raw
+from ..kernels.raw import (
+    accumulate_raw,
+    average_raw,
+    copy_raw,
+    reduce3_raw,
+    reduce_raw,
+    scale_raw,
+)
 from ..native.libc import memcpy, now_ns
 from ..transport.mpi_native import B_HANDLE_BYTES, mpi_isend
 from .lane_layout import *  # noqa: F403 - the field constants
@@ -106,6 +114,16 @@ def _locals(mem, prog, slot, first, n):  # type: ignore[no-untyped-def]
             copy_raw(dst, src, prog[r + L_NBYTES])
         elif kind == LK_AVERAGE:
             if average_raw(dt, dst, prog[r + L_NBYTES] // isz, prog[r + L_DIV]) < 0:
+                return -1
+        elif kind == LK_SCALE or kind == LK_ACCUMULATE:
+            src = mem[o + O_IN + prog[r + L_SBUF]] + prog[r + L_SOFF]
+            w = np.int64(prog[r + L_W]).view(np.float64)
+            n = prog[r + L_NBYTES] // isz
+            if kind == LK_SCALE:
+                rc = scale_raw(dt, dst, src, n, w)
+            else:
+                rc = accumulate_raw(dt, dst, src, n, w)
+            if rc < 0:
                 return -1
         else:
             return -1
@@ -227,6 +245,13 @@ def _apply(mem, prog, arena, slot, q, body):  # type: ignore[no-untyped-def]
     n = prog[r + G_NBYTES]
     if prog[r + G_ACTION] == ACT_COPY:
         copy_raw(dst, body, n)  # (a body received in place: dst is body, nothing moves)
+    elif prog[r + G_ACTION] == ACT_ACCUMULATE:
+        isz = prog[mem[o + O_PLAN] + PL_ISZ]
+        w = np.int64(prog[r + G_W]).view(np.float64)
+        if accumulate_raw(mem[o + O_DT], dst, body, n // isz, w) < 0:
+            _fail(mem, prog, arena, slot)
+            _event(mem, arena, EV_KERNEL, slot, -1, 0, 0, 0)
+            return
     else:
         isz = prog[mem[o + O_PLAN] + PL_ISZ]
         if prog[r + G_SBUF] >= 0:

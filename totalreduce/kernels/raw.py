@@ -9,9 +9,8 @@ the rest of the library uses, so a reduction gives the same bits whichever path 
 
 Every function returns 0, or -1 for a dtype code it does not take (the caller checked
 before, so -1 is a bug report, never silently wrong data).  They take the element types
-of gradients (float16, bfloat16, float32, float64, int32, int64); the narrow integer
-and bool types stay with the main loop (each type compiled here adds to the first
-start's compile time).
+of gradients (float16, bfloat16, float32, float64, int32, int64) and the narrow integer
+and bool types (uint8, int8, int16, bool), so every element type runs in the lane.
 """
 
 from __future__ import annotations
@@ -19,10 +18,14 @@ from __future__ import annotations
 from numba import carray, njit
 
 from ..native.intrinsics import (
+    ptr_bool,
     ptr_f32,
     ptr_f64,
+    ptr_i8,
+    ptr_i16,
     ptr_i32,
     ptr_i64,
+    ptr_u8,
     ptr_u16,
 )
 from ..native.libc import memmove
@@ -34,12 +37,19 @@ from . import numba_kernels as _nk
 _jit = njit(nogil=True, cache=True)
 reduce_native = _jit(_nk.reduce_native.py_func)
 reduce_integer = _jit(_nk.reduce_integer.py_func)
+reduce_bool = _jit(_nk.reduce_bool.py_func)
 reduce_f16 = _jit(_nk.reduce_f16.py_func)
 reduce_bf16 = _jit(_nk.reduce_bf16.py_func)
 average_float = _jit(_nk.average_float.py_func)
 average_int = _jit(_nk.average_int.py_func)
 average_f16 = _jit(_nk.average_f16.py_func)
 average_bf16 = _jit(_nk.average_bf16.py_func)
+scale_float = _jit(_nk.scale_float.py_func)
+scale_f16 = _jit(_nk.scale_f16.py_func)
+scale_bf16 = _jit(_nk.scale_bf16.py_func)
+axpy_float = _jit(_nk.axpy_float.py_func)
+axpy_f16 = _jit(_nk.axpy_f16.py_func)
+axpy_bf16 = _jit(_nk.axpy_bf16.py_func)
 
 # DType codes (totalreduce.dtypes.DType), repeated here as compile-time constants.
 DT_F16, DT_F32, DT_F64, DT_I32, DT_I64, DT_BF16, DT_U8, DT_I8, DT_I16, DT_BOOL = range(1, 11)
@@ -104,6 +114,14 @@ def reduce_raw(dt, op, dst, src, n):  # type: ignore[no-untyped-def]
         reduce_f16(carray(ptr_u16(dst), n), carray(ptr_u16(src), n), op)
     elif dt == DT_BF16:
         reduce_bf16(carray(ptr_u16(dst), n), carray(ptr_u16(src), n), op)
+    elif dt == DT_U8:
+        reduce_integer(carray(ptr_u8(dst), n), carray(ptr_u8(src), n), op)
+    elif dt == DT_I8:
+        reduce_integer(carray(ptr_i8(dst), n), carray(ptr_i8(src), n), op)
+    elif dt == DT_I16:
+        reduce_integer(carray(ptr_i16(dst), n), carray(ptr_i16(src), n), op)
+    elif dt == DT_BOOL:
+        reduce_bool(carray(ptr_bool(dst), n), carray(ptr_bool(src), n), op)
     else:
         return -1
     return 0
@@ -126,6 +144,54 @@ def average_raw(dt, dst, n, divisor):  # type: ignore[no-untyped-def]
         average_f16(carray(ptr_u16(dst), n), divisor)
     elif dt == DT_BF16:
         average_bf16(carray(ptr_u16(dst), n), divisor)
+    elif dt == DT_U8:
+        average_int(carray(ptr_u8(dst), n), divisor)
+    elif dt == DT_I8:
+        average_int(carray(ptr_i8(dst), n), divisor)
+    elif dt == DT_I16:
+        average_int(carray(ptr_i16(dst), n), divisor)
+    else:
+        return -1
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def scale_raw(dt, dst, src, n, weight):  # type: ignore[no-untyped-def]
+    """``dst = weight * src`` (``src`` may be ``dst``) for ``n`` elements of a floating
+    type ``dt``: the copy, then the main loop's kernel in place (the same bits)."""
+    if n <= 0:
+        return 0
+    if dt == DT_F32:
+        copy_raw(dst, src, n * 4)
+        scale_float(carray(ptr_f32(dst), n), weight)
+    elif dt == DT_F64:
+        copy_raw(dst, src, n * 8)
+        scale_float(carray(ptr_f64(dst), n), weight)
+    elif dt == DT_F16:
+        copy_raw(dst, src, n * 2)
+        scale_f16(carray(ptr_u16(dst), n), weight)
+    elif dt == DT_BF16:
+        copy_raw(dst, src, n * 2)
+        scale_bf16(carray(ptr_u16(dst), n), weight)
+    else:
+        return -1
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def accumulate_raw(dt, dst, src, n, weight):  # type: ignore[no-untyped-def]
+    """``dst += weight * src`` for ``n`` elements of a floating type ``dt`` (weighted
+    neighbour averaging), with the main loop's kernels."""
+    if n <= 0:
+        return 0
+    if dt == DT_F32:
+        axpy_float(carray(ptr_f32(dst), n), carray(ptr_f32(src), n), weight)
+    elif dt == DT_F64:
+        axpy_float(carray(ptr_f64(dst), n), carray(ptr_f64(src), n), weight)
+    elif dt == DT_F16:
+        axpy_f16(carray(ptr_u16(dst), n), carray(ptr_u16(src), n), weight)
+    elif dt == DT_BF16:
+        axpy_bf16(carray(ptr_u16(dst), n), carray(ptr_u16(src), n), weight)
     else:
         return -1
     return 0

@@ -199,7 +199,8 @@ def _make_ptr(nbty: types.Type):  # type: ignore[no-untyped-def]
         sig = types.CPointer(nbty)(types.int64)
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            return _pointer(builder, args[0], context.get_value_type(nbty))
+            # the type in memory (a bool is a byte there, i1 only in registers)
+            return _pointer(builder, args[0], context.get_data_type(nbty))
 
         return sig, codegen
 
