@@ -28,7 +28,7 @@ def table_rows() -> list[int]:
         if not line.startswith("| ") or line.startswith("| ---"):
             continue
         cells = line.split(" | ")
-        if cells[0] in ("| Horovod", "| torch.distributed", "| BlueFog"):
+        if cells[0] in ("| Horovod", "| torch.distributed", "| BlueFog", "| Decent-DP"):
             continue
         if cells[1].strip() != "none":
             out.append(n)
