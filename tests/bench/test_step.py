@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from bench_run import bench
 
+from conftest import optional_module
 from totalreduce.bench.resnet18 import RESNET18_GRADIENTS, resnet18_gradient_counts
 from totalreduce.bench.step import (
     MpiBuckets,
@@ -37,7 +38,7 @@ def test_resnet18_counts() -> None:
 
 
 def test_resnet18_matches_torchvision_when_installed() -> None:
-    models = pytest.importorskip("torchvision.models")
+    models = optional_module("torchvision.models")
     assert tuple(p.numel() for p in models.resnet18().parameters()) == RESNET18_GRADIENTS
 
 
