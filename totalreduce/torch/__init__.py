@@ -72,15 +72,61 @@ from ..api import (
     size,
 )
 from ..launch import provide_torchrun_env as _provide_torchrun_env
+from ..topology import (  # noqa: F401 (bluefog.torch's re-exports of topology_util)
+    ExponentialGraph,
+    ExponentialTwoGraph,
+    FullyConnectedGraph,
+    GetDynamicOnePeerSendRecvRanks,
+    GetExp2DynamicSendRecvMachineRanks,
+    GetInnerOuterExpo2DynamicSendRecvRanks,
+    GetInnerOuterRingDynamicSendRecvRanks,
+    GetRecvWeights,
+    GetSendWeights,
+    IsRegularGraph,
+    IsTopologyEquivalent,
+    MeshGrid2DGraph,
+    RingGraph,
+    StarGraph,
+    SymmetricExponentialGraph,
+)
 from . import windows as _windows
 from .bluefog import (
+    in_neighbor_machine_ranks,
     in_neighbor_ranks,
+    is_machine_topo_weighted,
     is_topo_weighted,
+    load_machine_topology,
     load_topology,
     machine_rank,
     machine_size,
+    out_neighbor_machine_ranks,
     out_neighbor_ranks,
+    set_machine_topology,
     set_topology,
+)
+from .bluefog_ops import (
+    InferDestinationFromSourceRanks,
+    InferSourceFromDestinationRanks,
+    allreduce_parameters,
+    get_current_created_window_names,
+    get_skip_negotiate_stage,
+    hierarchical_neighbor_allreduce,
+    hierarchical_neighbor_allreduce_nonblocking,
+    neighbor_allgather,
+    neighbor_allgather_nonblocking,
+    neighbor_win_accumulate,
+    neighbor_win_accumulate_nonblocking,
+    neighbor_win_get,
+    neighbor_win_get_nonblocking,
+    neighbor_win_put,
+    neighbor_win_put_nonblocking,
+    resume,
+    set_skip_negotiate_stage,
+    suspend,
+    timeline_context,
+    timeline_end_activity,
+    timeline_start_activity,
+    unified_mpi_window_model_supported,
 )
 from .broadcast_state import (
     allgather_object,
@@ -252,3 +298,35 @@ __all__ = [
     "wait",
 ]
 __all__ += _windows.__all__
+# BlueFog's names (bluefog.py, bluefog_ops.py).  bluefog.torch's re-exports of topology_util
+# (bf.RingGraph, bf.GetRecvWeights, ...) are attributes here too, documented in
+# totalreduce.topology.
+__all__ += [
+    "InferDestinationFromSourceRanks",
+    "InferSourceFromDestinationRanks",
+    "allreduce_parameters",
+    "get_current_created_window_names",
+    "get_skip_negotiate_stage",
+    "hierarchical_neighbor_allreduce",
+    "hierarchical_neighbor_allreduce_nonblocking",
+    "in_neighbor_machine_ranks",
+    "is_machine_topo_weighted",
+    "load_machine_topology",
+    "neighbor_allgather",
+    "neighbor_allgather_nonblocking",
+    "neighbor_win_accumulate",
+    "neighbor_win_accumulate_nonblocking",
+    "neighbor_win_get",
+    "neighbor_win_get_nonblocking",
+    "neighbor_win_put",
+    "neighbor_win_put_nonblocking",
+    "out_neighbor_machine_ranks",
+    "resume",
+    "set_machine_topology",
+    "set_skip_negotiate_stage",
+    "suspend",
+    "timeline_context",
+    "timeline_end_activity",
+    "timeline_start_activity",
+    "unified_mpi_window_model_supported",
+]
