@@ -1,7 +1,7 @@
 """One ``mpiexec -n 4`` for every BlueFog check script of this folder, as two machines.
 
-Starting four ranks that import torch costs seconds, so bluefog_api.py, bluefog_examples.py,
-bluefog_seed.py and bluefog_windows.py run one after another in one launch of
+Starting four ranks that import torch costs seconds, so bluefog_api.py, bluefog_optimizers.py,
+bluefog_examples.py, bluefog_seed.py and bluefog_windows.py run one after another in one launch of
 run_scripts.py (each as if started alone, its lines tagged with its part's name), the first
 time a test asks for one of them.  Hydra's ``-hosts localhost:2,127.0.0.1:2`` places ranks
 0-1 and 2-3 on two "hosts" that are both this machine: MPI's node split, and so
@@ -31,6 +31,7 @@ TIMEOUT = 480
 #: (part, script, arguments), in the order they run.
 PARTS = [
     ("bluefog_api", "bluefog_api.py", []),
+    ("bluefog_optimizers", "bluefog_optimizers.py", []),
     ("bluefog_seed", "bluefog_seed.py", []),
     # rank 3 sleeps 1.5 s before its asynchronous push-sum rounds (see the script)
     ("bluefog_windows", "bluefog_windows.py", ["--stall", "3:1.5"]),

@@ -3,9 +3,9 @@
 bluefog_examples.py reproduces ``pytorch_average_consensus.py`` for every topology and flag
 and ``pytorch_optimization.py`` for every method and topology; bluefog_api.py checks the
 other ``bluefog.torch`` calls (static defaults, machine topologies and
-``hierarchical_neighbor_allreduce``, ``neighbor_allgather``, ``Infer*``, utilities).  Both
-run in the one launch of bluefog_launch.py, with BlueFog's seed snippets and window
-examples.
+``hierarchical_neighbor_allreduce``, ``neighbor_allgather``, ``Infer*``, utilities) and
+bluefog_optimizers.py one step of each of BlueFog's distributed optimizers.  All run in the
+one launch of bluefog_launch.py, with BlueFog's seed snippets and window examples.
 """
 
 from __future__ import annotations
@@ -22,6 +22,21 @@ from bluefog_launch import lines, needs_mpiexec  # noqa: E402
 pytestmark = needs_mpiexec
 
 API_CHECKS = ("static-defaults", "machines", "allgather-infer", "utilities")
+OPTIMIZER_CHECKS = (
+    "adapt-with-combine",
+    "neighbor-allreduce",
+    "allreduce",
+    "hierarchical",
+    "adapt-then-combine",
+    "adapt-then-combine allreduce",
+    "gradient-allreduce",
+    "empty",
+    "every second step",
+    "dynamic knobs",
+    "registered step",
+    "adam adapt-then-combine",
+    "guards",
+)
 
 
 @pytest.mark.parametrize("label", LABELS)
@@ -38,3 +53,10 @@ def test_bluefog_torch_calls(check: str) -> None:
     out, whole = lines("bluefog_api")
     for rank in range(4):
         assert f"API {check} OK rank {rank}" in out, whole
+
+
+@pytest.mark.parametrize("check", OPTIMIZER_CHECKS)
+def test_bluefog_optimizers(check: str) -> None:
+    out, whole = lines("bluefog_optimizers")
+    for rank in range(4):
+        assert f"OPTIMIZER {check} OK rank {rank}" in out, whole

@@ -128,6 +128,15 @@ from .bluefog_ops import (
     timeline_start_activity,
     unified_mpi_window_model_supported,
 )
+from .bluefog_optimizers import (
+    CommunicationType,
+    DistributedAdaptThenCombineOptimizer,
+    DistributedAdaptWithCombineOptimizer,
+    DistributedAllreduceOptimizer,
+    DistributedGradientAllreduceOptimizer,
+    DistributedHierarchicalNeighborAllreduceOptimizer,
+    DistributedNeighborAllreduceOptimizer,
+)
 from .broadcast_state import (
     allgather_object,
     broadcast_object,
@@ -302,6 +311,13 @@ __all__ += _windows.__all__
 # (bf.RingGraph, bf.GetRecvWeights, ...) are attributes here too, documented in
 # totalreduce.topology.
 __all__ += [
+    "CommunicationType",
+    "DistributedAdaptThenCombineOptimizer",
+    "DistributedAdaptWithCombineOptimizer",
+    "DistributedAllreduceOptimizer",
+    "DistributedGradientAllreduceOptimizer",
+    "DistributedHierarchicalNeighborAllreduceOptimizer",
+    "DistributedNeighborAllreduceOptimizer",
     "InferDestinationFromSourceRanks",
     "InferSourceFromDestinationRanks",
     "allreduce_parameters",
