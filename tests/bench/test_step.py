@@ -3,7 +3,6 @@ timeline, and a run under ``mpiexec`` whose sums are checked."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -24,8 +23,11 @@ from totalreduce.bench.step import (
     wrong,
 )
 from totalreduce.bench.table import read_csv
+from totalreduce.launch import find_mpiexec
 
-needs_mpiexec = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
+
+needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec beside python or on PATH")
 
 
 def test_resnet18_counts() -> None:
