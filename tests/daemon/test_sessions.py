@@ -159,26 +159,36 @@ MOMENTS = {
 }
 
 
+EVERY_MOMENT = [
+    ("in-init", 0),
+    ("in-init", 0),  # what the first left behind, if anything, meets this one
+    ("in-init", -1),  # (-1: the last rank, on the other node where there are two)
+    ("mid-op", 0),
+    ("between-ops", -1),
+    ("while-leaving", 0),
+    ("mid-op", -1),
+]
+
+
 @pytest.mark.parametrize(
-    "nodes,slots", [(1, 2), (2, 1), (2, 2)], ids=["1-node-2-clients", "2-nodes", "2x2"]
+    "nodes,slots,plan",
+    [
+        (1, 2, EVERY_MOMENT),
+        (2, 1, EVERY_MOMENT),
+        (2, 2, [("in-init", 0), ("mid-op", 1), ("while-leaving", 2)]),
+    ],
+    ids=["1-node-2-clients", "2-nodes", "2x2"],
 )
 def test_a_client_killed_at_any_moment_ends_its_own_job_only(
-    tmp_path: Path, nodes: int, slots: int
+    tmp_path: Path, nodes: int, slots: int, plan: list[tuple[str, int]]
 ) -> None:
     """On the same services, one after the other: a client killed in init (twice in a
-    row, and then from the other node), mid-op, between ops and while leaving; after each,
-    a new job at once, with the same op names, exact in every dtype."""
+    row, and then on the other node), mid-op, between ops and while leaving; after each,
+    a new job at once, with the same op names, exact in every dtype.  Two nodes of two
+    clients: the victim's node has survivors too."""
     size = nodes * slots
     served = serve(nodes, slots, tmp_path / "s")
-    plan = [
-        ("in-init", 0),
-        ("in-init", 0),  # what the first left behind, if anything, meets this one
-        ("in-init", size - 1),
-        ("mid-op", 0),
-        ("between-ops", size - 1),
-        ("while-leaving", 0),
-        ("mid-op", size - 1),
-    ]
+    plan = [(moment, victim % size) for moment, victim in plan]
     try:
         for moment, victim in plan:
             survivors = MOMENTS[moment](served, victim)
