@@ -486,3 +486,60 @@ def test_inner_outer_schedules_refuse_bad_layouts() -> None:
             f(8, 4, 1.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="is one machine; it needs at least two"):
         tu.GetInnerOuterExpo2DynamicSendRecvRanks(4, 4, 0)
+
+
+# ---------------------------------------------------------------- networkx graphs, as BlueFog's
+
+
+class FakeDiGraph:
+    """The networkx calls from_networkx makes, on an edge list (networkx is optional)."""
+
+    def __init__(self, n: int, edges: list[tuple[int, int, float | None]], directed=True) -> None:
+        self.n, self._edges, self.directed = n, edges, directed
+
+    def number_of_nodes(self) -> int:
+        return self.n
+
+    def nodes(self) -> list[int]:
+        return list(range(self.n))
+
+    def is_directed(self) -> bool:
+        return self.directed
+
+    def edges(self, data: str, default: float) -> list[tuple[int, int, float]]:
+        assert data == "weight"
+        return [(s, d, default if w is None else w) for s, d, w in self._edges]
+
+
+def test_from_networkx_reads_bluefogs_orientation() -> None:
+    # BlueFog's left ring of 3: edge i -> i - 1 and the self-loops, weight 1/2
+    edges = [(i, i, 0.5) for i in range(3)] + [(i, (i - 1) % 3, 0.5) for i in range(3)]
+    g = topology_util.from_networkx(FakeDiGraph(3, edges))
+    np.testing.assert_allclose(g.matrix(0), topology_util.RingGraph(3, 1).matrix(0))
+    assert topology_util.GetRecvWeights(FakeDiGraph(3, edges), 0) == (0.5, {1: 0.5})
+    gen = topology_util.GetDynamicOnePeerSendRecvRanks(FakeDiGraph(3, edges), 0)
+    assert next(gen) == ([2], [1])
+    # without weights only the edges count: equal weights over a rank and its in-neighbors
+    plain = [(0, 1, None), (0, 2, None), (1, 2, None)]
+    w = topology_util.from_networkx(FakeDiGraph(3, plain), weighted=False).matrix(0)
+    np.testing.assert_allclose(w, [[1, 0, 0], [0.5, 0.5, 0], [1 / 3, 1 / 3, 1 / 3]])
+
+
+def test_from_networkx_refuses_what_it_cannot_read() -> None:
+    with pytest.raises(TypeError, match="takes a directed graph"):
+        topology_util.from_networkx(FakeDiGraph(2, [], directed=False))
+    with pytest.raises(ValueError, match="row 1 sums to 2.0, not 1"):
+        topology_util.from_networkx(FakeDiGraph(2, [(0, 0, 1.0), (1, 1, 1.0), (0, 1, 1.0)]))
+    with pytest.raises(TypeError, match="takes a networkx directed graph"):
+        topology_util.from_networkx([[1.0]])
+
+
+def test_real_networkx_graphs_of_bluefogs_matrices() -> None:
+    nx = pytest.importorskip("networkx")
+    for n in (1, 4, 6, 9):
+        for label, g, a in bluefog_graphs(n):
+            made = nx.from_numpy_array(a, create_using=nx.DiGraph)  # as BlueFog builds them
+            np.testing.assert_allclose(topology_util.from_networkx(made).matrix(0), a.T)
+            same = bool(np.array_equal(a.T, g.matrix(0)))  # exact, as BlueFog compares
+            assert topology_util.IsTopologyEquivalent(made, g) == same, label
+            assert topology_util.IsRegularGraph(made) == topology_util.IsRegularGraph(g), label

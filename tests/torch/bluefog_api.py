@@ -71,6 +71,29 @@ def static_defaults() -> None:
     ok("static-defaults")
 
 
+def networkx_topologies() -> None:
+    """BlueFog's own kind of topology, a networkx DiGraph, set as is."""
+    try:
+        import networkx as nx
+    except ImportError:
+        print(f"API networkx SKIPPED rank {bf.rank()} (networkx is not installed)", flush=True)
+        return
+    n, r = bf.size(), bf.rank()
+    x = value(r)
+    ring = nx.DiGraph()
+    ring.add_edges_from((i, (i + 1) % n) for i in range(n))  # no weights: only edges count
+    bf.set_topology(ring)
+    assert bf.in_neighbor_ranks() == [(r - 1) % n] and bf.out_neighbor_ranks() == [(r + 1) % n]
+    close(bf.neighbor_allreduce(x, name="nx"), (x + value((r - 1) % n)) / 2, "networkx ring")
+    star = topology_util.StarGraph(n).matrix(0).T  # BlueFog's orientation: A[src, dst]
+    bf.set_topology(nx.from_numpy_array(star, create_using=nx.DiGraph), is_weighted=True)
+    want = sum(value(j) for j in range(n)) / n if r == 0 else (n - 1) / n * x + value(0) / n
+    close(bf.neighbor_allreduce(x, name="nx"), want, "networkx weighted star")
+    ring.add_edges_from((i, i) for i in range(n))  # weights 1 and 1: no average
+    raises(ValueError, "sums to", bf.set_topology, ring, is_weighted=True)
+    ok("networkx")
+
+
 def machines() -> None:
     """machine_rank/size, the machine topology and hierarchical_neighbor_allreduce."""
     n, r, local = bf.size(), bf.rank(), bf.local_size()
@@ -188,6 +211,7 @@ def utilities() -> None:
 def main() -> None:
     bf.init()
     static_defaults()
+    networkx_topologies()
     machines()
     allgather_and_infer()
     utilities()

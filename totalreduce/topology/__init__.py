@@ -57,6 +57,7 @@ from .bluefog import (
     GetSendWeights,
     IsRegularGraph,
     IsTopologyEquivalent,
+    from_networkx,
     isPowerOf,
 )
 from .compat import TopologyReg
@@ -110,6 +111,7 @@ __all__ = [
     "StarGraph",
     "SymmetricExponentialGraph",
     "Topology",
+    "from_networkx",
     "get_topology",
     "isPowerOf",
     "is_column_stochastic",

@@ -4,7 +4,8 @@ Pure code.  ``from totalreduce import topology as topology_util`` stands in for
 ``from bluefog.common import topology_util``: every name of BlueFog's module is in this
 package (the graph classes in ``graph_topologies.py``, the rest here), with BlueFog's
 arguments and meanings.  BlueFog's graphs are networkx DiGraphs whose edge ``j -> i``
-carries what this package writes ``W[i, j]``; the answers below are BlueFog's.
+carries what this package writes ``W[i, j]``; the answers below are BlueFog's, and each
+function here also takes such a networkx graph (:func:`from_networkx`).
 
 The generators yield ``(send_ranks, recv_ranks)``, two lists, per step, forever: at step
 ``t`` this rank sends to ``send_ranks`` and receives from ``recv_ranks``, and every rank's
@@ -26,10 +27,11 @@ they cannot serve raise ValueError at the call (BlueFog's assertions fire at the
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
-from .graph_model import Graph
+from .graph_model import Graph, MatrixGraph
 from .mixing import MixingTopology, mixing_matrix, plan
 from .one_peer import OnePeerGraph
 
@@ -40,12 +42,58 @@ SendRecv = tuple[list[int], list[int]]
 
 
 def _topology(topo: object, what: str) -> MixingTopology:
+    if is_networkx_graph(topo):
+        return from_networkx(topo)
     if not isinstance(topo, MixingTopology):
         raise TypeError(
             f"{what} takes a topology of totalreduce.topology (RingGraph(n), "
             f"ExponentialTwoGraph(n), get_topology(name, n), ...), got {topo!r}"
         )
     return topo
+
+
+def is_networkx_graph(obj: object) -> bool:
+    """Whether ``obj`` looks like a networkx directed graph (what BlueFog's topologies are)."""
+    return (
+        not isinstance(obj, MixingTopology)
+        and callable(getattr(obj, "number_of_nodes", None))
+        and callable(getattr(obj, "edges", None))
+        and callable(getattr(obj, "is_directed", None))
+    )
+
+
+def from_networkx(graph: object, weighted: bool = True) -> MatrixGraph:
+    """A topology built with networkx, as BlueFog's are, as a :class:`MatrixGraph`.
+
+    ``graph`` is a directed graph on the nodes ``0 .. n-1`` whose edge ``j -> i`` carries
+    the weight rank ``i`` gives ``j``'s value (its ``"weight"``, 1 without one): ``W[i, j]``.
+    With ``weighted`` each rank's weights, its self-loop's included, must add up to 1 (as
+    ``nx.from_numpy_array`` of BlueFog's matrices gives them); without, only the edges count
+    and each rank weighs itself and its in-neighbors equally, as BlueFog does when a
+    topology is set without ``is_weighted``.  networkx itself is not imported here.
+    """
+    if not is_networkx_graph(graph):
+        raise TypeError(f"from_networkx takes a networkx directed graph, got {graph!r}")
+    g: Any = graph
+    if not g.is_directed():
+        raise TypeError(
+            "from_networkx takes a directed graph (networkx.DiGraph, as BlueFog's topologies "
+            "are); an undirected one has no direction for who sends to whom"
+        )
+    n = int(g.number_of_nodes())
+    nodes = sorted(g.nodes())
+    if nodes != list(range(n)):
+        raise ValueError(
+            f"from_networkx: the graph's nodes must be the ranks 0..{n - 1}, got {nodes[:8]}..."
+        )
+    w = np.zeros((n, n))
+    for src, dst, weight in g.edges(data="weight", default=1.0):
+        w[int(dst), int(src)] = float(weight)
+    if not weighted:
+        links = w != 0
+        np.fill_diagonal(links, True)
+        w = links / links.sum(axis=1, keepdims=True)
+    return MatrixGraph(w)
 
 
 def _int(value: object, what: str, least: int) -> int:
@@ -89,8 +137,9 @@ def GetSendWeights(topo: MixingTopology, rank: int) -> tuple[float, dict[int, fl
     """``(self_weight, {destination: weight})``: the weight ``rank`` gives itself and the
     weight each rank it sends to gives its value (ascending), as BlueFog's
     ``GetSendWeights``.  A dynamic topology answers for its first step."""
-    w = mixing_matrix(_topology(topo, "GetSendWeights"), 0)
-    topo._check_rank(rank)
+    t = _topology(topo, "GetSendWeights")
+    t._check_rank(rank)
+    w = mixing_matrix(t, 0)
     dst = {int(i): float(w[i, rank]) for i in np.flatnonzero(w[:, rank]) if i != rank}
     return float(w[rank, rank]), dst
 
@@ -143,6 +192,8 @@ def GetDynamicOnePeerSendRecvRanks(topo: Graph, self_rank: int) -> Iterator[Send
     own rotation assumes every rank has a non-zero weight of its own (all its graphs do);
     on a graph where one has none this rotates through all its out-neighbors.
     """
+    if is_networkx_graph(topo):
+        topo = from_networkx(topo)
     if not isinstance(topo, Graph):
         raise TypeError(
             "GetDynamicOnePeerSendRecvRanks takes a static graph (RingGraph(n), "

@@ -17,6 +17,10 @@ rank) holds.  With BlueFog's meanings:
   weighed as given (those left out by 0);
 - ``dst_weights`` too: a dynamic step, exactly as given.
 
+A networkx DiGraph, BlueFog's own kind of topology (edge ``j -> i`` weighted by what ``i``
+gives ``j``'s value), is taken too: with its weights under ``is_weighted=True`` (each rank's
+must add up to 1), else only its edges count.
+
 The machine topology (``set_machine_topology``) is the default of
 ``hierarchical_neighbor_allreduce``: a topology over the ``machine_size()`` machines, each
 of ``local_size()`` consecutive ranks, as BlueFog lays them out.
@@ -30,6 +34,7 @@ from typing import Any
 from ..api import default_service
 from ..errors import InvalidArgumentError, TotalReduceError
 from ..topology import ExponentialTwoGraph, Graph, MixingTopology, get_topology, plan
+from ..topology.bluefog import from_networkx, is_networkx_graph
 
 _lock = threading.Lock()
 #: What set_topology and set_machine_topology set, for the service they set it on: a new
@@ -61,7 +66,14 @@ def _keep(**values: Any) -> None:
     _state.update(values)
 
 
-def _checked(topology: Any, n: int, what: str, default: bool) -> MixingTopology:
+def _checked(
+    topology: Any, n: int, what: str, default: bool, weighted: bool = True
+) -> MixingTopology:
+    if is_networkx_graph(topology):  # BlueFog's own kind of topology
+        try:
+            topology = from_networkx(topology, weighted=weighted)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"{what}: {exc}") from None
     if topology is None and default:
         topology = ExponentialTwoGraph(n)
     elif isinstance(topology, str):
@@ -88,7 +100,9 @@ def set_topology(topology: Any = None, is_weighted: bool = False) -> bool:
     the windows created after it.  ``is_weighted``: average with the graph's own weights
     (default: equal weights over each rank and its in-neighbors, as BlueFog).  Returns
     True, as BlueFog's does when the topology is set."""
-    topology = _checked(topology, default_service().size, "set_topology", default=True)
+    topology = _checked(
+        topology, default_service().size, "set_topology", default=True, weighted=is_weighted
+    )
     with _lock:
         _keep(topology=topology, weighted=bool(is_weighted))
     return True
@@ -179,7 +193,9 @@ def set_machine_topology(topology: Any, is_weighted: bool = False) -> bool:
     weights over the machine and its in-neighbor machines).  Returns True."""
     if topology is None:
         raise InvalidArgumentError("set_machine_topology: the machine topology must not be None")
-    topology = _checked(topology, machine_size(), "set_machine_topology", default=False)
+    topology = _checked(
+        topology, machine_size(), "set_machine_topology", default=False, weighted=is_weighted
+    )
     with _lock:
         _keep(machine_topology=topology, machine_weighted=bool(is_weighted))
     return True
