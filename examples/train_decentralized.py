@@ -12,8 +12,9 @@ from their mean) per epoch, then makes every rank hold the global mean with
 loss curve to a PNG.
 
 The default ``alternating-exp-ring`` with ``--local-size 2`` treats the ranks
-as nodes of 2: steps alternate between averaging within a node and exchanging
-with one peer node.
+as nodes of 2: in each round of two steps a node averages once within itself
+and once together with one peer node (Decent-DP's schedule).  The same
+training in Decent-DP's own API is ``totalreduce.torch.decent_dp``.
 """
 
 from __future__ import annotations

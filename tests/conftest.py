@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -77,6 +78,24 @@ def import_torch() -> Any:
             raise ImportError(f"CI is set but 'torch' resolves to {torch!r}, not PyTorch")
         pytest.skip("torch not installed (pip install '.[test]')", allow_module_level=True)
     return torch
+
+
+def optional_module(name: str) -> Any:
+    """The optional module ``name`` (torchvision, say), or a skip saying why not: it is not
+    installed, or it is installed but does not import.  An extension built for another
+    torch fails at import with something other than ImportError (torchvision from PyPI over
+    a CPU-only torch: ``RuntimeError: operator torchvision::nms does not exist``); the
+    reason names that error, so a broken install shows as what it is, not as a failure of
+    the test."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        pytest.skip(f"{name} is not installed ({exc})")
+    except Exception as exc:  # a broken install: any error its import raises
+        pytest.skip(
+            f"{name} is installed but does not import: {type(exc).__name__}: {exc} (built for "
+            "another torch? install the build that matches this torch, or uninstall it)"
+        )
 
 
 @contextmanager

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 import totalreduce as tr
 import totalreduce.torch as trt
+import totalreduce.torch.decent_dp  # trt.decent_dp in the rows
 from totalreduce import topology as topology_util
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "migration.md"
@@ -62,6 +63,18 @@ KEYWORDS = {
     "prescale_factor": "2.0",
     "postscale_factor": "0.5",
     "group": "tr.Group([0, 1])",
+    # Decent-DP's DecentralizedDataParallel and its methods
+    "optim_fn": "trt.decent_dp.optim_fn_adamw",
+    "lr_scheduler_fn": "lambda o: torch.optim.lr_scheduler.StepLR(o, 5)",
+    "scaler": "torch.amp.GradScaler('cpu')",
+    "grad_clip_norm": "1.0",
+    "param_as_bucket_view": "True",
+    "sync_buffer_in_global_avg": "True",
+    "bucket_size_in_mb": "25",
+    "local_world_size": "1",
+    "will_revert": "True",
+    "return_d2c": "True",
+    "enable": "False",
 }
 
 # Sample arguments of a function a row shows bare or with ``(...)``.
@@ -78,6 +91,14 @@ ARGS = {
     "hierarchical_neighbor_allreduce": "x, topology='ring', local_size=1",
     "ExponentialGraph": "tr.size()",
     "start_timeline": "os.path.join(tempfile.mkdtemp(), 'trace')",
+    "initialize_dist": "",
+    "optim_fn_adam": "list(model.named_parameters())",
+    "optim_fn_adamw": "list(model.named_parameters())",
+    "optim_fn_accum_adam": "list(model.named_parameters())",
+    "optim_fn_accum_adamw": "list(model.named_parameters())",
+    "AccumAdam": "model.parameters()",
+    "AccumAdamW": "model.parameters()",
+    "lr_scheduler_fn_cosine_with_warmup": "torch.optim.SGD(model.parameters(), lr=0.1), 10, 2",
 }
 
 NOT_PYTHON = (
@@ -208,7 +229,7 @@ def rows() -> list[tuple[int, list[str]]]:
         if not line.startswith("| ") or line.startswith("| ---"):
             continue
         cells = line.split(" | ")
-        if cells[0] in ("| Horovod", "| torch.distributed", "| BlueFog"):
+        if cells[0] in ("| Horovod", "| torch.distributed", "| BlueFog", "| Decent-DP"):
             continue  # a header
         if cells[1].strip() == "none":
             continue  # no counterpart: nothing to run (the notes say why)
@@ -223,6 +244,10 @@ def main() -> None:
     failed = 0
     for n, spans in rows():
         ns = samples()
+        if any(span.startswith("ddp.") for span in spans):  # a Decent-DP row's wrapped model
+            ns["ddp"] = trt.decent_dp.DecentralizedDataParallel(
+                torch.nn.Linear(4, 2), trt.decent_dp.optim_fn_adamw
+            )
         done = []
         try:
             for span in spans:

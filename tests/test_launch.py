@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,9 @@ from totalreduce.launch import (
     MPILaunch,
     check_daemon_rank,
     check_world,
+    daemon_requested,
     expected_processes,
+    find_mpiexec,
     launcher_slot,
     mpi_launch,
     provide_torchrun_env,
@@ -120,3 +123,56 @@ def test_a_daemon_rank_torchrun_did_not_give_is_refused() -> None:
         check_daemon_rank(3, 6, 1, 3, 1, "node1.sock", {**torchrun, "RANK": "4"})
     # without torchrun nothing is checked (totalreduce sets these variables itself)
     check_daemon_rank(0, 4, 0, 2, 0, "node0.sock", {"RANK": "3"})
+
+
+def _refusal(env: dict[str, str]) -> str:
+    with pytest.raises(LaunchError) as info:
+        check_world(1, env=env)
+    return str(info.value)
+
+
+def test_a_lonely_world_under_torchrun_says_how_to_use_daemon_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal names daemon mode's variables and what it found where a daemon client
+    looks for its service ($XDG_RUNTIME_DIR/totalreduce): nothing, a service listening,
+    a socket nobody answers on, several sockets."""
+    import socket as sk
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    env = {**TORCHRUN, "LOCAL_WORLD_SIZE": "2"}
+    text = _refusal(env)
+    assert "TOTALREDUCE_SERVICE=daemon" in text and "--local-clients 2" in text, text
+    assert "gloo or nccl" in text and "mpiexec -n 2" in text, text
+    assert f"No service runs on this node (no socket in {tmp_path / 'totalreduce'})" in text
+    d = tmp_path / "totalreduce"
+    d.mkdir()
+    listening = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+    try:
+        listening.bind(str(d / "node0.sock"))
+        listening.listen(4)
+        text = _refusal(env)
+        assert f"Found on this node: {d / 'node0.sock'} (a service listens there)" in text, text
+        stale = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+        stale.bind(str(d / "node1.sock"))
+        stale.close()  # its file stays: nobody answers on it
+        text = _refusal(env)
+        assert "set TOTALREDUCE_SOCKET to this node's" in text, text
+        assert f"{d / 'node1.sock'} (no service answers)" in text, text
+    finally:
+        listening.close()
+    # a world the services gave (daemon mode) is not told to use them
+    with pytest.raises(LaunchError) as info:
+        check_world(1, "the node services' job", env=env)
+    assert "TOTALREDUCE_SERVICE" not in str(info.value)
+
+
+def test_daemon_requested_and_mpiexec_found() -> None:
+    assert daemon_requested({"TOTALREDUCE_SERVICE": "daemon"})
+    assert daemon_requested({"TOTALREDUCE_SOCKET": "/x.sock"})
+    embedded = {"TOTALREDUCE_SOCKET": "/x.sock", "TOTALREDUCE_SERVICE": "embedded"}
+    assert not daemon_requested(embedded)
+    assert not daemon_requested({})
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file():  # the mpich wheel's, whatever PATH says
+        assert find_mpiexec() == str(beside)

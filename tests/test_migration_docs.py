@@ -47,6 +47,8 @@ def _resolve(alias: str, dotted: str) -> object:
         pytest.importorskip("torch")
     obj: object = importlib.import_module(ALIASES[alias])
     for part in dotted.split("."):
+        if inspect.ismodule(obj) and not hasattr(obj, part):  # a submodule (trt.decent_dp)
+            importlib.import_module(f"{obj.__name__}.{part}")
         obj = getattr(obj, part)
     return obj
 

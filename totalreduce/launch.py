@@ -12,13 +12,20 @@ This module owns the reading of launchers' environments (no MPI call, no torch):
   has N > 1 processes (torchrun, or any setting ``WORLD_SIZE``) while the world
   totalreduce found has another size is an error, never N silent one-rank worlds;
 - daemon mode: :func:`launcher_slot` (the node service's slot a launcher asks for:
-  torchrun's ``LOCAL_RANK``, srun's ``SLURM_LOCALID``) and :func:`check_daemon_rank`
-  (under torchrun, the rank the node services gave must be the one torchrun said).
+  torchrun's ``LOCAL_RANK``, srun's ``SLURM_LOCALID``), :func:`check_daemon_rank`
+  (under torchrun, the rank the node services gave must be the one torchrun said),
+  :func:`daemon_requested` (this process will be a node service's client) and, in
+  :func:`check_world`'s error under torchrun, how to run daemon mode instead and the
+  service found on this node;
+- :func:`find_mpiexec`: the ``mpiexec`` of this Python's MPI.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
@@ -136,7 +143,8 @@ def check_world(
             f"processes: each would train its own model. totalreduce's ranks come from MPI: "
             f"launch the same script with `mpiexec -n {n} python ...` (torchrun-style scripts "
             "run unchanged there: totalreduce sets RANK, LOCAL_RANK and WORLD_SIZE); under "
-            "torchrun use the gloo or nccl backend"
+            f"{who if who != 'WORLD_SIZE' else 'its launcher'} use the gloo or nccl backend"
+            + (_daemon_hint(n, env) if what == "its MPI world" else "")
         )
     raise LaunchError(
         f"{what} has {size} ranks, but {who} says the job has {n} processes; launch with "
@@ -202,3 +210,64 @@ def check_daemon_rank(
         f"made it rank {rank} of {size} (slot {local_rank} of {local_size} on node {node})"
         f"{hint}"
     )
+
+
+def daemon_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``init()`` (without arguments) makes this process a node service's client:
+    ``TOTALREDUCE_SERVICE=daemon``, or a socket named without a service."""
+    env = os.environ if env is None else env
+    service = env.get("TOTALREDUCE_SERVICE", "").strip().lower()
+    return service == "daemon" or (not service and bool(env.get("TOTALREDUCE_SOCKET")))
+
+
+def _daemon_hint(n: int, env: Mapping[str, str] | None) -> str:
+    """How to keep this launcher and run daemon mode: the variables, and the service (or
+    sockets) found on this node where a daemon client would look for it."""
+    env = os.environ if env is None else env
+    per_node = _int(env, "LOCAL_WORLD_SIZE") or n
+    text = (
+        ", or keep it and totalreduce in daemon mode: start one node service per node "
+        f"(`mpiexec -n NODES totalreduce serve --local-clients {per_node}`, one rank per node) "
+        "and set TOTALREDUCE_SERVICE=daemon in the training processes' environment "
+        "(TOTALREDUCE_SOCKET=PATH as well where a node has several service sockets); "
+        "docs/daemon.md"
+    )
+    from .transport.hello import default_dir  # (no MPI: the socket's paths only)
+
+    directory = default_dir()
+    try:
+        found = sorted(directory.glob("node*.sock")) if directory.is_dir() else []
+    except OSError:
+        found = []
+    if not found:
+        return text + f". No service runs on this node (no socket in {directory})"
+    live = [p for p in found if _answers(p)]
+    if len(found) == 1:
+        state = "a service listens there" if live else "no service answers on it (stale?)"
+        return text + f". Found on this node: {found[0]} ({state})"
+    names = ", ".join(f"{p}{'' if p in live else ' (no service answers)'}" for p in found)
+    return text + f". Found on this node: {names}: set TOTALREDUCE_SOCKET to this node's"
+
+
+def _answers(path: os.PathLike[str]) -> bool:
+    """Whether a service accepts connections on the socket ``path`` (it says nothing to
+    it: the service drops a connection that never says hello)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(0.5)
+    try:
+        s.connect(os.fspath(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def find_mpiexec() -> str | None:
+    """The ``mpiexec`` of this Python's MPI: the one beside ``sys.executable`` (the
+    ``mpich`` wheel installs it there, also in a virtual environment that is not
+    activated), else the first on ``PATH``; None if there is none."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("mpiexec")

@@ -372,7 +372,20 @@ OPS: tuple[OpDecl, ...] = (
     ),
     OpDecl(
         "hierarchical_neighbor_allreduce",
-        (X, NAME, TOPOLOGY, Param("local_size", Kind.COUNT, 1), STEP, OUT, DTYPE, PRIORITY),
+        (
+            X,
+            NAME,
+            TOPOLOGY,
+            Param("local_size", Kind.COUNT, 1),
+            STEP,
+            OUT,
+            DTYPE,
+            PRIORITY,
+            # BlueFog's machine weights, per call, instead of a machine topology's.
+            Param("self_weight", Kind.WEIGHTS, None, annotation="float"),
+            Param("src_machine_weights", Kind.WEIGHTS, None),
+            Param("dst_machine_weights", Kind.SEND_WEIGHTS, None),
+        ),
         Takes.ONE,
         Returns.ARRAY,
         api=("x", "name", MORE),

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from totalreduce.launch import find_mpiexec
+
+MPIEXEC = find_mpiexec() or "mpiexec"  # this Python's (the mpich wheel's, beside it), else PATH's
+
 TIMEOUT = 150
 
 
@@ -14,7 +18,7 @@ def bench(n: int, *args: str, cwd: Path, command: str = "bench", timeout: int = 
     """``mpiexec -n n totalreduce COMMAND ARGS`` in ``cwd``; its output (it must exit 0)."""
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 20), PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        ["mpiexec", "-n", str(n), sys.executable, "-m", "totalreduce.cli", command, *args],
+        [str(MPIEXEC), "-n", str(n), sys.executable, "-m", "totalreduce.cli", command, *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
+from conftest import optional_module
 from totalreduce.bench.resnet50 import RESNET50_GRADIENTS, resnet50_gradient_counts
 
 
@@ -17,6 +16,6 @@ def test_resnet50_counts() -> None:
 
 
 def test_matches_torchvision_when_installed() -> None:
-    models = pytest.importorskip("torchvision.models")
+    models = optional_module("torchvision.models")
     model = models.resnet50()
     assert tuple(p.numel() for p in model.parameters()) == RESNET50_GRADIENTS

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,11 @@ from bench_run import bench
 from totalreduce.algorithms.registry import ALLREDUCE
 from totalreduce.bench.run import parse_size, size_range
 from totalreduce.bench.table import read_csv
+from totalreduce.launch import find_mpiexec
 
-pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
+
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec beside python or on PATH")
 
 
 def rows_of(out: str) -> list[list[str]]:

@@ -3,7 +3,6 @@ timeline, and a run under ``mpiexec`` whose sums are checked."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 from bench_run import bench
 
+from conftest import optional_module
 from totalreduce.bench.resnet18 import RESNET18_GRADIENTS, resnet18_gradient_counts
 from totalreduce.bench.step import (
     MpiBuckets,
@@ -23,8 +23,11 @@ from totalreduce.bench.step import (
     wrong,
 )
 from totalreduce.bench.table import read_csv
+from totalreduce.launch import find_mpiexec
 
-needs_mpiexec = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
+
+needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec beside python or on PATH")
 
 
 def test_resnet18_counts() -> None:
@@ -37,7 +40,7 @@ def test_resnet18_counts() -> None:
 
 
 def test_resnet18_matches_torchvision_when_installed() -> None:
-    models = pytest.importorskip("torchvision.models")
+    models = optional_module("torchvision.models")
     assert tuple(p.numel() for p in models.resnet18().parameters()) == RESNET18_GRADIENTS
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +12,13 @@ import pytest
 from bench_run import bench
 
 from totalreduce.algorithms.registry import ALLREDUCE
+from totalreduce.launch import find_mpiexec
 from totalreduce.service import tuning
 from totalreduce.service.ops import choose_allreduce
 
-pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
+
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec beside python or on PATH")
 
 
 def test_tune_writes_a_table_auto_follows(tmp_path: Path) -> None:

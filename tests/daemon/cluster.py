@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MPIEXEC = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+from totalreduce.launch import find_mpiexec
+
+#: This Python's mpiexec: the one beside it (the mpich wheel's, also in a virtual environment
+#: that is not activated), else the one on PATH.
+MPIEXEC = find_mpiexec() or str(Path(sys.executable).parent / "mpiexec")
 
 
 def have_mpiexec() -> bool:

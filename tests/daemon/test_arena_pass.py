@@ -455,6 +455,10 @@ class FakeLoop:
     def __init__(self) -> None:
         self.on_client_notice = None
         self.outer: tuple[int, int, int, int, int] | None = None
+        self.told: list[tuple[str, int, int, int]] = []  # what the node told the others
+
+    def tell_services(self, what: str, client: int, session: int = 0, agreed: int = 0) -> None:
+        self.told.append((what, client, session, agreed))
 
     def watch_outer(self, at: int, stride: int, n: int, seen: int, flag: int) -> None:
         self.outer = (at, stride, n, seen, flag)

@@ -68,7 +68,8 @@ def mpiexec(
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout - 10), PYTHONUNBUFFERED="1", **env_vars)
     for name in unset:
         env.pop(name, None)
-    cmd = ["mpiexec", "-n", str(n), sys.executable, *argv]
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")  # this python's MPI
+    cmd = [beside if os.path.exists(beside) else "mpiexec", "-n", str(n), sys.executable, *argv]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{out}"

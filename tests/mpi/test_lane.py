@@ -3,7 +3,6 @@ timeout (the lane is on by default in embedded mode over MPI)."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,11 +12,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from launch_modes import Launches, mpiexec  # noqa: E402
 
+from totalreduce.launch import find_mpiexec
+
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
+
 HERE = Path(__file__).parent
 TIMEOUT = 150
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
+    MPIEXEC is None, reason="no mpiexec beside python or on PATH (install the mpich wheel)"
 )
 
 

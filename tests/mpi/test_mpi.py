@@ -8,7 +8,6 @@ P client processes attached to them), with the same worker; ``sizes`` says at wh
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +21,12 @@ sys.path.insert(0, str(HERE.parent / "daemon"))
 from cluster import layout_for, run_clients, serve  # noqa: E402
 from launch_modes import Launches, mpiexec  # noqa: E402
 
+from totalreduce.launch import find_mpiexec  # noqa: E402
+
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
+
 pytestmark = pytest.mark.skipif(
-    shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
+    MPIEXEC is None, reason="no mpiexec beside python or on PATH (install the mpich wheel)"
 )
 
 
@@ -203,7 +206,7 @@ def _reported(mode: str, marker: str, *flags: str) -> list[str]:
     the other ranks that report it, each checked to be within 5 s."""
     env = dict(os.environ, MPIEXEC_TIMEOUT="60", PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        ["mpiexec", *flags, "-n", "3", sys.executable, str(HERE / "check_engine.py"), mode],
+        [str(MPIEXEC), *flags, "-n", "3", sys.executable, str(HERE / "check_engine.py"), mode],
         capture_output=True,
         text=True,
         timeout=70,

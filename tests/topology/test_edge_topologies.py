@@ -9,7 +9,6 @@ from topology_cases import SIZES, divisors, edge_cases
 from totalreduce.topology import (
     AlternatingExpRingTopology,
     Edge,
-    OnePeerExpTopology,
     Topology,
     get_topology,
     is_doubly_stochastic,
@@ -150,32 +149,44 @@ def test_alternating_exp_ring_structure(n: int) -> None:
         assert isinstance(topo, AlternatingExpRingTopology)
         nodes = n // local
         where = f"n={n} local_size={local}"
-        if local == 1:
-            # Nothing to average inside a node: exactly exp over the nodes.
-            exp = OnePeerExpTopology(n)
-            assert topo.period == exp.period, where
-            for t in range(topo.period):
-                np.testing.assert_array_equal(topo.matrix(t), exp.matrix(t), err_msg=where)
-            continue
+
+        def node(m: int, local: int = local) -> tuple[int, ...]:
+            return tuple(range(m * local, (m + 1) * local))
+
         if nodes == 1:
             assert topo.period == 1, where
             np.testing.assert_allclose(topo.matrix(0), np.full((n, n), 1 / n), err_msg=where)
             continue
         assert topo.period == 2 * rounds(nodes), where
-        for t in range(topo.period):
-            for rank in range(n):
-                edge = topo.edge_of(rank, t)
-                node, lr = divmod(rank, local)
-                if t % 2 == 0:
-                    assert edge.ranks == tuple(range(node * local, (node + 1) * local)), where
-                    assert edge.weight == pytest.approx(1 / local)
-                else:
-                    partner = node ^ (1 << (t // 2))
-                    if partner < nodes:
-                        want = tuple(sorted((rank, partner * local + lr)))
-                        assert edge == Edge(want, 0.5), where
-                    else:
-                        assert edge.ranks == (rank,), where
+        merged_in = []  # per pair, in order: which iteration of its round merged it
+        for r in range(rounds(nodes)):
+            for m in range(nodes):
+                partner = m ^ (1 << r)
+                apart = Edge(node(m), 1 / local)
+                got = [topo.edge_of(m * local, 2 * r + k) for k in (0, 1)]
+                if partner >= nodes:  # no partner: the node averages inside itself twice
+                    assert got == [apart, apart], where
+                    continue
+                merged = Edge(tuple(sorted(node(m) + node(partner))), 1 / (2 * local))
+                assert sorted(got, key=lambda e: len(e.ranks)) == [apart, merged], where
+                for lr in range(local):  # every rank of the node has the node's edges
+                    assert [topo.edge_of(m * local + lr, 2 * r + k) for k in (0, 1)] == got
+                if m < partner:
+                    merged_in.append(got.index(merged))
+        # The pairs take turns: the first merges in its round's second iteration, the
+        # next in the first, and so on.
+        assert merged_in == [1 - c % 2 for c in range(len(merged_in))], where
+
+
+def test_alternating_exp_ring_one_rank_per_node_leaves_ranks_alone() -> None:
+    topo = get_topology("alternating-exp-ring", 4, local_size=1)
+    assert [sorted(e.ranks for e in topo.edges(t)) for t in range(topo.period)] == [
+        [(0,), (1,), (2, 3)],
+        [(0, 1), (2,), (3,)],
+        [(0,), (1, 3), (2,)],
+        [(0, 2), (1,), (3,)],
+    ]
+    np.testing.assert_array_equal(period_matrix(topo), np.full((4, 4), 1 / 4))
 
 
 @pytest.mark.parametrize("n, local", [(4, 2), (8, 2), (8, 4), (16, 2), (16, 4), (32, 4), (24, 3)])

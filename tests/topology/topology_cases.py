@@ -19,6 +19,7 @@ def divisors(n: int) -> list[int]:
 
 def edge_cases(n: int) -> list[tuple[str, dict[str, object]]]:
     cases: list[tuple[str, dict[str, object]]] = [("complete", {}), ("ring", {}), ("exp", {})]
+    cases.append(("one-peer-exp", {}))
     cases += [("alternating-exp-ring", {"local_size": d}) for d in divisors(n)]
     return cases
 

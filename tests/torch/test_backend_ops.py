@@ -8,8 +8,6 @@ collectives; FSDP2 against FSDP2 on gloo; torch.distributed.checkpoint; a timeou
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from conftest import import_torch
@@ -18,11 +16,15 @@ torch = import_torch()
 
 from torch_launches import lines, plan  # noqa: E402
 
+from totalreduce.launch import find_mpiexec  # noqa: E402
+
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
+
 TIMEOUT = 300
 CHECKS = ["ops", "mesh", "fsdp", "dcp", "timeout"]
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
+    MPIEXEC is None, reason="no mpiexec beside python or on PATH (install the mpich wheel)"
 )
 
 

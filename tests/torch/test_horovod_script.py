@@ -5,7 +5,6 @@ allreduce(average=), grouped_allreduce, alltoall (with splits), reducescatter, j
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,18 +12,21 @@ from pathlib import Path
 import pytest
 
 from conftest import import_torch
+from totalreduce.launch import find_mpiexec
+
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
 
 import_torch()
 
 TIMEOUT = 240
 
 
-@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH (mpich wheel)")
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec beside python or on PATH (mpich wheel)")
 def test_a_horovod_script_runs_with_the_import_changed() -> None:
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 20))
     script = str(Path(__file__).with_name("horovod_script.py"))
     r = subprocess.run(
-        ["mpiexec", "-n", "2", sys.executable, script],
+        [str(MPIEXEC), "-n", "2", sys.executable, script],
         env=env, capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr

@@ -10,7 +10,6 @@ naming torchrun and the fix, and every process exits non-zero.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,9 @@ from pathlib import Path
 import pytest
 
 from conftest import import_torch
+from totalreduce.launch import find_mpiexec
+
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
 
 import_torch()
 
@@ -35,12 +37,12 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.skipif(
-    shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
+    MPIEXEC is None, reason="no mpiexec beside python or on PATH (install the mpich wheel)"
 )
 @pytest.mark.parametrize("backend", ["totalreduce", "gloo"])
 def test_a_torchrun_style_script_runs_unchanged_under_mpiexec(backend: str) -> None:
     r = subprocess.run(
-        ["mpiexec", "-n", "2", sys.executable, SCRIPT, "torchrun_style", backend],
+        [str(MPIEXEC), "-n", "2", sys.executable, SCRIPT, "torchrun_style", backend],
         env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr

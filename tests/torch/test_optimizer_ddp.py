@@ -5,8 +5,6 @@ Bitwise at P=2, to 1e-12 at P=3 (see the script's docstring for why).
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from conftest import import_torch
@@ -15,6 +13,10 @@ torch = import_torch()
 
 from torch_launches import lines, plan  # noqa: E402
 
+from totalreduce.launch import find_mpiexec  # noqa: E402
+
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
+
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
     pytest.skip("torch built without torch.distributed", allow_module_level=True)
@@ -22,7 +24,7 @@ if not dist.is_available():
 TIMEOUT = 120
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
+    MPIEXEC is None, reason="no mpiexec beside python or on PATH (install the mpich wheel)"
 )
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,9 @@ from pathlib import Path
 import pytest
 
 from conftest import import_torch
+from totalreduce.launch import find_mpiexec
+
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
 
 import_torch()
 
@@ -36,7 +38,7 @@ TIMEOUT = 75
 EXIT_WITHIN_S = 30
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
+    MPIEXEC is None, reason="no mpiexec beside python or on PATH (install the mpich wheel)"
 )
 
 #: The op each path's step names when its peer is gone, and the plain collective's.
@@ -76,7 +78,7 @@ def test_survivor_raises_and_exits(
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [
-            "mpiexec",
+            str(MPIEXEC),
             *flags,
             "-n",
             "2",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +15,15 @@ torch = import_torch()
 
 from torch_launches import lines, plan  # noqa: E402
 
+from totalreduce.launch import find_mpiexec  # noqa: E402
+
+MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
+
 HERE = Path(__file__).parent
 TIMEOUT = 120
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("mpiexec") is None, reason="mpiexec not on PATH (install the mpich wheel)"
+    MPIEXEC is None, reason="no mpiexec beside python or on PATH (install the mpich wheel)"
 )
 
 # One launch per size for these and other modules' checks (torch_launches.py): importing
@@ -81,7 +84,7 @@ def test_bench_torch_runs() -> None:
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), PYTHONUNBUFFERED="1")
     args = ["--steps", "1", "--rounds", "1", "--batch-size", "2", "--image-size", "32"]
     proc = subprocess.run(
-        ["mpiexec", "-n", "2", sys.executable, "-m", "totalreduce.torch.bench", *args],
+        [str(MPIEXEC), "-n", "2", sys.executable, "-m", "totalreduce.torch.bench", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

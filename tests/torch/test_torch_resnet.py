@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import import_torch
+from conftest import import_torch, optional_module
 
 torch = import_torch()
 
@@ -20,10 +20,7 @@ def test_parameter_tensors_match_torchvision(name: str) -> None:
     assert (len(ours), sum(p.numel() for _, p in ours)) == TORCHVISION[name]
     assert ours[0][0] == "conv1.weight" and tuple(ours[0][1].shape) == (64, 3, 7, 7)
     assert ours[-1][0] == "fc.bias"
-    try:
-        import torchvision.models as tvm
-    except ImportError:
-        return
+    tvm = optional_module("torchvision.models")
     theirs = [(n, tuple(p.shape)) for n, p in getattr(tvm, name)().named_parameters()]
     assert [(n, tuple(p.shape)) for n, p in ours] == theirs
 

@@ -11,7 +11,8 @@ ordinary engine whose ranks are the nodes' services.  Layout:
 - :mod:`.serve` - the command: start-up, agreement between nodes, signals;
 - :mod:`.node` - the socket: hello, slots, sessions, liveness and teardown;
 - :mod:`.thin` - the arena thread: the clients' ops, on the node and among the nodes
-  (with :mod:`.thin_ops`, :mod:`.thin_nodes` and :mod:`.thin_answers`);
+  (with :mod:`.thin_ops`, :mod:`.thin_nodes` and :mod:`.thin_answers`), and which session
+  of each node a job is made of (:mod:`.thin_session`);
 - :mod:`.arena_pass` - its compiled pass over the clients' submission rings;
 - :mod:`.sockets` - the listening socket, its permissions and peer credentials;
 - :mod:`.bench` - daemon mode against embedded mode.

@@ -57,6 +57,11 @@ from typing import Any
 
 import numpy as np
 
+from ..launch import find_mpiexec
+
+#: This Python's ``mpiexec`` (the mpich wheel's, beside it), else the one on PATH.
+MPIEXEC = find_mpiexec() or "mpiexec"
+
 SIZES = {"4KiB": 4 << 10, "4MiB": 4 << 20, "64MiB": 64 << 20}
 
 
@@ -183,7 +188,7 @@ class _Service:
         self.directory = directory
         self.log = directory.parent / "serve.log"
         cmd = [
-            "mpiexec", "-n", str(nodes), sys.executable, "-m", "totalreduce.cli", "serve",
+            MPIEXEC, "-n", str(nodes), sys.executable, "-m", "totalreduce.cli", "serve",
             "--local-clients", str(local), "--socket-dir", str(directory),
             "--log-level", "WARNING",
         ]  # fmt: skip
@@ -211,7 +216,7 @@ class _Service:
 
 
 def _run_embedded(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    cmd = ["mpiexec", "-n", str(args.nodes * args.local_clients), *_worker_cmd(args, out)]
+    cmd = [MPIEXEC, "-n", str(args.nodes * args.local_clients), *_worker_cmd(args, out)]
     subprocess.run(cmd, check=True, env=_env(), timeout=1200)
     return json.loads(out.read_text())
 
@@ -245,9 +250,9 @@ def _example_step(args: argparse.Namespace, service: _Service | None) -> float |
               "--plot", os.devnull]  # fmt: skip
     P = args.nodes * args.local_clients
     if service is None:
-        cmd = ["mpiexec", "-n", str(P), sys.executable, example.name, *common]
+        cmd = [MPIEXEC, "-n", str(P), sys.executable, example.name, *common]
     else:  # each rank attached to its node's service; MPI only for the example's timings
-        cmd = ["mpiexec"]
+        cmd = [MPIEXEC]
         for r in range(P):
             if r:
                 cmd.append(":")
@@ -408,8 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "worker":
         worker(args)
         return 0
-    if shutil.which("mpiexec") is None:
-        raise SystemExit("mpiexec is not on PATH")
+    if find_mpiexec() is None:
+        raise SystemExit(f"no mpiexec beside {sys.executable} or on PATH (the mpich wheel has one)")
     if args.example is None:
         args.example = _default_example()
     work = Path(tempfile.mkdtemp(prefix="totalreduce-bench-"))

@@ -342,6 +342,9 @@ def measure(
     ``SystemExit`` with the failure) when a process fails."""
     import subprocess
 
+    from ..launch import find_mpiexec
+
+    mpiexec = find_mpiexec() or "mpiexec"  # (this Python's: the mpich wheel's, beside it)
     count = max(nbytes // 4, 2)
     common = {"nodes": nodes, "local": local, "count": count, "iters": iters}
     # clients spin on a small op and sleep on a large one (their spinning would take the
@@ -350,12 +353,12 @@ def measure(
     work.mkdir(parents=True, exist_ok=True)
     out = work / "ranks.json"
     subprocess.run(
-        ["mpiexec", "-n", str(nodes * local), *_cmd("ranks", {**common, "out": out})],
+        [mpiexec, "-n", str(nodes * local), *_cmd("ranks", {**common, "out": out})],
         check=True, env=env, timeout=600,
     )  # fmt: skip
     embedded = summarize(json.loads(out.read_text()), iters)
     service = subprocess.Popen(
-        ["mpiexec", "-n", str(nodes), *_cmd("service", {**common, "dir": work})], env=env
+        [mpiexec, "-n", str(nodes), *_cmd("service", {**common, "dir": work})], env=env
     )
     places = [(n, k) for n in range(nodes) for k in range(local)]
     outs = [work / f"client{n}.{k}.json" for n, k in places]

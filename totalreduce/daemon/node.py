@@ -7,25 +7,26 @@ is the socket:
 - **hello**: a client connects (only the service's own user is admitted,
   checked with ``SO_PEERCRED``), says hello with its pid and the slot it wants;
   the service gives it a slot and an eventfd, attaches the slot to the arena
-  thread, tells the other nodes' services that the slot's rank is a new process
-  (JOIN, through the engine among the services: whoever saw the old one go
-  forgets it), and answers ``welcome`` with the arena's memory file and the two
-  eventfds;
+  thread (which tells the other nodes' services that the slot's rank is a new
+  process of this node's session: JOIN, through the engine among the services),
+  and answers ``welcome`` with the arena's memory file and the two eventfds;
 - **liveness**: the connection stays open while the client lives.  Its end
   detaches the slot.  With ``bye`` first the client exited cleanly; without,
   the process died, and the ops that rank was part of fail, here and (GONE,
-  through the engine among the services) on every node, with an error naming it;
+  through the engine among the services) on every node whose session agreed
+  with this one, with an error naming it;
 - **teardown**: a detached slot's part of the arena is reset when the next
   client takes it.
 
 Sessions.  A node's clients form a session from the first hello after the node
 had none until the last one leaves.  A session in which a client died admits no
 new client (its survivors' ops with that rank failed; a job restarts as a
-whole): the next session, once they have left, does.  The session number (``epoch``) is mixed
-into every op's wire id, so a new job that reuses op names never meets what
-the engine remembers of the previous job's ops.  Every node counts its own
-sessions: a job spans all nodes, and each node's session starts and ends with
-it.
+whole): the next session, once they have left, does.  Every node counts its own
+sessions (``epoch``): a job is one session of every node, and the sessions it is
+made of name its clients' agreement among the services (:mod:`.thin_session`), so a
+death, an error or a frame of one job never meets another.  The agreed number is mixed
+into every op's wire id, so a new job that reuses op names never meets what the
+engine remembers of the previous job's ops.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ class Node:
         local_clients: int,
         options: dict[str, int],
         thin: Any,
-        notices: Any = None,
         drain_timeout: float = 0.0,
     ) -> None:
         self.listener = listener
@@ -79,10 +79,9 @@ class Node:
         self.nodes = nodes
         self.local_clients = local_clients
         self.options = options
-        self.thin = thin  # the arena thread (daemon/thin.py): the clients' ops
-        #: the engine loop among the nodes' services (None on one node): it tells the
-        #: others of this node's clients (``tell_services``)
-        self.notices = notices
+        #: the arena thread (daemon/thin.py): the clients' ops, and what the other
+        #: nodes' services hear of this node's clients and sessions
+        self.thin = thin
         self.drain_timeout = drain_timeout
         self.slots: list[_Conn | None] = [None] * local_clients
         self.epoch = 0
@@ -218,7 +217,7 @@ class Node:
             self.sessions += 1
             self.epoch = self.sessions
             log.info("session %d starts", self.epoch)
-            self.thin.new_session()  # what the last job's ranks did no longer counts
+            self.thin.new_session(self.epoch)  # what the last job's ranks did no longer counts
         from ..transport.shm import new_eventfd
 
         rank = self.node * self.local_clients + slot
@@ -228,8 +227,6 @@ class Node:
         self.slots[slot] = conn
         thin_efd = new_eventfd()
         self.thin.attach(slot, conn.incarnation, os.dup(thin_efd))
-        if self.notices is not None:
-            self.notices.tell_services("joined", rank)
         welcome = {
             "t": "welcome",
             "rank": rank,
@@ -280,12 +277,11 @@ class Node:
         if self._stop.is_set():
             level = logging.WARNING
         log.log(level, "rank %d (pid %d) %s", rank, conn.pid, how)
-        if not conn.said_bye:  # its ops fail everywhere now
-            if self.notices is not None:
-                self.notices.tell_services("died", rank)
+        if not conn.said_bye:  # its ops fail everywhere now (the arena thread tells)
             self.failed = self.failed or f"rank {rank} (pid {conn.pid}) died"
         self.thin.detach(slot, None if conn.said_bye else how)
         self.slots[slot] = None
         if not any(self.slots):
             log.info("session %d ends", self.epoch)
             self.failed = None
+            self.thin.end_session()

@@ -219,7 +219,6 @@ def main(argv: list[str] | None = None) -> int:
         local_clients=args.local_clients,
         options=options,
         thin=thin,
-        notices=None if engine is None else engine.loop,
         drain_timeout=args.drain_timeout,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):

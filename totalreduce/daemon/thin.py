@@ -72,6 +72,7 @@ from .thin_ops import (
     _Op,
     _shape_text,
 )
+from .thin_session import Sessions
 
 log = logging.getLogger("totalreduce.daemon")
 
@@ -84,7 +85,7 @@ SPIN_S = 50e-6
 DRIVE_S = 1e-3
 
 
-class ThinService(PassOps, Descriptors, AmongNodes, Answers):
+class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
     """The arena thread of one node's service."""
 
     def __init__(
@@ -138,6 +139,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         self._gone: dict[int, str] = {}  # client ranks that left or died, and how
         self._answering = threading.Lock()
         self._stop = threading.Event()
+        self._init_sessions()  # which session of each node this one's job is made of
         if engine is not None:  # what the other services tell of their clients
             engine.loop.on_client_notice = self.client_notice
             self._watch_rings(engine.loop)
@@ -162,12 +164,18 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         receives aside): a stopping service gives them time to end."""
         return bool(self._fast_running) or any(not o.standing for o in list(self._running.values()))
 
-    def client_notice(self, kind: str, rank: int) -> None:
-        """Another node's service says its client rank ``rank`` ``"died"`` or that a new
-        process has it (``"joined"``): the engine among the services carries it."""
-        if kind == "died":
+    def client_notice(self, kind: str, rank: int, session: int = 0, agreed: int = 0) -> None:
+        """Another node's service says its client rank ``rank`` ``"died"``, that a new
+        process has it (``"joined"``), or that its session ended (``"ended"``), in its
+        session ``session``, which agreed with the others under ``agreed`` (0: not yet;
+        :mod:`.thin_session`): the engine among the services carries it.  Session 0 (a
+        service that numbers none: tests) is any session's."""
+        if session:
+            self._events.append(("notice", kind, rank, session, agreed))
+            self._kick()
+        elif kind == "died":
             self.peer_left(rank, "died")
-        else:
+        elif kind == "joined":
             self.peer_joined(rank)
 
     def peer_left(self, rank: int, how: str) -> None:
@@ -184,8 +192,14 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
             self._events.append(("joined", rank))
             self._kick()
 
-    def new_session(self) -> None:
-        self._events.append(("session",))
+    def new_session(self, epoch: int = 0) -> None:
+        """The node's session ``epoch`` starts (before its first client attaches)."""
+        self._events.append(("session", epoch))
+        self._kick()
+
+    def end_session(self) -> None:
+        """The node's session ended: its last client left (after it detached)."""
+        self._events.append(("ended",))
         self._kick()
 
     def stop(self, why: str = "the node's service stops") -> None:
@@ -271,12 +285,14 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
             self._inc[slot], self._efd[slot], self._head[slot] = inc, efd, 0
             self._fast.incs[slot] = inc
             self._gone.pop(self.node * self.slots + slot, None)
+            self._tell("joined", self.node * self.slots + slot)  # (the session is under way)
         elif ev[0] == "detach":
             _, slot, why = ev
             self._inc[slot] = self._fast.incs[slot] = 0
             self._close_efd(slot)
             rank = self.node * self.slots + slot
             if why is not None:
+                self._tell("died", rank)  # its ops fail on every node that agreed with it
                 self._left(rank, why, died=True)
             else:  # ops waiting for it here never complete: they fail, on every node
                 self._left(rank, "left", died=False)
@@ -285,10 +301,15 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
             self._left(rank, why, died)
         elif ev[0] == "joined":
             self._gone.pop(ev[1], None)
+        elif ev[0] == "notice":
+            self._notice(*ev[1:])
         elif ev[0] == "session":
             self._gone.clear()
             self._pending.clear()  # what the last job left unfinished
             self._collected.clear()
+            self._session_begins(ev[1])
+        elif ev[0] == "ended":
+            self._session_ends()
 
     def _close_efd(self, slot: int) -> None:
         with self._answering:
@@ -437,6 +458,9 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers):
         op.node_buf = node_buf
         if len(g.nodes) == 1 or self.engine is None:
             self._finish(op, None)
+            return
+        if self._is_session(op):  # the job's agreement: under a name of its sessions
+            self._session_start(op)
             return
         op.standing = op.passive  # all its local members are in: it stays so
         self._running[op.key] = op

@@ -158,7 +158,12 @@ class Answers:
         op.why, op.fail_kind = why, kind
         h = op.handle
         d = next((x for x in op.descs if x is not None), None)
-        if h is None and d is not None and len(op.grp.nodes) > 1 and self.engine is not None:
+        # (the job's agreement has no name among the services before it starts there:
+        # thin_session.py)
+        if (
+            h is None and d is not None and len(op.grp.nodes) > 1 and self.engine is not None
+            and op.key[0] != _SESSION
+        ):  # fmt: skip
             try:
                 # (a segmented op's other segments fail where they started: the first
                 # runs under this name)

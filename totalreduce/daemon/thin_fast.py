@@ -22,7 +22,7 @@ from ..service import express
 from ..transport import arena as A
 from ..transport.shm import signal_eventfd
 from . import arena_pass
-from .thin_ops import _error_kind, _Grp, _Op, _Segments, ended_of
+from .thin_ops import _SESSION, _error_kind, _Grp, _Op, _Segments, ended_of
 
 log = logging.getLogger("totalreduce.daemon")
 
@@ -57,6 +57,8 @@ class PassOps:
     _engine_op: Any
     _among_nodes_text: Any
     _kick: Any
+    _is_session: Any
+    _session_start: Any
 
     def _drain(self) -> bool:
         """Take what the clients submitted: the compiled pass takes and runs the common
@@ -124,6 +126,14 @@ class PassOps:
         d = fast.descs[e, 0]
         kind, wire = int(d[A.D_KIND]), int(fast.keys[e, 0])
         key = (wire, int(fast.keys[e, 1]), 0)
+        if wire == _SESSION:  # the job's agreement: Python's, under a name of its sessions
+            op = self._entry_op(e)
+            if self._is_session(op):
+                at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
+                op.node_buf = self.arena.view(at, 1, np.int64)
+                arena_pass.arena_release(fast.buf, fast.lay, e)
+                self._session_start(op)
+                return
         for late in self.engine.take_late_errors():  # about ops answered already
             log.warning("an op among the services failed elsewhere after it ended here: %s", late)
         self._fast_tokens += 1

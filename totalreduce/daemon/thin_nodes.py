@@ -55,6 +55,7 @@ class AmongNodes:
     _segment_groups: dict[int, Group]
     pipe_min_bytes: int
     _on_arena_thread: Any
+    _note_name: Any
 
     def _alltoall_out(
         self, op: _Op, ins: list[np.ndarray], outs: list[np.ndarray]
@@ -164,9 +165,9 @@ class AmongNodes:
         the client's wire id (its session is mixed in, unnamed ops' too), and the group's
         context for a group's (groups may share names)."""
         wire, _, ctx = key
-        if not ctx:
-            return wire
-        return A.signed((wire ^ (ctx * _GOLDEN)) & _MASK)
+        name = wire if not ctx else A.signed((wire ^ (ctx * _GOLDEN)) & _MASK)
+        self._note_name(name)  # forgotten when the session ends
+        return name
 
     def _among_nodes(
         self, op: _Op, kind: int, buf: np.ndarray | None, rop: ReduceOp, dt: DType,
@@ -218,6 +219,8 @@ class AmongNodes:
         name = self._engine_name(key)
         n = arena_pass.SEGMENTS
         names = [name] + [A.signed((name ^ (i * _SEGMENT_MIX)) & _MASK) for i in range(1, n)]
+        for x in names[1:]:
+            self._note_name(x)
         ranges = [(i * count // n, (i + 1) * count // n) for i in range(n)]
         return _Segments(self.engine, names, ranges)
 

@@ -203,7 +203,7 @@ class CommLoop(
         self._tag_span = int(getattr(transport, "tag_span", wire.BODY_TAG_SPAN))
         self._left: set[int] = set()  # peers that said goodbye (a subset of bad_peers)
         #: A node's service: what another service tells of its clients (engine/peers.py).
-        self.on_client_notice: Callable[[str, int], None] | None = None
+        self.on_client_notice: Callable[[str, int, int, int], None] | None = None
         self._unreachable: set[int] = set()  # peers whose link failed: nothing goes to them
         # Receiving: ops refused for lack of room here (to tell when submitted), and
         # urgency noted for ops not submitted yet.
@@ -374,7 +374,7 @@ class CommLoop(
                     if self.lane is not None:
                         self.lane.forget(item[1])
                 elif item[0] == "notice":  # a node's service tells the others
-                    self._announce(item[1], item[2])
+                    self._announce(*item[1:])
                 elif item[0] == "need":
                     p = self.table.get(item[1])
                     if p is not None:

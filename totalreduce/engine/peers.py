@@ -7,8 +7,10 @@ now and later; one whose process is gone, where the transport can tell
 ``say_goodbye``): the ops that still need it fail, those with only local work left
 finish.  Among daemon mode's node services, whose engine has no client ranks,
 GONE and JOIN carry what one service saw of its own clients to the others: a
-client's process died (``tell_services("died", ...)``) or a new process has its
-rank (``"joined"``); the others hear it through ``on_client_notice``.
+client's process died (``tell_services("died", ...)``), a new process has its
+rank (``"joined"``) or the node's session ended (``"ended"``: a JOIN of step 1),
+each with the node's session number and the name its session agreed under (the
+frame's generation and wire id); the others hear it through ``on_client_notice``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .floating import FloatingList
 from .link import Link
 from .payload import OpKey, Payload
 from .sending import _NO_SHAPE, _RECV
-from .wire import BYE, F_AUX, GONE, JOIN
+from .wire import BYE, F_AUX, F_GEN, F_STEP, F_WID, GONE, JOIN
 
 if TYPE_CHECKING:
     from .lane import Lane
@@ -50,9 +52,10 @@ class PeerHooks:
     submissions: deque[Any]
     bad_peers: dict[int, TotalReduceError]
     _left: set[int]
-    #: The engine among daemon services: ("died" or "joined", client rank) that another
-    #: service told with GONE or JOIN (:meth:`tell_services`).
-    on_client_notice: Callable[[str, int], None] | None
+    #: The engine among daemon services: ("died", "joined" or "ended", client rank,
+    #: session, agreement's name) that another service told with GONE or JOIN
+    #: (:meth:`tell_services`).
+    on_client_notice: Callable[[str, int, int, int], None] | None
     _unreachable: set[int]
     _reqs: list[Any]
     _owners: list[tuple[int, Any]]
@@ -127,10 +130,16 @@ class PeerHooks:
                     self._control(peer, BYE, _NO_SHAPE, (0, 0))
             self._flush()
 
-    def tell_services(self, what: str, client: int) -> None:
+    def tell_services(self, what: str, client: int, session: int = 0, agreed: int = 0) -> None:
         """A node's service (any thread): tell every other service that its client rank
-        ``client`` ``"died"`` (GONE) or that a new process has it (``"joined"``, JOIN)."""
-        self.submissions.append(("notice", GONE if what == "died" else JOIN, int(client)))
+        ``client`` ``"died"`` (GONE), that a new process has it (``"joined"``, JOIN), or
+        that the node's session ended (``"ended"``, JOIN of step 1; ``client`` is a rank
+        of the node), in the node's session ``session``, whose agreement among the
+        services ran under the name ``agreed`` (0: none yet).  In order, as told."""
+        ftype = GONE if what == "died" else JOIN
+        step = 1 if what == "ended" else 0
+        key = (int(agreed) & ((1 << 64) - 1), int(session))
+        self.submissions.append(("notice", ftype, int(client), key, step))
         self._ring()
 
     def _on_bye(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
@@ -140,12 +149,14 @@ class PeerHooks:
     def _on_gone(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
         """Another node's service says its client rank ``f[F_AUX]``'s process died."""
         if self.on_client_notice is not None:
-            self.on_client_notice("died", int(f[F_AUX]))
+            self.on_client_notice("died", int(f[F_AUX]), int(f[F_GEN]), _signed(f[F_WID]))
 
     def _on_join(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
-        """Another node's service says a new process has its client rank ``f[F_AUX]``."""
+        """Another node's service says a new process has its client rank ``f[F_AUX]``
+        (step 1: that its session ended)."""
         if self.on_client_notice is not None:
-            self.on_client_notice("joined", int(f[F_AUX]))
+            what = "ended" if f[F_STEP] else "joined"
+            self.on_client_notice(what, int(f[F_AUX]), int(f[F_GEN]), _signed(f[F_WID]))
 
     def _peer_left(self, peer: int) -> None:
         """Rank ``peer`` shut down: it sends nothing more (every frame it sent has come,
@@ -179,7 +190,14 @@ class PeerHooks:
             "shut down: the program ended or failed) before it completed"
         )
 
-    def _announce(self, ftype: int, client: int) -> None:
+    def _announce(
+        self, ftype: int, client: int, key: tuple[int, int] = (0, 0), step: int = 0
+    ) -> None:
         for peer in range(self.world):
             if peer != self.rank and peer not in self._unreachable:
-                self._control(peer, ftype, _NO_SHAPE, (0, 0), aux=client)
+                self._control(peer, ftype, _NO_SHAPE, key, aux=client, step=step)
+
+
+def _signed(word: int) -> int:
+    """A frame's unsigned 64-bit word as the signed name a node's service gave it."""
+    return word - (1 << 64) if word >= 1 << 63 else word

@@ -39,7 +39,9 @@ Frame types:
   ``aux`` died; treat it as if it had said ``BYE``.
 - ``JOIN`` (daemon mode, from a node's service): a new process has client rank
   ``aux``; if the old one left (``BYE`` or ``GONE``), forget it: its credits and
-  tags start afresh.
+  tags start afresh.  With ``step`` 1: the node's session ended.  Both carry the
+  node's session number as their generation and the name under which that session
+  agreed with the others as their wire id (0: not yet).
 
 :func:`split` validates every field of a message and its frames in one place
 and raises :class:`FrameError` on anything malformed, so garbage never reaches

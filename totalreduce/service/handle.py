@@ -222,6 +222,9 @@ class ServiceLike(Protocol):
         out: Any = None,
         dtype: str | None = None,
         priority: int = 0,
+        self_weight: float | None = None,
+        src_machine_weights: Any = None,
+        dst_machine_weights: Any = None,
     ) -> HandleLike: ...
 
     def hierarchical_neighbor_allreduce(

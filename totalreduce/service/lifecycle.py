@@ -247,6 +247,12 @@ class Lifecycle(OpSubmitter):
         if old is not None:
             old.close()
 
+    @property
+    def timeline(self) -> Any:
+        """The timeline recorder in use (a :class:`totalreduce.timeline.Timeline`), or None
+        when none records."""
+        return self._trace
+
     def _set_trace(self, trace: Any) -> None:
         """Record into ``trace`` from now on (None: stop), here and in the running engine."""
         self._trace = trace

@@ -281,6 +281,9 @@ class NeighborOps(OpSubmitter):
         out: Any = None,
         dtype: str | None = None,
         priority: int = 0,
+        self_weight: float | None = None,
+        src_machine_weights: Any = None,
+        dst_machine_weights: Any = None,
     ) -> Handle | ThinHandle:
         """Average within each node, then with neighbor nodes on a machine topology.
 
@@ -291,6 +294,13 @@ class NeighborOps(OpSubmitter):
         local rank ``l`` of a node exchanges with local rank ``l`` of its neighbor
         nodes, so every link of a node is used in parallel and every rank ends
         with its node's averaged result.
+
+        Or BlueFog's machine weights, given per call instead of a topology's:
+        ``self_weight`` for the node's own average, ``src_machine_weights``
+        (``{node: weight}``) for the nodes it receives from and
+        ``dst_machine_weights`` (``{node: weight}`` scaling what it sends, or a
+        list of nodes): all three, as :meth:`neighbor_allreduce_async` takes
+        ranks.  Every rank of a node must pass the same.
 
         Both phases are compiled and submitted here, in the caller's thread (a
         bad topology raises at the call), as a chain: the engine starts the
@@ -314,7 +324,23 @@ class NeighborOps(OpSubmitter):
         L = int(local_size)
         node, local = divmod(self.rank, L)
         local_grp = Group(range(node * L, node * L + L))
-        machine_topo = resolve_topology(topology or DEFAULT_TOPOLOGY, self.size // L)
+        given = (self_weight, src_machine_weights, dst_machine_weights)
+        if any(v is not None for v in given):
+            if any(v is None for v in given):
+                raise InvalidArgumentError(
+                    "hierarchical_neighbor_allreduce: give self_weight, src_machine_weights "
+                    "and dst_machine_weights together, or none of them (got "
+                    f"self_weight={self_weight!r}, src_machine_weights={src_machine_weights!r}, "
+                    f"dst_machine_weights={dst_machine_weights!r})"
+                )
+            if topology is not None:
+                raise InvalidArgumentError(
+                    "hierarchical_neighbor_allreduce: machine weights replace the topology; "
+                    "pass one or the other"
+                )
+            machine_topo: Any = (self_weight, src_machine_weights, dst_machine_weights)
+        else:
+            machine_topo = resolve_topology(topology or DEFAULT_TOPOLOGY, self.size // L)
         names = self._names
         op_name, gen = names.name(name, ("hierarchical", dt.name.lower(), n, "avg", L))
         local_name, local_gen = names.name(
@@ -406,6 +432,9 @@ class NeighborOps(OpSubmitter):
         names = self._names
         op_name, gen = reserved
         node, me = divmod(self.rank, L)
+        weights = None if edge_topology(machine_topo) else machine_weights(
+            machine_topo, node, self.size // L, step
+        )  # fmt: skip
         final = ThinHandle(
             thin, op_name, gen, OpKind.NEIGHBOR_ALLREDUCE, None, lambda: names.ended(op_name)
         )
@@ -420,17 +449,17 @@ class NeighborOps(OpSubmitter):
         shaped = mid.reshape(arr.shape)
 
         def machine() -> None:
-            if edge_topology(machine_topo):
+            if weights is None:
                 edge = machine_topo.edge_of(node, step)
                 grp = Group(sorted(m * L + me for m in edge.ranks))
                 self._thin_edge(shaped, dt, o, False, name, reserved, priority, grp,
                                 float(edge.weight), handle=final)  # fmt: skip
             else:
-                sw, src, dst = graph_weights(machine_topo, node, step)
+                sw, src, dst = weights
                 self._thin_exchange(
                     shaped, dt, o, False, name, reserved, priority,
                     {m * L + me: w for m, w in src.items()},
-                    {m * L + me: 1.0 for m in dst}, sw, handle=final,
+                    {m * L + me: w for m, w in dst.items()}, sw, handle=final,
                 )  # fmt: skip
 
         return thin.chain(first, final, machine)
@@ -448,13 +477,33 @@ class NeighborOps(OpSubmitter):
             return grp, AlgorithmCode.EDGE, cached_edge(me, grp.size, n, float(edge.weight))
         from ..algorithms.neighbor import neighbor_allreduce
 
-        sw, src, dst = graph_weights(machine_topo, node, step)
+        sw, src, dst = machine_weights(machine_topo, node, self.size // L, step)
         sched = neighbor_allreduce(
             self.rank,
             self.size,
             n,
             self_weight=sw,
             src_weights={m * L + local: w for m, w in src.items()},
-            dst_weights={m * L + local: 1.0 for m in dst},
+            dst_weights={m * L + local: w for m, w in dst.items()},
         )
         return self._world_group, AlgorithmCode.NEIGHBOR, sched
+
+
+def machine_weights(
+    machine_topo: Any, node: int, nodes: int, step: int
+) -> tuple[float, dict[int, float], dict[int, float]]:
+    """``(self_weight, {node: weight received}, {node: weight sent})`` of ``node`` in the
+    machine phase: a graph topology's at ``step``, or the ``(self_weight,
+    src_machine_weights, dst_machine_weights)`` given (node ids checked and a node named
+    among both its own sources and destinations folded in, as for ranks)."""
+    if not isinstance(machine_topo, tuple):
+        sw, src, dst = graph_weights(machine_topo, node, step)
+        return sw, src, dst
+    self_weight, src_weights, dst_weights = machine_topo
+    for what, given in (("src_machine_weights", src_weights), ("dst_machine_weights", dst_weights)):
+        for m in given:
+            if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 0 <= m < nodes:
+                raise ValueError(f"{what}: machine {m!r} is not one of the {nodes} machines")
+    if len(set(dst_weights)) != len(dst_weights):
+        raise ValueError(f"dst_machine_weights repeat a machine: {list(dst_weights)}")
+    return neighbor_weights(node, nodes, None, step, self_weight, src_weights, dst_weights)

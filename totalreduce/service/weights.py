@@ -60,25 +60,52 @@ def neighbor_weights(
     src_weights: Any,
     dst_weights: Any,
 ) -> tuple[float, dict[int, float], dict[int, float]]:
-    """BlueFog's weights: from the topology at ``step``, or as given (dynamic)."""
+    """BlueFog's weights: from the topology at ``step``, or as given (dynamic).
+
+    ``self_weight`` and ``src_weights`` without ``dst_weights`` (BlueFog's static form)
+    send to every out-neighbor of ``topology`` (default ``exponential-2``) and weigh
+    the in-neighbors as given, those left out by 0; a source that is no in-neighbor is
+    refused.  A rank named among its own destinations and sources (a schedule pairing a
+    rank with itself, as BlueFog's inner-outer ring does on one machine) keeps that share
+    of its own value: its weight is added to ``self_weight``.
+    """
     given = (self_weight, src_weights, dst_weights)
-    if any(v is not None for v in given):
-        if src_weights is None or self_weight is None:
+    if not any(v is not None for v in given):
+        return graph_weights(resolve_topology(topology or DEFAULT_TOPOLOGY, size), rank, step)
+    if src_weights is None or self_weight is None:
+        raise InvalidArgumentError(
+            "dynamic neighbor_allreduce needs self_weight and src_weights "
+            "(and dst_weights, or a topology to take the destinations from)"
+        )
+    if not isinstance(src_weights, Mapping):
+        raise InvalidArgumentError(
+            f"src_weights must map source ranks to weights, got {src_weights!r}"
+        )
+    src = weight_map(src_weights)
+    sw = float(self_weight)
+    if dst_weights is None:
+        topo = resolve_topology(topology or DEFAULT_TOPOLOGY, size)
+        _, in_weights, dst = graph_weights(topo, rank, step)
+        strangers = sorted(set(src) - set(in_weights))
+        if strangers:
             raise InvalidArgumentError(
-                "dynamic neighbor_allreduce needs self_weight and src_weights "
-                "(and dst_weights, or a topology to take the destinations from)"
+                f"src_weights name ranks {strangers} that are not in-neighbors of rank {rank} "
+                f"in {topo.describe()} at step {step} (those are {sorted(in_weights)}); "
+                "without dst_weights the topology says who sends"
             )
-        src = weight_map(dict(src_weights))
-        if dst_weights is None:
-            if topology is None:
-                raise InvalidArgumentError(
-                    "neighbor_allreduce with src_weights needs dst_weights or a topology"
-                )
-            _, _, dst = graph_weights(resolve_topology(topology, size), rank, step)
-        else:
-            dst = weight_map(dst_weights)
-        return float(self_weight), src, dst
-    return graph_weights(resolve_topology(topology or DEFAULT_TOPOLOGY, size), rank, step)
+        return sw, {r: src.get(r, 0.0) for r in sorted(in_weights)}, dst
+    dst = weight_map(dst_weights)
+    if (rank in src) != (rank in dst):
+        where = "src_weights" if rank in src else "dst_weights"
+        other = "dst_weights" if rank in src else "src_weights"
+        raise InvalidArgumentError(
+            f"rank {rank} is in its own {where} but not in its {other}; a rank may name "
+            "itself only in both (it then keeps that share of its own value)"
+        )
+    if rank in src:
+        sw += src.pop(rank)
+        dst.pop(rank)
+    return sw, src, dst
 
 
 def neighbor_ranks(

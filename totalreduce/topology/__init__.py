@@ -18,6 +18,10 @@ Two families share one interface, :class:`MixingTopology`:
   ``ring-graph``, ``fully-connected`` -- and the one-peer dynamic topology built from any
   of them (``one_peer.py``).
 
+BlueFog's ``topology_util`` is this package too (``from totalreduce import topology as
+topology_util``): the graph classes take BlueFog's arguments, and ``bluefog.py`` has its
+predicates, weights and dynamic send/receive schedules.
+
 The engine needs only :func:`plan` (what one rank receives, with which weights, and
 whom it sends to, at one step) and :func:`get_topology`; :func:`mixing_matrix` and the
 functions of ``analysis.py`` serve tests, tuning and the ``totalreduce topology``
@@ -43,14 +47,20 @@ from .analysis import (
     rho_period,
     spectral_gap,
 )
-from .compat import (
+from .bluefog import (
+    GetDynamicOnePeerSendRecvRanks,
     GetDynamicSendRecvRanks,
+    GetExp2DynamicSendRecvMachineRanks,
+    GetInnerOuterExpo2DynamicSendRecvRanks,
+    GetInnerOuterRingDynamicSendRecvRanks,
     GetRecvWeights,
     GetSendWeights,
     IsRegularGraph,
     IsTopologyEquivalent,
-    TopologyReg,
+    from_networkx,
+    isPowerOf,
 )
+from .compat import TopologyReg
 from .edge_model import Edge, Topology
 from .edge_topologies import (
     AlternatingExpRingTopology,
@@ -73,7 +83,11 @@ from .one_peer import OnePeerGraph, one_peer_dynamic, one_peer_matrix
 from .registry import get_topology, known_topologies, register, topology_options
 
 __all__ = [
+    "GetDynamicOnePeerSendRecvRanks",
     "GetDynamicSendRecvRanks",
+    "GetExp2DynamicSendRecvMachineRanks",
+    "GetInnerOuterExpo2DynamicSendRecvRanks",
+    "GetInnerOuterRingDynamicSendRecvRanks",
     "GetRecvWeights",
     "GetSendWeights",
     "IsRegularGraph",
@@ -97,7 +111,9 @@ __all__ = [
     "StarGraph",
     "SymmetricExponentialGraph",
     "Topology",
+    "from_networkx",
     "get_topology",
+    "isPowerOf",
     "is_column_stochastic",
     "is_doubly_stochastic",
     "is_row_stochastic",

@@ -1,4 +1,5 @@
-"""The built-in edge-model topologies: ``complete``, ``ring``, ``exp``, ``alternating-exp-ring``.
+"""The built-in edge-model topologies: ``complete``, ``ring``, ``exp`` (``one-peer-exp``),
+``alternating-exp-ring``.
 
 Every iteration is a partition of the ranks into averaging groups (see ``edge_model.py``),
 so every mixing matrix here is symmetric and doubly stochastic.  Each class documents how
@@ -38,7 +39,8 @@ def _hypercube_pairs(members: int, k: int) -> list[tuple[int, ...]]:
 
 @register("complete")
 class CompleteTopology(Topology):
-    """Every rank averages with all the others at every iteration (an allreduce average).
+    """Every rank averages with all the others at every iteration (an allreduce average),
+    as Decent-DP's ``complete``.
 
     One iteration, one edge holding all ranks with weight ``1/n``, so ``W = J/n``.  For
     ``n = 1`` the single rank keeps its value.
@@ -57,6 +59,7 @@ class OnePeerRingTopology(Topology):
 
     - Even ``n``: iteration 0 pairs ``(0, 1), (2, 3), ..., (n-2, n-1)``; iteration 1 pairs
       ``(1, 2), (3, 4), ..., (n-1, 0)``.  For ``n = 2`` both iterations pair 0 and 1.
+      These are Decent-DP's ``ring`` iterations, which it builds for even ``n`` only.
     - Odd ``n >= 3`` (a ring of odd length has no perfect matching): iteration 0 pairs
       ``(0, 1), ..., (n-5, n-4)`` and the last three ranks ``(n-3, n-2, n-1)`` average
       together (a triple edge with weight 1/3, each member takes the mean of the three);
@@ -108,31 +111,50 @@ class OnePeerExpTopology(Topology):
         return [[Edge(group, 0.5) for group in _hypercube_pairs(n, k)] for k in range(_rounds(n))]
 
 
+@register("one-peer-exp")
+class DecentOnePeerExpTopology(OnePeerExpTopology):
+    """Decent-DP's name for ``exp``: the same schedule under the name its scripts pass.
+
+    Decent-DP builds ``one-peer-exp`` for powers of two only; there ``exp``'s iteration
+    ``t`` pairs ``i`` with ``(i + 2**t) mod n`` exactly as Decent-DP does.  Other sizes
+    get ``exp``'s hypercube rule (a rank without a partner sits the iteration out).
+    """
+
+
 @register("alternating-exp-ring")
 class AlternatingExpRingTopology(Topology):
-    """Intra-node averaging alternating with one-peer exponential averaging across nodes.
+    """Decent-DP's alternating topology: nodes average inside themselves, and pairs of nodes
+    average as one group, in turns.
 
     Ranks are grouped by node in blocks of ``local_size``: node ``m`` holds ranks
     ``m*L .. m*L + L-1`` (``L = local_size``, required; ``n`` must be a multiple of it).
-    With ``M = n / L`` nodes and ``K = ceil(log2 M)``, the period is ``2K`` iterations:
+    With ``M = n / L`` nodes and ``K = ceil(log2 M)``, the period is ``2K`` iterations,
+    two per round ``r = 0 .. K-1``.  In round ``r`` node ``m`` is paired with node
+    ``m XOR 2**r`` (which is ``m + 2**r`` when bit ``r`` of ``m`` is clear, as in ``exp``).
+    A pair does two things in its round, one per iteration:
 
-    - iteration ``2r`` (intra-node phase): the ``L`` ranks of each node form one edge with
-      weight ``1/L``, so each rank takes its node's mean;
-    - iteration ``2r + 1`` (inter-node phase): node ``m`` pairs with node ``m XOR 2**r``
-      (which is ``m + 2**r`` when bit ``r`` of ``m`` is clear, as in ``exp``), and the
-      pairing runs rank by rank along the local index: rank ``m*L + l`` averages (weight
-      1/2) with rank ``m'*L + l`` of the partner node ``m'``.  All ``L`` ranks of a node
-      use their own link at once.  A node whose partner does not exist (``M`` not a power
-      of two) sits the phase out.
+    - *merge*: the ``2L`` ranks of both nodes form one edge of weight ``1/(2L)``, so each
+      takes the mean of the two nodes;
+    - *apart*: each of the two nodes is an edge of its own (weight ``1/L``), so each rank
+      takes its node's mean.
 
-    After an intra phase the ranks of a node hold equal values, so an inter phase averages
-    whole nodes pairwise; with ``M`` a power of two every rank holds the exact average
-    after one period.  Degenerate layouts:
+    Which comes first alternates from pair to pair: the pairs are counted over the whole
+    period, round by round and within a round by their lower node, and the pair counted
+    ``c`` merges in the second iteration of its round when ``c`` is even and in the first
+    when it is odd.  This is Decent-DP's schedule: every iteration's edges equal its
+    ``alternating-exp-ring``'s for every size it accepts (``M`` a power of two, at least
+    2).  Merged pairs hold equal values, so with ``M`` a power of two every rank holds the
+    exact average after one period.
 
-    - ``local_size == 1`` (one rank per node): there is nothing to average inside a node,
-      so the intra phase is dropped and the topology is exactly ``exp`` (period ``K``);
-    - a single node (``local_size == n``): the inter phase is dropped and every iteration
-      is the full average (period 1);
+    Sizes Decent-DP refuses, and what happens here:
+
+    - ``M`` not a power of two: a node whose partner ``m XOR 2**r`` does not exist sits the
+      round out, averaging inside itself in both iterations (the pairs that do exist are
+      counted as above);
+    - a single node (``local_size == n``): there is no pair; every iteration is the node's
+      average, which is the full average (period 1);
+    - ``local_size == 1``: "apart" leaves a rank alone, which keeps its value (Decent-DP
+      divides by zero there); each pair of ranks averages once per round;
     - ``n = 1`` (with ``local_size = 1``): the rank keeps its value.
     """
 
@@ -160,18 +182,31 @@ class AlternatingExpRingTopology(Topology):
         """The number of nodes, ``world_size // local_size``."""
         return self.world_size // self.local_size
 
+    def _node(self, m: int) -> tuple[int, ...]:
+        return tuple(range(m * self.local_size, (m + 1) * self.local_size))
+
     def _edges(self) -> list[list[Edge]]:
-        local, nodes = self.local_size, self.nodes
-        intra = [Edge(tuple(range(m * local, (m + 1) * local)), 1.0 / local) for m in range(nodes)]
-        if nodes == 1:
-            return [intra]
+        local = self.local_size
+        if self.nodes == 1:
+            return [[Edge(self._node(0), 1.0 / local)]]
         schedule: list[list[Edge]] = []
-        for r in range(_rounds(nodes)):
-            inter = []
-            for group in _hypercube_pairs(nodes, r):
-                for lr in range(local):
-                    inter.append(Edge(tuple(m * local + lr for m in group), 0.5))
-            if local > 1:
-                schedule.append(intra)
-            schedule.append(inter)
+        pairs_so_far = 0
+        for r in range(_rounds(self.nodes)):
+            first: list[Edge] = []
+            second: list[Edge] = []
+            for group in _hypercube_pairs(self.nodes, r):
+                apart = [Edge(self._node(m), 1.0 / local) for m in group]
+                if len(group) == 1:  # no partner node this round
+                    first += apart
+                    second += apart
+                    continue
+                merged = Edge(self._node(group[0]) + self._node(group[1]), 1.0 / (2 * local))
+                if pairs_so_far % 2 == 0:
+                    first += apart
+                    second.append(merged)
+                else:
+                    first.append(merged)
+                    second += apart
+                pairs_so_far += 1
+            schedule += [first, second]
         return schedule

@@ -13,6 +13,7 @@ stochastic, but every built-in graph is.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -79,6 +80,46 @@ class Graph(MixingTopology):
         """The ranks ``rank`` sends to (``W[i, rank] > 0``, ``i != rank``), sorted."""
         self._check_rank(rank)
         return self._out[rank]
+
+    # ------------------------------------------------------------------ networkx's queries
+    # BlueFog's graphs are networkx DiGraphs: an edge j -> i carries W[i, j], and a rank
+    # with a non-zero self weight has a self-loop.  These answer what BlueFog's helpers and
+    # scripts ask such a graph, with networkx's meanings (a self-loop counts once in the
+    # in-degree and once in the out-degree).
+
+    def number_of_nodes(self) -> int:
+        """networkx's ``number_of_nodes()``: the world size."""
+        return self.world_size
+
+    def number_of_edges(self) -> int:
+        """networkx's ``number_of_edges()``: the non-zero weights, self-loops included."""
+        return int(np.count_nonzero(self._w))
+
+    def predecessors(self, rank: int) -> Iterator[int]:
+        """networkx's ``predecessors(rank)``: the ranks whose value ``rank`` weighs (itself
+        too when its own weight is non-zero), ascending."""
+        self._check_rank(rank)
+        return iter([int(j) for j in np.flatnonzero(self._w[rank])])
+
+    def successors(self, rank: int) -> Iterator[int]:
+        """networkx's ``successors(rank)``: the ranks that weigh ``rank``'s value (itself too
+        when its own weight is non-zero), ascending."""
+        self._check_rank(rank)
+        return iter([int(i) for i in np.flatnonzero(self._w[:, rank])])
+
+    def in_degree(self, rank: int) -> int:
+        """networkx's ``in_degree(rank)``: the number of :meth:`predecessors`."""
+        self._check_rank(rank)
+        return int(np.count_nonzero(self._w[rank]))
+
+    def out_degree(self, rank: int) -> int:
+        """networkx's ``out_degree(rank)``: the number of :meth:`successors`."""
+        self._check_rank(rank)
+        return int(np.count_nonzero(self._w[:, rank]))
+
+    def degree(self, rank: int) -> int:
+        """networkx's ``degree(rank)`` of a directed graph: in-degree plus out-degree."""
+        return self.in_degree(rank) + self.out_degree(rank)
 
     def _check(self, w: np.ndarray) -> None:
         n = self.world_size

@@ -4,6 +4,13 @@
 ``ring-graph`` and ``fully-connected``.  Unless a graph says otherwise, rank ``i`` averages
 itself and its in-neighbors with equal weights, ``1 / (indegree + 1)``.
 
+Each class takes BlueFog's arguments, positionally or by BlueFog's keyword, and builds
+the graph ``bluefog.common.topology_util`` builds (the same weights, transposed: see the
+package docstring): ``RingGraph(size, connect_style=1)``, ``ExponentialGraph(size, 3)``,
+``MeshGrid2DGraph(size, shape=(2, 4))``, ``StarGraph(size, center_rank=2)``,
+``SymmetricExponentialGraph(size, base=4)``.  ``RingGraph``'s ``style=`` and
+``StarGraph``'s ``center=`` are this package's spellings of the same options.
+
 Most of these graphs are circulant: rank ``i`` sends to ``i + d`` for every offset ``d`` of
 a fixed set (mod ``n``), so it receives from ``i - d``; then ``W[i, (i - d) % n]`` is the
 uniform weight and every row and column holds the same weights, so ``W`` is doubly
@@ -57,12 +64,15 @@ class ExponentialGraph(Graph):
     """Rank ``i`` sends to ``i + b**k`` for every power ``b**k < n`` (``b = base``, default 2).
 
     So rank ``i`` receives from ``i - b**k`` (mod ``n``), with uniform weights
-    ``1 / (number of powers + 1)``.  With base 2 this is ``exponential-2``.
+    ``1 / (number of powers + 1)``.  With base 2 this is ``exponential-2``.  BlueFog's
+    ``ExponentialGraph(size, base)``; the powers are found in integer arithmetic, so
+    ``base**k`` is never missed (BlueFog's floating-point test misses 243 for base 3 and
+    1000 for base 10: the graphs differ from BlueFog's from those sizes on).
     """
 
-    def __init__(self, world_size: int, *, base: int = 2) -> None:
+    def __init__(self, size: int, base: int = 2) -> None:
         self.base = _check_base(base, "the exponential graph")
-        super().__init__(world_size)
+        super().__init__(size)
 
     def _matrix(self) -> np.ndarray:
         n = self.world_size
@@ -80,8 +90,8 @@ class ExponentialTwoGraph(ExponentialGraph):
     ``j = n/2`` has ``omega**(n/2) = -1`` and every other term 1.
     """
 
-    def __init__(self, world_size: int) -> None:
-        super().__init__(world_size, base=2)
+    def __init__(self, size: int) -> None:
+        super().__init__(size, base=2)
 
 
 @register("symmetric-exponential")
@@ -90,11 +100,12 @@ class SymmetricExponentialGraph(Graph):
 
     The offsets up to ``n // 2`` are the powers of ``base``, the others mirror them, so the
     graph is undirected and ``W`` symmetric; uniform weights ``1 / (degree + 1)``.
+    BlueFog's ``SymmetricExponentialGraph(size, base)``.
     """
 
-    def __init__(self, world_size: int, *, base: int = 4) -> None:
+    def __init__(self, size: int, base: int = 4) -> None:
         self.base = _check_base(base, "the symmetric exponential graph")
-        super().__init__(world_size)
+        super().__init__(size)
 
     def _matrix(self) -> np.ndarray:
         n = self.world_size
@@ -119,23 +130,27 @@ class MeshGrid2DGraph(Graph):
     right, upper and lower neighbors.  The weights are not uniform: with ``d_i`` the number
     of neighbors of ``i``, ``W[i, j] = 1 / (max(d_i, d_j) + 1)`` for each neighbor ``j`` and
     ``W[i, i]`` takes the rest, which keeps ``W`` symmetric and doubly stochastic although
-    the degrees differ between corners, borders and the inside.
+    the degrees differ between corners, borders and the inside.  BlueFog's
+    ``MeshGrid2DGraph(size, shape)``.
     """
 
-    def __init__(self, world_size: int, *, shape: tuple[int, int] | None = None) -> None:
+    def __init__(self, size: int, shape: tuple[int, int] | None = None) -> None:
         if shape is None:
-            if isinstance(world_size, int) and world_size >= 1:
-                shape = grid_shape(world_size)
+            if isinstance(size, int) and size >= 1:
+                shape = grid_shape(size)
         else:
-            rows, cols = (int(v) for v in shape)
-            if rows < 1 or cols < 1 or rows * cols != world_size:
+            try:
+                rows, cols = (int(v) for v in shape)
+            except (TypeError, ValueError):
+                raise ValueError(f"mesh shape must be (rows, cols), got {shape!r}") from None
+            if rows < 1 or cols < 1 or rows * cols != size:
                 raise ValueError(
-                    f"mesh shape {tuple(shape)} does not hold world size {world_size}; "
+                    f"mesh shape {tuple(shape)} does not hold world size {size}; "
                     "rows * cols must equal it"
                 )
             shape = (rows, cols)
         self.shape = shape
-        super().__init__(world_size)
+        super().__init__(size)
 
     def neighbors(self, rank: int) -> list[int]:
         """The grid neighbors of ``rank``, sorted."""
@@ -171,16 +186,23 @@ class StarGraph(Graph):
     The weights are not uniform (uniform ones would not be column stochastic): the
     center takes the plain average of all ranks, ``W[c, j] = 1/n``; every other rank keeps
     ``1 - 1/n`` of its value and takes ``1/n`` from the center.  ``W`` is symmetric and
-    doubly stochastic.
+    doubly stochastic.  BlueFog's ``StarGraph(size, center_rank)``; ``center=`` is the
+    same option.
     """
 
-    def __init__(self, world_size: int, *, center: int = 0) -> None:
+    def __init__(self, size: int, center_rank: int = 0, *, center: int | None = None) -> None:
+        if center is not None and center != center_rank and center_rank != 0:
+            raise ValueError(
+                f"center={center!r} and center_rank={center_rank!r} disagree; pass one of them"
+            )
+        if center is None:
+            center = center_rank
         if isinstance(center, bool) or not isinstance(center, int):
             raise TypeError(f"center must be an int, got {center!r}")
-        if isinstance(world_size, int) and not 0 <= center < max(world_size, 1):
-            raise ValueError(f"center {center} is out of range for world size {world_size}")
+        if isinstance(size, int) and not 0 <= center < max(size, 1):
+            raise ValueError(f"center {center} is out of range for world size {size}")
         self.center = center
-        super().__init__(world_size)
+        super().__init__(size)
 
     def _matrix(self) -> np.ndarray:
         n, c = self.world_size, self.center
@@ -190,6 +212,7 @@ class StarGraph(Graph):
         return w
 
 
+#: The ring's styles; the index of each is BlueFog's ``connect_style``.
 RING_STYLES = ("bidirectional", "left", "right")
 
 
@@ -197,21 +220,49 @@ RING_STYLES = ("bidirectional", "left", "right")
 class RingGraph(Graph):
     """A static ring in one of three styles, uniform weights.
 
-    - ``bidirectional`` (default): rank ``i`` receives from ``i - 1`` and ``i + 1``, weight
-      1/3 each (1/2 for ``n = 2``, where both are the same rank);
-    - ``left``: every rank sends to its left neighbor ``i - 1``, so receives from
-      ``i + 1``; weight 1/2;
-    - ``right``: every rank sends to its right neighbor ``i + 1``, so receives from
-      ``i - 1``; weight 1/2.
+    - ``bidirectional`` (default; BlueFog's ``connect_style=0``): rank ``i`` receives from
+      ``i - 1`` and ``i + 1``, weight 1/3 each (1/2 for ``n = 2``, where both are the same
+      rank);
+    - ``left`` (``connect_style=1``): every rank sends to its left neighbor ``i - 1``, so
+      receives from ``i + 1``; weight 1/2;
+    - ``right`` (``connect_style=2``): every rank sends to its right neighbor ``i + 1``, so
+      receives from ``i - 1``; weight 1/2.
 
-    For ``n = 1`` the rank keeps its value.
+    For ``n = 1`` the rank keeps its value.  BlueFog's ``RingGraph(size, connect_style)``;
+    ``style=`` names the same choice.
     """
 
-    def __init__(self, world_size: int, *, style: str = "bidirectional") -> None:
+    def __init__(
+        self, size: int, connect_style: int | None = None, *, style: str | None = None
+    ) -> None:
+        if connect_style is not None:
+            if (
+                isinstance(connect_style, bool)
+                or not isinstance(connect_style, int)
+                or not 0 <= connect_style < len(RING_STYLES)
+            ):
+                raise ValueError(
+                    "connect_style must be 0 (bidirectional), 1 (left) or 2 (right), got "
+                    f"{connect_style!r}"
+                )
+            named = RING_STYLES[connect_style]
+            if style is not None and style != named:
+                raise ValueError(
+                    f"connect_style={connect_style} is the {named!r} ring but style={style!r} "
+                    "was given too; pass one of them"
+                )
+            style = named
+        if style is None:
+            style = "bidirectional"
         if style not in RING_STYLES:
             raise ValueError(f"unknown ring-graph style {style!r}; known: {', '.join(RING_STYLES)}")
         self.style = style
-        super().__init__(world_size)
+        super().__init__(size)
+
+    @property
+    def connect_style(self) -> int:
+        """BlueFog's number for the style: 0 bidirectional, 1 left, 2 right."""
+        return RING_STYLES.index(self.style)
 
     def _matrix(self) -> np.ndarray:
         offsets = {"bidirectional": (1, -1), "left": (-1,), "right": (1,)}[self.style]
@@ -220,7 +271,11 @@ class RingGraph(Graph):
 
 @register("fully-connected")
 class FullyConnectedGraph(Graph):
-    """Every rank receives from every other: ``W = J/n``."""
+    """Every rank receives from every other: ``W = J/n``.  BlueFog's
+    ``FullyConnectedGraph(size)``."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
 
     def _matrix(self) -> np.ndarray:
         n = self.world_size

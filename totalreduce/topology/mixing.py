@@ -108,12 +108,14 @@ class MixingTopology(abc.ABC):
         return f"topology {label!r}{with_options} with world size {self._world_size}"
 
     def options(self) -> dict[str, object]:
-        """The keyword options of this topology's class, with the values it was built with."""
-        params = inspect.signature(type(self)).parameters.values()
+        """The options of this topology's class (its parameters after the world size that
+        it keeps as attributes of the same name), with the values it was built with."""
+        params = list(inspect.signature(type(self)).parameters.values())[1:]
+        mine = vars(self)
         return {
-            p.name: getattr(self, p.name)
+            p.name: mine[p.name]
             for p in params
-            if p.kind is p.KEYWORD_ONLY and hasattr(self, p.name)
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name in mine
         }
 
     def __repr__(self) -> str:

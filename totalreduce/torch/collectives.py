@@ -185,10 +185,9 @@ def run(plan: _Plan, args: dict[str, Any]) -> Any:
         if call[of] is None:
             call[of] = args[older]
     if plan.topology and call[plan.topology] is None:
-        if all(call[w] is None for w in plan.weights):
-            from .bluefog import current_topology
+        from .bluefog import neighbor_defaults
 
-            call[plan.topology] = current_topology()  # set_topology's, if any
+        neighbor_defaults(call, svc)  # set_topology's topology, with BlueFog's weights
     if not plan.takes_tensor:
         return getattr(svc, plan.method)(**call)
     tensor = args[plan.input]

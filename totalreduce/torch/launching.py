@@ -1,5 +1,5 @@
 """The rendezvous over MPI: the ``totalreduce://`` init method, and ``env://`` under
-``mpiexec`` without ``MASTER_ADDR``.
+``mpiexec`` without ``MASTER_ADDR`` or for a daemon client.
 
 :func:`rendezvous` is the ``totalreduce://`` init method (the backend's
 :func:`~.process_group.register` registers it): rank, world size and a store from MPI.
@@ -8,8 +8,11 @@ torch's ``env://`` init method needs ``MASTER_ADDR`` and ``MASTER_PORT`` (torchr
 them); ``mpiexec`` does not.  Under an MPI launcher with ``MASTER_ADDR`` unset, this
 module's wrapper of torch's ``env`` handler runs the ``totalreduce://`` rendezvous instead
 (rank and world size from MPI, a store on rank 0 found over MPI), so torchrun-style
-scripts run unchanged under ``mpiexec`` with any backend.  With ``MASTER_ADDR`` set, or
-without an MPI launcher, torch's handler runs as it always does.
+scripts run unchanged under ``mpiexec`` with any backend.  A daemon client
+(``TOTALREDUCE_SERVICE=daemon``, or totalreduce already initialized) started without
+``MASTER_ADDR``, ``RANK`` or ``WORLD_SIZE`` (plain ``python``, any launcher but torchrun)
+gets the same: rank and world size from the node services.  Under torchrun (all three
+set), or without an MPI launcher or a node service, torch's handler runs as it always does.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..api import init
+from ..api import default_service, init, is_initialized
 from ..errors import TotalReduceError
-from ..launch import mpi_launch
+from ..launch import daemon_requested, mpi_launch
 from .broadcast_state import broadcast_object
 
 _MARK = "_totalreduce_env_over_mpi"
@@ -66,9 +69,23 @@ def install() -> None:
     def env_or_mpi(
         url: str, timeout: timedelta = timedelta(minutes=30), **kw: Any
     ) -> Iterator[Any]:
-        if "MASTER_ADDR" not in os.environ and mpi_launch() is not None:
+        if answered_here():
             return rendezvous(url, timeout, **kw)
         return original(url, timeout=timeout, **kw)  # type: ignore[no-any-return]
 
     setattr(env_or_mpi, _MARK, True)
     handlers["env"] = env_or_mpi
+
+
+def answered_here() -> bool:
+    """Whether totalreduce answers ``env://`` (torch's handler needs ``MASTER_ADDR``,
+    ``RANK`` and ``WORLD_SIZE``): under an MPI launcher without ``MASTER_ADDR``; for a
+    daemon client (asked for, or running) without any of the three."""
+    env = os.environ
+    if all(k in env for k in ("MASTER_ADDR", "RANK", "WORLD_SIZE")):
+        return False  # (torchrun's: its store, its ranks)
+    if "MASTER_ADDR" not in env and mpi_launch() is not None:
+        return True
+    if is_initialized():
+        return getattr(getattr(default_service(), "config", None), "service", "") == "daemon"
+    return daemon_requested()

@@ -13,6 +13,8 @@ those of the real model.  Initialisation differs; nothing here is pretrained.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -115,6 +117,12 @@ def resnet(name: str = "resnet18", num_classes: int = 1000, *, prefer_torchvisio
             import torchvision.models as tvm
         except ImportError:
             pass
+        except Exception as exc:  # installed but broken, e.g. built for another torch
+            warnings.warn(
+                f"torchvision is installed but does not import ({type(exc).__name__}: {exc}); "
+                f"using totalreduce.torch.resnet's {name}, which has the same parameters",
+                stacklevel=2,
+            )
         else:
             return getattr(tvm, name)(num_classes=num_classes)
     block, layers = _LAYOUTS[name]
