@@ -243,7 +243,8 @@ def mode_kinds(p: int, rank: int) -> None:
         top = 8 * micro // isz  # the lane's eager limit, in elements: above, bodies
         for total in (1, p + 1, 1000, top, top + 1):
             for op in ("sum", "max", "avg"):
-                cases.append(("rs", dtype, total, op))
+                if valid(dtype, op):
+                    cases.append(("rs", dtype, total, op))
             cases.append(("ag", dtype, total, "sum"))
             cases.append(("agc", dtype, total, "sum"))  # the parts' sizes given: one op
             cases.append(("bc", dtype, total, "one_to_all"))

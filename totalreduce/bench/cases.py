@@ -363,6 +363,110 @@ def neighbor_cases(comm: Any, n: int, dtype: Any, topologies: Sequence[str]) -> 
     return cases
 
 
+def op_cases(comm: Any, n: int, dtype: Any) -> list[Case]:
+    """``--latency``'s rows of the other ops, each beside what a user would write with MPI:
+    ``neighbor_allreduce`` on the exponential-2 graph against ``Isend``/``Irecv`` to the
+    same neighbours and the same weighted sum; ``alltoall``, ``broadcast``, ``reduce`` and
+    ``gather`` against ``MPI_Alltoall``, ``MPI_Bcast``, ``MPI_Reduce``, ``MPI_Gather``."""
+    from mpi4py import MPI
+
+    from ..topology import get_topology, mixing_matrix
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    x = pattern(n, rank, dtype)
+    cases: list[Case] = []
+    box: dict[str, Any] = {}
+    if np.issubdtype(np.dtype(dtype), np.floating):
+        topo = get_topology("exponential-2", p)
+        w = mixing_matrix(topo, 0)
+        stack = np.stack([pattern(n, r, np.float64) for r in range(p)])
+        want_nb = (w @ stack)[rank].astype(dtype)
+        srcs = [j for j in range(p) if j != rank and w[rank, j] != 0]
+        dsts = [j for j in range(p) if j != rank and w[j, rank] != 0]
+        got = {j: np.empty_like(x) for j in srcs}
+        mine = np.empty_like(x)
+        weights = {j: np.dtype(dtype).type(w[rank, j]) for j in srcs}
+        self_w = np.dtype(dtype).type(w[rank, rank])
+
+        def mpi_nb() -> None:
+            reqs = [comm.Irecv(got[j], source=j, tag=7) for j in srcs]
+            reqs += [comm.Isend(x, dest=d, tag=7) for d in dsts]
+            MPI.Request.Waitall(reqs)
+            np.multiply(x, self_w, out=mine)
+            for j in srcs:
+                np.add(mine, weights[j] * got[j], out=mine)
+
+        def tr_nb() -> None:
+            box["nb"] = tr.neighbor_allreduce(x, name=f"bench.ops.nb.{n}", topology=topo)
+
+        cases += [
+            Case("neighbor_allreduce", "mpi.neighbor.Isend+Irecv", x.nbytes, n, -1,
+                 Timed(mpi_nb), None, lambda: wrong(mine, want_nb), redop="avg"),
+            Case("neighbor_allreduce", "tr.neighbor.exponential-2", x.nbytes, n, -1,
+                 Timed(tr_nb), None, lambda: wrong(box["nb"], want_nb), redop="avg"),
+        ]  # fmt: skip
+    m = n // p * p
+    if m:
+        xa = pattern(m, rank, dtype)
+        part = m // p
+        want_a2a = np.concatenate(
+            [pattern(m, r, dtype)[rank * part : (rank + 1) * part] for r in range(p)]
+        )
+        out_a2a = np.empty_like(xa)
+
+        def tr_a2a() -> None:
+            box["a2a"] = tr.alltoall(xa, name=f"bench.ops.a2a.{m}")
+
+        cases += [
+            Case("alltoall", "mpi.Alltoall", xa.nbytes, m, -1,
+                 Timed(lambda: comm.Alltoall(xa, out_a2a)), None,
+                 lambda: wrong(out_a2a, want_a2a)),
+            Case("alltoall", "tr.alltoall", xa.nbytes, m, -1, Timed(tr_a2a), None,
+                 lambda: wrong(box["a2a"], want_a2a)),
+        ]  # fmt: skip
+    root_data = pattern(n, 0, dtype)
+    bc = np.empty_like(x)
+
+    def mpi_bc() -> None:
+        if rank == 0:
+            bc[...] = x
+        comm.Bcast(bc, root=0)
+
+    def tr_bc() -> None:
+        box["bc"] = tr.broadcast(x, root=0, name=f"bench.ops.bc.{n}")
+
+    total = expected(n, p, dtype, "sum")
+    red = np.empty_like(x)
+    gathered = np.empty(n * p, dtype=dtype)
+    want_ga = np.concatenate([pattern(n, r, dtype) for r in range(p)])
+
+    def tr_red() -> None:
+        box["red"] = tr.reduce(x, root=0, name=f"bench.ops.red.{n}")
+
+    def tr_ga() -> None:
+        box["ga"] = tr.gather(x, root=0, name=f"bench.ops.ga.{n}")
+
+    def at_root(key: str, want: np.ndarray) -> Callable[[], int]:
+        return lambda: wrong(np.asarray(box[key]).reshape(-1), want) if rank == 0 else 0
+
+    cases += [
+        Case("broadcast", "mpi.Bcast", x.nbytes, n, 0, Timed(mpi_bc), None,
+             lambda: wrong(bc, root_data)),
+        Case("broadcast", "tr.broadcast", x.nbytes, n, 0, Timed(tr_bc), None,
+             lambda: wrong(box["bc"], root_data)),
+        Case("reduce", "mpi.Reduce", x.nbytes, n, 0,
+             Timed(lambda: comm.Reduce(x, red, op=MPI.SUM, root=0)), None,
+             lambda: wrong(red, total) if rank == 0 else 0, redop="sum"),
+        Case("reduce", "tr.reduce", x.nbytes, n, 0, Timed(tr_red), None,
+             at_root("red", total), redop="sum"),
+        Case("gather", "mpi.Gather", x.nbytes, n, 0,
+             Timed(lambda: comm.Gather(x, gathered, root=0)), None,
+             lambda: wrong(gathered, want_ga) if rank == 0 else 0),
+        Case("gather", "tr.gather", x.nbytes, n, 0, Timed(tr_ga), None, at_root("ga", want_ga)),
+    ]  # fmt: skip
+    return cases
+
+
 def burst_cases(
     comm: Any, counts: Sequence[int], dtype: Any, op: str, label: str = "burst"
 ) -> list[Case]:

@@ -117,6 +117,13 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--inflight", default="1000,4000,16000", help="in-flight op counts (--latency)")
     ap.add_argument(
+        "--ops",
+        type=int,
+        default=1,
+        help="--latency: rows of neighbor_allreduce (exponential-2), alltoall, broadcast, "
+        "reduce and gather beside MPI's (0: allreduce only)",
+    )
+    ap.add_argument(
         "--burst",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -195,8 +202,10 @@ def _ratios(results: list[Result]) -> None:
     for r in results:
         mine = _time_of(r)
         anchors = [x for x in results if x.collective == r.collective and x.impl.startswith("mpi")]
-        if r.collective == "neighbor_allreduce":
-            anchors = [x for x in results if x.impl == "mpi.Allreduce"]
+        if r.collective == "neighbor_allreduce":  # the neighbours by hand, else an allreduce
+            anchors = [x for x in anchors if x.impl.startswith("mpi.neighbor")] or [
+                x for x in results if x.impl == "mpi.Allreduce"
+            ]
         if anchors and mine:
             r.vs_mpi = (_time_of(anchors[0]) or 0.0) / mine
         bare = [x for x in results if x.impl.startswith("bare")]
@@ -263,6 +272,10 @@ def run(args: argparse.Namespace) -> list[Result]:
             cases = allreduce_cases(comm, n, dtype, args.op, algorithms, bare_comm, floor_comm)
             if everything:
                 cases += collective_cases(comm, n, dtype, args.op)
+            if latency and args.ops:
+                from .cases import op_cases
+
+                cases += op_cases(comm, n, dtype)
         iters = args.iters or iterations_for(nbytes)
         rows = _measure(comm, cases, iters, args.warmup, args.check > 0, "size", dtype.name)
         for r in rows:

@@ -25,6 +25,9 @@ BUSBW_FACTOR: dict[str, Callable[[int], float] | None] = {
     "reduce_scatter": lambda p: (p - 1) / p,
     "allgather": lambda p: (p - 1) / p,
     "broadcast": lambda p: 1.0,
+    "alltoall": lambda p: (p - 1) / p,
+    "reduce": lambda p: 1.0,
+    "gather": lambda p: (p - 1) / p,
     "neighbor_allreduce": None,
 }
 

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import TotalReduceError
 from .completion import Waitable
-from .lane_layout import C_INFLIGHT as L_INFLIGHT
 from .payload import OpKey, OpSpec, Payload
 
 if TYPE_CHECKING:
@@ -108,7 +107,7 @@ class DriveHooks:
             lane = self.lane
             if (
                 lane is not None
-                and lane.mem[L_INFLIGHT]
+                and lane.inflight
                 and not self.table
                 and not self.submissions
                 and self._lane_spin(max(cfg.spin_s - (time.perf_counter() - last), 0.0))
@@ -127,7 +126,7 @@ class DriveHooks:
                 continue
             self.stats.idle_sleeps += 1
             self._asleep = True
-            if lane is not None and lane.mem[L_INFLIGHT]:
+            if lane is not None and lane.inflight:
                 # An op entered the lane since the look above (_nudge saw no sleep): it
                 # may have nobody else to drive it
                 delay = min(delay, cfg.backoff_max_s)
@@ -148,7 +147,7 @@ class DriveHooks:
                 self.wake.clear()
                 continue
             ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s  # type: ignore[attr-defined]
-            if self._passive:
+            if self._passive or (lane is not None and lane.passive):
                 ceiling = min(ceiling, STANDING_BACKOFF_S)
             delay = min(delay * 2, ceiling)
 

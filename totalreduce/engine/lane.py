@@ -388,6 +388,7 @@ class Lane(LanePlans, LaneGrowth):
         f[12] = len(g)
         f[13] = g.index(self.rank) if self.rank in g else -1
         f[14] = 1 if spec.urgent else 0
+        f[15] = 1 if spec.passive else 0
         return f
 
     def _enter(
@@ -659,7 +660,14 @@ class Lane(LanePlans, LaneGrowth):
 
     @property
     def inflight(self) -> int:
-        return int(self.mem[L.C_INFLIGHT])
+        """Ops in the lane that someone waits for: standing receives (a window's) wait as
+        long as their peers like, and keep no thread polling."""
+        return int(self.mem[L.C_INFLIGHT] - self.mem[L.C_PASSIVE])
+
+    @property
+    def passive(self) -> int:
+        """Standing receives in the lane."""
+        return int(self.mem[L.C_PASSIVE])
 
     @property
     def ctl_waiting(self) -> bool:
@@ -680,6 +688,7 @@ class Lane(LanePlans, LaneGrowth):
         m = self.mem
         return {
             "ops_in_flight": int(m[L.C_INFLIGHT]),
+            "standing_receives": int(m[L.C_PASSIVE]),
             "ops_done": int(m[L.C_OPS_DONE]),
             "floating_frames": int(m[L.C_FLOATING]),
             "floating_bytes": int(m[L.C_FLOATBYTES]),

@@ -290,7 +290,7 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, outer):  # type: ign
         else:
             if needs or mem[C_NDONE] > 0:
                 return 1
-            if mem[C_INFLIGHT] == 0 and mem[C_NSBBUSY] == 0:
+            if mem[C_INFLIGHT] == mem[C_PASSIVE] and mem[C_NSBBUSY] == 0:
                 return 0
         t = now_ns()
         if t - t0 > max_ns:
@@ -330,7 +330,8 @@ def buffer_addresses(inb, outb, addrs):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-def]
     """Enter an op: ``fields`` holds (wid, gen, dt, kind, algo, rop, count, param, ctx,
-    prio, plan, group, gsize, me, urgent); ``addrs`` the INPUT, OUTPUT and WORK addresses.
+    prio, plan, group, gsize, me, urgent, passive); ``addrs`` the INPUT, OUTPUT and WORK
+    addresses (and the scratch's).
     Runs its prologue, places its floating frames, answers announcements, queues its
     ready sends and sends them.  Returns the op's slot, or -1 when the table is full."""
     nf = mem[C_NFREEOP]
@@ -357,6 +358,8 @@ def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-
     mem[o + O_GSIZE] = fields[12]
     mem[o + O_ME] = fields[13]
     mem[o + O_URGENT] = fields[14]
+    mem[o + O_PASSIVE] = fields[15]
+    mem[C_PASSIVE] += fields[15]
     mem[o + O_IN] = addrs[0]
     mem[o + O_OUT] = addrs[1]
     mem[o + O_WORK] = addrs[2]

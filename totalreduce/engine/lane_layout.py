@@ -133,7 +133,9 @@ C_ANNS = 101  # announcements kept now
 C_ANNDROPS = 102  # announcements not kept (the table was full): their peers get READY
 C_FLOATBYTES = 103  # bytes held for ops not submitted here: slots and announcements
 C_FLOATPEAK = 104  # the most of those held at once
-C_LEN = 105
+C_PASSIVE = 105  # standing receives among the ops in the table (a window's: they may wait
+#                  for ever, and keep no thread polling)
+C_LEN = 106
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0
@@ -161,6 +163,7 @@ O_ERR = 21
 O_URGENT = 22
 O_NREQ = 23  # body requests of the op posted and not complete
 O_SCR = 24  # address of the op's scratch: where large receive segments land
+O_PASSIVE = 25  # 1: a standing receive (OpSpec.passive)
 O_N = 26
 
 # op states

@@ -154,6 +154,7 @@ def _end(mem, slot):  # type: ignore[no-untyped-def]
     mem[mem[C_DONEQ] + n] = slot
     mem[C_NDONE] = n + 1
     mem[C_INFLIGHT] -= 1
+    mem[C_PASSIVE] -= mem[_op(mem, slot) + O_PASSIVE]
     mem[C_OPS_DONE] += 1
     fo = mem[C_NFREEOP]
     mem[mem[C_FREEOP] + fo] = slot

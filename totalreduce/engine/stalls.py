@@ -147,6 +147,8 @@ class StallHooks:
                 out.append(f"{p.spec.describe()} waits for ranks {recv_from}")
             if self.lane is not None:
                 for lop in list(self.lane.ops.values()):
+                    if lop.spec.passive:
+                        continue
                     recv_from = self.lane.waiting_on(lop)
                     out.append(f"{lop.spec.describe()} waits for ranks {recv_from}")
         return out

@@ -22,7 +22,7 @@ from ..kernels import axpy_into, copy_into, scale_into
 from . import checks
 from .checks import as_array
 from .handle import Handle
-from .ops import cached_edge, compile_op
+from .ops import cached_edge, cached_neighbor_allgather, cached_neighbor_allreduce, compile_op
 from .submit import OpSubmitter
 from .thin import ThinHandle
 from .weights import (
@@ -96,13 +96,11 @@ class NeighborOps(OpSubmitter):
                     return self._thin_edge(arr, dt, o, in_place, name, (op_name, gen), prio,
                                            grp, float(edge.weight))  # fmt: skip
             else:
-                from ..algorithms.neighbor import neighbor_allreduce
-
                 sw, src, dst = neighbor_weights(
                     self.rank, self.size, topology, t, self_weight, src_weights, dst_weights
                 )
-                sched = neighbor_allreduce(
-                    self.rank, self.size, n, self_weight=sw, src_weights=src, dst_weights=dst
+                sched = cached_neighbor_allreduce(
+                    self.rank, self.size, n, float(sw), tuple(src.items()), tuple(dst.items())
                 )
                 grp = self._world_group
                 code = AlgorithmCode.NEIGHBOR
@@ -155,9 +153,7 @@ class NeighborOps(OpSubmitter):
         t = gen if step is None else int(step)
         try:
             src, dst = neighbor_ranks(self.rank, self.size, topology, t, src_ranks, dst_ranks)
-            from ..algorithms.neighbor import neighbor_allgather
-
-            sched = neighbor_allgather(self.rank, self.size, n, src_ranks=src, dst_ranks=dst)
+            sched = cached_neighbor_allgather(self.rank, self.size, n, tuple(src), tuple(dst))
         except (ValueError, TypeError, InvalidArgumentError) as exc:
             self._names.ended(op_name)
             raise InvalidArgumentError(f"neighbor_allgather {op_name!r} step {t}: {exc}") from None

@@ -166,6 +166,35 @@ def cached_edge(rank: int, size: int, count: int, weight: float) -> Schedule:
     return edge_average(rank, size, count, weight=weight)
 
 
+@functools.lru_cache(maxsize=1024)
+def cached_neighbor_allreduce(
+    rank: int,
+    size: int,
+    count: int,
+    self_weight: float,
+    src: tuple[tuple[int, float], ...],
+    dst: tuple[tuple[int, float], ...],
+) -> Schedule:
+    """BlueFog's weighted neighbour averaging schedules, cached by what they are made of
+    (a training loop repeats the same few each step, and the same schedule object lets
+    the engine reuse its compiled plan)."""
+    from ..algorithms.neighbor import neighbor_allreduce
+
+    return neighbor_allreduce(
+        rank, size, count, self_weight=self_weight, src_weights=dict(src), dst_weights=dict(dst)
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def cached_neighbor_allgather(
+    rank: int, size: int, count: int, src: tuple[int, ...], dst: tuple[int, ...]
+) -> Schedule:
+    """Neighbor all-gather schedules, cached as :func:`cached_neighbor_allreduce`."""
+    from ..algorithms.neighbor import neighbor_allgather
+
+    return neighbor_allgather(rank, size, count, src_ranks=list(src), dst_ranks=list(dst))
+
+
 # Keyed by the schedule object itself: the schedules come from the caches above, so
 # a training loop hands in the same objects every step, and hashing a schedule's
 # whole tree of steps on every submission would cost more than the op's own frames.

@@ -8,6 +8,7 @@ step).  Per-call (dynamic) weights follow BlueFog's meaning.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,13 +19,23 @@ DEFAULT_TOPOLOGY = "exponential-2"
 
 
 def resolve_topology(topology: Any, size: int) -> Any:
-    """The topology object for a name or object over ``size`` ranks."""
-    from ..topology import get_topology
-
+    """The topology object for a name or object over ``size`` ranks (one object per name
+    and size: a training loop names its topology every step)."""
     try:
+        if isinstance(topology, str):
+            return _named_topology(topology, size)
+        from ..topology import get_topology
+
         return get_topology(topology, size)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from None
+
+
+@functools.lru_cache(maxsize=64)
+def _named_topology(name: str, size: int) -> Any:
+    from ..topology import get_topology
+
+    return get_topology(name, size)
 
 
 def edge_topology(topology: Any) -> bool:
