@@ -51,6 +51,7 @@ OPTIM_FN_TYPE = Callable[[list[tuple[str, torch.Tensor]]], torch.optim.Optimizer
 LR_SCHEDULER_FN_TYPE = Callable[[torch.optim.Optimizer], Any]
 """What ``lr_scheduler_fn`` is: a bucket's optimizer -> its LR scheduler."""
 
+
 def _aligned(numel: int) -> int:
     """Decent-DP sizes each parameter rounded up to a multiple of 32 elements."""
     return math.ceil(numel / 32) * 32
