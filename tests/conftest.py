@@ -23,6 +23,64 @@ from totalreduce.transport.local import LocalWorld
 _PURE = frozenset({"algorithms", "topology"})
 
 
+#: The modules ``-m "not slow"`` leaves out: those whose tests took 15 s or more in a run of
+#: the whole suite on 2 cores (most start MPI jobs, node services or other processes; a few
+#: sweep large schedules), and every module that plans a part into a shared launch
+#: (torch_launches.py): a launch runs every part planned at collection, so one selected
+#: module would pay for all.  Every listed module must exist (checked when tests are
+#: collected).  The fast subset is everything else: ``python -m pytest -q -m "not slow"``.
+SLOW_MODULES = frozenset(
+    {
+        "algorithms/test_bcube.py",
+        "algorithms/test_broadcast.py",
+        "algorithms/test_hierarchical.py",
+        "algorithms/test_ring_chunked.py",
+        "bench/test_run.py",
+        "bench/test_tune.py",
+        "daemon/test_daemon.py",
+        "daemon/test_floor.py",
+        "daemon/test_sessions.py",
+        "daemon/test_thin.py",
+        "daemon/test_torchrun.py",
+        "engine/test_lane_local.py",
+        "engine/test_lane_segments.py",
+        "engine/test_mismatch.py",
+        "mpi/test_lane.py",
+        "mpi/test_mpi.py",
+        "service/test_collectives_local.py",
+        "service/test_neighbor_local.py",
+        "test_docs.py",
+        "test_examples.py",
+        "test_migration_rows.py",
+        "torch/test_backend_ops.py",
+        "torch/test_bluefog_examples.py",
+        "torch/test_bluefog_seed.py",
+        "torch/test_bluefog_windows.py",
+        "torch/test_decent_dp.py",
+        "torch/test_decent_dp_readme.py",
+        "torch/test_horovod_script.py",
+        "torch/test_launch_torch.py",
+        "torch/test_optimizer_ddp.py",
+        "torch/test_torch_dead_peer.py",
+        "torch/test_torch_mpi.py",
+        "transport/test_local_cache.py",
+        "transport/test_mpi_native.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of :data:`SLOW_MODULES` ``slow``."""
+    here = Path(__file__).resolve().parent
+    missing = sorted(m for m in SLOW_MODULES if not (here / m).is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SLOW_MODULES names missing files: {missing}")
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        if path.is_relative_to(here) and path.relative_to(here).as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def _lane_compiling() -> Iterator[dict[str, Any]]:
     """Start compiling the compiled lane in another process when the session starts: on a

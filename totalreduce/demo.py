@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 import totalreduce as tr
+from totalreduce.launch import mpi_launch
 
 LAYERS = [
     ("embed.grad", 65536),
@@ -47,6 +48,15 @@ def expected(layer: int, n: int, size: int, step: int) -> np.ndarray:
 
 
 def run(steps: int, skew_ms: float) -> int:
+    launch = mpi_launch()
+    if launch is None or launch.rank == 0:  # before init(), which may compile for a minute
+        ranks = f"{launch.size} ranks" if launch else "1 rank (start it with mpiexec -n 4)"
+        print(
+            f"demo: {ranks}, {steps} steps of {len(LAYERS)} allreduces in different orders; "
+            "the first run of an installation compiles the engine once (about a minute), "
+            "later runs start in seconds",
+            flush=True,
+        )
     tr.init()
     rank, size = tr.rank(), tr.size()
     n_layers = len(LAYERS)

@@ -153,34 +153,41 @@ def test_a_client_killed_in_init_alone_poisons_no_later_job() -> None:
             job(nodes, f"w{i}")
 
 
-def test_an_agreement_with_a_session_that_died_unagreed_starts_again() -> None:
-    """Node 1's two clients agree with node 0's session 1, whose only client dies before
-    node 0 could agree (its second never came): node 1 abandons that agreement, its clients
-    wait, and agree with node 0's next session."""
+@pytest.mark.parametrize("n", [2, 3], ids=["2-nodes", "3-nodes"])
+def test_an_agreement_with_a_session_that_died_unagreed_starts_again(n: int) -> None:
+    """The other nodes' two clients agree with node 0's session 1, whose only client dies
+    before node 0 could agree (its second never came): they abandon that agreement (on
+    three nodes, one may hear it first from the other's abort), their clients wait, and
+    agree with node 0's next session."""
     with ExitStack() as stack:
-        engines = stack.enter_context(local_services(2))
-        nodes = [Node(stack, n, 2, 2, engines[n]) for n in range(2)]
+        engines = stack.enter_context(local_services(n))
+        nodes = [Node(stack, k, n, 2, engines[k]) for k in range(n)]
         a0 = nodes[0].attach(0)
         settle(nodes)
-        b = [nodes[1].attach(k) for k in range(2)]
-        hb = [agree(c, nodes[1].sessions) for c in b]
-        ha = agree(a0, nodes[0].sessions)
+        others = [c for node in nodes[1:] for c in (node.attach(0), node.attach(1))]
+        hb = [agree(c, 1) for c in others]
+        ha = agree(a0, 1)
+        first = thin_session.agreement_name((1,) * n)
         deadline = time.monotonic() + 10
-        while not nodes[1].service._agreed and time.monotonic() < deadline:
+        while any(x.service._agreed != first for x in nodes[1:]):
+            assert time.monotonic() < deadline, [x.service._agreed for x in nodes]
             time.sleep(0.01)
-        first = nodes[1].service._agreed
-        assert first == thin_session.agreement_name((1, 1))  # it agreed with session 1
         nodes[0].kill(0)
+        deadline = time.monotonic() + 10
+        while any(first not in x.service._moved for x in nodes[1:]):  # (its news travels)
+            assert time.monotonic() < deadline, [x.service._moved for x in nodes]
+            time.sleep(0.01)
         settle(nodes)
         assert not any(h.done() for h in hb) and not ha.done()
-        assert nodes[1].service._agreed == 0 and first in nodes[1].service._moved
+        assert all(x.service._agreed == 0 for x in nodes[1:])
         cs = [nodes[0].attach(k) for k in range(2)]  # node 0's session 2
         hs = [agree(c, 2) for c in cs]
         for h in hs + hb:
             assert int(h.wait(30)[0]) == 2
-        assert nodes[1].service._agreed == thin_session.agreement_name((2, 1))
-        data = [np.full(3, r + 1, np.int64) for r in range(4)]
-        hs = [allreduce(c, "after", 0, data[c.rank]) for c in cs + b]
+        for x in nodes:
+            assert x.service._agreed == thin_session.agreement_name((2,) + (1,) * (n - 1))
+        data = [np.full(3, r + 1, np.int64) for r in range(2 * n)]
+        hs = [allreduce(c, "after", 0, data[c.rank]) for c in cs + others]
         for h in hs:
             assert np.array_equal(h.wait(30), sum(data))
 

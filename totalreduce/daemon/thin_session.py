@@ -170,8 +170,8 @@ class Sessions:
             return
         op.handle, op.standing = h, False
         self._agreed, self._agreed_v = name, sessions
-        log.debug("session %d agrees among the services as %s (#%016x)", self._epoch,
-                  sessions, name & ((1 << 64) - 1))  # fmt: skip
+        log.info("session %d: the job is the nodes' sessions %s (agreeing as #%016x)",
+                 self._epoch, list(sessions), name & ((1 << 64) - 1))  # fmt: skip
         h.add_done_callback(
             lambda h: self._on_arena_thread(lambda: self._session_ended(op, h, name))
         )

@@ -41,6 +41,24 @@ def sources_digest(sources: tuple[str, ...] = _SOURCES) -> str:
     return digest.sources_digest(sources)
 
 
+def cache_is_current(
+    probe: Any, sources: tuple[str, ...] = _SOURCES, stamp_name: str = "lane_core.sources"
+) -> bool:
+    """Whether the lane's cached code (``probe``'s cache directory) was made from
+    ``sources`` as they are now: read only, so any process may ask, while only the holder
+    of the compile lock (:mod:`.compile_once`) calls :func:`forget_stale_cache`.  False
+    where no digest was written yet (a fresh cache) or Numba gave no cache directory."""
+    from pathlib import Path
+
+    path = getattr(getattr(probe, "_cache", None), "cache_path", None)
+    if not path:
+        return False
+    try:
+        return (Path(path) / stamp_name).read_text() == sources_digest(sources)
+    except OSError:
+        return False
+
+
 def forget_stale_cache(
     probe: Any,
     sources: tuple[str, ...] = _SOURCES,
@@ -50,7 +68,9 @@ def forget_stale_cache(
     """Drop Numba's cached code of the lane when any of its sources changed since it was
     cached (an edited or partly upgraded installation): otherwise a function whose own file
     is unchanged would be loaded with the old code of what it inlines.  ``probe`` is one of
-    the lane's functions (its cache directory is the lane's).  True if dropped.
+    the lane's functions (its cache directory is the lane's).  True if dropped.  The lane
+    calls it only under the exclusive compile lock (:func:`.lane_core.compile_all`), so no
+    other process is loading the files it drops.
 
     Other compiled code that inlines functions of other modules (the daemon's arena pass)
     passes its own ``sources``, the ``modules`` (dotted, under the package) to flush, and

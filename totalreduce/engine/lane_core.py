@@ -536,16 +536,35 @@ def lane_drop_peer(mem, peer):  # type: ignore[no-untyped-def]
     return k
 
 
+#: How long the lane's first compile takes, for the line that says it runs (measured on
+#: the 2-core development machine: 56-75 s of one core, more on a busy machine).
+COMPILE_TAKES = "about a minute on a small machine"
+
+
 def compile_all() -> None:
     """Compile (or load from Numba's cache) every entry point of the lane, by signature.
 
     A lane calls this when it is made, so the compiling happens in ``init()`` and not
-    inside a first op, where a peer's stall timer would count it.  Nothing runs."""
+    inside a first op, where a peer's stall timer would count it.  Nothing runs.  Once per
+    installation (:mod:`.compile_once`): the first process to find the cache incomplete
+    compiles, saying so in one line, while the others (the job's other ranks) wait and
+    then load it; a complete cache loads with nothing said."""
+    from .compile_once import compile_once
+    from .lane_cache import cache_is_current, forget_stale_cache
+
+    compile_once(
+        _compile_entry_points,
+        lane_pass,
+        name="lane_core",
+        what="the compiled lane",
+        takes=COMPILE_TAKES,
+        current=lambda: cache_is_current(lane_pass),
+        forget=lambda: forget_stale_cache(lane_pass),
+    )
+
+
+def _compile_entry_points() -> None:
     from numba import types
-
-    from .lane_cache import forget_stale_cache
-
-    forget_stale_cache(lane_pass)
 
     mem = types.Array(types.int64, 1, "C")
     arena = types.Array(types.uint8, 1, "C")

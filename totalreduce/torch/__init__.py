@@ -20,7 +20,8 @@ does, and raises an ImportError saying what to install when torch is missing.
 - :func:`allreduce_hook`, :func:`fp16_compress_hook`, :func:`bfloat16_compress_hook`
   (``comm_hooks.py``): comm hooks for ``DistributedDataParallel``.
 - :class:`DecentralizedDataParallel` (``decentralized.py``): neighbor averaging
-  of parameters after every step, Decent-DP style.
+  of parameters after every step, Decent-DP style; Decent-DP's own API, where a
+  Decent-DP script runs by changing its imports, is :mod:`totalreduce.torch.decent_dp`.
 - :class:`ReduceScatter` and :class:`AllGather` (``layers.py``): ``nn.Module``\\ s,
   each the other's adjoint.
 - The ``"totalreduce"`` backend of ``torch.distributed`` (``process_group.py``),
@@ -89,6 +90,7 @@ from ..topology import (  # noqa: F401 (bluefog.torch's re-exports of topology_u
     StarGraph,
     SymmetricExponentialGraph,
 )
+from . import decent_dp  # noqa: F401 (Decent-DP's API: trt.decent_dp.DecentralizedDataParallel)
 from . import windows as _windows
 from .bluefog import (
     in_neighbor_machine_ranks,
