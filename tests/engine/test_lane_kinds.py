@@ -190,6 +190,7 @@ def test_a_mismatched_alltoall_split_raises_on_both_ranks_naming_the_counts() ->
         recv = [3, 5] if s.rank == 0 else [9, 3]
         texts = []
         h = s.alltoall_async(np.ones(sum(splits)), name="bad", splits=splits, recv_splits=recv)
+
         def later() -> None:  # a call of rank 0's alone, once rank 1's error has come
             time.sleep(0.3)
             s.allreduce(np.ones(1), group=tr.Group([s.rank]), name="after")

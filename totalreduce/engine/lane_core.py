@@ -571,7 +571,8 @@ def _compile_entry_points() -> None:
     i64 = types.int64
     lane_pass.compile((mem, mem, arena, mem, i64))
     lane_enter.compile((mem, mem, arena, mem, mem, mem, i64, i64, i64))
-    for dt in (types.uint16, types.float32, types.float64, types.int32, types.int64):
+    for dt in (types.uint16, types.float32, types.float64, types.int32, types.int64,
+               types.uint8, types.int8, types.int16, types.boolean):  # fmt: skip
         buf = types.Array(dt, 1, "C")
         buffer_addresses.compile((buf, buf, mem))
     lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64, i64))
