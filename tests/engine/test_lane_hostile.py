@@ -20,39 +20,34 @@ import pytest
 
 import totalreduce as tr
 from conftest import local_services, run_ranks
-from totalreduce.engine import lane_layout as L
-from totalreduce.engine.lane import LANE_TAG
+from totalreduce import protocol as L
 from totalreduce.engine.wire import wire_id
 from totalreduce.service.config import Config
 from totalreduce.service.service import Service
 from totalreduce.transport import mpi_native
 from totalreduce.transport.local import LocalWorld
 
-_MSG = struct.Struct("<IBBHiIq")  # magic, version, 0, frames, sender, 0, credit returned
-# type, dtype, kind, algorithm, reduce op, flags, 0, aux, step, segment, priority,
-# wire id, generation, bytes, count, parameter, context
-_FRAME = struct.Struct("<BBBBBBHIIIIqqqqqq")
-assert _MSG.size == L.MSG_SIZE and _FRAME.size == L.FRAME_SIZE
+_MSG = struct.Struct(L.MSG_FORMAT)
+_FRAME = struct.Struct(L.FRAME_FORMAT)
 MIB = 1 << 20
+_U64 = (1 << 64) - 1  # a field written as the bits of a (maybe negative) int64
 
 
 def frame(ftype: int, name: str, nbytes: int = 0, *, credited: bool = False, gen: int = 0,
           aux: int = 0, body: bytes | None = None) -> bytes:  # fmt: skip
     """One lane frame of an allreduce of float64 (its body padded to 8 bytes)."""
     flags = L.FLAG_CREDIT if credited else 0
-    wid = wire_id(name)
-    wid = wid - (1 << 64) if wid >= 1 << 63 else wid
-    head = _FRAME.pack(ftype, 11, 0, 1, 0, flags, 0, aux, 0, 0, 0, wid, gen, nbytes,
-                       max(1, nbytes // 8), 0, 0)  # fmt: skip
+    head = _FRAME.pack(ftype, 11, 0, 1, 0, flags, 0, aux, 0, 0, 0, wire_id(name), gen,
+                       nbytes & _U64, max(1, nbytes // 8), 0, 0)  # fmt: skip
     if body is None:
-        body = b"\x00" * (nbytes if ftype == L.F_DATA and nbytes > 0 else 0)
+        body = b"\x00" * (nbytes if ftype == L.DATA and nbytes > 0 else 0)
     return head + body + b"\x00" * (-len(body) % 8)
 
 
 def message(frames: list[bytes], *, credit: int = 0, sender: int = 1, count: int | None = None,
             magic: int = L.LANE_MAGIC, version: int = L.LANE_VERSION) -> bytes:  # fmt: skip
     n = len(frames) if count is None else count
-    return _MSG.pack(magic, version, 0, n, sender, 0, credit) + b"".join(frames)
+    return _MSG.pack(magic, version, 0, n, sender, 0, credit & _U64) + b"".join(frames)
 
 
 class Rogue:
@@ -66,7 +61,7 @@ class Rogue:
 
     def send(self, raw: bytes, timeout: float = 10.0) -> None:
         buf = np.frombuffer(raw, dtype=np.uint8).copy()
-        rc = mpi_native.mpi_isend(self.b, buf.ctypes.data, buf.nbytes, 0, LANE_TAG,
+        rc = mpi_native.mpi_isend(self.b, buf.ctypes.data, buf.nbytes, 0, L.LANE_TAG,
                                   self.req.ctypes.data)  # fmt: skip
         assert rc == 0, rc
         deadline = time.monotonic() + timeout
@@ -146,13 +141,13 @@ def test_credited_frames_beyond_the_credit_are_refused_and_what_floated_is_freed
     assert credit > 0
     body = 64 << 10
     for k in range(credit):
-        rogue.send(message([frame(L.F_DATA, f"early.{k}", body, credited=True)]))
+        rogue.send(message([frame(L.DATA, f"early.{k}", body, credited=True)]))
     settle(svc0, credit)
     assert 1 not in svc0.loop.bad_peers  # within the credit: kept
     assert lane.floating_bytes == credit * slot <= lane.pool_bytes
     rss0 = rss_bytes()
     for k in range(credit, credit + 2000):  # an honest peer would announce these instead
-        rogue.send(message([frame(L.F_DATA, f"early.{k}", body, credited=True)]))
+        rogue.send(message([frame(L.DATA, f"early.{k}", body, credited=True)]))
     assert refused(svc0)
     assert "beyond the credit" in str(svc0.loop.bad_peers[1])
     assert lane.floating_bytes == 0  # what it left here is freed
@@ -165,7 +160,7 @@ def test_coalesced_small_frames_beyond_the_credit_in_one_message(rogue_world) ->
     world, svc0, svc2, rogue = rogue_world
     lane = lane_of(svc0)
     credit = lane.stats()["credit"]
-    frames = [frame(L.F_DATA, f"small.{k}", 32, credited=True) for k in range(2000)]
+    frames = [frame(L.DATA, f"small.{k}", 32, credited=True) for k in range(2000)]
     rss0 = rss_bytes()
     rogue.send(message(frames))
     assert refused(svc0)
@@ -183,7 +178,7 @@ def test_announcements_of_ops_nobody_submits_are_charged_and_capped(rogue_world)
     assert cap < n
     rss0 = rss_bytes()
     for first in range(0, n, 500):
-        rogue.send(message([frame(L.F_RTS, f"ann.{k}") for k in range(first, first + 500)]))
+        rogue.send(message([frame(L.RTS, f"ann.{k}") for k in range(first, first + 500)]))
     settle(svc0, n // 500)
     st = lane.stats()
     assert 1 not in svc0.loop.bad_peers  # announcing is allowed
@@ -202,14 +197,14 @@ def test_announcements_of_ops_nobody_submits_are_charged_and_capped(rogue_world)
 def test_a_bad_peer_s_flood_is_dropped(rogue_world) -> None:
     world, svc0, svc2, rogue = rogue_world
     lane = lane_of(svc0)
-    rogue.send(message([frame(L.F_DATA, "x", 16)]))  # uncredited, for an op not submitted
+    rogue.send(message([frame(L.DATA, "x", 16)]))  # uncredited, for an op not submitted
     assert refused(svc0)
     got0 = lane.stats()["messages_received"]
     rss0 = rss_bytes()
     body = 64 << 10
     for k in range(1000):
-        rogue.send(message([frame(L.F_DATA, f"late.{k}", body, credited=True),
-                            frame(L.F_RTS, f"late.ann.{k}")]))  # fmt: skip
+        rogue.send(message([frame(L.DATA, f"late.{k}", body, credited=True),
+                            frame(L.RTS, f"late.ann.{k}")]))  # fmt: skip
     settle(svc0, got0 + 1000)
     assert lane.floating_bytes == 0 and lane.floating_peak_bytes <= lane.pool_bytes
     assert lane.stats()["announcements"] == 0
@@ -219,22 +214,22 @@ def test_a_bad_peer_s_flood_is_dropped(rogue_world) -> None:
 
 MALFORMED = {
     "short": lambda: message([])[:10],
-    "bad magic": lambda: message([frame(L.F_READY, "m")], magic=0x12345678),
-    "bad version": lambda: message([frame(L.F_READY, "m")], version=L.LANE_VERSION + 1),
-    "another sender": lambda: message([frame(L.F_READY, "m")], sender=2),
+    "bad magic": lambda: message([frame(L.READY, "m")], magic=0x12345678),
+    "bad version": lambda: message([frame(L.READY, "m")], version=L.LANE_VERSION + 1),
+    "another sender": lambda: message([frame(L.READY, "m")], sender=2),
     "negative credit": lambda: message([], credit=-1),
     "credit never spent": lambda: message([], credit=1),
-    "frame count past the end": lambda: message([frame(L.F_READY, "m")], count=3),
-    "stray bytes": lambda: message([frame(L.F_READY, "m")]) + b"\x00" * 8,
-    "too long": lambda: message([frame(L.F_READY, "m")]) + b"\x00" * (8 * MIB),
-    "DATA body over micro_bytes": lambda: message([frame(L.F_DATA, "m", 128 << 10, credited=True)]),
-    "DATA negative size": lambda: message([frame(L.F_DATA, "m", -8, credited=True, body=b"")]),
-    "DATA truncated body": lambda: message([frame(L.F_DATA, "m", 4096, credited=True)])[:-100],
-    "DATA uncredited, op not submitted": lambda: message([frame(L.F_DATA, "m", 64)]),
-    "RTS truncated": lambda: message([frame(L.F_RTS, "m")])[:-1],
-    "READY truncated": lambda: message([frame(L.F_READY, "m")])[:-8],
-    "CTS truncated": lambda: message([frame(L.F_CTS, "m")])[:-30],
-    "ASK truncated": lambda: message([frame(L.F_ASK, "m")])[:-71],
+    "frame count past the end": lambda: message([frame(L.READY, "m")], count=3),
+    "stray bytes": lambda: message([frame(L.READY, "m")]) + b"\x00" * 8,
+    "too long": lambda: message([frame(L.READY, "m")]) + b"\x00" * (8 * MIB),
+    "DATA body over micro_bytes": lambda: message([frame(L.DATA, "m", 128 << 10, credited=True)]),
+    "DATA negative size": lambda: message([frame(L.DATA, "m", -8, credited=True, body=b"")]),
+    "DATA truncated body": lambda: message([frame(L.DATA, "m", 4096, credited=True)])[:-100],
+    "DATA uncredited, op not submitted": lambda: message([frame(L.DATA, "m", 64)]),
+    "RTS truncated": lambda: message([frame(L.RTS, "m")])[:-1],
+    "READY truncated": lambda: message([frame(L.READY, "m")])[:-8],
+    "CTS truncated": lambda: message([frame(L.CTS, "m")])[:-30],
+    "ASK truncated": lambda: message([frame(L.ASK, "m")])[:-71],
     "type 0": lambda: message([frame(0, "m")]),
     "type 3": lambda: message([frame(3, "m")]),
     "type 4": lambda: message([frame(4, "m")]),
@@ -280,8 +275,8 @@ def test_a_clear_naming_a_tag_outside_the_body_tags_is_refused() -> None:
                                             L.O_GEN, L.O_COUNT, L.O_PARAM, L.O_CTX)]  # fmt: skip
         assert int(lane.mem[L.C_BTAG]) > 5
         # The op's own shape and key, so that only the tag (5) is wrong.
-        head = _FRAME.pack(L.F_CTS, w[0], w[1], w[2], w[3], 0, 0, 5, 0, 0, 0, w[4], w[5],
-                           512 << 10, w[6], w[7], w[8])  # fmt: skip
+        head = _FRAME.pack(L.CTS, w[0], w[1], w[2], w[3], 0, 0, 5, 0, 0, 0, w[4] & _U64, w[5],
+                           512 << 10, w[6], w[7], w[8] & _U64)  # fmt: skip
         raw = message([head])
         Rogue(world).send(bytes(raw))
         assert refused(svc)

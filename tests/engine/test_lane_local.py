@@ -488,7 +488,7 @@ def test_ops_that_end_in_the_same_pass_are_reported_most_urgent_first() -> None:
     still runs first.)"""
     from types import SimpleNamespace
 
-    from totalreduce.engine import lane_layout as L
+    from totalreduce import protocol as L
     from totalreduce.engine.lane import LaneOp
 
     with local_services(1) as svcs:

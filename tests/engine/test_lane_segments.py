@@ -118,8 +118,8 @@ def test_an_in_place_ring_lands_its_gathered_parts_in_place(p: int) -> None:
     """A large in-place allreduce's all-gather receives (copies, whose places the op's own
     earlier sends read) land straight in the output, posted once those sends are over:
     no scratch and no copy for them; only the reduce-scatter's receives take scratch."""
+    from totalreduce import protocol as L
     from totalreduce.algorithms.schedule import Action, alias_input
-    from totalreduce.engine import lane_layout as L
     from totalreduce.engine.lane_plans import LanePlans
 
     isz, count = 4, 1 << 20

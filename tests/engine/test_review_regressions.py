@@ -141,7 +141,7 @@ class _RecordingLock:
 
 class _StandInLane:
     def __init__(self, bodies: int) -> None:
-        from totalreduce.engine import lane_layout as L
+        from totalreduce import protocol as L
 
         self.mem = np.zeros(L.C_KICK + 64, np.int64)
         self.mem[L.C_NBREQ] = bodies

@@ -77,7 +77,7 @@ import numpy as np
 from launch_modes import run_modes
 
 import totalreduce as tr
-from totalreduce.engine import lane_layout as L
+from totalreduce import protocol as L
 from totalreduce.errors import OpFailedError, OpMismatchError
 
 DTYPES = ["float32", "float64", "int32", "int64", "int16", "int8", "uint8", "bool", "float16"]
@@ -859,7 +859,6 @@ def mode_hostile(p: int, rank: int) -> None:
 
     from mpi4py import MPI
 
-    from totalreduce.engine.lane import LANE_TAG
     from totalreduce.engine.wire import wire_id
     from totalreduce.transport import mpi_native
 
@@ -867,16 +866,14 @@ def mode_hostile(p: int, rank: int) -> None:
     lane = svc.loop.lane
     pool = svc.config.floating_pool_bytes
     rogue = p - 1
-    msg = struct.Struct("<IBBHiIq")
-    frm = struct.Struct("<BBBBBBHIIIIqqqqqq")
+    msg = struct.Struct(L.MSG_FORMAT)
+    frm = struct.Struct(L.FRAME_FORMAT)
 
     def frame(ftype: int, name: str, nbytes: int, credited: bool) -> bytes:
-        wid = wire_id(name)
-        wid = wid - (1 << 64) if wid >= 1 << 63 else wid
         flags = L.FLAG_CREDIT if credited else 0
-        head = frm.pack(ftype, 11, 0, 1, 0, flags, 0, 0, 0, 0, 0, wid, 0, nbytes,
+        head = frm.pack(ftype, 11, 0, 1, 0, flags, 0, 0, 0, 0, 0, wire_id(name), 0, nbytes,
                         max(1, nbytes // 8), 0, 0)  # fmt: skip
-        return head + (bytes(nbytes) if ftype == L.F_DATA else b"")
+        return head + (bytes(nbytes) if ftype == L.DATA else b"")
 
     b = svc.transport.native_binding()
     req = mpi_native.request_array(b, 1)
@@ -884,23 +881,23 @@ def mode_hostile(p: int, rank: int) -> None:
     def send(frames: list[bytes]) -> None:
         head = msg.pack(L.LANE_MAGIC, L.LANE_VERSION, 0, len(frames), rank, 0, 0)
         raw = np.frombuffer(head + b"".join(frames), dtype=np.uint8).copy()
-        assert mpi_native.mpi_isend(b, raw.ctypes.data, raw.nbytes, 0, LANE_TAG,
+        assert mpi_native.mpi_isend(b, raw.ctypes.data, raw.nbytes, 0, L.LANE_TAG,
                                     req.ctypes.data) == 0  # fmt: skip
         while mpi_native.mpi_test(b, req.ctypes.data, 0) == 0:
             time.sleep(0.0001)
 
     def announcements() -> None:
         for j in range(0, 20_000, 500):
-            send([frame(L.F_RTS, f"ann.{k}", 0, False) for k in range(j, j + 500)])
+            send([frame(L.RTS, f"ann.{k}", 0, False) for k in range(j, j + 500)])
 
     def credited() -> None:
         for k in range(lane.stats()["credit"] + 2000):
-            send([frame(L.F_DATA, f"cr.{k}", 64 << 10, True)])
+            send([frame(L.DATA, f"cr.{k}", 64 << 10, True)])
 
     def after_bad() -> None:
         for k in range(1000):
-            send([frame(L.F_DATA, f"bad.{k}", 64 << 10, True),
-                  frame(L.F_RTS, f"bad.ann.{k}", 0, False)])  # fmt: skip
+            send([frame(L.DATA, f"bad.{k}", 64 << 10, True),
+                  frame(L.RTS, f"bad.ann.{k}", 0, False)])  # fmt: skip
 
     figures = []
     ok = True

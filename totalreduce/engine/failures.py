@@ -9,11 +9,12 @@ from ..errors import (
     OpTimeoutError,
     TotalReduceError,
 )
+from ..protocol import ErrorCode
 
-ERROR_MISMATCH = 1
-ERROR_FAILED = 2
-ERROR_FRAME = 3
-ERROR_TIMEOUT = 4
+ERROR_MISMATCH = int(ErrorCode.MISMATCH)
+ERROR_FAILED = int(ErrorCode.FAILED)
+ERROR_FRAME = int(ErrorCode.FRAME)
+ERROR_TIMEOUT = int(ErrorCode.TIMEOUT)
 
 
 def _error_from_peer(message: str, code: int) -> TotalReduceError:

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import protocol as L
 from ..dtypes import DType
+from ..protocol import LANE_BODY_SPAN, LANE_TAG  # noqa: F401 - also named here
 from ..transport import mpi_native
 from . import lane_core as core
-from . import lane_layout as L
 from .lane_grow import LaneGrowth, _status_words
 from .lane_plans import (  # noqa: F401 - the lane's limits, also named here
     LANE_ALGORITHMS,
@@ -43,13 +44,9 @@ from .payload import OpSpec
 
 log = logging.getLogger("totalreduce.engine")
 
-#: The lane's tag on the transport's communicator (the main loop uses 1 and 16 up).
-LANE_TAG = 3
 #: Body sends in flight to one peer at most; ready ones wait in priority order.
 LANE_BODY_CAP = 16
-#: Body tags per peer: a receive's tag is reused after this many later receives from the
-#: same peer (the main loop's bodies use tags below the lane's).
-LANE_BODY_SPAN = 1 << 20
+
 #: Body requests (sends and receives of large segments) the table holds at first; bodies
 #: beyond it wait, in order, while Python doubles it (``Lane.grow``).
 LANE_BODY_REQUESTS = 1 << 12

@@ -1,4 +1,4 @@
-# ruff: noqa: F405 - the field constants come from lane_layout by a star import (Numba
+# ruff: noqa: F405 - the field constants come from totalreduce.protocol by a star import (Numba
 # folds module globals into constants; listing ~100 names would only repeat them)
 """The compiled lane's answers and the rendezvous of its large segments.
 
@@ -9,7 +9,7 @@ told the tag unasked (``CTS``); a sender whose segment is ready without a clear 
 (``ASK``).  Neither frame is kept for an op not submitted at its receiver: the clear is
 sent again when the op starts, the ask answered when it arrives.  Bodies go straight
 from the op's buffer and land in its scratch (or in place); one ``MPI_Testsome`` a pass
-tests them all.  Numba functions over the arrays of :mod:`.lane_layout`; the pass that
+tests them all.  Numba functions over the arrays of :mod:`totalreduce.protocol`; the pass that
 drives them is :mod:`.lane_core`.
 """
 
@@ -20,6 +20,7 @@ from numba import njit
 
 from ..native.intrinsics import ld_i32, ld_i64, ld_u32, st_i32, st_u32
 from ..native.libc import memcpy, now_ns
+from ..protocol import *  # noqa: F403 - the protocol's words and fields
 from ..transport.mpi_native import (
     B_HANDLE_BYTES,
     B_STATUS_BYTES,
@@ -31,7 +32,6 @@ from ..transport.mpi_native import (
     mpi_test,
     mpi_testsome,
 )
-from .lane_layout import *  # noqa: F403 - the field constants
 from .lane_progress import (
     _applied,
     _apply,
@@ -89,12 +89,12 @@ def _send_readies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
                 break
             q = mem[e + 3]
             if q < 0:
-                _write_frame(mem, a, F_READY, 0, slot, 0, 0, 0)
+                _write_frame(mem, a, READY, 0, slot, 0, 0, 0)
             else:
                 r = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
-                _write_frame(mem, a, F_CTS, 0, slot, prog[r + G_STEP], prog[r + G_SEG],
+                _write_frame(mem, a, CTS, 0, slot, prog[r + G_STEP], prog[r + G_SEG],
                              prog[r + G_NBYTES])  # fmt: skip
-                st_u32(a + 8, np.uint32(mem[_dyn(mem, slot, D_RSLOT) + q]))
+                st_u32(a + FH_AUX, np.uint32(mem[_dyn(mem, slot, D_RSLOT) + q]))
         done += 1
     if done:
         _drop_front(mem, C_RQ, C_NRQ, done, 4)
@@ -301,8 +301,8 @@ def _large_segment(mem, prog, arena, slot, src, f, send):  # type: ignore[no-unt
         _event(mem, arena, EV_MISMATCH, slot, src, 0, 0, f)
         _fail(mem, prog, arena, slot)
         return -1
-    step = ld_u32(f + 12)
-    seg = ld_u32(f + 16)
+    step = ld_u32(f + FH_STEP)
+    seg = ld_u32(f + FH_SEGMENT)
     plan = mem[_op(mem, slot) + O_PLAN]
     if send:
         k = _find_send(mem, prog, slot, src, step, seg)
@@ -314,7 +314,7 @@ def _large_segment(mem, prog, arena, slot, src, f, send):  # type: ignore[no-unt
         _event(mem, arena, EV_UNEXPECTED, slot, src, 0, 0, f)
         _fail(mem, prog, arena, slot)
         return -1
-    n = ld_i64(f + 40)
+    n = ld_i64(f + FH_NBYTES)
     want = prog[rows + k * G_N + G_NBYTES]
     if n != want or n <= mem[C_MICRO]:
         _event(mem, arena, EV_SIZE, slot, src, n, want, f)

@@ -22,7 +22,7 @@ _SOURCES = (
     "engine/lane_bodies.py",
     "engine/lane_progress.py",
     "engine/lane_tables.py",
-    "engine/lane_layout.py",
+    "protocol.py",
     "kernels/raw.py",
     "kernels/numba_kernels.py",
     "transport/mpi_native.py",

@@ -1,9 +1,9 @@
-# ruff: noqa: F405 - the field constants come from lane_layout by a star import (Numba
+# ruff: noqa: F405 - the field constants come from totalreduce.protocol by a star import (Numba
 # folds module globals into constants; listing ~100 names would only repeat them)
 """The compiled lane: one ``nopython``, ``nogil`` pass over MPI for the engine's small ops.
 
 Everything here is a Numba function over the lane's three arrays (``mem``, ``prog``,
-``arena``; field positions in :mod:`.lane_layout`) and the MPI record ``b`` of
+``arena``; field positions in :mod:`totalreduce.protocol`) and the MPI record ``b`` of
 :mod:`totalreduce.transport.mpi_native`.  A pass receives every message waiting on
 the lane's tag (``MPI_Improbe``/``MPI_Mrecv``), places each frame by a hash of its op
 key, applies bodies with the kernels of :mod:`totalreduce.kernels.raw` (or keeps
@@ -35,6 +35,7 @@ from ..native.intrinsics import (
     cpu_relax,
 )
 from ..native.libc import futex_wait, now_ns, yield_cpu
+from ..protocol import *  # noqa: F403 - the protocol's words and fields
 from ..transport.mpi_native import (
     B_ANY_SOURCE,
     mpi_get_count,
@@ -51,7 +52,6 @@ from .lane_bodies import (
     _send_readies,
     want_recv,
 )
-from .lane_layout import *  # noqa: F403 - the field constants
 from .lane_progress import (
     _drain_stack,
     _fail,

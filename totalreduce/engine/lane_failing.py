@@ -19,8 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import protocol as L
 from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
-from . import lane_layout as L
 from .payload import OpKey, OpSpec, Payload
 
 if TYPE_CHECKING:
@@ -28,23 +28,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("totalreduce.engine")
 
-_FRAME = struct.Struct("<BBBBBBHIIIIQQQQqQ")
+_FRAME = struct.Struct(L.FRAME_FORMAT)
 
-_MALFORMED = {
-    L.MF_SHORT: "shorter than its header",
-    L.MF_MAGIC: "bad magic or protocol version",
-    L.MF_SENDER: "names another sender",
-    L.MF_TRUNCATED: "truncated frame",
-    L.MF_TYPE: "unknown frame type",
-    L.MF_BODY: "eager body over micro_bytes",
-    L.MF_CREDIT: (
-        "a credited frame beyond the credit this rank granted it (do all ranks use the same "
-        "floating_pool_bytes and micro_bytes?)"
-    ),
-    L.MF_OVERCREDIT: "credit returned beyond what this rank spent",
-    L.MF_LONG: "longer than any message a peer may send",
-    L.MF_TAG: "a clear naming a tag outside the lane's body tags",
-}
+_MALFORMED = L.MALFORMED_TEXTS
 
 
 class LaneFailHooks:

@@ -14,8 +14,8 @@ import logging
 
 import numpy as np
 
+from .. import protocol as L
 from ..transport import mpi_native
-from . import lane_layout as L
 
 log = logging.getLogger("totalreduce.engine")
 

@@ -17,9 +17,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import protocol as L
 from ..algorithms.codes import OpKind
 from ..errors import OpFailedError, OpMismatchError, TotalReduceError
-from . import lane_layout as L
 from .completion import Waitable
 from .failures import _error_from_peer
 from .payload import OpKey, OpSpec, Payload

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import protocol as L
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Action, Schedule, plan_segments
 from ..dtypes import DType
-from . import lane_layout as L
 from .payload import OpSpec
 
 #: Ops of at most this many eager segments (``micro_bytes``) are cut into eager segments

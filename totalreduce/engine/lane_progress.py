@@ -1,8 +1,8 @@
-# ruff: noqa: F405 - the field constants come from lane_layout by a star import (Numba
+# ruff: noqa: F405 - the field constants come from totalreduce.protocol by a star import (Numba
 # folds module globals into constants; listing ~100 names would only repeat them)
 """The compiled lane's op progress: segments released and applied (the kernels of
 :mod:`totalreduce.kernels.raw`), local ops, ops finished, failed and remembered, and ready
-segments emitted to their peers.  Numba functions over the arrays of :mod:`.lane_layout`;
+segments emitted to their peers.  Numba functions over the arrays of :mod:`totalreduce.protocol`;
 the pass that drives them is :mod:`.lane_core`.
 """
 
@@ -20,8 +20,8 @@ from ..kernels.raw import (
     scale_raw,
 )
 from ..native.libc import memcpy, now_ns
+from ..protocol import *  # noqa: F403 - the protocol's words and fields
 from ..transport.mpi_native import B_HANDLE_BYTES, mpi_isend
-from .lane_layout import *  # noqa: F403 - the field constants
 from .lane_tables import (
     _abandon,
     _dyn,
@@ -399,7 +399,7 @@ def _emit(mem, prog, arena, b, slot, i):  # type: ignore[no-untyped-def]
         a = _room(mem, arena, b, dest, FRAME_SIZE)
         if a == 0:
             return 0
-        _write_frame(mem, a, F_ASK, 0, slot, prog[g + G_STEP], prog[g + G_SEG], n)
+        _write_frame(mem, a, ASK, 0, slot, prog[g + G_STEP], prog[g + G_SEG], n)
         mem[ss] = (st & ~7) | SS_ASKED
         return 1
     flags = 0
@@ -410,7 +410,7 @@ def _emit(mem, prog, arena, b, slot, i):  # type: ignore[no-untyped-def]
                 a = _room(mem, arena, b, dest, FRAME_SIZE)
                 if a == 0:
                     return 0
-                _write_frame(mem, a, F_RTS, 0, slot, 0, 0, 0)
+                _write_frame(mem, a, RTS, 0, slot, 0, 0, 0)
                 _mark_peer(mem, prog, slot, dest, SB_ANNOUNCED)
             mem[ss] = (mem[ss] & ~7) | SS_HELD
             return 1
@@ -420,7 +420,7 @@ def _emit(mem, prog, arena, b, slot, i):  # type: ignore[no-untyped-def]
         return 0
     if flags:
         mem[mem[C_PEERS] + dest * P_N + P_CREDIT] -= 1
-    _write_frame(mem, a, F_DATA, flags, slot, prog[g + G_STEP], prog[g + G_SEG], n)
+    _write_frame(mem, a, DATA, flags, slot, prog[g + G_STEP], prog[g + G_SEG], n)
     if n:
         memcpy(a + FRAME_SIZE, mem[o + O_IN + prog[g + G_BUF]] + prog[g + G_OFF], n)
     _sent(mem, prog, arena, slot, i)

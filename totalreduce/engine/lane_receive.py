@@ -1,4 +1,4 @@
-# ruff: noqa: F405 - the field constants come from lane_layout by a star import (Numba
+# ruff: noqa: F405 - the field constants come from totalreduce.protocol by a star import (Numba
 # folds module globals into constants; listing ~100 names would only repeat them)
 """The compiled lane's receiving side: frames of a landed message placed by op key.
 
@@ -22,12 +22,12 @@ from ..native.intrinsics import (
     ld_u32,
 )
 from ..native.libc import memcpy
+from ..protocol import *  # noqa: F403 - the protocol's words and fields
 from .lane_bodies import (
     _on_ask,
     _on_cts,
     _owe,
 )
-from .lane_layout import *  # noqa: F403 - the field constants
 from .lane_progress import (
     _apply,
     _drain_stack,
@@ -64,7 +64,7 @@ def _place(mem, prog, arena, b, slot, src, f, pool_slot):  # type: ignore[no-unt
         if pool_slot >= 0:
             slot_give(mem, pool_slot)
         return True
-    q = _find_recv(mem, prog, slot, src, ld_u32(f + 12), ld_u32(f + 16))
+    q = _find_recv(mem, prog, slot, src, ld_u32(f + FH_STEP), ld_u32(f + FH_SEGMENT))
     if q < 0 or mem[_dyn(mem, slot, D_RS) + q] != RS_WAIT:
         _event(mem, arena, EV_UNEXPECTED, slot, src, 0, 0, f)
         _fail(mem, prog, arena, slot)
@@ -72,7 +72,7 @@ def _place(mem, prog, arena, b, slot, src, f, pool_slot):  # type: ignore[no-unt
             slot_give(mem, pool_slot)
         return True
     o = _op(mem, slot)
-    n = ld_i64(f + 40)
+    n = ld_i64(f + FH_NBYTES)
     want = prog[prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N + G_NBYTES]
     if n != want:
         _event(mem, arena, EV_SIZE, slot, src, n, want, f)
@@ -80,7 +80,7 @@ def _place(mem, prog, arena, b, slot, src, f, pool_slot):  # type: ignore[no-unt
         if pool_slot >= 0:
             slot_give(mem, pool_slot)
         return True
-    if ld_u8(f + 5) & 1:
+    if ld_u8(f + FH_FLAGS) & FLAG_NEED:
         mem[o + O_URGENT] = 1
     if mem[_dyn(mem, slot, D_RW) + q] == 0:
         _apply(mem, prog, arena, slot, q, f + FRAME_SIZE)
@@ -114,7 +114,7 @@ def _float(mem, arena, src, f, nbytes):  # type: ignore[no-untyped-def]
     mem[mem[C_PEERS] + src * P_N + P_HELD] += 1
     mem[C_FLOATING] += 1
     _float_charge(mem, mem[C_SLOT])
-    if not float_link(mem, ld_i64(f + 24), ld_i64(f + 32), s):
+    if not float_link(mem, ld_i64(f + FH_WID), ld_i64(f + FH_GEN), s):
         unfloat(mem, s, True)  # (the hash holds more keys than frames can float)
         _event(mem, arena, EV_LOST, -1, src, 0, 5, f)
     return True
@@ -127,7 +127,7 @@ def _announced(mem, arena, src, f):  # type: ignore[no-untyped-def]
     the op's start here answers READY; when the table is full it is not kept, and every
     op started here that receives from ``src`` answers READY at once from then on."""
     x = ann_take(mem, src)
-    if x < 0 or not float_link(mem, ld_i64(f + 24), ld_i64(f + 32), x):
+    if x < 0 or not float_link(mem, ld_i64(f + FH_WID), ld_i64(f + FH_GEN), x):
         if x >= 0:
             unfloat(mem, x, False)
         mem[mem[C_PEERS] + src * P_N + P_ANNDROP] = 1
@@ -138,24 +138,24 @@ def _announced(mem, arena, src, f):  # type: ignore[no-untyped-def]
 def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-def]
     """One frame at address ``f`` (``avail`` bytes left in the message); the bytes it took,
     0 when it must wait for a free slot, or -1 after a malformed-message event."""
-    ftype = ld_u8(f)
-    flags = ld_u8(f + 5)
-    n = ld_i64(f + 40)
+    ftype = ld_u8(f + FH_TYPE)
+    flags = ld_u8(f + FH_FLAGS)
+    n = ld_i64(f + FH_NBYTES)
     size = FRAME_SIZE
-    if ftype == F_DATA:
+    if ftype == DATA:
         if n < 0 or n > mem[C_MICRO]:
             _event(mem, arena, EV_MALFORMED, -1, src, MF_BODY, n, f)
             return -1
         size = FRAME_SIZE + ((n + 7) & ~7)
-    elif ftype != F_RTS and ftype != F_READY and ftype != F_CTS and ftype != F_ASK:
+    elif ftype != RTS and ftype != READY and ftype != CTS and ftype != ASK:
         _event(mem, arena, EV_MALFORMED, -1, src, MF_TYPE, ftype, f)
         return -1
     if size > avail:
         _event(mem, arena, EV_MALFORMED, -1, src, MF_TRUNCATED, avail, f)
         return -1
-    wid = ld_i64(f + 24)
-    gen = ld_i64(f + 32)
-    credited = 1 if ftype == F_DATA and flags & FLAG_CREDIT else 0
+    wid = ld_i64(f + FH_WID)
+    gen = ld_i64(f + FH_GEN)
+    credited = 1 if ftype == DATA and flags & FLAG_CREDIT else 0
     if credited:
         # Credit enforced on receipt: the frames of this peer floating here and the ones
         # consumed whose credit is not back with it yet never exceed what was granted.
@@ -164,16 +164,16 @@ def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-de
             _event(mem, arena, EV_MALFORMED, -1, src, MF_CREDIT, mem[C_CREDIT], f)
             return -1
     v = hash_value(mem, mem[C_HASH], wid, gen)
-    if ftype == F_READY:
+    if ftype == READY:
         if v >= 0:
             _mark_peer(mem, prog, v, src, SB_READY)
         return size
-    if ftype == F_CTS or ftype == F_ASK:
+    if ftype == CTS or ftype == ASK:
         # Never kept for an op not submitted here: its sender asks again (ASK) or its
         # receiver clears again (CTS) once the op starts here.
         if v >= 0:
-            if ftype == F_CTS:
-                tag = np.int64(ld_u32(f + 8))
+            if ftype == CTS:
+                tag = np.int64(ld_u32(f + FH_AUX))
                 if tag < mem[C_BTAG] or tag >= mem[C_BTAG] + mem[C_BSPAN]:
                     _event(mem, arena, EV_MALFORMED, -1, src, MF_TAG, tag, f)
                     return -1
@@ -182,15 +182,15 @@ def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-de
                 _on_ask(mem, prog, arena, v, src, f)
         elif v == H_FOREIGN:
             _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
-        elif v == H_FAILED and ftype == F_CTS:
+        elif v == H_FAILED and ftype == CTS:
             # The op failed here: the receive posted for its body is answered empty.
-            tag = np.int64(ld_u32(f + 8))
+            tag = np.int64(ld_u32(f + FH_AUX))
             if mem[C_BTAG] <= tag < mem[C_BTAG] + mem[C_BSPAN]:
                 _abandon(mem, arena, src, tag)
         # H_DONE: a second clear that crossed an ASK, or an ASK that crossed the clear
         # and whose body came first: both answered already.
         return size
-    if ftype == F_RTS:
+    if ftype == RTS:
         if v >= 0:
             _owe(mem, arena, v, src, -1)
         elif v == H_FOREIGN:
@@ -237,15 +237,15 @@ def _consume(mem, prog, arena, b):  # type: ignore[no-untyped-def]
             _event(mem, arena, EV_MALFORMED, -1, src, MF_SHORT, length, 0)
             mem[mem[C_PEERS] + src * P_N + P_BAD] = 1
             return True
-        if ld_u32(land) != LANE_MAGIC or ld_u8(land + 4) != LANE_VERSION:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_MAGIC, ld_u32(land), 0)
+        if ld_u32(land + MH_MAGIC) != LANE_MAGIC or ld_u8(land + MH_VERSION) != LANE_VERSION:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_MAGIC, ld_u32(land + MH_MAGIC), 0)
             mem[mem[C_PEERS] + src * P_N + P_BAD] = 1
             return True
-        if ld_i32(land + 8) != src:
-            _event(mem, arena, EV_MALFORMED, -1, src, MF_SENDER, ld_i32(land + 8), 0)
+        if ld_i32(land + MH_SENDER) != src:
+            _event(mem, arena, EV_MALFORMED, -1, src, MF_SENDER, ld_i32(land + MH_SENDER), 0)
             mem[mem[C_PEERS] + src * P_N + P_BAD] = 1
             return True
-        credit = ld_i64(land + 16)
+        credit = ld_i64(land + MH_CREDIT)
         pw = mem[C_PEERS] + src * P_N
         if credit < 0 or mem[pw + P_CREDIT] + credit > mem[C_CREDIT]:
             _event(mem, arena, EV_MALFORMED, -1, src, MF_OVERCREDIT, credit, 0)
@@ -254,7 +254,7 @@ def _consume(mem, prog, arena, b):  # type: ignore[no-untyped-def]
         mem[pw + P_CREDIT] += credit
         mem[C_LANDPOS] = MSG_SIZE
         # frames left to read go in the upper bits of the position's twin
-        mem[C_LANDLEN] = length | (np.int64(ld_u16(land + 6)) << 40)
+        mem[C_LANDLEN] = length | (np.int64(ld_u16(land + MH_NFRAMES)) << 40)
     while True:
         pos = mem[C_LANDPOS]
         packed = mem[C_LANDLEN]

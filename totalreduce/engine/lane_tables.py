@@ -1,9 +1,9 @@
-# ruff: noqa: F405 - the field constants come from lane_layout by a star import (Numba
+# ruff: noqa: F405 - the field constants come from totalreduce.protocol by a star import (Numba
 # folds module globals into constants; listing ~100 names would only repeat them)
 """The compiled lane's tables: the hash tables of op keys, op and pool-slot records, the
 event queue, frames written into a peer's outbox and sent (``MPI_Isend``, reaped with
 ``MPI_Test``), and the ready heap.  Numba functions over the arrays of
-:mod:`.lane_layout`; the protocol that uses them is :mod:`.lane_progress` and
+:mod:`totalreduce.protocol`; the protocol that uses them is :mod:`.lane_progress` and
 :mod:`.lane_core`.
 """
 
@@ -14,8 +14,8 @@ from numba import njit
 
 from ..native.intrinsics import ld_i64, ld_u8, st_i32, st_i64, st_u8, st_u16, st_u32
 from ..native.libc import memcpy
+from ..protocol import *  # noqa: F403 - the protocol's words and fields
 from ..transport.mpi_native import mpi_isend, mpi_test
-from .lane_layout import *  # noqa: F403 - the field constants
 
 # ------------------------------------------------------------------ hash tables
 
@@ -280,13 +280,13 @@ def _find_recv(mem, prog, slot, src, step, seg):  # type: ignore[no-untyped-def]
 def _same_shape(mem, slot, f):  # type: ignore[no-untyped-def]
     o = _op(mem, slot)
     return (
-        ld_u8(f + 1) == mem[o + O_DT]
-        and ld_u8(f + 2) == mem[o + O_KIND]
-        and ld_u8(f + 3) == mem[o + O_ALGO]
-        and ld_u8(f + 4) == mem[o + O_ROP]
-        and ld_i64(f + 48) == mem[o + O_COUNT]
-        and ld_i64(f + 56) == mem[o + O_PARAM]
-        and ld_i64(f + 64) == mem[o + O_CTX]
+        ld_u8(f + FH_DTYPE) == mem[o + O_DT]
+        and ld_u8(f + FH_KIND) == mem[o + O_KIND]
+        and ld_u8(f + FH_ALGO) == mem[o + O_ALGO]
+        and ld_u8(f + FH_ROP) == mem[o + O_ROP]
+        and ld_i64(f + FH_COUNT) == mem[o + O_COUNT]
+        and ld_i64(f + FH_PARAM) == mem[o + O_PARAM]
+        and ld_i64(f + FH_CONTEXT) == mem[o + O_CTX]
     )
 
 
@@ -297,23 +297,23 @@ def _same_shape(mem, slot, f):  # type: ignore[no-untyped-def]
 def _write_frame(mem, a, ftype, flags, slot, step, seg, nbytes):  # type: ignore[no-untyped-def]
     """Write the 72-byte header of a frame of op ``slot`` at address ``a``."""
     o = _op(mem, slot)
-    st_u8(a, np.uint8(ftype))
-    st_u8(a + 1, np.uint8(mem[o + O_DT]))
-    st_u8(a + 2, np.uint8(mem[o + O_KIND]))
-    st_u8(a + 3, np.uint8(mem[o + O_ALGO]))
-    st_u8(a + 4, np.uint8(mem[o + O_ROP]))
-    st_u8(a + 5, np.uint8(flags))
-    st_u16(a + 6, np.uint16(0))
-    st_u32(a + 8, np.uint32(0))
-    st_u32(a + 12, np.uint32(step))
-    st_u32(a + 16, np.uint32(seg))
-    st_u32(a + 20, np.uint32(mem[o + O_PRIO] & 0xFFFFFFFF))
-    st_i64(a + 24, mem[o + O_WID])
-    st_i64(a + 32, mem[o + O_GEN])
-    st_i64(a + 40, nbytes)
-    st_i64(a + 48, mem[o + O_COUNT])
-    st_i64(a + 56, mem[o + O_PARAM])
-    st_i64(a + 64, mem[o + O_CTX])
+    st_u8(a + FH_TYPE, np.uint8(ftype))
+    st_u8(a + FH_DTYPE, np.uint8(mem[o + O_DT]))
+    st_u8(a + FH_KIND, np.uint8(mem[o + O_KIND]))
+    st_u8(a + FH_ALGO, np.uint8(mem[o + O_ALGO]))
+    st_u8(a + FH_ROP, np.uint8(mem[o + O_ROP]))
+    st_u8(a + FH_FLAGS, np.uint8(flags))
+    st_u16(a + FH_FLAGS + 1, np.uint16(0))
+    st_u32(a + FH_AUX, np.uint32(0))
+    st_u32(a + FH_STEP, np.uint32(step))
+    st_u32(a + FH_SEGMENT, np.uint32(seg))
+    st_u32(a + FH_PRIO, np.uint32(mem[o + O_PRIO] & 0xFFFFFFFF))
+    st_i64(a + FH_WID, mem[o + O_WID])
+    st_i64(a + FH_GEN, mem[o + O_GEN])
+    st_i64(a + FH_NBYTES, nbytes)
+    st_i64(a + FH_COUNT, mem[o + O_COUNT])
+    st_i64(a + FH_PARAM, mem[o + O_PARAM])
+    st_i64(a + FH_CONTEXT, mem[o + O_CTX])
 
 
 @njit(nogil=True, cache=True)
@@ -376,13 +376,13 @@ def _flush_peer(mem, arena, b, peer):  # type: ignore[no-untyped-def]
         if sb < 0:
             return False
     dst = abase + mem[C_A_SB] + sb * mem[C_OUTCAP]
-    st_u32(dst, np.uint32(LANE_MAGIC))
-    st_u8(dst + 4, np.uint8(LANE_VERSION))
-    st_u8(dst + 5, np.uint8(0))
-    st_u16(dst + 6, np.uint16(mem[pw + P_NFRAMES]))
-    st_i32(dst + 8, np.int32(mem[C_RANK]))
-    st_u32(dst + 12, np.uint32(0))
-    st_i64(dst + 16, mem[pw + P_OWED])
+    st_u32(dst + MH_MAGIC, np.uint32(LANE_MAGIC))
+    st_u8(dst + MH_VERSION, np.uint8(LANE_VERSION))
+    st_u8(dst + MH_VERSION + 1, np.uint8(0))
+    st_u16(dst + MH_NFRAMES, np.uint16(mem[pw + P_NFRAMES]))
+    st_i32(dst + MH_SENDER, np.int32(mem[C_RANK]))
+    st_u32(dst + MH_CTL_CREDIT, np.uint32(0))
+    st_i64(dst + MH_CREDIT, mem[pw + P_OWED])
     nframes = mem[pw + P_NFRAMES]
     mem[pw + P_OUTSB] = -1
     mem[pw + P_OWED] = 0

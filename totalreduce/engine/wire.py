@@ -59,51 +59,72 @@ import numpy as np
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
 from ..errors import FrameError
+from ..protocol import (  # the protocol's numbers, declared there once
+    BODY_TAG_BASE,
+    BODY_TAG_SPAN,
+    BYE,
+    CONTROL_TAG,
+    CTS,
+    DATA,
+    ERROR,
+    F_ALGO,
+    F_AUX,
+    F_CONTEXT,
+    F_COUNT,
+    F_DTYPE,
+    F_FLAGS,
+    F_GEN,
+    F_KIND,
+    F_NBYTES,
+    F_OP,
+    F_PARAM,
+    F_PRIO,
+    F_SEGMENT,
+    F_STEP,
+    F_TYPE,
+    F_WID,
+    FLAG_NEED,
+    FRAME_FORMAT,
+    FRAME_SIZE,
+    GONE,
+    HAVE,
+    JOIN,
+    MAIN_FRAME_TYPES,
+    MAX_BODY_BYTES,
+    MSG_FORMAT,
+    MSG_SIZE,
+    NEED,
+    PROBE,
+    READY,
+    REJECT,
+    RTS,
+    FrameType,
+)
+from ..protocol import MAIN_MAGIC as MAGIC
+from ..protocol import MAIN_VERSION as VERSION
 
-MAGIC = 0x32445254  # b"TRD2" read as little-endian u32
-VERSION = 2
-MSG = struct.Struct("<IBBHiIQ")
-MSG_SIZE = MSG.size
-FRAME = struct.Struct("<BBBBBBHIIIIQQQQqQ")
-FRAME_SIZE = FRAME.size
-assert MSG_SIZE == 24 and FRAME_SIZE == 72
+MSG = struct.Struct(MSG_FORMAT)
+FRAME = struct.Struct(FRAME_FORMAT)
+assert MSG.size == MSG_SIZE and FRAME.size == FRAME_SIZE
 
-CONTROL_TAG = 1
-BODY_TAG_BASE = 16
-BODY_TAG_SPAN = 1 << 20  # body tags rotate through this many values per peer
+#: The main loop's frame types, by name (for messages).
+FRAME_TYPES = {int(t): t.name for t in FrameType if int(t) in MAIN_FRAME_TYPES}
 
-# Frame types.
-DATA = 1
-RTS = 2
-CTS = 3
-REJECT = 4
-READY = 5
-NEED = 6
-ERROR = 7
-PROBE = 8
-HAVE = 9
-BYE = 10
-GONE = 11
-JOIN = 12
-FRAME_TYPES = {DATA: "DATA", RTS: "RTS", CTS: "CTS", REJECT: "REJECT", READY: "READY"}
-FRAME_TYPES.update({NEED: "NEED", ERROR: "ERROR", PROBE: "PROBE", HAVE: "HAVE", BYE: "BYE"})
-FRAME_TYPES.update({GONE: "GONE", JOIN: "JOIN"})
-
-# Frame flags.
-FLAG_NEED = 1  # someone on the sender waits for this op
-
-#: Largest body a frame may announce; anything above is malformed.
-MAX_BODY_BYTES = 1 << 34
+__all__ = [
+    "BODY_TAG_BASE", "BODY_TAG_SPAN", "BYE", "CONTROL_TAG", "CTS", "DATA", "ERROR", "F_ALGO",
+    "F_AUX", "F_CONTEXT", "F_COUNT", "F_DTYPE", "F_FLAGS", "F_GEN", "F_KIND", "F_NBYTES",
+    "F_OP", "F_PARAM", "F_PRIO", "F_SEGMENT", "F_STEP", "F_TYPE", "F_WID", "FLAG_NEED",
+    "FRAME", "FRAME_SIZE", "FRAME_TYPES", "GONE", "HAVE", "JOIN", "MAGIC", "MAX_BODY_BYTES",
+    "MSG", "MSG_SIZE", "NEED", "PROBE", "READY", "REJECT", "RTS", "SESSION_ID", "VERSION",
+    "Frame", "pack_frame", "pack_message_header", "padded", "priority_of", "split",
+    "wire_id",
+]  # fmt: skip
 
 _DTYPES = {int(d): d for d in DType}
 _KINDS = frozenset(int(k) for k in OpKind)
 _ALGOS = frozenset(int(a) for a in AlgorithmCode)
 _OPS = frozenset(int(o) for o in ReduceOp)
 
-# Field positions in a decoded frame tuple.
-F_TYPE, F_DTYPE, F_KIND, F_ALGO, F_OP, F_FLAGS = 0, 1, 2, 3, 4, 5
-F_AUX, F_STEP, F_SEGMENT, F_PRIO = 7, 8, 9, 10
-F_WID, F_GEN, F_NBYTES, F_COUNT, F_PARAM, F_CONTEXT = 11, 12, 13, 14, 15, 16
 
 Frame = tuple  # the 17 fields of FRAME, as unpacked
 

@@ -28,7 +28,7 @@ from .window_parts import (
     _EMPTY,
     _KINDS,
     ACCUMULATE,
-    DATA,
+    CH_DATA,
     FREE,
     GET,
     HEADER,
@@ -58,12 +58,12 @@ class WindowChannels:
     def _send(self, win: Window, dst: int, chan: int, kind: int, p: float, body: Any) -> Any:
         """Send one message (``body``: ``(data, weight)`` or None); its handle.  The data
         is copied (times the weight) now: the caller may change it at once."""
-        pieced = win.pieced and chan == DATA
+        pieced = win.pieced and chan == CH_DATA
         if pieced:
             count = 1 if body is None else -(-win.nbytes // PIECE_BYTES)
             msgs = np.zeros((count, THIN_MESSAGE_BYTES), dtype=np.uint8)
         else:
-            msgs = np.zeros((1, HEADER + (win.nbytes if chan == DATA else 0)), dtype=np.uint8)
+            msgs = np.zeros((1, HEADER + (win.nbytes if chan == CH_DATA else 0)), dtype=np.uint8)
         for i, msg in enumerate(msgs):
             msg[:8].view(np.int32)[:] = kind, i  # the piece's index, where pieced
             msg[8:16].view(np.float64)[0] = p
@@ -172,7 +172,7 @@ class WindowChannels:
         if err is not None:
             win.error = win.error or err
             win.closed[chan].add(peer)
-            for g in win.gets.get(peer, []) if chan == DATA else []:
+            for g in win.gets.get(peer, []) if chan == CH_DATA else []:
                 g.error = err
                 g.event.set()
             win.changed.notify_all()
@@ -182,14 +182,14 @@ class WindowChannels:
         if kind not in _KINDS[chan]:
             log.error(
                 "rank %d: window %r: rank %d sent message kind %d on its %s channel; dropped",
-                self.rank, win.name, peer, kind, "data" if chan == DATA else "get",
+                self.rank, win.name, peer, kind, "data" if chan == CH_DATA else "get",
             )  # fmt: skip
         elif kind == FREE:
             win.closed[chan].add(peer)
             win.changed.notify_all()
             return  # the channel ends: no receive after its FREE
         elif kind == GET:
-            reply = self._send(win, peer, DATA, REPLY, win.p * p, (win.mine, p))
+            reply = self._send(win, peer, CH_DATA, REPLY, win.p * p, (win.mine, p))
             win.sends = [s for s in win.sends if not s.done()] + [reply]
         elif (data := self._message(win, peer, kind, index, buf)) is not None:
             slot = win.slots[peer]

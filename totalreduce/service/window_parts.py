@@ -31,8 +31,8 @@ THIN_MESSAGE_BYTES = 64 << 10
 PIECE_BYTES = THIN_MESSAGE_BYTES - HEADER
 #: Pieces of one message a rank has in flight at a time.
 PIECES_IN_FLIGHT = 4
-DATA, ASK = 0, 1  # the channels: data (into a slot) and get requests
-_KINDS = {DATA: (PUT, ACCUMULATE, REPLY, FREE), ASK: (GET, FREE)}
+CH_DATA, CH_ASK = 0, 1  # the channels: data (into a slot) and get requests
+_KINDS = {CH_DATA: (PUT, ACCUMULATE, REPLY, FREE), CH_ASK: (GET, FREE)}
 _FLOATS = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)
 
 
@@ -40,7 +40,7 @@ _EMPTY = np.empty(0, np.uint8)
 
 
 def _channel(window: str, src: int, dst: int, chan: int) -> str:
-    return f"win {window} {src}->{dst}{' get' if chan == ASK else ''}"
+    return f"win {window} {src}->{dst}{' get' if chan == CH_ASK else ''}"
 
 
 def _weight(value: Any, what: str) -> float:
@@ -89,7 +89,7 @@ class Window:
     changed: threading.Condition = field(init=False)
     error: BaseException | None = None
     gets: dict[int, list[_Get]] = field(default_factory=dict)
-    closed: dict[int, set[int]] = field(default_factory=lambda: {DATA: set(), ASK: set()})
+    closed: dict[int, set[int]] = field(default_factory=lambda: {CH_DATA: set(), CH_ASK: set()})
     sends: list[Any] = field(default_factory=list)  # handles of replies in flight
     freeing: bool = False
     pending: list[Any] = field(default_factory=list)  # arrivals not applied yet, in order

@@ -73,8 +73,8 @@ from .window_channels import WindowChannels
 from .window_parts import (
     _FLOATS,
     ACCUMULATE,
-    ASK,
-    DATA,
+    CH_ASK,
+    CH_DATA,
     FREE,
     GET,
     HEADER,
@@ -199,9 +199,9 @@ class Windows(WindowChannels):
         # In daemon mode the thin path's standing receives have their buffers in the node's
         # arena: what arrives lands there without a copy.
         for r in in_ranks:
-            self._listen(win, r, DATA, self.svc.empty(win.message_bytes, np.uint8))
+            self._listen(win, r, CH_DATA, self.svc.empty(win.message_bytes, np.uint8))
         for r in out_ranks:
-            self._listen(win, r, ASK, self.svc.empty(HEADER, np.uint8))
+            self._listen(win, r, CH_ASK, self.svc.empty(HEADER, np.uint8))
         return True
 
     def _topology(self, topology: Any, name: str) -> MixingTopology:
@@ -267,7 +267,7 @@ class Windows(WindowChannels):
         kind = ACCUMULATE if accumulate else PUT
         with win.lock:
             handles = [
-                self._send(win, r, DATA, kind, win.p * w, (data, w)) for r, w in dsts.items()
+                self._send(win, r, CH_DATA, kind, win.p * w, (data, w)) for r, w in dsts.items()
             ]
             if sw is not None:
                 scale_into(data, sw, win.dtype)
@@ -287,7 +287,7 @@ class Windows(WindowChannels):
                 g = _Get()
                 win.gets[r].append(g)
                 gets.append(g)
-                handles.append(self._send(win, r, ASK, GET, w, None))
+                handles.append(self._send(win, r, CH_ASK, GET, w, None))
         return WinHandle(what, handles, gets)
 
     def update(
@@ -413,11 +413,11 @@ class Windows(WindowChannels):
     def _free(self, win: Window, deadline: float | None) -> None:
         with win.lock:
             win.freeing = True
-            asks = [self._send(win, r, ASK, FREE, 0.0, None) for r in win.in_ranks]
-        self._until(win, ASK, win.out_ranks, deadline)
+            asks = [self._send(win, r, CH_ASK, FREE, 0.0, None) for r in win.in_ranks]
+        self._until(win, CH_ASK, win.out_ranks, deadline)
         with win.lock:  # every GET has been answered: the replies precede the FREE
-            frees = [self._send(win, r, DATA, FREE, 0.0, None) for r in win.out_ranks]
-        self._until(win, DATA, win.in_ranks, deadline)
+            frees = [self._send(win, r, CH_DATA, FREE, 0.0, None) for r in win.out_ranks]
+        self._until(win, CH_DATA, win.in_ranks, deadline)
         for h in asks + frees + win.sends:
             if not h.done() and win.error is None:
                 h.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))

@@ -27,9 +27,9 @@ from . import local_tables
 from .local_tables import (
     ANY_SOURCE,
     ANY_TAG,
-    C_RANK,
-    C_SIZE,
-    C_WORLD,
+    CM_RANK,
+    CM_SIZE,
+    CM_WORLD,
     DONE,
     E_ADDR,
     E_CANCELLED,
@@ -142,9 +142,9 @@ def _fresh(fn: _F) -> _F:
 @njit(nogil=True, cache=True)
 @_fresh
 def _post(buf, count, peer, tag, comm, req, kind):  # type: ignore[no-untyped-def]
-    w = ld_i64(comm + 8 * C_WORLD)
-    rank = ld_i64(comm + 8 * C_RANK)
-    size = ld_i64(comm + 8 * C_SIZE)
+    w = ld_i64(comm + 8 * CM_WORLD)
+    rank = ld_i64(comm + 8 * CM_RANK)
+    size = ld_i64(comm + 8 * CM_SIZE)
     if count < 0:
         return np.int32(ERR_COUNT)
     if kind == SEND and (peer < 0 or peer >= size):
@@ -322,8 +322,8 @@ def testsome(count, reqs, outcount, indices, statuses):  # type: ignore[no-untyp
 @_fresh
 def _probe(source, tag, comm, flag, msg, st):  # type: ignore[no-untyped-def]
     """MPI_Iprobe (``msg`` 0) or MPI_Improbe (the message taken, its handle at ``msg``)."""
-    w = ld_i64(comm + 8 * C_WORLD)
-    rank = ld_i64(comm + 8 * C_RANK)
+    w = ld_i64(comm + 8 * CM_WORLD)
+    rank = ld_i64(comm + 8 * CM_RANK)
     if atomic_load_i64(_box(w, rank, X_UHEAD)) < 0:
         _advance(w)
         st_i32(flag, np.int32(0))

@@ -58,8 +58,8 @@ from .local_tables import (
     ANY_SOURCE,
     ANY_TAG,
     DEFAULT_CAPACITY,
-    E_N,
     E_NEXT,
+    E_WORDS,
     ERR_COUNT,
     ERR_IN_STATUS,
     ERR_NO_MEM,
@@ -116,7 +116,7 @@ class NativeWorld:
     ) -> None:
         self.size = size
         self.capacity = capacity
-        boxes = H_LEN + capacity * E_N
+        boxes = H_LEN + capacity * E_WORDS
         w = np.zeros(boxes + size * X_N + size * size, dtype=np.int64)
         w[H_SIZE] = size
         w[H_CAP] = capacity
@@ -124,7 +124,7 @@ class NativeWorld:
         w[H_RNG] = (seed * 0x9E3779B1 + 0x2545F4914F6CDD1D) & 0x3FFFFFFFFFFFFFFF or 1
         nxt = np.arange(1, capacity + 1, dtype=np.int64)
         nxt[-1] = -1
-        w[H_LEN + E_NEXT : H_LEN + capacity * E_N : E_N] = nxt
+        w[H_LEN + E_NEXT : H_LEN + capacity * E_WORDS : E_WORDS] = nxt
         w[H_FREE] = 0
         w[boxes : boxes + size * X_N] = -1  # every list empty
         self.words = w

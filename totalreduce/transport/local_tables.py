@@ -63,7 +63,7 @@ E_ERR = 12
 E_FREED = 13  # MPI_Request_free came first: free the entry when it completes
 E_CANCELLED = 14
 E_VISIBLE = 15  # a send held back: the clock at which it becomes visible (0: it is)
-E_N = 16
+E_WORDS = 16
 
 #: Entry states.
 FREE = 0
@@ -82,9 +82,9 @@ X_PTAIL = 3
 X_N = 4
 
 #: The comm record a communicator handle points to.
-C_WORLD = 0
-C_RANK = 1
-C_SIZE = 2
+CM_WORLD = 0
+CM_RANK = 1
+CM_SIZE = 2
 
 #: Constants of this "library" (MPICH's values where MPI fixes none).
 ANY_SOURCE = -2
@@ -132,17 +132,17 @@ def error_text(code: int) -> str:
 @njit(nogil=True, cache=True, inline="always")
 def _ent(w, i, f):  # type: ignore[no-untyped-def]
     """Address of field ``f`` of entry ``i``."""
-    return w + 8 * (H_LEN + i * E_N + f)
+    return w + 8 * (H_LEN + i * E_WORDS + f)
 
 
 @njit(nogil=True, cache=True, inline="always")
 def _box(w, rank, f):  # type: ignore[no-untyped-def]
-    return w + 8 * (H_LEN + ld_i64(w + 8 * H_CAP) * E_N + rank * X_N + f)
+    return w + 8 * (H_LEN + ld_i64(w + 8 * H_CAP) * E_WORDS + rank * X_N + f)
 
 
 @njit(nogil=True, cache=True, inline="always")
 def _index(w, h):  # type: ignore[no-untyped-def]
-    return (h - w - 8 * H_LEN) // (8 * E_N)
+    return (h - w - 8 * H_LEN) // (8 * E_WORDS)
 
 
 @njit(nogil=True, cache=True)
@@ -167,7 +167,7 @@ def _alloc(w):  # type: ignore[no-untyped-def]
     if i < 0:
         return np.int64(-1)
     st_i64(w + 8 * H_FREE, ld_i64(_ent(w, i, E_NEXT)))
-    for f in range(E_N):
+    for f in range(E_WORDS):
         st_i64(_ent(w, i, f), np.int64(0))
     st_i64(_ent(w, i, E_WORLD), w)
     st_i64(_ent(w, i, E_NEXT), np.int64(-1))
@@ -294,7 +294,7 @@ def _result(w, i, st):  # type: ignore[no-untyped-def]
 def _pair(w, src, dst):  # type: ignore[no-untyped-def]
     """Address of the clock at which ``src``'s last send to ``dst`` becomes visible."""
     size = ld_i64(w + 8 * H_SIZE)
-    base = H_LEN + ld_i64(w + 8 * H_CAP) * E_N + size * X_N
+    base = H_LEN + ld_i64(w + 8 * H_CAP) * E_WORDS + size * X_N
     return w + 8 * (base + src * size + dst)
 
 

@@ -19,15 +19,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import TransportError
+from ..protocol import CLOSE_TAG  # the last message to each peer (``close``)
 from .base import OversizeMessage, pid_alive
 
 log = logging.getLogger("totalreduce.transport.mpi")
 
 _LEVELS = {0: "SINGLE", 1: "FUNNELED", 2: "SERIALIZED", 3: "MULTIPLE"}
 
-#: The tag of the last message a transport sends each peer on its communicator (``close``);
-#: the engine's tags are 1 (control frames), 3 (the lane) and 16 and up (bodies).
-CLOSE_TAG = 2
 #: How long ``close`` waits for its peers to close (they shut down at about the same time).
 CLOSE_WAIT_S = 1.0
 _NOTHING = np.empty(0, dtype=np.uint8)

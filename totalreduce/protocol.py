@@ -1,23 +1,203 @@
-"""The compiled lane's tables: where each field lives in its arrays (pure constants).
+"""The protocol, declared once: what travels between ranks and what lies in shared arrays.
 
-The lane (``engine/lane_core.py``, driven by ``engine/lane.py``) keeps all of its
-state in three preallocated arrays that Python and compiled code share:
+Every number two sides must agree on lives here and nowhere else
+(``tests/test_protocol.py`` fails if one is written in another module):
 
-- ``mem`` (int64): the control words, the op table, the key hash tables, the
-  per-op segment state, the pool's slot records, the per-peer words, the event and
-  completion queues and a work stack;
-- ``prog`` (int64): compiled plans (one record per (plan, element size): segments,
-  their waits and successors, local ops) and groups (world ranks), appended by
-  Python when a new shape first runs; it grows by reallocation;
-- ``arena`` (uint8): the pool's slots (frames of ops not submitted here, and
-  bodies that came before their turn), the per-peer outboxes, the send buffers and
-  their requests, the landing buffer of received messages, the event frames.
+- the transport's tags (the main loop's control messages, the compiled lane's, bodies);
+- the message header and the frame header: their ``struct`` formats, the byte offset of
+  every field (compiled code reads and writes frames at these offsets), the magic and
+  version of each engine's messages;
+- the frame types, one numbering for both engines, and the frame flags;
+- the error codes an ``ERROR`` frame or a daemon client's error entry carries, with the
+  error class and the words of each; the reasons a message is refused (``MF_*``), with
+  their words;
+- the compiled lane's words and records: the control words of ``mem`` (``C_*``), the op
+  table (``O_*``), hash marks (``H_*``), per-op segment state (``D_*``, ``SS_*``,
+  ``SB_*``, ``RS_*``), pool slot and announcement records, per-peer words (``P_*``),
+  events (``EV_*``), body requests (``BR_*``), plan records in ``prog`` (``PL_*``,
+  ``G_*``, ``L_*``) and the schedule codes compiled code acts on.
 
-Every record is a fixed number of int64 words at an offset kept in ``mem``'s
-control words (``C_*``), so compiled code indexes them without Python objects.
+Python modules take what they need from here (``wire.py`` packs and checks messages with
+these formats; ``lane*.py`` star-import the words, which Numba folds into constants), and
+``docs/architecture.md``'s tables of frame types and header fields are checked against
+this module by ``tests/test_protocol.py``.
+
+Message header (``MSG_SIZE`` = 24 bytes, little-endian)::
+
+    magic u32 | version u8 | reserved u8 | frame count u16 | sender i32 |
+    control credit returned u32 (main loop; 0 in the lane) | credit returned u64
+
+Frame header (``FRAME_SIZE`` = 72 bytes)::
+
+    type u8 | dtype u8 | kind u8 | algorithm u8 | reduce op u8 | flags u8 | reserved u16 |
+    aux u32 | step u32 | segment u32 | priority i32 (as u32) |
+    wire id u64 | generation u64 | byte count u64 | element count u64 | param i64 |
+    context u64
 """
 
 from __future__ import annotations
+
+import enum
+
+# -- tags on the transport's communicator ----------------------------------------------
+CONTROL_TAG = 1  # the main loop's messages
+CLOSE_TAG = 2  # a transport's last message to each peer (transport/mpi.py)
+LANE_TAG = 3  # the compiled lane's messages
+BODY_TAG_BASE = 16  # the main loop's bodies, then the lane's, on tags of their own
+BODY_TAG_SPAN = 1 << 20  # the main loop's body tags rotate through this many per peer
+LANE_BODY_SPAN = 1 << 20  # the lane's body tags, likewise
+
+# -- the message header ------------------------------------------------------------------
+MSG_FORMAT = "<IBBHiIQ"
+MSG_SIZE = 24
+MH_MAGIC = 0  # u32
+MH_VERSION = 4  # u8
+MH_NFRAMES = 6  # u16
+MH_SENDER = 8  # i32
+MH_CTL_CREDIT = 12  # u32: control credit returned (the main loop's)
+MH_CREDIT = 16  # u64: eager credit returned (bytes in the main loop, slots in the lane)
+
+# -- the frame header --------------------------------------------------------------------
+FRAME_FORMAT = "<BBBBBBHIIIIQQQQqQ"
+FRAME_SIZE = 72
+FH_TYPE = 0  # u8
+FH_DTYPE = 1  # u8
+FH_KIND = 2  # u8
+FH_ALGO = 3  # u8
+FH_ROP = 4  # u8
+FH_FLAGS = 5  # u8
+FH_AUX = 8  # u32
+FH_STEP = 12  # u32
+FH_SEGMENT = 16  # u32
+FH_PRIO = 20  # u32
+FH_WID = 24  # u64
+FH_GEN = 32  # u64
+FH_NBYTES = 40  # u64
+FH_COUNT = 48  # u64
+FH_PARAM = 56  # i64
+FH_CONTEXT = 64  # u64
+# The same fields' positions in a frame unpacked with FRAME_FORMAT (a tuple of 17).
+F_TYPE, F_DTYPE, F_KIND, F_ALGO, F_OP, F_FLAGS = 0, 1, 2, 3, 4, 5
+F_AUX, F_STEP, F_SEGMENT, F_PRIO = 7, 8, 9, 10
+F_WID, F_GEN, F_NBYTES, F_COUNT, F_PARAM, F_CONTEXT = 11, 12, 13, 14, 15, 16
+
+# -- magics and versions -------------------------------------------------------------------
+MAIN_MAGIC = 0x32445254  # b"TRD2": the main loop's messages
+MAIN_VERSION = 3  # 3: error codes numbered as ErrorCode
+LANE_MAGIC = 0x4C445254  # b"TRDL": the compiled lane's messages
+LANE_VERSION = 2  # 2: frame types numbered as the main loop's (CTS 3, ASK 13)
+
+
+# -- frame types: one numbering for both engines ---------------------------------------------
+class FrameType(enum.IntEnum):
+    """What a frame is.  The main loop takes DATA to JOIN; the lane DATA, RTS, CTS, READY
+    and ASK, with the same numbers."""
+
+    DATA = 1  # an eager body follows the header (padded to 8 bytes)
+    RTS = 2  # main loop: a larger body waits at the sender; lane: "I hold frames of this op
+    #          for you, and no credit", answered by READY
+    CTS = 3  # clear to send: the receive is posted, on the tag in ``aux``
+    REJECT = 4  # main loop: no room for an op not submitted here; READY follows later
+    READY = 5  # the op is submitted here: send (again, or without credit)
+    NEED = 6  # the sender waits for this op: raise it
+    ERROR = 7  # the op failed: the body is the UTF-8 message, ``param`` its ErrorCode
+    PROBE = 8  # who has submitted this stalled op?
+    HAVE = 9  # I have
+    BYE = 10  # the sender's service stopped
+    GONE = 11  # daemon mode: a node's client rank ``aux`` died
+    JOIN = 12  # daemon mode: a new process has client rank ``aux`` (step 1: session ended)
+    ASK = 13  # lane: this large segment is ready here and I have no clear: answered by CTS
+
+
+DATA = int(FrameType.DATA)
+RTS = int(FrameType.RTS)
+CTS = int(FrameType.CTS)
+REJECT = int(FrameType.REJECT)
+READY = int(FrameType.READY)
+NEED = int(FrameType.NEED)
+ERROR = int(FrameType.ERROR)
+PROBE = int(FrameType.PROBE)
+HAVE = int(FrameType.HAVE)
+BYE = int(FrameType.BYE)
+GONE = int(FrameType.GONE)
+JOIN = int(FrameType.JOIN)
+ASK = int(FrameType.ASK)
+#: The frame types each engine takes; anything else is refused (``MF_TYPE``).
+MAIN_FRAME_TYPES = frozenset(int(t) for t in FrameType if t is not FrameType.ASK)
+LANE_FRAME_TYPES = frozenset({DATA, RTS, CTS, READY, ASK})
+
+# -- frame flags ---------------------------------------------------------------------------
+FLAG_NEED = 1  # someone on the sender waits for this op
+FLAG_CREDIT = 2  # lane: the frame spent a slot of the receiver's credit
+
+#: Largest body a frame may announce; anything above is malformed.
+MAX_BODY_BYTES = 1 << 34
+
+
+# -- error codes -----------------------------------------------------------------------------
+class ErrorCode(enum.IntEnum):
+    """What an op's failure was, as an ERROR frame (its ``param``) or a daemon client's error
+    entry carries it; each becomes the same error class on every rank that hears it."""
+
+    FAILED = 1  # OpFailedError: a peer died or stopped, an abort, an MPI error
+    MISMATCH = 2  # OpMismatchError: ranks disagree about the op
+    INVALID = 3  # InvalidArgumentError: an argument the service refused
+    TRANSPORT = 4  # TransportError: the transport failed
+    FRAME = 5  # FrameError: a peer sent what the protocol refuses
+    TIMEOUT = 6  # OpTimeoutError: stalled past stall_shutdown_s
+
+
+#: The error class (by name, in totalreduce.errors) of each code.
+ERROR_CLASSES = {
+    ErrorCode.FAILED: "OpFailedError",
+    ErrorCode.MISMATCH: "OpMismatchError",
+    ErrorCode.FRAME: "FrameError",
+    ErrorCode.TIMEOUT: "OpTimeoutError",
+    ErrorCode.INVALID: "InvalidArgumentError",
+    ErrorCode.TRANSPORT: "TransportError",
+}
+
+# Why the lane refused a message (its EV_MALFORMED event's ``a``), with the words of the
+# FrameError that names the peer.
+MF_SHORT = 1
+MF_MAGIC = 2
+MF_SENDER = 3
+MF_TRUNCATED = 4
+MF_TYPE = 5
+MF_BODY = 6
+MF_CREDIT = 7
+MF_LONG = 8
+MF_TAG = 9
+MF_OVERCREDIT = 10
+MALFORMED_TEXTS = {
+    MF_SHORT: "shorter than its header",
+    MF_MAGIC: "bad magic or protocol version",
+    MF_SENDER: "names another sender",
+    MF_TRUNCATED: "truncated frame",
+    MF_TYPE: "unknown frame type",
+    MF_BODY: "eager body over micro_bytes",
+    MF_CREDIT: (
+        "a credited frame beyond the credit this rank granted it (do all ranks use the same "
+        "floating_pool_bytes and micro_bytes?)"
+    ),
+    MF_LONG: "longer than any message a peer may send",
+    MF_TAG: "a clear naming a tag outside the lane's body tags",
+    MF_OVERCREDIT: "credit returned beyond what this rank spent",
+}
+
+
+# ============================================================================================
+# The compiled lane's words and records.
+#
+# The lane keeps all of its state in preallocated arrays that Python and compiled code
+# share: ``mem`` (int64: the control words, the op table, the key hash tables, the per-op
+# segment state, the pool's slot records, the announcement records, the per-peer words,
+# the event and completion queues and a work stack), ``prog`` (int64: compiled plans and
+# groups, appended by Python when a new shape first runs), ``arena`` (uint8: send buffers,
+# the landing buffer, event frames) and the pool's slots (an array of its own).  Every
+# record is a fixed number of int64 words at an offset kept in ``mem``'s control words
+# (``C_*``), so compiled code indexes them without Python objects.
+# ============================================================================================
 
 # -- control words: mem[C_*] -------------------------------------------------------
 C_RANK = 0
@@ -253,18 +433,6 @@ EV_KERNEL = 8  # a kernel refused a dtype or op (a bug)
 EV_LOST = 9  # the pass's work stack overflowed (a bug)
 EV_LATE = 10  # a frame for an op finished here (frame in the event bytes)
 
-# malformed reasons (EV_MALFORMED's a)
-MF_SHORT = 1
-MF_MAGIC = 2
-MF_SENDER = 3
-MF_TRUNCATED = 4
-MF_TYPE = 5
-MF_BODY = 6
-MF_CREDIT = 7
-MF_LONG = 8
-MF_TAG = 9
-MF_OVERCREDIT = 10  # credit returned beyond what the peer could have spent
-
 # -- body requests: mem[breq + i * BR_N + BR_*] (dense; swap-remove) -----------------
 BR_SLOT = 0  # the op's slot (-1: its op failed, the request is an orphan)
 BR_WHAT = 1  # send segment i (>= 0) or receive segment q (-q - 1)
@@ -321,15 +489,3 @@ LK_COPY = 1
 LK_SCALE = 2
 LK_AVERAGE = 3
 LK_ACCUMULATE = 4
-
-# -- wire ----------------------------------------------------------------------------
-LANE_MAGIC = 0x4C445254  # b"TRDL"
-LANE_VERSION = 1
-MSG_SIZE = 24
-FRAME_SIZE = 72
-F_DATA = 1
-F_RTS = 2  # "I hold frames of this op for you, and no credit": answered by READY
-F_READY = 5  # "the op is submitted here: send without credit"
-F_CTS = 6  # "the receive of this large segment is posted, on the tag in the frame"
-F_ASK = 7  # "this large segment is ready here and I have no clear for it": answered by CTS
-FLAG_CREDIT = 2  # the frame spent a slot of credit
