@@ -30,6 +30,7 @@ def test_latency_mode_table_csv_json_plot(tmp_path: Path) -> None:
         "-e", "64",
         "-n", "3",
         "--inflight", "20,40",
+        "--ops", "0",
         "--burst-iters", "1",
         "--idle-seconds", "0.2",
         "--csv", "r.csv",
@@ -75,11 +76,27 @@ def test_latency_mode_table_csv_json_plot(tmp_path: Path) -> None:
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_latency_mode_without_burst_or_in_flight(tmp_path: Path) -> None:
+def test_latency_mode_without_burst_or_in_flight_with_the_other_ops(tmp_path: Path) -> None:
+    """The other ops' rows (``--ops``, on by default) beside what a user writes with MPI:
+    exact, each with its vs_mpi against its own anchor."""
     bench(2, "--latency", "-b", "4K", "-e", "4K", "-n", "2", "--no-burst", "--inflight", "",
           "--idle-seconds", "0", "--csv", "r.csv", cwd=tmp_path)  # fmt: skip
     rows = read_csv((tmp_path / "r.csv").read_text())
-    assert {r["mode"] for r in rows} == {"size"} and len(rows) == 3 + len(ALLREDUCE) + 1
+    ops = {
+        "neighbor_allreduce": ("mpi.neighbor.Isend+Irecv", "tr.neighbor.exponential-2"),
+        "alltoall": ("mpi.Alltoall", "tr.alltoall"),
+        "broadcast": ("mpi.Bcast", "tr.broadcast"),
+        "reduce": ("mpi.Reduce", "tr.reduce"),
+        "gather": ("mpi.Gather", "tr.gather"),
+    }
+    assert {r["mode"] for r in rows} == {"size"}
+    assert len(rows) == 3 + len(ALLREDUCE) + 1 + 2 * len(ops)
+    for collective, impls in ops.items():
+        mine = [r for r in rows if r["collective"] == collective]
+        assert tuple(r["impl"] for r in mine) == impls, mine
+        for r in mine:
+            assert r["wrong"] == "0" and float(r["time_us"]) > 0, r
+        assert float(mine[0]["vs_mpi"]) == pytest.approx(1.0) and float(mine[1]["vs_mpi"]) > 0
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -566,21 +566,26 @@ def compile_all() -> None:
 def _compile_entry_points() -> None:
     from numba import types
 
+    from .plain_constants import plain_constants
+
     mem = types.Array(types.int64, 1, "C")
     arena = types.Array(types.uint8, 1, "C")
     i64 = types.int64
-    lane_pass.compile((mem, mem, arena, mem, i64))
-    lane_enter.compile((mem, mem, arena, mem, mem, mem, i64, i64, i64))
-    for dt in (types.uint16, types.float32, types.float64, types.int32, types.int64,
-               types.uint8, types.int8, types.int16, types.boolean):  # fmt: skip
-        buf = types.Array(dt, 1, "C")
-        buffer_addresses.compile((buf, buf, mem))
-    lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64, i64))
-    lane_fail.compile((mem, mem, arena, i64))
-    lane_drop_floating.compile((mem, i64, i64))
-    lane_drop_peer.compile((mem, i64))
-    hash_value.compile((mem, i64, i64, i64))
-    hash_find.compile((mem, i64, i64, i64))
-    hash_put.compile((mem, i64, i64, i64, i64))
-    remember_failed.compile((mem, i64, i64))
-    remember_key.compile((mem, i64, i64, i64))
+    # Constants passed between the lane's functions typed as int64: one specialization per
+    # argument types (122, not 170), a fifth less to compile.
+    with plain_constants():
+        lane_pass.compile((mem, mem, arena, mem, i64))
+        lane_enter.compile((mem, mem, arena, mem, mem, mem, i64, i64, i64))
+        for dt in (types.uint16, types.float32, types.float64, types.int32, types.int64,
+                   types.uint8, types.int8, types.int16, types.boolean):  # fmt: skip
+            buf = types.Array(dt, 1, "C")
+            buffer_addresses.compile((buf, buf, mem))
+        lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64, i64))
+        lane_fail.compile((mem, mem, arena, i64))
+        lane_drop_floating.compile((mem, i64, i64))
+        lane_drop_peer.compile((mem, i64))
+        hash_value.compile((mem, i64, i64, i64))
+        hash_find.compile((mem, i64, i64, i64))
+        hash_put.compile((mem, i64, i64, i64, i64))
+        remember_failed.compile((mem, i64, i64))
+        remember_key.compile((mem, i64, i64, i64))
