@@ -231,9 +231,10 @@ MALFORMED = {
     "CTS truncated": lambda: message([frame(L.CTS, "m")])[:-30],
     "ASK truncated": lambda: message([frame(L.ASK, "m")])[:-71],
     "type 0": lambda: message([frame(0, "m")]),
-    "type 3": lambda: message([frame(3, "m")]),
-    "type 4": lambda: message([frame(4, "m")]),
-    "type 8": lambda: message([frame(8, "m")]),
+    "a main loop's REJECT": lambda: message([frame(L.REJECT, "m")]),
+    "a main loop's NEED": lambda: message([frame(L.NEED, "m")]),
+    "a main loop's JOIN": lambda: message([frame(L.JOIN, "m")]),
+    "type 14": lambda: message([frame(max(L.FrameType) + 1, "m")]),
     "type 255": lambda: message([frame(255, "m")]),
 }
 
