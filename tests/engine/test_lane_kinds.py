@@ -207,3 +207,24 @@ def test_a_mismatched_alltoall_split_raises_on_both_ranks_naming_the_counts() ->
     for texts in msgs:
         assert any("'bad'" in t and "expects 9 elements from rank 0, which sends 4" in t
                    for t in texts), msgs  # fmt: skip
+
+
+def test_hierarchical_averaging_runs_both_phases_in_the_lane() -> None:
+    """The node phase, then the machine phase chained after it (``OpSpec.after``): both in
+    the lane, the second started when the first ends."""
+    x = np.arange(4 * 6, dtype=np.float64).reshape(4, 6)
+
+    def rank_main(s):
+        route = Route(s)
+        out = [s.hierarchical_neighbor_allreduce(x[s.rank] + k, name="h", topology="ring",
+                                                 local_size=2) for k in range(3)]  # fmt: skip
+        assert not s.loop._held
+        return out, route.lane_ran()
+
+    with local_services(4) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=120)
+    check_route(results)
+    nodes = x.reshape(2, 2, -1).mean(axis=1)
+    for out, _ in results:
+        for k in range(3):
+            np.testing.assert_allclose(out[k], nodes.mean(axis=0) + k, atol=1e-12)

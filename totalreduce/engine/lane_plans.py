@@ -163,8 +163,6 @@ class LanePlans:
         algorithm, element type, count, reduce op, group size) and the configuration,
         never on this rank's own schedule: ranks that agree on an op always send its
         frames the same way."""
-        if spec.after is not None:
-            return -1
         allreduce = spec.kind is OpKind.ALLREDUCE
         direct = spec.kind in DIRECT_KINDS
         if allreduce:
