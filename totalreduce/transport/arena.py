@@ -12,6 +12,10 @@ one *slot* per local client:
   arrays it allocated there (:meth:`Arena.empty`, zero copy), or staging copies
   of other arrays.  The service reads and writes the buffers in place.
 
+After the slots, the node's *meeting place* (:mod:`.meeting`): where a one-node
+service's clients run the world's allreduces, broadcasts and barriers among themselves,
+without the service (``H_MEET_ON`` says whether they do).
+
 Words are ``int64``; one side writes each (the client the tail and the
 descriptors, the service the head, the completion words and the error ring).
 A side about to sleep sets its flag, :func:`~.shm.fence`, checks again, then
@@ -30,10 +34,12 @@ import numpy as np
 from ..errors import TotalReduceError
 from .shm import HUGE, SharedRegion, round_up
 
-MAGIC = 0x7472_6172_656E_6101  # "tr arena", version 1
+MAGIC = 0x7472_6172_656E_6102  # "tr arena", version 2 (the meeting place after the slots)
 
 # ---------------------------------------------------------------- the header page (int64 words)
 H_MAGIC, H_SLOTS, H_SLOT_BYTES, H_CONTROL_BYTES, H_SERVICE_SLEEPING = 0, 1, 2, 3, 8
+#: the meeting place's arena offset, and whether the clients meet there (the service says)
+H_MEET, H_MEET_ON = 9, 10
 HEADER_BYTES = 4096
 
 # ---------------------------------------------------------------- a slot's control block
@@ -49,7 +55,8 @@ D_WORDS = 16
 # all-gather), else -1; D_ALGO: the algorithm among the services (an AlgorithmCode, 0: auto)
 #: D_FLAGS bits (F_PASSIVE: a window's standing receive, which may wait for ever)
 F_AVG, F_UNNAMED, F_PASSIVE = 1, 2, 4
-# control words
+# control words (C_SLEEPING: how many of the client's threads sleep on the futex word
+# C_FUTEX, 5: whoever sets one of its words wakes them, :func:`.meeting.wake_client`)
 C_TAIL, C_HEAD, C_SLEEPING, C_ERR_TAIL = 0, 1, 2, 3
 #: late errors the service posted (an op that completed here failed elsewhere): the k-th is
 #: in the error ring under ticket -k, its text "<the op's ticket>\x1e<why>"
@@ -62,6 +69,29 @@ ERROR_WORD = DONE_WORD + RING
 CONTROL_BYTES = round_up((ERROR_WORD + ERRORS * ERROR_BYTES // 8) * 8, 1 << 20)
 #: error kinds in an error entry
 E_FAILED, E_MISMATCH, E_INVALID, E_TRANSPORT = 1, 2, 3, 4
+
+# ---------------------------------------------------------------- the meeting place (meeting.py)
+#: Generations of one name a client may have in flight at the meeting (more wait).
+MEET_DEPTH = 8
+#: Most bytes the meeting place takes (fewer channels where a node has many clients).
+MEET_BUDGET = 16 << 20
+MEET_CHANNELS = 2048
+MEET_MIN_CHANNELS = 64
+MEET_HEADER = 4096
+#: An op slot's state and work lines, then one line per client.
+MEET_ENTRY = 128
+
+
+def meeting_layout(slots: int) -> tuple[int, int, int, int]:
+    """(channels, channel bytes, op slot bytes, bytes in all) of the meeting place of
+    ``slots`` clients: its header page, its queue (16 bytes per op slot), its channels."""
+    osb = MEET_ENTRY + 64 * slots
+    chb = 64 + MEET_DEPTH * osb
+    c = MEET_CHANNELS
+    while c > MEET_MIN_CHANNELS and c * chb > MEET_BUDGET:
+        c //= 2
+    return c, chb, osb, MEET_HEADER + round_up(c * MEET_DEPTH * 16, 4096) + c * chb
+
 
 #: Buffers are placed on this alignment (a cache line) ...
 ALIGN = 64
@@ -86,7 +116,8 @@ class Arena:
         self.slot_bytes = int(self.header[H_SLOT_BYTES])
         self.size = region.size
         self.base = region.address
-        if HEADER_BYTES + self.slots * self.slot_bytes > self.size:
+        meet = HEADER_BYTES + self.slots * self.slot_bytes
+        if int(self.header[H_MEET]) != meet or meet + meeting_layout(self.slots)[3] > self.size:
             raise TotalReduceError("the arena's header describes more slots than it holds")
         self.data_bytes = self.slot_bytes - CONTROL_BYTES
         self.bytes = region.bytes()
@@ -95,9 +126,11 @@ class Arena:
     def create(cls, slots: int, data_bytes: int) -> Arena:
         """A new arena of ``slots`` slots with ``data_bytes`` of buffers each (rounded up)."""
         slot_bytes = CONTROL_BYTES + round_up(max(data_bytes, 1 << 16), 1 << 20)
-        region = SharedRegion.create(HEADER_BYTES + slots * slot_bytes, "arena", huge=True)
+        meet = HEADER_BYTES + slots * slot_bytes
+        region = SharedRegion.create(meet + meeting_layout(slots)[3], "arena", huge=True)
         h = region.array(0, HEADER_BYTES // 8, np.int64)
         h[H_SLOTS], h[H_SLOT_BYTES], h[H_CONTROL_BYTES] = slots, slot_bytes, CONTROL_BYTES
+        h[H_MEET] = meet
         h[H_MAGIC] = MAGIC
         return cls(region)
 

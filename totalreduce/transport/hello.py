@@ -35,8 +35,9 @@ from typing import Any
 
 from ..errors import TotalReduceError
 
-#: Protocol version a hello carries; a service refuses any other.
-VERSION = 4
+#: Protocol version a hello carries; a service refuses any other (5: the arena's meeting
+#: place, and clients that sleep on a futex word of their control block).
+VERSION = 5
 #: Largest message body in bytes (the length prefix excluded).
 MAX_MESSAGE = 64 << 10
 #: Most descriptors one ``sendmsg`` may carry.
