@@ -77,6 +77,12 @@ class DriveHooks:
     _lane_spin: Callable[[float], bool]
     _lane_try: Callable[..., bool]  # (lop, done, span, outer=False)
     _lane_progress: Callable[..., bool | None]  # (lop, done, deadline, spin_s, outer=False)
+    _ring: Callable[[], None]
+
+    if TYPE_CHECKING:  # CommLoop's property: ops in flight or work queued
+
+        @property
+        def busy(self) -> bool: ...
 
     def _sleep(self, delay: float, done: Waitable) -> None:
         """Sleep up to ``delay`` unless ``done`` is set."""
@@ -121,7 +127,7 @@ class DriveHooks:
                 delay = cfg.backoff_min_s
                 last = time.perf_counter()
                 continue
-            if self.busy and time.perf_counter() - last < cfg.spin_s:  # type: ignore[attr-defined]
+            if self.busy and time.perf_counter() - last < cfg.spin_s:
                 _yield()  # frames likely microseconds away: yield, no sleep
                 continue
             self.stats.idle_sleeps += 1
@@ -146,7 +152,7 @@ class DriveHooks:
                 self._asleep = False
                 self.wake.clear()
                 continue
-            ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s  # type: ignore[attr-defined]
+            ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s
             if self._passive or (lane is not None and lane.passive):
                 ceiling = min(ceiling, STANDING_BACKOFF_S)
             delay = min(delay * 2, ceiling)
@@ -160,7 +166,7 @@ class DriveHooks:
         thread woken so sleeps ``backoff_max_s`` more before it drives (see :meth:`run`)."""
         if self._asleep and self._sleep_s > self.cfg.backoff_max_s:
             self._nudged = True
-            self._ring()  # type: ignore[attr-defined]
+            self._ring()
 
     def _pass(self) -> bool:
         """One pass under the lock (False if another thread is running one)."""
@@ -212,13 +218,13 @@ class DriveHooks:
         lane = self.lane
         if spec is not None:
             lop = None if lane is None else lane.by_key.get((spec.wire_id, spec.generation))
-            if lop is not None and lop.spec is spec:  # the waiter's compiled passes mark it
-                lane.outer_moved = False  # type: ignore[union-attr]
+            if lane is not None and lop is not None and lop.spec is spec:  # the waiter's
+                lane.outer_moved = False  # compiled passes mark it
                 if not tried and self._lane_try(
                     lop, done, 2e-4 if timeout is None else min(2e-4, timeout), outer
                 ):
                     return True
-                if outer and lane.outer_moved:  # type: ignore[union-attr]
+                if outer and lane.outer_moved:
                     return done.is_set()
                 with _Waiting(self):
                     ended = self._lane_progress(lop, done, deadline, self._wait_spin, outer)

@@ -58,7 +58,7 @@ from .lane_tables import (
 
 
 @njit(nogil=True, cache=True)
-def _owe(mem, arena, slot, peer, what):  # type: ignore[no-untyped-def]
+def _owe(mem, arena, slot, peer, what):
     """Op ``slot`` owes ``peer`` an answer: READY (``what`` -1: the op is submitted here,
     and the peer announced frames for it) or the CTS of large receive segment ``what``.
     Queued, so that no answer is lost when the outbox has no room now."""
@@ -75,7 +75,7 @@ def _owe(mem, arena, slot, peer, what):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _send_readies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+def _send_readies(mem, prog, arena, b):
     """Write the answers owed (READY, CTS), in order, while the outboxes have room."""
     n = mem[C_NRQ]
     done = 0
@@ -104,7 +104,7 @@ def _send_readies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _post_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
+def _post_recv(mem, prog, arena, b, slot, q):
     """Post the receive of large segment ``q`` of op ``slot`` into its scratch on a fresh
     body tag, and owe its peer the CTS that names the tag.  False if no request is free
     (``C_BFULL`` set: Python grows the table, and the receive is posted after that)."""
@@ -143,7 +143,7 @@ def _post_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def want_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
+def want_recv(mem, prog, arena, b, slot, q):
     """Post large receive ``q`` of op ``slot`` now, or queue it behind the ones waiting for
     a free request (posted in order once requests complete or the table grew); False if
     the queue is full."""
@@ -153,7 +153,7 @@ def want_recv(mem, prog, arena, b, slot, q):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _post_waiting(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+def _post_waiting(mem, prog, arena, b):
     """Post the queued large receives, in order, while requests are free."""
     n = mem[C_NPQ]
     done = 0
@@ -175,7 +175,7 @@ def _post_waiting(mem, prog, arena, b):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _body_done(mem, prog, arena, b, k, r):  # type: ignore[no-untyped-def]
+def _body_done(mem, prog, arena, b, k, r):
     """Body request ``k`` completed (``r`` 1) or failed (``r`` < 0): the last entry takes
     its place; a sent body completes its segment (its successors may go on: the wire no
     longer reads the buffer), a received one is applied now or staged until its waits
@@ -230,7 +230,7 @@ def _body_done(mem, prog, arena, b, k, r):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+def _reap_bodies(mem, prog, arena, b):
     """Test the posted bodies (one ``MPI_Testsome``: one turn of MPI's progress engine
     for all of them) and complete those done; orphans' receives are cancelled first.
     How many completed."""
@@ -293,7 +293,7 @@ def _reap_bodies(mem, prog, arena, b):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _large_segment(mem, prog, arena, slot, src, f, send):  # type: ignore[no-untyped-def]
+def _large_segment(mem, prog, arena, slot, src, f, send):
     """The send (``send``) or receive segment of op ``slot`` that a CTS or ASK from ``src``
     (header at ``f``) names, checked against the frame's shape and byte count; -1 after
     an event (the op failed)."""
@@ -324,7 +324,7 @@ def _large_segment(mem, prog, arena, slot, src, f, send):  # type: ignore[no-unt
 
 
 @njit(nogil=True, cache=True)
-def _on_cts(mem, prog, arena, slot, src, f, tag):  # type: ignore[no-untyped-def]
+def _on_cts(mem, prog, arena, slot, src, f, tag):
     """``src`` posted the receive of our large send segment (step, seg) on ``tag``."""
     i = _large_segment(mem, prog, arena, slot, src, f, True)
     if i < 0:
@@ -342,7 +342,7 @@ def _on_cts(mem, prog, arena, slot, src, f, tag):  # type: ignore[no-untyped-def
 
 
 @njit(nogil=True, cache=True)
-def _on_ask(mem, prog, arena, slot, src, f):  # type: ignore[no-untyped-def]
+def _on_ask(mem, prog, arena, slot, src, f):
     """``src`` holds our large receive segment (step, seg) ready and has no clear."""
     q = _large_segment(mem, prog, arena, slot, src, f, False)
     if q >= 0 and mem[_dyn(mem, slot, D_RS) + q] == RS_POSTED:
@@ -350,7 +350,7 @@ def _on_ask(mem, prog, arena, slot, src, f):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _send_abandons(mem, arena, b):  # type: ignore[no-untyped-def]
+def _send_abandons(mem, arena, b):
     """Post the empty messages owed (``lane_tables._abandon``), in order, while body
     requests are free; each is an orphan request until MPI completes it."""
     n = mem[C_NAQ]
@@ -382,7 +382,7 @@ def _send_abandons(mem, arena, b):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _mark_empty(mem, prog, b, k, status):  # type: ignore[no-untyped-def]
+def _mark_empty(mem, prog, b, k, status):
     """Body request ``k`` (completed, its status at ``status``): flag a receive of an
     active op that came with fewer bytes than its segment (an empty message: the sender
     gave up) so that ``_body_done`` does not apply it."""

@@ -85,7 +85,7 @@ from .lane_tables import (
 
 
 @njit(nogil=True, cache=True)
-def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
+def lane_pass(mem, prog, arena, b, budget):
     """One pass: receive up to ``budget`` messages, send what is ready, return credit,
     test sends.  Returns the number of messages received and segments completed."""
     abase = arena.ctypes.data
@@ -162,7 +162,7 @@ def lane_pass(mem, prog, arena, b, budget):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _send_all(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+def _send_all(mem, prog, arena, b):
     """Send the answers owed (``READY``, ``CTS``) and the segments ready, then flush.  While
     bodies are in flight the answers are flushed first: a clear must not wait behind the
     bodies posted after it (the peer's MPI may copy those before it sees the clear)."""
@@ -196,7 +196,7 @@ OUTER = 3
 
 
 @njit(nogil=True, cache=True)
-def lane_own(mem, slot):  # type: ignore[no-untyped-def]
+def lane_own(mem, slot):
     """Whether op ``slot`` is the one op done, done well, with no event and nothing full
     waiting for Python; if so it is taken (the done queue emptied)."""
     if (
@@ -213,7 +213,7 @@ def lane_own(mem, slot):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, take):  # type: ignore[no-untyped-def]
+def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, take):
     """Passes without the interpreter lock until a condition or ``max_ns``; spins
     ``spin_ns`` after the last progress, then yields the core between passes.
 
@@ -244,7 +244,7 @@ def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, take):  # type: 
 
 
 @njit(nogil=True, cache=True)
-def _outer_moved(mem, n):  # type: ignore[no-untyped-def]
+def _outer_moved(mem, n):
     """Whether the ``n`` outer words moved (see ``C_OUTER_AT``)."""
     if atomic_load_i64(mem[C_OUTER_FLAG]) != 0:
         return True
@@ -257,7 +257,7 @@ def _outer_moved(mem, n):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, outer):  # type: ignore[no-untyped-def]
+def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, outer):
     """lane_drive's loop (``outer``: how many outer words to watch, 0: none)."""
     t0 = now_ns()
     last = t0
@@ -319,7 +319,7 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, outer):  # type: ign
 
 
 @njit(nogil=True, cache=True)
-def buffer_addresses(inb, outb, addrs):  # type: ignore[no-untyped-def]
+def buffer_addresses(inb, outb, addrs):
     """Write the data addresses of an op's input and output into ``addrs[0:2]`` (one
     compiled call: reading ``__array_interface__`` twice from Python costs more).
     Numba has no float16 arrays: those come as uint16 views."""
@@ -328,7 +328,7 @@ def buffer_addresses(inb, outb, addrs):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-def]
+def lane_submit(mem, prog, arena, b, fields, addrs):
     """Enter an op: ``fields`` holds (wid, gen, dt, kind, algo, rop, count, param, ctx,
     prio, plan, group, gsize, me, urgent, passive); ``addrs`` the INPUT, OUTPUT and WORK
     addresses (and the scratch's).
@@ -458,7 +458,7 @@ def lane_submit(mem, prog, arena, b, fields, addrs):  # type: ignore[no-untyped-
 
 
 @njit(nogil=True, cache=True)
-def lane_enter(mem, prog, arena, b, fields, addrs, gen, prio, urgent):  # type: ignore[no-untyped-def]
+def lane_enter(mem, prog, arena, b, fields, addrs, gen, prio, urgent):
     """Submission's entry point: the op's generation, priority and urgency into
     ``fields`` (a shape's fields, kept between repeats), then :func:`lane_submit`.
     Returns (slot, seq, whether ops ended or events wait for Python); slot -1 when the
@@ -472,13 +472,13 @@ def lane_enter(mem, prog, arena, b, fields, addrs, gen, prio, urgent):  # type: 
 
 
 @njit(nogil=True, cache=True)
-def lane_fail(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
+def lane_fail(mem, prog, arena, slot):
     """Python fails op ``slot`` (an error from a peer, a peer gone, shutdown)."""
     _fail(mem, prog, arena, slot)
 
 
 @njit(nogil=True, cache=True)
-def lane_drop_floating(mem, wid, gen):  # type: ignore[no-untyped-def]
+def lane_drop_floating(mem, wid, gen):
     """Forget the floating frames of key (wid, gen), returning their credit; how many."""
     fe = hash_find(mem, mem[C_FHASH], wid, gen)
     if fe < 0:
@@ -495,7 +495,7 @@ def lane_drop_floating(mem, wid, gen):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def lane_drop_peer(mem, peer):  # type: ignore[no-untyped-def]
+def lane_drop_peer(mem, peer):
     """``peer`` is bad (it sent garbage, or it failed): drop its messages from now on, and
     what it left floating here (no credit goes back to it); a message of its that waits
     for a free slot is dropped too.  How many frames and announcements were dropped."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol as L
-from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
+from ..errors import FrameError, OpFailedError, OpMismatchError, OpTimeoutError, TotalReduceError
 from .payload import OpKey, OpSpec, Payload
 
 if TYPE_CHECKING:
@@ -46,6 +46,11 @@ class LaneFailHooks:
     _tell_group: Callable[[OpKey, tuple[int, ...], int, BaseException], None]
     _who: Callable[[int], str]
     _lane_drain: Callable[[], None]
+    _fail: Callable[..., None]
+    _unknown_op: Callable[[int, Any, OpKey], bool]
+    _bad_peer: Callable[..., None]
+    _control: Callable[..., None]
+    _stall_verdict: Callable[..., OpTimeoutError | None]
 
     # ------------------------------------------------------------------ one op, events
 
@@ -96,16 +101,16 @@ class LaneFailHooks:
                     f"op or algorithm): {self._who(source)} runs it in the compiled lane, "
                     f"{self._who(self.rank)} in the main loop"
                 )
-                self._fail(p, error, tell_peers=True, also=source)  # type: ignore[attr-defined]
+                self._fail(p, error, tell_peers=True, also=source)
             else:
                 self._error_frame(key, source, str(error), 1)
         elif kind == L.EV_LATE:
             f = _FRAME.unpack(raw)
             key = (f[11], f[12])
             if key in self.completed:
-                self._unknown_op(source, f, key)  # type: ignore[attr-defined]
+                self._unknown_op(source, f, key)
         elif kind == L.EV_MALFORMED:
-            self._bad_peer(  # type: ignore[attr-defined]
+            self._bad_peer(
                 source,
                 FrameError(
                     f"rank {self.rank}: message from rank {source} refused: "
@@ -128,7 +133,7 @@ class LaneFailHooks:
                 + f": {text}"
             )
             if source >= 0:
-                self._bad_peer(source, err)  # type: ignore[attr-defined]
+                self._bad_peer(source, err)
             else:
                 raise err
         elif kind in (L.EV_KERNEL, L.EV_LOST) and lop is not None:
@@ -216,8 +221,8 @@ class LaneFailHooks:
                          spec.count, spec.param, spec.context)  # fmt: skip
                 for world in spec.group:
                     if world != self.rank:
-                        self._control(world, PROBE, shape, spec.key)  # type: ignore[attr-defined]
-            timeout = self._stall_verdict(  # type: ignore[attr-defined]
+                        self._control(world, PROBE, shape, spec.key)
+            timeout = self._stall_verdict(
                 spec, idle, warn, shut, lop.warned, functools.partial(self._lane_stall_text, lop)
             )
             if timeout is not None:

@@ -70,6 +70,24 @@ class LaneHooks:
     # provided by LaneFailHooks
     _lane_fail: Callable[..., None]
     _lane_event: Callable[[int, int, int, int, int, bytes], None]
+    # provided by CommLoop and its other bases (the main loop's state this side reads)
+    _held: dict[OpKey, list[OpSpec]]
+    _left: set[int]
+    _dirty: set[int]
+    _reqs: list[Any]
+    compute: Any  # engine.compute.ComputeList
+    _asleep: bool
+    _last_stall_check: float
+    _stall_every: float
+    _wait_spin_ns: int
+    _activate: Callable[[OpSpec], None]
+    _fail_all: Callable[[BaseException], None]
+    _fail_unsubmitted: Callable[[OpSpec, TotalReduceError], None]
+    _chain_error: Callable[[OpSpec, str], OpFailedError]
+    _drop_floating: Callable[[Any], None]
+    _nudge: Callable[[], None]
+    _sleep: Callable[..., None]
+    run_once: Callable[[], bool]
 
     # ------------------------------------------------------------------ routing
 
@@ -88,7 +106,7 @@ class LaneHooks:
             return False
         if key in self.floating._frames:  # a peer's main loop runs it: a disagreement
             for ff in self.floating.take(key):
-                self._drop_floating(ff)  # type: ignore[attr-defined]
+                self._drop_floating(ff)
             self._cross_mismatch(spec, "this rank runs it in the compiled lane")
             return True
         err = self.floating.take_error(key)
@@ -114,7 +132,7 @@ class LaneHooks:
             return True
         if self.trace is not None:
             self.trace.op(spec.name, spec.generation, "submitted", spec.priority)
-        left = self._left  # type: ignore[attr-defined]
+        left = self._left
         # What peers that left sent before leaving is placed above.
         for peer in sorted(left.intersection(spec.group)) if left else ():
             if lane.state(lop) == L.S_ACTIVE and lane.needs(lop, peer):
@@ -144,12 +162,12 @@ class LaneHooks:
             or self.submissions  # ops queued before this one enter first
             or self.bad_peers
             or self.trace is not None
-            or self._held  # type: ignore[attr-defined]
+            or self._held
             or lane.mem[L.C_FULL]
             or not self._express_lock(lane)
         ):
             return None
-        self._owner = _get_ident()  # type: ignore[attr-defined]
+        self._owner = _get_ident()
         try:
             floating = self.floating
             if (
@@ -186,10 +204,10 @@ class LaneHooks:
                 except Exception as exc:
                     self._stopped_by(exc)
         finally:
-            self._owner = 0  # type: ignore[attr-defined]
+            self._owner = 0
             self.lock.release()
-        if self._asleep:  # type: ignore[attr-defined]
-            self._nudge()  # type: ignore[attr-defined]
+        if self._asleep:
+            self._nudge()
         return lop
 
     def lane_now(
@@ -211,16 +229,16 @@ class LaneHooks:
             or self.submissions
             or self.bad_peers
             or self.trace is not None
-            or self._held  # type: ignore[attr-defined]
+            or self._held
             or self.table
-            or self._dirty  # type: ignore[attr-defined]
-            or self._reqs  # type: ignore[attr-defined]
-            or self.compute.done  # type: ignore[attr-defined]
+            or self._dirty
+            or self._reqs
+            or self.compute.done
             or lane.mem[L.C_FULL]
             or not self._express_lock(lane)
         ):
             return None
-        self._owner = _get_ident()  # type: ignore[attr-defined]
+        self._owner = _get_ident()
         try:
             floating = self.floating
             if (
@@ -228,7 +246,7 @@ class LaneHooks:
                 or self.bad_peers
                 or self.submissions
                 or self.table
-                or time.monotonic() - self._last_stall_check > self._stall_every  # type: ignore[attr-defined]
+                or time.monotonic() - self._last_stall_check > self._stall_every
                 or (
                     (floating._frames or floating._errors or lane.by_key)
                     and (key in floating._frames or key in floating._errors or key in lane.by_key)
@@ -237,7 +255,7 @@ class LaneHooks:
                 return None
             try:
                 slot, seq, r = lane.now(shape, inbuf, outbuf, key[1], priority,
-                                        self._wait_spin_ns)  # type: ignore[attr-defined]  # fmt: skip
+                                        self._wait_spin_ns)  # fmt: skip
             except Exception as exc:
                 self._stopped_by(exc)
                 return None
@@ -256,7 +274,7 @@ class LaneHooks:
                 self._stopped_by(exc)
             return handle, lop
         finally:
-            self._owner = 0  # type: ignore[attr-defined]
+            self._owner = 0
             self.lock.release()
 
     def _express_lock(self, lane: Lane) -> bool:
@@ -290,9 +308,7 @@ class LaneHooks:
         if getattr(self, "fatal", None) is None:
             log.exception("rank %d: comm loop stopped by an error", self.rank)
             self.fatal = exc
-            self._fail_all(  # type: ignore[attr-defined]
-                TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}")
-            )
+            self._fail_all(TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}"))
 
     def _cross_mismatch(self, spec: OpSpec, mine: str) -> None:
         self._lane_refuse(
@@ -305,7 +321,7 @@ class LaneHooks:
 
     def _lane_refuse(self, spec: OpSpec, error: TotalReduceError) -> None:
         """Fail an op the lane never entered, telling its group."""
-        self._fail_unsubmitted(spec, error)  # type: ignore[attr-defined]
+        self._fail_unsubmitted(spec, error)
         if self.lane is not None:
             self.lane.remember_failed(spec.key)
 
@@ -343,8 +359,8 @@ class LaneHooks:
                 if self.trace is not None:
                     self.trace.op(spec.name, spec.generation, "failed", spec.priority)
                 self._finish_spec(spec, error)
-                for later in self._held.pop(spec.key, ()):  # type: ignore[attr-defined]
-                    self._fail_unsubmitted(later, self._chain_error(later, str(error)))  # type: ignore[attr-defined]
+                for later in self._held.pop(spec.key, ()):
+                    self._fail_unsubmitted(later, self._chain_error(later, str(error)))
 
     def _lane_ok(self, lop: LaneOp) -> None:
         """Finish ``lop``, which the lane completed and which left its table."""
@@ -364,10 +380,10 @@ class LaneHooks:
                 on_done(None)
             except Exception:  # a user callback must not kill the loop
                 log.exception("completion callback of %s failed", spec.describe())
-        held = self._held  # type: ignore[attr-defined]
+        held = self._held
         if held:
             for later in held.pop(lop.key, ()):
-                self._activate(later)  # type: ignore[attr-defined]
+                self._activate(later)
 
     # ------------------------------------------------------------------ waiting
 
@@ -388,28 +404,28 @@ class LaneHooks:
         words moved, too (``Lane.watch_outer``; ``lane.outer_moved`` says so)."""
         if not self.lock.acquire(blocking=False):
             return False
-        self._owner = _get_ident()  # type: ignore[attr-defined]
+        self._owner = _get_ident()
         try:
             # _main_has_work, less the main loop's tag: wait_own's compiled call looks at it
             if (
                 self.submissions
                 or self.table
-                or self._dirty  # type: ignore[attr-defined]
-                or self._reqs  # type: ignore[attr-defined]
-                or self.compute.done  # type: ignore[attr-defined]
-                or time.monotonic() - self._last_stall_check > self._stall_every  # type: ignore[attr-defined]
+                or self._dirty
+                or self._reqs
+                or self.compute.done
+                or time.monotonic() - self._last_stall_check > self._stall_every
             ):
                 return False
             lane = self.lane
             assert lane is not None
-            if lane.wait_own(lop, int(span * 1e9), self._wait_spin_ns, outer):  # type: ignore[attr-defined]
+            if lane.wait_own(lop, int(span * 1e9), self._wait_spin_ns, outer):
                 self._lane_ok(lop)  # its op alone ended, well: no drain of the whole lane
             else:
                 self._lane_settle()
         except Exception as exc:
             self._stopped_by(exc)
         finally:
-            self._owner = 0  # type: ignore[attr-defined]
+            self._owner = 0
             self.lock.release()
         return done.is_set()
 
@@ -435,10 +451,10 @@ class LaneHooks:
                 return done.is_set()
             quiet = now - last >= spin_s
             if self.lock.acquire(blocking=False):
-                self._owner = threading.get_ident()  # type: ignore[attr-defined]
+                self._owner = threading.get_ident()
                 try:
                     if self._main_has_work():
-                        if self.run_once():  # type: ignore[attr-defined]
+                        if self.run_once():
                             last = now
                     if done.is_set():
                         break
@@ -460,11 +476,11 @@ class LaneHooks:
                         # What the peers' ops sent here before they entered the barrier has
                         # arrived (a window's put): the main loop takes it before the
                         # barrier returns, so that a read after the barrier sees it.
-                        self.run_once()  # type: ignore[attr-defined]
+                        self.run_once()
                 except Exception as exc:
                     self._stopped_by(exc)
                 finally:
-                    self._owner = 0  # type: ignore[attr-defined]
+                    self._owner = 0
                     self.lock.release()
                 if ended or time.perf_counter() - last < spin_s or done.is_set():
                     continue
@@ -476,7 +492,7 @@ class LaneHooks:
             delay = min(max(2 * delay, 2e-5), self.cfg.backoff_max_s)
             if deadline is not None:
                 delay = min(delay, max(0.0, deadline - time.perf_counter()))
-            self._sleep(delay, done)  # type: ignore[attr-defined]
+            self._sleep(delay, done)
         return True
 
     def _lane_spin(self, span: float) -> bool:
@@ -488,7 +504,7 @@ class LaneHooks:
         assert lane is not None
         if not self.lock.acquire(blocking=False):
             return False
-        self._owner = threading.get_ident()  # type: ignore[attr-defined]
+        self._owner = threading.get_ident()
         mem = lane.mem
         moved = False
         try:
@@ -514,7 +530,7 @@ class LaneHooks:
             self._stopped_by(exc)
             return False
         finally:
-            self._owner = 0  # type: ignore[attr-defined]
+            self._owner = 0
             self.lock.release()
 
     def _main_has_work(self) -> bool:
@@ -522,9 +538,9 @@ class LaneHooks:
         return bool(
             self.submissions
             or self.table
-            or self._dirty  # type: ignore[attr-defined]
-            or self._reqs  # type: ignore[attr-defined]
-            or self.compute.done  # type: ignore[attr-defined]
+            or self._dirty
+            or self._reqs
+            or self.compute.done
             or (lane is not None and lane.mem[L.C_CTL_WAITING] > 0)
-            or time.monotonic() - self._last_stall_check > self._stall_every  # type: ignore[attr-defined]
+            or time.monotonic() - self._last_stall_check > self._stall_every
         )

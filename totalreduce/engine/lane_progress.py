@@ -42,7 +42,7 @@ from .lane_tables import (
 
 
 @njit(nogil=True, cache=True)
-def _push_stack(mem, arena, slot, q):  # type: ignore[no-untyped-def]
+def _push_stack(mem, arena, slot, q):
     n = mem[mem[C_STK] - 1]
     if n >= mem[C_STKCAP]:
         _event(mem, arena, EV_LOST, slot, -1, q, 0, 0)
@@ -53,7 +53,7 @@ def _push_stack(mem, arena, slot, q):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _release(mem, prog, arena, slot, succ, nsucc):  # type: ignore[no-untyped-def]
+def _release(mem, prog, arena, slot, succ, nsucc):
     """One wait of each successor is over: ready sends go to the heap, staged receives to
     the work stack."""
     for k in range(nsucc):
@@ -80,12 +80,12 @@ def _release(mem, prog, arena, slot, succ, nsucc):  # type: ignore[no-untyped-de
 
 
 @njit(nogil=True, cache=True)
-def _lands_in_place(mem, prog, slot, q):  # type: ignore[no-untyped-def]
+def _lands_in_place(mem, prog, slot, q):
     return prog[prog[mem[_op(mem, slot) + O_PLAN] + PL_RECVS] + q * G_N + G_SCR] == SCR_DIRECT
 
 
 @njit(nogil=True, cache=True)
-def _queue_post(mem, slot, q):  # type: ignore[no-untyped-def]
+def _queue_post(mem, slot, q):
     """Queue large receive ``q`` of op ``slot`` for posting (``lane_bodies._post_waiting``,
     every pass); False if the queue is full."""
     n = mem[C_NPQ]
@@ -100,7 +100,7 @@ def _queue_post(mem, slot, q):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _locals(mem, prog, slot, first, n):  # type: ignore[no-untyped-def]
+def _locals(mem, prog, slot, first, n):
     """Run ``n`` local ops (prologue or epilogue) of op ``slot``; 0 or -1 (a kernel refused)."""
     o = _op(mem, slot)
     dt = mem[o + O_DT]
@@ -131,7 +131,7 @@ def _locals(mem, prog, slot, first, n):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _finish(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
+def _finish(mem, prog, arena, slot):
     """Every segment of op ``slot`` is done: its epilogue, then done."""
     o = _op(mem, slot)
     if mem[o + O_STATE] != S_ACTIVE or mem[o + O_SLEFT] or mem[o + O_RLEFT]:
@@ -148,7 +148,7 @@ def _finish(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _end(mem, slot):  # type: ignore[no-untyped-def]
+def _end(mem, slot):
     """Op ``slot`` left the table (done or failed): Python hears of it in the done queue."""
     n = mem[C_NDONE]
     mem[mem[C_DONEQ] + n] = slot
@@ -162,7 +162,7 @@ def _end(mem, slot):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _fail(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
+def _fail(mem, prog, arena, slot):
     """Op ``slot`` fails here: give back its staged slots, remember its key as failed.
     Its body requests still posted become orphans (Python keeps the buffers alive until
     ``C_ORPHANS`` is 0 again): a receive waits for its sender's body or empty message, and
@@ -206,7 +206,7 @@ def _fail(mem, prog, arena, slot):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def remember_key(mem, wid, gen, mark):  # type: ignore[no-untyped-def]
+def remember_key(mem, wid, gen, mark):
     """Mark key (wid, gen) as finished here (``H_DONE``) or failed (``H_FAILED``): late
     frames for it are told apart from early ones.  The oldest of ``C_FAILCAP`` such
     marks is forgotten."""
@@ -224,12 +224,12 @@ def remember_key(mem, wid, gen, mark):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def remember_failed(mem, wid, gen):  # type: ignore[no-untyped-def]
+def remember_failed(mem, wid, gen):
     remember_key(mem, wid, gen, H_FAILED)
 
 
 @njit(nogil=True, cache=True)
-def _applied(mem, prog, arena, slot, q):  # type: ignore[no-untyped-def]
+def _applied(mem, prog, arena, slot, q):
     o = _op(mem, slot)
     mem[_dyn(mem, slot, D_RS) + q] = RS_DONE
     mem[o + O_RLEFT] -= 1
@@ -238,7 +238,7 @@ def _applied(mem, prog, arena, slot, q):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _apply(mem, prog, arena, slot, q, body):  # type: ignore[no-untyped-def]
+def _apply(mem, prog, arena, slot, q, body):
     """Apply the body at address ``body`` to receive segment ``q`` of op ``slot``."""
     o = _op(mem, slot)
     r = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
@@ -268,7 +268,7 @@ def _apply(mem, prog, arena, slot, q, body):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _drain_stack(mem, prog, arena):  # type: ignore[no-untyped-def]
+def _drain_stack(mem, prog, arena):
     """Apply staged bodies whose turn came, and finish the ops they complete."""
     abase = arena.ctypes.data
     top = mem[C_STK] - 1
@@ -297,7 +297,7 @@ def _drain_stack(mem, prog, arena):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _sent(mem, prog, arena, slot, i):  # type: ignore[no-untyped-def]
+def _sent(mem, prog, arena, slot, i):
     o = _op(mem, slot)
     ss = _dyn(mem, slot, D_SS) + i
     mem[ss] = (mem[ss] & ~7) | SS_SENT
@@ -308,7 +308,7 @@ def _sent(mem, prog, arena, slot, i):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _mark_peer(mem, prog, slot, dest, bit):  # type: ignore[no-untyped-def]
+def _mark_peer(mem, prog, slot, dest, bit):
     """Set ``bit`` on every send segment of op ``slot`` to world rank ``dest``; return how
     many of them were held (and are now ready again, with the bit CLEARED)."""
     o = _op(mem, slot)
@@ -329,7 +329,7 @@ def _mark_peer(mem, prog, slot, dest, bit):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _find_send(mem, prog, slot, dest, step, seg):  # type: ignore[no-untyped-def]
+def _find_send(mem, prog, slot, dest, step, seg):
     """The send segment of op ``slot`` to world rank ``dest`` for (step, seg), or -1."""
     o = _op(mem, slot)
     plan = mem[o + O_PLAN]
@@ -344,7 +344,7 @@ def _find_send(mem, prog, slot, dest, step, seg):  # type: ignore[no-untyped-def
 
 
 @njit(nogil=True, cache=True)
-def _send_body(mem, prog, arena, b, slot, i, dest, g, n):  # type: ignore[no-untyped-def]
+def _send_body(mem, prog, arena, b, slot, i, dest, g, n):
     """Post the body of large send segment ``i`` (cleared: its tag is known) straight from
     the op's buffer.  1 posted (or failed into an event), 0 no request free, 2 the peer
     has ``C_BODYCAP`` bodies in flight: later."""
@@ -378,7 +378,7 @@ def _send_body(mem, prog, arena, b, slot, i, dest, g, n):  # type: ignore[no-unt
 
 
 @njit(nogil=True, cache=True)
-def _emit(mem, prog, arena, b, slot, i):  # type: ignore[no-untyped-def]
+def _emit(mem, prog, arena, b, slot, i):
     """Send segment ``i`` of op ``slot`` (or announce it, or ask for its clear): 1 done,
     0 no room (try again later), 2 put off (its peer has enough bodies in flight)."""
     o = _op(mem, slot)
@@ -428,7 +428,7 @@ def _emit(mem, prog, arena, b, slot, i):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _send_ready(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+def _send_ready(mem, prog, arena, b):
     """Send ready segments in priority order while there is room; bodies for a peer with
     ``C_BODYCAP`` in flight are put off (back into the heap after the pass), so a more
     urgent op's bodies overtake them when a body completes."""

@@ -54,7 +54,7 @@ from .lane_tables import (
 
 
 @njit(nogil=True, cache=True)
-def _place(mem, prog, arena, b, slot, src, f, pool_slot):  # type: ignore[no-untyped-def]
+def _place(mem, prog, arena, b, slot, src, f, pool_slot):
     """A DATA frame (header at ``f``) of active op ``slot`` from ``src``: apply its body,
     or stage it (in ``pool_slot`` if the frame already lies in one, else in a new slot).
     Returns False only when a new slot was needed and none is free."""
@@ -100,7 +100,7 @@ def _place(mem, prog, arena, b, slot, src, f, pool_slot):  # type: ignore[no-unt
 
 
 @njit(nogil=True, cache=True)
-def _float(mem, arena, src, f, nbytes):  # type: ignore[no-untyped-def]
+def _float(mem, arena, src, f, nbytes):
     """Keep a credited DATA frame of an op not submitted here in a pool slot (charged to
     the floating bytes, counted in its peer's credit); False when no slot is free."""
     s = slot_take(mem)
@@ -121,7 +121,7 @@ def _float(mem, arena, src, f, nbytes):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _announced(mem, arena, src, f):  # type: ignore[no-untyped-def]
+def _announced(mem, arena, src, f):
     """An announcement (RTS) of an op not submitted here: ``src`` holds that op's frames
     for us and has no credit.  Kept in a small record (charged ``ANN_CHARGE``), so that
     the op's start here answers READY; when the table is full it is not kept, and every
@@ -135,7 +135,7 @@ def _announced(mem, arena, src, f):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-def]
+def _on_frame(mem, prog, arena, b, src, f, avail):
     """One frame at address ``f`` (``avail`` bytes left in the message); the bytes it took,
     0 when it must wait for a free slot, or -1 after a malformed-message event."""
     ftype = ld_u8(f + FH_TYPE)
@@ -224,7 +224,7 @@ def _on_frame(mem, prog, arena, b, src, f, avail):  # type: ignore[no-untyped-de
 
 
 @njit(nogil=True, cache=True)
-def _consume(mem, prog, arena, b):  # type: ignore[no-untyped-def]
+def _consume(mem, prog, arena, b):
     """Place the frames of the message in the landing buffer; False when it must wait
     for a free slot (``C_FULL`` set: Python grows the pool)."""
     abase = arena.ctypes.data

@@ -21,7 +21,7 @@ from ..transport.mpi_native import mpi_isend, mpi_test
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _mix(wid, gen):  # type: ignore[no-untyped-def]
+def _mix(wid, gen):
     h = wid ^ (gen * np.int64(-7046029254386353131))
     h ^= h >> 31
     h *= np.int64(-4658895280553007687)
@@ -29,7 +29,7 @@ def _mix(wid, gen):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def hash_find(mem, base, wid, gen):  # type: ignore[no-untyped-def]
+def hash_find(mem, base, wid, gen):
     """The entry of key (wid, gen) in the table at ``mem[base]``, or -1."""
     mask = mem[C_HCAP] - 1
     h = _mix(wid, gen)
@@ -44,7 +44,7 @@ def hash_find(mem, base, wid, gen):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def hash_put(mem, base, wid, gen, val):  # type: ignore[no-untyped-def]
+def hash_put(mem, base, wid, gen, val):
     """Set key (wid, gen) to ``val``; the entry, or -1 if the table is full."""
     e = hash_find(mem, base, wid, gen)
     if e >= 0:
@@ -64,13 +64,13 @@ def hash_put(mem, base, wid, gen, val):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def hash_value(mem, base, wid, gen):  # type: ignore[no-untyped-def]
+def hash_value(mem, base, wid, gen):
     e = hash_find(mem, base, wid, gen)
     return H_EMPTY if e < 0 else mem[e + 2]
 
 
 @njit(nogil=True, cache=True)
-def hash_rebuild(mem, base):  # type: ignore[no-untyped-def]
+def hash_rebuild(mem, base):
     """Drop the tombstones of the table at ``base`` (rehash its live entries)."""
     cap = mem[C_HCAP]
     live = mem[base : base + cap * 3].copy()
@@ -86,24 +86,24 @@ def hash_rebuild(mem, base):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _op(mem, slot):  # type: ignore[no-untyped-def]
+def _op(mem, slot):
     return mem[C_OPS] + slot * O_N
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _dyn(mem, slot, which):  # type: ignore[no-untyped-def]
+def _dyn(mem, slot, which):
     return mem[C_DYN] + (slot * D_N + which) * mem[C_SEGCAP]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _slot_addr(mem, abase, s):  # type: ignore[no-untyped-def]
+def _slot_addr(mem, abase, s):
     """Address of pool slot ``s`` (the pool is an array of its own: ``C_POOL``; ``abase``
     is not used, kept so that callers read alike)."""
     return mem[C_POOL] + s * mem[C_SLOT]
 
 
 @njit(nogil=True, cache=True)
-def slot_take(mem):  # type: ignore[no-untyped-def]
+def slot_take(mem):
     n = mem[C_NFREE]
     if n == 0:
         return -1
@@ -116,7 +116,7 @@ def slot_take(mem):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def slot_give(mem, s):  # type: ignore[no-untyped-def]
+def slot_give(mem, s):
     n = mem[C_NFREE]
     mem[mem[C_FREESLOT] + n] = s
     mem[C_NFREE] = n + 1
@@ -134,14 +134,14 @@ def slot_give(mem, s):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _chain_next(mem, x):  # type: ignore[no-untyped-def]
+def _chain_next(mem, x):
     if x >= ANN_BASE:
         return mem[mem[C_ANN] + (x - ANN_BASE) * A_N + A_NEXT]
     return mem[mem[C_META] + x * M_N + M_NEXT]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _chain_set_next(mem, x, nxt):  # type: ignore[no-untyped-def]
+def _chain_set_next(mem, x, nxt):
     if x >= ANN_BASE:
         mem[mem[C_ANN] + (x - ANN_BASE) * A_N + A_NEXT] = nxt
     else:
@@ -149,21 +149,21 @@ def _chain_set_next(mem, x, nxt):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _chain_source(mem, x):  # type: ignore[no-untyped-def]
+def _chain_source(mem, x):
     if x >= ANN_BASE:
         return mem[mem[C_ANN] + (x - ANN_BASE) * A_N + A_SOURCE]
     return mem[mem[C_META] + x * M_N + M_SOURCE]
 
 
 @njit(nogil=True, cache=True)
-def _float_charge(mem, nbytes):  # type: ignore[no-untyped-def]
+def _float_charge(mem, nbytes):
     mem[C_FLOATBYTES] += nbytes
     if mem[C_FLOATBYTES] > mem[C_FLOATPEAK]:
         mem[C_FLOATPEAK] = mem[C_FLOATBYTES]
 
 
 @njit(nogil=True, cache=True)
-def float_link(mem, wid, gen, x):  # type: ignore[no-untyped-def]
+def float_link(mem, wid, gen, x):
     """Put chain element ``x`` first in the chain of key (wid, gen); False if the floating
     hash has no room (the caller frees ``x``)."""
     e = hash_find(mem, mem[C_FHASH], wid, gen)
@@ -172,7 +172,7 @@ def float_link(mem, wid, gen, x):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def ann_take(mem, src):  # type: ignore[no-untyped-def]
+def ann_take(mem, src):
     """A free announcement record for ``src`` (charged), as a chain element; -1 if the
     table is full."""
     n = mem[C_NANNFREE]
@@ -192,7 +192,7 @@ def ann_take(mem, src):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def unfloat(mem, x, owe):  # type: ignore[no-untyped-def]
+def unfloat(mem, x, owe):
     """Free chain element ``x`` (its op was submitted or dropped, or its peer went bad):
     its charge leaves the pool; a credited frame's credit is owed back to its peer when
     ``owe``.  The chain's links are the caller's."""
@@ -218,7 +218,7 @@ def unfloat(mem, x, owe):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _event(mem, arena, kind, slot, source, a, b, frame_addr):  # type: ignore[no-untyped-def]
+def _event(mem, arena, kind, slot, source, a, b, frame_addr):
     """Queue an event for Python (with a copy of the frame header when given)."""
     i = mem[C_NEV]
     if i >= mem[C_EVCAP]:
@@ -236,7 +236,7 @@ def _event(mem, arena, kind, slot, source, a, b, frame_addr):  # type: ignore[no
 
 
 @njit(nogil=True, cache=True)
-def _drop_front(mem, queue, count, done, width):  # type: ignore[no-untyped-def]
+def _drop_front(mem, queue, count, done, width):
     """Drop the first ``done`` entries (``width`` words each) of the queue whose offset is
     control word ``queue`` and whose length is control word ``count``: the rest move to its
     front, in order, and the length goes down."""
@@ -248,7 +248,7 @@ def _drop_front(mem, queue, count, done, width):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _group_rank(mem, prog, slot, world_rank):  # type: ignore[no-untyped-def]
+def _group_rank(mem, prog, slot, world_rank):
     o = _op(mem, slot)
     g0 = mem[o + O_GROUP]
     for g in range(mem[o + O_GSIZE]):
@@ -258,12 +258,12 @@ def _group_rank(mem, prog, slot, world_rank):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _buf_addr(mem, slot, buf):  # type: ignore[no-untyped-def]
+def _buf_addr(mem, slot, buf):
     return mem[_op(mem, slot) + O_IN + buf]
 
 
 @njit(nogil=True, cache=True)
-def _find_recv(mem, prog, slot, src, step, seg):  # type: ignore[no-untyped-def]
+def _find_recv(mem, prog, slot, src, step, seg):
     g = _group_rank(mem, prog, slot, src)
     if g < 0:
         return -1
@@ -277,7 +277,7 @@ def _find_recv(mem, prog, slot, src, step, seg):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _same_shape(mem, slot, f):  # type: ignore[no-untyped-def]
+def _same_shape(mem, slot, f):
     o = _op(mem, slot)
     return (
         ld_u8(f + FH_DTYPE) == mem[o + O_DT]
@@ -294,7 +294,7 @@ def _same_shape(mem, slot, f):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _write_frame(mem, a, ftype, flags, slot, step, seg, nbytes):  # type: ignore[no-untyped-def]
+def _write_frame(mem, a, ftype, flags, slot, step, seg, nbytes):
     """Write the 72-byte header of a frame of op ``slot`` at address ``a``."""
     o = _op(mem, slot)
     st_u8(a + FH_TYPE, np.uint8(ftype))
@@ -317,7 +317,7 @@ def _write_frame(mem, a, ftype, flags, slot, step, seg, nbytes):  # type: ignore
 
 
 @njit(nogil=True, cache=True)
-def _reap(mem, b, abase):  # type: ignore[no-untyped-def]
+def _reap(mem, b, abase):
     """Test the busy send buffers; those whose send completed are free again."""
     sbs = mem[C_SBSTATE]
     for i in range(mem[C_NSB]):
@@ -329,7 +329,7 @@ def _reap(mem, b, abase):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _free_sb(mem, b, abase):  # type: ignore[no-untyped-def]
+def _free_sb(mem, b, abase):
     """A free send buffer (testing busy ones if none is), or -1: the next free one after
     the last one taken, round the table.  The peer's core read the buffer a send just
     used (MPI may copy straight from it), so writing into that one again first takes
@@ -343,7 +343,7 @@ def _free_sb(mem, b, abase):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _next_free_sb(mem):  # type: ignore[no-untyped-def]
+def _next_free_sb(mem):
     """The first free send buffer from ``C_SBNEXT`` on, round the table (the cursor moves
     past it), or -1."""
     sbs = mem[C_SBSTATE]
@@ -360,7 +360,7 @@ def _next_free_sb(mem):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _flush_peer(mem, arena, b, peer):  # type: ignore[no-untyped-def]
+def _flush_peer(mem, arena, b, peer):
     """Send the outbox of ``peer`` (and the credit owed to it) as one message: the send
     buffer its frames were written in (:func:`_room`), a free one for credit alone.
 
@@ -401,7 +401,7 @@ def _flush_peer(mem, arena, b, peer):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _room(mem, arena, b, peer, need):  # type: ignore[no-untyped-def]
+def _room(mem, arena, b, peer, need):
     """Address in ``peer``'s outbox for ``need`` more bytes (flushing it if full), or 0.
     The outbox is written straight into a send buffer (state 2 while it fills), so a
     frame's body is copied once on its way to MPI."""
@@ -427,7 +427,7 @@ def _room(mem, arena, b, peer, need):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def flush_all(mem, arena, b):  # type: ignore[no-untyped-def]
+def flush_all(mem, arena, b):
     """Send every outbox with frames, and credit owed past a quarter of a peer's share."""
     thr = max(1, mem[C_CREDIT] // 4)
     for peer in range(mem[C_WORLD]):
@@ -440,7 +440,7 @@ def flush_all(mem, arena, b):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _heap_put(mem, f, k1, k2, slot, i):  # type: ignore[no-untyped-def]
+def _heap_put(mem, f, k1, k2, slot, i):
     mem[f] = k1
     mem[f + 1] = k2
     mem[f + 2] = slot
@@ -448,7 +448,7 @@ def _heap_put(mem, f, k1, k2, slot, i):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _heap_push(mem, slot, i):  # type: ignore[no-untyped-def]
+def _heap_push(mem, slot, i):
     """Send segment ``i`` of op ``slot`` is ready: into the heap (priority, then age)."""
     o = _op(mem, slot)
     k1 = -mem[o + O_PRIO] * 2 + (0 if mem[o + O_URGENT] else 1)
@@ -471,7 +471,7 @@ def _heap_push(mem, slot, i):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _heap_pop(mem):  # type: ignore[no-untyped-def]
+def _heap_pop(mem):
     base = mem[C_STK] + mem[C_STKCAP] * 2 + 1
     n = mem[base - 1] - 1
     mem[base - 1] = n
@@ -496,12 +496,12 @@ def _heap_pop(mem):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _heap_len(mem):  # type: ignore[no-untyped-def]
+def _heap_len(mem):
     return mem[mem[C_STK] + mem[C_STKCAP] * 2]
 
 
 @njit(nogil=True, cache=True)
-def _abandon(mem, arena, peer, tag):  # type: ignore[no-untyped-def]
+def _abandon(mem, arena, peer, tag):
     """Owe ``peer`` an empty message on body ``tag``: it posted a receive there and cleared
     it to us, and our op failed before its body went.  The empty message completes that
     receive (a cancelled receive would leave a body already sent unmatched forever); the

@@ -130,9 +130,9 @@ class StallHooks:
             p.have.add(source)
         elif self.lane is not None and (f[F_WID], f[F_GEN]) in self.lane.by_key:
             lop = self.lane.by_key[(f[F_WID], f[F_GEN])]
-            if not lop.have:
-                lop.have = set()
-            lop.have.add(source)  # type: ignore[union-attr]
+            have = lop.have if isinstance(lop.have, set) else set(lop.have)
+            have.add(source)
+            lop.have = have
 
     # ------------------------------------------------------------------ for error messages
 
@@ -160,9 +160,10 @@ class StallHooks:
             p = self.table.get(spec.key)
             if p is not None:
                 return p.waiting_on()[0]
-            lop = None if self.lane is None else self.lane.by_key.get(spec.key)
-            if lop is not None and lop.spec is spec:
-                return self.lane.waiting_on(lop)  # type: ignore[union-attr]
+            lane = self.lane
+            lop = None if lane is None else lane.by_key.get(spec.key)
+            if lane is not None and lop is not None and lop.spec is spec:
+                return lane.waiting_on(lop)
         return []
 
     def timeout_error(
@@ -172,14 +173,15 @@ class StallHooks:
         who = ""
         with self.lock:  # another thread may be in a pass
             p = None if spec is None else self.table.get(spec.key)
-            lop = None if spec is None or self.lane is None else self.lane.by_key.get(spec.key)
+            lane = self.lane
+            lop = None if spec is None or lane is None else lane.by_key.get(spec.key)
             if p is not None:
                 recv_from, send_to = p.waiting_on()
                 who = f"; it waits for frames from ranks {recv_from}"
                 if send_to:
                     who += f" and has frames for ranks {send_to}"
-            elif lop is not None:
-                who = f"; it waits for frames from ranks {self.lane.waiting_on(lop)}"  # type: ignore[union-attr]
+            elif lane is not None and lop is not None:
+                who = f"; it waits for frames from ranks {lane.waiting_on(lop)}"
         return OpTimeoutError(
             f"op {name!r} generation {generation} did not complete within {timeout} s on rank "
             f"{self.rank}{who} (it stays in flight; wait again or check the peers)"

@@ -63,13 +63,13 @@ _OP_AVG = _nk.OP_AVG
 
 
 @njit(nogil=True, cache=True)
-def _sum3(dst, a, b):  # type: ignore[no-untyped-def]
+def _sum3(dst, a, b):
     for i in range(dst.shape[0]):
         dst[i] = a[i] + b[i]
 
 
 @njit(nogil=True, cache=True)
-def reduce3_raw(dt, op, dst, a, b, n):  # type: ignore[no-untyped-def]
+def reduce3_raw(dt, op, dst, a, b, n):
     """``dst[i] = a[i] (op) b[i]``: what ``copy_raw(dst, a)`` then ``reduce_raw(dst, b)``
     give, bit for bit, in one pass over memory for sums of the native types (an op
     whose input and output differ: the output's region is written once, not twice)."""
@@ -98,7 +98,7 @@ def reduce3_raw(dt, op, dst, a, b, n):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def reduce_raw(dt, op, dst, src, n):  # type: ignore[no-untyped-def]
+def reduce_raw(dt, op, dst, src, n):
     """``dst[i] = dst[i] (op) src[i]`` for ``n`` elements of type ``dt`` at two addresses."""
     if n <= 0:
         return 0
@@ -128,7 +128,7 @@ def reduce_raw(dt, op, dst, src, n):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def average_raw(dt, dst, n, divisor):  # type: ignore[no-untyped-def]
+def average_raw(dt, dst, n, divisor):
     """``dst /= divisor`` (floor division on integers) for ``n`` elements of type ``dt``."""
     if n <= 0:
         return 0
@@ -156,7 +156,7 @@ def average_raw(dt, dst, n, divisor):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def scale_raw(dt, dst, src, n, weight):  # type: ignore[no-untyped-def]
+def scale_raw(dt, dst, src, n, weight):
     """``dst = weight * src`` (``src`` may be ``dst``) for ``n`` elements of a floating
     type ``dt``: the copy, then the main loop's kernel in place (the same bits)."""
     if n <= 0:
@@ -179,7 +179,7 @@ def scale_raw(dt, dst, src, n, weight):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def accumulate_raw(dt, dst, src, n, weight):  # type: ignore[no-untyped-def]
+def accumulate_raw(dt, dst, src, n, weight):
     """``dst += weight * src`` for ``n`` elements of a floating type ``dt`` (weighted
     neighbour averaging), with the main loop's kernels."""
     if n <= 0:
@@ -198,7 +198,7 @@ def accumulate_raw(dt, dst, src, n, weight):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def copy_raw(dst, src, nbytes):  # type: ignore[no-untyped-def]
+def copy_raw(dst, src, nbytes):
     """``nbytes`` from ``src`` to ``dst`` (the ranges may overlap)."""
     if nbytes > 0 and dst != src:
         memmove(dst, src, nbytes)

@@ -39,12 +39,12 @@ def _pointer(builder: ir.IRBuilder, addr: ir.Value, llty: ir.Type) -> ir.Value:
     return builder.inttoptr(addr, llty.as_pointer())
 
 
-def _make_load(nbty: types.Type):  # type: ignore[no-untyped-def]
+def _make_load(nbty: types.Type):
     @intrinsic
-    def load(typingctx, addr):  # type: ignore[no-untyped-def]
+    def load(typingctx, addr):
         sig = nbty(types.int64)
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):
             llty = context.get_value_type(nbty)
             ptr = _pointer(builder, args[0], llty)
             return builder.load(ptr, align=1)
@@ -54,12 +54,12 @@ def _make_load(nbty: types.Type):  # type: ignore[no-untyped-def]
     return load
 
 
-def _make_store(nbty: types.Type):  # type: ignore[no-untyped-def]
+def _make_store(nbty: types.Type):
     @intrinsic
-    def store(typingctx, addr, value):  # type: ignore[no-untyped-def]
+    def store(typingctx, addr, value):
         sig = types.void(types.int64, nbty)
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):
             llty = context.get_value_type(nbty)
             val = context.cast(builder, args[1], signature.args[1], nbty)
             builder.store(val, _pointer(builder, args[0], llty), align=1)
@@ -95,19 +95,19 @@ st_f64 = _make_store(types.float64)
 # ---------------------------------------------------------------------------- atomics
 
 
-def _atomic_ops(nbty: types.Type, llty: ir.Type, width: int):  # type: ignore[no-untyped-def]
+def _atomic_ops(nbty: types.Type, llty: ir.Type, width: int):
     align = width // 8
 
     @intrinsic
-    def atomic_load(typingctx, addr):  # type: ignore[no-untyped-def]
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def atomic_load(typingctx, addr):
+        def codegen(context, builder, signature, args):
             return builder.load_atomic(_pointer(builder, args[0], llty), "seq_cst", align)
 
         return nbty(types.int64), codegen
 
     @intrinsic
-    def atomic_store(typingctx, addr, value):  # type: ignore[no-untyped-def]
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def atomic_store(typingctx, addr, value):
+        def codegen(context, builder, signature, args):
             val = context.cast(builder, args[1], signature.args[1], nbty)
             builder.store_atomic(val, _pointer(builder, args[0], llty), "seq_cst", align)
             return context.get_dummy_value()
@@ -115,10 +115,10 @@ def _atomic_ops(nbty: types.Type, llty: ir.Type, width: int):  # type: ignore[no
         return types.void(types.int64, nbty), codegen
 
     @intrinsic
-    def atomic_cas(typingctx, addr, expected, new):  # type: ignore[no-untyped-def]
+    def atomic_cas(typingctx, addr, expected, new):
         """Store ``new`` if the word holds ``expected``; returns what it held."""
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):
             exp = context.cast(builder, args[1], signature.args[1], nbty)
             new_ = context.cast(builder, args[2], signature.args[2], nbty)
             ptr = _pointer(builder, args[0], llty)
@@ -128,20 +128,20 @@ def _atomic_ops(nbty: types.Type, llty: ir.Type, width: int):  # type: ignore[no
         return nbty(types.int64, nbty, nbty), codegen
 
     @intrinsic
-    def atomic_add(typingctx, addr, value):  # type: ignore[no-untyped-def]
+    def atomic_add(typingctx, addr, value):
         """Add ``value``; returns the value before."""
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):
             val = context.cast(builder, args[1], signature.args[1], nbty)
             return builder.atomic_rmw("add", _pointer(builder, args[0], llty), val, "seq_cst")
 
         return nbty(types.int64, nbty), codegen
 
     @intrinsic
-    def atomic_xchg(typingctx, addr, value):  # type: ignore[no-untyped-def]
+    def atomic_xchg(typingctx, addr, value):
         """Store ``value``; returns the value before."""
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):
             val = context.cast(builder, args[1], signature.args[1], nbty)
             return builder.atomic_rmw("xchg", _pointer(builder, args[0], llty), val, "seq_cst")
 
@@ -159,10 +159,10 @@ def _atomic_ops(nbty: types.Type, llty: ir.Type, width: int):  # type: ignore[no
 
 
 @intrinsic
-def fence(typingctx):  # type: ignore[no-untyped-def]
+def fence(typingctx):
     """A full memory barrier."""
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         builder.fence("seq_cst")
         return context.get_dummy_value()
 
@@ -170,10 +170,10 @@ def fence(typingctx):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def cpu_relax(typingctx):  # type: ignore[no-untyped-def]
+def cpu_relax(typingctx):
     """Tell the core this is a spin-wait (cheaper for the sibling hyperthread)."""
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         # LLVM's target intrinsics: the JIT takes no inline assembly.
         if _MACHINE in ("x86_64", "amd64", "i686", "i386"):
             fn = cgutils.get_or_insert_function(
@@ -193,12 +193,12 @@ def cpu_relax(typingctx):  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------------------- pointers
 
 
-def _make_ptr(nbty: types.Type):  # type: ignore[no-untyped-def]
+def _make_ptr(nbty: types.Type):
     @intrinsic
-    def ptr(typingctx, addr):  # type: ignore[no-untyped-def]
+    def ptr(typingctx, addr):
         sig = types.CPointer(nbty)(types.int64)
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):
             # the type in memory (a bool is a byte there, i1 only in registers)
             return _pointer(builder, args[0], context.get_data_type(nbty))
 
@@ -223,9 +223,9 @@ ptr_bool = _make_ptr(types.boolean)
 # ---------------------------------------------------------------------------- C calls
 
 
-def _make_ccall(ret: types.Type | None):  # type: ignore[no-untyped-def]
+def _make_ccall(ret: types.Type | None):
     @intrinsic
-    def ccall(typingctx, fn, args):  # type: ignore[no-untyped-def]
+    def ccall(typingctx, fn, args):
         if not isinstance(args, types.BaseTuple):
             raise TypeError("ccall: the arguments go in a tuple")
         for t in args:
@@ -233,7 +233,7 @@ def _make_ccall(ret: types.Type | None):  # type: ignore[no-untyped-def]
                 raise TypeError(f"ccall: argument of type {t} (ints and floats only)")
         sig = (types.void if ret is None else ret)(types.int64, args)
 
-        def codegen(context, builder, signature, llargs):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, llargs):
             argtys = signature.args[1]
             lltys = [context.get_value_type(t) for t in argtys]
             vals = [builder.extract_value(llargs[1], i) for i in range(len(lltys))]

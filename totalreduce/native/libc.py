@@ -42,10 +42,10 @@ def _declare(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Type]
 
 
 @intrinsic
-def now_ns(typingctx):  # type: ignore[no-untyped-def]
+def now_ns(typingctx):
     """Nanoseconds of the monotonic clock (a vDSO call: no system call)."""
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         ts = cgutils.alloca_once(builder, _TIMESPEC)
         fn = _declare(builder, "clock_gettime", _I32, [_I32, _TIMESPEC.as_pointer()])
         builder.call(fn, [ir.Constant(_I32, CLOCK_MONOTONIC), ts])
@@ -57,11 +57,11 @@ def now_ns(typingctx):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def _futex(typingctx, addr, op, value, timeout_ns, count):  # type: ignore[no-untyped-def]
+def _futex(typingctx, addr, op, value, timeout_ns, count):
     """syscall(SYS_futex, addr, op, value, timeout or NULL, NULL, 0) -> result."""
     sig = types.int64(types.int64, types.int64, types.int64, types.int64, types.int64)
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         addr_, op_, value_, timeout_, _count = args
         syscall = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_I64, [_I64], var_arg=True), "syscall"
