@@ -40,4 +40,4 @@ def test_the_demo_says_what_it_does_at_once_and_sums_exactly(tmp_path: Path) -> 
     assert "the first run of an installation compiles the engine once" in lines[0]
     assert sum(line.startswith("demo: ") for line in lines) == 2, out  # rank 0's alone
     assert lines[-1] == "demo: 1 steps x 8 allreduces on 2 ranks: exact on every rank", out
-    assert "compiling" not in err and "waiting for" not in err, err
+    assert "compiling" not in err, err  # (another session compiling would make them wait)

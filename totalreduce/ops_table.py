@@ -178,6 +178,7 @@ OPS: tuple[OpDecl, ...] = (
         Takes.NONE,
         Returns.NOTHING,
         c10d=("barrier", "monitored_barrier"),
+        direct=True,
         api=("name", "algorithm", "group"),
         doc="Return once every rank (of ``group``) has entered the barrier.",
         async_doc="Start a barrier.",

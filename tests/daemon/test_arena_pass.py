@@ -328,7 +328,7 @@ def test_the_pass_gives_the_python_paths_bits(monkeypatch: Any, L: int) -> None:
     """Each op of each type the pass takes, run by the pass and (the pass off) by Python:
     the same bits in every rank's result."""
     seen = _count_python_takes(monkeypatch)
-    node = Node(L)
+    node = Node(L, meeting=False)
     rng = np.random.default_rng(L)
     cases = [
         (npdt, op)
@@ -360,7 +360,7 @@ def test_the_pass_gives_the_python_paths_bits(monkeypatch: Any, L: int) -> None:
 def test_a_disagreement_on_the_algorithm_fails_every_rank(monkeypatch: Any) -> None:
     """Rank 0's op is the pass's, rank 1's names an algorithm (Python's): both raise, in
     either order, and the name goes on."""
-    node = Node(2)
+    node = Node(2, meeting=False)
     try:
         for first in (0, 1):
             name = f"algo{first}"
@@ -386,7 +386,7 @@ def test_a_disagreement_on_the_algorithm_fails_every_rank(monkeypatch: Any) -> N
 
 
 def test_a_rank_that_submits_twice_is_told(monkeypatch: Any) -> None:
-    node = Node(2)
+    node = Node(2, meeting=False)
     try:
         first = node.submit(0, OpKind.ALLREDUCE, "twice", np.ones(2, np.int64))
         second = node.submit(0, OpKind.ALLREDUCE, "twice", np.ones(2, np.int64))
@@ -400,7 +400,7 @@ def test_a_rank_that_submits_twice_is_told(monkeypatch: Any) -> None:
 
 
 def test_more_ops_in_flight_than_the_table_holds() -> None:
-    node = Node(2)
+    node = Node(2, meeting=False)
     try:
         n = P.CAP + 200
         hs = [node.submit(0, OpKind.ALLREDUCE, f"m{i}", np.full(2, i, np.int64)) for i in range(n)]
@@ -521,7 +521,7 @@ def _two_nodes(monkeypatch: Any) -> tuple[Node, FakeEngine]:
         real(self, arena, 0, 2, engine, **kw)
 
     monkeypatch.setattr(ThinService, "__init__", init)
-    return Node(2), engine
+    return Node(2, meeting=False), engine
 
 
 def _wait_for(cond: Any) -> None:

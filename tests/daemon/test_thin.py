@@ -48,6 +48,15 @@ def test_thin_path_on_two_nodes_of_two_clients(tmp_path: Path) -> None:
     run_mode(tmp_path / "s", 2, 2, "arena", list(ARENA_CHECKS))
 
 
+@pytest.mark.parametrize("local", [2, 4], ids=lambda n: f"1x{n}")
+def test_one_node_meets_in_the_arena(tmp_path: Path, local: int) -> None:
+    """One node of 2 and 4 clients (4 processes on the 2-core machine: oversubscribed):
+    the arena's checks, and the meeting's (every type and size, exact; repeats counted
+    there, with no handle)."""
+    run_mode(tmp_path / "s", 1, local, "meeting", ["MEET-DTYPES", "MEET-ROUTE"])
+    run_mode(tmp_path / "a", 1, local, "arena", list(ARENA_CHECKS))
+
+
 def test_reduce_scatter_allgather_and_groups_take_the_thin_path(tmp_path: Path) -> None:
     checks = ["REDUCE-SCATTER", "ALLGATHER", "GROUPS", "NEIGHBORS", "ROOTED", "NAMED-ALGORITHM",
               "WINDOWS", "STILL-NO-ENGINE"]  # fmt: skip
@@ -60,9 +69,13 @@ def test_malformed_descriptors_fail_alone_and_the_service_goes_on(tmp_path: Path
     assert "malformed descriptor" in log, log
 
 
-@pytest.mark.parametrize("local", [1, 2], ids=lambda n: f"2x{n}")
-def test_large_ops_and_backpressure_with_a_small_arena(tmp_path: Path, local: int) -> None:
-    """Ops too large for the arena run in pieces on the thin path (no engine starts)."""
+@pytest.mark.parametrize("nodes,local", [(2, 1), (2, 2), (1, 2)], ids=["2x1", "2x2", "1x2"])
+def test_large_ops_and_backpressure_with_a_small_arena(
+    tmp_path: Path, nodes: int, local: int
+) -> None:
+    """Ops too large for the arena run in pieces on the thin path (no engine starts); on one
+    node the pieces of an allreduce meet in the arena."""
     checks = ["LARGE", "LARGE-PARTS", "LARGE-ALLTOALL", "BACKPRESSURE", "LARGE-WINDOW",
               "MISMATCH-PIECES", "AFTER-PIECES", "LARGE-NO-ENGINE"]  # fmt: skip
-    run_mode(tmp_path / "s", 2, local, "pressure", checks, "--arena-bytes", str((8 << 20) * local))
+    arena = str((8 << 20) * local)
+    run_mode(tmp_path / "s", nodes, local, "pressure", checks, "--arena-bytes", arena)

@@ -37,30 +37,46 @@ class Node:
 
     def __init__(
         self, slots: int, stall_warning_s: float = 60.0, *, node: int = 0, nodes: int = 1,
-        engine: Any = None,
+        engine: Any = None, meeting: bool = True,
     ) -> None:  # fmt: skip
-        """Node ``node`` of ``nodes`` (``engine``: the services' engine among them)."""
+        """Node ``node`` of ``nodes`` (``engine``: the services' engine among them);
+        ``meeting``: a one-node service's clients meet in the arena (else the rings)."""
         self.arena = Arena.create(slots, 4 << 20)
-        self.service = ThinService(self.arena, node, nodes, engine, stall_warning_s=stall_warning_s)
+        self.service = ThinService(
+            self.arena, node, nodes, engine, stall_warning_s=stall_warning_s, meeting_on=meeting
+        )
         self.clients: list[ThinClient] = []
         self.socks: list[socket.socket] = []
+        self.node, self.nodes, self.slots = node, nodes, slots
+        self.incarnations = 0
         for k in range(slots):
-            efd = new_eventfd()
-            self.service.attach(k, k + 1, os.dup(efd))
-            mine, theirs = socket.socketpair()
-            self.socks.append(theirs)
-            assert self.arena.fd is not None
-            link = SimpleNamespace(
-                arena=Arena.attach(os.dup(self.arena.fd), self.arena.size),
-                welcome=SimpleNamespace(
-                    local=k, rank=node * slots + k, size=nodes * slots, pid=os.getpid()
-                ),
-                where="test",
-                eventfd=efd,
-                service_eventfd=os.dup(self.service.eventfd),
-                sock=mine,
-            )
-            self.clients.append(ThinClient(link))
+            self.clients.append(self._attach(k))
+
+    def _attach(self, k: int) -> ThinClient:
+        """A new client process in slot ``k`` (attached to the service, as a hello does)."""
+        efd = new_eventfd()
+        self.incarnations += 1
+        self.service.attach(k, self.incarnations, os.dup(efd))
+        mine, theirs = socket.socketpair()
+        self.socks.append(theirs)
+        assert self.arena.fd is not None
+        link = SimpleNamespace(
+            arena=Arena.attach(os.dup(self.arena.fd), self.arena.size),
+            welcome=SimpleNamespace(
+                local=k, rank=self.node * self.slots + k, size=self.nodes * self.slots,
+                pid=os.getpid(),
+            ),
+            where="test",
+            eventfd=efd,
+            service_eventfd=os.dup(self.service.eventfd),
+            sock=mine,
+        )  # fmt: skip
+        return ThinClient(link)
+
+    def replace(self, k: int) -> None:
+        """Slot ``k``'s client left (its detach handled): a new one takes the slot."""
+        self.clients[k].close()
+        self.clients[k] = self._attach(k)
 
     def submit(
         self, k: int, kind: OpKind, name: str, x: np.ndarray | None, *, op: ReduceOp = ReduceOp.SUM,
@@ -89,9 +105,13 @@ class Node:
         self.arena.close()
 
 
-@pytest.fixture(params=[1, 2, 3, 4], ids=lambda n: f"L{n}")
+ROUTES = [(L, meet) for meet in (True, False) for L in (1, 2, 3, 4)]
+
+
+@pytest.fixture(params=ROUTES, ids=lambda p: f"L{p[0]}-{'meeting' if p[1] else 'rings'}")
 def node(request: Any) -> Any:
-    n = Node(request.param)
+    """A node of 1-4 clients, meeting in the arena or going through the service's rings."""
+    n = Node(request.param[0], meeting=request.param[1])
     yield n
     n.close()
 
@@ -141,10 +161,13 @@ def test_every_op_in_random_orders_is_exact(node: Node) -> None:
         assert all(results[k]["bar", i] is None for i in range(6))
 
 
-@pytest.fixture(params=[2, 3, 4], ids=lambda n: f"L{n}")
+@pytest.fixture(
+    params=[p for p in ROUTES if p[0] > 1],
+    ids=lambda p: f"L{p[0]}-{'meeting' if p[1] else 'rings'}",
+)
 def shared(request: Any) -> Any:
     """A node with two clients or more."""
-    n = Node(request.param)
+    n = Node(request.param[0], meeting=request.param[1])
     yield n
     n.close()
 
@@ -196,8 +219,11 @@ def test_a_client_that_dies_fails_the_ops_waiting_for_it(shared: Node) -> None:
         later.wait(30)
 
 
-def test_an_op_a_client_never_submits_is_named_in_a_stall_warning(caplog: Any) -> None:
-    node = Node(3, stall_warning_s=0.3)
+@pytest.mark.parametrize("meeting", [True, False], ids=["meeting", "rings"])
+def test_an_op_a_client_never_submits_is_named_in_a_stall_warning(
+    caplog: Any, meeting: bool
+) -> None:
+    node = Node(3, stall_warning_s=0.3, meeting=meeting)
     try:
         with caplog.at_level("WARNING", logger="totalreduce.daemon"):
             hs = [node.submit(k, OpKind.ALLREDUCE, "late", np.ones(2, np.int64)) for k in (0, 2)]

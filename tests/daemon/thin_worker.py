@@ -20,6 +20,10 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
 - ``garbage``: descriptors written past the client's checks (an unknown kind or dtype, a
   negative count, a root outside the world, buffers outside the client's part of the arena)
   each fail with ``InvalidArgumentError`` saying what was wrong; the next op works.
+- ``meeting`` (one node): the world's allreduces, broadcasts and barriers meet in the
+  arena without the service: every element type and op, from 0 elements to several
+  slices, arrays of the arena in place (repeats: one compiled call each, no handle) and
+  plain ones, all exact; the meeting's count of ops run grows by one per op.
 - ``pressure``: with a small arena, ops larger than half a client's part run in pieces
   (an allreduce, a reduce-scatter, an all-gather with and without counts, all-to-alls), a
   window larger than a client's whole part sends its messages in pieces, and many staged
@@ -80,7 +84,19 @@ def mode_arena(p: int, rank: int) -> None:
         taken.append(h is not None)
         return h
 
+    real_now = express.thin_now
+
+    def counting_now(*args: Any) -> Any:  # a blocking repeat in place, on one node
+        try:
+            got = real_now(*args)
+        except Exception:
+            taken.append(True)
+            raise
+        taken.append(got is not None)
+        return got
+
     express.thin_start = counting
+    express.thin_now = counting_now
     for i in range(5):
         x[:] = rank + i
         h = tr.allreduce_async(x, name="express", out=x, priority=i)
@@ -118,10 +134,12 @@ def mode_arena(p: int, rank: int) -> None:
         if not (np.all(w == sum(r + i for r in range(p))) and np.array_equal(back, w)):
             bad.append(f"in place, repeat {i}: {w[:3]}")
     express.thin_start = real_start
+    express.thin_now = real_now
     if (express.THIN, "express.new", "max", None) not in svc._express:
         bad.append("no express record of a new array")
     # the first call of each name (and op) goes the whole way, its repeats the express
-    # one; the read-only array goes the whole way, and so does rank 1's "max"
+    # one (on one node a blocking one in place: thin_now); the read-only array goes the
+    # whole way, and so does rank 1's "max"
     if taken.count(True) != 4 + (rank != 1) + 1 + 3 + 3:
         bad.append(f"the express path was taken {taken.count(True)} times: {taken}")
     # two arrays of the arena in turn under one name: the record remembers the last one's
@@ -244,6 +262,94 @@ def mode_arena(p: int, rank: int) -> None:
         pass
     quiet = svc._loop is None and not any("comm" in n for n in engine_threads())
     report(rank, "PAIRWISE", not bad and quiet, "; ".join(bad) or str(engine_threads()))
+
+
+def mode_meeting(p: int, rank: int) -> None:
+    """One node: its clients meet in the arena (transport/meeting.py)."""
+    from totalreduce.service import thin as thin_mod
+    from totalreduce.transport import arena as A
+    from totalreduce.transport import meeting as M
+
+    svc = tr.default_service()
+    thin = svc._thin
+    assert thin is not None and thin.meet is not None, "a one-node service's clients meet"
+    mem = thin.arena.view(int(thin.header[A.H_MEET]), 512, np.dtype(np.int64))
+
+    def ran() -> int:
+        return int(mem[M.M_RAN // 8])
+
+    made = [0]
+    real = thin_mod.ThinHandle.__init__
+
+    def counting(self: Any, *args: Any, **kw: Any) -> None:
+        made[0] += 1
+        real(self, *args, **kw)
+
+    bad: list[str] = []
+    # every element type and op, in place on arrays of the arena: first calls, then repeats
+    types = {
+        "float16": "sum max", "float32": "sum avg max min product", "float64": "sum avg",
+        "int32": "sum avg band bor bxor", "int64": "sum max min", "uint8": "sum max",
+        "int8": "sum min", "int16": "sum bxor", "bool": "sum product",
+    }  # fmt: skip
+
+    def expect(vals: np.ndarray, op: str, dt: str) -> np.ndarray:
+        if dt == "bool":
+            return vals.any(axis=0) if op == "sum" else vals.all(axis=0)
+        if op == "avg":
+            if dt.startswith("int"):
+                return vals.sum(axis=0, dtype=dt) // p  # type: ignore[no-any-return]
+            return (vals.sum(axis=0, dtype=np.float64) / p).astype(dt)
+        reduce = {
+            "sum": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply,
+            "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor,
+        }[op]  # fmt: skip
+        return reduce.reduce(vals, axis=0, dtype=dt)  # type: ignore[no-any-return]
+
+    sizes = [0, 1, 1024, (1 << 20) // 4 + 3]
+    for dt, ops in types.items():
+        for op in ops.split():
+            for n in sizes if dt in ("float32", "int8") else sizes[:3]:
+                x = tr.empty(n, dt)
+                for i in range(3):  # the whole way, then two repeats
+                    vals = np.stack([(np.arange(n) % 5 + r + i).astype(dt) for r in range(p)])
+                    x[:] = vals[rank]
+                    tr.allreduce(x, name=f"m.{dt}.{op}.{n}", op=op, out=x)
+                    want = expect(vals, op, dt)
+                    close = np.allclose(x.astype(np.float64), want.astype(np.float64), rtol=1e-3)
+                    if not close:
+                        bad.append(f"{dt} {op} {n} call {i}: {x[:3]} != {want[:3]}")
+    report(rank, "MEET-DTYPES", not bad, "; ".join(bad[:3]))
+    # repeats in place on arrays of the arena: one compiled call each, counted as run there
+    x = tr.empty(1024, np.float32)
+    x[:] = 1
+    tr.allreduce(x, name="meet.repeat", out=x)
+    tr.barrier(name="meet.sync")
+    before = ran()
+    thin_mod.ThinHandle.__init__ = counting  # type: ignore[method-assign]
+    for i in range(200):
+        x[:] = rank + i
+        tr.allreduce(x, name="meet.repeat", out=x)
+        if not np.all(x == sum(r + i for r in range(p))):
+            bad.append(f"repeat {i}: {x[:2]}")
+    thin_mod.ThinHandle.__init__ = real  # type: ignore[method-assign]
+    tr.barrier(name="meet.sync")
+    # every client's 200 ops and one barrier were run at the meeting (the others' too)
+    got = ran() - before
+    if got < 201:
+        bad.append(f"the meeting ran {got} ops of 201")
+    if made[0] > 5:  # (a repeat whose peer came late past its compiled call's first try)
+        bad.append(f"{made[0]} handles made for 200 blocking repeats")
+    # plain arrays (staged) and broadcasts from every root, async and blocking
+    for root in range(p):
+        v = np.arange(300, dtype=np.int64) * (rank + 1)
+        got_bc = tr.broadcast_async(v, root=root, name="meet.bc", out=v).wait()
+        if not np.array_equal(got_bc, np.arange(300) * (root + 1)):
+            bad.append(f"broadcast from {root}: {got_bc[:3]}")
+        w = np.full(5, rank + root, np.float64)
+        if not np.all(tr.allreduce(w, name="meet.plain") == sum(r + root for r in range(p))):
+            bad.append("a plain array")
+    report(rank, "MEET-ROUTE", not bad, "; ".join(bad[:3]))
 
 
 def mode_kinds(p: int, rank: int) -> None:
@@ -624,6 +730,7 @@ def main() -> None:
     tr.init()
     modes = {
         "arena": mode_arena,
+        "meeting": mode_meeting,
         "kinds": mode_kinds,
         "pressure": mode_pressure,
         "garbage": mode_garbage,

@@ -30,9 +30,15 @@ engine's abort, and, on the other nodes, its rank's GONE, which its node's servi
 sends them through ``engine``: :meth:`ThinService.client_notice`); the session's
 later ops fail at once.
 
+On a service of one node the clients run the world's allreduces, broadcasts and barriers
+among themselves, in the arena's meeting place, without this thread
+(:mod:`~totalreduce.transport.meeting`); what it does for them is rare
+(:mod:`.thin_meeting`).
+
 Here: the thread and its events, and taking and starting the ops Python has.  Its
 bases: :mod:`.thin_fast` (the compiled pass's side: what it took, and its ops among the
-nodes), :mod:`.thin_ops` (an op of the node, the checks of a descriptor),
+nodes), :mod:`.thin_meeting` (the meeting's escapes, deaths and stalls),
+:mod:`.thin_ops` (an op of the node, the checks of a descriptor),
 :mod:`.thin_nodes` (the step among the services) and :mod:`.thin_answers` (results,
 completion words and errors back to the clients).
 """
@@ -43,7 +49,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -55,10 +61,12 @@ from ..dtypes import DType, ReduceOp
 from ..engine.driving import set_timer_slack
 from ..kernels import copy_into, reduce_into
 from ..transport import arena as A
+from ..transport import meeting
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
 from . import arena_pass
 from .thin_answers import Answers
 from .thin_fast import PassOps
+from .thin_meeting import MeetingOps
 from .thin_nodes import AmongNodes
 from .thin_ops import (
     _A2A,
@@ -85,13 +93,21 @@ SPIN_S = 50e-6
 DRIVE_S = 1e-3
 
 
-class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
+def meeting_default() -> bool:
+    """Whether a one-node service has its clients meet in the arena
+    (``TOTALREDUCE_MEETING``, in the service's environment: ``0`` turns it off)."""
+    return os.environ.get("TOTALREDUCE_MEETING", "1").strip().lower() not in ("0", "off", "no")
+
+
+class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOps):
     """The arena thread of one node's service."""
 
     def __init__(
         self, arena: A.Arena, node: int, nodes: int, engine: Any, stall_warning_s: float = 60.0,
-        pipe_min_bytes: int = arena_pass.PIPE_MIN_BYTES,
+        pipe_min_bytes: int = arena_pass.PIPE_MIN_BYTES, meeting_on: bool | None = None,
     ) -> None:  # fmt: skip
+        """``meeting_on``: whether the clients of a one-node service meet in the arena
+        (None: :func:`meeting_default`); a service of several nodes never has them."""
         self.arena = arena
         self.stall_warning_s = stall_warning_s
         self._next_look = time.monotonic() + 1.0
@@ -101,6 +117,8 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
         self.engine = engine
         self.eventfd = new_eventfd()
         self._ctl = [arena.control(k) for k in range(self.slots)]
+        #: each slot's control block's address (its futex word: :func:`.meeting.wake_client`)
+        self._ctl_at = [arena.base + arena.slot_start(k) for k in range(self.slots)]
         self._words = [c[A.DONE_WORD : A.DONE_WORD + A.RING] for c in self._ctl]
         self._efd: list[int | None] = [None] * self.slots
         self._inc = [0] * self.slots  # the incarnation attached to each slot, 0 if none
@@ -124,6 +142,11 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
         #: its segments) ended among the nodes
         self._fast_ended: deque[Callable[[], None]] = deque()
         arena_pass.prepare()
+        meeting.prepare()
+        self._init_meeting(nodes == 1 and (meeting_default() if meeting_on is None else meeting_on))
+        #: held while this thread handles an event or the meeting's work, and while a new
+        #: session zeroes the meeting place (on the socket's thread)
+        self._event_lock = threading.Lock()
         self._world = _Grp(tuple(range(self.size)), 0, node, self.slots)
         self._groups: dict[tuple[int, int, int], _Grp] = {}  # (slot, offset, context) -> group
         self._segment_groups: dict[int, Any] = {}  # context -> services' group (thin_nodes)
@@ -134,13 +157,16 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
         #: ops whose local descriptors all came, lately, by (wire id, generation): a rank's
         #: descriptor of the name with another group meets them (it waits for ranks that
         #: will not submit it again)
-        self._collected: dict[tuple[int, int], _Op] = {}
+        self._collected: OrderedDict[tuple[int, int], _Op] = OrderedDict()
         self._events: deque[tuple[Any, ...]] = deque()
         self._gone: dict[int, str] = {}  # client ranks that left or died, and how
         self._answering = threading.Lock()
         self._stop = threading.Event()
         self._init_sessions()  # which session of each node this one's job is made of
         if engine is not None:  # what the other services tell of their clients
+            quiet = getattr(engine, "quiet_late_errors", None)
+            if quiet is not None:  # logged here (_start), never raised into an op's start
+                quiet()
             engine.loop.on_client_notice = self.client_notice
             self._watch_rings(engine.loop)
         self._thread = threading.Thread(target=self._run, name="totalreduce-arena", daemon=True)
@@ -156,7 +182,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
 
     def detach(self, slot: int, why: str | None) -> None:
         """The client of ``slot`` left (``why`` is None) or died (``why`` says how)."""
-        self._events.append(("detach", slot, why))
+        self._events.append(("detach", slot, why, self._meet_serial))
         self._kick()
 
     def busy(self) -> bool:
@@ -193,7 +219,14 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
             self._kick()
 
     def new_session(self, epoch: int = 0) -> None:
-        """The node's session ``epoch`` starts (before its first client attaches)."""
+        """The node's session ``epoch`` starts (before its first client attaches): the
+        meeting place is zeroed here, once this thread has handled what came before."""
+        if self._meet_on:
+            deadline = time.monotonic() + 2.0
+            while self._events and self._thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            with self._event_lock:
+                self._meet_reset()
         self._events.append(("session", epoch))
         self._kick()
 
@@ -246,8 +279,14 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
                     last = time.perf_counter()
                 if self._events:
                     self._eject(None)  # Python's tables have every op when it handles one
-                    self._event(self._events.popleft())
+                    with self._event_lock:
+                        self._event(self._events.popleft())
                     self._fast.st[arena_pass.S_ON] = 0 if self._gone else 1
+                    continue
+                if self._meet_busy():
+                    with self._event_lock:
+                        self._meet_work()
+                    last = time.perf_counter()
                     continue
                 if time.monotonic() >= self._next_look:
                     self._look_for_stalls()
@@ -270,7 +309,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
                     continue
                 header[A.H_SERVICE_SLEEPING] = 1
                 fence()
-                if not self._events and not self._drain():
+                if not self._events and not self._meet_busy() and not self._drain():
                     sleep_on(self.eventfd, 0.5)
                 header[A.H_SERVICE_SLEEPING] = 0
                 last = time.perf_counter()
@@ -285,9 +324,10 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
             self._inc[slot], self._efd[slot], self._head[slot] = inc, efd, 0
             self._fast.incs[slot] = inc
             self._gone.pop(self.node * self.slots + slot, None)
+            self._meet_gone()
             self._tell("joined", self.node * self.slots + slot)  # (the session is under way)
         elif ev[0] == "detach":
-            _, slot, why = ev
+            _, slot, why, serial = ev
             self._inc[slot] = self._fast.incs[slot] = 0
             self._close_efd(slot)
             rank = self.node * self.slots + slot
@@ -296,9 +336,11 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
                 self._left(rank, why, died=True)
             else:  # ops waiting for it here never complete: they fail, on every node
                 self._left(rank, "left", died=False)
+            self._meet_gone(why is not None, serial)
         elif ev[0] == "left":
             _, rank, why, died = ev
             self._left(rank, why, died)
+            self._meet_gone(died)
         elif ev[0] == "joined":
             self._gone.pop(ev[1], None)
         elif ev[0] == "notice":
@@ -362,7 +404,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
             collected = self._collected
             collected[wire, gen] = op
             if len(collected) > 4 * A.RING:
-                del collected[next(iter(collected))]
+                collected.popitem(last=False)
         done = self._collected.get((wire, gen))
         if done is not None and done is not op and done.key[2] != ctx:
             if any(done.descs[k] is not None for k in op.grp.slots):
@@ -526,6 +568,8 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions):
         """Warn about ops some of the node's clients submitted long ago and others never
         did (once per ``stall_warning_s``), naming both."""
         self._eject(1.0)  # ops waiting that long: Python's inspector looks at them too
+        with self._event_lock:
+            self._meet_stalls()
         now = time.monotonic()
         self._next_look = now + 1.0
         for op in [o for ops in self._pending.values() for o in ops]:

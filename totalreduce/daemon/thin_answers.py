@@ -17,7 +17,8 @@ from ..algorithms.rooted import offsets
 from ..dtypes import DType
 from ..kernels import copy_into, finish_average
 from ..transport import arena as A
-from ..transport.shm import fence, signal_eventfd
+from ..transport.meeting import wake_client
+from ..transport.shm import fence
 from .thin_ops import (
     _A2A,
     _AG,
@@ -43,6 +44,7 @@ class Answers:
     _inc: list[int]
     _efd: list[int | None]
     _ctl: list[np.ndarray]
+    _ctl_at: list[int]
     _words: list[np.ndarray]
     _running: dict[tuple[int, int, int], Any]
     _answering: threading.Lock
@@ -213,7 +215,4 @@ class Answers:
             self._words[slot][(ticket - 1) % A.RING] = -ticket if kind else ticket
         fence()
         if ctl[A.C_SLEEPING]:
-            with self._answering:  # a detach closes the eventfd under it
-                efd = self._efd[slot]
-                if efd is not None:
-                    signal_eventfd(efd)
+            wake_client(self._ctl_at[slot])

@@ -20,7 +20,7 @@ from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
 from ..service import express
 from ..transport import arena as A
-from ..transport.shm import signal_eventfd
+from ..transport.meeting import wake_client
 from . import arena_pass
 from .thin_ops import _SESSION, _error_kind, _Grp, _Op, _Segments, ended_of
 
@@ -38,6 +38,7 @@ class PassOps:
     _fast: arena_pass.Table
     _mem: np.ndarray
     _efd: list[int | None]
+    _ctl_at: list[int]
     _inc: list[int]
     _world: _Grp
     _thread: threading.Thread
@@ -76,9 +77,7 @@ class PassOps:
     def _wake_sleepers(self) -> None:
         fast = self._fast
         for i in range(int(fast.st[arena_pass.S_NSIG])):
-            efd = self._efd[int(fast.sig[i])]
-            if efd is not None:
-                signal_eventfd(efd)
+            wake_client(self._ctl_at[int(fast.sig[i])])
 
     def _take_queued(self) -> None:
         fast = self._fast

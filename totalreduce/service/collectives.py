@@ -139,12 +139,18 @@ class CollectiveOps(OpSubmitter):
         dtype: str | None = None,
     ) -> Any:
         """The blocking ``allreduce``: a repeat the compiled lane runs is entered and driven
-        to its end in this call, with no handle (``express.run``); anything else is
-        ``allreduce_async(...).wait()``."""
-        if name is not None and group is None and dtype is None and self._thin is None:
-            ex = express.lookup(self._express, (name, op, out is x, algorithm), x)
-            if ex is not None:
-                got = express.run(self, ex, name, x, out, priority)
+        to its end in this call, with no handle (``express.run``; in daemon mode, a repeat
+        in place that meets the node's clients in the arena: ``express.thin_now``);
+        anything else is ``allreduce_async(...).wait()``."""
+        if name is not None and group is None and dtype is None:
+            if self._thin is None:
+                ex = express.lookup(self._express, (name, op, out is x, algorithm), x)
+                if ex is not None:
+                    got = express.run(self, ex, name, x, out, priority)
+                    if got is not None:
+                        return got
+            elif out is x:  # daemon mode: one compiled call at the node's meeting
+                got = express.thin_now(self, (express.THIN, name, op, algorithm), x, priority)
                 if got is not None:
                     return got
         return self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype).wait()
@@ -275,6 +281,24 @@ class CollectiveOps(OpSubmitter):
             code=code,
             schedule=sched,
         )
+
+    def _barrier_direct(
+        self,
+        name: str | int | None = None,
+        algorithm: str = "auto",
+        group: Group | None = None,
+    ) -> None:
+        """The blocking ``barrier``: in daemon mode a repeat of a named barrier of the world
+        that meets the node's clients in the arena is one compiled call
+        (``express.thin_barrier``); anything else is ``barrier_async(...).wait()``."""
+        if self._thin is None or name is None or group is not None or algorithm != "auto":
+            self.barrier_async(name, 0, algorithm, group).wait()
+            return
+        if express.thin_barrier(self, name, 0):
+            return
+        h = self.barrier_async(name, 0, algorithm, group)
+        express.thin_barrier_remember(self, name, h)
+        h.wait()
 
     def pairwise_exchange_async(
         self,

@@ -250,15 +250,20 @@ THIN = "thin"
 
 class ThinExpress:
     """What a repeat of one in-place allreduce in daemon mode needs: the array's dtype and
-    shape, the name's signature, and the descriptor the whole way wrote."""
+    shape, the name's signature, the descriptor the whole way wrote, and its record at the
+    node's meeting (None where the op does not meet there)."""
 
-    __slots__ = ("npdt", "shape", "sig", "row", "epoch", "last", "last_at", "ended")
+    __slots__ = ("npdt", "shape", "sig", "row", "meet", "epoch", "last", "last_at", "ended",
+                 "hold")  # fmt: skip
 
-    def __init__(self, x: np.ndarray, sig: tuple[Any, ...], row: np.ndarray) -> None:
+    def __init__(
+        self, x: np.ndarray, sig: tuple[Any, ...], row: np.ndarray, meet: np.ndarray | None
+    ) -> None:
         self.npdt = x.dtype
         self.shape = x.shape
         self.sig = sig
         self.row = row
+        self.meet = meet
         self.epoch = tuning.EPOCH[0]
         #: The last array of the arena the op was given, weakly, and its arena offset: a
         #: training loop hands the same buffer every step, and finding an array's place
@@ -271,6 +276,9 @@ class ThinExpress:
         #: per op for the garbage collector to track (a repeat is named: its op's name is
         #: the record's).
         self.ended: Callable[[], None] | None = None
+        #: What a blocking repeat calls when its op does not end in its one compiled call:
+        #: its generation is in flight from then on (:func:`thin_now`).
+        self.hold: Callable[[], None] | None = None
 
 
 def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None:
@@ -290,7 +298,7 @@ def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None
         table = svc._express
         if len(table) >= MAX_RECORDS:
             table.clear()
-        table[key] = ThinExpress(x, sig, thin.last_row())
+        table[key] = ThinExpress(x, sig, thin.last_row(), thin.last_meet())
     except (TypeError, KeyError):
         return
 
@@ -360,4 +368,116 @@ def thin_start(
     h = _ThinHandle(thin, op_name, gen, OpKind.ALLREDUCE, result, ended)
     if back is not None:
         h.hold((at,), back, at)
-    return thin.submit_again(h, rec.row, priority, at)
+    return thin.submit_again(h, rec.row, priority, at, rec.meet)
+
+
+def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any) -> Any:
+    """A blocking repeat of the allreduce under ``key`` in place on ``x``, an array of the
+    arena, whose op meets the node's other clients in the arena (a one-node service):
+    arrived at and waited for in one compiled call, with no handle, lock or ticket table
+    in Python (:meth:`~.thin.ThinClient.now`); its result (``x``), or None when anything
+    differs or is unusual (the caller then goes ``allreduce_async(...).wait()``, which
+    checks and raises what it raises).  The name's generation is taken with one hold of
+    the name table's lock, and is in flight only if the op does not end in the call."""
+    try:
+        rec = svc._express.get(key)
+    except TypeError:
+        return None
+    if (
+        rec is None
+        or rec.__class__ is not ThinExpress
+        or rec.meet is None
+        or x.__class__ is not np.ndarray
+        or x.dtype is not rec.npdt
+        or x.shape != rec.shape
+        or priority.__class__ is not int
+        or not -(1 << 31) <= priority < 1 << 31
+        or rec.epoch != tuning.EPOCH[0]
+        or svc._closed
+    ):
+        return None
+    flags = x.flags
+    if not flags.writeable:
+        return None
+    thin = svc._thin
+    last = rec.last
+    if last is not None and last() is x:
+        at = rec.last_at
+    else:
+        if not flags.c_contiguous or (at := thin.arena.offset_of(x)) < 0:
+            return None
+        rec.last, rec.last_at = weakref.ref(x), at
+    if thin.busy():
+        return None
+    names = svc._names
+    op_name = key[1]
+    gen = names.take(op_name, rec.sig)
+    ended, hold = rec.ended, rec.hold
+    if ended is None or hold is None:
+        ended = rec.ended = functools.partial(names.ended, op_name)
+        hold = rec.hold = functools.partial(names.hold, op_name)
+    return thin.now(op_name, gen, rec.row, rec.meet, x, at, priority, ended, hold)
+
+
+class ThinBarrier:
+    """What a repeat of a named barrier of the world in daemon mode needs: its name's
+    signature, and the descriptor and meeting record its first call wrote."""
+
+    __slots__ = ("sig", "row", "meet", "epoch", "ended", "hold")
+
+    def __init__(self, sig: tuple[Any, ...], row: np.ndarray, meet: np.ndarray) -> None:
+        self.sig, self.row, self.meet = sig, row, meet
+        self.epoch = tuning.EPOCH[0]
+        self.ended: Callable[[], None] | None = None
+        self.hold: Callable[[], None] | None = None
+
+
+_NOTHING = np.empty(0, dtype=np.int64)
+
+
+def thin_barrier(svc: Any, name: str | int, priority: Any) -> bool:
+    """A blocking repeat of the named barrier ``name`` of the world whose op meets the
+    node's other clients in the arena: one compiled call (:meth:`~.thin.ThinClient.now`);
+    True once it ended, False when it has no record yet or anything is unusual (the
+    caller then goes ``barrier_async(...).wait()`` and calls :func:`thin_barrier_remember`)."""
+    try:
+        rec = svc._express.get(("thinbar", name))
+    except TypeError:
+        return False
+    if (
+        rec is None
+        or rec.__class__ is not ThinBarrier
+        or priority.__class__ is not int
+        or not -(1 << 31) <= priority < 1 << 31
+        or rec.epoch != tuning.EPOCH[0]
+        or svc._closed
+    ):
+        return False
+    thin = svc._thin
+    if thin.busy():
+        return False
+    names = svc._names
+    gen = names.take(name, rec.sig)
+    ended, hold = rec.ended, rec.hold
+    if ended is None or hold is None:
+        ended = rec.ended = functools.partial(names.ended, name)
+        hold = rec.hold = functools.partial(names.hold, name)
+    thin.now(name, gen, rec.row, rec.meet, _NOTHING, -1, priority, ended, hold, OpKind.BARRIER)
+    return True
+
+
+def thin_barrier_remember(svc: Any, name: str | int, h: Any) -> None:
+    """After a named barrier of the world went the whole way: keep its record if it met
+    the node's clients in the arena (its descriptor was this thread's last)."""
+    thin = svc._thin
+    meet = thin.last_meet()
+    if h.__class__ is not _ThinHandle or meet is None or h._meet < 0:
+        return
+    try:
+        sig = svc._names.signature(h.name)
+        table = svc._express
+        if len(table) >= MAX_RECORDS:
+            table.clear()
+        table["thinbar", name] = ThinBarrier(sig, thin.last_row(), meet)
+    except (TypeError, KeyError):
+        return

@@ -49,6 +49,9 @@ class Lifecycle(OpSubmitter):
         self.size = transport.size
         self._names = NameTable()
         self._closed = False
+        #: whether an op that completed here but failed elsewhere raises at the next call
+        #: (a node's service logs them instead: :meth:`Service.quiet_late_errors`)
+        self._raise_late = True
         self._stop = threading.Event()
         self._world_group = Group.world(self.size)
         # Daemon mode: the node's session is mixed into every op's wire id, so a new job

@@ -62,6 +62,36 @@ class NameTable:
         finally:
             lock.release()
 
+    def take(self, name: str | int, signature: tuple[Any, ...]) -> int:
+        """The next generation of ``name``, for an op that ends before its caller returns
+        (a blocking call): checked as :meth:`name` checks, but not counted in flight, so
+        the call takes the lock once; :meth:`hold` counts it if it does not end there."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            st = self._names.get(name)
+            if st is None:
+                st = self._names[name] = _NameState(False)
+            if st.in_flight and st.signature != signature:
+                raise InvalidArgumentError(
+                    f"op {name!r}: generation {st.next_generation - 1} is still in flight as "
+                    f"{_sig_text(st.signature)}; this call is {_sig_text(signature)}"
+                )
+            st.signature = signature
+            gen = st.next_generation
+            st.next_generation += 1
+            return gen
+        finally:
+            lock.release()
+
+    def hold(self, name: str | int) -> None:
+        """A generation :meth:`take` gave is in flight after all (:meth:`ended` ends it)."""
+        with self._lock:
+            st = self._names.get(name)
+            if st is None:
+                st = self._names[name] = _NameState(False)
+            st.in_flight += 1
+
     def signature(self, name: str | int) -> tuple[Any, ...]:
         """The signature ``name`` was last given (KeyError if it has none)."""
         return self._names[name].signature

@@ -16,7 +16,7 @@ record in :mod:`totalreduce.ops_table`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,14 +88,22 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Li
         self.abort(name, gen, reason, mismatch)
         return gen
 
-    def take_late_errors(self) -> list[BaseException]:
+    def take_late_errors(self) -> Sequence[BaseException]:
         """The errors of ops that completed here but failed elsewhere, not raised yet
         (they are raised at this rank's next call otherwise)."""
         late = self.loop.late_errors
+        if not late:
+            return ()
         out = []
         while late:
             out.append(late.popleft())
         return out
+
+    def quiet_late_errors(self) -> None:
+        """Never raise an op's late error at a later call (a node's service, whose ops
+        among the services are its clients' ops: it takes them, :meth:`take_late_errors`,
+        and logs them; raised into the next job's first submission they would fail it)."""
+        self._raise_late = False
 
     def abort(self, name: str | int, generation: int, reason: str, mismatch: bool = False) -> None:
         """Fail op ``name`` generation ``generation`` here and on every other rank.

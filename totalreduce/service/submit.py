@@ -71,7 +71,7 @@ class OpSubmitter:
         if lp.fatal is not None:
             raise TotalReduceError(f"the comm thread stopped: {lp.fatal}")
         late = lp.late_errors
-        if late:
+        if late and self._raise_late:
             # An op this rank finished failed elsewhere: its result may be wrong.
             raise late.popleft()
 

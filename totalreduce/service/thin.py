@@ -8,9 +8,17 @@ one copy in and one out), writes one descriptor into its submission ring and
 returns a :class:`ThinHandle`.  The node's service reduces the node's buffers in
 place, runs the op among the nodes' services, writes the result back and sets
 the op's completion word.  ``done()`` reads that word; ``wait()`` spins briefly,
-then sleeps on this client's eventfd, which the service writes when it sees the
-client's sleeping flag.  No thread of this process takes part, unless a caller
-adds a done callback to an op in flight: then one thread watches the words.
+then sleeps on the futex word of this client's control block, which whoever sets one
+of its words bumps and wakes when it sees the client asleep.  No thread of this process
+takes part, unless a caller adds a done callback to an op in flight: then one thread
+watches the words.
+
+On a service of one node, the world's allreduces, broadcasts and barriers never reach
+the service: the node's clients meet in the arena's meeting place
+(:mod:`~totalreduce.transport.meeting`), and the last to arrive runs the op, setting
+every client's completion word as the service would.  A blocking repeat in place on an
+array of the arena is one compiled call (:meth:`ThinClient.now`): arrive, wait (helping
+with slices of a large op), done, no handle made.
 
 :class:`ThinHandle` and :class:`ThinClient` (submitting, completing, waiting) are here;
 where the client's buffers go in its part of the arena is its base
@@ -32,6 +40,7 @@ import numpy as np
 
 from ..algorithms.codes import OpKind
 from ..dtypes import DType, ReduceOp
+from ..engine.wire import SESSION_ID
 from ..errors import (
     InvalidArgumentError,
     OpFailedError,
@@ -41,7 +50,8 @@ from ..errors import (
     TransportError,
 )
 from ..transport import arena as A
-from ..transport.shm import drain_eventfd, fence, signal_eventfd
+from ..transport import meeting as M
+from ..transport.shm import fence, signal_eventfd
 from .thin_buffers import ThinBuffers
 
 log = logging.getLogger("totalreduce.thin")
@@ -56,6 +66,12 @@ SPIN_S = 200e-6
 #: made 4 MiB ops between nodes slower).
 LARGE_SPIN_S = 50e-6
 SMALL_BYTES = 256 << 10
+#: How long a compiled wait sleeps at most before this client looks at its socket (the
+#: service gone).
+CHECK_S = M.CHECK_NS / 1e9
+#: The kinds that meet in the arena on a one-node service.
+_MEET_KINDS = frozenset({int(OpKind.ALLREDUCE), int(OpKind.BROADCAST), int(OpKind.BARRIER)})
+_SESSION = A.signed(SESSION_ID)
 _KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.BARRIER: "barrier",
           OpKind.REDUCE_SCATTER: "reduce-scatter", OpKind.ALLGATHER: "all-gather",
           OpKind.ALLTOALL: "all-to-all", OpKind.REDUCE: "reduce", OpKind.GATHER: "gather",
@@ -76,7 +92,7 @@ class ThinHandle:
 
     __slots__ = (
         "name", "generation", "kind", "_client", "_ticket", "_result", "_blocks", "_out",
-        "_out_at", "_finalize", "_done", "_error", "_then", "_ended", "passive",
+        "_out_at", "_finalize", "_done", "_error", "_then", "_ended", "passive", "_meet",
     )  # fmt: skip
 
     def __init__(
@@ -105,6 +121,8 @@ class ThinHandle:
         #: a window's standing receive, or a piece of an op that failed: it may wait for
         #: ever, so nothing blocks on it (room, shutdown)
         self.passive = False
+        #: the meeting's op slot it arrived in (channel * DEPTH + slot), -1: none
+        self._meet = -1
 
     def hold(
         self,
@@ -173,15 +191,22 @@ class ThinClient(ThinBuffers):
         self.space = A.Allocator(self.arena.data_start(self.slot), self.arena.data_bytes)
         self.lock = threading.RLock()  # submission, completion, the in-flight table
         self._tail = int(self.ctl[A.C_TAIL])  # descriptors written
-        self._ticket = self._tail  # the last ticket given
-        self._words: set[int] = set()  # completion words of the ops in flight
+        #: the address of this slot's control block (its futex word, C_SLEEPING)
+        self._ctl_at = self.arena.base + self.arena.slot_start(self.slot)
+        #: tickets (taken by compare-and-swap, :func:`.meeting.take_ticket`), the completion
+        #: words in use, and this client's op in flight in each op slot of the meeting
+        self.st = M.state(self._tail)
+        #: the meeting's config: None where the service does not have its clients meet
+        self.meet: np.ndarray | None = (
+            M.config(self.arena, self.slot) if int(self.header[A.H_MEET_ON]) else None
+        )
         self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
         self._consts: dict[tuple[int, ...], int] = {}  # const_block's blocks
-        #: the last ops completed here, by ticket: what a late error names
-        self._ended_ops: dict[int, tuple[OpKind, str | int, int]] = {}
+        #: the last ops completed here, by ticket % RING: (ticket, kind, name, generation),
+        #: what a late error names
+        self._ended_ops: list[tuple[int, OpKind, str | int, int] | None] = [None] * A.RING
         self._late_seen = int(self.ctl[A.C_LATE])
-        self._sleeper = threading.Lock()  # one thread sleeps on the eventfd at a time
-        self._woken = threading.Condition()
+        self._last: tuple[np.ndarray, np.ndarray | None] | None = None  # (row, meeting record)
         self._watcher: threading.Thread | None = None
         #: bumped whenever an op with callbacks is given to the watcher (:meth:`watch`):
         #: a watcher asleep on the ops it listed before wakes to list them again
@@ -197,6 +222,19 @@ class ThinClient(ThinBuffers):
         """The oldest op in flight that is sure to end (not a standing receive)."""
         with self.lock:  # the watcher takes ended ops out meanwhile
             return next((h for h in self._flight.values() if not h.passive), None)
+
+    def _room(self, h: ThinHandle) -> None:
+        """Wait until a completion word is free (the oldest op first), or raise."""
+        while len(self._flight) >= A.RING - 1:  # completion words all in use: the oldest first
+            oldest = self._oldest()
+            if oldest is None and not any([self.check(x) for x in list(self._flight.values())]):
+                self._release(h)
+                raise InvalidArgumentError(
+                    f"rank {self.rank}: {len(self._flight)} standing receives of windows are "
+                    "in flight, as many as this client may have ops; free some windows"
+                )
+            if oldest is not None:
+                self.block(oldest, None)
 
     def submit(
         self,
@@ -218,77 +256,202 @@ class ThinClient(ThinBuffers):
         algorithm: int = 0,
         passive: bool = False,
     ) -> ThinHandle:
-        """Write the op's descriptor; the service takes it from here.  ``passive``: a
-        window's standing receive (no stall warnings; nothing waits for it to make room)."""
+        """Write the op's descriptor; the service takes it from here (or, for the world's
+        allreduces, broadcasts and barriers on a one-node service, arrive at the meeting).
+        ``passive``: a window's standing receive (no stall warnings; nothing waits for it
+        to make room)."""
         if self.gone is not None:
             self._release(h)
             raise self._gone_error(h)
-        while len(self._flight) >= A.RING - 1:  # completion words all in use: the oldest first
-            oldest = self._oldest()
-            if oldest is None and not any([self.check(x) for x in list(self._flight.values())]):
-                self._release(h)
-                raise InvalidArgumentError(
-                    f"rank {self.rank}: {len(self._flight)} standing receives of windows are "
-                    "in flight, as many as this client may have ops; free some windows"
-                )
-            if oldest is not None:
-                self.block(oldest, None)
-        with self.lock:
-            pos = self._tail + 1
-            d = self.ring[(pos - 1) % A.RING]
-            t = self.new_ticket()
-            d[A.D_KIND], d[A.D_GEN] = int(h.kind if kind is None else kind), h.generation
-            d[A.D_WIRE] = A.signed(wire)
-            d[A.D_DTYPE], d[A.D_COUNT], d[A.D_OP], d[A.D_ROOT] = int(dtype), count, int(op), root
-            d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = priority, at_in, at_out
-            d[A.D_FLAGS] = (
-                (A.F_AVG if op is ReduceOp.AVG else 0)
-                | (A.F_UNNAMED if unnamed else 0)
-                | (A.F_PASSIVE if passive else 0)
-            )
-            d[A.D_GROUP], d[A.D_CTX], d[A.D_AUX] = group, A.signed(context), aux
-            d[A.D_ALGO] = algorithm
-            d[A.D_TICKET] = t
-            h._ticket = t
-            h.passive = passive
-            self._flight[t] = h
-            self.ctl[A.C_TAIL] = self._tail = pos
-            if h._then:  # callbacks came before it was in flight (chain()'s final op)
-                self.watch()
-        return self._posted(h, priority)
+        self._room(h)
+        row = np.empty(A.D_WORDS, np.int64)
+        k = int(h.kind if kind is None else kind)
+        flags = (
+            (A.F_AVG if op is ReduceOp.AVG else 0)
+            | (A.F_UNNAMED if unnamed else 0)
+            | (A.F_PASSIVE if passive else 0)
+        )
+        row[A.D_KIND], row[A.D_GEN], row[A.D_WIRE] = k, h.generation, A.signed(wire)
+        row[A.D_DTYPE], row[A.D_COUNT] = int(dtype), count
+        row[A.D_OP], row[A.D_ROOT] = int(op), root
+        row[A.D_PRIO], row[A.D_IN], row[A.D_OUT] = priority, at_in, at_out
+        row[A.D_FLAGS] = flags
+        row[A.D_GROUP], row[A.D_CTX], row[A.D_AUX] = group, A.signed(context), aux
+        row[A.D_ALGO] = algorithm
+        rec = None
+        if (
+            self.meet is not None
+            and k in _MEET_KINDS
+            and context == 0
+            and group == -1
+            and not flags & (A.F_UNNAMED | A.F_PASSIVE)
+            and row[A.D_WIRE] != _SESSION
+        ):
+            shape = M.pack_shape(k, int(dtype), int(op), flags, algorithm)
+            rec = M.record(int(row[A.D_WIRE]), shape, count, root)
+        self._last = (row, rec)
+        if rec is not None and self._arrive(h, rec, priority, at_in, at_out):
+            return h
+        return self._ring(h, row)
 
-    def submit_again(self, h: ThinHandle, row: np.ndarray, priority: int, at: int) -> ThinHandle:
-        """Write the descriptor of a repeat: ``row``, an earlier descriptor of the same op
-        (the express path's record), with ``h``'s generation, ``priority`` and its buffer
-        at arena offset ``at`` (input and output: in place).  The caller checked that the
+    def submit_again(
+        self, h: ThinHandle, row: np.ndarray, priority: int, at: int, rec: np.ndarray | None = None
+    ) -> ThinHandle:
+        """Submit a repeat: ``row``, an earlier descriptor of the same op (the express
+        path's record), with ``h``'s generation, ``priority`` and its buffer at arena
+        offset ``at`` (input and output: in place); it meets the others at the meeting
+        if ``rec`` (that op's meeting record) is given.  The caller checked that the
         service is there, a completion word is free and no late error waits."""
+        if rec is not None and self._arrive(h, rec, priority, at, at):
+            return h
+        d = row.copy()
+        d[A.D_GEN], d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = h.generation, priority, at, at
+        return self._ring(h, d)
+
+    def _ring(self, h: ThinHandle, row: np.ndarray) -> ThinHandle:
+        """Write descriptor ``row`` (its ticket taken here) into the submission ring."""
+        h.passive = bool(int(row[A.D_FLAGS]) & A.F_PASSIVE)
         with self.lock:
             pos = self._tail + 1
             d = self.ring[(pos - 1) % A.RING]
             t = self.new_ticket()
             d[:] = row
-            d[A.D_GEN], d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = h.generation, priority, at, at
             d[A.D_TICKET] = h._ticket = t
             self._flight[t] = h
             self.ctl[A.C_TAIL] = self._tail = pos
-            if h._then:
+            if h._then:  # callbacks came before it was in flight (chain()'s final op)
                 self.watch()
-        return self._posted(h, priority)
-
-    def _posted(self, h: ThinHandle, priority: int) -> ThinHandle:
-        """The descriptor of ``h`` is in the ring: the timeline, and the service woken if
-        it sleeps."""
         trace = self.trace
         if trace is not None:
-            trace.op(h.name, h.generation, "submitted", priority)
+            trace.op(h.name, h.generation, "submitted", int(row[A.D_PRIO]))
+        self._wake_service()
+        return h
+
+    def _wake_service(self) -> None:
         fence()
         if self.header[A.H_SERVICE_SLEEPING]:
             signal_eventfd(self.service_efd)
-        return h
+
+    def _arrive(
+        self, h: ThinHandle, rec: np.ndarray, priority: int, at_in: int, at_out: int
+    ) -> bool:
+        """Arrive at the meeting with ``h`` (``rec``: its op's meeting record); False if it
+        must take the ring instead (no channel is free, or its op slot's state makes no
+        sense for this generation: a new process in an old slot)."""
+        cf, st = self.meet, self.st
+        assert cf is not None
+        gen = h.generation
+        c = int(rec[M.R_CH])
+        if c < 0:
+            c = int(M.lookup(cf, int(rec[M.R_WIRE])))
+            if c < 0:
+                return False
+            rec[M.R_CH] = c
+        idx = c * M.DEPTH + gen % M.DEPTH
+        while True:
+            t = self.new_ticket()
+            h._ticket, h._meet = t, idx
+            with self.lock:
+                self._flight[t] = h
+            code = int(M.meet_post(cf, st, rec, gen, t, priority, at_in, at_out))
+            kind = code & M.P_MASK
+            if kind in (M.P_BUSY, M.P_WEIRD, M.P_FULL):  # not arrived
+                with self.lock:
+                    self._flight.pop(t, None)
+                M.release(st, t, -1)
+                h._ticket, h._meet = 0, -1
+                if kind != M.P_BUSY:
+                    return False
+                self._await_slot(idx)
+                continue
+            break
+        if code & M.WAKE_SERVICE:
+            self._wake_service()
+        trace = self.trace
+        if trace is not None:
+            trace.op(h.name, h.generation, "submitted", priority)
+        if kind == M.P_FAILED:  # its round had failed (a client gone): not arrived
+            h._meet = -1
+            self._complete(h, self._failed_error(h, self.meeting_why()))
+        elif h._then:
+            with self.lock:
+                self.watch()
+        return True
+
+    def _await_slot(self, idx: int) -> None:
+        """This client's op of the previous round of op slot ``idx`` has not been seen to
+        end: wait for it (a name with more than ``DEPTH`` generations in flight)."""
+        st = self.st
+        t = int(st[M.ST_PEND + idx])
+        while t and int(st[M.ST_PEND + idx]) == t:
+            prev = self._flight.get(t)
+            if prev is not None:
+                self.block(prev, None)
+            else:  # a blocking call of another thread: it ends on its own
+                time.sleep(0.0005)
+
+    def meeting_why(self) -> str:
+        """What the service said when it last failed ops of the meeting."""
+        assert self.meet is not None
+        at = int(self.meet[M.CF_MEET]) - self.arena.base + M.M_WHY
+        raw = self.arena.bytes[at : at + M.WHY_BYTES].tobytes()
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or "the op failed"
+
+    def now(
+        self, name: str | int, gen: int, row: np.ndarray, rec: np.ndarray, x: np.ndarray,
+        at: int, priority: int, ended: Callable[[], None], hold: Callable[[], None],
+        kind: OpKind = OpKind.ALLREDUCE,
+    ) -> np.ndarray:  # fmt: skip
+        """A blocking repeat of an op (an allreduce in place on ``x``, an array of the
+        arena at ``at``; a barrier: ``x`` empty, ``at`` -1), generation ``gen`` of
+        ``name`` taken: arrive at the meeting and wait, in one compiled call (no handle,
+        no lock); ``x`` once it ended.  Anything else (its peers late, the op slot busy,
+        a failure) makes a handle and waits the usual way (``hold()`` first: the name's
+        generation is in flight from then on; ``ended()`` when it ends)."""
+        cf, st = self.meet, self.st
+        assert cf is not None
+        t = int(M.take_ticket(st))
+        if t > 0:
+            spin = 200_000 if x.nbytes <= SMALL_BYTES else 50_000
+            code = int(M.meet_now(cf, st, rec, gen, t, priority, at, spin, M.CHECK_NS))
+            if code == M.P_DONE:
+                ended()
+                return x
+        else:
+            code = M.P_FULL
+        hold()
+        kind = code & M.P_MASK
+        h = ThinHandle(self, name, gen, kind, x, ended)
+        if code & M.WAKE_SERVICE:
+            self._wake_service()
+        if kind == M.P_DONE:
+            M.release(st, t, -1)
+            ended()
+            return x
+        if kind in (M.P_BUSY, M.P_WEIRD, M.P_FULL):  # not arrived: the way a handle goes
+            if t > 0:
+                M.release(st, t, -1)
+            self._room(h)
+            self.submit_again(h, row, priority, at, rec)
+        elif kind == M.P_FAILED:
+            M.release(st, t, -1)
+            self._complete(h, self._failed_error(h, self.meeting_why()))
+        else:  # on its way (or the service has it): a handle in flight
+            d = M.DEPTH
+            h._ticket, h._meet = t, int(rec[M.R_CH]) * d + gen % d
+            with self.lock:
+                self._flight[t] = h
+        return h.wait()  # type: ignore[no-any-return]
 
     def last_row(self) -> np.ndarray:
         """A copy of the last descriptor written (an express record keeps it)."""
-        return self.ring[(self._tail - 1) % A.RING].copy()
+        assert self._last is not None
+        return self._last[0].copy()
+
+    def last_meet(self) -> np.ndarray | None:
+        """The meeting record of the last op submitted, None if it does not meet."""
+        rec = None if self._last is None else self._last[1]
+        return None if rec is None else rec.copy()
 
     def busy(self) -> bool:
         """Whether a submission must take the whole way: the service is gone, every
@@ -300,15 +463,18 @@ class ThinClient(ThinBuffers):
         )
 
     def new_ticket(self) -> int:
-        """The next op's ticket (``lock`` held).  A ticket names the op's completion word
-        (``(ticket - 1) % RING``); a standing receive keeps its word while later ops come
-        and go, so a ticket whose word an op in flight holds is skipped."""
-        t = self._ticket + 1
-        while (t - 1) % A.RING in self._words:
-            t += 1
-        self._ticket = t
-        self._words.add((t - 1) % A.RING)
-        return t
+        """The next op's ticket (any thread).  A ticket names the op's completion word
+        (``(ticket - 1) % RING``); a word that an op in flight holds (a standing receive
+        keeps its word while later ops come and go) is skipped."""
+        while True:
+            t = int(M.take_ticket(self.st))
+            if t > 0:
+                return t
+            oldest = self._oldest()  # every word in use (blocking calls of other threads)
+            if oldest is not None:
+                self.block(oldest, None)
+            else:
+                time.sleep(0.0005)
 
     # ------------------------------------------------------------------ completing
 
@@ -322,14 +488,16 @@ class ThinClient(ThinBuffers):
             self._complete(h, None)
         elif w == -t:
             kind, text = A.read_error(self.ctl, t) or (A.E_FAILED, "the service failed it")
-            verb = _KINDS.get(h.kind, "op")
-            err = _ERRORS.get(kind, OpFailedError)(
-                f"rank {self.rank}: {verb} {h.name!r} generation {h.generation}: {text}"
-            )
-            self._complete(h, err)
+            self._complete(h, self._failed_error(h, text, kind))
         elif self.gone is not None:
             self._complete(h, self._gone_error(h))
         return h._done
+
+    def _failed_error(self, h: ThinHandle, text: str, kind: int = A.E_FAILED) -> BaseException:
+        verb = _KINDS.get(h.kind, "op")
+        return _ERRORS.get(kind, OpFailedError)(
+            f"rank {self.rank}: {verb} {h.name!r} generation {h.generation}: {text}"
+        )
 
     def raise_late(self) -> None:
         """Raise the next late error the service posted, if any: an op that completed here
@@ -340,11 +508,12 @@ class ThinClient(ThinBuffers):
         self._late_seen += 1
         kind, text = A.read_error(self.ctl, -self._late_seen) or (A.E_FAILED, "\x1e")
         ticket, _, why = text.partition("\x1e")
-        what = self._ended_ops.get(int(ticket) if ticket.isdigit() else 0)
+        t = int(ticket) if ticket.isdigit() else 0
+        what = self._ended_ops[t % A.RING]
         op = (
             "an op"
-            if what is None
-            else f"{_KINDS.get(what[0], 'op')} {what[1]!r} generation {what[2]}"
+            if what is None or what[0] != t
+            else f"{_KINDS.get(what[1], 'op')} {what[2]!r} generation {what[3]}"
         )
         raise _ERRORS.get(kind, OpFailedError)(
             f"rank {self.rank}: {op} completed here, but failed elsewhere: {why}"
@@ -360,17 +529,19 @@ class ThinClient(ThinBuffers):
         with self.lock:
             if h._done:
                 return
+            t = h._ticket
             if error is None and h._out_at >= 0 and h._out is not None and h._out.nbytes:
                 h._out.reshape(-1).view(np.uint8)[:] = self.arena.view(
                     h._out_at, h._out.nbytes, np.uint8
                 )
-            if self._flight.pop(h._ticket, None) is not None:
-                self._words.discard((h._ticket - 1) % A.RING)
-            if error is None and h._ticket:
-                ended = self._ended_ops
-                ended[h._ticket] = (h.kind, h.name, h.generation)
-                if len(ended) > A.RING:
-                    del ended[next(iter(ended))]
+            if self._flight.pop(t, None) is not None:
+                st = self.st
+                st[M.ST_INUSE + (t - 1) % A.RING] = 0
+                idx = h._meet
+                if idx >= 0 and st[M.ST_PEND + idx] == t:
+                    st[M.ST_PEND + idx] = 0
+            if error is None and t:
+                self._ended_ops[t % A.RING] = (t, h.kind, h.name, h.generation)
             self._release(h)
             if error is None and h._finalize is not None:
                 try:
@@ -402,8 +573,8 @@ class ThinClient(ThinBuffers):
         if error is None:
             h._result = result
         self._complete(h, error)
-        if self.ctl[A.C_SLEEPING] and not self.closed:
-            signal_eventfd(self.efd)
+        if not self.closed:
+            M.wake_client(self._ctl_at)
 
     def chain(self, first: ThinHandle, final: ThinHandle, then: Callable[[], None]) -> ThinHandle:
         """``final``, which ``then()`` submits once ``first`` has ended well (on the thread
@@ -424,19 +595,48 @@ class ThinClient(ThinBuffers):
 
     def block(self, h: ThinHandle, timeout: float | None) -> None:
         """Until ``h`` is done: spin for :data:`SPIN_S` (:data:`LARGE_SPIN_S` for a large op),
-        then sleep on the eventfd."""
+        then sleep on the futex word (an op of the meeting: in compiled code, helping with
+        its slices)."""
         t0_ns = time.perf_counter_ns()
         try:
-            self._block(h, timeout)
+            if h._meet >= 0 and not self.closed:
+                self._meet_block(h, timeout)
+            else:
+                self._block(h, timeout)
         finally:
             trace = self.trace
             if trace is not None:
                 trace.wait(h.name, h.generation, t0_ns, time.perf_counter_ns())
 
+    def _spin_s(self, h: ThinHandle) -> float:
+        r = h._result
+        return LARGE_SPIN_S if r.__class__ is np.ndarray and r.nbytes > SMALL_BYTES else SPIN_S
+
+    def _meet_block(self, h: ThinHandle, timeout: float | None) -> None:
+        cf = self.meet
+        assert cf is not None
+        spin = int(self._spin_s(h) * 1e9)
+        deadline = M.FOREVER if timeout is None else int(M.now()) + int(timeout * 1e9)
+        t, idx = h._ticket, h._meet
+        rf = h.generation // M.DEPTH + 1
+        while not self.check(h):
+            w = int(M.meet_wait(cf, self.st, t, idx, rf, deadline, spin, M.CHECK_NS))
+            if w == M.W_TIMEOUT and not self.check(h):
+                raise self._timeout_error(h, timeout)
+            if w == M.W_CHECK:
+                self._look_at_socket()
+            spin = 0
+
+    def _timeout_error(self, h: ThinHandle, timeout: float | None) -> OpTimeoutError:
+        return OpTimeoutError(
+            f"rank {self.rank}: {_KINDS.get(h.kind, 'op')} {h.name!r} generation "
+            f"{h.generation} did not complete within {timeout} s (the node's service "
+            f"pid {self.service_pid} has it)"
+        )
+
     def _block(self, h: ThinHandle, timeout: float | None) -> None:
         t0 = time.perf_counter()
-        r = h._result
-        spin = LARGE_SPIN_S if r.__class__ is np.ndarray and r.nbytes > SMALL_BYTES else SPIN_S
+        spin = self._spin_s(h)
         while time.perf_counter() - t0 < spin:
             if self.check(h):
                 return
@@ -445,34 +645,32 @@ class ThinClient(ThinBuffers):
         while not self.check(h):
             left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
             if left <= 0:
-                raise OpTimeoutError(
-                    f"rank {self.rank}: {_KINDS.get(h.kind, 'op')} {h.name!r} generation "
-                    f"{h.generation} did not complete within {timeout} s (the node's service "
-                    f"pid {self.service_pid} has it)"
-                )
+                raise self._timeout_error(h, timeout)
             self._sleep(lambda: self.check(h), left)
 
     def _sleep(self, ready: Callable[[], bool], timeout: float) -> None:
-        if self._sleeper.acquire(blocking=False):
-            try:
-                self.ctl[A.C_SLEEPING] = 1
-                fence()
-                if not ready():
-                    try:
-                        r, _, _ = select.select((self.efd, self.sock), (), (), timeout)
-                    except InterruptedError:
-                        r = []
-                    if self.sock in r:
-                        self._check_service()
-                self.ctl[A.C_SLEEPING] = 0
-                drain_eventfd(self.efd)
-            finally:
-                self._sleeper.release()
-            with self._woken:
-                self._woken.notify_all()
-        else:
-            with self._woken:
-                self._woken.wait(min(timeout, 0.002))
+        """Sleep on the futex word until whoever sets a word of this client wakes it (or
+        ``timeout``, at most :data:`CHECK_S`), unless ``ready()``; then look at the socket."""
+        at = self._ctl_at
+        seq = int(M.futex_seq(at))
+        M.sleepers(at, 1)
+        try:
+            if not ready() and not self.closed:
+                M.sleep(at, seq, int(max(0.0, min(timeout, CHECK_S)) * 1e9))
+        finally:
+            M.sleepers(at, -1)
+        self._look_at_socket()
+
+    def _look_at_socket(self) -> None:
+        """Whether the service said something or went away (its socket readable)."""
+        if self.closed or self.gone is not None:
+            return
+        try:
+            r, _, _ = select.select((self.sock,), (), (), 0)
+        except (OSError, ValueError):
+            r = [self.sock]
+        if r:
+            self._check_service()
 
     def _check_service(self) -> None:
         """The socket is readable: the service closed it (it is gone), or said something."""
@@ -502,8 +700,8 @@ class ThinClient(ThinBuffers):
                 target=self._watch, name=f"totalreduce-thin-{self.rank}", daemon=True
             )
             self._watcher.start()
-        elif self.ctl[A.C_SLEEPING] and not self.closed:
-            signal_eventfd(self.efd)
+        elif not self.closed:
+            M.wake_client(self._ctl_at)
 
     def _watch(self) -> None:
         me = threading.current_thread()
