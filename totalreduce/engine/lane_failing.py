@@ -179,10 +179,16 @@ class LaneFailHooks:
                 f"{spec.describe()}: step {f[8]} segment {f[9]}: rank {self.rank} expects {b} "
                 f"bytes, rank {source} sends {a} (do the ranks use the same micro_bytes?)"
             )
+        hints = spec.schedule.unexpected
+        step = f[L.F_STEP]
+        peer = spec.group.index(source) if source in spec.group else None
+        known = peer is not None and (step, peer, f[L.F_SEGMENT]) in spec.plan.recv_index
+        if not known and step < len(hints):  # what the pattern says of a frame at this step
+            return f"{spec.describe()}: {hints[step].format(sender=source, me=self.rank)}"
         return (
             f"{spec.describe()}: rank {self.rank} got an unexpected frame from rank {source} for "
-            f"step {f[8]} segment {f[9]} (do the ranks use the same algorithm, group and "
-            "micro_bytes?)"
+            f"step {step} segment {f[L.F_SEGMENT]} (do the ranks use the same algorithm, group "
+            "and micro_bytes?)"
         )
 
     # ------------------------------------------------------------------ every lane op
