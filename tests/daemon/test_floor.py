@@ -67,3 +67,24 @@ def test_the_floors_median_over_rounds_and_print_against_embedded_mode(
     # latency embedded, daemon, their ratio; per op, likewise; the daemon floor / embedded mode
     assert row[1:] == ["2000000.0", "us", "6000000.0", "us", "3.00", "4000000.0", "us",
                        "2000000.0", "us", "0.50", "0.50"]  # fmt: skip
+
+
+def test_the_mpi_anchor_runs_mpi_allreduce_and_prints_beside_both_modes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    args = argparse.Namespace(nodes=1, local_clients=2, sizes="4KiB")
+    got = bench._run_mpi(args, tmp_path / "mpi.json")
+    assert got["mode"] == "MPI_Allreduce" and got["size"] == 2, got
+    row = got["sizes"]["4KiB"]
+    assert row["bytes"] == 4096 and 0 < row["blocking_latency_s"] < 1 and row["per_op_s"] > 0
+    mode = {"sizes": {"4KiB": {"blocking_latency_s": 4e-6, "per_op_s": 2e-6}}}
+    twice = {"sizes": {"4KiB": {"blocking_latency_s": 8e-6, "per_op_s": 6e-6}}}
+    bench._print_mpi(
+        mode, twice, {"size": 2, "sizes": {"4KiB": {"blocking_latency_s": 2e-6, "per_op_s": 3e-6}}}
+    )
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("4KiB"))
+    # blocking: MPI 2, embedded 4, daemon 8 (4x); back to back: 3, 2, 6 (2x)
+    assert line.split()[1:] == ["2.0", "us", "4.0", "us", "8.0", "us", "4.00", "3.0", "us",
+                                "2.0", "us", "6.0", "us", "2.00"]  # fmt: skip

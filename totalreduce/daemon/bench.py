@@ -8,11 +8,15 @@
    training processes attached to it (``--local-clients`` per simulated node);
 
 and in each the same worker (``--role worker``), written against the embedded
-API only.  For every size (float32, in place) it measures:
+API only; then, as the anchor a user would otherwise pick, ``MPI_Allreduce``
+(mpi4py, in place) among ``P`` MPI ranks with the same loops (``--role mpi``).
+For every size (float32, in place) it measures:
 
 - latency: submission (``allreduce_async``) to completion (``wait()``
   returned), ranks started together by a barrier; an iteration counts the
   slowest rank, the figure is the median over iterations;
+- blocking latency: the same for the blocking ``allreduce`` (``MPI_Allreduce``
+  for MPI), after the same barrier;
 - busbw: back-to-back blocking allreduces, ``2(P-1)/P * bytes / time``
   (nccl-tests' definition);
 
@@ -123,6 +127,13 @@ def worker(args: argparse.Namespace) -> None:
             tr.allreduce_async(x, name=name, out=x).wait()
             lat.append(time.perf_counter() - t0)
         lat = _slowest(lat, tr, f"bench.lat.{label}")
+        blocking = []
+        for _ in range(iters):
+            tr.barrier(name="bench.sync")
+            t0 = time.perf_counter()
+            tr.allreduce(x, name=name, out=x)
+            blocking.append(time.perf_counter() - t0)
+        blocking = _slowest(blocking, tr, f"bench.blat.{label}")
         tr.barrier(name="bench.sync")
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -132,6 +143,7 @@ def worker(args: argparse.Namespace) -> None:
         report["sizes"][label] = {
             "bytes": nbytes,
             "latency_s": statistics.median(lat),
+            "blocking_latency_s": statistics.median(blocking),
             "per_op_s": per_op,
             "busbw_GBps": 2 * (size - 1) / size * nbytes / per_op / 1e9,
         }
@@ -161,6 +173,51 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         Path(args.out).write_text(json.dumps(report))
     tr.shutdown()
+
+
+def mpi_worker(args: argparse.Namespace) -> None:
+    """The anchor: ``MPI_Allreduce`` (mpi4py, in place, float32) among the ``P`` ranks of
+    ``mpiexec``, in the worker's loops (a barrier before each timed op; back to back)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    report: dict[str, Any] = {"mode": "MPI_Allreduce", "size": size, "sizes": {}}
+
+    def slowest(times: list[float]) -> list[float]:
+        got = np.array(times)
+        comm.Allreduce(MPI.IN_PLACE, got, op=MPI.MAX)
+        return [float(v) for v in got]
+
+    for label, nbytes in SIZES.items():
+        if label not in args.sizes.split(","):
+            continue
+        x = np.ones(nbytes // 4, np.float32)
+        iters = _iterations(nbytes)
+        for _ in range(3):
+            comm.Allreduce(MPI.IN_PLACE, x)
+        gc.collect()
+        lat = []
+        for _ in range(iters):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            comm.Allreduce(MPI.IN_PLACE, x)
+            lat.append(time.perf_counter() - t0)
+        lat = slowest(lat)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            comm.Allreduce(MPI.IN_PLACE, x)
+        per_op = slowest([time.perf_counter() - t0])[0] / iters
+        report["sizes"][label] = {
+            "bytes": nbytes,
+            "latency_s": statistics.median(lat),
+            "blocking_latency_s": statistics.median(lat),
+            "per_op_s": per_op,
+            "busbw_GBps": 2 * (size - 1) / size * nbytes / per_op / 1e9,
+        }
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(report))
 
 
 # ---------------------------------------------------------------------- the orchestrator
@@ -217,6 +274,15 @@ class _Service:
 
 def _run_embedded(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cmd = [MPIEXEC, "-n", str(args.nodes * args.local_clients), *_worker_cmd(args, out)]
+    subprocess.run(cmd, check=True, env=_env(), timeout=1200)
+    return json.loads(out.read_text())
+
+
+def _run_mpi(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    cmd = [
+        MPIEXEC, "-n", str(args.nodes * args.local_clients), sys.executable, "-m",
+        "totalreduce.daemon.bench", "--role", "mpi", "--out", str(out), "--sizes", args.sizes,
+    ]  # fmt: skip
     subprocess.run(cmd, check=True, env=_env(), timeout=1200)
     return json.loads(out.read_text())
 
@@ -311,6 +377,26 @@ def _print_floors(floors: dict[str, Any], emb: dict[str, Any]) -> None:
         )
 
 
+def _print_mpi(emb: dict[str, Any], dmn: dict[str, Any], mpi: dict[str, Any]) -> None:
+    print(
+        f"\nthe anchor: MPI_Allreduce (mpi4py, in place) among the same {mpi['size']} "
+        "processes; blocking latency after a barrier, and back to back"
+    )
+    print(
+        f"{'size':>6}  {'blocking MPI':>13} {'embedded':>9} {'daemon':>9} {'daemon/MPI':>10}   "
+        f"{'b2b MPI':>9} {'embedded':>9} {'daemon':>9} {'daemon/MPI':>10}"
+    )
+    for label in mpi["sizes"]:
+        m, e, d = mpi["sizes"][label], emb["sizes"][label], dmn["sizes"][label]
+        mb, eb, db = (r["blocking_latency_s"] * 1e6 for r in (m, e, d))
+        mo, eo, do = (r["per_op_s"] * 1e6 for r in (m, e, d))
+        print(
+            f"{label:>6}  {mb:10.1f} us {eb:6.1f} us {db:6.1f} us {db / mb:10.2f}   "
+            f"{mo:6.1f} us {eo:6.1f} us {do:6.1f} us {do / mo:10.2f}"
+        )
+    print("(daemon/MPI above 1 is slower)")
+
+
 def _print(
     emb: dict[str, Any], dmn: dict[str, Any], steps: tuple[Any, Any], nodes: int, local: int
 ) -> None:
@@ -372,7 +458,7 @@ def _median_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over the rounds."""
     out = json.loads(json.dumps(reports[0]))
     for label, row in out["sizes"].items():
-        for key in ("latency_s", "per_op_s", "busbw_GBps"):
+        for key in ("latency_s", "blocking_latency_s", "per_op_s", "busbw_GBps"):
             row[key] = _median([r["sizes"][label][key] for r in reports])
     if "step" in out:
         out["step"]["step_s"] = _median([r["step"]["step_s"] for r in reports])
@@ -385,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--role", choices=("run", "worker"), default="run", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--role", choices=("run", "worker", "mpi"), default="run", help=argparse.SUPPRESS
+    )
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
     p.add_argument("--nodes", type=int, default=2, help="services (default 2)")
     p.add_argument("--local-clients", type=int, default=1, help="clients per service (default 1)")
@@ -408,10 +496,16 @@ def main(argv: list[str] | None = None) -> int:
         help="also time both modes' floors (compiled loops with nothing else in them)",
     )
     p.add_argument("--repeat", type=int, default=3, help="rounds; figures are medians")
+    p.add_argument(
+        "--no-mpi", action="store_true", help="leave out the MPI_Allreduce anchor (mpi4py)"
+    )
     p.add_argument("--json", default="", help="also write the figures to this file")
     args = p.parse_args(argv)
     if args.role == "worker":
         worker(args)
+        return 0
+    if args.role == "mpi":
+        mpi_worker(args)
         return 0
     if find_mpiexec() is None:
         raise SystemExit(f"no mpiexec beside {sys.executable} or on PATH (the mpich wheel has one)")
@@ -420,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="totalreduce-bench-"))
     rounds: list[tuple[dict[str, Any], dict[str, Any], float | None, float | None]] = []
     floors: list[dict[str, Any]] = []
+    mpis: list[dict[str, Any]] = []
     try:
         for r in range(args.repeat):
             # the modes alternate, and the service runs only during the daemon half,
@@ -435,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 service.stop()
             rounds.append((emb, dmn, step_emb, step_dmn))
+            if not args.no_mpi:
+                print(f"round {r + 1} of {args.repeat}: MPI_Allreduce ...", flush=True)
+                mpis.append(_run_mpi(args, work / "mpi.json"))
             if args.floor:
                 print(f"round {r + 1} of {args.repeat}: floors ...", flush=True)
                 floors.append(_run_floors(args, work / f"floor{r}"))
@@ -443,11 +541,19 @@ def main(argv: list[str] | None = None) -> int:
     emb, dmn = _median_report([r[0] for r in rounds]), _median_report([r[1] for r in rounds])
     step_emb, step_dmn = (_median([r[i] for r in rounds]) for i in (2, 3))
     _print(emb, dmn, (step_emb, step_dmn), args.nodes, args.local_clients)
+    mpi = _median_report(mpis) if mpis else None
+    if mpi is not None:
+        _print_mpi(emb, dmn, mpi)
     floor = _median_floors(floors) if floors else None
     if floor is not None:
         _print_floors(floor, emb)
     if args.json:
-        figures = {"embedded": emb, "daemon": dmn, "example_step_s": [step_emb, step_dmn]}
+        figures = {
+            "embedded": emb,
+            "daemon": dmn,
+            "mpi": mpi,
+            "example_step_s": [step_emb, step_dmn],
+        }
         Path(args.json).write_text(json.dumps({**figures, "floors": floor}))
     return 0
 

@@ -206,7 +206,9 @@ class ThinClient(ThinBuffers):
         #: what a late error names
         self._ended_ops: list[tuple[int, OpKind, str | int, int] | None] = [None] * A.RING
         self._late_seen = int(self.ctl[A.C_LATE])
-        self._last: tuple[np.ndarray, np.ndarray | None] | None = None  # (row, meeting record)
+        #: each thread's last descriptor and meeting record (an express record keeps them:
+        #: another thread's op, submitted meanwhile, is not this one's)
+        self._last = threading.local()
         self._watcher: threading.Thread | None = None
         #: bumped whenever an op with callbacks is given to the watcher (:meth:`watch`):
         #: a watcher asleep on the ops it listed before wakes to list them again
@@ -289,7 +291,7 @@ class ThinClient(ThinBuffers):
         ):
             shape = M.pack_shape(k, int(dtype), int(op), flags, algorithm)
             rec = M.record(int(row[A.D_WIRE]), shape, count, root)
-        self._last = (row, rec)
+        self._last.op = (row, rec)
         if rec is not None and self._arrive(h, rec, priority, at_in, at_out):
             return h
         return self._ring(h, row)
@@ -444,13 +446,17 @@ class ThinClient(ThinBuffers):
         return h.wait()  # type: ignore[no-any-return]
 
     def last_row(self) -> np.ndarray:
-        """A copy of the last descriptor written (an express record keeps it)."""
-        assert self._last is not None
-        return self._last[0].copy()
+        """A copy of the last descriptor this thread wrote (an express record keeps it);
+        KeyError if it wrote none."""
+        last = getattr(self._last, "op", None)
+        if last is None:
+            raise KeyError("no descriptor written on this thread")
+        return last[0].copy()  # type: ignore[no-any-return]
 
     def last_meet(self) -> np.ndarray | None:
         """The meeting record of the last op submitted, None if it does not meet."""
-        rec = None if self._last is None else self._last[1]
+        last = getattr(self._last, "op", None)
+        rec = None if last is None else last[1]
         return None if rec is None else rec.copy()
 
     def busy(self) -> bool:

@@ -130,9 +130,10 @@ C_FUTEX = 5
 (CF_MEET, CF_ARENA, CF_L, CF_D, CF_C, CF_CHB, CF_OSB, CF_SLOTB, CF_DATA, CF_ME, CF_QCAP,
  CF_QOFF, CF_CH0, CF_SLICE, CF_PURE) = range(15)  # fmt: skip
 CF_WORDS = 16
-# the client's private state: the last ticket, then a word per completion word (1: in
-# use), then the ticket of its op in flight per op slot (channel * DEPTH + slot)
-ST_TICKET = 0
+# the client's private state: the last ticket, how many times its compiled waits slept,
+# then a word per completion word (1: in use), then the ticket of its op in flight per op
+# slot (channel * DEPTH + slot)
+ST_TICKET, ST_SLEPT = 0, 1
 ST_INUSE = 64
 ST_PEND = ST_INUSE + A.RING
 # an op's record: its channel (-1: not looked up yet), wire id, packed shape, count, root
@@ -635,6 +636,7 @@ def meet_wait(cf, st, ticket, idx, rf, deadline_ns, spin_ns, check_ns):  # type:
         w = atomic_load_i64(word)
         if w != ticket and w != -ticket:
             left = min(deadline_ns - t, check_ns - (t - t0))
+            atomic_add_i64(st.ctypes.data + 8 * ST_SLEPT, 1)
             sleep(ctl, np.int64(seq), max(left, 1000))
         sleepers(ctl, -1)
 
