@@ -14,9 +14,23 @@ from typing import Any
 
 import pytest
 
+import totalreduce
 from totalreduce.service.config import Config
 from totalreduce.service.service import Service
 from totalreduce.transport.local import LocalWorld
+
+#: The processes the tests start (ranks under ``mpiexec``, services, clients, scripts, most
+#: from a temporary folder) import the totalreduce these tests import: the code under test
+#: wherever they start, and one copy of its compiled parts to compile (an installed copy
+#: beside the checkout would be compiled a second time, on a fresh install a minute or more).
+_CODE = str(Path(totalreduce.__file__).resolve().parent.parent)
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != _CODE:
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [_CODE, *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+
+#: Set to run every case of the sweeps (as ``--full`` does).
+FULL_ENV = "TOTALREDUCE_TEST_FULL"
 
 #: Test folders that start no ranks and no lane (pure schedules and graphs): they run while
 #: the lane compiles in another process.
@@ -69,8 +83,26 @@ SLOW_MODULES = frozenset(
 )
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help="also run the further cases of sweeps (marked 'full'): by default one "
+        f"representative case of each sweep runs (or set {FULL_ENV}=1)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of :data:`SLOW_MODULES` ``slow``."""
+    """Mark the tests of :data:`SLOW_MODULES` ``slow``; skip the cases marked ``full``
+    unless ``--full`` (or :data:`FULL_ENV`) asks for them."""
+    if not (config.getoption("--full") or os.environ.get(FULL_ENV, "") not in ("", "0")):
+        skip = pytest.mark.skip(
+            reason="a further case of a sweep whose representative case ran: "
+            f"pytest --full (or {FULL_ENV}=1) runs it"
+        )
+        for item in items:
+            if item.get_closest_marker("full") is not None:
+                item.add_marker(skip)
     here = Path(__file__).resolve().parent
     missing = sorted(m for m in SLOW_MODULES if not (here / m).is_file())
     if missing:

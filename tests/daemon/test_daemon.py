@@ -54,7 +54,11 @@ def service_pids(served) -> list[int]:
     return [int(x) for x in out.stdout.split() if int(x) != served.proc.pid]
 
 
-@pytest.mark.parametrize("segments", ["auto", "64"], ids=["segments-auto", "segments-64B"])
+@pytest.mark.parametrize(
+    "segments",
+    [pytest.param("auto", marks=pytest.mark.full), "64"],
+    ids=["segments-auto", "segments-64B"],
+)
 def test_eight_clients_on_two_nodes_every_op_random_orders(tmp_path: Path, segments: str) -> None:
     """Every kind, in random orders and priorities, exact; with ``--segment-bytes 64``
     every allreduce and broadcast of 8 int64 or more among the nodes runs in segments (the
@@ -92,7 +96,7 @@ def test_window_ops_between_daemon_clients(tmp_path: Path) -> None:
     assert status == 0, served.stderr()
 
 
-@pytest.mark.parametrize("slots", [1, 2], ids=["2x1", "2x2"])
+@pytest.mark.parametrize("slots", [1, pytest.param(2, marks=pytest.mark.full)], ids=["2x1", "2x2"])
 def test_killed_client_fails_only_its_ops_and_a_new_job_runs(tmp_path: Path, slots: int) -> None:
     """SIGKILL one client in the middle of a 64 MiB allreduce (on two nodes of two clients,
     an op run among the nodes in segments): every other client's op fails naming it, the
@@ -384,7 +388,13 @@ def _mpmd(served, script: list[str]) -> list[str]:
     return cmd[:-1]
 
 
-@pytest.mark.parametrize("script", ["train_distributed_optimizer.py", "train_ddp_comm_hook.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "train_distributed_optimizer.py",
+        pytest.param("train_ddp_comm_hook.py", marks=pytest.mark.full),
+    ],
+)
 def test_torch_examples_run_unchanged_on_a_daemon(tmp_path: Path, script: str) -> None:
     pytest.importorskip("torch", reason="the training examples need torch")
     served = serve(2, 1, tmp_path / "s")

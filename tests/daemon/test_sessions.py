@@ -175,7 +175,9 @@ EVERY_MOMENT = [
     [
         (1, 2, EVERY_MOMENT),
         (2, 1, EVERY_MOMENT),
-        (2, 2, [("in-init", 0), ("mid-op", 1), ("while-leaving", 2)]),
+        pytest.param(
+            2, 2, [("in-init", 0), ("mid-op", 1), ("while-leaving", 2)], marks=pytest.mark.full
+        ),
     ],
     ids=["1-node-2-clients", "2-nodes", "2x2"],
 )

@@ -48,7 +48,9 @@ def test_thin_path_on_two_nodes_of_two_clients(tmp_path: Path) -> None:
     run_mode(tmp_path / "s", 2, 2, "arena", list(ARENA_CHECKS))
 
 
-@pytest.mark.parametrize("local", [2, 4], ids=lambda n: f"1x{n}")
+@pytest.mark.parametrize(
+    "local", [2, pytest.param(4, marks=pytest.mark.full)], ids=lambda n: f"1x{n}"
+)
 def test_one_node_meets_in_the_arena(tmp_path: Path, local: int) -> None:
     """One node of 2 and 4 clients (4 processes on the 2-core machine: oversubscribed):
     the arena's checks, and the meeting's (every type and size, exact; repeats counted
@@ -69,7 +71,11 @@ def test_malformed_descriptors_fail_alone_and_the_service_goes_on(tmp_path: Path
     assert "malformed descriptor" in log, log
 
 
-@pytest.mark.parametrize("nodes,local", [(2, 1), (2, 2), (1, 2)], ids=["2x1", "2x2", "1x2"])
+@pytest.mark.parametrize(
+    "nodes,local",
+    [(2, 1), pytest.param(2, 2, marks=pytest.mark.full), (1, 2)],
+    ids=["2x1", "2x2", "1x2"],
+)
 def test_large_ops_and_backpressure_with_a_small_arena(
     tmp_path: Path, nodes: int, local: int
 ) -> None:

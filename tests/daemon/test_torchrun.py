@@ -118,7 +118,9 @@ def _finish_reference(proc: subprocess.Popen[str], backend: str) -> str:
         return out
 
 
-@pytest.mark.parametrize("hook", ["", "hook"], ids=["backend", "comm-hook"])
+@pytest.mark.parametrize(
+    "hook", ["", pytest.param("hook", marks=pytest.mark.full)], ids=["backend", "comm-hook"]
+)
 def test_unchanged_ddp_under_torchrun_against_a_service_matches_gloo(
     tmp_path: Path, hook: str
 ) -> None:

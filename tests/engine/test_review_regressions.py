@@ -51,8 +51,15 @@ def test_a_failed_op_gives_up_bodies_it_was_cleared_to_send() -> None:
             while not outs[1].any() and time.monotonic() < deadline:
                 time.sleep(0.0002)
             svc.abort("doomed", 0, "rank 0 gives up")
-        with pytest.raises(tr.OpFailedError):
-            h.wait(timeout=20)
+            try:
+                h.wait(timeout=20)
+            except tr.OpFailedError:
+                pass
+            else:  # only where its own op had ended before the abort (a loaded machine):
+                assert (outs[0] == 2).all()  # then it keeps its exact result
+        else:  # told of the abort, finished or not: fails naming the rank that gave up
+            with pytest.raises(tr.OpFailedError, match="rank 0 gives up"):
+                h.wait(timeout=20)
         # every later large op still goes through: no slot is held by the dead transfer
         return [
             svc.allreduce(np.full(1 << 16, k, dtype=np.int64), name="next")[0] for k in range(3)

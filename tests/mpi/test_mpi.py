@@ -56,16 +56,20 @@ def _start(key: Any, modes: list[str], service: str) -> str:
 LAUNCHES = Launches(_start)
 
 
-def sizes(embedded: list[int], daemon: list[int], mode: str) -> Any:
+def sizes(embedded: list[int], daemon: list[int], mode: str, full: tuple[int, ...] = ()) -> Any:
     """The (ranks, service) cases of a test of check_engine.py's ``mode``: every size that
     matters embedded, and against daemons the ones whose node layout adds something
     (``layout_for``: even sizes are two nodes, odd ones one), so the daemon half does not
-    repeat what the embedded half shows."""
+    repeat what the embedded half shows.  The daemon sizes in ``full`` run with
+    ``pytest --full`` only (a smaller daemon case of the mode runs by default)."""
     for n in embedded:
         LAUNCHES.plan(("embedded", n), mode)
     for n in daemon:
         LAUNCHES.plan(("daemon", n), mode)
-    cases = [(n, "embedded") for n in embedded] + [(n, "daemon") for n in daemon]
+    cases = [(n, "embedded") for n in embedded] + [
+        pytest.param(n, "daemon", marks=pytest.mark.full) if n in full else (n, "daemon")
+        for n in daemon
+    ]
     return pytest.mark.parametrize(("n", "service"), cases, indirect=["service"])
 
 
@@ -108,7 +112,7 @@ def mpirun(n: int, *args: str, timeout: int = TIMEOUT, **env_vars: str) -> str:
     return mpiexec(n, list(args), timeout, **env_vars)
 
 
-@sizes([2, 3, 4], [4], "random")
+@sizes([2, 3, 4], [2, 4], "random", full=(4,))
 def test_random_orders_over_mpi(n: int, service: str) -> None:
     out, whole = checked(service, n, "random")
     assert out.count("RANDOM OK") == n, whole
@@ -140,7 +144,7 @@ def test_broadcast_and_barriers_over_mpi(n: int, service: str) -> None:
     assert out.count("COLLECTIVES OK") == n, whole
 
 
-@sizes([2, 3, 5], [4, 5], "algorithms")
+@sizes([2, 3, 5], [4, 5], "algorithms", full=(5,))
 def test_every_allreduce_algorithm_over_mpi(n: int, service: str) -> None:
     out, whole = checked(service, n, "algorithms")
     assert out.count("ALGORITHMS OK") == n, whole

@@ -32,7 +32,7 @@ for _n in (2, 3):
     plan(_n, "check_backend_ops.py", "check_backend_ops.py", [",".join(CHECKS)], TIMEOUT)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_backend_against_gloo(n: int) -> None:
     out, whole = lines(n, "check_backend_ops.py")
     for check in [*CHECKS, "ALL"]:

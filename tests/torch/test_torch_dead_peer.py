@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,9 +66,20 @@ CASES = [
 ]  # fmt: skip
 
 
+#: By default one case per path and per death runs (every path and every death is met);
+#: the rest with ``pytest --full``.
+FULL = {("ddp", "raise", "KEEP"), ("ddp", "exit", "KEEP"), ("hook", "kill", "KEEP"),
+        ("optimizer", "kill", "KEEP")}  # fmt: skip
+
+
+def _case(c: tuple[Any, ...]) -> Any:
+    full = (c[0], c[1], "KEEP" if c[2] == KEEP else "") in FULL
+    return pytest.param(*c, marks=pytest.mark.full) if full else c
+
+
 @pytest.mark.parametrize(
     ("path", "death", "flags", "extra", "status"),
-    CASES,
+    [_case(c) for c in CASES],
     ids=[
         f"{c[0]}-{c[1]}{'-cleanup' if not c[2] else ''}{'-' + c[3] if c[3] else ''}" for c in CASES
     ],
