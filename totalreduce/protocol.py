@@ -489,3 +489,47 @@ LK_COPY = 1
 LK_SCALE = 2
 LK_AVERAGE = 3
 LK_ACCUMULATE = 4
+
+# ============================================================================================
+# The binding record: how the compiled lane reaches the MPI library (transport/mpi_native.py
+# fills it from the library mpi4py loaded, or from the in-process world's C layer).
+# ============================================================================================
+
+#: Function addresses.
+B_ISEND = 0
+B_IRECV = 1
+B_TEST = 2
+B_TESTALL = 3
+B_TESTSOME = 4
+B_IPROBE = 5
+B_IMPROBE = 6
+B_MRECV = 7
+B_CANCEL = 8
+B_REQUEST_FREE = 9
+B_GET_COUNT = 10
+B_TEST_CANCELLED = 11
+#: The ABI: bytes per handle (4: MPICH's int handles, 8: Open MPI's pointers).
+B_HANDLE_BYTES = 16
+#: Handle values, sign-extended from the ABI's width.
+B_BYTE = 17
+B_COMM = 18
+B_REQUEST_NULL = 19
+B_MESSAGE_NULL = 20
+#: ``MPI_Status``: its size and the byte offsets of its public fields.
+B_STATUS_BYTES = 21
+B_STATUS_SOURCE = 22
+B_STATUS_TAG = 23
+B_STATUS_ERROR = 24
+#: Constants of the library.
+B_ANY_SOURCE = 25
+B_ANY_TAG = 26
+B_UNDEFINED = 27
+B_RANK = 28
+B_SIZE = 29
+#: Which library the functions are: ``KIND_MPI`` (the MPI library mpi4py loaded) or
+#: ``KIND_LOCAL`` (:mod:`.local_native`: ranks that are threads of this process).
+B_KIND = 30
+B_LEN = 32
+
+KIND_MPI = 0
+KIND_LOCAL = 1

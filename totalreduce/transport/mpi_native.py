@@ -41,47 +41,40 @@ from numba.extending import intrinsic
 
 from ..errors import TransportError
 from ..native.intrinsics import ccall_i32, ld_i32
+from ..protocol import (  # the binding record's words: declared with the protocol
+    B_ANY_SOURCE,
+    B_ANY_TAG,
+    B_BYTE,
+    B_CANCEL,
+    B_COMM,
+    B_GET_COUNT,
+    B_HANDLE_BYTES,
+    B_IMPROBE,
+    B_IPROBE,
+    B_IRECV,
+    B_ISEND,
+    B_LEN,
+    B_MESSAGE_NULL,
+    B_MRECV,
+    B_RANK,
+    B_REQUEST_FREE,
+    B_REQUEST_NULL,
+    B_SIZE,
+    B_STATUS_BYTES,
+    B_STATUS_ERROR,
+    B_STATUS_SOURCE,
+    B_STATUS_TAG,
+    B_TEST,
+    B_TEST_CANCELLED,
+    B_TESTALL,
+    B_TESTSOME,
+    B_UNDEFINED,
+)
 
 # ---------------------------------------------------------------------------- the record
 
-#: Function addresses.
-B_ISEND = 0
-B_IRECV = 1
-B_TEST = 2
-B_TESTALL = 3
-B_TESTSOME = 4
-B_IPROBE = 5
-B_IMPROBE = 6
-B_MRECV = 7
-B_CANCEL = 8
-B_REQUEST_FREE = 9
-B_GET_COUNT = 10
-B_TEST_CANCELLED = 11
-#: The ABI: bytes per handle (4: MPICH's int handles, 8: Open MPI's pointers).
-B_HANDLE_BYTES = 16
-#: Handle values, sign-extended from the ABI's width.
-B_BYTE = 17
-B_COMM = 18
-B_REQUEST_NULL = 19
-B_MESSAGE_NULL = 20
-#: ``MPI_Status``: its size and the byte offsets of its public fields.
-B_STATUS_BYTES = 21
-B_STATUS_SOURCE = 22
-B_STATUS_TAG = 23
-B_STATUS_ERROR = 24
-#: Constants of the library.
-B_ANY_SOURCE = 25
-B_ANY_TAG = 26
-B_UNDEFINED = 27
-B_RANK = 28
-B_SIZE = 29
-#: Which library the functions are: ``KIND_MPI`` (the MPI library mpi4py loaded) or
-#: ``KIND_LOCAL`` (:mod:`.local_native`: ranks that are threads of this process).
-B_KIND = 30
-B_LEN = 32
-
-KIND_MPI = 0
-KIND_LOCAL = 1
+#: The binding record (``int64`` words the compiled lane reads the MPI library through):
+#: its words are declared in :mod:`totalreduce.protocol` (``B_*``, ``KIND_*``).
 
 #: The largest status any known ABI has (MPICH 20 bytes, Open MPI 24, the MPI-5 ABI 32):
 #: room for one on the stack of a wrapper that was given no status to fill.
