@@ -430,6 +430,7 @@ OPS: tuple[OpDecl, ...] = (
         Returns.ARRAY,
         c10d=("scatter",),
         api=("x", "root", "name", MORE),
+        direct=True,
         doc="""Part ``r`` of the root's ``x`` on rank ``r``; elsewhere ``x`` is the receiving array.
 
         >>> part = tr.scatter(table if tr.rank() == 0 else np.empty(4), root=0)  # doctest: +SKIP

@@ -366,7 +366,8 @@ def test_neighbor_repeats_take_the_record(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_rooted_and_alltoall_repeats_take_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Repeated reduce (sum, and avg into another root), gather and equal all-to-all skip
+    """Repeated reduce (sum, and avg into another root), gather, scatter (into the
+    receivers' own arrays) and equal all-to-all skip
     the whole way after their first call, in both forms (blocking: ``express.run``;
     ``_async(...).wait()``), enter the lane from the calling thread and stay exact: None
     off the root, the caller's shapes."""
@@ -380,12 +381,15 @@ def test_rooted_and_alltoall_repeats_take_the_record(monkeypatch: pytest.MonkeyP
             got, e0 = [], expressed(svc)
             for k in range(6):
                 x = (np.arange(6.0) + 10 * svc.rank + k).reshape(2, 3)
+                # scatter: the root's (P, 2) table, the others' receiving arrays
+                table = np.arange(2.0 * p).reshape(p, 2) + k if svc.rank == 1 else np.zeros(2)
                 if k % 2:
                     got += [
                         svc.reduce_async(x, root=0, name="r").wait(),
                         svc.reduce_async(x, root=2, name="r", op="avg").wait(),
                         svc.gather_async(x, root=1, name="g").wait(),
                         svc.alltoall_async(x, name="a").wait(),
+                        svc.scatter_async(table, root=1, name="s").wait(),
                     ]
                 else:
                     got += [
@@ -393,14 +397,18 @@ def test_rooted_and_alltoall_repeats_take_the_record(monkeypatch: pytest.MonkeyP
                         svc.reduce(x, root=2, name="r", op="avg"),
                         svc.gather(x, root=1, name="g"),
                         svc.alltoall(x, name="a"),
+                        svc.scatter(table, root=1, name="s"),
                     ]
+                if svc.rank != 1:  # the part landed in the receiving array
+                    assert np.shares_memory(got[-1], table)
             return got, expressed(svc) - e0
 
         out = run_ranks(svcs, rank_main, timeout=60)
     for r, (got, n_express) in enumerate(out):
         for k in range(6):
             xs = [(np.arange(6.0) + 10 * q + k).reshape(2, 3) for q in range(p)]
-            red, avg, gat, a2a = got[4 * k : 4 * k + 4]
+            red, avg, gat, a2a, sc = got[5 * k : 5 * k + 5]
+            np.testing.assert_array_equal(sc, np.arange(2.0) + 2 * r + k)
             assert (red is None) == (r != 0) and (avg is None) == (r != 2)
             assert (gat is None) == (r != 1)
             if r == 0:
@@ -415,8 +423,10 @@ def test_rooted_and_alltoall_repeats_take_the_record(monkeypatch: pytest.MonkeyP
             np.testing.assert_array_equal(
                 a2a.reshape(-1), np.concatenate([xq.reshape(-1)[2 * r : 2 * r + 2] for xq in xs])
             )
-        assert 0 < n_express <= 4 * 5
-    assert calls[0] == p * 4  # each of the four records' first call, on every rank
+        assert 0 < n_express <= 5 * 5
+    # each of the five records' first call on every rank (a scatter receiver's checks its
+    # receiving array too)
+    assert calls[0] == p * 5 + (p - 1)
 
 
 def test_other_kinds_repeats_with_anything_different_go_the_whole_way() -> None:

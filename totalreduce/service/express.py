@@ -1,5 +1,6 @@
-"""The express path of an allreduce (or reduce-scatter, broadcast, all-gather) a training
-loop repeats: one lookup instead of the checks.
+"""The express path of an op a training loop repeats (an allreduce, reduce-scatter,
+broadcast, all-gather, neighbor averaging or all-gather, reduce, gather, scatter or
+all-to-all): one lookup instead of the checks.
 
 A training step submits the same gradients under the same names every step: same
 array shape and dtype, same reduce op, same algorithm.  The first submission of a
@@ -14,7 +15,11 @@ shape kept in the record too
 queued for the comm thread as usual.  A reduce-scatter without partition, axes, group or
 dtype arguments has records too, under ("rs", name, op), a broadcast without group or
 dtype under ("bc", name, root, in place, algorithm), and an all-gather given ``counts``
-(one op) without partition, axes, group or dtype under ("ag", name, counts).
+(one op) without partition, axes, group or dtype under ("ag", name, counts).  The other
+kinds' keys are made by their modules (``neighbors.py``: ("nar", ...), ("nag", ...) with
+the weights or ranks given; ``rooted.py``: ("red", ...), ("ga", ...), ("sc", ...),
+("a2a", name)), and their blocking forms call :func:`run`; docs/architecture.md has the
+table.  Keys of different kinds differ in their first item or their length.
 
 Nothing is skipped that could differ between calls: the array's type, dtype, shape
 and layout, ``out`` (the same checks as :func:`.checks.output`), the priority, the
@@ -51,7 +56,7 @@ _FLAT = frozenset({OpKind.REDUCE_SCATTER, OpKind.ALLGATHER})
 #: A record's ``rshape`` when a new result is the flat output itself.
 _SAME: Any = object()
 #: ``Express``'s ``result`` when the kind says the shape (the records made before others').
-_BY_KIND: Any = object()
+BY_KIND: Any = object()
 
 
 class Express:
@@ -60,12 +65,12 @@ class Express:
     __slots__ = (
         "npdt", "shape", "dt", "rop", "sig", "code", "sched", "plan", "count",
         "wid", "group", "in_place", "epoch", "lane_shape", "kind", "out_count", "param",
-        "rshape",
+        "rshape", "into_x", "nothing",
     )  # fmt: skip
 
     def __init__(
         self, spec: OpSpec, x: np.ndarray, sig: tuple[Any, ...], epoch: int,
-        result: Any = _BY_KIND,
+        result: Any = BY_KIND, into_x: bool = False,
     ) -> None:  # fmt: skip
         self.npdt = x.dtype
         self.shape = x.shape
@@ -86,11 +91,14 @@ class Express:
         #: The shape of a new result (``out`` None): the whole way's result's (``result``;
         #: None: this rank gets None, a reduce's or a gather's off the root), or by the
         #: kind (a flat array, or ``x``'s shape); ``_SAME`` where that is the flat output.
-        if result is _BY_KIND:
+        if result is BY_KIND:
             rshape: Any = (self.out_count,) if x.ndim == 1 or self.kind in _FLAT else x.shape
         else:
             rshape = None if result is None else tuple(result.shape)
         self.rshape = _SAME if rshape == (self.out_count,) else rshape
+        #: A scatter's receiver: ``x`` is where its part lands, and its input is empty.
+        self.into_x = into_x
+        self.nothing = np.empty(0, dtype=x.dtype) if into_x else None
         #: The lane's part, made by the lane at the first repeat: None until then, False
         #: when the lane does not run this shape.
         self.lane_shape: LaneShape | bool | None = None
@@ -155,10 +163,16 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     if priority.__class__ is not int or not -(1 << 31) <= priority < 1 << 31:
         return None
     flat = x if x.ndim == 1 else x.reshape(-1)
+    result: Any
     if out is None:
-        o = np.empty(ex.out_count, dtype=ex.npdt)
-        rs = ex.rshape
-        result: Any = o if rs is _SAME else None if rs is None else o.reshape(rs)
+        if ex.into_x:  # a scatter's receiver: its part lands in x
+            if not x.flags.writeable:
+                return None
+            o, flat, result = flat, ex.nothing, x.reshape(ex.shape)
+        else:
+            o = np.empty(ex.out_count, dtype=ex.npdt)
+            rs = ex.rshape
+            result = o if rs is _SAME else None if rs is None else o.reshape(rs)
     else:
         o, in_place = checks.output(x, out)  # as the whole way checks it
         if in_place != ex.in_place:
@@ -230,10 +244,16 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     if priority.__class__ is not int or not -(1 << 31) <= priority < 1 << 31:
         return None
     flat = x if x.ndim == 1 else x.reshape(-1)
+    result: Any
     if out is None:
-        o = np.empty(ex.out_count, dtype=ex.npdt)
-        rs = ex.rshape
-        result: Any = o if rs is _SAME else None if rs is None else o.reshape(rs)
+        if ex.into_x:  # a scatter's receiver: its part lands in x
+            if not x.flags.writeable:
+                return None
+            o, flat, result = flat, ex.nothing, x.reshape(ex.shape)
+        else:
+            o = np.empty(ex.out_count, dtype=ex.npdt)
+            rs = ex.rshape
+            result = o if rs is _SAME else None if rs is None else o.reshape(rs)
     else:
         o, in_place = checks.output(x, out)  # as the whole way checks it
         if in_place != ex.in_place:
@@ -259,13 +279,14 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
 
 
 def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
-             sig: tuple[Any, ...], result: Any = _BY_KIND) -> None:  # fmt: skip
+             sig: tuple[Any, ...], result: Any = BY_KIND,
+             into_x: bool = False) -> None:  # fmt: skip
     """After a whole-way op: keep its record if a repeat can take the express path
     (``result``: the whole way's result, whose shape a repeat's new result takes)."""
     table = svc._express
     if len(table) >= MAX_RECORDS:
         table.clear()
-    table[key] = Express(spec, x, sig, tuning.EPOCH[0], result)
+    table[key] = Express(spec, x, sig, tuning.EPOCH[0], result, into_x)
 
 
 # ---------------------------------------------------------------- daemon mode (thin path)

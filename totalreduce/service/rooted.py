@@ -153,6 +153,17 @@ class RootedOps(OpSubmitter):
                     return got
         return self.gather_async(x, root, name, **kw).wait()
 
+    def _scatter_direct(self, x: Any, root: int = 0, name: str | int | None = None,
+                        **kw: Any) -> Any:  # fmt: skip
+        """The blocking ``scatter``, as :meth:`_reduce_direct` is ``reduce``'s."""
+        if name is not None and root.__class__ is int and kw.keys() <= _PRIORITY:
+            ex = express.lookup(self._express, ("sc", name, root), x)
+            if ex is not None:
+                got = express.run(self, ex, name, x, None, kw.get("priority", 0))
+                if got is not express.MISSED:
+                    return got
+        return self.scatter_async(x, root, name, **kw).wait()
+
     def _alltoall_direct(self, x: Any, name: str | int | None = None, **kw: Any) -> Any:
         """The blocking ``alltoall`` (equal parts, no ``out``, ``group`` or ``dtype``), as
         :meth:`_reduce_direct` is ``reduce``'s."""
@@ -237,6 +248,14 @@ class RootedOps(OpSubmitter):
         as ``out=`` would be) unless ``out`` is given.  Every rank's part has the
         same number of elements.
         """
+        plain = out is None and group is None and dtype is None and root.__class__ is int
+        if plain and name is not None:
+            # A repeat of a shape this name had: the express path (service/express.py).
+            ex = express.lookup(self._express, ("sc", name, root), x)
+            if ex is not None:
+                h = express.start(self, ex, name, x, None, priority)
+                if h is not None:
+                    return h
         arr, dt = as_array(x, "x", dtype)
         grp, me = self._group(group)
         r = _root("scatter", root, grp)
@@ -270,6 +289,10 @@ class RootedOps(OpSubmitter):
             kind=OpKind.SCATTER, x=src, dtype=dt, out=o, in_place=False, name=name,
             op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched, param=r,
             result=o.reshape(shape), count=n,
+            express_key=(
+                ("sc", name, root) if plain and arr is x and arr.size and _named(name) else None
+            ),
+            express_array=arr, express_result=True, express_into_x=me != r,
         )  # fmt: skip
 
     def alltoall_async(
