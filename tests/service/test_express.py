@@ -465,6 +465,15 @@ def test_other_kinds_repeats_with_anything_different_go_the_whole_way() -> None:
                 )
                 for weights[1 - r] in (0.25, 0.25, 0.5, 0.5)  # the same dict, changed
             ]  # fmt: skip
+            # an unhashable weight (a 0-d array) works, and leaves no record
+            odd = [
+                svc.neighbor_allreduce(
+                    x, name="u", self_weight=0.5, src_weights={1 - r: np.array(0.5)},
+                    dst_weights=[1 - r],
+                )
+                for _ in range(2)
+            ]  # fmt: skip
+            np.testing.assert_allclose(odd[1], (x + np.arange(4.0) + 1 - r) / 2)
             one_peer = OnePeerGraph(get_topology("exponential-2", p))
             e0 = expressed(svc)
             dyn = [svc.neighbor_allreduce(x, name="d", topology=one_peer) for _ in range(3)]

@@ -283,6 +283,10 @@ def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
              into_x: bool = False) -> None:  # fmt: skip
     """After a whole-way op: keep its record if a repeat can take the express path
     (``result``: the whole way's result, whose shape a repeat's new result takes)."""
+    try:
+        hash(key)
+    except TypeError:  # something given was unhashable (a 0-d array as a weight): no record
+        return
     table = svc._express
     if len(table) >= MAX_RECORDS:
         table.clear()
