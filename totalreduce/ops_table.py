@@ -150,6 +150,7 @@ OPS: tuple[OpDecl, ...] = (
         Takes.ONE,
         Returns.ARRAY,
         c10d=("broadcast",),
+        direct=True,
         doc="Return rank ``root``'s ``x`` on every rank (blocking).",
         async_doc="Start a broadcast from ``root``; see :meth:`Service.broadcast_async`.",
         torch=TorchDecl(
@@ -310,6 +311,7 @@ OPS: tuple[OpDecl, ...] = (
         Takes.ONE,
         Returns.ARRAY,
         api=("x", "name", MORE),
+        direct=True,
         doc="``x`` averaged with this rank's neighbors on a topology (blocking).",
         async_doc="Start neighbor averaging; see :meth:`Service.neighbor_allreduce_async`.",
         torch=TorchDecl(
@@ -368,6 +370,7 @@ OPS: tuple[OpDecl, ...] = (
         Takes.ONE,
         Returns.ARRAY,
         api=("x", "name", MORE),
+        direct=True,
         doc="The ``x`` of every in-neighbor, stacked in ascending rank order (blocking).",
         async_doc="Start a neighbor all-gather; see :meth:`Service.neighbor_allgather_async`.",
     ),
@@ -400,6 +403,7 @@ OPS: tuple[OpDecl, ...] = (
         Returns.ON_ROOT,
         c10d=("reduce",),
         api=("x", "root", "name", MORE),
+        direct=True,
         doc="""Reduce every rank's ``x`` into rank ``root``: the result there, None elsewhere.
 
         ``op`` is any of :func:`allreduce_async`'s; ``out=x`` reduces in place on the root.
@@ -414,6 +418,7 @@ OPS: tuple[OpDecl, ...] = (
         Returns.ON_ROOT,
         c10d=("gather",),
         api=("x", "root", "name", MORE),
+        direct=True,
         doc="Every rank's ``x`` stacked on rank ``root`` (shape ``(P, *x.shape)``), None "
         "elsewhere.",
         async_doc="Start a gather to ``root``; see :meth:`Service.gather_async`.",
@@ -425,6 +430,7 @@ OPS: tuple[OpDecl, ...] = (
         Returns.ARRAY,
         c10d=("scatter",),
         api=("x", "root", "name", MORE),
+        direct=True,
         doc="""Part ``r`` of the root's ``x`` on rank ``r``; elsewhere ``x`` is the receiving array.
 
         >>> part = tr.scatter(table if tr.rank() == 0 else np.empty(4), root=0)  # doctest: +SKIP
@@ -447,6 +453,7 @@ OPS: tuple[OpDecl, ...] = (
         Returns.ARRAY,
         c10d=("all_to_all", "all_to_all_single"),
         api=("x", "name", MORE),
+        direct=True,
         doc="Part ``j`` of ``x`` to rank ``j``; part ``j`` of the result from rank ``j`` "
         """(blocking).
 

@@ -57,3 +57,41 @@ def test_the_lanes_ops_are_recorded_as_ops(tmp_path) -> None:
             life = [e for e in events if e.get("name") == f"l{n}" and e.get("cat") == "op"]
             assert len(life) == 1 and life[0]["args"]["status"] == "done", life
             assert life[0]["args"]["submitted_us"] >= 0 and life[0]["dur"] > 0
+
+
+def run_repeats(svc, mode: str) -> tuple[int, list[np.ndarray]]:
+    """Repeats of a 4 KiB allreduce (after the first call, which leaves the express record,
+    and the second, which leaves its lane part): how many took the express route, and
+    their results (blocking ones, then ``_async(...).wait()`` ones)."""
+    x = np.arange(512, dtype=np.float64) + svc.rank
+    svc.allreduce(x, name=mode)
+    svc.allreduce(x, name=mode)
+    e0 = svc.loop.stats.lane_express
+    got = [svc.allreduce(x, name=mode) for _ in range(5)]
+    got += [svc.allreduce_async(x, name=mode).wait() for _ in range(5)]
+    return svc.loop.stats.lane_express - e0, got
+
+
+def test_a_traced_repeat_takes_the_untraced_route_and_shows_in_the_timeline(tmp_path) -> None:
+    """The timeline is a sink on the express route: a repeated 4 KiB allreduce enters the
+    lane from the calling thread (``lane_now``, ``lane_express``) exactly as often traced as
+    untraced, gives the same results, and every generation shows as an op that was
+    submitted and done."""
+    want = 2 * np.arange(512, dtype=np.float64) + 1
+    with local_services(2) as svcs:
+        plain = run_ranks(svcs, lambda s: run_repeats(s, "plain"))
+    with local_services(2, timeline=str(tmp_path / "tl")) as svcs:
+        traced = run_ranks(svcs, lambda s: run_repeats(s, "traced"))
+    for (n_plain, got_plain), (n_traced, got_traced) in zip(plain, traced, strict=True):
+        assert n_traced == n_plain == 10
+        for a, b in zip(got_plain, got_traced, strict=True):
+            np.testing.assert_array_equal(a, want)
+            np.testing.assert_array_equal(b, want)
+    for f in sorted(tmp_path.glob("tl.*.json")):
+        life = [e for e in load(f) if e.get("name") == "traced" and e.get("cat") == "op"]
+        assert len(life) == 12, life  # two whole-way calls and ten repeats
+        for e in life:
+            assert e["args"]["status"] == "done" and e["args"]["submitted_us"] >= 0, e
+        # the blocking repeats that ended in their call recorded it as their wait (an op
+        # that ended before its wait began records none, on either route)
+        assert any(e["args"].get("waited_on_by") for e in life), life

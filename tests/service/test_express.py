@@ -305,3 +305,190 @@ def test_ops_in_flight_leave_no_closures_for_the_garbage_collector() -> None:
     kinds = counted[0]
     assert kinds.get("function", 0) < n // 10 and kinds.get("cell", 0) < n // 10, kinds
     assert kinds.get("Handle", 0) == n and sum(kinds.values()) <= 8 * n, kinds
+
+
+# ------------------------------------------------------- the other kinds' records
+
+
+def expressed(svc) -> int:
+    return svc.loop.stats.lane_express
+
+
+def test_neighbor_repeats_take_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated neighbor averaging on a static graph (by name, by object, in place, a 2-d
+    array) and with explicit weights, and the neighbor all-gather, skip the whole way after
+    their first call, enter the lane from the calling thread, and stay exact."""
+    from totalreduce.service import neighbors
+    from totalreduce.topology import get_topology, mixing_matrix
+
+    calls = count_whole_way(monkeypatch, neighbors)
+    p = 3
+    topo = get_topology("exponential-2", p)
+    w = mixing_matrix(topo, 0)
+    with local_services(p) as svcs:
+
+        def rank_main(svc):
+            r = svc.rank
+            left, right = (r - 1) % p, (r + 1) % p
+            got, e0 = [], expressed(svc)
+            for k in range(5):
+                x = np.arange(8.0) + 10 * r + k
+                got.append(svc.neighbor_allreduce(x, name="n"))
+                got.append(svc.neighbor_allreduce(x.reshape(2, 4), name="n2", topology=topo))
+                y = x.astype(np.float32)
+                svc.neighbor_allreduce(y, name="n.in", out=y)
+                got.append(y)
+                got.append(
+                    svc.neighbor_allreduce(
+                        x, name="nw", self_weight=0.5, src_weights={left: 0.5},
+                        dst_weights={right: 1.0},
+                    )
+                )  # fmt: skip
+                got.append(svc.neighbor_allgather(x, name="g"))
+            return got, expressed(svc) - e0
+
+        out = run_ranks(svcs, rank_main, timeout=60)
+    xs = [[np.arange(8.0) + 10 * r + k for r in range(p)] for k in range(5)]
+    for r, (got, n_express) in enumerate(out):
+        src = [j for j in range(p) if j != r and w[r, j] != 0]
+        for k in range(5):
+            want = sum(w[r, j] * xs[k][j] for j in range(p))
+            n, n2, y, nw, g = got[5 * k : 5 * k + 5]
+            np.testing.assert_allclose(n, want)
+            assert n2.shape == (2, 4)
+            np.testing.assert_allclose(n2.reshape(-1), want)
+            np.testing.assert_allclose(y, want.astype(np.float32), rtol=1e-6)
+            np.testing.assert_allclose(nw, 0.5 * xs[k][r] + 0.5 * xs[k][(r - 1) % p])
+            assert g.shape == (len(src), 8)
+            np.testing.assert_array_equal(g, np.stack([xs[k][j] for j in src]))
+        assert 0 < n_express <= 5 * 4  # the repeats enter from the calling thread
+    assert calls[0] == p * 5  # each name's first call went the whole way, on every rank
+
+
+def test_rooted_and_alltoall_repeats_take_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated reduce (sum, and avg into another root), gather, scatter (into the
+    receivers' own arrays) and equal all-to-all skip
+    the whole way after their first call, in both forms (blocking: ``express.run``;
+    ``_async(...).wait()``), enter the lane from the calling thread and stay exact: None
+    off the root, the caller's shapes."""
+    from totalreduce.service import rooted
+
+    calls = count_whole_way(monkeypatch, rooted)
+    p = 3
+    with local_services(p) as svcs:
+
+        def rank_main(svc):
+            got, e0 = [], expressed(svc)
+            for k in range(6):
+                x = (np.arange(6.0) + 10 * svc.rank + k).reshape(2, 3)
+                # scatter: the root's (P, 2) table, the others' receiving arrays
+                table = np.arange(2.0 * p).reshape(p, 2) + k if svc.rank == 1 else np.zeros(2)
+                if k % 2:
+                    got += [
+                        svc.reduce_async(x, root=0, name="r").wait(),
+                        svc.reduce_async(x, root=2, name="r", op="avg").wait(),
+                        svc.gather_async(x, root=1, name="g").wait(),
+                        svc.alltoall_async(x, name="a").wait(),
+                        svc.scatter_async(table, root=1, name="s").wait(),
+                    ]
+                else:
+                    got += [
+                        svc.reduce(x, root=0, name="r"),
+                        svc.reduce(x, root=2, name="r", op="avg"),
+                        svc.gather(x, root=1, name="g"),
+                        svc.alltoall(x, name="a"),
+                        svc.scatter(table, root=1, name="s"),
+                    ]
+                if svc.rank != 1:  # the part landed in the receiving array
+                    assert np.shares_memory(got[-1], table)
+            return got, expressed(svc) - e0
+
+        out = run_ranks(svcs, rank_main, timeout=60)
+    for r, (got, n_express) in enumerate(out):
+        for k in range(6):
+            xs = [(np.arange(6.0) + 10 * q + k).reshape(2, 3) for q in range(p)]
+            red, avg, gat, a2a, sc = got[5 * k : 5 * k + 5]
+            np.testing.assert_array_equal(sc, np.arange(2.0) + 2 * r + k)
+            assert (red is None) == (r != 0) and (avg is None) == (r != 2)
+            assert (gat is None) == (r != 1)
+            if r == 0:
+                assert red.shape == (2, 3)
+                np.testing.assert_array_equal(red, sum(xs))
+            if r == 2:
+                np.testing.assert_allclose(avg, sum(xs) / p)
+            if r == 1:
+                assert gat.shape == (p, 2, 3)
+                np.testing.assert_array_equal(gat, np.stack(xs))
+            assert a2a.shape == (2, 3)
+            np.testing.assert_array_equal(
+                a2a.reshape(-1), np.concatenate([xq.reshape(-1)[2 * r : 2 * r + 2] for xq in xs])
+            )
+        assert 0 < n_express <= 5 * 5
+    # each of the five records' first call on every rank (a scatter receiver's checks its
+    # receiving array too)
+    assert calls[0] == p * 5 + (p - 1)
+
+
+def test_other_kinds_repeats_with_anything_different_go_the_whole_way() -> None:
+    """A repeat under a known name with another root, op, dtype, size, weights or topology
+    is another shape, or raises what the whole way raises; never a silent reuse."""
+    from totalreduce.topology import OnePeerGraph, get_topology
+
+    p = 2
+    with local_services(p) as svcs:
+
+        def rank_main(svc):
+            r = svc.rank
+            x = np.arange(4.0) + r
+            for _ in range(3):
+                svc.reduce(x, root=0, name="r")
+                svc.alltoall(x, name="a")
+                svc.neighbor_allreduce(x, name="n")
+            errors = []
+            for bad in (
+                lambda: svc.reduce(x, root=5, name="r"),
+                lambda: svc.reduce(x, root=0, name="r", op="nope"),
+                lambda: svc.alltoall(np.arange(3.0), name="a2"),
+                lambda: svc.neighbor_allreduce(np.arange(4), name="n"),
+                lambda: svc.neighbor_allreduce(x, name="n", priority=1.5),
+                lambda: svc.gather(x, root=7, name="g"),
+            ):
+                with pytest.raises(tr.InvalidArgumentError) as info:
+                    bad()
+                errors.append(str(info.value))
+            ints = svc.reduce(np.arange(4) + r, root=1, name="r")
+            weights = {1 - r: 0.25}
+            w = [
+                svc.neighbor_allreduce(
+                    x, name="w", self_weight=1 - weights[1 - r], src_weights=weights,
+                    dst_weights=[1 - r],
+                )
+                for weights[1 - r] in (0.25, 0.25, 0.5, 0.5)  # the same dict, changed
+            ]  # fmt: skip
+            # an unhashable weight (a 0-d array) works, and leaves no record
+            odd = [
+                svc.neighbor_allreduce(
+                    x, name="u", self_weight=0.5, src_weights={1 - r: np.array(0.5)},
+                    dst_weights=[1 - r],
+                )
+                for _ in range(2)
+            ]  # fmt: skip
+            np.testing.assert_allclose(odd[1], (x + np.arange(4.0) + 1 - r) / 2)
+            one_peer = OnePeerGraph(get_topology("exponential-2", p))
+            e0 = expressed(svc)
+            dyn = [svc.neighbor_allreduce(x, name="d", topology=one_peer) for _ in range(3)]
+            return errors, ints, w, dyn, expressed(svc) - e0, svc._express
+
+        out = run_ranks(svcs, rank_main, timeout=60)
+    for r, (errors, ints, w, dyn, n_dyn, records) in enumerate(out):
+        assert "root 5" in errors[0] and "nope" in errors[1] and "multiple" in errors[2]
+        assert "float" in errors[3] and "priority" in errors[4] and "root 7" in errors[5]
+        if r == 1:
+            np.testing.assert_array_equal(ints, 2 * np.arange(4) + 1)
+        x, other = np.arange(4.0) + r, np.arange(4.0) + 1 - r
+        for got, a in zip(w, (0.25, 0.25, 0.5, 0.5), strict=True):
+            np.testing.assert_allclose(got, (1 - a) * x + a * other)
+        for got in dyn:
+            np.testing.assert_allclose(got, (x + other) / 2)
+        assert n_dyn == 0  # a dynamic topology's schedule may change: no record
+        assert not any(k[:2] == ("nar", "d") for k in records if isinstance(k, tuple))

@@ -56,6 +56,8 @@ LANE_BODY_REQUESTS = 1 << 12
 LANE_ORPHAN_S = 2.0
 #: Empty messages owed at once (clears held by ops that failed here; a bound, not a need).
 LANE_ABANDONS = 4096
+#: The largest WORK buffer (elements) a blocking repeat's shape keeps (``LaneShape.spare``).
+_SPARE_MAX = 64
 #: In-place inputs of at least this many bytes are copied into pooled buffers.
 _POOLED_BYTES = 64 << 10
 #: Pooled buffers kept per size: as many as were in use at once, at least this many
@@ -104,7 +106,7 @@ class LaneShape:
     """The lane's fields of an op shape (all but generation, priority and urgency), kept by
     whoever submits that shape again and again (:meth:`Lane.shape_of`)."""
 
-    __slots__ = ("fields", "copy_in", "work", "scratch", "plain", "f16")
+    __slots__ = ("fields", "copy_in", "work", "scratch", "plain", "f16", "quick", "spare")
 
     def __init__(
         self, fields: np.ndarray, copy_in: bool, work: int, scratch: int, f16: bool = False
@@ -116,6 +118,11 @@ class LaneShape:
         self.f16 = f16  # float16 data, which compiled code takes as uint16 views
         #: Nothing to copy or allocate per op: :meth:`Lane.enter`'s short way.
         self.plain = not copy_in and not work and not scratch
+        #: :meth:`Lane.now` takes it: plain, or with a WORK buffer of a few elements only
+        #: (a rooted op's confirmation token), which the shape keeps (``spare``) between
+        #: the blocking repeats that end in their call.
+        self.quick = not copy_in and not scratch and work <= _SPARE_MAX
+        self.spare: tuple[np.ndarray, int] | None = None
 
 
 class Lane(LanePlans, LaneGrowth):
@@ -279,6 +286,8 @@ class Lane(LanePlans, LaneGrowth):
         self._fields = np.zeros(16, dtype=np.int64)
         self._addrs = np.zeros(4, dtype=np.int64)
         self._plain_addrs = np.zeros(4, dtype=np.int64)
+        #: The WORK buffer of what :meth:`now` entered and did not end, for :meth:`adopt`.
+        self._now_keep: np.ndarray | None = None
         #: After :meth:`enter`: whether ops ended or events wait for Python.
         self.pending = False
         #: After :meth:`wait` or :meth:`wait_own` with ``outer``: whether it returned
@@ -339,12 +348,22 @@ class Lane(LanePlans, LaneGrowth):
         self, shape: LaneShape, inbuf: np.ndarray, outbuf: np.ndarray, generation: int,
         priority: int, spin_ns: int,
     ) -> tuple[int, int, int]:  # fmt: skip
-        """Enter a repeat of a plain shape for a blocking call, urgent, and drive it for
-        up to 200 µs as :meth:`wait_own` does, in two compiled calls and nothing made in
-        Python: (its slot, submission, 2) when it ended well and left the table; (-1, 0, 0)
-        when the table is full; else (slot, submission, 0 or 1): entered, to be adopted
-        (:meth:`adopt`) before anything drains the lane."""
-        a = self._plain_addrs
+        """Enter a repeat of a quick shape (``LaneShape.quick``) for a blocking call, urgent,
+        and drive it for up to 200 µs as :meth:`wait_own` does, in two compiled calls and
+        nothing made in Python: (its slot, submission, 2) when it ended well and left the
+        table; (-1, 0, 0) when the table is full; else (slot, submission, 0 or 1): entered,
+        to be adopted (:meth:`adopt`) before anything drains the lane.  A shape with a WORK
+        buffer lends its spare one, which an op that did not end takes with it."""
+        if shape.work:
+            spare = shape.spare
+            if spare is None:
+                buf = np.empty(shape.work, dtype=inbuf.dtype)
+                spare = shape.spare = (buf, buf.__array_interface__["data"][0])
+            a = self._addrs
+            a[2] = spare[1]
+            a[3] = 0
+        else:
+            a = self._plain_addrs
         if shape.f16:
             core.buffer_addresses(inbuf.view(np.uint16), outbuf.view(np.uint16), a)
         else:
@@ -355,15 +374,16 @@ class Lane(LanePlans, LaneGrowth):
         )
         if slot < 0:
             return -1, 0, 0
-        return (
-            slot,
-            seq,
-            core.lane_drive(mem, prog, arena, b, slot, seq, _NOW_NS, spin_ns, core.DRIVE_TAKE),
-        )
+        r = core.lane_drive(mem, prog, arena, b, slot, seq, _NOW_NS, spin_ns, core.DRIVE_TAKE)
+        if r != 2 and shape.work:  # its WORK buffer goes with the op (``adopt``)
+            self._now_keep = shape.spare[0]  # type: ignore[index]
+            shape.spare = None
+        return slot, seq, r
 
     def adopt(self, spec: OpSpec, slot: int, seq: int) -> LaneOp:
         """The lane op of what :meth:`now` entered and did not end."""
-        lop = LaneOp(spec, slot, seq, None)
+        lop = LaneOp(spec, slot, seq, self._now_keep)
+        self._now_keep = None
         self.ops[slot] = lop
         self.by_key[lop.key] = lop
         return lop

@@ -154,14 +154,14 @@ class LaneHooks:
         waiter may wait on straight away: ``LaneHooks._lane_try``); None when anything
         those would look at stands in the way (the caller then submits it the usual way,
         which sorts it out).  ``holder.lane_shape`` keeps the lane's fields of the shape
-        between calls (made here, under the lock, the first time)."""
+        between calls (made here, under the lock, the first time).  A timeline is a sink on
+        this route: the op's events are recorded here as the usual route records them."""
         lane = self.lane
         if (
             lane is None
             or holder.lane_shape is False
             or self.submissions  # ops queued before this one enter first
             or self.bad_peers
-            or self.trace is not None
             or self._held
             or lane.mem[L.C_FULL]
             or not self._express_lock(lane)
@@ -195,6 +195,8 @@ class LaneHooks:
                 if lop is None:
                     return None
                 self.stats.lane_express += 1
+                if self.trace is not None:  # a sink on the route, the usual route's events
+                    self.trace.op(spec.name, spec.generation, "submitted", spec.priority)
             except Exception:  # the usual path fails the op properly, naming the cause
                 log.exception("rank %d: the lane's express entry failed", self.rank)
                 return None
@@ -228,7 +230,6 @@ class LaneHooks:
             lane is None
             or self.submissions
             or self.bad_peers
-            or self.trace is not None
             or self._held
             or self.table
             or self._dirty
@@ -253,6 +254,8 @@ class LaneHooks:
                 )
             ):
                 return None
+            trace = self.trace
+            t0 = time.perf_counter_ns() if trace is not None else 0
             try:
                 slot, seq, r = lane.now(shape, inbuf, outbuf, key[1], priority,
                                         self._wait_spin_ns)  # fmt: skip
@@ -262,9 +265,15 @@ class LaneHooks:
             if slot < 0:
                 return None
             self.stats.lane_express += 1
+            if trace is not None:  # a sink on the route: the usual route's events
+                trace.op(name, key[1], "submitted", priority, t0)
             if r == 2:  # it ended well, the one op done: taken out of the table
                 self._remember(self.completed, key, ((name, key[1]), group, (), _NONE))
                 self.stats.ops_completed += 1
+                if trace is not None:  # and the caller's wait: it drove the op to its end
+                    t1 = time.perf_counter_ns()
+                    trace.op(name, key[1], "done", priority, t1)
+                    trace.wait(name, key[1], t0, t1)
                 return True
             handle, spec = make(*args)
             lop = lane.adopt(spec, slot, seq)

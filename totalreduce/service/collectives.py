@@ -147,7 +147,7 @@ class CollectiveOps(OpSubmitter):
                 ex = express.lookup(self._express, (name, op, out is x, algorithm), x)
                 if ex is not None:
                     got = express.run(self, ex, name, x, out, priority)
-                    if got is not None:
+                    if got is not express.MISSED:
                         return got
             elif out is x:  # daemon mode: one compiled call at the node's meeting
                 got = express.thin_now(self, (express.THIN, name, op, algorithm), x, priority)
@@ -238,6 +238,28 @@ class CollectiveOps(OpSubmitter):
             result=o.reshape(arr.shape),
             express_key=express_key,
         )
+
+    def _broadcast_direct(
+        self,
+        x: Any,
+        root: int = 0,
+        name: str | int | None = None,
+        out: Any = None,
+        priority: int = 0,
+        algorithm: str = "auto",
+        group: Group | None = None,
+        dtype: str | None = None,
+    ) -> Any:
+        """The blocking ``broadcast``: a repeat the compiled lane runs is entered and driven
+        to its end in this call, with no handle (``express.run``); anything else is
+        ``broadcast_async(...).wait()``."""
+        if name is not None and group is None and dtype is None and root.__class__ is int:
+            ex = express.lookup(self._express, ("bc", name, root, out is x, algorithm), x)
+            if ex is not None:
+                got = express.run(self, ex, name, x, out, priority)
+                if got is not express.MISSED:
+                    return got
+        return self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype).wait()
 
     def barrier_async(
         self,

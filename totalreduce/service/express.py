@@ -1,5 +1,6 @@
-"""The express path of an allreduce (or reduce-scatter, broadcast, all-gather) a training
-loop repeats: one lookup instead of the checks.
+"""The express path of an op a training loop repeats (an allreduce, reduce-scatter,
+broadcast, all-gather, neighbor averaging or all-gather, reduce, gather, scatter or
+all-to-all): one lookup instead of the checks.
 
 A training step submits the same gradients under the same names every step: same
 array shape and dtype, same reduce op, same algorithm.  The first submission of a
@@ -14,7 +15,11 @@ shape kept in the record too
 queued for the comm thread as usual.  A reduce-scatter without partition, axes, group or
 dtype arguments has records too, under ("rs", name, op), a broadcast without group or
 dtype under ("bc", name, root, in place, algorithm), and an all-gather given ``counts``
-(one op) without partition, axes, group or dtype under ("ag", name, counts).
+(one op) without partition, axes, group or dtype under ("ag", name, counts).  The other
+kinds' keys are made by their modules (``neighbors.py``: ("nar", ...), ("nag", ...) with
+the weights or ranks given; ``rooted.py``: ("red", ...), ("ga", ...), ("sc", ...),
+("a2a", name)), and their blocking forms call :func:`run`; docs/architecture.md has the
+table.  Keys of different kinds differ in their first item or their length.
 
 Nothing is skipped that could differ between calls: the array's type, dtype, shape
 and layout, ``out`` (the same checks as :func:`.checks.output`), the priority, the
@@ -48,6 +53,10 @@ if TYPE_CHECKING:
 MAX_RECORDS = 1 << 15
 #: Kinds whose result is a new flat array, whatever the input's shape.
 _FLAT = frozenset({OpKind.REDUCE_SCATTER, OpKind.ALLGATHER})
+#: A record's ``rshape`` when a new result is the flat output itself.
+_SAME: Any = object()
+#: ``Express``'s ``result`` when the kind says the shape (the records made before others').
+BY_KIND: Any = object()
 
 
 class Express:
@@ -56,9 +65,13 @@ class Express:
     __slots__ = (
         "npdt", "shape", "dt", "rop", "sig", "code", "sched", "plan", "count",
         "wid", "group", "in_place", "epoch", "lane_shape", "kind", "out_count", "param",
+        "rshape", "into_x", "nothing",
     )  # fmt: skip
 
-    def __init__(self, spec: OpSpec, x: np.ndarray, sig: tuple[Any, ...], epoch: int) -> None:
+    def __init__(
+        self, spec: OpSpec, x: np.ndarray, sig: tuple[Any, ...], epoch: int,
+        result: Any = BY_KIND, into_x: bool = False,
+    ) -> None:  # fmt: skip
         self.npdt = x.dtype
         self.shape = x.shape
         self.dt: DType = spec.dtype
@@ -75,6 +88,17 @@ class Express:
         self.group = spec.group
         self.in_place = spec.in_place
         self.epoch = epoch
+        #: The shape of a new result (``out`` None): the whole way's result's (``result``;
+        #: None: this rank gets None, a reduce's or a gather's off the root), or by the
+        #: kind (a flat array, or ``x``'s shape); ``_SAME`` where that is the flat output.
+        if result is BY_KIND:
+            rshape: Any = (self.out_count,) if x.ndim == 1 or self.kind in _FLAT else x.shape
+        else:
+            rshape = None if result is None else tuple(result.shape)
+        self.rshape = _SAME if rshape == (self.out_count,) else rshape
+        #: A scatter's receiver: ``x`` is where its part lands, and its input is empty.
+        self.into_x = into_x
+        self.nothing = np.empty(0, dtype=x.dtype) if into_x else None
         #: The lane's part, made by the lane at the first repeat: None until then, False
         #: when the lane does not run this shape.
         self.lane_shape: LaneShape | bool | None = None
@@ -139,9 +163,16 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     if priority.__class__ is not int or not -(1 << 31) <= priority < 1 << 31:
         return None
     flat = x if x.ndim == 1 else x.reshape(-1)
+    result: Any
     if out is None:
-        o = np.empty(ex.out_count, dtype=ex.npdt)
-        result: Any = o if x.ndim == 1 or ex.kind in _FLAT else o.reshape(ex.shape)
+        if ex.into_x:  # a scatter's receiver: its part lands in x
+            if not x.flags.writeable:
+                return None
+            o, flat, result = flat, ex.nothing, x.reshape(ex.shape)
+        else:
+            o = np.empty(ex.out_count, dtype=ex.npdt)
+            rs = ex.rshape
+            result = o if rs is _SAME else None if rs is None else o.reshape(rs)
     else:
         o, in_place = checks.output(x, out)  # as the whole way checks it
         if in_place != ex.in_place:
@@ -166,18 +197,25 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     return handle
 
 
-def run(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priority: Any) -> Any:
-    """A blocking repeat of ``ex`` (the blocking ``allreduce``): its result, or None when
-    something unusual needs the whole way (nothing was taken then).
+#: What :func:`run` returns when nothing was taken (a result may be None: a reduce's
+#: off the root).
+MISSED: Any = object()
 
-    An op of a plain lane shape (no copy of its input, no scratch) is entered into the
+
+def run(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priority: Any) -> Any:
+    """A blocking repeat of ``ex`` (the blocking ``allreduce``, ``broadcast``, ``reduce``,
+    ...): its result, or :data:`MISSED` when something unusual needs the whole way
+    (nothing was taken then).
+
+    An op of a quick lane shape (no copy of its input, no scratch, a WORK buffer of a few
+    elements at most: ``LaneShape.quick``) is entered into the
     lane and driven to its end in one hold of the loop's lock, with no handle, spec or
     lane op made for it (:func:`now`), as ``MPI_Allreduce`` makes no request.  One that
     does not end there (its peers are late, or anything needs Python) gets them then,
     and is waited for as ``start(...).wait()`` would."""
     r = now(svc, ex, name, x, out, priority)
     if r is None:
-        return None
+        return MISSED
     return r[0] if r[1] is None else r[1].wait()
 
 
@@ -195,7 +233,7 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     if (
         shape is None
         or shape is False
-        or not shape.plain  # type: ignore[union-attr]
+        or not shape.quick  # type: ignore[union-attr]
         or svc._closed
         or loop.fatal is not None
         or loop.late_errors
@@ -206,9 +244,16 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     if priority.__class__ is not int or not -(1 << 31) <= priority < 1 << 31:
         return None
     flat = x if x.ndim == 1 else x.reshape(-1)
+    result: Any
     if out is None:
-        o = np.empty(ex.out_count, dtype=ex.npdt)
-        result: Any = o if x.ndim == 1 or ex.kind in _FLAT else o.reshape(ex.shape)
+        if ex.into_x:  # a scatter's receiver: its part lands in x
+            if not x.flags.writeable:
+                return None
+            o, flat, result = flat, ex.nothing, x.reshape(ex.shape)
+        else:
+            o = np.empty(ex.out_count, dtype=ex.npdt)
+            rs = ex.rshape
+            result = o if rs is _SAME else None if rs is None else o.reshape(rs)
     else:
         o, in_place = checks.output(x, out)  # as the whole way checks it
         if in_place != ex.in_place:
@@ -234,12 +279,18 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
 
 
 def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
-             sig: tuple[Any, ...]) -> None:  # fmt: skip
-    """After a whole-way allreduce: keep its record if a repeat can take the express path."""
+             sig: tuple[Any, ...], result: Any = BY_KIND,
+             into_x: bool = False) -> None:  # fmt: skip
+    """After a whole-way op: keep its record if a repeat can take the express path
+    (``result``: the whole way's result, whose shape a repeat's new result takes)."""
+    try:
+        hash(key)
+    except TypeError:  # something given was unhashable (a 0-d array as a weight): no record
+        return
     table = svc._express
     if len(table) >= MAX_RECORDS:
         table.clear()
-    table[key] = Express(spec, x, sig, tuning.EPOCH[0])
+    table[key] = Express(spec, x, sig, tuning.EPOCH[0], result, into_x)
 
 
 # ---------------------------------------------------------------- daemon mode (thin path)

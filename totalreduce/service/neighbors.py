@@ -19,7 +19,7 @@ from ..engine.payload import OpSpec
 from ..errors import InvalidArgumentError
 from ..group import Group
 from ..kernels import axpy_into, copy_into, scale_into
-from . import checks
+from . import checks, express
 from .checks import as_array
 from .handle import Handle
 from .ops import cached_edge, cached_neighbor_allgather, cached_neighbor_allreduce, compile_op
@@ -32,6 +32,7 @@ from .weights import (
     neighbor_ranks,
     neighbor_weights,
     resolve_topology,
+    static_graph,
 )
 
 
@@ -67,6 +68,16 @@ class NeighborOps(OpSubmitter):
         call.  A send/receive pattern that does not match between ranks fails
         on the ranks involved, naming them.
         """
+        key = None
+        if name is not None and step is None and dtype is None:
+            # A repeat of a shape this name had: the express path (service/express.py).
+            key = _neighbor_key(name, topology, out is x, self_weight, src_weights, dst_weights)
+            if key is not None:
+                ex = express.lookup(self._express, key, x)
+                if ex is not None:
+                    h = express.start(self, ex, name, x, out, priority)
+                    if h is not None:
+                        return h
         arr, dt = as_array(x, "x", dtype)
         checks.floating(dt)
         self._check_open()
@@ -112,6 +123,18 @@ class NeighborOps(OpSubmitter):
         except (ValueError, TypeError) as exc:
             self._names.ended(op_name)
             raise InvalidArgumentError(f"neighbor_allreduce {op_name!r} step {t}: {exc}") from None
+        # A record where the schedule is the same at every step: a static graph's, or the
+        # weights given with their destinations (the topology and step then play no part).
+        if key is not None and (
+            arr is not x
+            or name.__class__ not in (str, int)
+            or edge_topo is not None
+            or not (
+                (src_weights is not None and dst_weights is not None)
+                or static_graph(topology or DEFAULT_TOPOLOGY, self.size)
+            )
+        ):
+            key = None
         return self._simple(
             kind=OpKind.NEIGHBOR_ALLREDUCE,
             x=arr,
@@ -126,7 +149,47 @@ class NeighborOps(OpSubmitter):
             schedule=sched,
             result=o.reshape(arr.shape),
             reserved=(op_name, gen),
+            express_key=key,
+            express_sig=("neighbor_allreduce", dt.name.lower(), n, "avg", 0),
+            express_result=True,
         )
+
+    def _neighbor_allreduce_direct(self, x: Any, name: str | int | None = None,
+                                   **kw: Any) -> Any:  # fmt: skip
+        """The blocking ``neighbor_allreduce``: a repeat the compiled lane runs is entered
+        and driven to its end in this call, with no handle (``express.run``); anything
+        else is ``neighbor_allreduce_async(...).wait()``."""
+        if name is not None and kw.keys() <= _NAR_KW:
+            get = kw.get
+            if get("step") is None and get("dtype") is None:
+                out = get("out")
+                key = _neighbor_key(
+                    name, get("topology"), out is x, get("self_weight"), get("src_weights"),
+                    get("dst_weights"),
+                )  # fmt: skip
+                ex = None if key is None else express.lookup(self._express, key, x)
+                if ex is not None:
+                    got = express.run(self, ex, name, x, out, get("priority", 0))
+                    if got is not express.MISSED:
+                        return got
+        return self.neighbor_allreduce_async(x, name, **kw).wait()
+
+    def _neighbor_allgather_direct(self, x: Any, name: str | int | None = None,
+                                   **kw: Any) -> Any:  # fmt: skip
+        """The blocking ``neighbor_allgather``, as :meth:`_neighbor_allreduce_direct` is
+        ``neighbor_allreduce``'s."""
+        if name is not None and kw.keys() <= _NAG_KW:
+            get = kw.get
+            if get("step") is None and get("dtype") is None:
+                key = _neighbor_key(
+                    name, get("topology"), False, None, get("src_ranks"), get("dst_ranks"), "nag"
+                )
+                ex = None if key is None else express.lookup(self._express, key, x)
+                if ex is not None:
+                    got = express.run(self, ex, name, x, None, get("priority", 0))
+                    if got is not express.MISSED:
+                        return got
+        return self.neighbor_allgather_async(x, name, **kw).wait()
 
     def neighbor_allgather_async(
         self,
@@ -145,6 +208,16 @@ class NeighborOps(OpSubmitter):
         ``step`` (default: this op's generation), or from ``src_ranks`` and
         ``dst_ranks`` given per call.  All ranks pass arrays of the same shape.
         """
+        key = None
+        if name is not None and step is None and dtype is None:
+            # A repeat of a shape this name had: the express path (service/express.py).
+            key = _neighbor_key(name, topology, False, None, src_ranks, dst_ranks, "nag")
+            if key is not None:
+                ex = express.lookup(self._express, key, x)
+                if ex is not None:
+                    h = express.start(self, ex, name, x, None, priority)
+                    if h is not None:
+                        return h
         arr, dt = as_array(x, "x", dtype)
         self._check_open()
         prio = checks.priority(priority)
@@ -164,6 +237,15 @@ class NeighborOps(OpSubmitter):
                 arr, dt, out, False, name, (op_name, gen), prio, dict.fromkeys(src, 1.0),
                 dict.fromkeys(dst, 1.0), None,
             )  # fmt: skip
+        if key is not None and (  # as neighbor_allreduce_async keeps its record
+            arr is not x
+            or name.__class__ not in (str, int)
+            or not (
+                (src_ranks is not None and dst_ranks is not None)
+                or static_graph(topology or DEFAULT_TOPOLOGY, self.size)
+            )
+        ):
+            key = None
         return self._simple(
             kind=OpKind.NEIGHBOR_ALLGATHER,
             x=arr,
@@ -178,6 +260,9 @@ class NeighborOps(OpSubmitter):
             schedule=sched,
             result=out.reshape((len(src), *arr.shape)),
             reserved=(op_name, gen),
+            express_key=key,
+            express_sig=("neighbor_allgather", dt.name.lower(), n, "sum", 0),
+            express_result=True,
         )
 
     def _thin_exchange(
@@ -483,6 +568,41 @@ class NeighborOps(OpSubmitter):
             dst_weights={m * L + local: w for m, w in dst.items()},
         )
         return self._world_group, AlgorithmCode.NEIGHBOR, sched
+
+
+def _given(weights: Any) -> Any:
+    """Weights (or ranks) given to a neighbor op, as part of an express key: None, the
+    items of a dict, the ranks of a list or tuple; ``_UNUSUAL`` for anything else."""
+    if weights is None:
+        return None
+    c = weights.__class__
+    if c is dict:
+        return ("d", *weights.items())
+    if c is list or c is tuple:
+        return ("l", *weights)
+    return _UNUSUAL
+
+
+_UNUSUAL: Any = object()
+#: The keyword arguments of a blocking repeat its direct path looks at (others: the
+#: ``_async`` form's way).
+_NAR_KW = frozenset(
+    {"topology", "step", "self_weight", "src_weights", "dst_weights", "out", "dtype", "priority"}
+)
+_NAG_KW = frozenset({"topology", "step", "src_ranks", "dst_ranks", "dtype", "priority"})
+
+
+def _neighbor_key(
+    name: Any, topology: Any, in_place: bool, self_weight: Any, src: Any, dst: Any,
+    kind: str = "nar",
+) -> tuple[Any, ...] | None:  # fmt: skip
+    """The express key of a neighbor op's call (None: it goes the whole way): everything
+    it was given that shapes it, the weights' values included (a repeat given other
+    weights, or the same dict changed since, is another key)."""
+    s, d = _given(src), _given(dst)
+    if s is _UNUSUAL or d is _UNUSUAL:
+        return None
+    return (kind, name, topology, in_place, self_weight, s, d)
 
 
 def machine_weights(

@@ -22,7 +22,7 @@ from ..algorithms.codes import OpKind
 from ..dtypes import DType, ReduceOp
 from ..errors import InvalidArgumentError
 from ..group import Group
-from . import checks
+from . import checks, express
 from .checks import as_array
 from .handle import Handle
 from .ops import compile_op
@@ -34,6 +34,16 @@ def _int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgumentError(f"{what} must be an int, got {value!r}")
     return int(value)
+
+
+#: The keyword arguments a blocking repeat may be given and still take its record.
+_PRIORITY = frozenset({"priority"})
+_OP_PRIORITY = frozenset({"op", "priority"})
+
+
+def _named(name: Any) -> bool:
+    """Can a repeat under ``name`` take the express path (a str or int name)?"""
+    return name.__class__ in (str, int)
 
 
 def _root(op: str, root: Any, grp: Group) -> int:
@@ -78,6 +88,14 @@ class RootedOps(OpSubmitter):
         the result, ``out=x`` reduces in place.  With a ``group``, ``root`` is a
         rank of the group.
         """
+        plain = out is None and group is None and dtype is None and root.__class__ is int
+        if plain and name is not None:
+            # A repeat of a shape this name had: the express path (service/express.py).
+            ex = express.lookup(self._express, ("red", name, root, op, 0), x)
+            if ex is not None:
+                h = express.start(self, ex, name, x, None, priority)
+                if h is not None:
+                    return h
         arr, dt = as_array(x, "x", dtype)
         rop = checks.reduce_op(op, dt, "reduce")
         grp, me = self._group(group)
@@ -102,7 +120,60 @@ class RootedOps(OpSubmitter):
         return self._simple(
             kind=OpKind.REDUCE, x=arr, dtype=dt, out=o, in_place=in_place, name=name, op=rop,
             priority=priority, group=grp, code=code, schedule=sched, param=r, result=result,
+            express_key=(
+                ("red", name, root, op, 0)
+                if plain and arr is x and _named(name) and op.__class__ in (str, ReduceOp)
+                else None
+            ),
+            express_result=True,
         )  # fmt: skip
+
+    def _reduce_direct(self, x: Any, root: int = 0, name: str | int | None = None,
+                       **kw: Any) -> Any:  # fmt: skip
+        """The blocking ``reduce``: a repeat (``out``, ``group`` and ``dtype`` not given) is
+        entered into the compiled lane and driven to its end in this call, with no handle
+        (``express.run``); anything else is ``reduce_async(...).wait()``."""
+        if name is not None and root.__class__ is int and kw.keys() <= _OP_PRIORITY:
+            key = ("red", name, root, kw.get("op", "sum"), 0)
+            ex = express.lookup(self._express, key, x)
+            if ex is not None:
+                got = express.run(self, ex, name, x, None, kw.get("priority", 0))
+                if got is not express.MISSED:
+                    return got
+        return self.reduce_async(x, root, name, **kw).wait()
+
+    def _gather_direct(self, x: Any, root: int = 0, name: str | int | None = None,
+                       **kw: Any) -> Any:  # fmt: skip
+        """The blocking ``gather``, as :meth:`_reduce_direct` is ``reduce``'s."""
+        if name is not None and root.__class__ is int and kw.keys() <= _PRIORITY:
+            ex = express.lookup(self._express, ("ga", name, root), x)
+            if ex is not None:
+                got = express.run(self, ex, name, x, None, kw.get("priority", 0))
+                if got is not express.MISSED:
+                    return got
+        return self.gather_async(x, root, name, **kw).wait()
+
+    def _scatter_direct(self, x: Any, root: int = 0, name: str | int | None = None,
+                        **kw: Any) -> Any:  # fmt: skip
+        """The blocking ``scatter``, as :meth:`_reduce_direct` is ``reduce``'s."""
+        if name is not None and root.__class__ is int and kw.keys() <= _PRIORITY:
+            ex = express.lookup(self._express, ("sc", name, root), x)
+            if ex is not None:
+                got = express.run(self, ex, name, x, None, kw.get("priority", 0))
+                if got is not express.MISSED:
+                    return got
+        return self.scatter_async(x, root, name, **kw).wait()
+
+    def _alltoall_direct(self, x: Any, name: str | int | None = None, **kw: Any) -> Any:
+        """The blocking ``alltoall`` (equal parts, no ``out``, ``group`` or ``dtype``), as
+        :meth:`_reduce_direct` is ``reduce``'s."""
+        if name is not None and kw.keys() <= _PRIORITY:
+            ex = express.lookup(self._express, ("a2a", name), x)
+            if ex is not None:
+                got = express.run(self, ex, name, x, None, kw.get("priority", 0))
+                if got is not express.MISSED:
+                    return got
+        return self.alltoall_async(x, name, **kw).wait()
 
     def gather_async(
         self,
@@ -121,6 +192,14 @@ class RootedOps(OpSubmitter):
         Every rank passes the same shape and dtype; ``out`` (the root's only) holds
         ``P * x.size`` elements.
         """
+        plain = out is None and group is None and dtype is None and root.__class__ is int
+        if plain and name is not None:
+            # A repeat of a shape this name had: the express path (service/express.py).
+            ex = express.lookup(self._express, ("ga", name, root), x)
+            if ex is not None:
+                h = express.start(self, ex, name, x, None, priority)
+                if h is not None:
+                    return h
         arr, dt = as_array(x, "x", dtype)
         grp, me = self._group(group)
         r = _root("gather", root, grp)
@@ -147,6 +226,8 @@ class RootedOps(OpSubmitter):
             kind=OpKind.GATHER, x=arr, dtype=dt, out=o, in_place=False, name=name,
             op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched, param=r,
             result=result,
+            express_key=("ga", name, root) if plain and arr is x and _named(name) else None,
+            express_result=True,
         )  # fmt: skip
 
     def scatter_async(
@@ -167,6 +248,14 @@ class RootedOps(OpSubmitter):
         as ``out=`` would be) unless ``out`` is given.  Every rank's part has the
         same number of elements.
         """
+        plain = out is None and group is None and dtype is None and root.__class__ is int
+        if plain and name is not None:
+            # A repeat of a shape this name had: the express path (service/express.py).
+            ex = express.lookup(self._express, ("sc", name, root), x)
+            if ex is not None:
+                h = express.start(self, ex, name, x, None, priority)
+                if h is not None:
+                    return h
         arr, dt = as_array(x, "x", dtype)
         grp, me = self._group(group)
         r = _root("scatter", root, grp)
@@ -200,6 +289,10 @@ class RootedOps(OpSubmitter):
             kind=OpKind.SCATTER, x=src, dtype=dt, out=o, in_place=False, name=name,
             op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched, param=r,
             result=o.reshape(shape), count=n,
+            express_key=(
+                ("sc", name, root) if plain and arr is x and arr.size and _named(name) else None
+            ),
+            express_array=arr, express_result=True, express_into_x=me != r,
         )  # fmt: skip
 
     def alltoall_async(
@@ -222,6 +315,17 @@ class RootedOps(OpSubmitter):
         sizes); the two ranks of each pair must agree, or both fail naming the
         counts.  ``out=x`` works (the input is copied first).
         """
+        plain = (
+            splits is None and recv_splits is None and out is None and group is None
+            and dtype is None
+        )  # fmt: skip
+        if plain and name is not None:
+            # A repeat of a shape this name had: the express path (service/express.py).
+            ex = express.lookup(self._express, ("a2a", name), x)
+            if ex is not None:
+                h = express.start(self, ex, name, x, None, priority)
+                if h is not None:
+                    return h
         arr, dt = as_array(x, "x", dtype)
         grp, me = self._group(group)
         p = grp.size
@@ -267,12 +371,15 @@ class RootedOps(OpSubmitter):
                 parts=(*send, *recv), cut=max(arr.nbytes, o.nbytes) if equal else 0,
             )  # fmt: skip
         result = o.reshape(arr.shape) if equal and out is None else o
-        return self._alltoall(arr, dt, o, in_place, name, priority, grp, send, recv, result, equal)
+        return self._alltoall(
+            arr, dt, o, in_place, name, priority, grp, send, recv, result, equal,
+            express_key=("a2a", name) if plain and arr is x and _named(name) else None,
+        )  # fmt: skip
 
     def _alltoall(
         self, arr: np.ndarray, dt: DType, o: np.ndarray, in_place: bool, name: str | int | None,
         priority: Any, grp: Group, send: list[int], recv: list[int], result: Any, equal: bool,
-        passive: bool = False,
+        passive: bool = False, express_key: tuple[Any, ...] | None = None,
     ) -> Handle:  # fmt: skip
         """The engine's all-to-all of checked arguments; ``passive``: it may wait for ever
         (a node's service's part of a window's standing receive: no stall warnings)."""
@@ -288,7 +395,7 @@ class RootedOps(OpSubmitter):
             kind=OpKind.ALLTOALL, x=arr, dtype=dt, out=o, in_place=in_place, name=name,
             op=ReduceOp.SUM, priority=priority, group=grp, code=code, schedule=sched,
             param=0 if equal else 1, result=result, count=int(arr.size) if equal else 0,
-            passive=passive,
+            passive=passive, express_key=express_key, express_result=True,
         )  # fmt: skip
 
     def _p2p(self, what: str, peer: Any, tag: Any, sending: bool) -> tuple[int, str, Group]:

@@ -172,8 +172,16 @@ class OpSubmitter:
         passive: bool = False,
         express_key: tuple[Any, ...] | None = None,
         express_array: np.ndarray | None = None,
+        express_sig: tuple[Any, ...] | None = None,
+        express_result: bool = False,
+        express_into_x: bool = False,
     ) -> Handle:
-        """Name (unless ``reserved`` already), launch and return the handle of a one-phase op."""
+        """Name (unless ``reserved`` already), launch and return the handle of a one-phase op.
+
+        ``express_key``: keep an express record under it (``service/express.py``); its name's
+        signature ``express_sig`` where the name is ``reserved``; ``express_result``: a
+        repeat's new result takes ``result``'s shape (else the kind says it);
+        ``express_into_x``: a scatter's receiver (its ``x`` is the output)."""
         self._check_open()
         prio = checks.priority(priority)
         if reserved is None:
@@ -201,11 +209,15 @@ class OpSubmitter:
             count=count,
         )
         spec.passive = passive
-        if express_key is not None and reserved is None:  # repeats take the express path
-            from .express import remember
+        if express_key is not None and (reserved is None or express_sig is not None):
+            from . import express  # repeats take the express path
 
             # the record keeps the caller's array's shape (``x`` may be its flat view)
-            remember(self, express_key, spec, x if express_array is None else express_array, sig)
+            express.remember(
+                self, express_key, spec, x if express_array is None else express_array,
+                sig if express_sig is None else express_sig,
+                result if express_result else express.BY_KIND, express_into_x,
+            )  # fmt: skip
         self._submit(spec, handle)
         return handle
 

@@ -45,6 +45,18 @@ def edge_topology(topology: Any) -> bool:
     return isinstance(topology, Topology)
 
 
+def static_graph(topology: Any, size: int) -> bool:
+    """Is this topology (a name or an object) a static graph, the same weights at every
+    step (so an op's schedule on it does not depend on the step)?"""
+    from ..topology.graph_model import Graph
+
+    try:
+        topo = resolve_topology(topology, size)
+    except Exception:  # noqa: BLE001 - not one: the op goes the whole way every time
+        return False
+    return isinstance(topo, Graph) and topo.period == 1
+
+
 def graph_weights(
     topology: Any, rank: int, step: int
 ) -> tuple[float, dict[int, float], dict[int, float]]:
