@@ -70,6 +70,9 @@ from ..protocol import (  # the binding record's words: declared with the protoc
     B_TESTSOME,
     B_UNDEFINED,
 )
+from ..protocol import B_KIND as B_KIND  # re-exported: the world modules read them here
+from ..protocol import KIND_LOCAL as KIND_LOCAL
+from ..protocol import KIND_MPI as KIND_MPI
 
 # ---------------------------------------------------------------------------- the record
 
