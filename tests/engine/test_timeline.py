@@ -57,3 +57,28 @@ def test_the_lanes_ops_are_recorded_as_ops(tmp_path) -> None:
             life = [e for e in events if e.get("name") == f"l{n}" and e.get("cat") == "op"]
             assert len(life) == 1 and life[0]["args"]["status"] == "done", life
             assert life[0]["args"]["submitted_us"] >= 0 and life[0]["dur"] > 0
+
+
+def test_a_traced_repeat_takes_the_untraced_route_and_shows_in_the_timeline(tmp_path) -> None:
+    """The timeline is a sink on the express route: a traced 4 KiB repeat enters the lane
+    from the calling thread exactly as an untraced one does (``lane_express`` counts both),
+    and every repeat still appears as an op with its life."""
+    n_ops = 50
+
+    def rank_main(s):
+        x = np.ones(1024, np.float32)
+        before = s.loop.stats.lane_express
+        for _ in range(n_ops):
+            s.allreduce(x, name="rep")
+        return s.loop.stats.lane_express - before
+
+    counts = {}
+    for traced in (False, True):
+        opts = {"timeline": str(tmp_path / "tl")} if traced else {}
+        with local_services(2, **opts) as svcs:
+            counts[traced] = run_ranks(svcs, rank_main)
+    # the first op of the name goes the whole way; the repeats, traced or not, the express way
+    assert counts[True] == counts[False] and min(counts[True]) >= n_ops - 2, counts
+    for f in sorted(tmp_path.glob("tl.*.json")):
+        life = [e for e in load(f) if e.get("name") == "rep" and e.get("cat") == "op"]
+        assert len(life) == n_ops and all(e["args"]["status"] == "done" for e in life), life[:2]

@@ -161,7 +161,6 @@ class LaneHooks:
             or holder.lane_shape is False
             or self.submissions  # ops queued before this one enter first
             or self.bad_peers
-            or self.trace is not None
             or self._held
             or lane.mem[L.C_FULL]
             or not self._express_lock(lane)
@@ -195,6 +194,8 @@ class LaneHooks:
                 if lop is None:
                     return None
                 self.stats.lane_express += 1
+                if self.trace is not None:  # the timeline is a sink on this route too
+                    self.trace.op(spec.name, spec.generation, "submitted", spec.priority)
             except Exception:  # the usual path fails the op properly, naming the cause
                 log.exception("rank %d: the lane's express entry failed", self.rank)
                 return None
@@ -228,7 +229,6 @@ class LaneHooks:
             lane is None
             or self.submissions
             or self.bad_peers
-            or self.trace is not None
             or self._held
             or self.table
             or self._dirty
@@ -262,9 +262,14 @@ class LaneHooks:
             if slot < 0:
                 return None
             self.stats.lane_express += 1
+            trace = self.trace
+            if trace is not None:  # the timeline is a sink on this route too
+                trace.op(name, key[1], "submitted", priority)
             if r == 2:  # it ended well, the one op done: taken out of the table
                 self._remember(self.completed, key, ((name, key[1]), group, (), _NONE))
                 self.stats.ops_completed += 1
+                if trace is not None:
+                    trace.op(name, key[1], "done", priority)
                 return True
             handle, spec = make(*args)
             lop = lane.adopt(spec, slot, seq)
