@@ -315,7 +315,9 @@ C_FLOATBYTES = 103  # bytes held for ops not submitted here: slots and announcem
 C_FLOATPEAK = 104  # the most of those held at once
 C_PASSIVE = 105  # standing receives among the ops in the table (a window's: they may wait
 #                  for ever, and keep no thread polling)
-C_LEN = 106
+C_KTAB = 106  # mem offset of the kernel table: K_KINDS rows of K_TYPES C addresses (0: none
+#               yet: Python fills a type's kernels when a plan of that type is first made)
+C_LEN = 107
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0
@@ -480,6 +482,15 @@ L_NBYTES = 5
 L_DIV = 6
 L_W = 7  # a SCALE or ACCUMULATE's weight (the bits of a float64)
 L_N = 8
+
+# -- the kernel table: mem[ktab + K_* * K_TYPES + dtype code] (kernels/raw_calls.py) -----
+K_REDUCE = 0  # (dst, src, n, op): dst (op)= src
+K_REDUCE3 = 1  # (dst, a, b, n, op): dst = a (op) b (the native sums in one pass)
+K_AVERAGE = 2  # (dst, n, divisor): dst /= divisor
+K_SCALE = 3  # (dst, src, n, weight): dst = weight * src
+K_ACCUMULATE = 4  # (dst, src, n, weight): dst += weight * src
+K_KINDS = 5
+K_TYPES = 11  # DType codes 1..10
 
 # Schedule codes, repeated (algorithms.schedule.Action / LocalKind).
 ACT_COPY = 1

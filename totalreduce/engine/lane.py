@@ -195,6 +195,7 @@ class Lane(LanePlans, LaneGrowth):
             ("defer", stkcap * 2),
             ("ann", anncap * L.A_N),
             ("annfree", anncap),
+            ("ktab", L.K_KINDS * L.K_TYPES),
         ]
         off = L.C_LEN
         at = {}
@@ -214,6 +215,9 @@ class Lane(LanePlans, LaneGrowth):
         mem[L.C_ANN] = at["ann"]
         mem[L.C_ANNCAP] = anncap
         mem[L.C_ANNFREE] = at["annfree"]
+        mem[L.C_KTAB] = at["ktab"]
+        #: Element types whose kernels are in the table (``need_kernels``).
+        self._kernel_types: set[int] = set()
         mem[L.C_MICRO] = micro_bytes
         mem[L.C_TAG] = LANE_TAG
         mem[L.C_SEGCAP] = SEGCAP
@@ -628,6 +632,18 @@ class Lane(LanePlans, LaneGrowth):
 
     def drop_floating(self, key: tuple[int, int]) -> int:
         return int(core.lane_drop_floating(self.mem, _signed(key[0]), key[1]))
+
+    def need_kernels(self, dtype: DType) -> None:
+        """Put the kernels of ``dtype`` in the lane's table: compiled (or loaded from Numba's
+        cache) the first time this process reduces that type (``kernels/raw_calls.py``)."""
+        dt = int(dtype)
+        if dt in self._kernel_types:
+            return
+        from ..kernels.raw_calls import addresses
+
+        for kind, addr in addresses(dt).items():
+            self.mem[int(self.mem[L.C_KTAB]) + kind * L.K_TYPES + dt] = addr
+        self._kernel_types.add(dt)
 
     def drop_peer(self, peer: int) -> int:
         """``peer`` is bad: its messages are dropped from now on, and what it left

@@ -9,6 +9,8 @@ and for a large op where each large receive lands (the op's scratch, or in place
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .. import protocol as L
@@ -142,6 +144,8 @@ def _bits(weight: float) -> int:
 class LanePlans:
     """``prog``: the compiled plans and groups of a lane, appended as new shapes come."""
 
+    need_kernels: Callable[[DType], None]  # the lane's: a type's kernels into its table
+
     def __init__(self, micro_bytes: int, segment_bytes: int, body_tag: int) -> None:
         self.micro = micro_bytes
         self.segment_bytes = segment_bytes
@@ -184,6 +188,7 @@ class LanePlans:
                 return -1
             if spec.kind is OpKind.NEIGHBOR_ALLREDUCE and dt not in _FLOAT_TYPES:
                 return -1  # (weights: the main loop says what it does with integers)
+            self.need_kernels(dt)
         isz = dt.itemsize
         nbytes = spec.count * isz
         seg = max(self.micro, 8)

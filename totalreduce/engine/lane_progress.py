@@ -11,14 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..kernels.raw import (
-    accumulate_raw,
-    average_raw,
-    copy_raw,
-    reduce3_raw,
-    reduce_raw,
-    scale_raw,
-)
+from ..kernels.raw import copy_raw
+from ..native.intrinsics import ccall_i32
 from ..native.libc import memcpy, now_ns
 from ..protocol import *  # noqa: F403 - the protocol's words and fields
 from ..transport.mpi_native import B_HANDLE_BYTES, mpi_isend
@@ -39,6 +33,15 @@ from .lane_tables import (
 )
 
 # ------------------------------------------------------------------ op progress
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _kernel(mem, kind, dt):
+    """The C address of the kernel ``kind`` of element type ``dt`` (0: none, or not made
+    yet: the caller fails the op with EV_KERNEL rather than calling it)."""
+    if dt <= 0 or dt >= K_TYPES:
+        return np.int64(0)
+    return mem[mem[C_KTAB] + kind * K_TYPES + dt]
 
 
 @njit(nogil=True, cache=True)
@@ -113,17 +116,14 @@ def _locals(mem, prog, slot, first, n):
             src = mem[o + O_IN + prog[r + L_SBUF]] + prog[r + L_SOFF]
             copy_raw(dst, src, prog[r + L_NBYTES])
         elif kind == LK_AVERAGE:
-            if average_raw(dt, dst, prog[r + L_NBYTES] // isz, prog[r + L_DIV]) < 0:
+            k = _kernel(mem, K_AVERAGE, dt)
+            if k == 0 or ccall_i32(k, (dst, prog[r + L_NBYTES] // isz, prog[r + L_DIV])) < 0:
                 return -1
         elif kind == LK_SCALE or kind == LK_ACCUMULATE:
             src = mem[o + O_IN + prog[r + L_SBUF]] + prog[r + L_SOFF]
             w = np.int64(prog[r + L_W]).view(np.float64)
-            n = prog[r + L_NBYTES] // isz
-            if kind == LK_SCALE:
-                rc = scale_raw(dt, dst, src, n, w)
-            else:
-                rc = accumulate_raw(dt, dst, src, n, w)
-            if rc < 0:
+            k = _kernel(mem, K_SCALE if kind == LK_SCALE else K_ACCUMULATE, dt)
+            if k == 0 or ccall_i32(k, (dst, src, prog[r + L_NBYTES] // isz, w)) < 0:
                 return -1
         else:
             return -1
@@ -249,17 +249,28 @@ def _apply(mem, prog, arena, slot, q, body):
     elif prog[r + G_ACTION] == ACT_ACCUMULATE:
         isz = prog[mem[o + O_PLAN] + PL_ISZ]
         w = np.int64(prog[r + G_W]).view(np.float64)
-        if accumulate_raw(mem[o + O_DT], dst, body, n // isz, w) < 0:
+        k = _kernel(mem, K_ACCUMULATE, mem[o + O_DT])
+        if k == 0 or ccall_i32(k, (dst, body, n // isz, w)) < 0:
             _fail(mem, prog, arena, slot)
             _event(mem, arena, EV_KERNEL, slot, -1, 0, 0, 0)
             return
     else:
         isz = prog[mem[o + O_PLAN] + PL_ISZ]
-        if prog[r + G_SBUF] >= 0:
-            src = mem[o + O_IN + prog[r + G_SBUF]] + prog[r + G_SOFF]
-            rc = reduce3_raw(mem[o + O_DT], mem[o + O_ROP], dst, src, body, n // isz)
-        else:
-            rc = reduce_raw(mem[o + O_DT], mem[o + O_ROP], dst, body, n // isz)
+        dt = mem[o + O_DT]
+        rop = mem[o + O_ROP]
+        k = _kernel(mem, K_REDUCE, dt)
+        rc = -1
+        if k != 0:
+            if prog[r + G_SBUF] >= 0:
+                src = mem[o + O_IN + prog[r + G_SBUF]] + prog[r + G_SOFF]
+                k3 = _kernel(mem, K_REDUCE3, dt)
+                if k3 != 0:  # one pass over memory
+                    rc = ccall_i32(k3, (dst, src, body, n // isz, rop))
+                else:
+                    copy_raw(dst, src, n)
+                    rc = ccall_i32(k, (dst, body, n // isz, rop))
+            else:
+                rc = ccall_i32(k, (dst, body, n // isz, rop))
         if rc < 0:
             _fail(mem, prog, arena, slot)
             _event(mem, arena, EV_KERNEL, slot, -1, 0, 0, 0)

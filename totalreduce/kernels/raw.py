@@ -58,12 +58,12 @@ DT_F16, DT_F32, DT_F64, DT_I32, DT_I64, DT_BF16, DT_U8, DT_I8, DT_I16, DT_BOOL =
 ITEMSIZE = (0, 2, 4, 8, 4, 8, 2, 1, 1, 2, 1)
 
 
-_OP_SUM = _nk.OP_SUM
-_OP_AVG = _nk.OP_AVG
+OP_SUM = _nk.OP_SUM
+OP_AVG = _nk.OP_AVG
 
 
 @njit(nogil=True, cache=True)
-def _sum3(dst, a, b):
+def sum3(dst, a, b):
     for i in range(dst.shape[0]):
         dst[i] = a[i] + b[i]
 
@@ -78,18 +78,18 @@ def reduce3_raw(dt, op, dst, a, b, n):
     isz = ITEMSIZE[dt] if 0 < dt < len(ITEMSIZE) else 0
     span = n * isz
     apart = (dst + span <= a or a + span <= dst) and (dst + span <= b or b + span <= dst)
-    if apart and (op == _OP_SUM or op == _OP_AVG):
+    if apart and (op == OP_SUM or op == OP_AVG):
         if dt == DT_F32:
-            _sum3(carray(ptr_f32(dst), n), carray(ptr_f32(a), n), carray(ptr_f32(b), n))
+            sum3(carray(ptr_f32(dst), n), carray(ptr_f32(a), n), carray(ptr_f32(b), n))
             return 0
         if dt == DT_F64:
-            _sum3(carray(ptr_f64(dst), n), carray(ptr_f64(a), n), carray(ptr_f64(b), n))
+            sum3(carray(ptr_f64(dst), n), carray(ptr_f64(a), n), carray(ptr_f64(b), n))
             return 0
         if dt == DT_I32:
-            _sum3(carray(ptr_i32(dst), n), carray(ptr_i32(a), n), carray(ptr_i32(b), n))
+            sum3(carray(ptr_i32(dst), n), carray(ptr_i32(a), n), carray(ptr_i32(b), n))
             return 0
         if dt == DT_I64:
-            _sum3(carray(ptr_i64(dst), n), carray(ptr_i64(a), n), carray(ptr_i64(b), n))
+            sum3(carray(ptr_i64(dst), n), carray(ptr_i64(a), n), carray(ptr_i64(b), n))
             return 0
     if isz == 0:
         return -1
