@@ -32,6 +32,10 @@ class NameTable:
         self._lock = threading.Lock()
         self._names: dict[str | int, _NameState] = {}
         self._unnamed = 0
+        #: Bumped by every generation taken here one by one (:meth:`name`, :meth:`take`,
+        #: :meth:`skip`): whoever keeps a copy of a name's next generation (a node service's
+        #: compiled loop) knows from it that the copy may be stale.
+        self.version = 0
 
     def name(self, name: str | int | None, signature: tuple[Any, ...]) -> tuple[str | int, int]:
         """Name and generation of a new op; checks a reused name keeps its shape."""
@@ -58,6 +62,7 @@ class NameTable:
             st.in_flight += 1
             gen = st.next_generation
             st.next_generation += 1
+            self.version += 1
             return name, gen
         finally:
             lock.release()
@@ -80,9 +85,30 @@ class NameTable:
             st.signature = signature
             gen = st.next_generation
             st.next_generation += 1
+            self.version += 1
             return gen
         finally:
             lock.release()
+
+    def next_generation(self, name: str | int) -> int:
+        """The generation :meth:`name` would give ``name`` next."""
+        st = self._names.get(name)
+        return 0 if st is None else st.next_generation
+
+    def advance(self, name: str | int, first: int, k: int, held: int = 0) -> bool:
+        """``k`` generations of ``name`` from ``first`` were taken outside (a node service's
+        compiled loop, from its copy of :meth:`next_generation`), ``held`` of them still in
+        flight; False, nothing changed, when ``first`` is not the next generation (the
+        copy was stale).  Named ops only; :attr:`version` does not move."""
+        with self._lock:
+            st = self._names.get(name)
+            if st is None:
+                st = self._names[name] = _NameState(False)
+            if st.next_generation != first:
+                return False
+            st.next_generation += k
+            st.in_flight += held
+            return True
 
     def hold(self, name: str | int) -> None:
         """A generation :meth:`take` gave is in flight after all (:meth:`ended` ends it)."""
@@ -117,6 +143,7 @@ class NameTable:
                 st = self._names[name] = _NameState(False)
             gen = st.next_generation
             st.next_generation += 1
+            self.version += 1
             return gen
 
     def start_at(self, name: str | int, generation: int) -> None:
