@@ -29,9 +29,12 @@ from .thin_ops import _SESSION, _error_kind, _Grp, _Op, _Segments, ended_of
 log = logging.getLogger("totalreduce.daemon")
 
 _ALLREDUCE, _BARRIER = int(OpKind.ALLREDUCE), int(OpKind.BARRIER)
-#: The compiled loop's span (it returns to Python at least this often) and its spin after
-#: its last work (as the arena thread's Python spins, ``thin.SPIN_S``).
-LOOP_NS, LOOP_SPIN_NS = 1_000_000, 50_000
+#: The compiled loop's span (it returns to Python at least this often), its spin after
+#: its last work (as the arena thread's Python spins, ``thin.SPIN_S``), and the shortest
+#: first try of an op in the lane (a drive of ``thin.DRIVE_S``, as the Python path drives
+#: an op among the nodes between looks at the rings: a client's descriptor or another
+#: thread's kick ends it sooner).
+LOOP_NS, LOOP_SPIN_NS, LOOP_TRY_NS = 1_000_000, 50_000, 1_000_000
 
 
 class PassOps:
@@ -117,6 +120,7 @@ class PassOps:
             io[SL.IO_MAX_NS] = LOOP_NS
             io[SL.IO_SPIN_NS] = LOOP_SPIN_NS if spin else 0
             io[SL.IO_LSPIN_NS] = rep.spin_ns()
+            io[SL.IO_TRY_NS] = LOOP_TRY_NS
             io[SL.IO_TAKE] = DRIVE_TAKE | DRIVE_OUTER  # a client's descriptor ends a drive
             service_loop.service_pass(
                 fast.buf, fast.lay, self._mem, self.arena.base, rows, shapes.fields,
