@@ -708,3 +708,41 @@ def test_the_arena_thread_spins_after_an_op_among_the_nodes_ends(monkeypatch: An
         assert not [t for t in sleeps if t > ended], "the arena thread slept right after the end"
     finally:
         node.close()
+
+
+def test_one_name_of_two_shapes_in_turn_between_the_loop_and_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two nodes in one process, the service's compiled loop on: one name whose count
+    changes every few steps (its row replaced, its first calls of each shape Python's,
+    the others the loop's) keeps its generations in step with Python's name table: every
+    op exact, none submitted twice, the loop taking most repeats."""
+    from conftest import local_services
+
+    monkeypatch.setenv("TOTALREDUCE_SERVICE_LOOP", "1")
+    counts = [1000] * 5 + [7] * 5 + [1000] * 5 + [7] * 3 + [1000] * 2
+    with local_services(2) as engines:
+        nodes = [Node(1, node=k, nodes=2, engine=engines[k]) for k in (0, 1)]
+        try:
+            for step, n in enumerate(counts):
+                hs = []
+                for k, node in enumerate(nodes):
+                    c = node.clients[0]
+                    x = np.arange(n, dtype=np.float64) * (k + 1) + step
+                    at, staged = c.place(x, fill=x)
+                    h = ThinHandle(c, "g", step, OpKind.ALLREDUCE, np.empty_like(x), lambda: None)
+                    h.hold((staged,), h._result, staged)
+                    hs.append(c.submit(h, wire=99, dtype=DType.FLOAT64, count=n,
+                                       op=ReduceOp.SUM, root=0, priority=0, at_in=at,
+                                       at_out=at, unnamed=False))  # fmt: skip
+                for h in hs:
+                    np.testing.assert_array_equal(
+                        h.wait(30), np.arange(n, dtype=np.float64) * 3 + 2 * step
+                    )
+            took = [_loop_entered(node) for node in nodes]
+            gens = [e._names.next_generation(99) for e in engines]
+        finally:
+            for node in nodes:
+                node.close()
+    assert gens == [len(counts)] * 2, gens
+    assert min(took) >= 6, took  # (each shape's first two calls start from Python)
