@@ -37,7 +37,9 @@ among themselves, in the arena's meeting place, without this thread
 
 Here: the thread and its events, and taking and starting the ops Python has.  Its
 bases: :mod:`.thin_fast` (the compiled pass's side: what it took, and its ops among the
-nodes), :mod:`.thin_meeting` (the meeting's escapes, deaths and stalls),
+nodes; with the service's compiled loop, :mod:`.service_loop`, a repeat among the nodes runs
+from its descriptors to its completion words with no Python), :mod:`.thin_meeting` (the
+meeting's escapes, deaths and stalls),
 :mod:`.thin_ops` (an op of the node, the checks of a descriptor),
 :mod:`.thin_nodes` (the step among the services) and :mod:`.thin_answers` (results,
 completion words and errors back to the clients).
@@ -261,6 +263,8 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
         signal_eventfd(self.eventfd)
         self._thread.join(timeout=5)
         self._fast_shapes.clear()  # (views of the arena: its mapping may go now)
+        if self._loop_shapes is not None:
+            self._loop_shapes.clear()
 
     def _kick(self) -> None:
         self._fast.st[arena_pass.S_KICKED] = 1  # ends a drive among the nodes

@@ -32,9 +32,10 @@ class NameTable:
         self._lock = threading.Lock()
         self._names: dict[str | int, _NameState] = {}
         self._unnamed = 0
-        #: Bumped by every generation taken here one by one (:meth:`name`, :meth:`take`,
-        #: :meth:`skip`): whoever keeps a copy of a name's next generation (a node service's
-        #: compiled loop) knows from it that the copy may be stale.
+        #: Bumped by every change of a name's next generation but :meth:`advance`'s (a
+        #: generation taken, a name started at a generation or forgotten): whoever keeps a
+        #: copy of a name's next generation (a node service's compiled loop) knows from it
+        #: that the copy may be stale.
         self.version = 0
 
     def name(self, name: str | int | None, signature: tuple[Any, ...]) -> tuple[str | int, int]:
@@ -132,6 +133,7 @@ class NameTable:
                 st.in_flight -= 1
                 if st.unnamed and not st.in_flight:
                     del self._names[name]
+                    self.version += 1
         finally:
             lock.release()
 
@@ -153,6 +155,7 @@ class NameTable:
             if st is None:
                 st = self._names[name] = _NameState(False)
             st.next_generation = max(st.next_generation, generation)
+            self.version += 1
 
     def forget(self, name: str | int) -> None:
         """Drop ``name`` once none of its generations is in flight (a name used once)."""
@@ -160,6 +163,7 @@ class NameTable:
             st = self._names.get(name)
             if st is not None and not st.in_flight:
                 del self._names[name]
+                self.version += 1
 
 
 def _sig_text(sig: tuple[Any, ...]) -> str:
