@@ -85,3 +85,23 @@ def test_large_ops_and_backpressure_with_a_small_arena(
               "MISMATCH-PIECES", "AFTER-PIECES", "LARGE-NO-ENGINE"]  # fmt: skip
     arena = str((8 << 20) * local)
     run_mode(tmp_path / "s", nodes, local, "pressure", checks, "--arena-bytes", arena)
+
+
+@pytest.mark.parametrize("local", [1, 2], ids=lambda n: f"2x{n}")
+def test_repeats_among_nodes_take_the_compiled_loop(tmp_path: Path, local: int) -> None:
+    """Two nodes of one and two clients: repeats of an allreduce run in the service's
+    compiled loop (counted there), exact in float16, float32, float64, int32 and int64, for
+    sum, max and avg, of every size class (one element, 4 KB, 1.2 MB: segments in the lane)."""
+    run_mode(tmp_path / "s", 2, local, "loop", ["LOOP-EXACT-ROUTE"])
+
+
+def test_the_compiled_loop_switched_off(tmp_path: Path) -> None:
+    """``TOTALREDUCE_SERVICE_LOOP=0``: the same results, and the loop runs nothing."""
+    served = serve(2, 1, tmp_path / "s", TOTALREDUCE_SERVICE_LOOP="0")
+    try:
+        results = run_clients(served, [WORKER, "loop"], timeout=240, TOTALREDUCE_SERVICE_LOOP="0")
+    finally:
+        status = served.stop()
+    for r, res in enumerate(results):
+        assert f"rank {r}: LOOP-EXACT-ROUTE OK" in res.stdout, res.stdout
+    assert status == 0, served.stderr()

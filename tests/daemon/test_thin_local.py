@@ -517,15 +517,27 @@ def test_an_op_among_the_nodes_is_finished_on_the_arena_thread() -> None:
         node.close()
 
 
-def test_repeats_among_two_nodes_start_from_the_engines_express_record() -> None:
+def _loop_entered(node: Node) -> int:
+    """Repeats the node's service's compiled loop entered among the nodes."""
+    from totalreduce.transport import arena as A
+
+    return int(node.service.arena.header[A.H_LOOP_ENTERED])
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["python", "compiled-loop"])
+def test_repeats_among_two_nodes_start_from_the_engines_express_record(
+    monkeypatch: pytest.MonkeyPatch, loop: bool
+) -> None:
     """Two nodes' services in one process, their engine among the nodes over the in-process
     transport, one client each.  A world allreduce the compiled pass takes goes among the
     nodes; its first call the whole way (``_engine_op``), its repeats straight from the
-    engine's express record of that call (``_fast_repeat``).  Exact results either way,
-    the repeats taken so, and a new shape (another count) or another reduce op the whole
-    way again."""
+    engine's express record of that call (``_fast_repeat``), or, with the service's
+    compiled loop on, from the third call in that loop.  Exact results either way, the
+    repeats taken so, and a new shape (another count) or another reduce op the whole way
+    again."""
     from conftest import local_services
 
+    monkeypatch.setenv("TOTALREDUCE_SERVICE_LOOP", "1" if loop else "0")
     with local_services(2) as engines:
         nodes = [Node(1, node=k, nodes=2, engine=engines[k]) for k in (0, 1)]
         repeats = [0, 0]
@@ -557,29 +569,39 @@ def test_repeats_among_two_nodes_start_from_the_engines_express_record() -> None
                                        at_in=at, at_out=at, unnamed=False))  # fmt: skip
                 return [h.wait(30) for h in hs]
 
+            def took() -> list[int]:  # repeats from Python's express record or the loop
+                return [repeats[k] + _loop_entered(nodes[k]) for k in (0, 1)]
+
             for step in range(6):
                 for got in allreduce("grad", 1000, ReduceOp.SUM, step):
                     np.testing.assert_array_equal(
                         got, np.arange(1000, dtype=np.float32) * 3 + 2 * step
                     )
-            assert repeats == [5, 5], repeats
+            assert took() == [5, 5], (repeats, took())
+            if loop:  # the second call starts from the record, the later ones in the loop
+                assert min(_loop_entered(node) for node in nodes) >= 1, took()
+            else:
+                assert repeats == [5, 5], repeats
             for got in allreduce("grad.b", 7, ReduceOp.MAX, 1):  # another name and shape
                 np.testing.assert_array_equal(got, np.arange(7, dtype=np.float32) * 2 + 1)
-            assert repeats == [5, 5], repeats
+            assert took() == [5, 5], (repeats, took())
             for got in allreduce("grad.b", 7, ReduceOp.MAX, 2):
                 np.testing.assert_array_equal(got, np.arange(7, dtype=np.float32) * 2 + 2)
-            assert repeats == [6, 6], repeats
+            assert took() == [6, 6], (repeats, took())
         finally:
             for node in nodes:
                 node.close()
 
 
+@pytest.mark.parametrize("loop", [False, True], ids=["python", "compiled-loop"])
 def test_a_repeat_with_nothing_else_among_the_nodes_ends_on_the_arena_thread(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, loop: bool
 ) -> None:
     """With no other op among the nodes in flight, the arena thread drives a repeat to its
     end at once (``express.now``: no handle, no callback back to the thread); results stay
-    exact, and a repeat that does not end there goes on as a handle."""
+    exact, and a repeat that does not end there goes on as a handle.  With the service's
+    compiled loop on, the repeats from the third take it instead (the route counted in
+    the arena's header)."""
     from conftest import local_services
     from totalreduce.service import express
 
@@ -593,6 +615,7 @@ def test_a_repeat_with_nothing_else_among_the_nodes_ends_on_the_arena_thread(
         return r
 
     monkeypatch.setattr(express, "now", counted)
+    monkeypatch.setenv("TOTALREDUCE_SERVICE_LOOP", "1" if loop else "0")
     with local_services(2) as engines:
         nodes = [Node(1, node=k, nodes=2, engine=engines[k]) for k in (0, 1)]
         try:
@@ -612,9 +635,14 @@ def test_a_repeat_with_nothing_else_among_the_nodes_ends_on_the_arena_thread(
                     np.testing.assert_array_equal(
                         got, np.arange(500, dtype=np.float32) * 3 + 2 * step
                     )
+            took = [_loop_entered(node) for node in nodes]
         finally:
             for node in nodes:
                 node.close()
+    if loop:  # repeats from the third (the first two start from Python) in the compiled loop
+        assert took == [18, 18] or min(took) + sum(ended) >= 18, (took, ended)
+        return
+    assert took == [0, 0], took
     assert ended[0] > 0, ended  # the first call of the shape goes the whole way, repeats not
     assert sum(ended) <= 2 * 19, ended
 
@@ -680,3 +708,41 @@ def test_the_arena_thread_spins_after_an_op_among_the_nodes_ends(monkeypatch: An
         assert not [t for t in sleeps if t > ended], "the arena thread slept right after the end"
     finally:
         node.close()
+
+
+def test_one_name_of_two_shapes_in_turn_between_the_loop_and_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two nodes in one process, the service's compiled loop on: one name whose count
+    changes every few steps (its row replaced, its first calls of each shape Python's,
+    the others the loop's) keeps its generations in step with Python's name table: every
+    op exact, none submitted twice, the loop taking most repeats."""
+    from conftest import local_services
+
+    monkeypatch.setenv("TOTALREDUCE_SERVICE_LOOP", "1")
+    counts = [1000] * 5 + [7] * 5 + [1000] * 5 + [7] * 3 + [1000] * 2
+    with local_services(2) as engines:
+        nodes = [Node(1, node=k, nodes=2, engine=engines[k]) for k in (0, 1)]
+        try:
+            for step, n in enumerate(counts):
+                hs = []
+                for k, node in enumerate(nodes):
+                    c = node.clients[0]
+                    x = np.arange(n, dtype=np.float64) * (k + 1) + step
+                    at, staged = c.place(x, fill=x)
+                    h = ThinHandle(c, "g", step, OpKind.ALLREDUCE, np.empty_like(x), lambda: None)
+                    h.hold((staged,), h._result, staged)
+                    hs.append(c.submit(h, wire=99, dtype=DType.FLOAT64, count=n,
+                                       op=ReduceOp.SUM, root=0, priority=0, at_in=at,
+                                       at_out=at, unnamed=False))  # fmt: skip
+                for h in hs:
+                    np.testing.assert_array_equal(
+                        h.wait(30), np.arange(n, dtype=np.float64) * 3 + 2 * step
+                    )
+            took = [_loop_entered(node) for node in nodes]
+            gens = [e._names.next_generation(99) for e in engines]
+        finally:
+            for node in nodes:
+                node.close()
+    assert gens == [len(counts)] * 2, gens
+    assert min(took) >= 6, took  # (each shape's first two calls start from Python)

@@ -33,6 +33,7 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
 from __future__ import annotations
 
 import gc
+import os
 import random
 import sys
 import threading
@@ -726,6 +727,63 @@ def mode_garbage(p: int, rank: int) -> None:
     report(rank, "GARBAGE-AFTER", bool(np.all(got == p * (p + 1) // 2)), str(got))
 
 
+def mode_loop(p: int, rank: int) -> None:
+    """Repeats among the nodes in the service's compiled loop (daemon/service_loop.py):
+    exact results of sum, max and avg in float16, float32, float64, int32 and int64 of
+    sizes from one element to one the lane cuts into segments; each repeat counted by the
+    node's service (``H_LOOP_ENTERED``)."""
+    from totalreduce.transport import arena as A
+
+    header = tr.default_service()._thin.header
+    expect_on = os.environ.get("TOTALREDUCE_SERVICE_LOOP", "1") != "0"
+
+    def ran() -> tuple[int, int]:
+        return int(header[A.H_LOOP_ENTERED]), int(header[A.H_LOOP_RAN])
+
+    bad: list[str] = []
+    repeats = 40
+    counted = [0, 0]
+    kinds = (np.float16, np.float32, np.float64, np.int32, np.int64)
+    for dt in kinds:
+        for n in (1, 1000, 300_000):
+            x = tr.empty(n, dt)
+            ramp = (np.arange(n) % 7).astype(dt)
+            name = f"loop.{np.dtype(dt).name}.{n}"
+            for op in ("sum", "max", "avg"):
+                for i in range(3 + repeats):  # the first occurrences go through Python
+                    if i == 3:
+                        tr.barrier(name="loop.sync")
+                        before = ran()
+                    x[:] = ramp + (rank + i) % 5
+                    tr.allreduce(x, name=f"{name}.{op}", op=op, out=x)
+                    parts = [(ramp + (r + i) % 5).astype(np.int64) for r in range(p)]
+                    if op == "max":
+                        want = np.maximum.reduce(parts)
+                    elif op == "sum":
+                        want = sum(parts)
+                    elif np.dtype(dt).kind == "i":  # avg: floor division on integers
+                        want = sum(parts) // p
+                    else:  # (p is 2 or 4: exact in binary floating point)
+                        want = sum(parts) / p
+                    if not np.array_equal(x, want.astype(dt)):
+                        bad.append(f"{name} {op} call {i}: {x[:3]} != {want[:3]}")
+                tr.barrier(name="loop.sync")
+                now = ran()
+                got = now[0] - before[0]
+                counted[0] += got
+                counted[1] += now[1] - before[1]
+                # (a repeat takes Python's way while the services' engine has work for its
+                # Python at that moment: its stall look, an op of a peer)
+                if expect_on and got < repeats - 2:
+                    bad.append(f"{name} {op}: the compiled loop took {got} of {repeats} repeats")
+                if not expect_on and got:
+                    bad.append(f"{name} {op}: the loop is off, yet it took {got} repeats")
+    cases = len(kinds) * 3 * 3
+    print(f"rank {rank}: the compiled loop took {counted[0]} of {cases * repeats} repeats, and "
+          f"ran {counted[1]} of them to their end", flush=True)  # fmt: skip
+    report(rank, "LOOP-EXACT-ROUTE", not bad, "; ".join(bad[:3]))
+
+
 def main() -> None:
     tr.init()
     modes = {
@@ -734,6 +792,7 @@ def main() -> None:
         "kinds": mode_kinds,
         "pressure": mode_pressure,
         "garbage": mode_garbage,
+        "loop": mode_loop,
     }
     modes[sys.argv[1]](tr.size(), tr.rank())
     tr.shutdown()

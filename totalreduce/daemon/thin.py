@@ -37,7 +37,9 @@ among themselves, in the arena's meeting place, without this thread
 
 Here: the thread and its events, and taking and starting the ops Python has.  Its
 bases: :mod:`.thin_fast` (the compiled pass's side: what it took, and its ops among the
-nodes), :mod:`.thin_meeting` (the meeting's escapes, deaths and stalls),
+nodes; with the service's compiled loop, :mod:`.service_loop`, a repeat among the nodes runs
+from its descriptors to its completion words with no Python), :mod:`.thin_meeting` (the
+meeting's escapes, deaths and stalls),
 :mod:`.thin_ops` (an op of the node, the checks of a descriptor),
 :mod:`.thin_nodes` (the step among the services) and :mod:`.thin_answers` (results,
 completion words and errors back to the clients).
@@ -59,11 +61,12 @@ from ..algorithms.codes import OpKind
 from ..algorithms.rooted import offsets
 from ..dtypes import DType, ReduceOp
 from ..engine.driving import set_timer_slack
+from ..engine.lane_service import ServiceRepeats
 from ..kernels import copy_into, reduce_into
 from ..transport import arena as A
 from ..transport import meeting
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
-from . import arena_pass
+from . import arena_pass, service_loop
 from .thin_answers import Answers
 from .thin_fast import PassOps
 from .thin_meeting import MeetingOps
@@ -143,6 +146,20 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
         self._fast_ended: deque[Callable[[], None]] = deque()
         arena_pass.prepare()
         meeting.prepare()
+        #: the compiled loop of a service of several nodes (service_loop.py): a repeat among
+        #: the nodes from descriptor to completion word with no Python
+        self._loop_shapes: service_loop.Shapes | None = None
+        self._repeats: ServiceRepeats | None = None
+        loop = getattr(engine, "loop", None)
+        if (
+            nodes > 1
+            and getattr(loop, "lane", None) is not None
+            and hasattr(engine, "_names")
+            and service_loop.service_loop_default()
+        ):
+            service_loop.prepare()
+            self._loop_shapes = service_loop.Shapes()
+            self._repeats = ServiceRepeats(engine)
         self._init_meeting(nodes == 1 and (meeting_default() if meeting_on is None else meeting_on))
         #: held while this thread handles an event or the meeting's work, and while a new
         #: session zeroes the meeting place (on the socket's thread)
@@ -246,6 +263,8 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
         signal_eventfd(self.eventfd)
         self._thread.join(timeout=5)
         self._fast_shapes.clear()  # (views of the arena: its mapping may go now)
+        if self._loop_shapes is not None:
+            self._loop_shapes.clear()
 
     def _kick(self) -> None:
         self._fast.st[arena_pass.S_KICKED] = 1  # ends a drive among the nodes
@@ -290,7 +309,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
                     continue
                 if time.monotonic() >= self._next_look:
                     self._look_for_stalls()
-                if self._drain():
+                if self._drain(spin=True):
                     last = time.perf_counter()
                     continue
                 oldest = next((o for o in self._running.values() if not o.standing), None)

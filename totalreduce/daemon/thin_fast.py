@@ -18,15 +18,23 @@ import numpy as np
 
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
-from ..service import express
+from ..engine.lane_core import DRIVE_OUTER, DRIVE_TAKE
+from ..service import express, tuning
 from ..transport import arena as A
 from ..transport.meeting import wake_client
-from . import arena_pass
+from . import arena_pass, service_loop
+from . import service_loop as SL
 from .thin_ops import _SESSION, _error_kind, _Grp, _Op, _Segments, ended_of
 
 log = logging.getLogger("totalreduce.daemon")
 
 _ALLREDUCE, _BARRIER = int(OpKind.ALLREDUCE), int(OpKind.BARRIER)
+#: The compiled loop's span (it returns to Python at least this often), its spin after
+#: its last work (as the arena thread's Python spins, ``thin.SPIN_S``), and the shortest
+#: first try of an op in the lane (a drive of ``thin.DRIVE_S``, as the Python path drives
+#: an op among the nodes between looks at the rings: a client's descriptor or another
+#: thread's kick ends it sooner).
+LOOP_NS, LOOP_SPIN_NS, LOOP_TRY_NS = 1_000_000, 50_000, 1_000_000
 
 
 class PassOps:
@@ -50,6 +58,10 @@ class PassOps:
     #: algorithm, node buffer's offset): a repeat starts from them (:meth:`_fast_repeat`)
     _fast_shapes: dict[tuple[int, ...], tuple[np.ndarray, Any]]
     _fast_ended: deque[Callable[[], None]]
+    #: The compiled loop's shapes and the engine's side of it (None: off,
+    #: :mod:`.service_loop`)
+    _loop_shapes: service_loop.Shapes | None
+    _repeats: Any
     _take: Any
     _fail: Any
     _finish: Any
@@ -61,18 +73,84 @@ class PassOps:
     _is_session: Any
     _session_start: Any
 
-    def _drain(self) -> bool:
+    def _drain(self, spin: bool = False) -> bool:
         """Take what the clients submitted: the compiled pass takes and runs the common
-        ops; what it hands over (arena_pass.py says what) Python takes in order."""
+        ops (on several nodes, the compiled loop runs the repeats it has rows for to their
+        end, and with ``spin`` waits ``LOOP_SPIN_NS`` for more: :meth:`_loop_run`); what
+        they hand over (arena_pass.py says what) Python takes in order."""
         fast = self._fast
-        if not arena_pass.arena_pass(fast.buf, fast.lay, self._mem, self.arena.base):
+        first = 0
+        shapes = self._loop_shapes
+        if (
+            shapes is not None
+            and shapes.kept
+            and not self._fast_running
+            and shapes.epoch == tuning.EPOCH[0]
+            and self._repeats.begin()
+        ):
+            taken, first = self._loop_run(spin)
+            if not taken:
+                return False
+        elif not arena_pass.arena_pass(fast.buf, fast.lay, self._mem, self.arena.base):
             return False
         st = fast.st
         self._wake_sleepers()
         self._take_queued()
-        for i in range(int(st[arena_pass.S_NSTART])):
+        for i in range(first, int(st[arena_pass.S_NSTART])):
             self._fast_start(int(fast.starts[i]))
         return True
+
+    def _loop_run(self, spin: bool) -> tuple[int, int]:
+        """The compiled loop (:func:`.service_loop.service_pass`), the engine's lock held
+        (``_repeats.begin()`` took it; given back here): then the names' generations and
+        the engine's records of the repeats it ran, and the handle of one it entered and
+        did not end.  (descriptors taken, the first of the pass's starts left to Python)"""
+        rep = self._repeats
+        shapes = self._loop_shapes
+        assert shapes is not None
+        io, rows, fast = shapes.io, shapes.rows, self._fast
+        names = self.engine._names
+        adopted = None
+        try:
+            if names.version != shapes.names_seen:  # generations taken by Python since
+                shapes.names_seen = names.version
+                for r, (wire, _, _, _) in shapes.kept.items():
+                    rows[r, SL.R_GEN] = names.next_generation(wire)
+            mem, prog, larena, b = rep.lane_arrays()
+            io[SL.IO_MAX_NS] = LOOP_NS
+            io[SL.IO_SPIN_NS] = LOOP_SPIN_NS if spin else 0
+            io[SL.IO_LSPIN_NS] = rep.spin_ns()
+            io[SL.IO_TRY_NS] = LOOP_TRY_NS
+            io[SL.IO_TAKE] = DRIVE_TAKE | DRIVE_OUTER  # a client's descriptor ends a drive
+            service_loop.service_pass(
+                fast.buf, fast.lay, self._mem, self.arena.base, rows, shapes.fields,
+                mem, prog, larena, b, shapes.addrs, io,
+            )  # fmt: skip
+            for j in range(int(io[SL.IO_NTOUCHED])):
+                r = int(io[SL.IO_TOUCHED + j])
+                k, first = int(rows[r, SL.R_DONE]), int(rows[r, SL.R_FIRST])
+                rows[r, SL.R_DONE] = 0
+                wire, _, ex, _ = shapes.kept[r]
+                if not names.advance(wire, first, k):
+                    log.error("the compiled loop ran %d repeats of %d from generation %d, "
+                              "which its name had not", k, wire, first)  # fmt: skip
+                rep.ended(wire, ex.wid, first, k, ex.group)
+            if io[SL.IO_WHY] == SL.WHY_ADOPT:  # entered, not ended in its try
+                r, gen = int(io[SL.IO_ROW]), int(io[SL.IO_GEN])
+                wire, buf, ex, own = shapes.kept[r]
+                names.advance(wire, gen, 1, 1)
+                h = rep.adopt(ex, wire, gen, buf, int(io[SL.IO_PRIO]), int(io[SL.IO_SLOT]),
+                              int(io[SL.IO_SEQ]), own)  # fmt: skip
+                self._fast_tokens += 1
+                adopted = (self._fast_tokens, int(io[SL.IO_ENTRY]), h)
+                self._fast_running[adopted[0]] = [adopted[1], h, None]
+            rep.settle()
+        finally:
+            rep.end()
+        if adopted is not None:
+            token, h = adopted[0], adopted[2]
+            h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h)))
+        return int(io[SL.IO_TAKEN]), int(io[SL.IO_FIRST])
 
     def _wake_sleepers(self) -> None:
         fast = self._fast
@@ -196,15 +274,37 @@ class PassOps:
                     fast = self._fast
                     arena_pass.arena_finish(fast.buf, fast.lay, self._mem, self.arena.base, e, 1)
                     self._wake_sleepers()
+                    self._loop_shape(shape, buf, ex)
                     return True
                 h = r[1]
         if h is None:
             h = express.start(self.engine, ex, shape[0], buf, buf, prio)
             if h is None:
                 return False
+        self._loop_shape(shape, buf, ex)
         self._fast_running[token] = [e, h, None]
         h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h)))
         return True
+
+    def _loop_shape(self, shape: tuple[int, ...], buf: np.ndarray, ex: Any) -> None:
+        """A repeat of ``shape`` started from the engine's express record ``ex``: once the
+        lane has its fields, the compiled loop runs its later repeats."""
+        shapes = self._loop_shapes
+        if shapes is None:
+            return
+        lane_shape = ex.lane_shape
+        if lane_shape is None or lane_shape is False:
+            return
+        r = service_loop.row_of(shapes.rows, shape[0], False)
+        if r >= 0 and r in shapes.kept and shapes.kept[r][2] is ex:
+            row = shapes.rows[r]
+            if row[SL.R_AT] == shape[5] and row[SL.R_COUNT] == shape[2]:
+                return  # (a repeat of it Python started: the rows' generations follow)
+        if shapes.epoch != tuning.EPOCH[0]:
+            shapes.clear()
+            shapes.epoch = tuning.EPOCH[0]
+        shapes.put(shape, buf, ex, self.engine._names.next_generation(shape[0]))
+        shapes.names_seen = -1  # every row's generation looked at again
 
     def _remember_shape(
         self, shape: tuple[int, ...], buf: np.ndarray, rop: ReduceOp, algo: int

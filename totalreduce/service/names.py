@@ -32,6 +32,11 @@ class NameTable:
         self._lock = threading.Lock()
         self._names: dict[str | int, _NameState] = {}
         self._unnamed = 0
+        #: Bumped by every change of a name's next generation but :meth:`advance`'s (a
+        #: generation taken, a name started at a generation or forgotten): whoever keeps a
+        #: copy of a name's next generation (a node service's compiled loop) knows from it
+        #: that the copy may be stale.
+        self.version = 0
 
     def name(self, name: str | int | None, signature: tuple[Any, ...]) -> tuple[str | int, int]:
         """Name and generation of a new op; checks a reused name keeps its shape."""
@@ -58,6 +63,7 @@ class NameTable:
             st.in_flight += 1
             gen = st.next_generation
             st.next_generation += 1
+            self.version += 1
             return name, gen
         finally:
             lock.release()
@@ -80,9 +86,30 @@ class NameTable:
             st.signature = signature
             gen = st.next_generation
             st.next_generation += 1
+            self.version += 1
             return gen
         finally:
             lock.release()
+
+    def next_generation(self, name: str | int) -> int:
+        """The generation :meth:`name` would give ``name`` next."""
+        st = self._names.get(name)
+        return 0 if st is None else st.next_generation
+
+    def advance(self, name: str | int, first: int, k: int, held: int = 0) -> bool:
+        """``k`` generations of ``name`` from ``first`` were taken outside (a node service's
+        compiled loop, from its copy of :meth:`next_generation`), ``held`` of them still in
+        flight; False, nothing changed, when ``first`` is not the next generation (the
+        copy was stale).  Named ops only; :attr:`version` does not move."""
+        with self._lock:
+            st = self._names.get(name)
+            if st is None:
+                st = self._names[name] = _NameState(False)
+            if st.next_generation != first:
+                return False
+            st.next_generation += k
+            st.in_flight += held
+            return True
 
     def hold(self, name: str | int) -> None:
         """A generation :meth:`take` gave is in flight after all (:meth:`ended` ends it)."""
@@ -106,6 +133,7 @@ class NameTable:
                 st.in_flight -= 1
                 if st.unnamed and not st.in_flight:
                     del self._names[name]
+                    self.version += 1
         finally:
             lock.release()
 
@@ -117,6 +145,7 @@ class NameTable:
                 st = self._names[name] = _NameState(False)
             gen = st.next_generation
             st.next_generation += 1
+            self.version += 1
             return gen
 
     def start_at(self, name: str | int, generation: int) -> None:
@@ -126,6 +155,7 @@ class NameTable:
             if st is None:
                 st = self._names[name] = _NameState(False)
             st.next_generation = max(st.next_generation, generation)
+            self.version += 1
 
     def forget(self, name: str | int) -> None:
         """Drop ``name`` once none of its generations is in flight (a name used once)."""
@@ -133,6 +163,7 @@ class NameTable:
             st = self._names.get(name)
             if st is not None and not st.in_flight:
                 del self._names[name]
+                self.version += 1
 
 
 def _sig_text(sig: tuple[Any, ...]) -> str:

@@ -40,6 +40,10 @@ MAGIC = 0x7472_6172_656E_6102  # "tr arena", version 2 (the meeting place after 
 H_MAGIC, H_SLOTS, H_SLOT_BYTES, H_CONTROL_BYTES, H_SERVICE_SLEEPING = 0, 1, 2, 3, 8
 #: the meeting place's arena offset, and whether the clients meet there (the service says)
 H_MEET, H_MEET_ON = 9, 10
+#: repeats among the nodes the service's compiled loop entered into the services' lane
+#: (from their descriptors), and of those the ones it ran to their completion words (the
+#: others ended in Python: their nodes were late); counts (:mod:`totalreduce.daemon.service_loop`)
+H_LOOP_ENTERED, H_LOOP_RAN = 11, 12
 HEADER_BYTES = 4096
 
 # ---------------------------------------------------------------- a slot's control block

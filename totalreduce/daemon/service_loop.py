@@ -1,0 +1,375 @@
+"""The service as one compiled loop: a repeat among the nodes with no Python on the way.
+
+On a service of several nodes, the arena thread's compiled pass (:mod:`.arena_pass`)
+takes the clients' descriptors and makes the node's part of an op; the op then runs
+among the services on their engine.  For the first occurrences of a shape Python starts
+it there (``PassOps._fast_start``), and once the engine's express record of the shape
+has the lane's fields (a plain lane shape: no copy, no scratch) the shape gets a *row*
+here: its key (wire id, element type, count, reduce op, node buffer's offset), the
+lane's fields, and the next generation of its name among the services.
+
+From then on :func:`service_pass` runs a repeat of the shape whole: it takes the
+descriptors (the pass), reduces the node's buffers (the pass), enters the op into the
+services' lane and drives it for its first try (``engine.lane_service.lane_repeat``),
+copies the result into every client's output, sets the completion words and wakes the
+clients asleep (``arena_pass.arena_finish``, ``transport.meeting.wake_client``), then
+looks at the rings again, until nothing came for ``spin`` or ``max`` passed.  It
+holds the engine's lock meanwhile (``ServiceRepeats.begin``: taken only when nothing of
+the engine's Python waits), and returns to Python, for it to take in order as before:
+
+- anything the pass hands over (its out-queue; an op complete here whose shape has no
+  row, or is not a whole world allreduce of a plain lane shape): ``WHY_PASS``, with the
+  first of the pass's starts Python must take;
+- a repeat that did not end in its try (the other nodes are late): ``WHY_ADOPT``,
+  Python makes its handle, as ``CommLoop.lane_now`` does, and it goes on as any;
+- the lane's events, a message of its main loop, a full table, a kick of another
+  thread (an event, an op ended on the comm thread): ``WHY_LOOK``.
+
+Python keeps the first occurrence of a shape, errors, stalls, membership and timeouts.
+What the loop ran Python records when it returns (the names' generations, the engine's
+completed ops), under the same hold of the lock.  ``TOTALREDUCE_SERVICE_LOOP=0`` in the
+service's environment turns it off (every repeat then starts from Python, as before).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from ..engine.lane_core import lane_pass  # noqa: F401 - (its cache directory: the probe's)
+from ..engine.lane_service import TRY_NS, lane_repeat
+from ..kernels.raw import DT_BF16, copy_raw
+from ..native.libc import now_ns, yield_cpu
+from ..protocol import C_BFULL, C_CTL_WAITING, C_FULL, C_NDONE, C_NEV
+from ..transport import arena as A
+from ..transport.meeting import wake_client
+from .arena_pass import (
+    S_KICKED,
+    S_NOUT,
+    S_NSIG,
+    S_NSTART,
+    _tab,
+    arena_finish,
+    arena_pass,
+    node_buffer,
+    pipelined,
+)
+
+# ---------------------------------------------------------------- rows: the shapes
+#: Rows (a power of two; a full table is cleared, as the engine's express records are).
+ROWS = 4096
+#: a row's words: in use, the name's wire id, the shape (element type, count, reduce op,
+#: node buffer's offset), the name's next generation, the repeats run since Python last
+#: looked and the first of their generations, and the addresses of the row's own buffers
+#: for a shape that needs them (0: none): the input's copy (an in-place schedule that reads
+#: its input after writing it; of R_NBYTES), the schedule's work buffer, the scratch of
+#: its large receives
+(R_USED, R_WIRE, R_DTYPE, R_COUNT, R_OP, R_AT, R_GEN, R_DONE, R_FIRST, R_COPY, R_WORK, R_SCR,
+ R_NBYTES) = range(13)  # fmt: skip
+ROW_WORDS = 16
+#: The most bytes of such buffers the rows keep in all (more: those shapes stay Python's).
+ROW_BUFFER_BYTES = 512 << 20
+_HASH = 0x9E3779B97F4A7C15 - (1 << 64)
+
+# ---------------------------------------------------------------- io: Python's words
+#: in: the call's span, the spin after its last work, the lane's first try, the lane's
+#: spin, lane_drive's take bits, urgency (1), the least and most priority
+(IO_MAX_NS, IO_SPIN_NS, IO_TRY_NS, IO_LSPIN_NS, IO_TAKE, IO_URGENT, IO_PRIO_LO,
+ IO_PRIO_HI) = range(8)  # fmt: skip
+#: out: why it returned, the first of the pass's starts Python takes, and for WHY_ADOPT the
+#: entry, row, lane slot, submission, generation and priority; repeats ended, descriptors
+#: taken, rows that ran repeats (listed from IO_TOUCHED)
+(IO_WHY, IO_FIRST, IO_ENTRY, IO_ROW, IO_SLOT, IO_SEQ, IO_GEN, IO_PRIO, IO_RAN, IO_TAKEN,
+ IO_NTOUCHED) = range(8, 19)  # fmt: skip
+#: in: the longest first try in the lane (a large op's try lasts a nanosecond a byte, at
+#: least ``IO_TRY_NS``; a client's next descriptor ends it sooner: the lane's outer words)
+IO_TRY_MAX_NS = 30
+IO_TOUCHED = 32
+TOUCHED = 64
+IO_WORDS = IO_TOUCHED + TOUCHED
+WHY_IDLE, WHY_PASS, WHY_ADOPT, WHY_LOOK = 0, 1, 2, 3
+
+_AR = 1  # OpKind.ALLREDUCE
+_D_KIND, _D_WIRE, _D_DTYPE, _D_COUNT, _D_OP, _D_PRIO, _D_FLAGS, _D_ALGO = (
+    A.D_KIND, A.D_WIRE, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_PRIO, A.D_FLAGS, A.D_ALGO,
+)  # fmt: skip
+_F_UNNAMED = A.F_UNNAMED
+_H_LOOP_RAN, _H_LOOP_ENTERED = A.H_LOOP_RAN, A.H_LOOP_ENTERED
+_C_SLEEPING = A.C_SLEEPING
+
+
+def service_loop_default() -> bool:
+    """Whether a service of several nodes runs its repeats in its compiled loop
+    (``TOTALREDUCE_SERVICE_LOOP``, in the service's environment: ``0`` turns it off)."""
+    return os.environ.get("TOTALREDUCE_SERVICE_LOOP", "1").strip().lower() not in (
+        "0", "off", "no",
+    )  # fmt: skip
+
+
+@njit(nogil=True, cache=True)
+def _home(wire):  # type: ignore[no-untyped-def]
+    return ((wire * _HASH) >> 20) & (ROWS - 1)
+
+
+@njit(nogil=True, cache=True)
+def row_of(rows, wire, make):  # type: ignore[no-untyped-def]
+    """The row of name ``wire`` (one per name: its generations are the name's); with
+    ``make``, a free one made for it; -1 when none (or the table is full)."""
+    h = _home(wire)
+    for i in range(ROWS):
+        r = (h + i) & (ROWS - 1)
+        if rows[r, R_USED] == 0:
+            if make:
+                rows[r, R_USED] = 1
+                rows[r, R_WIRE] = wire
+                return r
+            return -1
+        if rows[r, R_WIRE] == wire:
+            return r
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _row_for(rows, st, descs, e, io):  # type: ignore[no-untyped-def]
+    """The row that runs entry ``e`` (complete here) among the nodes, or -1 (Python's)."""
+    d0 = descs[e, 0]
+    if d0[_D_KIND] != _AR or d0[_D_ALGO] != 0 or (d0[_D_FLAGS] & _F_UNNAMED) != 0:
+        return -1
+    if d0[_D_DTYPE] == DT_BF16 or pipelined(st, d0):
+        return -1
+    if not (io[IO_PRIO_LO] <= d0[_D_PRIO] <= io[IO_PRIO_HI]):
+        return -1
+    r = row_of(rows, d0[_D_WIRE], False)
+    if (
+        r < 0
+        or rows[r, R_DTYPE] != d0[_D_DTYPE]
+        or rows[r, R_COUNT] != d0[_D_COUNT]
+        or rows[r, R_OP] != d0[_D_OP]
+        or rows[r, R_AT] != node_buffer(st, descs, e)
+    ):
+        return -1
+    return r
+
+
+@njit(nogil=True, cache=True)
+def _wake(st, sig, cw, abase):  # type: ignore[no-untyped-def]
+    """Wake the clients the last pass or finish listed (none left for Python)."""
+    for i in range(st[S_NSIG]):
+        wake_client(abase + 8 * cw[sig[i]])
+    st[S_NSIG] = 0
+
+
+@njit(nogil=True, cache=True)
+def _lane_waits(lmem):  # type: ignore[no-untyped-def]
+    return (
+        lmem[C_NEV] != 0 or lmem[C_CTL_WAITING] != 0 or lmem[C_FULL] != 0
+        or lmem[C_BFULL] != 0 or lmem[C_NDONE] != 0
+    )  # fmt: skip
+
+
+@njit(nogil=True, cache=True)
+def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, addrs, io):  # type: ignore[no-untyped-def]
+    """Take the clients' descriptors and run every repeat they complete whose shape has a
+    row, to its completion words, until Python must look (``io[IO_WHY]``, see the module
+    docstring) or nothing came for ``io[IO_SPIN_NS]``, at most ``io[IO_MAX_NS]``.
+    ``fbuf``/``flay``: the pass's table; ``amem``, ``abase``: the arena as words and its
+    address; ``rows``, ``fields``: the shapes; ``lmem``...``b``: the services' lane (its
+    lock held); ``addrs``: 4 words of scratch."""
+    tab = _tab(fbuf, flay)
+    st, cw, descs, sig, starts = tab[0], tab[4], tab[8], tab[15], tab[17]
+    t0 = now_ns()
+    last = t0
+    io[IO_WHY] = WHY_IDLE
+    io[IO_FIRST] = 0
+    io[IO_RAN] = 0
+    io[IO_TAKEN] = 0
+    io[IO_NTOUCHED] = 0
+    while True:
+        taken = arena_pass(fbuf, flay, amem, abase)
+        if taken > 0:
+            io[IO_TAKEN] += taken
+            last = now_ns()
+            _wake(st, sig, cw, abase)
+            if st[S_NOUT] > 0:
+                io[IO_WHY] = WHY_PASS
+                return
+            for i in range(st[S_NSTART]):
+                e = starts[i]
+                r = _row_for(rows, st, descs, e, io)
+                if r < 0 or (rows[r, R_DONE] == 0 and io[IO_NTOUCHED] >= TOUCHED):
+                    io[IO_WHY] = WHY_PASS
+                    io[IO_FIRST] = i
+                    return
+                at = abase + rows[r, R_AT]
+                addrs[0] = at
+                addrs[1] = at
+                if rows[r, R_COPY] != 0:  # the schedule reads its input after writing it
+                    copy_raw(rows[r, R_COPY], at, rows[r, R_NBYTES])
+                    addrs[0] = rows[r, R_COPY]
+                addrs[2] = rows[r, R_WORK]
+                addrs[3] = rows[r, R_SCR]
+                gen = rows[r, R_GEN]
+                prio = descs[e, 0, _D_PRIO]
+                try_ns = max(io[IO_TRY_NS], min(rows[r, R_NBYTES], io[IO_TRY_MAX_NS]))
+                slot, seq, res = lane_repeat(
+                    lmem, prog, larena, b, fields[r], addrs, gen, prio, io[IO_URGENT],
+                    try_ns, io[IO_LSPIN_NS], io[IO_TAKE],
+                )  # fmt: skip
+                if slot < 0:  # the lane's table is full: Python's way
+                    io[IO_WHY] = WHY_PASS
+                    io[IO_FIRST] = i
+                    return
+                rows[r, R_GEN] = gen + 1
+                amem[_H_LOOP_ENTERED] += 1
+                if res != 2:  # entered, not ended: Python makes its handle
+                    io[IO_WHY] = WHY_ADOPT
+                    io[IO_ENTRY] = e
+                    io[IO_ROW] = r
+                    io[IO_SLOT] = slot
+                    io[IO_SEQ] = seq
+                    io[IO_GEN] = gen
+                    io[IO_PRIO] = prio
+                    io[IO_FIRST] = i + 1
+                    return
+                if rows[r, R_DONE] == 0:
+                    rows[r, R_FIRST] = gen
+                    io[IO_TOUCHED + io[IO_NTOUCHED]] = r
+                    io[IO_NTOUCHED] += 1
+                rows[r, R_DONE] += 1
+                arena_finish(fbuf, flay, amem, abase, e, 1)
+                _wake(st, sig, cw, abase)
+                amem[_H_LOOP_RAN] += 1
+                io[IO_RAN] += 1
+                last = now_ns()
+            st[S_NSTART] = 0
+            if _lane_waits(lmem):
+                io[IO_WHY] = WHY_LOOK
+                return
+            continue
+        if st[S_KICKED] != 0 or _lane_waits(lmem):
+            io[IO_WHY] = WHY_LOOK
+            return
+        t = now_ns()
+        if t - t0 > io[IO_MAX_NS] or t - last > io[IO_SPIN_NS]:
+            return
+        yield_cpu()
+
+
+class Shapes:
+    """The rows of :func:`service_pass` and what Python keeps beside them: per row, the
+    node buffer's view and the engine's express record (for a repeat Python adopts)."""
+
+    def __init__(self) -> None:
+        self.rows = np.zeros((ROWS, ROW_WORDS), np.int64)
+        self.fields = np.zeros((ROWS, 16), np.int64)
+        self.addrs = np.zeros(4, np.int64)
+        self.io = np.zeros(IO_WORDS, np.int64)
+        self.io[IO_TRY_NS] = TRY_NS
+        self.io[IO_TRY_MAX_NS] = 100_000_000
+        self.io[IO_URGENT] = 1
+        self.io[IO_PRIO_LO], self.io[IO_PRIO_HI] = -(1 << 31), (1 << 31) - 1
+        #: row -> (wire id, node buffer's view, express record, the row's own buffers)
+        self.kept: dict[int, tuple[int, np.ndarray, Any, tuple[np.ndarray, ...]]] = {}
+        self.buffer_bytes = 0
+        self.names_seen = -1  # the name table's version the rows' generations are of
+        self.epoch = -1  # the tuning epoch of the records
+
+    def put(self, shape: tuple[int, ...], buf: np.ndarray, ex: Any, gen: int) -> bool:
+        """Give ``shape`` (wire id, dtype, count, reduce op, algorithm, node buffer's
+        offset; algorithm 0), whose lane fields ``ex.lane_shape`` has, its row, replacing
+        its name's other shape if any; False when its buffers would pass
+        :data:`ROW_BUFFER_BYTES` (it stays Python's)."""
+        ls = ex.lane_shape
+        sizes = (
+            buf.nbytes if ls.copy_in else 0,
+            ls.work * buf.itemsize,
+            ls.scratch,
+        )
+        need = sum(sizes)
+        wire = shape[0]
+        r = int(row_of(self.rows, wire, False))
+        old = self.kept.pop(r, None) if r >= 0 else None
+        if old is not None:
+            self.buffer_bytes -= sum(b.nbytes for b in old[3])
+        if self.buffer_bytes + need > ROW_BUFFER_BYTES:
+            if r >= 0:
+                self.rows[r, R_DTYPE] = -1  # (no descriptor has it: the row runs nothing)
+            return False
+        if r < 0:
+            if len(self.kept) >= ROWS // 2:
+                self.clear()
+            r = int(row_of(self.rows, wire, True))
+        own = tuple(np.empty((n + 7) // 8, np.int64) for n in sizes if n)
+        self.buffer_bytes += need
+        row = self.rows[r]
+        row[R_DTYPE], row[R_COUNT], row[R_OP], row[R_AT] = shape[1], shape[2], shape[3], shape[5]
+        row[R_GEN], row[R_DONE], row[R_NBYTES] = gen, 0, buf.nbytes
+        it = iter(own)
+        for col, n in zip((R_COPY, R_WORK, R_SCR), sizes, strict=True):
+            row[col] = next(it).ctypes.data if n else 0
+        self.fields[r] = ls.fields
+        self.kept[r] = (wire, buf, ex, own)
+        return True
+
+    def clear(self) -> None:
+        self.rows[:] = 0
+        self.kept.clear()
+        self.buffer_bytes = 0
+
+
+#: What the loop's machine code is made of (a change to any flushes its cached code).
+SOURCES = (
+    "daemon/service_loop.py",
+    "daemon/arena_pass.py",
+    "engine/lane_service.py",
+    "engine/lane_cache.py",
+    "engine/lane_core.py",
+    "engine/lane_receive.py",
+    "engine/lane_bodies.py",
+    "engine/lane_progress.py",
+    "engine/lane_tables.py",
+    "protocol.py",
+    "kernels/raw.py",
+    "kernels/numba_kernels.py",
+    "transport/mpi_native.py",
+    "transport/meeting.py",
+    "transport/arena.py",
+    "native/intrinsics.py",
+    "native/libc.py",
+)
+_MODULES = ("daemon.service_loop", "engine.lane_service")
+
+
+def _compile() -> None:
+    from numba import types
+
+    from ..engine.plain_constants import plain_constants
+
+    i64 = types.int64
+    v1 = types.Array(types.int64, 1, "C")
+    v2 = types.Array(types.int64, 2, "C")
+    u8 = types.Array(types.uint8, 1, "C")
+    with plain_constants():
+        service_pass.compile((v1, v2, v1, i64, v2, v2, v1, v1, u8, v1, v1, v1))
+        row_of.compile((v2, i64, types.boolean))
+
+
+def prepare() -> None:
+    """Compile the loop (or load it from Numba's cache): in the service's start.  It
+    links the services' lane into itself: the first time, about as long again as the
+    lane's own compile."""
+    from ..engine.compile_once import compile_once
+    from ..engine.lane_cache import cache_is_current, forget_stale_cache
+
+    compile_once(
+        _compile,
+        service_pass,
+        name="service_loop",
+        what="the service's compiled loop",
+        takes="a minute or two on a small machine",
+        current=lambda: cache_is_current(service_pass, SOURCES, "service_loop.sources"),
+        forget=lambda: forget_stale_cache(service_pass, SOURCES, _MODULES, "service_loop.sources"),
+    )

@@ -1,0 +1,153 @@
+"""Repeats entered into the lane by compiled code outside the engine: a node service's loop.
+
+A daemon's node service runs its clients' repeated allreduces among the nodes on an
+ordinary engine of its own (:mod:`totalreduce.daemon.service_loop`).  For a repeat of a
+lane shape its compiled loop enters the op and drives it itself (the buffers a shape
+needs beside its input and output, its own), with
+:func:`lane_repeat` (what ``Lane.now`` does in two compiled calls, in one), so that no
+Python runs between a client's descriptor and its completion word.  What the engine's
+Python must know of those ops, and the conditions under which compiled code may enter
+them at all, are :class:`ServiceRepeats`' (the engine's lock held meanwhile, as
+``CommLoop.lane_now`` holds it for one op).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from .. import protocol as L
+from .lane_core import lane_drive, lane_enter
+
+#: A compiled repeat's first try in the lane (``Lane.now``'s): an op not ended by then goes
+#: on as a handle of the engine's express path.
+TRY_NS = 200_000
+_NONE: tuple[Any, ...] = ()
+
+
+@njit(nogil=True, cache=True)
+def lane_repeat(mem, prog, arena, b, fields, addrs, gen, prio, urgent, try_ns, spin_ns, take):  # type: ignore[no-untyped-def]
+    """Enter a repeat of a plain shape (``fields``, as ``Lane.shape_of`` made them; its
+    buffers' addresses in ``addrs``) and drive it for up to ``try_ns`` as ``Lane.now``
+    does: (slot, submission, ``lane_drive``'s answer: 2 when it ended well and left the
+    table); slot -1 when the table is full (nothing entered)."""
+    slot, seq, pending = lane_enter(mem, prog, arena, b, fields, addrs, gen, prio, urgent)
+    if slot < 0:
+        return -1, 0, 0
+    return slot, seq, lane_drive(mem, prog, arena, b, slot, seq, try_ns, spin_ns, take)
+
+
+class ServiceRepeats:
+    """The engine's side of a compiled loop that enters repeats into its lane.
+
+    ``begin()`` takes the loop's lock when nothing the engine's Python looks at stands in
+    the way of a repeat (``CommLoop.lane_now``'s conditions, for any key: nothing of the
+    main loop in flight, no error, no frame or op of any key in Python's tables);
+    ``ended(...)`` records what the compiled code ran; ``adopt(...)`` makes the handle of
+    a repeat it entered and did not end; ``end()`` gives the lock back."""
+
+    def __init__(self, svc: Any) -> None:
+        self.svc = svc
+        self.loop = svc.loop
+
+    def lane_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The lane's arrays (``mem``, ``prog``, ``arena``, ``b``), under the lock (a lane
+        that grew has new ones)."""
+        lane = self.loop.lane
+        if lane is None:
+            return None
+        return lane.mem, lane.prog, lane.arena, lane.b
+
+    def spin_ns(self) -> int:
+        return int(self.loop._wait_spin_ns)
+
+    def begin(self) -> bool:
+        """Take the loop's lock for compiled repeats; False (nothing held) when anything
+        the engine's Python would have to see first stands in the way."""
+        loop = self.loop
+        lane = loop.lane
+        svc = self.svc
+        if (
+            lane is None
+            or svc._closed
+            or loop.fatal is not None
+            or loop.late_errors
+            or loop.submissions
+            or loop.bad_peers
+            or loop.trace is not None
+            or loop._held
+            or loop.table
+            or loop._dirty
+            or loop._reqs
+            or loop.compute.done
+            or lane.mem[L.C_FULL]
+            or lane.mem[L.C_CTL_WAITING]  # the main loop's message: its Python first
+            or lane.mem[L.C_NEV]
+            or lane.mem[L.C_NDONE]
+            or lane.by_key
+            or not loop._express_lock(lane)  # (the comm thread's: it hands it over)
+        ):
+            return False
+        loop._owner = threading.get_ident()
+        floating = loop.floating
+        if (
+            loop.fatal is not None
+            or loop.bad_peers
+            or loop.submissions
+            or loop.table
+            or lane.by_key
+            or floating._frames
+            or floating._errors
+            or lane.full
+            or time.monotonic() - loop._last_stall_check > loop._stall_every
+        ):
+            self.end()
+            return False
+        return True
+
+    def ended(self, name: int, wid: int, first: int, k: int, group: tuple[int, ...]) -> None:
+        """``k`` repeats of ``name`` (wire id ``wid``, generations ``first``...) ended well
+        in compiled code: recorded as ``lane_now`` records its op (a late error about one
+        names it)."""
+        loop = self.loop
+        remember, completed = loop._remember, loop.completed
+        for gen in range(first, first + k):
+            remember(completed, (wid, gen), ((name, gen), group, (), _NONE))
+        loop.stats.ops_completed += k
+        loop.stats.lane_express += k
+
+    def adopt(self, ex: Any, name: int, gen: int, buf: np.ndarray, prio: int, slot: int,
+              seq: int, keep: Any = None) -> Any:  # fmt: skip
+        """The handle of repeat ``gen`` of ``ex`` (in place on ``buf``) that compiled code
+        entered in lane slot ``slot`` (submission ``seq``) and that did not end in its
+        try (``lane_now``'s way with such an op); its generation is in flight from now.
+        ``keep``: the buffers the op uses beside ``buf`` (kept alive until it ends)."""
+        from ..service.express import _make
+
+        loop = self.loop
+        lane = loop.lane
+        loop.stats.lane_express += 1
+        handle, spec = _make(self.svc, ex, name, gen, buf, buf, buf, prio, True)
+        lop = handle._lop = lane.adopt(spec, slot, seq)
+        lop.keep = keep
+        return handle
+
+    def settle(self) -> None:
+        """After compiled passes: what they filled grown, their events and ended ops
+        handled (the lock held)."""
+        loop = self.loop
+        lane = loop.lane
+        if lane is not None and (lane.full or lane.mem[L.C_NEV] or lane.mem[L.C_NDONE]):
+            try:
+                loop._lane_settle()
+            except Exception as exc:
+                loop._stopped_by(exc)
+
+    def end(self) -> None:
+        loop = self.loop
+        loop._owner = 0
+        loop.lock.release()
