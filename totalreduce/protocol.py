@@ -544,3 +544,59 @@ B_LEN = 32
 
 KIND_MPI = 0
 KIND_LOCAL = 1
+
+# ============================================================================================
+# The daemon's arena (transport/arena.py): a node's shared memory between its service and
+# its thin clients.  A header page, then per client slot a control block (the descriptor
+# ring, completion words, the error ring) and its data; after the slots the meeting place.
+# transport/arena.py reads these under their names without the AR_ prefix.
+# ============================================================================================
+
+AR_MAGIC = 0x7472_6172_656E_6102  # "tr arena", version 2 (the meeting place after the slots)
+
+# ---------------------------------------------------------------- the header page (int64 words)
+AR_H_MAGIC, AR_H_SLOTS, AR_H_SLOT_BYTES, AR_H_CONTROL_BYTES, AR_H_SERVICE_SLEEPING = 0, 1, 2, 3, 8
+#: the meeting place's arena offset, and whether the clients meet there (the service says)
+AR_H_MEET, AR_H_MEET_ON = 9, 10
+#: repeats among the nodes the service's compiled loop entered into the services' lane
+#: (from their descriptors), and of those the ones it ran to their completion words (the
+#: others ended in Python: their nodes were late); counts (:mod:`totalreduce.daemon.service_loop`)
+AR_H_LOOP_ENTERED, AR_H_LOOP_RAN = 11, 12
+AR_HEADER_BYTES = 4096
+
+# ---------------------------------------------------------------- a slot's control block
+#: Ops a client may have in flight (ring entries and completion words).
+AR_RING = 4096
+#: int64 words per descriptor.
+AR_D_WORDS = 16
+# descriptor fields
+(AR_D_TICKET, AR_D_KIND, AR_D_WIRE, AR_D_GEN, AR_D_DTYPE, AR_D_COUNT, AR_D_OP, AR_D_ROOT,
+ AR_D_PRIO, AR_D_IN, AR_D_OUT, AR_D_FLAGS, AR_D_GROUP, AR_D_CTX, AR_D_AUX,
+ AR_D_ALGO) = range(16)  # fmt: skip
+# AR_D_GROUP: offset of [n, ranks...] (int64) of the op's group; AR_D_CTX its context (0: the world,
+# AR_D_GROUP unread); AR_D_AUX: offset of [n, parts...], elements per group rank (reduce-scatter,
+# all-gather), else -1; AR_D_ALGO: the algorithm among the services (an AlgorithmCode, 0: auto)
+#: AR_D_FLAGS bits (AR_F_PASSIVE: a window's standing receive, which may wait for ever)
+AR_F_AVG, AR_F_UNNAMED, AR_F_PASSIVE = 1, 2, 4
+# control words (AR_C_SLEEPING: how many of the client's threads sleep on the futex word
+# AR_C_FUTEX: whoever sets one of its words wakes them, :func:`.meeting.wake_client`)
+AR_C_TAIL, AR_C_HEAD, AR_C_SLEEPING, AR_C_ERR_TAIL = 0, 1, 2, 3
+#: late errors the service posted (an op that completed here failed elsewhere): the k-th is
+#: in the error ring under ticket -k, its text "<the op's ticket>\x1e<why>"
+AR_C_LATE = 4
+#: the futex word a client's sleeping threads wait on (:func:`.meeting.wake_client` bumps it)
+AR_C_FUTEX = 5
+AR_RING_WORD = 16
+AR_DONE_WORD = AR_RING_WORD + AR_RING * AR_D_WORDS
+AR_ERRORS = 64
+AR_ERROR_BYTES = 1024
+AR_ERROR_WORD = AR_DONE_WORD + AR_RING
+#: the control block's bytes, rounded up to a MiB
+AR_CONTROL_BYTES = -(-(AR_ERROR_WORD + AR_ERRORS * AR_ERROR_BYTES // 8) * 8 // (1 << 20)) << 20
+#: error kinds in an error entry
+AR_E_FAILED, AR_E_MISMATCH, AR_E_INVALID, AR_E_TRANSPORT = (
+    int(ErrorCode.FAILED),
+    int(ErrorCode.MISMATCH),
+    int(ErrorCode.INVALID),
+    int(ErrorCode.TRANSPORT),
+)

@@ -31,48 +31,61 @@ from typing import Any
 
 import numpy as np
 
+from .. import protocol as P
 from ..errors import TotalReduceError
 from .shm import HUGE, SharedRegion, round_up
 
-MAGIC = 0x7472_6172_656E_6102  # "tr arena", version 2 (the meeting place after the slots)
-
-# ---------------------------------------------------------------- the header page (int64 words)
-H_MAGIC, H_SLOTS, H_SLOT_BYTES, H_CONTROL_BYTES, H_SERVICE_SLEEPING = 0, 1, 2, 3, 8
-#: the meeting place's arena offset, and whether the clients meet there (the service says)
-H_MEET, H_MEET_ON = 9, 10
-#: repeats among the nodes the service's compiled loop entered into the services' lane
-#: (from their descriptors), and of those the ones it ran to their completion words (the
-#: others ended in Python: their nodes were late); counts (:mod:`totalreduce.daemon.service_loop`)
-H_LOOP_ENTERED, H_LOOP_RAN = 11, 12
-HEADER_BYTES = 4096
-
-# ---------------------------------------------------------------- a slot's control block
-#: Ops a client may have in flight (ring entries and completion words).
-RING = 4096
-#: int64 words per descriptor.
-D_WORDS = 16
-# descriptor fields
-(D_TICKET, D_KIND, D_WIRE, D_GEN, D_DTYPE, D_COUNT, D_OP, D_ROOT, D_PRIO, D_IN, D_OUT,
- D_FLAGS, D_GROUP, D_CTX, D_AUX, D_ALGO) = range(16)  # fmt: skip
-# D_GROUP: offset of [n, ranks...] (int64) of the op's group; D_CTX its context (0: the world,
-# D_GROUP unread); D_AUX: offset of [n, parts...], elements per group rank (reduce-scatter,
-# all-gather), else -1; D_ALGO: the algorithm among the services (an AlgorithmCode, 0: auto)
-#: D_FLAGS bits (F_PASSIVE: a window's standing receive, which may wait for ever)
-F_AVG, F_UNNAMED, F_PASSIVE = 1, 2, 4
-# control words (C_SLEEPING: how many of the client's threads sleep on the futex word
-# C_FUTEX, 5: whoever sets one of its words wakes them, :func:`.meeting.wake_client`)
-C_TAIL, C_HEAD, C_SLEEPING, C_ERR_TAIL = 0, 1, 2, 3
-#: late errors the service posted (an op that completed here failed elsewhere): the k-th is
-#: in the error ring under ticket -k, its text "<the op's ticket>\x1e<why>"
-C_LATE = 4
-RING_WORD = 16
-DONE_WORD = RING_WORD + RING * D_WORDS
-ERRORS = 64
-ERROR_BYTES = 1024
-ERROR_WORD = DONE_WORD + RING
-CONTROL_BYTES = round_up((ERROR_WORD + ERRORS * ERROR_BYTES // 8) * 8, 1 << 20)
-#: error kinds in an error entry
-E_FAILED, E_MISMATCH, E_INVALID, E_TRANSPORT = 1, 2, 3, 4
+# The arena's layout is declared with the protocol (totalreduce/protocol.py, AR_*): the
+# header page's words, a descriptor's fields and flags, a control block's words and places,
+# the error kinds of an error entry (ErrorCode's numbers).
+MAGIC = P.AR_MAGIC
+H_MAGIC = P.AR_H_MAGIC
+H_SLOTS = P.AR_H_SLOTS
+H_SLOT_BYTES = P.AR_H_SLOT_BYTES
+H_CONTROL_BYTES = P.AR_H_CONTROL_BYTES
+H_SERVICE_SLEEPING = P.AR_H_SERVICE_SLEEPING
+H_MEET = P.AR_H_MEET
+H_MEET_ON = P.AR_H_MEET_ON
+H_LOOP_ENTERED = P.AR_H_LOOP_ENTERED
+H_LOOP_RAN = P.AR_H_LOOP_RAN
+HEADER_BYTES = P.AR_HEADER_BYTES
+RING = P.AR_RING
+D_WORDS = P.AR_D_WORDS
+D_TICKET = P.AR_D_TICKET
+D_KIND = P.AR_D_KIND
+D_WIRE = P.AR_D_WIRE
+D_GEN = P.AR_D_GEN
+D_DTYPE = P.AR_D_DTYPE
+D_COUNT = P.AR_D_COUNT
+D_OP = P.AR_D_OP
+D_ROOT = P.AR_D_ROOT
+D_PRIO = P.AR_D_PRIO
+D_IN = P.AR_D_IN
+D_OUT = P.AR_D_OUT
+D_FLAGS = P.AR_D_FLAGS
+D_GROUP = P.AR_D_GROUP
+D_CTX = P.AR_D_CTX
+D_AUX = P.AR_D_AUX
+D_ALGO = P.AR_D_ALGO
+F_AVG = P.AR_F_AVG
+F_UNNAMED = P.AR_F_UNNAMED
+F_PASSIVE = P.AR_F_PASSIVE
+C_TAIL = P.AR_C_TAIL
+C_HEAD = P.AR_C_HEAD
+C_SLEEPING = P.AR_C_SLEEPING
+C_ERR_TAIL = P.AR_C_ERR_TAIL
+C_LATE = P.AR_C_LATE
+C_FUTEX = P.AR_C_FUTEX
+RING_WORD = P.AR_RING_WORD
+DONE_WORD = P.AR_DONE_WORD
+ERRORS = P.AR_ERRORS
+ERROR_BYTES = P.AR_ERROR_BYTES
+ERROR_WORD = P.AR_ERROR_WORD
+CONTROL_BYTES = P.AR_CONTROL_BYTES
+E_FAILED = P.AR_E_FAILED
+E_MISMATCH = P.AR_E_MISMATCH
+E_INVALID = P.AR_E_INVALID
+E_TRANSPORT = P.AR_E_TRANSPORT
 
 # ---------------------------------------------------------------- the meeting place (meeting.py)
 #: Generations of one name a client may have in flight at the meeting (more wait).

@@ -123,7 +123,7 @@ WSHIFT = 20
 WMASK = (1 << 20) - 1
 
 # the client's control block: the futex word it sleeps on (its low 32 bits)
-C_FUTEX = 5
+C_FUTEX = A.C_FUTEX
 
 # ---------------------------------------------------------------- the arrays
 # config: this process's addresses and the layout
