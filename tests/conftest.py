@@ -121,7 +121,10 @@ def _lane_compiling() -> Iterator[dict[str, Any]]:
     inside their tests' timeouts)."""
     code = (
         "from totalreduce.engine.lane_core import compile_all; compile_all(); "
-        "import totalreduce.transport.local_native"  # the local world's compiled layer
+        "import totalreduce.transport.local_native; "  # the local world's compiled layer
+        # the node services' compiled loop, which links the lane in (as long again): a
+        # service of several nodes compiles it at its start, within its start's timeout
+        "from totalreduce.daemon.service_loop import prepare; prepare()"
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
     state: dict[str, Any] = {"proc": proc, "ready": False}

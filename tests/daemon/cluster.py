@@ -77,7 +77,7 @@ def serve(
     directory: Path,
     *,
     timeout: float = 600,
-    start_timeout: float = 60,
+    start_timeout: float = 180,
     extra: tuple[str, ...] = (),
     **env_vars: str,
 ) -> Served:

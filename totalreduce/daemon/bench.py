@@ -253,7 +253,9 @@ class _Service:
             self.proc = subprocess.Popen(
                 cmd, stdout=subprocess.DEVNULL, stderr=err, env=_env(), start_new_session=True
             )
-        deadline = time.monotonic() + 120
+        # a fresh installation's first start compiles the lane and the service's loop (a
+        # minute or two; longer on a busy machine)
+        deadline = time.monotonic() + 600
         while not all(self.socket(n).exists() for n in range(nodes)):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the service did not start:\n{self.log.read_text()}")
