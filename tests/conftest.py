@@ -116,7 +116,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def _lane_compiling() -> Iterator[dict[str, Any]]:
     """Start compiling the compiled lane in another process when the session starts: on a
-    fresh install its first compile takes about a minute, which the pure tests spend on the
+    fresh install its first compile takes about a minute (the lane and the services' loop), which the pure tests spend on the
     other core meanwhile (ranks compiling at once, racing for the cache, would spend it
     inside their tests' timeouts)."""
     code = (

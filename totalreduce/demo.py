@@ -53,7 +53,7 @@ def run(steps: int, skew_ms: float) -> int:
         ranks = f"{launch.size} ranks" if launch else "1 rank (start it with mpiexec -n 4)"
         print(
             f"demo: {ranks}, {steps} steps of {len(LAYERS)} allreduces in different orders; "
-            "the first run of an installation compiles the engine once (a minute or two), "
+            "the first run of an installation compiles the engine once (about half a minute), "
             "later runs start in seconds",
             flush=True,
         )

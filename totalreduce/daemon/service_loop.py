@@ -369,7 +369,7 @@ def prepare() -> None:
         service_pass,
         name="service_loop",
         what="the service's compiled loop",
-        takes="a minute or two on a small machine",
+        takes="about half a minute on a small machine",
         current=lambda: cache_is_current(service_pass, SOURCES, "service_loop.sources"),
         forget=lambda: forget_stale_cache(service_pass, SOURCES, _MODULES, "service_loop.sources"),
     )

@@ -537,9 +537,9 @@ def lane_drop_peer(mem, peer):
 
 
 #: How long the lane's first compile takes, for the line that says it runs (measured on
-#: the 2-core development machine: 82-85 s of one core with the lane's ten element types,
-#: more on a busy machine; see docs/faq.md).
-COMPILE_TAKES = "a minute or two on a small machine"
+#: the 2-core development machine: 24-25 s of one core, the reduction kernels compiled
+#: apart when an op first needs them; more on a busy machine; see docs/faq.md).
+COMPILE_TAKES = "about half a minute on a small machine"
 
 
 def compile_all() -> None:
