@@ -63,6 +63,7 @@ from ..dtypes import DType, ReduceOp
 from ..engine.driving import set_timer_slack
 from ..engine.lane_service import ServiceRepeats
 from ..kernels import copy_into, reduce_into
+from ..service import express
 from ..transport import arena as A
 from ..transport import meeting
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
@@ -159,7 +160,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
         ):
             service_loop.prepare()
             self._loop_shapes = service_loop.Shapes()
-            self._repeats = ServiceRepeats(engine)
+            self._repeats = ServiceRepeats(engine, express._make)
         self._init_meeting(nodes == 1 and (meeting_default() if meeting_on is None else meeting_on))
         #: held while this thread handles an event or the meeting's work, and while a new
         #: session zeroes the meeting place (on the socket's thread)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,11 +49,16 @@ class ServiceRepeats:
     the way of a repeat (``CommLoop.lane_now``'s conditions, for any key: nothing of the
     main loop in flight, no error, no frame or op of any key in Python's tables);
     ``ended(...)`` records what the compiled code ran; ``adopt(...)`` makes the handle of
-    a repeat it entered and did not end; ``end()`` gives the lock back."""
+    a repeat it entered and did not end; ``end()`` gives the lock back.
 
-    def __init__(self, svc: Any) -> None:
+    ``make(svc, express_record, name, generation, buf, out, result, priority, urgent)``
+    makes a repeat's handle and spec (the service's express path, ``service.express._make``:
+    given by the caller, which sits above the service layer)."""
+
+    def __init__(self, svc: Any, make: Callable[..., tuple[Any, Any]]) -> None:
         self.svc = svc
         self.loop = svc.loop
+        self._make = make
 
     def lane_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         """The lane's arrays (``mem``, ``prog``, ``arena``, ``b``), under the lock (a lane
@@ -126,12 +132,10 @@ class ServiceRepeats:
         entered in lane slot ``slot`` (submission ``seq``) and that did not end in its
         try (``lane_now``'s way with such an op); its generation is in flight from now.
         ``keep``: the buffers the op uses beside ``buf`` (kept alive until it ends)."""
-        from ..service.express import _make
-
         loop = self.loop
         lane = loop.lane
         loop.stats.lane_express += 1
-        handle, spec = _make(self.svc, ex, name, gen, buf, buf, buf, prio, True)
+        handle, spec = self._make(self.svc, ex, name, gen, buf, buf, buf, prio, True)
         lop = handle._lop = lane.adopt(spec, slot, seq)
         lop.keep = keep
         return handle
