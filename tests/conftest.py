@@ -116,9 +116,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def _lane_compiling() -> Iterator[dict[str, Any]]:
     """Start compiling the compiled lane in another process when the session starts: on a
-    fresh install its first compile takes about a minute (the lane and the services' loop), which the pure tests spend on the
-    other core meanwhile (ranks compiling at once, racing for the cache, would spend it
-    inside their tests' timeouts)."""
+    fresh install its first compile takes about a minute (the lane and the services' loop),
+    which the pure tests spend on the other core meanwhile (ranks compiling at once, racing
+    for the cache, would spend it inside their tests' timeouts)."""
     code = (
         "from totalreduce.engine.lane_core import compile_all; compile_all(); "
         "import totalreduce.transport.local_native; "  # the local world's compiled layer

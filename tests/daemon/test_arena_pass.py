@@ -323,7 +323,7 @@ def _inputs(rng: np.random.Generator, npdt: Any, L: int, n: int) -> list[np.ndar
     return [rng.integers(-1000, 1000, n).astype(npdt) for _ in range(L)]
 
 
-@pytest.mark.parametrize("L", [2, 3])
+@pytest.mark.parametrize("L", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_the_pass_gives_the_python_paths_bits(monkeypatch: Any, L: int) -> None:
     """Each op of each type the pass takes, run by the pass and (the pass off) by Python:
     the same bits in every rank's result."""

@@ -740,7 +740,14 @@ def test_one_name_of_two_shapes_in_turn_between_the_loop_and_python(
                         h.wait(30), np.arange(n, dtype=np.float64) * 3 + 2 * step
                     )
             took = [_loop_entered(node) for node in nodes]
-            gens = [e._names.next_generation(99) for e in engines]
+            # the service records what its loop ran when the loop's call returns, which may
+            # be just after the clients had their results: wait for that (a few ms)
+            deadline = time.monotonic() + 10
+            while True:
+                gens = [e._names.next_generation(99) for e in engines]
+                if gens == [len(counts)] * 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
         finally:
             for node in nodes:
                 node.close()

@@ -184,6 +184,7 @@ def test_a_rank_torchrun_did_not_give_is_refused_naming_both(tmp_path: Path) -> 
         served.stop()
 
 
+@pytest.mark.full  # the same DDP script as the one-service cases, two nodes' services
 def test_unchanged_ddp_under_one_torchrun_per_node_against_two_services_matches_gloo(
     tmp_path: Path,
 ) -> None:

@@ -112,7 +112,7 @@ def mpirun(n: int, *args: str, timeout: int = TIMEOUT, **env_vars: str) -> str:
     return mpiexec(n, list(args), timeout, **env_vars)
 
 
-@sizes([2, 3, 4], [2, 4], "random", full=(4,))
+@sizes([2, 3, 4], [4], "random", full=(4,))
 def test_random_orders_over_mpi(n: int, service: str) -> None:
     out, whole = checked(service, n, "random")
     assert out.count("RANDOM OK") == n, whole
@@ -138,7 +138,7 @@ def test_timeout_over_mpi(n: int, service: str) -> None:
     assert out.count("TIMEOUT-DONE") == n, whole
 
 
-@sizes([3, 4], [4], "collectives")
+@sizes([3, 4], [4], "collectives", full=(4,))
 def test_broadcast_and_barriers_over_mpi(n: int, service: str) -> None:
     out, whole = checked(service, n, "collectives")
     assert out.count("COLLECTIVES OK") == n, whole
