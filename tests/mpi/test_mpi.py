@@ -156,7 +156,7 @@ def test_reduce_scatter_allgather_over_mpi(n: int, service: str) -> None:
     assert out.count("RSAG OK") == n, whole
 
 
-@sizes([4, 8], [8], "neighbor")
+@sizes([4, 8], [8], "neighbor", full=(8,))
 def test_neighbor_averaging_over_mpi(n: int, service: str) -> None:
     out, whole = checked(service, n, "neighbor")
     assert out.count("NEIGHBOR OK") == n, whole
