@@ -32,7 +32,7 @@ for _n in (2, 3):
     plan(_n, "check_optimizer_ddp.py", "check_optimizer_ddp.py", [], TIMEOUT)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_optimizer_equals_ddp(n: int) -> None:
     # in the launch at n ranks with other modules' checks (torch_launches.py)
     out, whole = lines(n, "check_optimizer_ddp.py")

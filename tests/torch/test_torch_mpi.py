@@ -68,12 +68,18 @@ def run_checks(script: str, n: int, checks: list[str], *extra: str) -> None:
             assert f"{check.upper()} OK rank {r}" in out, whole
 
 
-@pytest.mark.parametrize("n", sorted(CHECKS))
+@pytest.mark.parametrize(
+    "n", [pytest.param(n, marks=pytest.mark.full) if n == 3 else n for n in sorted(CHECKS)]
+)
 def test_torch_over_mpi(n: int) -> None:
     run_checks("check_torch_mpi.py", n, CHECKS[n])
 
 
-@pytest.mark.parametrize(("n", "init_method", "checks"), BACKEND_CHECKS)
+@pytest.mark.parametrize(
+    ("n", "init_method", "checks"),
+    # the launch at 3 ranks (every module's part at 3) runs with --full: 2 ranks by default
+    [pytest.param(*c, marks=pytest.mark.full) if c[0] == 3 else c for c in BACKEND_CHECKS],
+)
 def test_torch_distributed_backend(n: int, init_method: str, checks: list[str]) -> None:
     run_checks("check_process_group.py", n, checks, init_method)
 
