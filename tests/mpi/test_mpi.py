@@ -144,7 +144,7 @@ def test_broadcast_and_barriers_over_mpi(n: int, service: str) -> None:
     assert out.count("COLLECTIVES OK") == n, whole
 
 
-@sizes([2, 3, 5], [4, 5], "algorithms", full=(5,))
+@sizes([2, 3, 5], [4, 5], "algorithms", full=(4, 5))
 def test_every_allreduce_algorithm_over_mpi(n: int, service: str) -> None:
     out, whole = checked(service, n, "algorithms")
     assert out.count("ALGORITHMS OK") == n, whole
