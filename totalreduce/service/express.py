@@ -162,7 +162,7 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         return None
     if priority.__class__ is not int or not -(1 << 31) <= priority < 1 << 31:
         return None
-    flat = x if x.ndim == 1 else x.reshape(-1)
+    flat: Any = x if x.ndim == 1 else x.reshape(-1)  # (a scatter receiver: its empty input)
     result: Any
     if out is None:
         if ex.into_x:  # a scatter's receiver: its part lands in x
@@ -243,7 +243,7 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         return None
     if priority.__class__ is not int or not -(1 << 31) <= priority < 1 << 31:
         return None
-    flat = x if x.ndim == 1 else x.reshape(-1)
+    flat: Any = x if x.ndim == 1 else x.reshape(-1)  # (a scatter receiver: its empty input)
     result: Any
     if out is None:
         if ex.into_x:  # a scatter's receiver: its part lands in x
