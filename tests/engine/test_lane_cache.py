@@ -39,11 +39,11 @@ def test_a_changed_source_drops_every_cached_lane_function(monkeypatch) -> None:
 
 def test_the_digest_covers_every_source_the_lane_inlines() -> None:
     root = Path(lane_core.__file__).resolve().parents[1]
-    for rel in lane_cache._SOURCES:
+    for rel in lane_cache.SOURCES:
         assert (root / rel).is_file(), rel
     imported = {"kernels/raw.py", "native/intrinsics.py", "native/libc.py"}
     imported.add("transport/mpi_native.py")
-    assert imported <= set(lane_cache._SOURCES)
+    assert imported <= set(lane_cache.SOURCES)
     assert len(lane_cache.sources_digest()) == 64
 
 
@@ -68,5 +68,5 @@ def test_every_module_with_cached_lane_code_is_flushed() -> None:
 
             assert rel in service_loop.SOURCES and "engine.lane_service" in service_loop._MODULES
         elif cached:
-            assert rel in lane_cache._SOURCES, rel
+            assert rel in lane_cache.SOURCES, rel
             assert rel[:-3].replace("/", ".") in lane_cache._CACHED, rel

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from ..engine import lane_cache
 from ..engine.lane_core import lane_pass  # noqa: F401 - (its cache directory: the probe's)
 from ..engine.lane_service import TRY_NS, lane_repeat
 from ..kernels.raw import DT_BF16, copy_raw
@@ -320,25 +321,15 @@ class Shapes:
         self.buffer_bytes = 0
 
 
-#: What the loop's machine code is made of (a change to any flushes its cached code).
+#: What the loop's machine code is made of (a change to any flushes its cached code): its
+#: own modules and the node's memory, and everything the lane's code is made of.
 SOURCES = (
     "daemon/service_loop.py",
     "daemon/arena_pass.py",
     "engine/lane_service.py",
-    "engine/lane_cache.py",
-    "engine/lane_core.py",
-    "engine/lane_receive.py",
-    "engine/lane_bodies.py",
-    "engine/lane_progress.py",
-    "engine/lane_tables.py",
-    "protocol.py",
-    "kernels/raw.py",
-    "kernels/numba_kernels.py",
-    "transport/mpi_native.py",
     "transport/meeting.py",
     "transport/arena.py",
-    "native/intrinsics.py",
-    "native/libc.py",
+    *lane_cache.SOURCES,
 )
 _MODULES = ("daemon.service_loop", "engine.lane_service")
 

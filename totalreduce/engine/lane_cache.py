@@ -15,7 +15,7 @@ from ..native import digest
 #: The sources the lane's machine code is made of (paths under the package).  Numba
 #: checks a cached function against its own file only, and the lane inlines functions
 #: of all of these: :func:`forget_stale_cache` covers the rest.
-_SOURCES = (
+SOURCES = (
     "engine/lane_cache.py",  # these rules: a change to them flushes too
     "engine/lane_core.py",
     "engine/lane_receive.py",
@@ -29,20 +29,20 @@ _SOURCES = (
     "native/intrinsics.py",
     "native/libc.py",
 )
-#: The modules whose cached functions are flushed together: every one of :data:`_SOURCES`.
+#: The modules whose cached functions are flushed together: every one of :data:`SOURCES`.
 #: A module left out keeps machine code that inlined an old version of the others (a
 #: cached ``lane_bodies`` function with an old outbox layout wrote its answers where the
 #: outboxes no longer were, and peers refused the messages).
-_CACHED = tuple(rel[: -len(".py")].replace("/", ".") for rel in _SOURCES)
+_CACHED = tuple(rel[: -len(".py")].replace("/", ".") for rel in SOURCES)
 
 
-def sources_digest(sources: tuple[str, ...] = _SOURCES) -> str:
+def sources_digest(sources: tuple[str, ...] = SOURCES) -> str:
     """A digest of ``sources`` (paths under the package) as they are now."""
     return digest.sources_digest(sources)
 
 
 def cache_is_current(
-    probe: Any, sources: tuple[str, ...] = _SOURCES, stamp_name: str = "lane_core.sources"
+    probe: Any, sources: tuple[str, ...] = SOURCES, stamp_name: str = "lane_core.sources"
 ) -> bool:
     """Whether the lane's cached code (``probe``'s cache directory) was made from
     ``sources`` as they are now: read only, so any process may ask, while only the holder
@@ -61,7 +61,7 @@ def cache_is_current(
 
 def forget_stale_cache(
     probe: Any,
-    sources: tuple[str, ...] = _SOURCES,
+    sources: tuple[str, ...] = SOURCES,
     modules: tuple[str, ...] = _CACHED,
     stamp_name: str = "lane_core.sources",
 ) -> bool:
