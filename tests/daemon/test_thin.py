@@ -11,7 +11,9 @@ arena, and backpressure when staged ops do not fit.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,42 @@ def test_the_compiled_loop_switched_off(tmp_path: Path) -> None:
     for r, res in enumerate(results):
         assert f"rank {r}: LOOP-EXACT-ROUTE OK" in res.stdout, res.stdout
     assert status == 0, served.stderr()
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User and system CPU seconds the processes ``pids`` used so far (all their threads)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+@pytest.mark.parametrize(
+    "nodes,local,mode",
+    [(2, 1, "loop"), pytest.param(1, 2, "meeting", marks=pytest.mark.full)],
+    ids=["compiled-loop", "meeting"],
+)
+def test_an_idle_service_costs_no_cpu_after_a_job(
+    tmp_path: Path, nodes: int, local: int, mode: str
+) -> None:
+    """After a job of repeats (run in the service's compiled loop among two nodes, or at the
+    one-node meeting place) the services, still running, sleep: under 2% of a core over 2 s
+    (a loop that spun when idle would take a whole core)."""
+    from test_daemon import service_pids
+
+    served = serve(nodes, local, tmp_path / "s")
+    try:
+        results = run_clients(served, [WORKER, mode], timeout=240)
+        assert all(r.returncode == 0 for r in results), [r.stdout + r.stderr for r in results]
+        pids = service_pids(served)
+        assert len(pids) == nodes, pids
+        time.sleep(1.0)  # their idle backoff reaches its longest sleep
+        before, t0 = _cpu_s(pids), time.monotonic()
+        time.sleep(2.0)
+        used = (_cpu_s(pids) - before) / (time.monotonic() - t0)
+    finally:
+        status = served.stop()
+    assert status == 0, served.stderr()
+    assert used < 0.02 * nodes, f"idle services used {used:.1%} of a core"
