@@ -4,9 +4,12 @@ On a service of several nodes, the arena thread's compiled pass (:mod:`.arena_pa
 takes the clients' descriptors and makes the node's part of an op; the op then runs
 among the services on their engine.  For the first occurrences of a shape Python starts
 it there (``PassOps._fast_start``), and once the engine's express record of the shape
-has the lane's fields (a plain lane shape: no copy, no scratch) the shape gets a *row*
-here: its key (wire id, element type, count, reduce op, node buffer's offset), the
-lane's fields, and the next generation of its name among the services.
+has the lane's fields the shape gets a *row* here: its key (wire id, kind, element type,
+count, reduce op, a broadcast's root, node buffer's offset), the lane's fields, the
+buffers beside its input the lane needs for it (the row's own), and the next generation
+of its name among the services.  The shapes are the compiled pass's: allreduces,
+broadcasts and barriers over the world, whole among the nodes (a segmented one,
+:func:`.arena_pass.pipelined`, stays Python's: docs/daemon.md says why).
 
 From then on :func:`service_pass` runs a repeat of the shape whole: it takes the
 descriptors (the pass), reduces the node's buffers (the pass), enters the op into the
@@ -18,7 +21,7 @@ holds the engine's lock meanwhile (``ServiceRepeats.begin``: taken only when not
 the engine's Python waits), and returns to Python, for it to take in order as before:
 
 - anything the pass hands over (its out-queue; an op complete here whose shape has no
-  row, or is not a whole world allreduce of a plain lane shape): ``WHY_PASS``, with the
+  row): ``WHY_PASS``, with the
   first of the pass's starts Python must take;
 - a repeat that did not end in its try (the other nodes are late): ``WHY_ADOPT``,
   Python makes its handle, as ``CommLoop.lane_now`` does, and it goes on as any;
@@ -63,13 +66,14 @@ from .arena_pass import (
 #: Rows (a power of two; a full table is cleared, as the engine's express records are).
 ROWS = 4096
 #: a row's words: in use, the name's wire id, the shape (element type, count, reduce op,
-#: node buffer's offset), the name's next generation, the repeats run since Python last
-#: looked and the first of their generations, and the addresses of the row's own buffers
-#: for a shape that needs them (0: none): the input's copy (an in-place schedule that reads
-#: its input after writing it; of R_NBYTES), the schedule's work buffer, the scratch of
-#: its large receives
+#: node buffer's offset: -1 for a barrier), the name's next generation, the repeats run
+#: since Python last looked and the first of their generations, the addresses of the
+#: row's own buffers for a shape that needs them (0: none): the input's copy (an in-place
+#: schedule that reads its input after writing it; of R_NBYTES), the schedule's work
+#: buffer, the scratch of its large receives; and the rest of the shape: the kind
+#: (allreduce, broadcast, barrier) and a broadcast's root (the client's rank)
 (R_USED, R_WIRE, R_DTYPE, R_COUNT, R_OP, R_AT, R_GEN, R_DONE, R_FIRST, R_COPY, R_WORK, R_SCR,
- R_NBYTES) = range(13)  # fmt: skip
+ R_NBYTES, R_KIND, R_ROOT) = range(15)  # fmt: skip
 ROW_WORDS = 16
 #: The most bytes of such buffers the rows keep in all (more: those shapes stay Python's).
 ROW_BUFFER_BYTES = 512 << 20
@@ -93,9 +97,9 @@ TOUCHED = 64
 IO_WORDS = IO_TOUCHED + TOUCHED
 WHY_IDLE, WHY_PASS, WHY_ADOPT, WHY_LOOK = 0, 1, 2, 3
 
-_AR = 1  # OpKind.ALLREDUCE
-_D_KIND, _D_WIRE, _D_DTYPE, _D_COUNT, _D_OP, _D_PRIO, _D_FLAGS, _D_ALGO = (
-    A.D_KIND, A.D_WIRE, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_PRIO, A.D_FLAGS, A.D_ALGO,
+_AR, _BC, _BAR = 1, 2, 3  # OpKind.ALLREDUCE, BROADCAST, BARRIER (the pass's kinds)
+_D_KIND, _D_WIRE, _D_DTYPE, _D_COUNT, _D_OP, _D_PRIO, _D_FLAGS, _D_ALGO, _D_ROOT = (
+    A.D_KIND, A.D_WIRE, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_PRIO, A.D_FLAGS, A.D_ALGO, A.D_ROOT,
 )  # fmt: skip
 _F_UNNAMED = A.F_UNNAMED
 _H_LOOP_RAN, _H_LOOP_ENTERED = A.H_LOOP_RAN, A.H_LOOP_ENTERED
@@ -135,9 +139,13 @@ def row_of(rows, wire, make):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _row_for(rows, st, descs, e, io):  # type: ignore[no-untyped-def]
-    """The row that runs entry ``e`` (complete here) among the nodes, or -1 (Python's)."""
+    """The row that runs entry ``e`` (complete here) among the nodes, or -1 (Python's): a
+    whole world allreduce, broadcast or barrier of a shape the row has."""
     d0 = descs[e, 0]
-    if d0[_D_KIND] != _AR or d0[_D_ALGO] != 0 or (d0[_D_FLAGS] & _F_UNNAMED) != 0:
+    kind = d0[_D_KIND]
+    if kind != _AR and kind != _BC and kind != _BAR:
+        return -1
+    if d0[_D_ALGO] != 0 or (d0[_D_FLAGS] & _F_UNNAMED) != 0:
         return -1
     if d0[_D_DTYPE] == DT_BF16 or pipelined(st, d0):
         return -1
@@ -149,6 +157,8 @@ def _row_for(rows, st, descs, e, io):  # type: ignore[no-untyped-def]
         or rows[r, R_DTYPE] != d0[_D_DTYPE]
         or rows[r, R_COUNT] != d0[_D_COUNT]
         or rows[r, R_OP] != d0[_D_OP]
+        or rows[r, R_KIND] != kind
+        or rows[r, R_ROOT] != (d0[_D_ROOT] if kind == _BC else 0)
         or rows[r, R_AT] != node_buffer(st, descs, e)
     ):
         return -1
@@ -204,7 +214,7 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
                     io[IO_WHY] = WHY_PASS
                     io[IO_FIRST] = i
                     return
-                at = abase + rows[r, R_AT]
+                at = abase + max(rows[r, R_AT], 0)  # (a barrier's: no byte of it is read)
                 addrs[0] = at
                 addrs[1] = at
                 if rows[r, R_COPY] != 0:  # the schedule reads its input after writing it
@@ -280,9 +290,9 @@ class Shapes:
 
     def put(self, shape: tuple[int, ...], buf: np.ndarray, ex: Any, gen: int) -> bool:
         """Give ``shape`` (wire id, dtype, count, reduce op, algorithm, node buffer's
-        offset; algorithm 0), whose lane fields ``ex.lane_shape`` has, its row, replacing
-        its name's other shape if any; False when its buffers would pass
-        :data:`ROW_BUFFER_BYTES` (it stays Python's)."""
+        offset, kind, a broadcast's root; algorithm 0), whose lane fields
+        ``ex.lane_shape`` has, its row, replacing its name's other shape if any; False
+        when its buffers would pass :data:`ROW_BUFFER_BYTES` (it stays Python's)."""
         ls = ex.lane_shape
         sizes = (
             buf.nbytes if ls.copy_in else 0,
@@ -308,6 +318,7 @@ class Shapes:
         row = self.rows[r]
         row[R_DTYPE], row[R_COUNT], row[R_OP], row[R_AT] = shape[1], shape[2], shape[3], shape[5]
         row[R_GEN], row[R_DONE], row[R_NBYTES] = gen, 0, buf.nbytes
+        row[R_KIND], row[R_ROOT] = shape[6], shape[7]
         it = iter(own)
         for col, n in zip((R_COPY, R_WORK, R_SCR), sizes, strict=True):
             row[col] = next(it).ctypes.data if n else 0

@@ -28,7 +28,13 @@ from .thin_ops import _SESSION, _error_kind, _Grp, _Op, _Segments, ended_of
 
 log = logging.getLogger("totalreduce.daemon")
 
-_ALLREDUCE, _BARRIER = int(OpKind.ALLREDUCE), int(OpKind.BARRIER)
+_ALLREDUCE, _BROADCAST, _BARRIER = int(OpKind.ALLREDUCE), int(OpKind.BROADCAST), int(OpKind.BARRIER)
+#: The kinds whose repeats start from the engine's express record, and run in the compiled
+#: loop once the lane has their fields (:mod:`.service_loop`): the pass's kinds.
+_REPEATED = (_ALLREDUCE, _BROADCAST, _BARRIER)
+#: A barrier's buffer, and its name's signature among the services (``OpSubmitter._simple``'s).
+_NO_DATA = np.empty(0, np.int64)
+_BARRIER_SIG = ("barrier", "int64", 0, "sum", 0)
 #: The compiled loop's span (it returns to Python at least this often), its spin after
 #: its last work (as the arena thread's Python spins, ``thin.SPIN_S``), and the shortest
 #: first try of an op in the lane (a drive of ``thin.DRIVE_S``, as the Python path drives
@@ -218,9 +224,10 @@ class PassOps:
         shape: tuple[int, ...] | None = None
         try:
             at = -1 if kind == _BARRIER else int(arena_pass.node_buffer(fast.st, fast.descs, e))
-            if kind == _ALLREDUCE:
+            if kind in _REPEATED:
+                root = int(d[A.D_ROOT]) if kind == _BROADCAST else 0
                 shape = (wire, int(d[A.D_DTYPE]), int(d[A.D_COUNT]), int(d[A.D_OP]),
-                         int(d[A.D_ALGO]), at)  # fmt: skip
+                         int(d[A.D_ALGO]), at, kind, root)  # fmt: skip
                 if self._fast_repeat(token, e, d, shape):
                     return
             dt = DType(int(d[A.D_DTYPE]))
@@ -245,16 +252,16 @@ class PassOps:
             return
         if segs is None:
             self._fast_running[token] = [e, h, None]
-            if shape is not None and buf is not None and dt is not DType.BFLOAT16:
-                self._remember_shape(shape, buf, rop, int(d[A.D_ALGO]))
+            if shape is not None and dt is not DType.BFLOAT16:
+                self._remember_shape(shape, _NO_DATA if buf is None else buf, rop, h)
         # a segmented op ends after its segments' ends, in the order they came
         run = segs is None
         h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h), run))
 
     def _fast_repeat(self, token: int, e: int, d: np.ndarray, shape: tuple[int, ...]) -> bool:
-        """Start entry ``e``, a whole allreduce among the nodes of a shape started before,
-        straight from the engine's express record of it (what ``_engine_op`` comes to
-        through ``allreduce_async``, less the conversions and the lookups on its way);
+        """Start entry ``e``, a whole allreduce, broadcast or barrier among the nodes of a
+        shape started before, straight from the engine's express record of it (what
+        ``_engine_op`` comes to through ``allreduce_async`` and the others, less the conversions and the lookups on its way);
         False when there is no record, or the engine wants the whole way (its checks are
         made here all the same: :func:`~totalreduce.service.express.start`)."""
         rec = self._fast_shapes.get(shape)
@@ -298,7 +305,12 @@ class PassOps:
         r = service_loop.row_of(shapes.rows, shape[0], False)
         if r >= 0 and r in shapes.kept and shapes.kept[r][2] is ex:
             row = shapes.rows[r]
-            if row[SL.R_AT] == shape[5] and row[SL.R_COUNT] == shape[2]:
+            if (
+                row[SL.R_AT] == shape[5]
+                and row[SL.R_COUNT] == shape[2]
+                and row[SL.R_KIND] == shape[6]
+                and row[SL.R_ROOT] == shape[7]
+            ):
                 return  # (a repeat of it Python started: the rows' generations follow)
         if shapes.epoch != tuning.EPOCH[0]:
             shapes.clear()
@@ -306,15 +318,28 @@ class PassOps:
         shapes.put(shape, buf, ex, self.engine._names.next_generation(shape[0]))
         shapes.names_seen = -1  # every row's generation looked at again
 
-    def _remember_shape(
-        self, shape: tuple[int, ...], buf: np.ndarray, rop: ReduceOp, algo: int
-    ) -> None:
-        """After a whole allreduce among the nodes: keep the engine's express record of it
-        (made by that call, under the key ``_engine_op``'s call gave it) for its repeats."""
+    def _remember_shape(self, shape: tuple[int, ...], buf: np.ndarray, rop: ReduceOp,
+                        h: Any) -> None:  # fmt: skip
+        """After a whole allreduce, broadcast or barrier among the nodes (its handle
+        ``h``): keep the engine's express record of it (made by that call, under the key
+        ``_engine_op``'s call gave it; a barrier's, which the engine keeps none of, made
+        here of the op's spec) for its repeats."""
         eng = self.engine
+        algo, kind = shape[4], shape[6]
         name = AlgorithmCode(algo).name.lower() if algo else "auto"
         table = getattr(eng, "_express", None)
-        ex = None if table is None else table.get((shape[0], rop, True, name))
+        ex: Any = None
+        if table is None:
+            return
+        if kind == _ALLREDUCE:
+            ex = table.get((shape[0], rop, True, name))
+        elif kind == _BROADCAST:  # the root among the services: the root's node
+            ex = table.get(("bc", shape[0], shape[7] // self.slots, True, name))
+        elif name == "auto":
+            spec = getattr(h, "_spec", None)  # (None: it ended already; the next one)
+            if spec is None or spec.kind is not OpKind.BARRIER or spec.context:
+                return
+            ex = express.Express(spec, buf, _BARRIER_SIG, tuning.EPOCH[0])
         if (
             ex is None
             or ex.__class__ is not express.Express

@@ -1,0 +1,195 @@
+"""A daemon client for tests/daemon/test_loop_kinds.py: the kinds of op among the nodes
+whose repeats the node's service runs in its compiled loop (daemon/service_loop.py).
+
+``python loop_kinds_worker.py MODE`` with the daemon variables set (``cluster.client_env``);
+prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.  With
+``TOTALREDUCE_SERVICE_LOOP=0`` in its environment it checks that the loop ran nothing.
+
+- ``kinds``: repeats of broadcasts from every root (a name per root) and of barriers,
+  exact in float16, float32, float64, int32 and int64 (and bfloat16, which stays
+  Python's), and counted by the node's service as run in its loop; reduce-scatters,
+  all-gathers and allreduces over a group, exact (Python starts those among the nodes).
+- ``segmented`` (several clients a node, a small ``--segment-bytes``): allreduces and
+  broadcasts cut into segments among the nodes, exact; Python starts them (the loop
+  takes none).
+- ``mismatch``: after repeats of a shape (its row in the loop), the nodes disagree
+  about the count of an allreduce and about the root of a broadcast: every rank fails
+  with an error naming the op, its generation and the ranks; the next op works.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+import totalreduce as tr
+from totalreduce.transport import arena as A
+
+REPEATS = 30
+DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
+
+
+def report(rank: int, name: str, ok: bool, why: str = "") -> None:
+    print(f"rank {rank}: {name} {'OK' if ok else 'FAILED ' + why}", flush=True)
+
+
+def loop_on() -> bool:
+    return os.environ.get("TOTALREDUCE_SERVICE_LOOP", "1") != "0"
+
+
+def entered() -> int:
+    """Ops the node's service entered in its compiled loop so far."""
+    return int(tr.default_service()._thin.header[A.H_LOOP_ENTERED])
+
+
+def routed(bad: list[str], what: str, got: int, repeats: int, expect: bool) -> None:
+    """``got`` of ``repeats`` repeats ran in the loop: most of them, or (off, or a kind it
+    does not take) none.  (A repeat takes Python's way while the services' engine has work
+    for its Python at that moment: its stall look, an op of a peer; the closing barrier
+    may count one.)"""
+    if expect and got < repeats - 3:
+        bad.append(f"{what}: the compiled loop took {got} of {repeats} repeats")
+    if not expect and got > 1:
+        bad.append(f"{what}: the compiled loop took {got} repeats, expected none")
+
+
+def value(r: int, i: int, n: int, dt: type) -> np.ndarray:
+    return ((np.arange(n) + 3 * r + i) % 11).astype(dt)
+
+
+def mode_kinds(p: int, rank: int) -> None:
+    on = loop_on()
+    # broadcasts from every root (a name per root, several sizes), every dtype
+    bad: list[str] = []
+    for dt in DTYPES:
+        for n in (1, 1000):
+            x = tr.empty(n, dt)
+            for root in range(p):
+                name = f"kb.{np.dtype(dt).name}.{n}.{root}"
+                before = 0
+                for i in range(3 + REPEATS):
+                    if i == 3:
+                        tr.barrier(name="kinds.sync")
+                        before = entered()
+                    x[:] = value(rank, i, n, dt)
+                    tr.broadcast(x, root=root, name=name, out=x)
+                    if not np.array_equal(x, value(root, i, n, dt)):
+                        bad.append(f"{name} call {i}: {x[:3]} != {value(root, i, n, dt)[:3]}")
+                tr.barrier(name="kinds.sync")
+                routed(bad, name, entered() - before, REPEATS, on)
+    # bfloat16 (as raw 16-bit words): exact, Python's way
+    x = tr.empty(64, np.uint16)
+    for i in range(5):
+        x[:] = 0x3F80 + rank + i
+        tr.broadcast(x, root=p - 1, name="kb.bf16", out=x, dtype="bfloat16")
+        if not np.all(x == 0x3F80 + p - 1 + i):
+            bad.append(f"kb.bf16 call {i}: {x[:3]}")
+    report(rank, "LOOP-BROADCAST", not bad, "; ".join(bad[:3]))
+
+    # barriers: a named one, repeated (every rank leaves after every rank entered)
+    bad = []
+    tr.barrier(name="kinds.sync")
+    before = entered()
+    for _ in range(REPEATS):
+        tr.barrier(name="kb.barrier")
+    routed(bad, "barrier", entered() - before, REPEATS, on)
+    report(rank, "LOOP-BARRIER", not bad, "; ".join(bad[:3]))
+
+    # reduce-scatter, all-gather and an allreduce over a group: exact
+    bad = []
+    tr.barrier(name="kinds.sync")
+    before = entered()
+    g = tr.Group([0, p - 1]) if rank in (0, p - 1) else tr.Group(list(range(1, p - 1)))
+    for dt in DTYPES:
+        for i in range(6):
+            n = 4 * p
+            got = tr.reduce_scatter(value(rank, i, n, dt), name=f"krs.{np.dtype(dt).name}")
+            want = sum(value(r, i, n, dt).astype(np.int64) for r in range(p))
+            mine = want[rank * 4 : rank * 4 + 4]
+            if not np.array_equal(got, mine.astype(dt)):
+                bad.append(f"reduce_scatter {dt}: {got} != {mine}")
+            got = tr.allgather(value(rank, i, 5, dt), name=f"kag.{np.dtype(dt).name}")
+            want_ag = np.concatenate([value(r, i, 5, dt) for r in range(p)])
+            if not np.array_equal(got, want_ag):
+                bad.append(f"allgather {dt}: {got} != {want_ag}")
+            got = tr.allreduce(value(rank, i, 7, dt), name=f"kg.{np.dtype(dt).name}", group=g)
+            want_g = sum(value(r, i, 7, dt).astype(np.int64) for r in g.ranks)
+            if not np.array_equal(got, want_g.astype(dt)):
+                bad.append(f"group allreduce {dt}: {got} != {want_g}")
+    tr.barrier(name="kinds.sync")
+    print(f"rank {rank}: of reduce-scatters, all-gathers and a group's allreduces, the loop "
+          f"took {entered() - before}", flush=True)  # fmt: skip
+    report(rank, "KINDS-EXACT", not bad, "; ".join(bad[:3]))
+
+
+def mode_segmented(p: int, rank: int) -> None:
+    bad: list[str] = []
+    tr.barrier(name="seg.sync")
+    before = entered()
+    n = 1 << 17  # the service's --segment-bytes is smaller: every op here is cut
+    for dt in DTYPES:
+        x = tr.empty(n, dt)
+        for i in range(4):
+            x[:] = value(rank, i, n, dt)
+            tr.allreduce(x, name=f"seg.ar.{np.dtype(dt).name}", op="max", out=x)
+            want = np.maximum.reduce([value(r, i, n, dt) for r in range(p)])
+            if not np.array_equal(x, want):
+                bad.append(f"segmented allreduce {dt} call {i}")
+            x[:] = value(rank, i, n, dt)
+            tr.broadcast(x, root=i % p, name=f"seg.bc.{np.dtype(dt).name}.{i % p}", out=x)
+            if not np.array_equal(x, value(i % p, i, n, dt)):
+                bad.append(f"segmented broadcast {dt} call {i}")
+    tr.barrier(name="seg.sync")
+    routed(bad, "segmented ops", entered() - before, 0, False)
+    report(rank, "SEGMENTED", not bad, "; ".join(bad[:3]))
+
+
+def mode_mismatch(p: int, rank: int) -> None:
+    node = int(os.environ["TOTALREDUCE_SOCKET"].rsplit("node", 1)[1].split(".")[0])
+    # the count: the nodes disagree on a repeat of a shape the loop has a row of
+    x = tr.empty(16, np.float32)
+    for _ in range(4):
+        x[:] = 1
+        tr.allreduce(x, name="mm.count", out=x)
+    count = 16 if node == 0 else 12
+    y = tr.empty(count, np.float32)
+    y[:] = 1
+    try:
+        tr.allreduce(y, name="mm.count", out=y)
+        report(rank, "MISMATCH-COUNT", False, "no error")
+    except tr.TotalReduceError as exc:
+        text = str(exc)
+        ok = "mm.count" in text and "generation 4" in text and "rank" in text
+        report(rank, "MISMATCH-COUNT", ok, f"{type(exc).__name__}: {text}")
+    # the root of a broadcast
+    z = tr.empty(8, np.int64)
+    for _ in range(4):
+        z[:] = rank
+        tr.broadcast(z, root=0, name="mm.root", out=z)
+    try:
+        tr.broadcast(z, root=0 if node == 0 else p - 1, name="mm.root", out=z)
+        report(rank, "MISMATCH-ROOT", False, "no error")
+    except tr.TotalReduceError as exc:
+        text = str(exc)
+        ok = "mm.root" in text and "generation 4" in text and "rank" in text
+        report(rank, "MISMATCH-ROOT", ok, f"{type(exc).__name__}: {text}")
+    # the service goes on: a new name, and repeats of it
+    bad = []
+    for i in range(5):
+        got = tr.allreduce(np.full(4, rank + i, np.int64), name="mm.after")
+        if not np.all(got == sum(r + i for r in range(p))):
+            bad.append(str(got))
+    report(rank, "MISMATCH-AFTER", not bad, "; ".join(bad[:3]))
+
+
+def main() -> None:
+    tr.init()
+    modes = {"kinds": mode_kinds, "segmented": mode_segmented, "mismatch": mode_mismatch}
+    modes[sys.argv[1]](tr.size(), tr.rank())
+    tr.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The node service's compiled loop (daemon/service_loop.py) beyond the allreduce: repeats
+of broadcasts (every root) and barriers among the nodes run there, exact in every dtype;
+the kinds Python starts among the nodes (reduce-scatter, all-gather, a group's ops, and
+segmented ops) stay exact; a mismatch among the nodes on a shape that has a row in the
+loop fails every rank with an error naming the op, its generation and the ranks, as it
+does with the loop switched off (``TOTALREDUCE_SERVICE_LOOP=0``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from cluster import have_mpiexec, run_clients, serve  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec not found (mpich wheel)")
+WORKER = str(HERE / "loop_kinds_worker.py")
+
+
+def run_mode(
+    where: Path, nodes: int, local: int, mode: str, checks: list[str], *extra: str,
+    **env: str,
+) -> str:  # fmt: skip
+    """Serve ``nodes`` x ``local`` (``env`` in the services' and the clients' environment),
+    run ``loop_kinds_worker.py mode`` on every client, and check that every rank reported
+    every check OK and the services exited cleanly; the clients' output."""
+    served = serve(nodes, local, where, extra=extra, **env)
+    try:
+        results = run_clients(served, [WORKER, mode], timeout=240, **env)
+    finally:
+        status = served.stop()
+    for r, res in enumerate(results):
+        for check in checks:
+            assert f"rank {r}: {check} OK" in res.stdout, res.stdout
+    log = served.stderr()
+    assert status == 0, log
+    assert "Traceback" not in log, log
+    return "".join(r.stdout for r in results)
+
+
+LOOP = [pytest.param("1", id="loop-on"), pytest.param("0", id="loop-off")]
+
+
+@pytest.mark.parametrize(
+    "local", [1, pytest.param(2, marks=pytest.mark.full)], ids=lambda n: f"2x{n}"
+)
+def test_repeated_broadcasts_and_barriers_take_the_compiled_loop(
+    tmp_path: Path, local: int
+) -> None:
+    """Two nodes: repeats of broadcasts from every root and of barriers run in the loop
+    (counted by the service), exact in float16/32/64, int32/64 (bfloat16: Python's);
+    reduce-scatters, all-gathers and a group's allreduces are exact."""
+    checks = ["LOOP-BROADCAST", "LOOP-BARRIER", "KINDS-EXACT"]
+    run_mode(tmp_path / "s", 2, local, "kinds", checks)
+
+
+@pytest.mark.full
+def test_broadcasts_and_barriers_with_the_loop_off(tmp_path: Path) -> None:
+    """``TOTALREDUCE_SERVICE_LOOP=0``: the same results, and the loop runs nothing."""
+    checks = ["LOOP-BROADCAST", "LOOP-BARRIER", "KINDS-EXACT"]
+    run_mode(tmp_path / "s", 2, 1, "kinds", checks, TOTALREDUCE_SERVICE_LOOP="0")
+
+
+@pytest.mark.full
+def test_segmented_ops_are_exact_and_started_by_python(tmp_path: Path) -> None:
+    """Two nodes of two clients, ops cut into segments among the nodes (a small
+    ``--segment-bytes``): exact, and the loop takes none (Python starts each segment)."""
+    run_mode(tmp_path / "s", 2, 2, "segmented", ["SEGMENTED"], "--segment-bytes", "65536")
+
+
+@pytest.mark.parametrize("loop", LOOP)
+def test_a_mismatch_among_the_nodes_on_a_shape_the_loop_has(tmp_path: Path, loop: str) -> None:
+    """The nodes disagree about a repeat's count, and about a broadcast's root, after
+    repeats gave the shape its row: every rank fails naming the op, its generation and
+    the ranks; the service goes on.  The loop on and off alike."""
+    checks = ["MISMATCH-COUNT", "MISMATCH-ROOT", "MISMATCH-AFTER"]
+    out = run_mode(tmp_path / "s", 2, 1, "mismatch", checks, TOTALREDUCE_SERVICE_LOOP=loop)
+    assert "FAILED" not in out, out
