@@ -42,7 +42,8 @@ def run_mode(
     return "".join(r.stdout for r in results)
 
 
-LOOP = [pytest.param("1", id="loop-on"), pytest.param("0", id="loop-off")]
+CHECKS = ["LOOP-BROADCAST", "LOOP-BARRIER", "KINDS-EXACT", "MISMATCH-COUNT", "MISMATCH-ROOT",
+          "MISMATCH-AFTER"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -53,16 +54,20 @@ def test_repeated_broadcasts_and_barriers_take_the_compiled_loop(
 ) -> None:
     """Two nodes: repeats of broadcasts from every root and of barriers run in the loop
     (counted by the service), exact in float16/32/64, int32/64 (bfloat16: Python's);
-    reduce-scatters, all-gathers and a group's allreduces are exact."""
-    checks = ["LOOP-BROADCAST", "LOOP-BARRIER", "KINDS-EXACT"]
-    run_mode(tmp_path / "s", 2, local, "kinds", checks)
+    reduce-scatters, all-gathers and a group's allreduces are exact.  Then the nodes
+    disagree about a repeat's count, and about a broadcast's root, after repeats gave the
+    shape its row: every rank fails naming the op, its generation and the ranks; the
+    service goes on."""
+    out = run_mode(tmp_path / "s", 2, local, "kinds,mismatch", CHECKS)
+    assert "FAILED" not in out, out
 
 
 @pytest.mark.full
-def test_broadcasts_and_barriers_with_the_loop_off(tmp_path: Path) -> None:
-    """``TOTALREDUCE_SERVICE_LOOP=0``: the same results, and the loop runs nothing."""
-    checks = ["LOOP-BROADCAST", "LOOP-BARRIER", "KINDS-EXACT"]
-    run_mode(tmp_path / "s", 2, 1, "kinds", checks, TOTALREDUCE_SERVICE_LOOP="0")
+def test_broadcasts_barriers_and_mismatches_with_the_loop_off(tmp_path: Path) -> None:
+    """``TOTALREDUCE_SERVICE_LOOP=0``: the same results and errors, and the loop runs
+    nothing."""
+    out = run_mode(tmp_path / "s", 2, 1, "kinds,mismatch", CHECKS, TOTALREDUCE_SERVICE_LOOP="0")
+    assert "FAILED" not in out, out
 
 
 @pytest.mark.full
@@ -70,13 +75,3 @@ def test_segmented_ops_are_exact_and_started_by_python(tmp_path: Path) -> None:
     """Two nodes of two clients, ops cut into segments among the nodes (a small
     ``--segment-bytes``): exact, and the loop takes none (Python starts each segment)."""
     run_mode(tmp_path / "s", 2, 2, "segmented", ["SEGMENTED"], "--segment-bytes", "65536")
-
-
-@pytest.mark.parametrize("loop", LOOP)
-def test_a_mismatch_among_the_nodes_on_a_shape_the_loop_has(tmp_path: Path, loop: str) -> None:
-    """The nodes disagree about a repeat's count, and about a broadcast's root, after
-    repeats gave the shape its row: every rank fails naming the op, its generation and
-    the ranks; the service goes on.  The loop on and off alike."""
-    checks = ["MISMATCH-COUNT", "MISMATCH-ROOT", "MISMATCH-AFTER"]
-    out = run_mode(tmp_path / "s", 2, 1, "mismatch", checks, TOTALREDUCE_SERVICE_LOOP=loop)
-    assert "FAILED" not in out, out

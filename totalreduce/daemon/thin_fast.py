@@ -261,9 +261,10 @@ class PassOps:
     def _fast_repeat(self, token: int, e: int, d: np.ndarray, shape: tuple[int, ...]) -> bool:
         """Start entry ``e``, a whole allreduce, broadcast or barrier among the nodes of a
         shape started before, straight from the engine's express record of it (what
-        ``_engine_op`` comes to through ``allreduce_async`` and the others, less the conversions and the lookups on its way);
-        False when there is no record, or the engine wants the whole way (its checks are
-        made here all the same: :func:`~totalreduce.service.express.start`)."""
+        ``_engine_op`` comes to through ``allreduce_async`` and the others, less the
+        conversions and the lookups on its way); False when there is no record, or the
+        engine wants the whole way (its checks are made here all the same:
+        :func:`~totalreduce.service.express.start`)."""
         rec = self._fast_shapes.get(shape)
         if rec is None:
             return False
