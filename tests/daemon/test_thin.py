@@ -146,3 +146,26 @@ def test_an_idle_service_costs_no_cpu_after_a_job(
         status = served.stop()
     assert status == 0, served.stderr()
     assert used < 0.02 * nodes, f"idle services used {used:.1%} of a core"
+
+
+@pytest.mark.parametrize(
+    "local", [1, pytest.param(2, marks=pytest.mark.full)], ids=lambda n: f"2x{n}"
+)
+def test_blocking_repeats_among_nodes_are_one_compiled_call(tmp_path: Path, local: int) -> None:
+    """Two nodes: a blocking repeat on arrays of the arena (in place, or into another) is
+    submitted and waited for in one compiled call (no handle; counted), exact in float16,
+    float32, float64, int32 and int64; async forms keep their handles, whose wait honours
+    its timeout; a repeat whose count another node changed raises as the Python path does."""
+    checks = ["RING-EXACT-ROUTE", "RING-ASYNC-TIMEOUT", "RING-MISMATCH"]
+    run_mode(tmp_path / "s", 2, local, "ring", checks)
+
+
+def test_a_service_that_dies_under_a_compiled_wait(tmp_path: Path) -> None:
+    """Node 0's service killed while its client waits in a compiled call: the call raises
+    ``TransportError`` within seconds, no hang."""
+    served = serve(2, 1, tmp_path / "s")
+    try:
+        results = run_clients(served, [WORKER, "ring-death"], timeout=120, check=False)
+    finally:
+        served.stop()
+    assert "rank 0: RING-DEATH OK" in results[0].stdout, results[0].stdout

@@ -24,6 +24,14 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
   arena without the service: every element type and op, from 0 elements to several
   slices, arrays of the arena in place (repeats: one compiled call each, no handle) and
   plain ones, all exact; the meeting's count of ops run grows by one per op.
+- ``ring`` (several nodes): blocking repeats on arrays of the arena, in place and into
+  another such array, are one compiled call each (submitted into the ring and waited for:
+  counted in the client's state, no handle made), exact in float16, float32, float64,
+  int32 and int64; first occurrences and async forms make handles as before; a repeat
+  whose count another node changed raises what the Python path raises; a handle's
+  ``wait(timeout=)`` is honoured by the compiled wait.
+- ``ring-death`` (several nodes): the service of node 0 killed while its client waits in
+  a compiled call: the call raises ``TransportError`` within seconds.
 - ``pressure``: with a small arena, ops larger than half a client's part run in pieces
   (an allreduce, a reduce-scatter, an all-gather with and without counts, all-to-alls), a
   window larger than a client's whole part sends its messages in pieces, and many staged
@@ -784,6 +792,129 @@ def mode_loop(p: int, rank: int) -> None:
     report(rank, "LOOP-EXACT-ROUTE", not bad, "; ".join(bad[:3]))
 
 
+def mode_ring(p: int, rank: int) -> None:
+    """Several nodes: a blocking repeat is one compiled call (transport/ring_call.py)."""
+    from totalreduce.service import express
+    from totalreduce.service import thin as thin_mod
+    from totalreduce.transport import meeting as M
+
+    thin = tr.default_service()._thin
+    assert thin is not None and thin.meet is None, "several nodes: no meeting"
+    made = [0]
+    real_init = thin_mod.ThinHandle.__init__
+
+    def counting(self: Any, *args: Any, **kw: Any) -> None:
+        made[0] += 1
+        real_init(self, *args, **kw)
+
+    thin_mod.ThinHandle.__init__ = counting  # type: ignore[method-assign]
+    bad: list[str] = []
+    repeats = 12
+    for dt in (np.float16, np.float32, np.float64, np.int32, np.int64):
+        for n in (1, 1000, 70_000):
+            x, y = tr.empty(n, dt), tr.empty(n, dt)
+            ramp = (np.arange(n) % 7).astype(dt)
+            for form in ("in", "out"):
+                name = f"ring.{np.dtype(dt).name}.{n}.{form}"
+                for i in range(2 + repeats):
+                    if i == 2:
+                        ran, handles = int(thin.st[M.ST_RAN]), made[0]
+                    x[:] = ramp + (rank + i) % 5
+                    y[:] = -1
+                    got = tr.allreduce(x, name=name, out=x if form == "in" else y)
+                    want = sum((ramp + (r + i) % 5).astype(np.int64) for r in range(p))
+                    res = x if form == "in" else y
+                    want = want.astype(dt)
+                    if not (np.array_equal(res, want) and np.array_equal(got, want)):
+                        bad.append(f"{name} call {i}: {res[:3]} != {want[:3]}")
+                    if form == "out" and not np.array_equal(x, ramp + (rank + i) % 5):
+                        bad.append(f"{name} call {i}: the input changed")
+                took = int(thin.st[M.ST_RAN]) - ran
+                # (a repeat whose peer was late past 50 ms goes on in Python: still no handle)
+                if made[0] != handles or took < repeats - 2:
+                    bad.append(f"{name}: {took} of {repeats} repeats in a compiled call, "
+                               f"{made[0] - handles} handles made")  # fmt: skip
+    thin_mod.ThinHandle.__init__ = real_init  # type: ignore[method-assign]
+    report(rank, "RING-EXACT-ROUTE", not bad, "; ".join(bad[:3]))
+
+    # async forms and first occurrences keep their handles
+    bad = []
+    x = tr.empty(100, np.float32)
+    for i in range(3):
+        x[:] = rank + i
+        h = tr.allreduce_async(x, name="ring.async", out=x)
+        if h.__class__ is not thin_mod.ThinHandle or h.generation != i:
+            bad.append(f"async {i}: {h!r}")
+        h.wait()
+        if not np.all(x == sum(r + i for r in range(p))):
+            bad.append(f"async {i}: {x[:2]}")
+    # a handle's wait(timeout=) in the compiled wait: rank 0 waits for a late rank 1
+    tr.barrier(name="ring.sync")
+    x[:] = 1
+    if rank == 0:
+        h = tr.allreduce_async(x, name="ring.async", out=x)
+        t0 = time.monotonic()
+        try:
+            h.wait(timeout=0.3)
+            bad.append("no timeout")
+        except tr.OpTimeoutError as exc:
+            took_s = time.monotonic() - t0
+            if not 0.25 <= took_s < 5 or "did not complete within 0.3 s" not in str(exc):
+                bad.append(f"timeout after {took_s:.2f} s: {exc}")
+        h.wait()
+    else:
+        time.sleep(1.0)
+        tr.allreduce_async(x, name="ring.async", out=x).wait()
+    if not np.all(x == p):
+        bad.append(f"after the timeout: {x[:2]}")
+    report(rank, "RING-ASYNC-TIMEOUT", not bad, "; ".join(bad[:3]))
+
+    # a repeat whose count another node changed: the error of the Python path
+    texts = {}
+    real_now = express.thin_now
+    for route in ("compiled", "python"):
+        if route == "python":
+            express.thin_now = lambda *a: None
+        name = f"ring.bad.{route}"
+        x = tr.empty(16, np.float32)
+        tr.allreduce(x, name=name, out=x)
+        tr.allreduce(x, name=name, out=x)
+        v = x if rank < p - 1 else tr.empty(12, np.float32)  # the last rank's count differs
+        try:
+            tr.allreduce(v, name=name, out=v)
+            texts[route] = "no error"
+        except tr.TotalReduceError as exc:
+            texts[route] = f"{type(exc).__name__}: {exc}".replace(name, "NAME")
+        tr.barrier(name="ring.sync")
+    express.thin_now = real_now
+    ok = texts["compiled"] == texts["python"] and "OpMismatchError" in texts["compiled"]
+    report(rank, "RING-MISMATCH", ok, repr(texts))
+
+
+def mode_ring_death(p: int, rank: int) -> None:
+    """Node 0's service killed while its client waits in a compiled call."""
+    import signal
+
+    thin = tr.default_service()._thin
+    x = tr.empty(1000, np.float32)
+    for _ in range(3):
+        tr.allreduce(x, name="death", out=x)
+    if rank == 0:
+        threading.Timer(1.0, os.kill, (thin.service_pid, signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            tr.allreduce(x, name="death", out=x)  # its peers never come
+        else:
+            tr.allreduce(x, name="other", out=x)
+        report(rank, "RING-DEATH", rank != 0, "no error")
+    except tr.TotalReduceError as exc:
+        took = time.monotonic() - t0
+        ok = rank != 0 or (isinstance(exc, tr.TransportError) and took < 10)
+        report(rank, "RING-DEATH", ok, f"after {took:.1f} s: {type(exc).__name__}: {exc}")
+    os._exit(0)  # the service is gone: no shutdown to say goodbye to
+
+
 def main() -> None:
     tr.init()
     modes = {
@@ -793,6 +924,8 @@ def main() -> None:
         "pressure": mode_pressure,
         "garbage": mode_garbage,
         "loop": mode_loop,
+        "ring": mode_ring,
+        "ring-death": mode_ring_death,
     }
     modes[sys.argv[1]](tr.size(), tr.rank())
     tr.shutdown()

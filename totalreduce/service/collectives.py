@@ -86,7 +86,8 @@ class CollectiveOps(OpSubmitter):
                 OpKind.ALLREDUCE, arr, dt, o, in_place, name, rop, priority, 0,
                 o.reshape(arr.shape), group=grp, algorithm=algo,
             )  # fmt: skip
-            if name is not None and group is None and dtype is None and (out is x or out is None):
+            if name is not None and group is None and dtype is None:  # (any out: a record
+                # serves async repeats in place or into a new array, blocking ones into out)
                 express.thin_remember(self, (express.THIN, name, op, algorithm), x, th)
             return th
         _not_hierarchical(wanted)
@@ -140,7 +141,8 @@ class CollectiveOps(OpSubmitter):
     ) -> Any:
         """The blocking ``allreduce``: a repeat the compiled lane runs is entered and driven
         to its end in this call, with no handle (``express.run``; in daemon mode, a repeat
-        in place that meets the node's clients in the arena: ``express.thin_now``);
+        on arrays of the arena, submitted and waited for in one compiled call:
+        ``express.thin_now``);
         anything else is ``allreduce_async(...).wait()``."""
         if name is not None and group is None and dtype is None:
             if self._thin is None:
@@ -149,8 +151,9 @@ class CollectiveOps(OpSubmitter):
                     got = express.run(self, ex, name, x, out, priority)
                     if got is not express.MISSED:
                         return got
-            elif out is x:  # daemon mode: one compiled call at the node's meeting
-                got = express.thin_now(self, (express.THIN, name, op, algorithm), x, priority)
+            elif out is not None:  # daemon mode: one compiled call (the meeting, or the ring)
+                key = (express.THIN, name, op, algorithm)
+                got = express.thin_now(self, key, x, priority, out)
                 if got is not None:
                     return got
         return self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype).wait()

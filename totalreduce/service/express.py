@@ -305,7 +305,7 @@ class ThinExpress:
     node's meeting (None where the op does not meet there)."""
 
     __slots__ = ("npdt", "shape", "sig", "row", "meet", "epoch", "last", "last_at", "ended",
-                 "hold")  # fmt: skip
+                 "hold", "what", "last_out", "last_out_at")  # fmt: skip
 
     def __init__(
         self, x: np.ndarray, sig: tuple[Any, ...], row: np.ndarray, meet: np.ndarray | None
@@ -330,6 +330,12 @@ class ThinExpress:
         #: What a blocking repeat calls when its op does not end in its one compiled call:
         #: its generation is in flight from then on (:func:`thin_now`).
         self.hold: Callable[[], None] | None = None
+        #: The client's index of the op's kind and name, which the ops that end in a
+        #: compiled call among the nodes keep (:meth:`~.thin.ThinClient.what`); -1: none yet.
+        self.what = -1
+        #: A blocking repeat's last ``out`` of the arena (not ``x``), weakly, and its place.
+        self.last_out: weakref.ref[np.ndarray] | None = None
+        self.last_out_at = -1
 
 
 def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None:
@@ -422,14 +428,17 @@ def thin_start(
     return thin.submit_again(h, rec.row, priority, at, rec.meet)
 
 
-def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any) -> Any:
-    """A blocking repeat of the allreduce under ``key`` in place on ``x``, an array of the
-    arena, whose op meets the node's other clients in the arena (a one-node service):
-    arrived at and waited for in one compiled call, with no handle, lock or ticket table
-    in Python (:meth:`~.thin.ThinClient.now`); its result (``x``), or None when anything
-    differs or is unusual (the caller then goes ``allreduce_async(...).wait()``, which
-    checks and raises what it raises).  The name's generation is taken with one hold of
-    the name table's lock, and is in flight only if the op does not end in the call."""
+def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = None) -> Any:
+    """A blocking repeat of the allreduce under ``key`` on ``x``, an array of the arena, in
+    place (``out`` is ``x``) or into ``out``, another array of the arena of the same dtype
+    and shape: one compiled call, with no handle, lock or ticket table in Python.  Its op
+    meets the node's other clients in the arena on a one-node service (in place only:
+    :meth:`~.thin.ThinClient.now`), or is submitted into the ring and waited for
+    (:meth:`~.thin.ThinClient.ring_now`) on a service of several nodes.  Its result
+    (``x``, or ``out``), or None when anything differs or is unusual (the caller then goes
+    ``allreduce_async(...).wait()``, which checks and raises what it raises).  The name's
+    generation is taken with one hold of the name table's lock, and is in flight only if
+    the op does not end in the call."""
     try:
         rec = svc._express.get(key)
     except TypeError:
@@ -437,7 +446,6 @@ def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any) -> Any:
     if (
         rec is None
         or rec.__class__ is not ThinExpress
-        or rec.meet is None
         or x.__class__ is not np.ndarray
         or x.dtype is not rec.npdt
         or x.shape != rec.shape
@@ -447,17 +455,37 @@ def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any) -> Any:
         or svc._closed
     ):
         return None
-    flags = x.flags
-    if not flags.writeable:
+    in_place = out is x
+    if in_place:
+        if not x.flags.writeable:
+            return None
+    elif (
+        rec.meet is not None
+        or out.__class__ is not np.ndarray
+        or out.dtype is not rec.npdt
+        or out.shape != rec.shape
+        or not out.flags.writeable
+    ):
         return None
     thin = svc._thin
     last = rec.last
     if last is not None and last() is x:
         at = rec.last_at
     else:
-        if not flags.c_contiguous or (at := thin.arena.offset_of(x)) < 0:
+        if not x.flags.c_contiguous or (at := thin.arena.offset_of(x)) < 0:
             return None
         rec.last, rec.last_at = weakref.ref(x), at
+    at_out = at
+    if not in_place:
+        last = rec.last_out
+        if last is not None and last() is out:
+            at_out = rec.last_out_at
+        else:
+            if not out.flags.c_contiguous or (at_out := thin.arena.offset_of(out)) < 0:
+                return None
+            rec.last_out, rec.last_out_at = weakref.ref(out), at_out
+        if abs(at_out - at) < x.nbytes:  # overlapping buffers: the whole way says what
+            return None
     if thin.busy():
         return None
     names = svc._names
@@ -467,7 +495,14 @@ def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any) -> Any:
     if ended is None or hold is None:
         ended = rec.ended = functools.partial(names.ended, op_name)
         hold = rec.hold = functools.partial(names.hold, op_name)
-    return thin.now(op_name, gen, rec.row, rec.meet, x, at, priority, ended, hold)
+    if rec.meet is not None:
+        return thin.now(op_name, gen, rec.row, rec.meet, x, at, priority, ended, hold)
+    what = rec.what
+    if what < 0:
+        what = rec.what = thin.what(OpKind.ALLREDUCE, op_name)
+    return thin.ring_now(
+        op_name, gen, rec.row, out, x.nbytes, at, at_out, priority, hold, ended, what
+    )
 
 
 class ThinBarrier:

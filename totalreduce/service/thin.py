@@ -51,6 +51,7 @@ from ..errors import (
 )
 from ..transport import arena as A
 from ..transport import meeting as M
+from ..transport import ring_call as RC
 from ..transport.shm import fence, signal_eventfd
 from .thin_buffers import ThinBuffers
 
@@ -69,6 +70,7 @@ SMALL_BYTES = 256 << 10
 #: How long a compiled wait sleeps at most before this client looks at its socket (the
 #: service gone).
 CHECK_S = M.CHECK_NS / 1e9
+_SPIN_NS, _LARGE_SPIN_NS = int(SPIN_S * 1e9), int(LARGE_SPIN_S * 1e9)
 #: The kinds that meet in the arena on a one-node service.
 _MEET_KINDS = frozenset({int(OpKind.ALLREDUCE), int(OpKind.BROADCAST), int(OpKind.BARRIER)})
 _SESSION = A.signed(SESSION_ID)
@@ -190,22 +192,27 @@ class ThinClient(ThinBuffers):
         self.words = self.ctl[A.DONE_WORD : A.DONE_WORD + A.RING]
         self.space = A.Allocator(self.arena.data_start(self.slot), self.arena.data_bytes)
         self.lock = threading.RLock()  # submission, completion, the in-flight table
-        self._tail = int(self.ctl[A.C_TAIL])  # descriptors written
         #: the address of this slot's control block (its futex word, C_SLEEPING)
         self._ctl_at = self.arena.base + self.arena.slot_start(self.slot)
-        #: tickets (taken by compare-and-swap, :func:`.meeting.take_ticket`), the completion
-        #: words in use, and this client's op in flight in each op slot of the meeting
-        self.st = M.state(self._tail)
+        self._late_seen = int(self.ctl[A.C_LATE])
+        #: tickets (taken by compare-and-swap, :func:`.meeting.take_ticket`), the ring's
+        #: positions taken (:mod:`.ring_call`: a descriptor's place, any thread, no lock),
+        #: the completion words in use, this client's op in flight in each op slot of the
+        #: meeting, and the ops that ended in compiled calls
+        self.st = M.state(int(self.ctl[A.C_TAIL]), self._late_seen)
+        #: how long a compiled wait on a word of the service's polls before it yields the core
+        self._pure_ns = M.pure_spin_ns(self.arena.slots + 1)
         #: the meeting's config: None where the service does not have its clients meet
         self.meet: np.ndarray | None = (
             M.config(self.arena, self.slot) if int(self.header[A.H_MEET_ON]) else None
         )
         self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
         self._consts: dict[tuple[int, ...], int] = {}  # const_block's blocks
-        #: the last ops completed here, by ticket % RING: (ticket, kind, name, generation),
-        #: what a late error names
+        #: the last ops completed here by a handle, by ticket % RING: (ticket, kind, name,
+        #: generation), what a late error names (those that ended in a compiled call are in
+        #: ``st``, their kind and name an index into ``_whats``)
         self._ended_ops: list[tuple[int, OpKind, str | int, int] | None] = [None] * A.RING
-        self._late_seen = int(self.ctl[A.C_LATE])
+        self._whats: list[tuple[OpKind, str | int]] = []
         #: each thread's last descriptor and meeting record (an express record keeps them:
         #: another thread's op, submitted meanwhile, is not this one's)
         self._last = threading.local()
@@ -314,13 +321,10 @@ class ThinClient(ThinBuffers):
         """Write descriptor ``row`` (its ticket taken here) into the submission ring."""
         h.passive = bool(int(row[A.D_FLAGS]) & A.F_PASSIVE)
         with self.lock:
-            pos = self._tail + 1
-            d = self.ring[(pos - 1) % A.RING]
             t = self.new_ticket()
-            d[:] = row
-            d[A.D_TICKET] = h._ticket = t
+            h._ticket = t
             self._flight[t] = h
-            self.ctl[A.C_TAIL] = self._tail = pos
+            RC.ring_put(self._ctl_at, self.st, row, t)
             if h._then:  # callbacks came before it was in flight (chain()'s final op)
                 self.watch()
         trace = self.trace
@@ -416,8 +420,7 @@ class ThinClient(ThinBuffers):
         if t > 0:
             spin = 200_000 if x.nbytes <= SMALL_BYTES else 50_000
             code = int(M.meet_now(cf, st, rec, gen, t, priority, at, spin, M.CHECK_NS))
-            if code == M.P_DONE:
-                ended()
+            if code == M.P_DONE:  # (its generation was never counted in flight: nothing ends)
                 return x
         else:
             code = M.P_FULL
@@ -444,6 +447,85 @@ class ThinClient(ThinBuffers):
             with self.lock:
                 self._flight[t] = h
         return h.wait()  # type: ignore[no-any-return]
+
+    def what(self, kind: OpKind, name: str | int) -> int:
+        """The index that ops ended in a compiled call keep of their ``kind`` and ``name``
+        (what a late error about one names): taken once per express record."""
+        self._whats.append((kind, name))
+        return len(self._whats) - 1
+
+    def ring_now(
+        self, name: str | int, gen: int, row: np.ndarray, result: Any, nbytes: int,
+        at_in: int, at_out: int, priority: int, hold: Callable[[], None],
+        ended: Callable[[], None], what: int, kind: OpKind = OpKind.ALLREDUCE,
+    ) -> Any:  # fmt: skip
+        """A blocking repeat among the nodes (descriptor ``row``, an earlier one of the
+        op, with generation ``gen`` of ``name`` taken, ``priority`` and its buffers at
+        arena offsets ``at_in``, ``at_out``): submitted and waited for in one compiled
+        call (:func:`.ring_call.ring_now`: no handle, lock or table in Python); then
+        ``result``.  A failure raises the error a handle would; an op still on its way
+        after :data:`CHECK_S` is held (``hold()``: its generation in flight, ``ended()``
+        when it ends) and waited for in compiled calls between looks at the socket; one
+        that found no free completion word (another thread's ops hold them all) takes
+        the ring with a handle.  ``what``: :meth:`what`'s index of the op."""
+        spin = _SPIN_NS if nbytes <= SMALL_BYTES else _LARGE_SPIN_NS
+        trace = self.trace
+        if trace is not None:
+            trace.op(name, gen, "submitted", priority)
+            t0_ns = time.perf_counter_ns()
+        code = int(
+            RC.ring_now(
+                self._ctl_at, self.arena.base, self.st, row, gen, priority, at_in, at_out,
+                self.service_efd, spin, M.CHECK_NS, self._pure_ns, what,
+            )
+        )  # fmt: skip
+        if code != RC.R_DONE:
+            self._ring_rest(code, name, gen, row, result, at_in, at_out, priority, hold,
+                            ended, what, kind)  # fmt: skip
+        if trace is not None:
+            trace.wait(name, gen, t0_ns, time.perf_counter_ns())
+            trace.op(name, gen, "done", 0)
+        return result
+
+    def _ring_rest(
+        self, code: int, name: str | int, gen: int, row: np.ndarray, result: Any,
+        at_in: int, at_out: int, priority: int, hold: Callable[[], None],
+        ended: Callable[[], None], what: int, kind: OpKind,
+    ) -> None:  # fmt: skip
+        """What a compiled repeat among the nodes did not end (see :meth:`ring_now`)."""
+        hold()
+        if code == RC.R_BUSY:  # nothing taken: the handle's way
+            h = ThinHandle(self, name, gen, kind, result, ended)
+            row = row.copy()
+            row[A.D_GEN], row[A.D_PRIO], row[A.D_IN], row[A.D_OUT] = gen, priority, at_in, at_out
+            self._room(h)
+            self._ring(h, row)
+            h.wait()
+            return
+        t, how = code >> RC.R_SHIFT, code & RC.R_MASK
+        given_back = False
+        try:
+            while how == RC.R_PENDING:
+                self._look_at_socket()
+                if self.gone is not None:
+                    raise TransportError(
+                        f"rank {self.rank}: {_KINDS.get(kind, 'op')} {name!r} generation "
+                        f"{gen}: {self.gone}"
+                    )
+                w = int(RC.ring_wait(self._ctl_at, self.st, t, M.FOREVER, 0, M.CHECK_NS,
+                                     self._pure_ns))  # fmt: skip
+                if w == RC.W_DONE:
+                    RC.ended(self.st, t, gen, what)
+                    given_back = True
+                    return
+                if w == RC.W_FAILED:
+                    how = RC.R_FAILED
+            ekind, text = A.read_error(self.ctl, t) or (A.E_FAILED, "the service failed it")
+            raise self._op_error(kind, name, gen, text, ekind)
+        finally:
+            if not given_back:
+                M.release(self.st, t, -1)
+            ended()
 
     def last_row(self) -> np.ndarray:
         """A copy of the last descriptor this thread wrote (an express record keeps it);
@@ -500,9 +582,14 @@ class ThinClient(ThinBuffers):
         return h._done
 
     def _failed_error(self, h: ThinHandle, text: str, kind: int = A.E_FAILED) -> BaseException:
-        verb = _KINDS.get(h.kind, "op")
+        return self._op_error(h.kind, h.name, h.generation, text, kind)
+
+    def _op_error(
+        self, op: OpKind, name: str | int, gen: int, text: str, kind: int = A.E_FAILED
+    ) -> BaseException:
+        verb = _KINDS.get(op, "op")
         return _ERRORS.get(kind, OpFailedError)(
-            f"rank {self.rank}: {verb} {h.name!r} generation {h.generation}: {text}"
+            f"rank {self.rank}: {verb} {name!r} generation {gen}: {text}"
         )
 
     def raise_late(self) -> None:
@@ -512,10 +599,15 @@ class ThinClient(ThinBuffers):
         if posted == self._late_seen:
             return
         self._late_seen += 1
+        self.st[M.ST_LATE] = self._late_seen
         kind, text = A.read_error(self.ctl, -self._late_seen) or (A.E_FAILED, "\x1e")
         ticket, _, why = text.partition("\x1e")
         t = int(ticket) if ticket.isdigit() else 0
         what = self._ended_ops[t % A.RING]
+        e = M.ST_ENDED + 3 * (t % A.RING)
+        if t and int(self.st[e]) == t and 0 <= int(self.st[e + 2]) < len(self._whats):
+            k, n = self._whats[int(self.st[e + 2])]  # it ended in a compiled call
+            what = (t, k, n, int(self.st[e + 1]))
         op = (
             "an op"
             if what is None or what[0] != t
@@ -641,6 +733,19 @@ class ThinClient(ThinBuffers):
         )
 
     def _block(self, h: ThinHandle, timeout: float | None) -> None:
+        t = h._ticket
+        if t > 0 and not self.closed:  # the op's word: waited for in compiled calls
+            spin = int(self._spin_s(h) * 1e9)
+            deadline = M.FOREVER if timeout is None else int(RC.now()) + int(timeout * 1e9)
+            while not self.check(h):
+                w = int(RC.ring_wait(self._ctl_at, self.st, t, deadline, spin, M.CHECK_NS,
+                                     self._pure_ns))  # fmt: skip
+                if w == RC.W_TIMEOUT and not self.check(h):
+                    raise self._timeout_error(h, timeout)
+                if w == RC.W_CHECK:
+                    self._look_at_socket()
+                spin = 0
+            return
         t0 = time.perf_counter()
         spin = self._spin_s(h)
         while time.perf_counter() - t0 < spin:

@@ -131,11 +131,17 @@ C_FUTEX = A.C_FUTEX
  CF_QOFF, CF_CH0, CF_SLICE, CF_PURE) = range(15)  # fmt: skip
 CF_WORDS = 16
 # the client's private state: the last ticket, how many times its compiled waits slept,
+# the submission ring's positions taken (a descriptor's place; the control block's tail
+# follows them in order), the repeats among the nodes that ended in their compiled call
+# (:mod:`.ring_call`), the late errors seen, a word that holds 1 (an eventfd's write);
 # then a word per completion word (1: in use), then the ticket of its op in flight per op
-# slot (channel * DEPTH + slot)
-ST_TICKET, ST_SLEPT = 0, 1
+# slot (channel * DEPTH + slot), then the ops ended in compiled calls, by ticket % RING:
+# (ticket, generation, what: an index the client keeps of the op's kind and name)
+ST_TICKET, ST_SLEPT, ST_PLACED, ST_RAN, ST_LATE, ST_ONE = 0, 1, 2, 3, 4, 5
 ST_INUSE = 64
 ST_PEND = ST_INUSE + A.RING
+ST_ENDED = ST_PEND + MAX_CHANNELS * DEPTH
+ST_WORDS = ST_ENDED + 3 * A.RING
 # an op's record: its channel (-1: not looked up yet), wire id, packed shape, count, root
 R_CH, R_WIRE, R_SHAPE, R_COUNT, R_ROOT = range(5)
 R_WORDS = 8
@@ -215,10 +221,13 @@ def pure_spin_ns(clients: int) -> int:
     return 0 if clients > cores else PURE_SPIN_NS
 
 
-def state(tail: int) -> np.ndarray:
-    """A client's private state, its tickets starting after ``tail``."""
-    st = np.zeros(ST_PEND + MAX_CHANNELS * DEPTH, np.int64)
-    st[ST_TICKET] = tail
+def state(tail: int, late: int = 0) -> np.ndarray:
+    """A client's private state, its tickets and ring positions starting after ``tail``
+    (the control block's), ``late`` late errors seen."""
+    st = np.zeros(ST_WORDS, np.int64)
+    st[ST_TICKET] = st[ST_PLACED] = tail
+    st[ST_LATE] = late
+    st[ST_ONE] = 1
     return st
 
 
