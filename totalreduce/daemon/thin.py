@@ -65,7 +65,7 @@ from ..engine.lane_service import ServiceRepeats
 from ..kernels import copy_into, reduce_into
 from ..service import express
 from ..transport import arena as A
-from ..transport import meeting
+from ..transport import meeting, ring_call
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
 from . import arena_pass, service_loop
 from .thin_answers import Answers
@@ -147,6 +147,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
         self._fast_ended: deque[Callable[[], None]] = deque()
         arena_pass.prepare()
         meeting.prepare()
+        ring_call.prepare()  # the clients' (compiled once here, before any attaches)
         #: the compiled loop of a service of several nodes (service_loop.py): a repeat among
         #: the nodes from descriptor to completion word with no Python
         self._loop_shapes: service_loop.Shapes | None = None

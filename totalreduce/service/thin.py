@@ -301,7 +301,7 @@ class ThinClient(ThinBuffers):
         self._last.op = (row, rec)
         if rec is not None and self._arrive(h, rec, priority, at_in, at_out):
             return h
-        return self._ring(h, row)
+        return self._ring(h, row, priority, at_in, at_out, passive)
 
     def submit_again(
         self, h: ThinHandle, row: np.ndarray, priority: int, at: int, rec: np.ndarray | None = None
@@ -313,24 +313,31 @@ class ThinClient(ThinBuffers):
         service is there, a completion word is free and no late error waits."""
         if rec is not None and self._arrive(h, rec, priority, at, at):
             return h
-        d = row.copy()
-        d[A.D_GEN], d[A.D_PRIO], d[A.D_IN], d[A.D_OUT] = h.generation, priority, at, at
-        return self._ring(h, d)
+        return self._ring(h, row, priority, at, at)
 
-    def _ring(self, h: ThinHandle, row: np.ndarray) -> ThinHandle:
-        """Write descriptor ``row`` (its ticket taken here) into the submission ring."""
-        h.passive = bool(int(row[A.D_FLAGS]) & A.F_PASSIVE)
+    def _ring(
+        self, h: ThinHandle, row: np.ndarray, priority: int, at_in: int, at_out: int,
+        passive: bool = False,
+    ) -> ThinHandle:  # fmt: skip
+        """Write descriptor ``row`` with ``h``'s generation, ``priority`` and places
+        ``at_in``, ``at_out`` (its ticket taken here) into the submission ring, and wake
+        the service if it sleeps: one compiled call (:func:`.ring_call.ring_submit`),
+        unless every completion word is in use (then it waits for one first)."""
+        h.passive = passive
+        ctl, base, st, efd = self._ctl_at, self.arena.base, self.st, self.service_efd
+        gen = h.generation
         with self.lock:
-            t = self.new_ticket()
+            t = int(RC.ring_submit(ctl, base, st, row, gen, priority, at_in, at_out, efd, 0))
+            if t < 0:
+                t = self.new_ticket()
+                RC.ring_submit(ctl, base, st, row, gen, priority, at_in, at_out, efd, t)
             h._ticket = t
             self._flight[t] = h
-            RC.ring_put(self._ctl_at, self.st, row, t)
             if h._then:  # callbacks came before it was in flight (chain()'s final op)
                 self.watch()
         trace = self.trace
         if trace is not None:
-            trace.op(h.name, h.generation, "submitted", int(row[A.D_PRIO]))
-        self._wake_service()
+            trace.op(h.name, gen, "submitted", priority)
         return h
 
     def _wake_service(self) -> None:
@@ -496,10 +503,8 @@ class ThinClient(ThinBuffers):
         hold()
         if code == RC.R_BUSY:  # nothing taken: the handle's way
             h = ThinHandle(self, name, gen, kind, result, ended)
-            row = row.copy()
-            row[A.D_GEN], row[A.D_PRIO], row[A.D_IN], row[A.D_OUT] = gen, priority, at_in, at_out
             self._room(h)
-            self._ring(h, row)
+            self._ring(h, row, priority, at_in, at_out)
             h.wait()
             return
         t, how = code >> RC.R_SHIFT, code & RC.R_MASK

@@ -132,12 +132,12 @@ C_FUTEX = A.C_FUTEX
 CF_WORDS = 16
 # the client's private state: the last ticket, how many times its compiled waits slept,
 # the submission ring's positions taken (a descriptor's place; the control block's tail
-# follows them in order), the repeats among the nodes that ended in their compiled call
-# (:mod:`.ring_call`), the late errors seen, a word that holds 1 (an eventfd's write);
+# follows them in order), the repeats among the nodes submitted by a compiled call
+# (:mod:`.ring_call`: the route), the late errors seen, a word that holds 1 (an eventfd's write);
 # then a word per completion word (1: in use), then the ticket of its op in flight per op
 # slot (channel * DEPTH + slot), then the ops ended in compiled calls, by ticket % RING:
 # (ticket, generation, what: an index the client keeps of the op's kind and name)
-ST_TICKET, ST_SLEPT, ST_PLACED, ST_RAN, ST_LATE, ST_ONE = 0, 1, 2, 3, 4, 5
+ST_TICKET, ST_SLEPT, ST_PLACED, ST_CALLS, ST_LATE, ST_ONE = 0, 1, 2, 3, 4, 5
 ST_INUSE = 64
 ST_PEND = ST_INUSE + A.RING
 ST_ENDED = ST_PEND + MAX_CHANNELS * DEPTH

@@ -42,11 +42,11 @@ from ..native.intrinsics import (
 from ..native.libc import now_ns, yield_cpu
 from . import arena as A
 from .meeting import (
+    ST_CALLS,
     ST_ENDED,
     ST_LATE,
     ST_ONE,
     ST_PLACED,
-    ST_RAN,
     ST_SLEPT,
     _release,
     futex_seq,
@@ -97,11 +97,19 @@ def _put(ctl, st, row, ticket, gen, prio, at_in, at_out):  # type: ignore[no-unt
 
 
 @njit(nogil=True, cache=True)
-def ring_put(ctl, st, row, ticket):  # type: ignore[no-untyped-def]
-    """Write descriptor ``row`` (all its fields as given) under ``ticket`` into the ring
-    of the control block at ``ctl`` (Python's submissions: the same positions and tail as
-    :func:`ring_now`'s)."""
-    _put(ctl, st, row, ticket, row[_D_GEN], row[_D_PRIO], row[_D_IN], row[_D_OUT])
+def ring_submit(ctl, hdr, st, row, gen, prio, at_in, at_out, efd, ticket):  # type: ignore[no-untyped-def]
+    """A submission that makes a handle (Python's): descriptor ``row`` with these fields
+    under ``ticket`` (0: one taken here) into the ring of the control block at ``ctl``, at
+    the positions :func:`ring_now` takes too, and the service woken if it sleeps.  The
+    ticket, or -1 if none was free (nothing written)."""
+    t = ticket
+    if t <= 0:
+        t = take_ticket(st)
+        if t < 0:
+            return t
+    _put(ctl, st, row, t, gen, prio, at_in, at_out)
+    wake_service(hdr, st, efd)
+    return t
 
 
 @njit(nogil=True, cache=True)
@@ -175,11 +183,11 @@ def ring_now(ctl, hdr, st, row, gen, prio, at_in, at_out, efd, spin_ns, check_ns
     if t < 0:
         return R_BUSY
     _put(ctl, st, row, t, gen, prio, at_in, at_out)
+    atomic_add_i64(st.ctypes.data + 8 * ST_CALLS, 1)
     wake_service(hdr, st, efd)
     w = ring_wait(ctl, st, t, now_ns() + check_ns, spin_ns, check_ns, pure_ns)
     if w == W_DONE:
         ended(st, t, gen, what)
-        atomic_add_i64(st.ctypes.data + 8 * ST_RAN, 1)
         return R_DONE
     return t << R_SHIFT | (R_FAILED if w == W_FAILED else R_PENDING)
 
@@ -199,7 +207,7 @@ def prepare() -> None:
     st = state(0)
     row = np.zeros(_DW, np.int64)
     c, h = ctl.ctypes.data, hdr.ctypes.data
-    ring_put(c, st, row, np.int64(1))
+    ring_submit(c, h, st, row, 0, 0, -1, -1, -1, 0)
     ctl[_DONE_WORD + 1] = 2
     ring_now(c, h, st, row, 0, 0, -1, -1, -1, 0, 0, 0, 0)
     ring_wait(c, st, np.int64(3), now(), 0, 0, 0)
