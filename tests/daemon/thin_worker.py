@@ -696,7 +696,6 @@ def mode_garbage(p: int, rank: int) -> None:
     from totalreduce.dtypes import DType
     from totalreduce.service.thin import ThinHandle
     from totalreduce.transport import arena as A
-    from totalreduce.transport.shm import signal_eventfd
 
     thin = tr.default_service()._thin
     assert thin is not None
@@ -704,19 +703,13 @@ def mode_garbage(p: int, rank: int) -> None:
 
     def raw(fields: dict[int, int]) -> ThinHandle:
         h = ThinHandle(thin, "garbage", 0, OpKind.ALLREDUCE, None, lambda: None)
-        with thin.lock:
-            t = thin._tail + 1
-            d = thin.ring[(t - 1) % A.RING]
-            d[:] = 0
-            d[A.D_KIND], d[A.D_DTYPE], d[A.D_COUNT] = int(OpKind.ALLREDUCE), int(DType.FLOAT32), 4
-            d[A.D_OP], d[A.D_IN], d[A.D_OUT], d[A.D_WIRE] = 1, mine, mine, 1000 + rank
-            for k, v in fields.items():
-                d[k] = v
-            d[A.D_TICKET] = h._ticket = thin.new_ticket()
-            thin._flight[h._ticket] = h
-            thin.ctl[A.C_TAIL] = thin._tail = t
-        signal_eventfd(thin.service_efd)
-        return h
+        d = np.zeros(A.D_WORDS, np.int64)
+        d[A.D_KIND], d[A.D_DTYPE], d[A.D_COUNT] = int(OpKind.ALLREDUCE), int(DType.FLOAT32), 4
+        d[A.D_OP], d[A.D_IN], d[A.D_OUT], d[A.D_WIRE] = 1, mine, mine, 1000 + rank
+        for k, v in fields.items():
+            d[k] = v
+        # (the client's own way into the ring: the ticket, the position, the service woken)
+        return thin._ring(h, d, int(d[A.D_PRIO]), int(d[A.D_IN]), int(d[A.D_OUT]))
 
     cases = {
         "kind": ({A.D_KIND: 99}, "kind 99"),
