@@ -347,21 +347,13 @@ def test_garbage_groups_and_parts_fail_alone_saying_what() -> None:
         }
         for what, (fields, words) in cases.items():
             h = ThinHandle(c, what, 0, OpKind.ALLREDUCE, None, lambda: None)
-            with c.lock:
-                t = c._tail + 1
-                d = c.ring[(t - 1) % A.RING]
-                d[:] = 0
-                d[A.D_KIND], d[A.D_DTYPE], d[A.D_COUNT] = int(OpKind.ALLREDUCE), int(DType.INT64), 4
-                d[A.D_OP], d[A.D_IN], d[A.D_OUT], d[A.D_WIRE] = 1, buf, buf, hash(what) & 0xFFFF
-                d[A.D_AUX] = d[A.D_GROUP] = -1
-                for k, v in fields.items():
-                    d[k] = v
-                d[A.D_TICKET] = h._ticket = c.new_ticket()
-                c._flight[h._ticket] = h
-                c.ctl[A.C_TAIL] = c._tail = t
-            from totalreduce.transport.shm import signal_eventfd
-
-            signal_eventfd(c.service_efd)
+            d = np.zeros(A.D_WORDS, np.int64)
+            d[A.D_KIND], d[A.D_DTYPE], d[A.D_COUNT] = int(OpKind.ALLREDUCE), int(DType.INT64), 4
+            d[A.D_OP], d[A.D_IN], d[A.D_OUT], d[A.D_WIRE] = 1, buf, buf, hash(what) & 0xFFFF
+            d[A.D_AUX] = d[A.D_GROUP] = -1
+            for k, v in fields.items():
+                d[k] = v
+            c._ring(h, d, 0, int(d[A.D_IN]), int(d[A.D_OUT]))  # (the client's way in)
             with pytest.raises(InvalidArgumentError, match=words):
                 h.wait(10)
         hs = [cl.submit(r, OpKind.ALLREDUCE, "after", data(r, 2, 3)) for r in range(2)]
