@@ -342,6 +342,10 @@ def mode_meeting(p: int, rank: int) -> None:
         if not np.all(x == sum(r + i for r in range(p))):
             bad.append(f"repeat {i}: {x[:2]}")
     thin_mod.ThinHandle.__init__ = real  # type: ignore[method-assign]
+    # the name is in flight no more: another shape of it is an op like any
+    v = tr.allreduce(np.full(7, rank, np.int64), name="meet.repeat")
+    if not np.all(v == sum(range(p))):
+        bad.append(f"another shape after the repeats: {v[:2]}")
     tr.barrier(name="meet.sync")
     # every client's 200 ops and one barrier were run at the meeting (the others' too)
     got = ran() - before
@@ -829,6 +833,10 @@ def mode_ring(p: int, rank: int) -> None:
                     bad.append(f"{name}: {took} of {repeats} repeats in a compiled call, "
                                f"{made[0] - handles} handles made")  # fmt: skip
     thin_mod.ThinHandle.__init__ = real_init  # type: ignore[method-assign]
+    # the names are in flight no more: another shape of one is an op like any
+    v = tr.allreduce(np.full(7, rank, np.int64), name="ring.float32.1000.in")
+    if not np.all(v == sum(range(p))):
+        bad.append(f"another shape after the repeats: {v[:2]}")
     report(rank, "RING-EXACT-ROUTE", not bad, "; ".join(bad[:3]))
 
     # async forms and first occurrences keep their handles
