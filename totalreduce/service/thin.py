@@ -200,8 +200,10 @@ class ThinClient(ThinBuffers):
         #: the completion words in use, this client's op in flight in each op slot of the
         #: meeting, and the ops that ended in compiled calls
         self.st = M.state(int(self.ctl[A.C_TAIL]), self._late_seen)
-        #: how long a compiled wait on a word of the service's polls before it yields the core
-        self._pure_ns = M.pure_spin_ns(self.arena.slots + 1)
+        #: (and what the ring's compiled calls take from there: where the words are, the
+        #: service's eventfd, how long a wait on the service polls before it yields the core)
+        RC.bind(self.st, self._ctl_at, self.arena.base, self.service_efd,
+                M.pure_spin_ns(self.arena.slots + 1))  # fmt: skip
         #: the meeting's config: None where the service does not have its clients meet
         self.meet: np.ndarray | None = (
             M.config(self.arena, self.slot) if int(self.header[A.H_MEET_ON]) else None
@@ -324,13 +326,12 @@ class ThinClient(ThinBuffers):
         the service if it sleeps: one compiled call (:func:`.ring_call.ring_submit`),
         unless every completion word is in use (then it waits for one first)."""
         h.passive = passive
-        ctl, base, st, efd = self._ctl_at, self.arena.base, self.st, self.service_efd
-        gen = h.generation
+        st, gen = self.st, h.generation
         with self.lock:
-            t = int(RC.ring_submit(ctl, base, st, row, gen, priority, at_in, at_out, efd, 0))
+            t = int(RC.ring_submit(st, row, gen, priority, at_in, at_out, 0))
             if t < 0:
                 t = self.new_ticket()
-                RC.ring_submit(ctl, base, st, row, gen, priority, at_in, at_out, efd, t)
+                RC.ring_submit(st, row, gen, priority, at_in, at_out, t)
             h._ticket = t
             self._flight[t] = h
             if h._then:  # callbacks came before it was in flight (chain()'s final op)
@@ -480,12 +481,7 @@ class ThinClient(ThinBuffers):
         if trace is not None:
             trace.op(name, gen, "submitted", priority)
             t0_ns = time.perf_counter_ns()
-        code = int(
-            RC.ring_now(
-                self._ctl_at, self.arena.base, self.st, row, gen, priority, at_in, at_out,
-                self.service_efd, spin, M.CHECK_NS, self._pure_ns, what,
-            )
-        )  # fmt: skip
+        code = int(RC.ring_now(self.st, row, gen, priority, at_in, at_out, spin, M.CHECK_NS, what))
         if code != RC.R_DONE:
             self._ring_rest(code, name, gen, row, result, at_in, at_out, priority, hold,
                             ended, what, kind)  # fmt: skip
@@ -517,8 +513,7 @@ class ThinClient(ThinBuffers):
                         f"rank {self.rank}: {_KINDS.get(kind, 'op')} {name!r} generation "
                         f"{gen}: {self.gone}"
                     )
-                w = int(RC.ring_wait(self._ctl_at, self.st, t, M.FOREVER, 0, M.CHECK_NS,
-                                     self._pure_ns))  # fmt: skip
+                w = int(RC.ring_wait(self.st, t, M.FOREVER, 0, M.CHECK_NS))
                 if w == RC.W_DONE:
                     RC.ended(self.st, t, gen, what)
                     given_back = True
@@ -743,8 +738,7 @@ class ThinClient(ThinBuffers):
             spin = int(self._spin_s(h) * 1e9)
             deadline = M.FOREVER if timeout is None else int(RC.now()) + int(timeout * 1e9)
             while not self.check(h):
-                w = int(RC.ring_wait(self._ctl_at, self.st, t, deadline, spin, M.CHECK_NS,
-                                     self._pure_ns))  # fmt: skip
+                w = int(RC.ring_wait(self.st, t, deadline, spin, M.CHECK_NS))
                 if w == RC.W_TIMEOUT and not self.check(h):
                     raise self._timeout_error(h, timeout)
                 if w == RC.W_CHECK:

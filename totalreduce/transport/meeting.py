@@ -133,11 +133,16 @@ CF_WORDS = 16
 # the client's private state: the last ticket, how many times its compiled waits slept,
 # the submission ring's positions taken (a descriptor's place; the control block's tail
 # follows them in order), the repeats among the nodes submitted by a compiled call
-# (:mod:`.ring_call`: the route), the late errors seen, a word that holds 1 (an eventfd's write);
+# (:mod:`.ring_call`: the route), the late errors seen, a word that holds 1 (an eventfd's write),
+# how many times a compiled submission woke the service, then what its compiled calls
+# take from here rather than as arguments (each costs a call ~0.1 µs of dispatch): the
+# control block's and the arena header's addresses, the service's eventfd, how long a
+# wait polls before it yields the core (:func:`.ring_call.bind` sets them);
 # then a word per completion word (1: in use), then the ticket of its op in flight per op
 # slot (channel * DEPTH + slot), then the ops ended in compiled calls, by ticket % RING:
 # (ticket, generation, what: an index the client keeps of the op's kind and name)
-ST_TICKET, ST_SLEPT, ST_PLACED, ST_CALLS, ST_LATE, ST_ONE = 0, 1, 2, 3, 4, 5
+ST_TICKET, ST_SLEPT, ST_PLACED, ST_CALLS, ST_LATE, ST_ONE, ST_WOKE = 0, 1, 2, 3, 4, 5, 6
+ST_CTL, ST_HDR, ST_EFD, ST_PURE = 7, 8, 9, 10
 ST_INUSE = 64
 ST_PEND = ST_INUSE + A.RING
 ST_ENDED = ST_PEND + MAX_CHANNELS * DEPTH

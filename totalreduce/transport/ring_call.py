@@ -43,11 +43,16 @@ from ..native.libc import now_ns, yield_cpu
 from . import arena as A
 from .meeting import (
     ST_CALLS,
+    ST_CTL,
+    ST_EFD,
     ST_ENDED,
+    ST_HDR,
     ST_LATE,
     ST_ONE,
     ST_PLACED,
+    ST_PURE,
     ST_SLEPT,
+    ST_WOKE,
     _release,
     futex_seq,
     sleep,
@@ -96,39 +101,49 @@ def _put(ctl, st, row, ticket, gen, prio, at_in, at_out):  # type: ignore[no-unt
     atomic_store_i64(tail, pos)
 
 
+def bind(st: np.ndarray, ctl: int, hdr: int, efd: int, pure_ns: int) -> None:
+    """Keep in a client's state ``st`` what its compiled calls take from there: the
+    addresses of its control block and of the arena's header, the service's eventfd,
+    and how long a wait polls before it yields the core."""
+    st[ST_CTL], st[ST_HDR], st[ST_EFD], st[ST_PURE] = ctl, hdr, efd, pure_ns
+
+
 @njit(nogil=True, cache=True)
-def ring_submit(ctl, hdr, st, row, gen, prio, at_in, at_out, efd, ticket):  # type: ignore[no-untyped-def]
+def ring_submit(st, row, gen, prio, at_in, at_out, ticket):  # type: ignore[no-untyped-def]
     """A submission that makes a handle (Python's): descriptor ``row`` with these fields
-    under ``ticket`` (0: one taken here) into the ring of the control block at ``ctl``, at
-    the positions :func:`ring_now` takes too, and the service woken if it sleeps.  The
-    ticket, or -1 if none was free (nothing written)."""
+    under ``ticket`` (0: one taken here) into the client's ring (``st`` is its state,
+    :func:`bind`), at the positions :func:`ring_now` takes too, and the service woken if
+    it sleeps.  The ticket, or -1 if none was free (nothing written)."""
     t = ticket
     if t <= 0:
         t = take_ticket(st)
         if t < 0:
             return t
-    _put(ctl, st, row, t, gen, prio, at_in, at_out)
-    wake_service(hdr, st, efd)
+    _put(st[ST_CTL], st, row, t, gen, prio, at_in, at_out)
+    wake_service(st)
     return t
 
 
 @njit(nogil=True, cache=True)
-def wake_service(hdr, st, efd):  # type: ignore[no-untyped-def]
-    """After a descriptor: write the service's eventfd if its arena thread sleeps (the
-    arena's header at ``hdr``); whether it did."""
+def wake_service(st):  # type: ignore[no-untyped-def]
+    """After a descriptor: write the service's eventfd if its arena thread sleeps;
+    whether it did."""
     fence()
-    if atomic_load_i64(hdr + 8 * _H_SERVICE_SLEEPING) != 0:
-        _write(np.int32(efd), st.ctypes.data + 8 * ST_ONE, 8)
+    if atomic_load_i64(st[ST_HDR] + 8 * _H_SERVICE_SLEEPING) != 0:
+        _write(np.int32(st[ST_EFD]), st.ctypes.data + 8 * ST_ONE, 8)
+        atomic_add_i64(st.ctypes.data + 8 * ST_WOKE, 1)
         return True
     return False
 
 
 @njit(nogil=True, cache=True)
-def ring_wait(ctl, st, ticket, deadline_ns, spin_ns, check_ns, pure_ns):  # type: ignore[no-untyped-def]
+def ring_wait(st, ticket, deadline_ns, spin_ns, check_ns):  # type: ignore[no-untyped-def]
     """Wait for the completion word of op ``ticket``: W_DONE, W_FAILED, W_TIMEOUT
     (``deadline_ns`` of the monotonic clock passed), W_CHECK (``check_ns`` passed: Python
-    looks at the socket).  Polls for ``spin_ns`` (the first ``pure_ns`` without yielding
-    the core), then sleeps on the futex word."""
+    looks at the socket).  Polls for ``spin_ns`` (the first ``st[ST_PURE]`` without
+    yielding the core), then sleeps on the futex word."""
+    ctl = st[ST_CTL]
+    pure_ns = st[ST_PURE]
     word = ctl + 8 * (_DONE_WORD + (ticket - 1) % _RING)
     t0 = now_ns()
     while True:
@@ -171,12 +186,14 @@ def ended(st, ticket, gen, what):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def ring_now(ctl, hdr, st, row, gen, prio, at_in, at_out, efd, spin_ns, check_ns, pure_ns, what):  # type: ignore[no-untyped-def]
+def ring_now(st, row, gen, prio, at_in, at_out, spin_ns, check_ns, what):  # type: ignore[no-untyped-def]
     """A blocking repeat: descriptor ``row`` with generation ``gen``, priority ``prio``
-    and buffers at arena offsets ``at_in``, ``at_out``, submitted and waited for in one
-    call.  Returns R_DONE (ended well: remembered, its ticket given back), R_BUSY
-    (nothing taken), or ``ticket << R_SHIFT | R_FAILED`` or ``| R_PENDING`` (the op is
-    in flight under ``ticket``: Python goes on)."""
+    and buffers at arena offsets ``at_in``, ``at_out``, submitted into the ring of the
+    client whose state is ``st`` (:func:`bind`) and waited for in one call.  Returns
+    R_DONE (ended well: remembered, its ticket given back), R_BUSY (nothing taken), or
+    ``ticket << R_SHIFT | R_FAILED`` or ``| R_PENDING`` (the op is in flight under
+    ``ticket``: Python goes on)."""
+    ctl = st[ST_CTL]
     if atomic_load_i64(ctl + 8 * _C_LATE) != st[ST_LATE]:
         return R_BUSY
     t = take_ticket(st)
@@ -184,8 +201,8 @@ def ring_now(ctl, hdr, st, row, gen, prio, at_in, at_out, efd, spin_ns, check_ns
         return R_BUSY
     _put(ctl, st, row, t, gen, prio, at_in, at_out)
     atomic_add_i64(st.ctypes.data + 8 * ST_CALLS, 1)
-    wake_service(hdr, st, efd)
-    w = ring_wait(ctl, st, t, now_ns() + check_ns, spin_ns, check_ns, pure_ns)
+    wake_service(st)
+    w = ring_wait(st, t, now_ns() + check_ns, spin_ns, check_ns)
     if w == W_DONE:
         ended(st, t, gen, what)
         return R_DONE
@@ -206,9 +223,9 @@ def prepare() -> None:
     hdr = np.zeros(A.HEADER_BYTES // 8, np.int64)
     st = state(0)
     row = np.zeros(_DW, np.int64)
-    c, h = ctl.ctypes.data, hdr.ctypes.data
-    ring_submit(c, h, st, row, 0, 0, -1, -1, -1, 0)
+    bind(st, ctl.ctypes.data, hdr.ctypes.data, -1, 0)
+    ring_submit(st, row, 0, 0, -1, -1, 0)
     ctl[_DONE_WORD + 1] = 2
-    ring_now(c, h, st, row, 0, 0, -1, -1, -1, 0, 0, 0, 0)
-    ring_wait(c, st, np.int64(3), now(), 0, 0, 0)
+    ring_now(st, row, 0, 0, -1, -1, 0, 0, 0)
+    ring_wait(st, np.int64(3), now(), 0, 0)
     ended(st, np.int64(3), 0, 0)
