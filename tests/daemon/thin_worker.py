@@ -806,9 +806,9 @@ def mode_ring(p: int, rank: int) -> None:
 
     thin_mod.ThinHandle.__init__ = counting  # type: ignore[method-assign]
     bad: list[str] = []
-    repeats = 12
+    repeats = 8
     for dt in (np.float16, np.float32, np.float64, np.int32, np.int64):
-        for n in (1, 1000, 70_000):
+        for n in (1, 1000, 70_000) if dt is np.float64 else (1, 1000):  # (70,000: > 256 KiB)
             x, y = tr.empty(n, dt), tr.empty(n, dt)
             ramp = (np.arange(n) % 7).astype(dt)
             for form in ("in", "out"):
@@ -865,7 +865,7 @@ def mode_ring(p: int, rank: int) -> None:
                 bad.append(f"timeout after {took_s:.2f} s: {exc}")
         h.wait()
     else:
-        time.sleep(1.0)
+        time.sleep(0.6)
         tr.allreduce_async(x, name="ring.async", out=x).wait()
     if not np.all(x == p):
         bad.append(f"after the timeout: {x[:2]}")
