@@ -40,11 +40,14 @@ class Route:
         assert lane is not None, "the lane is off"
         self.lane0 = lane.stats()["ops_done"]
         self.all0 = svc.loop.stats.ops_completed
+        self.main0 = svc.loop.stats.main_ops
 
     def lane_ran(self) -> tuple[int, int]:
-        """(ops the lane ran, ops in all) since made."""
+        """(ops the lane ran, ops in all) since made; none entered the main loop's path."""
         lane = self.svc.loop.lane
         assert lane is not None
+        main = self.svc.loop.stats.main_ops - self.main0
+        assert main == 0, f"rank {self.svc.rank}: the main loop ran {main} ops"
         return lane.stats()["ops_done"] - self.lane0, self.svc.loop.stats.ops_completed - self.all0
 
 
@@ -228,3 +231,61 @@ def test_hierarchical_averaging_runs_both_phases_in_the_lane() -> None:
     for out, _ in results:
         for k in range(3):
             np.testing.assert_allclose(out[k], nodes.mean(axis=0) + k, atol=1e-12)
+
+
+@pytest.mark.parametrize("micro", [0, 32])
+def test_every_kind_runs_in_the_lane_below_64_bytes_of_micro_bytes(micro: int) -> None:
+    """``micro_bytes`` under 64 (0: every body is a rendezvous) no longer sends ops to the
+    main loop: allreduces of every algorithm, broadcasts, barriers, rooted ops, all-to-all,
+    send/recv and neighbor averaging run in the lane, with exact results."""
+    p = 3
+    algorithms = ["ring", "ring_chunked", "halving_doubling", "recursive_doubling", "bcube"]
+
+    def rank_main(s):
+        route = Route(s)
+        hs = {}
+        for dt in ("float64", "int32"):
+            for n in (0, 5, 1000):
+                x = values(6, n, dt, s.rank)
+                for alg in algorithms:
+                    hs[("ar", alg, dt, n)] = s.allreduce_async(x, name=f"ar.{alg}.{dt}.{n}",
+                                                               algorithm=alg)  # fmt: skip
+                hs[("bc", dt, n)] = s.broadcast_async(x, root=n % p, name=f"bc.{dt}.{n}")
+                hs[("red", dt, n)] = s.reduce_async(x, root=1, name=f"red.{dt}.{n}")
+                hs[("ga", dt, n)] = s.gather_async(x, root=2, name=f"ga.{dt}.{n}")
+                hs[("a2a", dt, n)] = s.alltoall_async(values(7, n * p, dt, s.rank),
+                                                      name=f"a2a.{dt}.{n}")  # fmt: skip
+                hs[("send", dt, n)] = s.send_async(x, (s.rank + 1) % p, tag=n)
+                hs[("recv", dt, n)] = s.recv_async(np.empty_like(x), (s.rank - 1) % p, tag=n)
+                if dt == "float64":
+                    left, right = (s.rank - 1) % p, (s.rank + 1) % p
+                    hs[("nar", dt, n)] = s.neighbor_allreduce_async(
+                        x, name=f"nar.{n}", self_weight=0.5, src_weights={left: 0.5},
+                        dst_weights=[right],
+                    )  # fmt: skip
+        hs[("barrier",)] = s.barrier_async()
+        got = {k: h.wait(timeout=60) for k, h in hs.items()}
+        return got, route.lane_ran()
+
+    with local_services(p, micro_bytes=micro, segment_bytes=256) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=240)
+    check_route(results)
+    for r, (got, _) in enumerate(results):
+        for dt in ("float64", "int32"):
+            for n in (0, 5, 1000):
+                total = sum(values(6, n, dt, q).astype(np.int64) for q in range(p)).astype(dt)
+                for alg in algorithms:
+                    np.testing.assert_array_equal(got[("ar", alg, dt, n)], total)
+                np.testing.assert_array_equal(got[("bc", dt, n)], values(6, n, dt, n % p))
+                if r == 1:
+                    np.testing.assert_array_equal(got[("red", dt, n)], total)
+                if r == 2:
+                    want = np.concatenate([values(6, n, dt, q) for q in range(p)])
+                    np.testing.assert_array_equal(got[("ga", dt, n)].reshape(-1), want)
+                want = np.concatenate([values(7, n * p, dt, q)[r * n : (r + 1) * n]
+                                       for q in range(p)])  # fmt: skip
+                np.testing.assert_array_equal(got[("a2a", dt, n)], want)
+                np.testing.assert_array_equal(got[("recv", dt, n)], values(6, n, dt, (r - 1) % p))
+                if dt == "float64":
+                    want = 0.5 * values(6, n, dt, r) + 0.5 * values(6, n, dt, (r - 1) % p)
+                    np.testing.assert_array_equal(got[("nar", dt, n)], want)

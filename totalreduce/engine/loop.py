@@ -111,6 +111,9 @@ class LoopStats:
     lane_spins: int = 0
     #: Ops the submitting thread entered into the lane itself (``lane_express``).
     lane_express: int = 0
+    #: Ops the main loop's interpreted data path ran (entered its table): what is left of
+    #: the second engine, counted so that tests can assert an op's route.
+    main_ops: int = 0
 
     @property
     def frames_per_message(self) -> float:
@@ -439,6 +442,7 @@ class CommLoop(
         self._seq += 1
         p = Payload(spec, self._seq, bufs)
         self.table[key] = p
+        self.stats.main_ops += 1
         self._passive += spec.passive
         if self.trace is not None:
             self.trace.op(spec.name, spec.generation, "submitted", spec.priority)

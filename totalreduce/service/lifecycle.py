@@ -93,7 +93,7 @@ class Lifecycle(OpSubmitter):
             cfg, transport = self.config, self.transport
             loop = CommLoop(transport, cfg, execute=execute, run=run)
             bind = getattr(transport, "native_binding", None)  # MPI: compiled code calls it
-            if cfg.lane and cfg.micro_bytes >= 64 and bind is not None and loop.world == self.size:
+            if cfg.lane and bind is not None and loop.world == self.size:
                 from ..engine.lane import LANE_BODY_SPAN, Lane
                 from ..engine.wire import BODY_TAG_BASE, CONTROL_TAG
 
