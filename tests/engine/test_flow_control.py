@@ -139,7 +139,12 @@ def test_high_priority_op_overtakes_a_large_one() -> None:
 
 
 def test_urgency_travels_to_the_peer() -> None:
-    """Rank 1 waits for the last of 30 equal-priority ops; rank 0 sends it early because of it."""
+    """Rank 1 waits for the last of 30 equal-priority ops; rank 0 sends it early because of it.
+
+    The main loop's protocol (``lane=False``): rank 0 has not submitted the op when rank 1's
+    ``NEED`` comes, and remembers it.  The compiled lane carries ``FLAG_NEED`` on its frames
+    and clears between ranks that both submitted the op, but keeps no urgency for an op not
+    submitted here yet: what is left before the main loop's path can go."""
     n_ops, count = 30, 64 << 10  # 512 KiB each, 32 segments: long enough for NEED to matter
     order: list[int] = []
     waiting = threading.Event()
@@ -162,8 +167,9 @@ def test_urgency_travels_to_the_peer() -> None:
         return [h.wait(timeout=60) for h in hs]
 
     with local_services(
-        2, segment_bytes=16 << 10, micro_bytes=0, max_inflight_sends=1, floating_pool_bytes=0
-    ) as svcs:
+        2, segment_bytes=16 << 10, micro_bytes=0, max_inflight_sends=1,
+        floating_pool_bytes=0, lane=False,
+    ) as svcs:  # fmt: skip
         results = run_ranks(svcs, rank_main, timeout=120)
     # Without urgency the last op submitted goes last; how far it moves up depends on
     # when rank 1 starts waiting, so only its leaving the tail is asserted.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..native.intrinsics import ld_i32, ld_i64, ld_u32, st_i32, st_u32
+from ..native.intrinsics import ld_i32, ld_i64, ld_u8, ld_u32, st_i32, st_u32
 from ..native.libc import memcpy, now_ns
 from ..protocol import *  # noqa: F403 - the protocol's words and fields
 from ..transport.mpi_native import (
@@ -88,11 +88,12 @@ def _send_readies(mem, prog, arena, b):
             if a == 0:
                 break
             q = mem[e + 3]
+            need = FLAG_NEED if mem[o + O_URGENT] else 0  # urgency travels with the answer
             if q < 0:
-                _write_frame(mem, a, READY, 0, slot, 0, 0, 0)
+                _write_frame(mem, a, READY, need, slot, 0, 0, 0)
             else:
                 r = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
-                _write_frame(mem, a, CTS, 0, slot, prog[r + G_STEP], prog[r + G_SEG],
+                _write_frame(mem, a, CTS, need, slot, prog[r + G_STEP], prog[r + G_SEG],
                              prog[r + G_NBYTES])  # fmt: skip
                 st_u32(a + FH_AUX, np.uint32(mem[_dyn(mem, slot, D_RSLOT) + q]))
         done += 1
@@ -320,6 +321,8 @@ def _large_segment(mem, prog, arena, slot, src, f, send):
         _event(mem, arena, EV_SIZE, slot, src, n, want, f)
         _fail(mem, prog, arena, slot)
         return -1
+    if ld_u8(f + FH_FLAGS) & FLAG_NEED:  # a thread there waits for the op: raise it here
+        mem[_op(mem, slot) + O_URGENT] = 1
     return k
 
 

@@ -410,7 +410,8 @@ def _emit(mem, prog, arena, b, slot, i):
         a = _room(mem, arena, b, dest, FRAME_SIZE)
         if a == 0:
             return 0
-        _write_frame(mem, a, ASK, 0, slot, prog[g + G_STEP], prog[g + G_SEG], n)
+        need = FLAG_NEED if mem[o + O_URGENT] else 0  # urgency travels with the frame
+        _write_frame(mem, a, ASK, need, slot, prog[g + G_STEP], prog[g + G_SEG], n)
         mem[ss] = (st & ~7) | SS_ASKED
         return 1
     flags = 0
@@ -426,10 +427,12 @@ def _emit(mem, prog, arena, b, slot, i):
             mem[ss] = (mem[ss] & ~7) | SS_HELD
             return 1
         flags = FLAG_CREDIT
+    if mem[o + O_URGENT]:  # a thread here waits for the op: the peer raises it too
+        flags |= FLAG_NEED
     a = _room(mem, arena, b, dest, FRAME_SIZE + ((n + 7) & ~7))
     if a == 0:
         return 0
-    if flags:
+    if flags & FLAG_CREDIT:
         mem[mem[C_PEERS] + dest * P_N + P_CREDIT] -= 1
     _write_frame(mem, a, DATA, flags, slot, prog[g + G_STEP], prog[g + G_SEG], n)
     if n:
