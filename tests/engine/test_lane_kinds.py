@@ -289,3 +289,31 @@ def test_every_kind_runs_in_the_lane_below_64_bytes_of_micro_bytes(micro: int) -
                 if dt == "float64":
                     want = 0.5 * values(6, n, dt, r) + 0.5 * values(6, n, dt, (r - 1) % p)
                     np.testing.assert_array_equal(got[("nar", dt, n)], want)
+
+
+def test_integer_neighbor_averaging_fails_on_every_rank_and_enters_no_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Weights on an integer buffer: the API refuses them; one that gets past it (its check
+    switched off here) fails on every rank with words naming the op, the rank and the type,
+    as the main loop's kernels failed it, and neither the lane nor the main loop runs it."""
+    import totalreduce.service.checks as checks
+
+    monkeypatch.setattr(checks, "floating", lambda dt: None)
+
+    def rank_main(s):
+        x = np.arange(5, dtype=np.int32) + s.rank
+        other = 1 - s.rank
+        h = s.neighbor_allreduce_async(
+            x, name="ints", self_weight=0.5, src_weights={other: 0.5}, dst_weights=[other]
+        )
+        with pytest.raises(tr.OpFailedError) as info:
+            h.wait(timeout=30)
+        return str(info.value), s.loop.stats.main_ops
+
+    with local_services(2) as svcs:
+        results = run_ranks(svcs, rank_main, timeout=60)
+    for text, main in results:
+        assert main == 0
+        assert "op 'ints' generation 0" in text and "rank " in text, text
+        assert "neighbor averaging needs a floating dtype, got INT32" in text, text

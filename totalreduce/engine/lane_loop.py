@@ -96,6 +96,11 @@ class LaneHooks:
         lane = self.lane
         assert lane is not None
         key = spec.key
+        why = lane.unrunnable(spec)
+        if why is not None:  # no engine runs it: it fails here and on its group
+            lane.drop_floating(key)
+            self._lane_refuse(spec, OpFailedError(f"{spec.describe()} on rank {self.rank}: {why}"))
+            return True
         plan = lane.plan_of(spec)
         if plan < 0:
             if lane.has_floating(key):

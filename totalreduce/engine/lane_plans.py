@@ -158,6 +158,24 @@ class LanePlans:
 
     # ------------------------------------------------------------------ eligibility
 
+    @staticmethod
+    def unrunnable(spec: OpSpec) -> str | None:
+        """Why no engine can run ``spec`` (arithmetic its element type has not: weights
+        on integers, bitwise ops on floats), or None.  The API refuses these before any op;
+        an op that still comes fails on every rank of its group with these words, as the
+        main loop's kernels failed it when it ran them."""
+        if spec.kind not in _ARITHMETIC:
+            return None
+        dt = spec.dtype
+        if spec.kind is OpKind.NEIGHBOR_ALLREDUCE and dt not in _FLOAT_TYPES:
+            return (
+                f"neighbor averaging needs a floating dtype, got {dt.name}: integer buffers "
+                "cannot be scaled by a fractional weight"
+            )
+        if spec.op.bitwise and dt in _FLOAT_TYPES:
+            return f"a bitwise reduce op needs an integer dtype, got {dt.name}"
+        return None
+
     def plan_of(self, spec: OpSpec) -> int:
         """The offset of the op's compiled plan in ``prog``, or -1 if the lane does not
         run it: allreduces of the lane's algorithms, reduce-scatters, all-gathers and
