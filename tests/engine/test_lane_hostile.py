@@ -354,3 +354,54 @@ def test_announcements_not_kept_still_get_their_ready() -> None:
     for r in range(2):
         for k in range(n_ops):
             np.testing.assert_array_equal(results[r][0][k], np.full(100, 2 * k))
+
+
+def test_a_peer_s_urgency_raises_the_op_here_and_travels_on_in_the_clears() -> None:
+    """An ``ASK`` with ``FLAG_NEED`` (a thread on the peer waits for the op) raises the op
+    here, though nobody here waits for it; the clear that answers it carries the flag on."""
+    world = LocalWorld(2)
+    svc = Service(world.transport(0), Config.load(env={}, floating_pool_bytes=POOL))
+    try:
+        lane = lane_of(svc)
+        h = svc.allreduce_async(np.ones(1 << 17), name="big", algorithm="ring")  # bodies
+        deadline = time.monotonic() + 5
+        while not lane.by_key and time.monotonic() < deadline:
+            time.sleep(0.001)
+        (lop,) = lane.by_key.values()
+        o = int(lane.mem[L.C_OPS]) + lop.slot * L.O_N
+        assert lane.mem[o + L.O_URGENT] == 0
+        w = [int(lane.mem[o + k]) for k in (L.O_DT, L.O_KIND, L.O_ALGO, L.O_ROP, L.O_WID,
+                                            L.O_GEN, L.O_COUNT, L.O_PARAM, L.O_CTX)]  # fmt: skip
+        r = int(lane.prog[int(lane.mem[o + L.O_PLAN]) + L.PL_RECVS])  # its first receive
+        step, seg, nbytes = (int(lane.prog[r + k]) for k in (L.G_STEP, L.G_SEG, L.G_NBYTES))
+        assert nbytes > int(lane.mem[L.C_MICRO])
+        head = _FRAME.pack(L.ASK, w[0], w[1], w[2], w[3], L.FLAG_NEED, 0, 0, step, seg, 0,
+                           w[4] & _U64, w[5], nbytes, w[6], w[7], w[8] & _U64)  # fmt: skip
+        rogue = Rogue(world)
+        rogue.send(message([head]))
+        deadline = time.monotonic() + 5
+        while lane.mem[o + L.O_URGENT] == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert lane.mem[o + L.O_URGENT] == 1, "the peer's NEED did not raise the op"
+        # What rank 0 sent rank 1 since: its answer to the ASK is a clear with the flag.
+        buf = np.zeros(1 << 16, dtype=np.uint8)
+        flagged = []
+        deadline = time.monotonic() + 5
+        while not flagged and time.monotonic() < deadline:
+            rc = mpi_native.mpi_irecv(rogue.b, buf.ctypes.data, buf.nbytes, 0, L.LANE_TAG,
+                                      rogue.req.ctypes.data)  # fmt: skip
+            assert rc == 0, rc
+            while mpi_native.mpi_test(rogue.b, rogue.req.ctypes.data, 0) == 0:
+                assert time.monotonic() < deadline, "no clear with the flag came"
+                time.sleep(0.0002)
+            n = _MSG.unpack_from(buf, 0)[3]
+            for k in range(n):  # rank 0 sends rank 1 no eager body here: headers only
+                f = _FRAME.unpack_from(buf, _MSG.size + k * _FRAME.size)
+                if f[0] == L.CTS and f[5] & L.FLAG_NEED and (f[8], f[9]) == (step, seg):
+                    flagged.append(f)
+        assert flagged
+        svc.abort("big", 0, "the test is over")
+        with pytest.raises(tr.OpFailedError):
+            h.wait(timeout=5)
+    finally:
+        svc.shutdown(timeout=0.3)
