@@ -80,10 +80,11 @@ class Config:
     - ``timeline``: write a Chrome trace of this rank's ops to this path
       (``{rank}`` in it is replaced by the rank, else ``.<rank>.json`` is
       appended); empty: no trace.  See docs/timeline.md.
-    - ``lane``: run allreduces of the gradient types (float16, bfloat16, float32,
-      float64, int32, int64) in the compiled lane, a Numba loop that calls MPI
-      itself (embedded mode over MPI only).  All ranks must agree;
-      ``TOTALREDUCE_LANE=0`` turns it off.
+    - ``lane``: run every op in the compiled lane, a Numba loop that calls the
+      transport itself (MPI, or the in-process world's compiled layer): every
+      kind, element type and group of up to 32 ranks (docs/architecture.md lists
+      what is left to the interpreted main loop).  All ranks must agree;
+      ``TOTALREDUCE_LANE=0`` turns it off (the main loop then runs every op).
     """
 
     segment_bytes: int = 1 << 20
