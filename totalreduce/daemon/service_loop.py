@@ -55,10 +55,15 @@ from .arena_pass import (
     S_NOUT,
     S_NSIG,
     S_NSTART,
+    S_SIZE,
     _tab,
     arena_finish,
+    arena_finish_parts,
+    arena_local_parts,
     arena_pass,
     node_buffer,
+    parted,
+    parts_digest,
     pipelined,
 )
 
@@ -74,7 +79,10 @@ ROWS = 4096
 #: (allreduce, broadcast, barrier) and a broadcast's root (the client's rank)
 (R_USED, R_WIRE, R_DTYPE, R_COUNT, R_OP, R_AT, R_GEN, R_DONE, R_FIRST, R_COPY, R_WORK, R_SCR,
  R_NBYTES, R_KIND, R_ROOT) = range(15)  # fmt: skip
-ROW_WORDS = 16
+#: a reduce-scatter's or all-gather's row: the addresses of its own buffers for the node's
+#: part and the nodes' result here (its R_AT: the digest of its parts, arena_pass.parts_digest)
+R_IN, R_OUT = 15, 16
+ROW_WORDS = 20
 #: The most bytes of such buffers the rows keep in all (more: those shapes stay Python's).
 ROW_BUFFER_BYTES = 512 << 20
 _HASH = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -97,7 +105,7 @@ TOUCHED = 64
 IO_WORDS = IO_TOUCHED + TOUCHED
 WHY_IDLE, WHY_PASS, WHY_ADOPT, WHY_LOOK = 0, 1, 2, 3
 
-_AR, _BC, _BAR = 1, 2, 3  # OpKind.ALLREDUCE, BROADCAST, BARRIER (the pass's kinds)
+_AR, _BC, _BAR, _RS, _AG = 1, 2, 3, 4, 5  # OpKind's: the pass's kinds
 _D_KIND, _D_WIRE, _D_DTYPE, _D_COUNT, _D_OP, _D_PRIO, _D_FLAGS, _D_ALGO, _D_ROOT = (
     A.D_KIND, A.D_WIRE, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_PRIO, A.D_FLAGS, A.D_ALGO, A.D_ROOT,
 )  # fmt: skip
@@ -138,12 +146,13 @@ def row_of(rows, wire, make):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _row_for(rows, st, descs, e, io):  # type: ignore[no-untyped-def]
+def _row_for(rows, st, amem, descs, e, io):  # type: ignore[no-untyped-def]
     """The row that runs entry ``e`` (complete here) among the nodes, or -1 (Python's): a
-    whole world allreduce, broadcast or barrier of a shape the row has."""
+    whole world allreduce, broadcast, barrier, reduce-scatter or all-gather of a shape the
+    row has."""
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
-    if kind != _AR and kind != _BC and kind != _BAR:
+    if kind != _AR and kind != _BC and kind != _BAR and kind != _RS and kind != _AG:
         return -1
     if d0[_D_ALGO] != 0 or (d0[_D_FLAGS] & _F_UNNAMED) != 0:
         return -1
@@ -159,10 +168,19 @@ def _row_for(rows, st, descs, e, io):  # type: ignore[no-untyped-def]
         or rows[r, R_OP] != d0[_D_OP]
         or rows[r, R_KIND] != kind
         or rows[r, R_ROOT] != (d0[_D_ROOT] if kind == _BC else 0)
-        or rows[r, R_AT] != node_buffer(st, descs, e)
+        or rows[r, R_AT] != _where(st, amem, descs, e)
     ):
         return -1
     return r
+
+
+@njit(nogil=True, cache=True)
+def _where(st, amem, descs, e):  # type: ignore[no-untyped-def]
+    """What a row keys entry ``e`` on beside its kind and sizes: its node buffer's offset,
+    or a reduce-scatter's or all-gather's parts (their digest: its buffers are the row's)."""
+    if parted(descs[e, 0]):
+        return parts_digest(amem, descs[e, 0], st[S_SIZE])
+    return node_buffer(st, descs, e)
 
 
 @njit(nogil=True, cache=True)
@@ -209,14 +227,18 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
                 return
             for i in range(st[S_NSTART]):
                 e = starts[i]
-                r = _row_for(rows, st, descs, e, io)
+                r = _row_for(rows, st, amem, descs, e, io)
                 if r < 0 or (rows[r, R_DONE] == 0 and io[IO_NTOUCHED] >= TOUCHED):
                     io[IO_WHY] = WHY_PASS
                     io[IO_FIRST] = i
                     return
+                split = rows[r, R_KIND] == _RS or rows[r, R_KIND] == _AG  # own buffers
                 at = abase + max(rows[r, R_AT], 0)  # (a barrier's: no byte of it is read)
+                if split:
+                    arena_local_parts(fbuf, flay, amem, abase, e, rows[r, R_IN])
+                    at = rows[r, R_IN]
                 addrs[0] = at
-                addrs[1] = at
+                addrs[1] = rows[r, R_OUT] if split else at
                 if rows[r, R_COPY] != 0:  # the schedule reads its input after writing it
                     copy_raw(rows[r, R_COPY], at, rows[r, R_NBYTES])
                     addrs[0] = rows[r, R_COPY]
@@ -250,7 +272,10 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
                     io[IO_TOUCHED + io[IO_NTOUCHED]] = r
                     io[IO_NTOUCHED] += 1
                 rows[r, R_DONE] += 1
-                arena_finish(fbuf, flay, amem, abase, e, 1)
+                if split:
+                    arena_finish_parts(fbuf, flay, amem, abase, e, rows[r, R_OUT])
+                else:
+                    arena_finish(fbuf, flay, amem, abase, e, 1)
                 _wake(st, sig, cw, abase)
                 amem[_H_LOOP_RAN] += 1
                 io[IO_RAN] += 1
@@ -282,22 +307,29 @@ class Shapes:
         self.io[IO_TRY_MAX_NS] = 100_000_000
         self.io[IO_URGENT] = 1
         self.io[IO_PRIO_LO], self.io[IO_PRIO_HI] = -(1 << 31), (1 << 31) - 1
-        #: row -> (wire id, node buffer's view, express record, the row's own buffers)
-        self.kept: dict[int, tuple[int, np.ndarray, Any, tuple[np.ndarray, ...]]] = {}
+        #: row -> (wire id, node buffer's view, express record, the row's own buffers, the
+        #: result's view: the node buffer's, but a reduce-scatter's or all-gather's own)
+        self.kept: dict[int, tuple[int, np.ndarray, Any, tuple[np.ndarray, ...], np.ndarray]] = {}
         self.buffer_bytes = 0
         self.names_seen = -1  # the name table's version the rows' generations are of
         self.epoch = -1  # the tuning epoch of the records
 
     def put(self, shape: tuple[int, ...], buf: np.ndarray, ex: Any, gen: int) -> bool:
         """Give ``shape`` (wire id, dtype, count, reduce op, algorithm, node buffer's
-        offset, kind, a broadcast's root; algorithm 0), whose lane fields
-        ``ex.lane_shape`` has, its row, replacing its name's other shape if any; False
-        when its buffers would pass :data:`ROW_BUFFER_BYTES` (it stays Python's)."""
+        offset, or a reduce-scatter's or all-gather's parts' digest, kind, a broadcast's
+        root; algorithm 0), whose lane fields ``ex.lane_shape`` has, its row, replacing its
+        name's other shape if any; False when its buffers would pass
+        :data:`ROW_BUFFER_BYTES` (it stays Python's).  A reduce-scatter's or all-gather's
+        ``buf`` is only its node's part's type and size: the row has buffers of its own for
+        it and its result."""
         ls = ex.lane_shape
+        split = shape[6] in (_RS, _AG)
         sizes = (
             buf.nbytes if ls.copy_in else 0,
             ls.work * buf.itemsize,
             ls.scratch,
+            buf.nbytes if split else 0,
+            ex.out_count * buf.itemsize if split else 0,
         )
         need = sum(sizes)
         wire = shape[0]
@@ -305,6 +337,7 @@ class Shapes:
         old = self.kept.pop(r, None) if r >= 0 else None
         if old is not None:
             self.buffer_bytes -= sum(b.nbytes for b in old[3])
+            self.rows[r, R_IN] = self.rows[r, R_OUT] = 0
         if self.buffer_bytes + need > ROW_BUFFER_BYTES:
             if r >= 0:
                 self.rows[r, R_DTYPE] = -1  # (no descriptor has it: the row runs nothing)
@@ -320,10 +353,16 @@ class Shapes:
         row[R_GEN], row[R_DONE], row[R_NBYTES] = gen, 0, buf.nbytes
         row[R_KIND], row[R_ROOT] = shape[6], shape[7]
         it = iter(own)
-        for col, n in zip((R_COPY, R_WORK, R_SCR), sizes, strict=True):
-            row[col] = next(it).ctypes.data if n else 0
+        mine: list[np.ndarray] = []
+        for col, n in zip((R_COPY, R_WORK, R_SCR, R_IN, R_OUT), sizes, strict=True):
+            b = next(it) if n else None
+            row[col] = 0 if b is None else b.ctypes.data
+            mine.append(b.view(buf.dtype)[: n // buf.itemsize] if b is not None else buf)
+        out = buf
+        if split:
+            buf, out = mine[3], mine[4]
         self.fields[r] = ls.fields
-        self.kept[r] = (wire, buf, ex, own)
+        self.kept[r] = (wire, buf, ex, own, out)
         return True
 
     def clear(self) -> None:
@@ -356,6 +395,7 @@ def _compile() -> None:
     u8 = types.Array(types.uint8, 1, "C")
     with plain_constants():
         service_pass.compile((v1, v2, v1, i64, v2, v2, v1, v1, u8, v1, v1, v1))
+        parts_digest.compile((v1, v1, i64))
         row_of.compile((v2, i64, types.boolean))
 
 
