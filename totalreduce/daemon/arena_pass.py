@@ -7,14 +7,18 @@ service with one node, :func:`arena_pass` takes such descriptors into a table of
 arrays, and when every local client has submitted one it reduces the buffers in place
 in the arena (the kernels of :mod:`totalreduce.kernels.raw`, the same bits as the
 Python path), copies the result into the other clients' outputs and sets their
-completion words.  No Python object is made per op.
+completion words.  No Python object is made per op.  On a service of several nodes it
+takes reduce-scatters and all-gathers over the world too: their parts (one count per
+rank, in a block of words each client's descriptor names) are checked and compared among
+the node's clients, and their node's part goes to a buffer of the caller's
+(:func:`arena_local_parts`), their result back from one (:func:`arena_finish_parts`).
 
 Everything else goes to Python, in order, through an *out-queue* of descriptors that
 ``ThinService`` takes one by one as before:
 
-- a descriptor that is not such an op (a group's, a reduce-scatter's, an algorithm
-  named, a window's, a dtype the raw kernels do not take), or that is wrong in any way
-  (Python finds what, and says it);
+- a descriptor that is not such an op (a group's, an algorithm named, a window's, a
+  dtype the raw kernels do not take; a reduce-scatter's or an all-gather's on a service
+  of one node), or that is wrong in any way (Python finds what, and says it);
 - one whose (wire id, generation) Python has had before (:data:`PYKEYS`, a cache of
   them): its other parts go where it went;
 - one that meets an op of the table it does not agree with, or that its client

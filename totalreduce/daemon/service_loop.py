@@ -5,11 +5,13 @@ takes the clients' descriptors and makes the node's part of an op; the op then r
 among the services on their engine.  For the first occurrences of a shape Python starts
 it there (``PassOps._fast_start``), and once the engine's express record of the shape
 has the lane's fields the shape gets a *row* here: its key (wire id, kind, element type,
-count, reduce op, a broadcast's root, node buffer's offset), the lane's fields, the
-buffers beside its input the lane needs for it (the row's own), and the next generation
-of its name among the services.  The shapes are the compiled pass's: allreduces,
-broadcasts and barriers over the world, whole among the nodes (a segmented one,
-:func:`.arena_pass.pipelined`, stays Python's: docs/daemon.md says why).
+count, reduce op, a broadcast's root, node buffer's offset; a reduce-scatter's or
+all-gather's parts' digest instead), the lane's fields, the buffers beside its input the
+lane needs for it (the row's own; a reduce-scatter's or all-gather's node's part and
+result too), and the next generation of its name among the services.  The shapes are the
+compiled pass's: allreduces, broadcasts, barriers, reduce-scatters and all-gathers over
+the world, whole among the nodes (a segmented one, :func:`.arena_pass.pipelined`, stays
+Python's: docs/daemon.md says why).
 
 From then on :func:`service_pass` runs a repeat of the shape whole: it takes the
 descriptors (the pass), reduces the node's buffers (the pass), enters the op into the

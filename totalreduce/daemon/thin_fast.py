@@ -65,9 +65,11 @@ class PassOps:
     _running: dict[tuple[int, int, int], _Op]
     _fast_running: dict[int, list[Any]]
     _fast_tokens: int
-    #: The engine's express record of each whole allreduce among the nodes the pass
-    #: started, with the view of its node buffer, by (wire id, dtype, count, reduce op,
-    #: algorithm, node buffer's offset): a repeat starts from them (:meth:`_fast_repeat`)
+    #: The engine's express record of each whole op among the nodes the pass started,
+    #: with the view of its node buffer (a reduce-scatter's or all-gather's: its first
+    #: one, for its type and size), by (wire id, dtype, count, reduce op, algorithm, node
+    #: buffer's offset or parts' digest, kind, root): a repeat starts from them
+    #: (:meth:`_fast_repeat`)
     _fast_shapes: dict[tuple[int, ...], tuple[np.ndarray, Any]]
     _fast_ended: deque[Callable[[], None]]
     #: The compiled loop's shapes and the engine's side of it (None: off,
