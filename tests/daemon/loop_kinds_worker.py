@@ -6,7 +6,8 @@ whose repeats the node's service runs in its compiled loop (daemon/service_loop.
 FAILED ...``.  With ``TOTALREDUCE_SERVICE_LOOP=0`` in its environment it checks that
 the loop ran nothing.
 
-- ``kinds``: repeats of broadcasts from every root (a name per root), of barriers, of
+- ``kinds``: repeats of broadcasts from every root (a name per root, and one name whose
+  root changes every call), of barriers, of
   reduce-scatters and all-gathers (even and uneven parts; an averaged reduce-scatter),
   exact in float16, float32, float64, int32 and int64 (and a bfloat16 broadcast, which
   stays Python's), and counted by the node's service as run in its loop; allreduces over
@@ -82,6 +83,23 @@ def mode_kinds(p: int, rank: int) -> None:
                         bad.append(f"{name} call {i}: {x[:3]} != {value(root, i, n, dt)[:3]}")
                 tr.barrier(name="kinds.sync")
                 routed(bad, name, entered() - before, REPEATS, on)
+    # one name whose root changes every call: each of its shapes keeps its row, and the
+    # name's generations are its shapes' together
+    x = tr.empty(256, np.float32)
+    warm = 3 * p
+    before = 0
+    for i in range(warm + 2 * REPEATS):
+        if i == warm:
+            tr.barrier(name="kinds.sync")
+            before = entered()
+        x[:] = value(rank, i, 256, np.float32)
+        tr.broadcast(x, root=i % p, name="kb.alternating", out=x)
+        if not np.array_equal(x, value(i % p, i, 256, np.float32)):
+            bad.append(
+                f"kb.alternating call {i}: {x[:3]} != {value(i % p, i, 256, np.float32)[:3]}"
+            )
+    tr.barrier(name="kinds.sync")
+    routed(bad, "kb.alternating", entered() - before, 2 * REPEATS, on)
     # bfloat16 (as raw 16-bit words): exact, Python's way
     x = tr.empty(64, np.uint16)
     for i in range(5):

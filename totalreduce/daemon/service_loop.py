@@ -73,18 +73,24 @@ from .arena_pass import (
 #: Rows (a power of two; a full table is cleared, as the engine's express records are).
 ROWS = 4096
 #: a row's words: in use, the name's wire id, the shape (element type, count, reduce op,
-#: node buffer's offset: -1 for a barrier), the name's next generation, the repeats run
-#: since Python last looked and the first of their generations, the addresses of the
+#: node buffer's offset: -1 for a barrier), its name's entry in the names' table (R_NAME:
+#: the name's generations are its shapes' together), two words unused, the addresses of the
 #: row's own buffers for a shape that needs them (0: none): the input's copy (an in-place
 #: schedule that reads its input after writing it; of R_NBYTES), the schedule's work
 #: buffer, the scratch of its large receives; and the rest of the shape: the kind
 #: (allreduce, broadcast, barrier) and a broadcast's root (the client's rank)
-(R_USED, R_WIRE, R_DTYPE, R_COUNT, R_OP, R_AT, R_GEN, R_DONE, R_FIRST, R_COPY, R_WORK, R_SCR,
- R_NBYTES, R_KIND, R_ROOT) = range(15)  # fmt: skip
+(R_USED, R_WIRE, R_DTYPE, R_COUNT, R_OP, R_AT, R_NAME, _R_FREE1, _R_FREE2, R_COPY, R_WORK,
+ R_SCR, R_NBYTES, R_KIND, R_ROOT) = range(15)  # fmt: skip
 #: a reduce-scatter's or all-gather's row: the addresses of its own buffers for the node's
 #: part and the nodes' result here (its R_AT: the digest of its parts, arena_pass.parts_digest)
 R_IN, R_OUT = 15, 16
 ROW_WORDS = 20
+#: The names' table (as many entries as rows): in use, the wire id, the name's next
+#: generation among the services, the repeats its shapes ran since Python last looked and
+#: the first of their generations.  A name has a row per shape (a broadcast's roots, say)
+#: and one generation counter, so a name whose shapes alternate stays in the loop.
+(N_USED, N_WIRE, N_GEN, N_DONE, N_FIRST) = range(5)  # fmt: skip
+NAME_WORDS = 8
 #: The most bytes of such buffers the rows keep in all (more: those shapes stay Python's).
 ROW_BUFFER_BYTES = 512 << 20
 _HASH = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -96,7 +102,7 @@ _HASH = 0x9E3779B97F4A7C15 - (1 << 64)
  IO_PRIO_HI) = range(8)  # fmt: skip
 #: out: why it returned, the first of the pass's starts Python takes, and for WHY_ADOPT the
 #: entry, row, lane slot, submission, generation and priority; repeats ended, descriptors
-#: taken, rows that ran repeats (listed from IO_TOUCHED)
+#: taken, names that ran repeats (their entries, listed from IO_TOUCHED)
 (IO_WHY, IO_FIRST, IO_ENTRY, IO_ROW, IO_SLOT, IO_SEQ, IO_GEN, IO_PRIO, IO_RAN, IO_TAKEN,
  IO_NTOUCHED) = range(8, 19)  # fmt: skip
 #: in: the longest first try in the lane (a large op's try lasts a nanosecond a byte, at
@@ -130,19 +136,43 @@ def _home(wire):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def row_of(rows, wire, make):  # type: ignore[no-untyped-def]
-    """The row of name ``wire`` (one per name: its generations are the name's); with
-    ``make``, a free one made for it; -1 when none (or the table is full)."""
+def name_of(names, wire, make):  # type: ignore[no-untyped-def]
+    """The entry of name ``wire`` in the names' table; with ``make``, a free one made for
+    it; -1 when none (or the table is full)."""
     h = _home(wire)
+    for i in range(ROWS):
+        n = (h + i) & (ROWS - 1)
+        if names[n, N_USED] == 0:
+            if make:
+                names[n, N_USED] = 1
+                names[n, N_WIRE] = wire
+                return n
+            return -1
+        if names[n, N_WIRE] == wire:
+            return n
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def row_of(rows, wire, dtype, count, op, at, kind, root, make):  # type: ignore[no-untyped-def]
+    """The row of a shape of name ``wire`` (one per shape); with ``make``, a free one made
+    for it (its shape set); -1 when none (or the table is full)."""
+    h = _home(wire ^ ((((kind * 31 + root) * 31 + dtype) * 1_000_003 + count) * 31 + op) ^ at)
     for i in range(ROWS):
         r = (h + i) & (ROWS - 1)
         if rows[r, R_USED] == 0:
             if make:
                 rows[r, R_USED] = 1
-                rows[r, R_WIRE] = wire
+                rows[r, R_WIRE], rows[r, R_DTYPE], rows[r, R_COUNT] = wire, dtype, count
+                rows[r, R_OP], rows[r, R_AT], rows[r, R_KIND] = op, at, kind
+                rows[r, R_ROOT] = root
                 return r
             return -1
-        if rows[r, R_WIRE] == wire:
+        if (
+            rows[r, R_WIRE] == wire and rows[r, R_DTYPE] == dtype and rows[r, R_COUNT] == count
+            and rows[r, R_OP] == op and rows[r, R_AT] == at and rows[r, R_KIND] == kind
+            and rows[r, R_ROOT] == root
+        ):  # fmt: skip
             return r
     return -1
 
@@ -162,18 +192,9 @@ def _row_for(rows, st, amem, descs, e, io):  # type: ignore[no-untyped-def]
         return -1
     if not (io[IO_PRIO_LO] <= d0[_D_PRIO] <= io[IO_PRIO_HI]):
         return -1
-    r = row_of(rows, d0[_D_WIRE], False)
-    if (
-        r < 0
-        or rows[r, R_DTYPE] != d0[_D_DTYPE]
-        or rows[r, R_COUNT] != d0[_D_COUNT]
-        or rows[r, R_OP] != d0[_D_OP]
-        or rows[r, R_KIND] != kind
-        or rows[r, R_ROOT] != (d0[_D_ROOT] if kind == _BC else 0)
-        or rows[r, R_AT] != _where(st, amem, descs, e)
-    ):
-        return -1
-    return r
+    root = d0[_D_ROOT] if kind == _BC else 0
+    at = _where(st, amem, descs, e)
+    return row_of(rows, d0[_D_WIRE], d0[_D_DTYPE], d0[_D_COUNT], d0[_D_OP], at, kind, root, False)
 
 
 @njit(nogil=True, cache=True)
@@ -202,13 +223,13 @@ def _lane_waits(lmem):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, addrs, io):  # type: ignore[no-untyped-def]
+def service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, larena, b, addrs, io):  # type: ignore[no-untyped-def]
     """Take the clients' descriptors and run every repeat they complete whose shape has a
     row, to its completion words, until Python must look (``io[IO_WHY]``, see the module
     docstring) or nothing came for ``io[IO_SPIN_NS]``, at most ``io[IO_MAX_NS]``.
     ``fbuf``/``flay``: the pass's table; ``amem``, ``abase``: the arena as words and its
-    address; ``rows``, ``fields``: the shapes; ``lmem``...``b``: the services' lane (its
-    lock held); ``addrs``: 4 words of scratch."""
+    address; ``rows``, ``names``, ``fields``: the shapes and their names; ``lmem``...``b``:
+    the services' lane (its lock held); ``addrs``: 4 words of scratch."""
     tab = _tab(fbuf, flay)
     st, cw, descs, sig, starts = tab[0], tab[4], tab[8], tab[15], tab[17]
     t0 = now_ns()
@@ -230,7 +251,7 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
             for i in range(st[S_NSTART]):
                 e = starts[i]
                 r = _row_for(rows, st, amem, descs, e, io)
-                if r < 0 or (rows[r, R_DONE] == 0 and io[IO_NTOUCHED] >= TOUCHED):
+                if r < 0 or (names[rows[r, R_NAME], N_DONE] == 0 and io[IO_NTOUCHED] >= TOUCHED):
                     io[IO_WHY] = WHY_PASS
                     io[IO_FIRST] = i
                     return
@@ -246,7 +267,8 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
                     addrs[0] = rows[r, R_COPY]
                 addrs[2] = rows[r, R_WORK]
                 addrs[3] = rows[r, R_SCR]
-                gen = rows[r, R_GEN]
+                nm = rows[r, R_NAME]
+                gen = names[nm, N_GEN]
                 prio = descs[e, 0, _D_PRIO]
                 try_ns = max(io[IO_TRY_NS], min(rows[r, R_NBYTES], io[IO_TRY_MAX_NS]))
                 slot, seq, res = lane_repeat(
@@ -257,7 +279,7 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
                     io[IO_WHY] = WHY_PASS
                     io[IO_FIRST] = i
                     return
-                rows[r, R_GEN] = gen + 1
+                names[nm, N_GEN] = gen + 1
                 amem[_H_LOOP_ENTERED] += 1
                 if res != 2:  # entered, not ended: Python makes its handle
                     io[IO_WHY] = WHY_ADOPT
@@ -269,11 +291,11 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
                     io[IO_PRIO] = prio
                     io[IO_FIRST] = i + 1
                     return
-                if rows[r, R_DONE] == 0:
-                    rows[r, R_FIRST] = gen
-                    io[IO_TOUCHED + io[IO_NTOUCHED]] = r
+                if names[nm, N_DONE] == 0:
+                    names[nm, N_FIRST] = gen
+                    io[IO_TOUCHED + io[IO_NTOUCHED]] = nm
                     io[IO_NTOUCHED] += 1
-                rows[r, R_DONE] += 1
+                names[nm, N_DONE] += 1
                 if split:
                     arena_finish_parts(fbuf, flay, amem, abase, e, rows[r, R_OUT])
                 else:
@@ -302,6 +324,9 @@ class Shapes:
 
     def __init__(self) -> None:
         self.rows = np.zeros((ROWS, ROW_WORDS), np.int64)
+        self.names = np.zeros((ROWS, NAME_WORDS), np.int64)
+        #: name entry -> (wire id, an express record of the name: its wire id and group)
+        self.named: dict[int, tuple[int, Any]] = {}
         self.fields = np.zeros((ROWS, 16), np.int64)
         self.addrs = np.zeros(4, np.int64)
         self.io = np.zeros(IO_WORDS, np.int64)
@@ -319,8 +344,9 @@ class Shapes:
     def put(self, shape: tuple[int, ...], buf: np.ndarray, ex: Any, gen: int) -> bool:
         """Give ``shape`` (wire id, dtype, count, reduce op, algorithm, node buffer's
         offset, or a reduce-scatter's or all-gather's parts' digest, kind, a broadcast's
-        root; algorithm 0), whose lane fields ``ex.lane_shape`` has, its row, replacing its
-        name's other shape if any; False when its buffers would pass
+        root; algorithm 0), whose lane fields ``ex.lane_shape`` has, its row (beside its
+        name's other shapes': ``gen``, the name's next generation, is theirs too); False
+        when its buffers would pass
         :data:`ROW_BUFFER_BYTES` (it stays Python's).  A reduce-scatter's or all-gather's
         ``buf`` is only its node's part's type and size: the row has buffers of its own for
         it and its result."""
@@ -335,7 +361,8 @@ class Shapes:
         )
         need = sum(sizes)
         wire = shape[0]
-        r = int(row_of(self.rows, wire, False))
+        key = (wire, shape[1], shape[2], shape[3], shape[5], shape[6], shape[7])
+        r = int(row_of(self.rows, *key, False))
         old = self.kept.pop(r, None) if r >= 0 else None
         if old is not None:
             self.buffer_bytes -= sum(b.nbytes for b in old[3])
@@ -347,13 +374,16 @@ class Shapes:
         if r < 0:
             if len(self.kept) >= ROWS // 2:
                 self.clear()
-            r = int(row_of(self.rows, wire, True))
+            r = int(row_of(self.rows, *key, True))
+        n = int(name_of(self.names, wire, True))
+        if n not in self.named:
+            self.names[n, N_DONE] = 0
+        self.named[n] = (wire, ex)
+        self.names[n, N_GEN] = gen
         own = tuple(np.empty((n + 7) // 8, np.int64) for n in sizes if n)
         self.buffer_bytes += need
         row = self.rows[r]
-        row[R_DTYPE], row[R_COUNT], row[R_OP], row[R_AT] = shape[1], shape[2], shape[3], shape[5]
-        row[R_GEN], row[R_DONE], row[R_NBYTES] = gen, 0, buf.nbytes
-        row[R_KIND], row[R_ROOT] = shape[6], shape[7]
+        row[R_NAME], row[R_NBYTES] = n, buf.nbytes
         it = iter(own)
         mine: list[np.ndarray] = []
         for col, n in zip((R_COPY, R_WORK, R_SCR, R_IN, R_OUT), sizes, strict=True):
@@ -367,8 +397,17 @@ class Shapes:
         self.kept[r] = (wire, buf, ex, own, out)
         return True
 
+    def find(self, shape: tuple[int, ...]) -> int:
+        """The row of ``shape`` (:meth:`put`'s), or -1."""
+        return int(
+            row_of(self.rows, shape[0], shape[1], shape[2], shape[3], shape[5], shape[6],
+                   shape[7], False)
+        )  # fmt: skip
+
     def clear(self) -> None:
         self.rows[:] = 0
+        self.names[:] = 0
+        self.named.clear()
         self.kept.clear()
         self.buffer_bytes = 0
 
@@ -396,9 +435,10 @@ def _compile() -> None:
     v2 = types.Array(types.int64, 2, "C")
     u8 = types.Array(types.uint8, 1, "C")
     with plain_constants():
-        service_pass.compile((v1, v2, v1, i64, v2, v2, v1, v1, u8, v1, v1, v1))
+        service_pass.compile((v1, v2, v1, i64, v2, v2, v2, v1, v1, u8, v1, v1, v1))
         parts_digest.compile((v1, v1, i64))
-        row_of.compile((v2, i64, types.boolean))
+        row_of.compile((v2, i64, i64, i64, i64, i64, i64, i64, types.boolean))
+        name_of.compile((v2, i64, types.boolean))
 
 
 def prepare() -> None:

@@ -123,14 +123,14 @@ class PassOps:
         rep = self._repeats
         shapes = self._loop_shapes
         assert shapes is not None
-        io, rows, fast = shapes.io, shapes.rows, self._fast
+        io, fast = shapes.io, self._fast
         names = self.engine._names
         adopted = None
         try:
             if names.version != shapes.names_seen:  # generations taken by Python since
                 shapes.names_seen = names.version
-                for r, (wire, _, _, _, _) in shapes.kept.items():
-                    rows[r, SL.R_GEN] = names.next_generation(wire)
+                for n, (wire, _) in shapes.named.items():
+                    shapes.names[n, SL.N_GEN] = names.next_generation(wire)
             mem, prog, larena, b = rep.lane_arrays()
             io[SL.IO_MAX_NS] = LOOP_NS
             io[SL.IO_SPIN_NS] = LOOP_SPIN_NS if spin else 0
@@ -138,14 +138,14 @@ class PassOps:
             io[SL.IO_TRY_NS] = LOOP_TRY_NS
             io[SL.IO_TAKE] = DRIVE_TAKE | DRIVE_OUTER  # a client's descriptor ends a drive
             service_loop.service_pass(
-                fast.buf, fast.lay, self._mem, self.arena.base, rows, shapes.fields,
-                mem, prog, larena, b, shapes.addrs, io,
+                fast.buf, fast.lay, self._mem, self.arena.base, shapes.rows, shapes.names,
+                shapes.fields, mem, prog, larena, b, shapes.addrs, io,
             )  # fmt: skip
             for j in range(int(io[SL.IO_NTOUCHED])):
-                r = int(io[SL.IO_TOUCHED + j])
-                k, first = int(rows[r, SL.R_DONE]), int(rows[r, SL.R_FIRST])
-                rows[r, SL.R_DONE] = 0
-                wire, _, ex, _, _ = shapes.kept[r]
+                n = int(io[SL.IO_TOUCHED + j])
+                k, first = int(shapes.names[n, SL.N_DONE]), int(shapes.names[n, SL.N_FIRST])
+                shapes.names[n, SL.N_DONE] = 0
+                wire, ex = shapes.named[n]
                 if not names.advance(wire, first, k):
                     log.error("the compiled loop ran %d repeats of %d from generation %d, "
                               "which its name had not", k, wire, first)  # fmt: skip
@@ -384,16 +384,9 @@ class PassOps:
         lane_shape = ex.lane_shape
         if lane_shape is None or lane_shape is False:
             return
-        r = service_loop.row_of(shapes.rows, shape[0], False)
+        r = shapes.find(shape)
         if r >= 0 and r in shapes.kept and shapes.kept[r][2] is ex:
-            row = shapes.rows[r]
-            if (
-                row[SL.R_AT] == shape[5]
-                and row[SL.R_COUNT] == shape[2]
-                and row[SL.R_KIND] == shape[6]
-                and row[SL.R_ROOT] == shape[7]
-            ):
-                return  # (a repeat of it Python started: the rows' generations follow)
+            return  # (a repeat of it Python started: the names' generations follow)
         if shapes.epoch != tuning.EPOCH[0]:
             shapes.clear()
             shapes.epoch = tuning.EPOCH[0]
