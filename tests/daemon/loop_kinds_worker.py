@@ -9,8 +9,8 @@ the loop ran nothing.
 - ``kinds``: repeats of broadcasts from every root (a name per root, and one name whose
   root changes every call), of barriers, of
   reduce-scatters and all-gathers (even and uneven parts; an averaged reduce-scatter),
-  exact in float16, float32, float64, int32 and int64 (and a bfloat16 broadcast, which
-  stays Python's), and counted by the node's service as run in its loop; allreduces over
+  exact in float16, float32, float64, int32 and int64 (and a bfloat16 broadcast), and
+  counted by the node's service as run in its loop; allreduces over
   a group, exact (Python starts those among the nodes).
 - ``segmented`` (several clients a node, a small ``--segment-bytes``): allreduces and
   broadcasts cut into segments among the nodes, exact; Python starts them (the loop
@@ -100,13 +100,19 @@ def mode_kinds(p: int, rank: int) -> None:
             )
     tr.barrier(name="kinds.sync")
     routed(bad, "kb.alternating", entered() - before, 2 * REPEATS, on)
-    # bfloat16 (as raw 16-bit words): exact, Python's way
+    # bfloat16 (as raw 16-bit words): exact, its repeats in the loop too
     x = tr.empty(64, np.uint16)
-    for i in range(5):
+    before = 0
+    for i in range(3 + REPEATS):
+        if i == 3:
+            tr.barrier(name="kinds.sync")
+            before = entered()
         x[:] = 0x3F80 + rank + i
         tr.broadcast(x, root=p - 1, name="kb.bf16", out=x, dtype="bfloat16")
         if not np.all(x == 0x3F80 + p - 1 + i):
             bad.append(f"kb.bf16 call {i}: {x[:3]}")
+    tr.barrier(name="kinds.sync")
+    routed(bad, "kb.bf16", entered() - before, REPEATS, on)
     report(rank, "LOOP-BROADCAST", not bad, "; ".join(bad[:3]))
 
     # barriers: a named one, repeated (every rank leaves after every rank entered)

@@ -55,7 +55,7 @@ def test_repeated_broadcasts_and_barriers_take_the_compiled_loop(
 ) -> None:
     """Two nodes: repeats of broadcasts from every root, of barriers, of reduce-scatters
     and of all-gathers (even and uneven parts) run in the loop (counted by the service),
-    exact in float16/32/64, int32/64 (a bfloat16 broadcast: Python's); a group's
+    exact in float16/32/64, int32/64 (and a bfloat16 broadcast); a group's
     allreduces are exact.  Then the nodes disagree about a repeat's count, about a
     broadcast's root and about a reduce-scatter's parts, after repeats gave the shape its
     row: every rank fails naming the op, its generation and the ranks; the service goes

@@ -8,10 +8,11 @@ has the lane's fields the shape gets a *row* here: its key (wire id, kind, eleme
 count, reduce op, a broadcast's root, node buffer's offset; a reduce-scatter's or
 all-gather's parts' digest instead), the lane's fields, the buffers beside its input the
 lane needs for it (the row's own; a reduce-scatter's or all-gather's node's part and
-result too), and the next generation of its name among the services.  The shapes are the
-compiled pass's: allreduces, broadcasts, barriers, reduce-scatters and all-gathers over
-the world, whole among the nodes (a segmented one, :func:`.arena_pass.pipelined`, stays
-Python's: docs/daemon.md says why).
+result too), and its name's entry in a table of names, which holds the name's next
+generation among the services (a name's shapes share it).  The shapes are the compiled
+pass's: allreduces, broadcasts, barriers, reduce-scatters and all-gathers over the world,
+whole among the nodes (a segmented one, :func:`.arena_pass.pipelined`, stays Python's:
+docs/daemon.md says why), of any element type but bfloat16 (a broadcast's too).
 
 From then on :func:`service_pass` runs a repeat of the shape whole: it takes the
 descriptors (the pass), reduces the node's buffers (the pass), enters the op into the
@@ -188,7 +189,7 @@ def _row_for(rows, st, amem, descs, e, io):  # type: ignore[no-untyped-def]
         return -1
     if d0[_D_ALGO] != 0 or (d0[_D_FLAGS] & _F_UNNAMED) != 0:
         return -1
-    if d0[_D_DTYPE] == DT_BF16 or pipelined(st, d0):
+    if (d0[_D_DTYPE] == DT_BF16 and kind != _BC) or pipelined(st, d0):  # (a bf16 row: bytes)
         return -1
     if not (io[IO_PRIO_LO] <= d0[_D_PRIO] <= io[IO_PRIO_HI]):
         return -1

@@ -272,7 +272,7 @@ class PassOps:
             return
         if segs is None:
             self._fast_running[token] = [e, h, None]
-            if shape is not None and dt is not DType.BFLOAT16:
+            if shape is not None and (dt is not DType.BFLOAT16 or kind == _BROADCAST):
                 self._remember_shape(shape, _NO_DATA if buf is None else buf, rop, h)
         # a segmented op ends after its segments' ends, in the order they came
         run = segs is None
@@ -410,6 +410,12 @@ class PassOps:
             ex = table.get((shape[0], rop, True, name))
         elif kind == _BROADCAST:  # the root among the services: the root's node
             ex = table.get(("bc", shape[0], shape[7] // self.slots, True, name))
+            spec = getattr(h, "_spec", None)
+            if ex is None and name == "auto" and spec is not None and not spec.context:
+                # bfloat16 (a dtype argument: the engine keeps no record), only bytes moved
+                if spec.kind is OpKind.BROADCAST and spec.dtype is DType.BFLOAT16:
+                    sig_bc = ("broadcast", "bfloat16", int(buf.size), "sum", spec.param)
+                    ex = express.Express(spec, buf, sig_bc, tuning.EPOCH[0])
         elif name == "auto":
             spec = getattr(h, "_spec", None)  # (None: it ended already; the next one)
             if spec is None or spec.context:
