@@ -6,16 +6,19 @@ whose repeats the node's service runs in its compiled loop (daemon/service_loop.
 FAILED ...``.  With ``TOTALREDUCE_SERVICE_LOOP=0`` in its environment it checks that
 the loop ran nothing.
 
-- ``kinds``: repeats of broadcasts from every root (a name per root) and of barriers,
-  exact in float16, float32, float64, int32 and int64 (and bfloat16, which stays
-  Python's), and counted by the node's service as run in its loop; reduce-scatters,
-  all-gathers and allreduces over a group, exact (Python starts those among the nodes).
+- ``kinds``: repeats of broadcasts from every root (a name per root, and one name whose
+  root changes every call), of barriers, of
+  reduce-scatters and all-gathers (even and uneven parts; an averaged reduce-scatter),
+  exact in float16, float32, float64, int32 and int64 (and a bfloat16 broadcast), and
+  counted by the node's service as run in its loop; allreduces over
+  a group, exact (Python starts those among the nodes).
 - ``segmented`` (several clients a node, a small ``--segment-bytes``): allreduces and
   broadcasts cut into segments among the nodes, exact; Python starts them (the loop
   takes none).
 - ``mismatch``: after repeats of a shape (its row in the loop), the nodes disagree
-  about the count of an allreduce and about the root of a broadcast: every rank fails
-  with an error naming the op, its generation and the ranks; the next op works.
+  about the count of an allreduce, the root of a broadcast and the parts of a
+  reduce-scatter: every rank fails with an error naming the op, its generation and the
+  ranks; the next op works.
 """
 
 from __future__ import annotations
@@ -80,13 +83,36 @@ def mode_kinds(p: int, rank: int) -> None:
                         bad.append(f"{name} call {i}: {x[:3]} != {value(root, i, n, dt)[:3]}")
                 tr.barrier(name="kinds.sync")
                 routed(bad, name, entered() - before, REPEATS, on)
-    # bfloat16 (as raw 16-bit words): exact, Python's way
+    # one name whose root changes every call: each of its shapes keeps its row, and the
+    # name's generations are its shapes' together
+    x = tr.empty(256, np.float32)
+    warm = 3 * p
+    before = 0
+    for i in range(warm + 2 * REPEATS):
+        if i == warm:
+            tr.barrier(name="kinds.sync")
+            before = entered()
+        x[:] = value(rank, i, 256, np.float32)
+        tr.broadcast(x, root=i % p, name="kb.alternating", out=x)
+        if not np.array_equal(x, value(i % p, i, 256, np.float32)):
+            bad.append(
+                f"kb.alternating call {i}: {x[:3]} != {value(i % p, i, 256, np.float32)[:3]}"
+            )
+    tr.barrier(name="kinds.sync")
+    routed(bad, "kb.alternating", entered() - before, 2 * REPEATS, on)
+    # bfloat16 (as raw 16-bit words): exact, its repeats in the loop too
     x = tr.empty(64, np.uint16)
-    for i in range(5):
+    before = 0
+    for i in range(3 + REPEATS):
+        if i == 3:
+            tr.barrier(name="kinds.sync")
+            before = entered()
         x[:] = 0x3F80 + rank + i
         tr.broadcast(x, root=p - 1, name="kb.bf16", out=x, dtype="bfloat16")
         if not np.all(x == 0x3F80 + p - 1 + i):
             bad.append(f"kb.bf16 call {i}: {x[:3]}")
+    tr.barrier(name="kinds.sync")
+    routed(bad, "kb.bf16", entered() - before, REPEATS, on)
     report(rank, "LOOP-BROADCAST", not bad, "; ".join(bad[:3]))
 
     # barriers: a named one, repeated (every rank leaves after every rank entered)
@@ -98,30 +124,63 @@ def mode_kinds(p: int, rank: int) -> None:
     routed(bad, "barrier", entered() - before, REPEATS, on)
     report(rank, "LOOP-BARRIER", not bad, "; ".join(bad[:3]))
 
-    # reduce-scatter, all-gather and an allreduce over a group: exact
+    # reduce-scatters and all-gathers over the world: their repeats in the loop, exact
+    bad = []
+    for dt in DTYPES:
+        dn = np.dtype(dt).name
+        for what, counts in (("even", None), ("uneven", tuple(range(1, p + 1)))):
+            n = 4 * p if counts is None else sum(counts)
+            tr.barrier(name="kinds.sync")
+            before = 0
+            for i in range(3 + REPEATS):
+                if i == 3:
+                    tr.barrier(name="kinds.sync")
+                    before = entered()
+                got = tr.reduce_scatter(value(rank, i, n, dt), name=f"krs.{dn}.{what}",
+                                        counts=counts)  # fmt: skip
+                want = sum(value(r, i, n, dt).astype(np.int64) for r in range(p))
+                lo = 4 * rank if counts is None else sum(counts[:rank])
+                hi = lo + (4 if counts is None else counts[rank])
+                if not np.array_equal(got, want[lo:hi].astype(dt)):
+                    bad.append(f"reduce_scatter {dn} {what} call {i}: {got} != {want[lo:hi]}")
+            tr.barrier(name="kinds.sync")
+            routed(bad, f"reduce_scatter {dn} {what}", entered() - before, REPEATS, on)
+        for what, sizes in (("even", [5] * p), ("uneven", [r + 1 for r in range(p)])):
+            tr.barrier(name="kinds.sync")
+            before = 0
+            for i in range(3 + REPEATS):
+                if i == 3:
+                    tr.barrier(name="kinds.sync")
+                    before = entered()
+                got = tr.allgather(value(rank, i, sizes[rank], dt), name=f"kag.{dn}.{what}")
+                want_ag = np.concatenate([value(r, i, sizes[r], dt) for r in range(p)])
+                if not np.array_equal(got, want_ag):
+                    bad.append(f"allgather {dn} {what} call {i}: {got} != {want_ag}")
+            tr.barrier(name="kinds.sync")
+            routed(bad, f"allgather {dn} {what}", entered() - before, REPEATS, on)
+    x = tr.empty(8 * p, np.float32)
+    for i in range(3 + REPEATS):  # averaged, from the arena
+        x[:] = value(rank, i, 8 * p, np.float32)
+        got = tr.reduce_scatter(x, name="krs.avg", op="avg")
+        want = sum(value(r, i, 8 * p, np.float32) for r in range(p)) / p
+        if not np.allclose(got, want[8 * rank : 8 * rank + 8], rtol=0, atol=1e-6):
+            bad.append(f"reduce_scatter avg call {i}: {got} != {want[8 * rank : 8 * rank + 8]}")
+    report(rank, "LOOP-PARTED", not bad, "; ".join(bad[:3]))
+
+    # an allreduce over a group: exact
     bad = []
     tr.barrier(name="kinds.sync")
     before = entered()
     g = tr.Group([0, p - 1]) if rank in (0, p - 1) else tr.Group(list(range(1, p - 1)))
     for dt in DTYPES:
         for i in range(6):
-            n = 4 * p
-            got = tr.reduce_scatter(value(rank, i, n, dt), name=f"krs.{np.dtype(dt).name}")
-            want = sum(value(r, i, n, dt).astype(np.int64) for r in range(p))
-            mine = want[rank * 4 : rank * 4 + 4]
-            if not np.array_equal(got, mine.astype(dt)):
-                bad.append(f"reduce_scatter {dt}: {got} != {mine}")
-            got = tr.allgather(value(rank, i, 5, dt), name=f"kag.{np.dtype(dt).name}")
-            want_ag = np.concatenate([value(r, i, 5, dt) for r in range(p)])
-            if not np.array_equal(got, want_ag):
-                bad.append(f"allgather {dt}: {got} != {want_ag}")
             got = tr.allreduce(value(rank, i, 7, dt), name=f"kg.{np.dtype(dt).name}", group=g)
             want_g = sum(value(r, i, 7, dt).astype(np.int64) for r in g.ranks)
             if not np.array_equal(got, want_g.astype(dt)):
                 bad.append(f"group allreduce {dt}: {got} != {want_g}")
     tr.barrier(name="kinds.sync")
-    print(f"rank {rank}: of reduce-scatters, all-gathers and a group's allreduces, the loop "
-          f"took {entered() - before}", flush=True)  # fmt: skip
+    print(f"rank {rank}: of a group's allreduces, the loop took {entered() - before}",
+          flush=True)  # fmt: skip
     report(rank, "KINDS-EXACT", not bad, "; ".join(bad[:3]))
 
 
@@ -178,6 +237,22 @@ def mode_mismatch(p: int, rank: int) -> None:
         ok = "'mm.root' generation 4" in text and "node 1 (rank" in text and "the root" in text
         print(f"rank {rank}: the root's error: {text}", flush=True)
         report(rank, "MISMATCH-ROOT", ok, f"{type(exc).__name__}: {text}")
+    # the parts of a reduce-scatter (the same count)
+    n = 4 * p
+    for _ in range(4):
+        tr.reduce_scatter(np.ones(n, np.float32), name="mm.parts")
+    # node 1's ranks all give the same other parts, 5, 4, ..., 4, 3 (node 0's: 4 each): the
+    # nodes' sums differ (what the services compare: parts that differ within a node only,
+    # with the same sums, go unseen among the nodes, the loop on or off)
+    counts = None if node == 0 else [4 + (r == 0) - (r == p - 1) for r in range(p)]
+    try:
+        tr.reduce_scatter(np.ones(n, np.float32), name="mm.parts", counts=counts)
+        report(rank, "MISMATCH-PARTS", False, "no error")
+    except tr.TotalReduceError as exc:
+        text = str(exc)
+        ok = "'mm.parts' generation 4" in text and "node 1 (rank" in text
+        print(f"rank {rank}: the parts' error: {text}", flush=True)
+        report(rank, "MISMATCH-PARTS", ok, f"{type(exc).__name__}: {text}")
     # the service goes on: a new name, and repeats of it
     bad = []
     for i in range(5):

@@ -1,9 +1,10 @@
 """The node service's compiled loop (daemon/service_loop.py) beyond the allreduce: repeats
-of broadcasts (every root) and barriers among the nodes run there, exact in every dtype;
-the kinds Python starts among the nodes (reduce-scatter, all-gather, a group's ops, and
-segmented ops) stay exact; a mismatch among the nodes on a shape that has a row in the
-loop fails every rank with an error naming the op, its generation and the ranks, as it
-does with the loop switched off (``TOTALREDUCE_SERVICE_LOOP=0``)."""
+of broadcasts (every root), barriers, reduce-scatters and all-gathers (even and uneven
+parts) among the nodes run there, exact in every dtype; the ops Python starts among the
+nodes (a group's, and segmented ops) stay exact; a mismatch among the nodes on a shape
+that has a row in the loop (a count, a root, a reduce-scatter's parts) fails every rank
+with an error naming the op, its generation and the ranks, as it does with the loop
+switched off (``TOTALREDUCE_SERVICE_LOOP=0``)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def run_mode(
     return "".join(r.stdout for r in results)
 
 
-CHECKS = ["LOOP-BROADCAST", "LOOP-BARRIER", "KINDS-EXACT", "MISMATCH-COUNT", "MISMATCH-ROOT",
-          "MISMATCH-AFTER"]  # fmt: skip
+CHECKS = ["LOOP-BROADCAST", "LOOP-BARRIER", "LOOP-PARTED", "KINDS-EXACT", "MISMATCH-COUNT",
+          "MISMATCH-ROOT", "MISMATCH-PARTS", "MISMATCH-AFTER"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -52,12 +53,13 @@ CHECKS = ["LOOP-BROADCAST", "LOOP-BARRIER", "KINDS-EXACT", "MISMATCH-COUNT", "MI
 def test_repeated_broadcasts_and_barriers_take_the_compiled_loop(
     tmp_path: Path, local: int
 ) -> None:
-    """Two nodes: repeats of broadcasts from every root and of barriers run in the loop
-    (counted by the service), exact in float16/32/64, int32/64 (bfloat16: Python's);
-    reduce-scatters, all-gathers and a group's allreduces are exact.  Then the nodes
-    disagree about a repeat's count, and about a broadcast's root, after repeats gave the
-    shape its row: every rank fails naming the op, its generation and the ranks; the
-    service goes on."""
+    """Two nodes: repeats of broadcasts from every root, of barriers, of reduce-scatters
+    and of all-gathers (even and uneven parts) run in the loop (counted by the service),
+    exact in float16/32/64, int32/64 (and a bfloat16 broadcast); a group's
+    allreduces are exact.  Then the nodes disagree about a repeat's count, about a
+    broadcast's root and about a reduce-scatter's parts, after repeats gave the shape its
+    row: every rank fails naming the op, its generation and the ranks; the service goes
+    on."""
     out = run_mode(tmp_path / "s", 2, local, "kinds,mismatch", CHECKS)
     assert "FAILED" not in out, out
 

@@ -7,14 +7,18 @@ service with one node, :func:`arena_pass` takes such descriptors into a table of
 arrays, and when every local client has submitted one it reduces the buffers in place
 in the arena (the kernels of :mod:`totalreduce.kernels.raw`, the same bits as the
 Python path), copies the result into the other clients' outputs and sets their
-completion words.  No Python object is made per op.
+completion words.  No Python object is made per op.  On a service of several nodes it
+takes reduce-scatters and all-gathers over the world too: their parts (one count per
+rank, in a block of words each client's descriptor names) are checked and compared among
+the node's clients, and their node's part goes to a buffer of the caller's
+(:func:`arena_local_parts`), their result back from one (:func:`arena_finish_parts`).
 
 Everything else goes to Python, in order, through an *out-queue* of descriptors that
 ``ThinService`` takes one by one as before:
 
-- a descriptor that is not such an op (a group's, a reduce-scatter's, an algorithm
-  named, a window's, a dtype the raw kernels do not take), or that is wrong in any way
-  (Python finds what, and says it);
+- a descriptor that is not such an op (a group's, an algorithm named, a window's, a
+  dtype the raw kernels do not take; a reduce-scatter's or an all-gather's on a service
+  of one node), or that is wrong in any way (Python finds what, and says it);
 - one whose (wire id, generation) Python has had before (:data:`PYKEYS`, a cache of
   them): its other parts go where it went;
 - one that meets an op of the table it does not agree with, or that its client
@@ -83,6 +87,7 @@ SEGMENTS = 8
 
 # kinds and flags, as constants of the compiled code
 _AR, _BC, _BAR = 1, 2, 3  # OpKind.ALLREDUCE, BROADCAST, BARRIER (checked below)
+_RS, _AG = 4, 5  # OpKind.REDUCE_SCATTER, ALLGATHER
 _OP_SUM, _OP_AVG, _OP_BXOR = 1, 2, 8
 _SIMPLE_FLAGS = A.F_AVG | A.F_UNNAMED
 _HASH = 0x9E3779B97F4A7C15 - (1 << 64)  # 2^64 / golden ratio, as a signed word
@@ -272,15 +277,17 @@ def _dtype_ok(dt, op):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _simple(st, lo, d, slot):  # type: ignore[no-untyped-def]
+def _simple(st, lo, mem, d, slot):  # type: ignore[no-untyped-def]
     """Whether the compiled pass takes ``d``: a well-formed allreduce, broadcast or
-    barrier over the world, of a raw kernel's element type, no algorithm named."""
+    barrier over the world, or (on a service of several nodes) a reduce-scatter or
+    all-gather over the world, of a raw kernel's element type, no algorithm named."""
     if st[S_ON] == 0 or d[_D_CTX] != 0 or d[_D_ALGO] != 0:
         return False
     if (d[_D_FLAGS] & ~_SIMPLE_FLAGS) != 0 or d[_D_GEN] < 0 or d[_D_TICKET] <= 0:
         return False
     kind = d[_D_KIND]
-    if kind != _AR and kind != _BC and kind != _BAR:
+    parted = kind == _RS or kind == _AG
+    if kind != _AR and kind != _BC and kind != _BAR and not (parted and st[S_NODES] > 1):
         return False
     dt = d[_D_DTYPE]
     if not _dtype_ok(dt, d[_D_OP]):  # a barrier's too: Python refuses what it refuses
@@ -294,18 +301,60 @@ def _simple(st, lo, d, slot):  # type: ignore[no-untyped-def]
         return True
     if kind == _BC and not (0 <= d[_D_ROOT] < st[S_SIZE]):
         return False
-    a, b = lo[slot], lo[slot] + data - span
-    return a <= d[_D_IN] <= b and a <= d[_D_OUT] <= b
+    a, b = lo[slot], lo[slot] + data
+    out_span = span
+    if parted:  # its parts: one count per rank of the world, each >= 0
+        at = d[_D_AUX]
+        size = st[S_SIZE]
+        if at % 8 != 0 or not (a <= at and at + 8 * (size + 1) <= b) or mem[at // 8] != size:
+            return False
+        total = 0
+        for r in range(size):
+            c = mem[at // 8 + 1 + r]
+            if c < 0:
+                return False
+            total += c
+        mine = mem[at // 8 + 1 + st[S_BASE_RANK] + slot]
+        if kind == _RS:
+            if total != n:
+                return False
+            out_span = mine * ITEMSIZE[dt]
+        else:
+            if mine != n or total * ITEMSIZE[dt] > data:
+                return False
+            out_span = total * ITEMSIZE[dt]
+    return a <= d[_D_IN] <= b - span and a <= d[_D_OUT] <= b - out_span
 
 
 @njit(nogil=True, cache=True)
-def _agrees(d, e0):  # type: ignore[no-untyped-def]
-    """Whether two ranks' descriptors of one op agree on its shape."""
-    return (
-        d[_D_KIND] == e0[_D_KIND] and d[_D_DTYPE] == e0[_D_DTYPE]
-        and d[_D_COUNT] == e0[_D_COUNT] and d[_D_OP] == e0[_D_OP]
+def parts_digest(mem, d, size):  # type: ignore[no-untyped-def]
+    """A reduce-scatter's or all-gather's parts (``d``'s, checked by the pass), as one
+    word: with the kind, count and element type, the op's shape among the nodes."""
+    at = d[_D_AUX] // 8 + 1
+    h = size
+    for r in range(size):
+        h = (h ^ mem[at + r]) * _HASH
+        h ^= (h >> 29) & 0x7FFFFFFF
+    return h
+
+
+@njit(nogil=True, cache=True)
+def _agrees(st, mem, d, e0):  # type: ignore[no-untyped-def]
+    """Whether two ranks' descriptors of one op agree on its shape (an all-gather's
+    counts are each rank's own; a reduce-scatter's and an all-gather's parts agree)."""
+    kind = d[_D_KIND]
+    if not (
+        kind == e0[_D_KIND] and d[_D_DTYPE] == e0[_D_DTYPE]
+        and (d[_D_COUNT] == e0[_D_COUNT] or kind == _AG) and d[_D_OP] == e0[_D_OP]
         and d[_D_ROOT] == e0[_D_ROOT] and d[_D_FLAGS] == e0[_D_FLAGS]
-    )  # fmt: skip
+    ):  # fmt: skip
+        return False
+    if kind == _RS or kind == _AG:
+        a, b = d[_D_AUX] // 8, e0[_D_AUX] // 8
+        for i in range(st[S_SIZE] + 1):
+            if mem[a + i] != mem[b + i]:
+                return False
+    return True
 
 
 # ---------------------------------------------------------------- running an op
@@ -336,6 +385,92 @@ def pipelined(st, d0):  # type: ignore[no-untyped-def]
     if st[S_NODES] < 2 or st[S_SLOTS] < 2 or (kind != _AR and kind != _BC):
         return False
     return d0[_D_COUNT] * ITEMSIZE[d0[_D_DTYPE]] >= st[S_PIPE]
+
+
+@njit(nogil=True, cache=True)
+def parted(d0):  # type: ignore[no-untyped-def]
+    """Whether the op of descriptor ``d0`` is a reduce-scatter or an all-gather: its
+    node's part goes to a buffer of its own (:func:`arena_local_parts`), not to a
+    client's output."""
+    return d0[_D_KIND] == _RS or d0[_D_KIND] == _AG
+
+
+@njit(nogil=True, cache=True)
+def _node_parts(st, mem, d0):  # type: ignore[no-untyped-def]
+    """Of a reduce-scatter or all-gather (``d0``'s parts): the elements of the node's
+    ranks before this node's, of this node's, and in all."""
+    at = d0[_D_AUX] // 8 + 1
+    first, slots = st[S_BASE_RANK], st[S_SLOTS]
+    before = here = total = 0
+    for r in range(st[S_SIZE]):
+        c = mem[at + r]
+        total += c
+        if r < first:
+            before += c
+        elif r < first + slots:
+            here += c
+    return before, here, total
+
+
+@njit(nogil=True, cache=True)
+def node_counts(buf, lay, mem, e):  # type: ignore[no-untyped-def]
+    """Entry ``e``, a reduce-scatter or all-gather complete here: the elements of its
+    node's part (what it gives the nodes' op) and of the nodes' op's result here."""
+    st, descs = _v1(buf, lay, 0), _v3(buf, lay, 8)
+    d0 = descs[e, 0]
+    _, here, total = _node_parts(st, mem, d0)
+    if d0[_D_KIND] == _RS:
+        return d0[_D_COUNT], here
+    return here, total
+
+
+@njit(nogil=True, cache=True)
+def _local_parts(st, mem, base, descs, e, dst):  # type: ignore[no-untyped-def]
+    """A reduce-scatter's node's part at address ``dst``: its local inputs reduced (in
+    slot order, ``avg`` summed); an all-gather's: its local inputs one after another."""
+    slots = st[S_SLOTS]
+    d0 = descs[e, 0]
+    dt = d0[_D_DTYPE]
+    if d0[_D_KIND] == _RS:
+        n = d0[_D_COUNT]
+        op = d0[_D_OP]
+        if op == _OP_AVG:
+            op = _OP_SUM
+        if slots == 1:
+            copy_raw(dst, base + d0[_D_IN], n * ITEMSIZE[dt])
+        else:
+            reduce3_raw(dt, op, dst, base + d0[_D_IN], base + descs[e, 1, _D_IN], n)
+            for k in range(2, slots):
+                reduce_raw(dt, op, dst, base + descs[e, k, _D_IN], n)
+        return
+    at = dst
+    for k in range(slots):
+        span = descs[e, k, _D_COUNT] * ITEMSIZE[dt]
+        copy_raw(at, base + descs[e, k, _D_IN], span)
+        at += span
+
+
+@njit(nogil=True, cache=True)
+def _back_parts(st, mem, base, descs, e, src):  # type: ignore[no-untyped-def]
+    """A reduce-scatter's or all-gather's result here (at address ``src``) into its local
+    outputs: each rank its part of a reduce-scatter's (``avg`` divided first), every rank
+    the whole of an all-gather's."""
+    d0 = descs[e, 0]
+    dt = d0[_D_DTYPE]
+    isz = ITEMSIZE[dt]
+    before, here, total = _node_parts(st, mem, d0)
+    if d0[_D_KIND] == _RS:
+        if d0[_D_FLAGS] & A.F_AVG:
+            average_raw(dt, src, here, st[S_SIZE])
+        at = src
+        parts = d0[_D_AUX] // 8 + 1 + st[S_BASE_RANK]
+        for k in range(st[S_SLOTS]):
+            span = mem[parts + k] * isz
+            copy_raw(base + descs[e, k, _D_OUT], at, span)
+            at += span
+        return
+    for k in range(st[S_SLOTS]):
+        copy_raw(base + descs[e, k, _D_OUT], src, total * isz)
 
 
 @njit(nogil=True, cache=True)
@@ -374,7 +509,7 @@ def _back(st, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
     output; ``avg`` divided by the world's size first."""
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
-    if kind == _BAR or hi <= lo:
+    if kind == _BAR or hi <= lo or parted(d0):  # (a parted op's: _back_parts)
         return
     dt = d0[_D_DTYPE]
     at = lo * ITEMSIZE[dt]
@@ -456,10 +591,10 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             wire, gen = d[_D_WIRE], d[_D_GEN]
             e = _find(keys, bucket, nxt, wire, gen)
             p = _pykey_of(wire, gen)
-            ok = _simple(st, lo, d, s) and not (pykeys[p, 0] == wire and pykeys[p, 1] == gen)
+            ok = _simple(st, lo, mem, d, s) and not (pykeys[p, 0] == wire and pykeys[p, 1] == gen)
             if ok and e >= 0:
                 # submitted twice by this rank, or a shape another rank does not share
-                ok = descs[e, s, _D_TICKET] == 0 and _agrees(d, descs[e, order[e, 0]])
+                ok = descs[e, s, _D_TICKET] == 0 and _agrees(st, mem, d, descs[e, order[e, 0]])
             if ok and e < 0:
                 e = st[S_FREE]
                 if e < 0:  # the table is full: Python's tables take the rest
@@ -485,7 +620,8 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             seen[e] += 1
             if seen[e] < slots:
                 continue
-            if not pipelined(st, descs[e, 0]):  # else Python makes it segment by segment
+            if not pipelined(st, descs[e, 0]) and not parted(descs[e, 0]):
+                # (else Python makes it segment by segment, or into a buffer of its own)
                 _local(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
             _unhash(keys, bucket, nxt, e)
             if st[S_NODES] > 1:  # the services' engine runs it among the nodes
@@ -510,6 +646,25 @@ def arena_finish(buf, lay, mem, base, e, back):  # type: ignore[no-untyped-def]
     _clear_wakes(st, wake)
     if back:
         _back(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
+    _answer(st, mem, cw, descs, sig, wake, e)
+    _free(st, nxt, e)
+
+
+@njit(nogil=True, cache=True)
+def arena_local_parts(buf, lay, mem, base, e, dst):  # type: ignore[no-untyped-def]
+    """The node's part of entry ``e``, a reduce-scatter or all-gather complete here, at
+    address ``dst`` (:func:`node_counts`' first count of elements)."""
+    _local_parts(_v1(buf, lay, 0), mem, base, _v3(buf, lay, 8), e, dst)
+
+
+@njit(nogil=True, cache=True)
+def arena_finish_parts(buf, lay, mem, base, e, src):  # type: ignore[no-untyped-def]
+    """Entry ``e``, a reduce-scatter or all-gather, ended among the nodes with its result
+    here at address ``src``: :func:`arena_finish`'s work for it."""
+    tab = _tab(buf, lay)
+    st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
+    _clear_wakes(st, wake)
+    _back_parts(st, mem, base, descs, e, src)
     _answer(st, mem, cw, descs, sig, wake, e)
     _free(st, nxt, e)
 
@@ -594,4 +749,13 @@ def prepare() -> None:
     pipelined(t.st, t.descs[0, 0])
     arena_release(t.buf, t.lay, 0)
     node_buffer(t.st, t.descs, 0)
+    t.st[S_LIVE] = 1
+    t.descs[0, 0, _D_KIND] = _AG
+    t.descs[0, 0, _D_AUX] = 8
+    mem[1] = 2
+    arena_local_parts(t.buf, t.lay, mem, 0, 0, 0)
+    node_counts(t.buf, t.lay, mem, 0)
+    parts_digest(mem, t.descs[0, 0], 2)
+    arena_finish_parts(t.buf, t.lay, mem, 0, 0, 0)
+    mem[1] = 0
     clock_ns()

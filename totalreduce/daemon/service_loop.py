@@ -5,11 +5,14 @@ takes the clients' descriptors and makes the node's part of an op; the op then r
 among the services on their engine.  For the first occurrences of a shape Python starts
 it there (``PassOps._fast_start``), and once the engine's express record of the shape
 has the lane's fields the shape gets a *row* here: its key (wire id, kind, element type,
-count, reduce op, a broadcast's root, node buffer's offset), the lane's fields, the
-buffers beside its input the lane needs for it (the row's own), and the next generation
-of its name among the services.  The shapes are the compiled pass's: allreduces,
-broadcasts and barriers over the world, whole among the nodes (a segmented one,
-:func:`.arena_pass.pipelined`, stays Python's: docs/daemon.md says why).
+count, reduce op, a broadcast's root, node buffer's offset; a reduce-scatter's or
+all-gather's parts' digest instead), the lane's fields, the buffers beside its input the
+lane needs for it (the row's own; a reduce-scatter's or all-gather's node's part and
+result too), and its name's entry in a table of names, which holds the name's next
+generation among the services (a name's shapes share it).  The shapes are the compiled
+pass's: allreduces, broadcasts, barriers, reduce-scatters and all-gathers over the world,
+whole among the nodes (a segmented one, :func:`.arena_pass.pipelined`, stays Python's:
+docs/daemon.md says why), of any element type but bfloat16 (a broadcast's too).
 
 From then on :func:`service_pass` runs a repeat of the shape whole: it takes the
 descriptors (the pass), reduces the node's buffers (the pass), enters the op into the
@@ -55,10 +58,15 @@ from .arena_pass import (
     S_NOUT,
     S_NSIG,
     S_NSTART,
+    S_SIZE,
     _tab,
     arena_finish,
+    arena_finish_parts,
+    arena_local_parts,
     arena_pass,
     node_buffer,
+    parted,
+    parts_digest,
     pipelined,
 )
 
@@ -66,15 +74,24 @@ from .arena_pass import (
 #: Rows (a power of two; a full table is cleared, as the engine's express records are).
 ROWS = 4096
 #: a row's words: in use, the name's wire id, the shape (element type, count, reduce op,
-#: node buffer's offset: -1 for a barrier), the name's next generation, the repeats run
-#: since Python last looked and the first of their generations, the addresses of the
+#: node buffer's offset: -1 for a barrier), its name's entry in the names' table (R_NAME:
+#: the name's generations are its shapes' together), two words unused, the addresses of the
 #: row's own buffers for a shape that needs them (0: none): the input's copy (an in-place
 #: schedule that reads its input after writing it; of R_NBYTES), the schedule's work
 #: buffer, the scratch of its large receives; and the rest of the shape: the kind
 #: (allreduce, broadcast, barrier) and a broadcast's root (the client's rank)
-(R_USED, R_WIRE, R_DTYPE, R_COUNT, R_OP, R_AT, R_GEN, R_DONE, R_FIRST, R_COPY, R_WORK, R_SCR,
- R_NBYTES, R_KIND, R_ROOT) = range(15)  # fmt: skip
-ROW_WORDS = 16
+(R_USED, R_WIRE, R_DTYPE, R_COUNT, R_OP, R_AT, R_NAME, _R_FREE1, _R_FREE2, R_COPY, R_WORK,
+ R_SCR, R_NBYTES, R_KIND, R_ROOT) = range(15)  # fmt: skip
+#: a reduce-scatter's or all-gather's row: the addresses of its own buffers for the node's
+#: part and the nodes' result here (its R_AT: the digest of its parts, arena_pass.parts_digest)
+R_IN, R_OUT = 15, 16
+ROW_WORDS = 20
+#: The names' table (as many entries as rows): in use, the wire id, the name's next
+#: generation among the services, the repeats its shapes ran since Python last looked and
+#: the first of their generations.  A name has a row per shape (a broadcast's roots, say)
+#: and one generation counter, so a name whose shapes alternate stays in the loop.
+(N_USED, N_WIRE, N_GEN, N_DONE, N_FIRST) = range(5)  # fmt: skip
+NAME_WORDS = 8
 #: The most bytes of such buffers the rows keep in all (more: those shapes stay Python's).
 ROW_BUFFER_BYTES = 512 << 20
 _HASH = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -86,7 +103,7 @@ _HASH = 0x9E3779B97F4A7C15 - (1 << 64)
  IO_PRIO_HI) = range(8)  # fmt: skip
 #: out: why it returned, the first of the pass's starts Python takes, and for WHY_ADOPT the
 #: entry, row, lane slot, submission, generation and priority; repeats ended, descriptors
-#: taken, rows that ran repeats (listed from IO_TOUCHED)
+#: taken, names that ran repeats (their entries, listed from IO_TOUCHED)
 (IO_WHY, IO_FIRST, IO_ENTRY, IO_ROW, IO_SLOT, IO_SEQ, IO_GEN, IO_PRIO, IO_RAN, IO_TAKEN,
  IO_NTOUCHED) = range(8, 19)  # fmt: skip
 #: in: the longest first try in the lane (a large op's try lasts a nanosecond a byte, at
@@ -97,7 +114,7 @@ TOUCHED = 64
 IO_WORDS = IO_TOUCHED + TOUCHED
 WHY_IDLE, WHY_PASS, WHY_ADOPT, WHY_LOOK = 0, 1, 2, 3
 
-_AR, _BC, _BAR = 1, 2, 3  # OpKind.ALLREDUCE, BROADCAST, BARRIER (the pass's kinds)
+_AR, _BC, _BAR, _RS, _AG = 1, 2, 3, 4, 5  # OpKind's: the pass's kinds
 _D_KIND, _D_WIRE, _D_DTYPE, _D_COUNT, _D_OP, _D_PRIO, _D_FLAGS, _D_ALGO, _D_ROOT = (
     A.D_KIND, A.D_WIRE, A.D_DTYPE, A.D_COUNT, A.D_OP, A.D_PRIO, A.D_FLAGS, A.D_ALGO, A.D_ROOT,
 )  # fmt: skip
@@ -120,49 +137,74 @@ def _home(wire):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def row_of(rows, wire, make):  # type: ignore[no-untyped-def]
-    """The row of name ``wire`` (one per name: its generations are the name's); with
-    ``make``, a free one made for it; -1 when none (or the table is full)."""
+def name_of(names, wire, make):  # type: ignore[no-untyped-def]
+    """The entry of name ``wire`` in the names' table; with ``make``, a free one made for
+    it; -1 when none (or the table is full)."""
     h = _home(wire)
+    for i in range(ROWS):
+        n = (h + i) & (ROWS - 1)
+        if names[n, N_USED] == 0:
+            if make:
+                names[n, N_USED] = 1
+                names[n, N_WIRE] = wire
+                return n
+            return -1
+        if names[n, N_WIRE] == wire:
+            return n
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def row_of(rows, wire, dtype, count, op, at, kind, root, make):  # type: ignore[no-untyped-def]
+    """The row of a shape of name ``wire`` (one per shape); with ``make``, a free one made
+    for it (its shape set); -1 when none (or the table is full)."""
+    h = _home(wire ^ ((((kind * 31 + root) * 31 + dtype) * 1_000_003 + count) * 31 + op) ^ at)
     for i in range(ROWS):
         r = (h + i) & (ROWS - 1)
         if rows[r, R_USED] == 0:
             if make:
                 rows[r, R_USED] = 1
-                rows[r, R_WIRE] = wire
+                rows[r, R_WIRE], rows[r, R_DTYPE], rows[r, R_COUNT] = wire, dtype, count
+                rows[r, R_OP], rows[r, R_AT], rows[r, R_KIND] = op, at, kind
+                rows[r, R_ROOT] = root
                 return r
             return -1
-        if rows[r, R_WIRE] == wire:
+        if (
+            rows[r, R_WIRE] == wire and rows[r, R_DTYPE] == dtype and rows[r, R_COUNT] == count
+            and rows[r, R_OP] == op and rows[r, R_AT] == at and rows[r, R_KIND] == kind
+            and rows[r, R_ROOT] == root
+        ):  # fmt: skip
             return r
     return -1
 
 
 @njit(nogil=True, cache=True)
-def _row_for(rows, st, descs, e, io):  # type: ignore[no-untyped-def]
+def _row_for(rows, st, amem, descs, e, io):  # type: ignore[no-untyped-def]
     """The row that runs entry ``e`` (complete here) among the nodes, or -1 (Python's): a
-    whole world allreduce, broadcast or barrier of a shape the row has."""
+    whole world allreduce, broadcast, barrier, reduce-scatter or all-gather of a shape the
+    row has."""
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
-    if kind != _AR and kind != _BC and kind != _BAR:
+    if kind != _AR and kind != _BC and kind != _BAR and kind != _RS and kind != _AG:
         return -1
     if d0[_D_ALGO] != 0 or (d0[_D_FLAGS] & _F_UNNAMED) != 0:
         return -1
-    if d0[_D_DTYPE] == DT_BF16 or pipelined(st, d0):
+    if (d0[_D_DTYPE] == DT_BF16 and kind != _BC) or pipelined(st, d0):  # (a bf16 row: bytes)
         return -1
     if not (io[IO_PRIO_LO] <= d0[_D_PRIO] <= io[IO_PRIO_HI]):
         return -1
-    r = row_of(rows, d0[_D_WIRE], False)
-    if (
-        r < 0
-        or rows[r, R_DTYPE] != d0[_D_DTYPE]
-        or rows[r, R_COUNT] != d0[_D_COUNT]
-        or rows[r, R_OP] != d0[_D_OP]
-        or rows[r, R_KIND] != kind
-        or rows[r, R_ROOT] != (d0[_D_ROOT] if kind == _BC else 0)
-        or rows[r, R_AT] != node_buffer(st, descs, e)
-    ):
-        return -1
-    return r
+    root = d0[_D_ROOT] if kind == _BC else 0
+    at = _where(st, amem, descs, e)
+    return row_of(rows, d0[_D_WIRE], d0[_D_DTYPE], d0[_D_COUNT], d0[_D_OP], at, kind, root, False)
+
+
+@njit(nogil=True, cache=True)
+def _where(st, amem, descs, e):  # type: ignore[no-untyped-def]
+    """What a row keys entry ``e`` on beside its kind and sizes: its node buffer's offset,
+    or a reduce-scatter's or all-gather's parts (their digest: its buffers are the row's)."""
+    if parted(descs[e, 0]):
+        return parts_digest(amem, descs[e, 0], st[S_SIZE])
+    return node_buffer(st, descs, e)
 
 
 @njit(nogil=True, cache=True)
@@ -182,13 +224,13 @@ def _lane_waits(lmem):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, addrs, io):  # type: ignore[no-untyped-def]
+def service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, larena, b, addrs, io):  # type: ignore[no-untyped-def]
     """Take the clients' descriptors and run every repeat they complete whose shape has a
     row, to its completion words, until Python must look (``io[IO_WHY]``, see the module
     docstring) or nothing came for ``io[IO_SPIN_NS]``, at most ``io[IO_MAX_NS]``.
     ``fbuf``/``flay``: the pass's table; ``amem``, ``abase``: the arena as words and its
-    address; ``rows``, ``fields``: the shapes; ``lmem``...``b``: the services' lane (its
-    lock held); ``addrs``: 4 words of scratch."""
+    address; ``rows``, ``names``, ``fields``: the shapes and their names; ``lmem``...``b``:
+    the services' lane (its lock held); ``addrs``: 4 words of scratch."""
     tab = _tab(fbuf, flay)
     st, cw, descs, sig, starts = tab[0], tab[4], tab[8], tab[15], tab[17]
     t0 = now_ns()
@@ -209,20 +251,25 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
                 return
             for i in range(st[S_NSTART]):
                 e = starts[i]
-                r = _row_for(rows, st, descs, e, io)
-                if r < 0 or (rows[r, R_DONE] == 0 and io[IO_NTOUCHED] >= TOUCHED):
+                r = _row_for(rows, st, amem, descs, e, io)
+                if r < 0 or (names[rows[r, R_NAME], N_DONE] == 0 and io[IO_NTOUCHED] >= TOUCHED):
                     io[IO_WHY] = WHY_PASS
                     io[IO_FIRST] = i
                     return
+                split = rows[r, R_KIND] == _RS or rows[r, R_KIND] == _AG  # own buffers
                 at = abase + max(rows[r, R_AT], 0)  # (a barrier's: no byte of it is read)
+                if split:
+                    arena_local_parts(fbuf, flay, amem, abase, e, rows[r, R_IN])
+                    at = rows[r, R_IN]
                 addrs[0] = at
-                addrs[1] = at
+                addrs[1] = rows[r, R_OUT] if split else at
                 if rows[r, R_COPY] != 0:  # the schedule reads its input after writing it
                     copy_raw(rows[r, R_COPY], at, rows[r, R_NBYTES])
                     addrs[0] = rows[r, R_COPY]
                 addrs[2] = rows[r, R_WORK]
                 addrs[3] = rows[r, R_SCR]
-                gen = rows[r, R_GEN]
+                nm = rows[r, R_NAME]
+                gen = names[nm, N_GEN]
                 prio = descs[e, 0, _D_PRIO]
                 try_ns = max(io[IO_TRY_NS], min(rows[r, R_NBYTES], io[IO_TRY_MAX_NS]))
                 slot, seq, res = lane_repeat(
@@ -233,7 +280,7 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
                     io[IO_WHY] = WHY_PASS
                     io[IO_FIRST] = i
                     return
-                rows[r, R_GEN] = gen + 1
+                names[nm, N_GEN] = gen + 1
                 amem[_H_LOOP_ENTERED] += 1
                 if res != 2:  # entered, not ended: Python makes its handle
                     io[IO_WHY] = WHY_ADOPT
@@ -245,12 +292,15 @@ def service_pass(fbuf, flay, amem, abase, rows, fields, lmem, prog, larena, b, a
                     io[IO_PRIO] = prio
                     io[IO_FIRST] = i + 1
                     return
-                if rows[r, R_DONE] == 0:
-                    rows[r, R_FIRST] = gen
-                    io[IO_TOUCHED + io[IO_NTOUCHED]] = r
+                if names[nm, N_DONE] == 0:
+                    names[nm, N_FIRST] = gen
+                    io[IO_TOUCHED + io[IO_NTOUCHED]] = nm
                     io[IO_NTOUCHED] += 1
-                rows[r, R_DONE] += 1
-                arena_finish(fbuf, flay, amem, abase, e, 1)
+                names[nm, N_DONE] += 1
+                if split:
+                    arena_finish_parts(fbuf, flay, amem, abase, e, rows[r, R_OUT])
+                else:
+                    arena_finish(fbuf, flay, amem, abase, e, 1)
                 _wake(st, sig, cw, abase)
                 amem[_H_LOOP_RAN] += 1
                 io[IO_RAN] += 1
@@ -275,6 +325,9 @@ class Shapes:
 
     def __init__(self) -> None:
         self.rows = np.zeros((ROWS, ROW_WORDS), np.int64)
+        self.names = np.zeros((ROWS, NAME_WORDS), np.int64)
+        #: name entry -> (wire id, an express record of the name: its wire id and group)
+        self.named: dict[int, tuple[int, Any]] = {}
         self.fields = np.zeros((ROWS, 16), np.int64)
         self.addrs = np.zeros(4, np.int64)
         self.io = np.zeros(IO_WORDS, np.int64)
@@ -282,29 +335,39 @@ class Shapes:
         self.io[IO_TRY_MAX_NS] = 100_000_000
         self.io[IO_URGENT] = 1
         self.io[IO_PRIO_LO], self.io[IO_PRIO_HI] = -(1 << 31), (1 << 31) - 1
-        #: row -> (wire id, node buffer's view, express record, the row's own buffers)
-        self.kept: dict[int, tuple[int, np.ndarray, Any, tuple[np.ndarray, ...]]] = {}
+        #: row -> (wire id, node buffer's view, express record, the row's own buffers, the
+        #: result's view: the node buffer's, but a reduce-scatter's or all-gather's own)
+        self.kept: dict[int, tuple[int, np.ndarray, Any, tuple[np.ndarray, ...], np.ndarray]] = {}
         self.buffer_bytes = 0
         self.names_seen = -1  # the name table's version the rows' generations are of
         self.epoch = -1  # the tuning epoch of the records
 
     def put(self, shape: tuple[int, ...], buf: np.ndarray, ex: Any, gen: int) -> bool:
         """Give ``shape`` (wire id, dtype, count, reduce op, algorithm, node buffer's
-        offset, kind, a broadcast's root; algorithm 0), whose lane fields
-        ``ex.lane_shape`` has, its row, replacing its name's other shape if any; False
-        when its buffers would pass :data:`ROW_BUFFER_BYTES` (it stays Python's)."""
+        offset, or a reduce-scatter's or all-gather's parts' digest, kind, a broadcast's
+        root; algorithm 0), whose lane fields ``ex.lane_shape`` has, its row (beside its
+        name's other shapes': ``gen``, the name's next generation, is theirs too); False
+        when its buffers would pass
+        :data:`ROW_BUFFER_BYTES` (it stays Python's).  A reduce-scatter's or all-gather's
+        ``buf`` is only its node's part's type and size: the row has buffers of its own for
+        it and its result."""
         ls = ex.lane_shape
+        split = shape[6] in (_RS, _AG)
         sizes = (
             buf.nbytes if ls.copy_in else 0,
             ls.work * buf.itemsize,
             ls.scratch,
+            buf.nbytes if split else 0,
+            ex.out_count * buf.itemsize if split else 0,
         )
         need = sum(sizes)
         wire = shape[0]
-        r = int(row_of(self.rows, wire, False))
+        key = (wire, shape[1], shape[2], shape[3], shape[5], shape[6], shape[7])
+        r = int(row_of(self.rows, *key, False))
         old = self.kept.pop(r, None) if r >= 0 else None
         if old is not None:
             self.buffer_bytes -= sum(b.nbytes for b in old[3])
+            self.rows[r, R_IN] = self.rows[r, R_OUT] = 0
         if self.buffer_bytes + need > ROW_BUFFER_BYTES:
             if r >= 0:
                 self.rows[r, R_DTYPE] = -1  # (no descriptor has it: the row runs nothing)
@@ -312,22 +375,40 @@ class Shapes:
         if r < 0:
             if len(self.kept) >= ROWS // 2:
                 self.clear()
-            r = int(row_of(self.rows, wire, True))
+            r = int(row_of(self.rows, *key, True))
+        n = int(name_of(self.names, wire, True))
+        if n not in self.named:
+            self.names[n, N_DONE] = 0
+        self.named[n] = (wire, ex)
+        self.names[n, N_GEN] = gen
         own = tuple(np.empty((n + 7) // 8, np.int64) for n in sizes if n)
         self.buffer_bytes += need
         row = self.rows[r]
-        row[R_DTYPE], row[R_COUNT], row[R_OP], row[R_AT] = shape[1], shape[2], shape[3], shape[5]
-        row[R_GEN], row[R_DONE], row[R_NBYTES] = gen, 0, buf.nbytes
-        row[R_KIND], row[R_ROOT] = shape[6], shape[7]
+        row[R_NAME], row[R_NBYTES] = n, buf.nbytes
         it = iter(own)
-        for col, n in zip((R_COPY, R_WORK, R_SCR), sizes, strict=True):
-            row[col] = next(it).ctypes.data if n else 0
+        mine: list[np.ndarray] = []
+        for col, n in zip((R_COPY, R_WORK, R_SCR, R_IN, R_OUT), sizes, strict=True):
+            b = next(it) if n else None
+            row[col] = 0 if b is None else b.ctypes.data
+            mine.append(b.view(buf.dtype)[: n // buf.itemsize] if b is not None else buf)
+        out = buf
+        if split:
+            buf, out = mine[3], mine[4]
         self.fields[r] = ls.fields
-        self.kept[r] = (wire, buf, ex, own)
+        self.kept[r] = (wire, buf, ex, own, out)
         return True
+
+    def find(self, shape: tuple[int, ...]) -> int:
+        """The row of ``shape`` (:meth:`put`'s), or -1."""
+        return int(
+            row_of(self.rows, shape[0], shape[1], shape[2], shape[3], shape[5], shape[6],
+                   shape[7], False)
+        )  # fmt: skip
 
     def clear(self) -> None:
         self.rows[:] = 0
+        self.names[:] = 0
+        self.named.clear()
         self.kept.clear()
         self.buffer_bytes = 0
 
@@ -355,8 +436,10 @@ def _compile() -> None:
     v2 = types.Array(types.int64, 2, "C")
     u8 = types.Array(types.uint8, 1, "C")
     with plain_constants():
-        service_pass.compile((v1, v2, v1, i64, v2, v2, v1, v1, u8, v1, v1, v1))
-        row_of.compile((v2, i64, types.boolean))
+        service_pass.compile((v1, v2, v1, i64, v2, v2, v2, v1, v1, u8, v1, v1, v1))
+        parts_digest.compile((v1, v1, i64))
+        row_of.compile((v2, i64, i64, i64, i64, i64, i64, i64, types.boolean))
+        name_of.compile((v2, i64, types.boolean))
 
 
 def prepare() -> None:

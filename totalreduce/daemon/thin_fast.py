@@ -29,9 +29,13 @@ from .thin_ops import _SESSION, _error_kind, _Grp, _Op, _Segments, ended_of
 log = logging.getLogger("totalreduce.daemon")
 
 _ALLREDUCE, _BROADCAST, _BARRIER = int(OpKind.ALLREDUCE), int(OpKind.BROADCAST), int(OpKind.BARRIER)
+_RS, _AG = int(OpKind.REDUCE_SCATTER), int(OpKind.ALLGATHER)
 #: The kinds whose repeats start from the engine's express record, and run in the compiled
 #: loop once the lane has their fields (:mod:`.service_loop`): the pass's kinds.
-_REPEATED = (_ALLREDUCE, _BROADCAST, _BARRIER)
+_REPEATED = (_ALLREDUCE, _BROADCAST, _BARRIER, _RS, _AG)
+#: Of those, the kinds whose node's part and result have buffers of their own (not a
+#: client's output): the pass's reduce-scatters and all-gathers among the nodes.
+_PARTED = (_RS, _AG)
 #: A barrier's buffer, and its name's signature among the services (``OpSubmitter._simple``'s).
 _NO_DATA = np.empty(0, np.int64)
 _BARRIER_SIG = ("barrier", "int64", 0, "sum", 0)
@@ -49,6 +53,8 @@ class PassOps:
     arena: Any
     engine: Any
     slots: int
+    size: int
+    nodes: int
     _fast: arena_pass.Table
     _mem: np.ndarray
     _efd: list[int | None]
@@ -59,9 +65,11 @@ class PassOps:
     _running: dict[tuple[int, int, int], _Op]
     _fast_running: dict[int, list[Any]]
     _fast_tokens: int
-    #: The engine's express record of each whole allreduce among the nodes the pass
-    #: started, with the view of its node buffer, by (wire id, dtype, count, reduce op,
-    #: algorithm, node buffer's offset): a repeat starts from them (:meth:`_fast_repeat`)
+    #: The engine's express record of each whole op among the nodes the pass started,
+    #: with the view of its node buffer (a reduce-scatter's or all-gather's: its first
+    #: one, for its type and size), by (wire id, dtype, count, reduce op, algorithm, node
+    #: buffer's offset or parts' digest, kind, root): a repeat starts from them
+    #: (:meth:`_fast_repeat`)
     _fast_shapes: dict[tuple[int, ...], tuple[np.ndarray, Any]]
     _fast_ended: deque[Callable[[], None]]
     #: The compiled loop's shapes and the engine's side of it (None: off,
@@ -75,6 +83,7 @@ class PassOps:
     _segmented: Any
     _engine_op: Any
     _among_nodes_text: Any
+    _engine_name: Any
     _kick: Any
     _is_session: Any
     _session_start: Any
@@ -114,14 +123,14 @@ class PassOps:
         rep = self._repeats
         shapes = self._loop_shapes
         assert shapes is not None
-        io, rows, fast = shapes.io, shapes.rows, self._fast
+        io, fast = shapes.io, self._fast
         names = self.engine._names
         adopted = None
         try:
             if names.version != shapes.names_seen:  # generations taken by Python since
                 shapes.names_seen = names.version
-                for r, (wire, _, _, _) in shapes.kept.items():
-                    rows[r, SL.R_GEN] = names.next_generation(wire)
+                for n, (wire, _) in shapes.named.items():
+                    shapes.names[n, SL.N_GEN] = names.next_generation(wire)
             mem, prog, larena, b = rep.lane_arrays()
             io[SL.IO_MAX_NS] = LOOP_NS
             io[SL.IO_SPIN_NS] = LOOP_SPIN_NS if spin else 0
@@ -129,24 +138,24 @@ class PassOps:
             io[SL.IO_TRY_NS] = LOOP_TRY_NS
             io[SL.IO_TAKE] = DRIVE_TAKE | DRIVE_OUTER  # a client's descriptor ends a drive
             service_loop.service_pass(
-                fast.buf, fast.lay, self._mem, self.arena.base, rows, shapes.fields,
-                mem, prog, larena, b, shapes.addrs, io,
+                fast.buf, fast.lay, self._mem, self.arena.base, shapes.rows, shapes.names,
+                shapes.fields, mem, prog, larena, b, shapes.addrs, io,
             )  # fmt: skip
             for j in range(int(io[SL.IO_NTOUCHED])):
-                r = int(io[SL.IO_TOUCHED + j])
-                k, first = int(rows[r, SL.R_DONE]), int(rows[r, SL.R_FIRST])
-                rows[r, SL.R_DONE] = 0
-                wire, _, ex, _ = shapes.kept[r]
+                n = int(io[SL.IO_TOUCHED + j])
+                k, first = int(shapes.names[n, SL.N_DONE]), int(shapes.names[n, SL.N_FIRST])
+                shapes.names[n, SL.N_DONE] = 0
+                wire, ex = shapes.named[n]
                 if not names.advance(wire, first, k):
                     log.error("the compiled loop ran %d repeats of %d from generation %d, "
                               "which its name had not", k, wire, first)  # fmt: skip
                 rep.ended(wire, ex.wid, first, k, ex.group)
             if io[SL.IO_WHY] == SL.WHY_ADOPT:  # entered, not ended in its try
                 r, gen = int(io[SL.IO_ROW]), int(io[SL.IO_GEN])
-                wire, buf, ex, own = shapes.kept[r]
+                wire, buf, ex, own, out = shapes.kept[r]
                 names.advance(wire, gen, 1, 1)
                 h = rep.adopt(ex, wire, gen, buf, int(io[SL.IO_PRIO]), int(io[SL.IO_SLOT]),
-                              int(io[SL.IO_SEQ]), own)  # fmt: skip
+                              int(io[SL.IO_SEQ]), own, out)  # fmt: skip
                 self._fast_tokens += 1
                 adopted = (self._fast_tokens, int(io[SL.IO_ENTRY]), h)
                 self._fast_running[adopted[0]] = [adopted[1], h, None]
@@ -198,7 +207,15 @@ class PassOps:
             op.descs[k] = fast.descs[e, k].copy()
             op.incarnations[k] = self._inc[k]
             op.seen += 1
+            if int(fast.descs[e, k, A.D_KIND]) in _PARTED:  # (checked by the pass)
+                op.parts[k] = self._parts(fast.descs[e, k])
         return op
+
+    def _parts(self, d: np.ndarray) -> tuple[int, ...]:
+        """A reduce-scatter's or all-gather's parts, as the pass checked them."""
+        at = int(d[A.D_AUX])
+        n = int(self.arena.view(at, 1, np.int64)[0])
+        return tuple(int(c) for c in self.arena.view(at + 8, n, np.int64))
 
     def _fast_start(self, e: int) -> None:
         """Entry ``e`` of the pass is complete here: start it among the nodes
@@ -222,6 +239,9 @@ class PassOps:
         self._fast_tokens += 1
         token = self._fast_tokens
         shape: tuple[int, ...] | None = None
+        if kind in _PARTED:
+            self._parted_start(token, e, d)
+            return
         try:
             at = -1 if kind == _BARRIER else int(arena_pass.node_buffer(fast.st, fast.descs, e))
             if kind in _REPEATED:
@@ -252,23 +272,77 @@ class PassOps:
             return
         if segs is None:
             self._fast_running[token] = [e, h, None]
-            if shape is not None and dt is not DType.BFLOAT16:
+            if shape is not None and (dt is not DType.BFLOAT16 or kind == _BROADCAST):
                 self._remember_shape(shape, _NO_DATA if buf is None else buf, rop, h)
         # a segmented op ends after its segments' ends, in the order they came
         run = segs is None
         h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h), run))
 
-    def _fast_repeat(self, token: int, e: int, d: np.ndarray, shape: tuple[int, ...]) -> bool:
+    def _parted_start(self, token: int, e: int, d: np.ndarray) -> None:
+        """Entry ``e`` of the pass, a reduce-scatter or all-gather over the world, is
+        complete here: its node's part made in a buffer of its own, and started among the
+        nodes (each node's part the sum of its ranks' parts, in node order: the world's
+        ranks are node after node), from the engine's express record of its shape if any."""
+        fast = self._fast
+        kind, wire = int(d[A.D_KIND]), int(fast.keys[e, 0])
+        key = (wire, int(fast.keys[e, 1]), 0)
+        dt = DType(int(d[A.D_DTYPE]))
+        rop = ReduceOp(int(d[A.D_OP])) if kind == _RS else ReduceOp.SUM
+        if rop is ReduceOp.AVG:
+            rop = ReduceOp.SUM  # divided at the end
+        try:
+            n_in, _ = arena_pass.node_counts(fast.buf, fast.lay, self._mem, e)
+            buf = np.empty(int(n_in), dt.numpy)
+            arena_pass.arena_local_parts(
+                fast.buf, fast.lay, self._mem, self.arena.base, e, buf.ctypes.data
+            )
+            digest = int(arena_pass.parts_digest(self._mem, d, self.size))
+            shape = (wire, int(d[A.D_DTYPE]), int(d[A.D_COUNT]), int(d[A.D_OP]),
+                     int(d[A.D_ALGO]), digest, kind, 0)  # fmt: skip
+            if dt is not DType.BFLOAT16 and self._fast_repeat(token, e, d, shape, buf):
+                return
+            parts = self._parts(d)
+            per_node = [
+                sum(parts[i * self.slots : (i + 1) * self.slots]) for i in range(self.nodes)
+            ]
+            eng = self.engine
+            name = self._engine_name(key)
+            prio = int(d[A.D_PRIO])
+            bf = "bfloat16" if dt is DType.BFLOAT16 else None
+            if kind == _RS:
+                h = eng.reduce_scatter_async(
+                    buf, name=name, op=rop, counts=per_node, priority=prio, dtype=bf
+                )
+            else:
+                h = eng.allgather_async(buf, name=name, counts=per_node, priority=prio, dtype=bf)
+        except Exception as exc:
+            op = self._entry_op(e)
+            arena_pass.arena_release(fast.buf, fast.lay, e)
+            self._fail(op, A.E_FAILED, f"the services could not start it: {exc}")
+            return
+        self._fast_running[token] = [e, h, None]
+        if dt is not DType.BFLOAT16:
+            self._remember_shape(shape, buf, rop, h)
+        h.add_done_callback(lambda h: self._on_arena_thread(lambda: self._fast_end(token, h)))
+
+    def _fast_repeat(self, token: int, e: int, d: np.ndarray, shape: tuple[int, ...],
+                     made: np.ndarray | None = None) -> bool:  # fmt: skip
         """Start entry ``e``, a whole allreduce, broadcast or barrier among the nodes of a
         shape started before, straight from the engine's express record of it (what
         ``_engine_op`` comes to through ``allreduce_async`` and the others, less the
         conversions and the lookups on its way); False when there is no record, or the
         engine wants the whole way (its checks are made here all the same:
-        :func:`~totalreduce.service.express.start`)."""
+        :func:`~totalreduce.service.express.start`).  ``made``: a reduce-scatter's or
+        all-gather's node's part (its result is a new array, handed back from there)."""
         rec = self._fast_shapes.get(shape)
         if rec is None:
             return False
         buf, ex = rec
+        out: np.ndarray | None = buf
+        if made is not None:
+            if made.dtype is not buf.dtype or made.shape != buf.shape:
+                return False
+            buf, out = made, None
         prio = int(d[A.D_PRIO])
         h = None
         if not self._fast_running and not int(d[A.D_FLAGS]) & A.F_UNNAMED:
@@ -276,17 +350,24 @@ class PassOps:
             # (at most the engine's first try, 200 µs, then it is a handle like any), so a
             # small op between nodes makes no handle, spec or lane op, and no callback
             # hands its end back to this thread.
-            r = express.now(self.engine, ex, shape[0], buf, buf, prio)
+            r = express.now(self.engine, ex, shape[0], buf, out, prio)
             if r is not None:
                 if r[1] is None:
                     fast = self._fast
-                    arena_pass.arena_finish(fast.buf, fast.lay, self._mem, self.arena.base, e, 1)
+                    if made is None:
+                        arena_pass.arena_finish(
+                            fast.buf, fast.lay, self._mem, self.arena.base, e, 1
+                        )
+                    else:
+                        arena_pass.arena_finish_parts(
+                            fast.buf, fast.lay, self._mem, self.arena.base, e, r[0].ctypes.data
+                        )
                     self._wake_sleepers()
                     self._loop_shape(shape, buf, ex)
                     return True
                 h = r[1]
         if h is None:
-            h = express.start(self.engine, ex, shape[0], buf, buf, prio)
+            h = express.start(self.engine, ex, shape[0], buf, out, prio)
             if h is None:
                 return False
         self._loop_shape(shape, buf, ex)
@@ -303,16 +384,9 @@ class PassOps:
         lane_shape = ex.lane_shape
         if lane_shape is None or lane_shape is False:
             return
-        r = service_loop.row_of(shapes.rows, shape[0], False)
+        r = shapes.find(shape)
         if r >= 0 and r in shapes.kept and shapes.kept[r][2] is ex:
-            row = shapes.rows[r]
-            if (
-                row[SL.R_AT] == shape[5]
-                and row[SL.R_COUNT] == shape[2]
-                and row[SL.R_KIND] == shape[6]
-                and row[SL.R_ROOT] == shape[7]
-            ):
-                return  # (a repeat of it Python started: the rows' generations follow)
+            return  # (a repeat of it Python started: the names' generations follow)
         if shapes.epoch != tuning.EPOCH[0]:
             shapes.clear()
             shapes.epoch = tuning.EPOCH[0]
@@ -336,11 +410,26 @@ class PassOps:
             ex = table.get((shape[0], rop, True, name))
         elif kind == _BROADCAST:  # the root among the services: the root's node
             ex = table.get(("bc", shape[0], shape[7] // self.slots, True, name))
+            spec = getattr(h, "_spec", None)
+            if ex is None and name == "auto" and spec is not None and not spec.context:
+                # bfloat16 (a dtype argument: the engine keeps no record), only bytes moved
+                if spec.kind is OpKind.BROADCAST and spec.dtype is DType.BFLOAT16:
+                    sig_bc = ("broadcast", "bfloat16", int(buf.size), "sum", spec.param)
+                    ex = express.Express(spec, buf, sig_bc, tuning.EPOCH[0])
         elif name == "auto":
             spec = getattr(h, "_spec", None)  # (None: it ended already; the next one)
-            if spec is None or spec.kind is not OpKind.BARRIER or spec.context:
+            if spec is None or spec.context:
                 return
-            ex = express.Express(spec, buf, _BARRIER_SIG, tuning.EPOCH[0])
+            if kind == _BARRIER and spec.kind is OpKind.BARRIER:
+                sig: tuple[Any, ...] = _BARRIER_SIG
+            elif kind == _RS and spec.kind is OpKind.REDUCE_SCATTER:  # (``_simple``'s)
+                sig = ("reduce_scatter", spec.dtype.name.lower(), int(buf.size),
+                       spec.op.name.lower(), spec.param)  # fmt: skip
+            elif kind == _AG and spec.kind is OpKind.ALLGATHER:  # (``allgather_async``'s)
+                sig = ("allgather", spec.dtype.name.lower(), -1, "sum", 0)
+            else:
+                return
+            ex = express.Express(spec, buf, sig, tuning.EPOCH[0])
         if (
             ex is None
             or ex.__class__ is not express.Express
@@ -391,6 +480,19 @@ class PassOps:
             op.handle = ended_of(h)
             text = self._among_nodes_text(error, h, op.first())
             self._fail(op, _error_kind(error), text)
+            return
+        if arena_pass.parted(fast.descs[e, 0]):  # its result: the engine's new array
+            try:
+                got = h.wait(0)
+            except Exception as exc:  # (ended well: not expected)
+                op = self._entry_op(e)
+                arena_pass.arena_release(fast.buf, fast.lay, e)
+                self._fail(op, _error_kind(exc), str(exc))
+                return
+            arena_pass.arena_finish_parts(
+                fast.buf, fast.lay, self._mem, self.arena.base, e, got.ctypes.data
+            )
+            self._wake_sleepers()
             return
         back = 0 if isinstance(h, _Segments) else 1  # a segmented op's went back already
         arena_pass.arena_finish(fast.buf, fast.lay, self._mem, self.arena.base, e, back)

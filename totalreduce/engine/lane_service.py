@@ -127,15 +127,17 @@ class ServiceRepeats:
         loop.stats.lane_express += k
 
     def adopt(self, ex: Any, name: int, gen: int, buf: np.ndarray, prio: int, slot: int,
-              seq: int, keep: Any = None) -> Any:  # fmt: skip
-        """The handle of repeat ``gen`` of ``ex`` (in place on ``buf``) that compiled code
-        entered in lane slot ``slot`` (submission ``seq``) and that did not end in its
-        try (``lane_now``'s way with such an op); its generation is in flight from now.
-        ``keep``: the buffers the op uses beside ``buf`` (kept alive until it ends)."""
+              seq: int, keep: Any = None, out: np.ndarray | None = None) -> Any:  # fmt: skip
+        """The handle of repeat ``gen`` of ``ex`` (in place on ``buf``, or from ``buf``
+        into ``out``, its result) that compiled code entered in lane slot ``slot``
+        (submission ``seq``) and that did not end in its try (``lane_now``'s way with
+        such an op); its generation is in flight from now.  ``keep``: the buffers the op
+        uses beside ``buf`` (kept alive until it ends)."""
         loop = self.loop
         lane = loop.lane
         loop.stats.lane_express += 1
-        handle, spec = self._make(self.svc, ex, name, gen, buf, buf, buf, prio, True)
+        o = buf if out is None else out
+        handle, spec = self._make(self.svc, ex, name, gen, buf, o, o, prio, True)
         lop = handle._lop = lane.adopt(spec, slot, seq)
         lop.keep = keep
         return handle
