@@ -155,7 +155,8 @@ def test_blocking_repeats_among_nodes_are_one_compiled_call(tmp_path: Path, loca
     """Two nodes: a blocking repeat on arrays of the arena (in place, or into another) is
     submitted and waited for in one compiled call (no handle; counted), exact in float16,
     float32, float64, int32 and int64; async forms keep their handles, whose wait honours
-    its timeout; a repeat whose count another node changed raises as the Python path does."""
+    its timeout; a repeat whose count another node changed raises as the Python path does.
+    A named barrier's repeat is one compiled call too, and waits for a late rank."""
     checks = ["RING-EXACT-ROUTE", "RING-ASYNC-TIMEOUT", "RING-MISMATCH"]
     run_mode(tmp_path / "s", 2, local, "ring", checks)
 

@@ -832,6 +832,22 @@ def mode_ring(p: int, rank: int) -> None:
                 if made[0] != handles or took != repeats:
                     bad.append(f"{name}: {took} of {repeats} repeats in a compiled call, "
                                f"{made[0] - handles} handles made")  # fmt: skip
+    # a named barrier's repeats: a compiled call each, and none returns before every
+    # rank entered it (the last rank comes late)
+    for i in range(2 + repeats):
+        if i == 2:
+            ran, handles = int(thin.st[M.ST_CALLS]), made[0]
+        late = i in (3, 2 + repeats - 1)
+        if late and rank == p - 1:
+            time.sleep(0.3)
+        t0 = time.monotonic()
+        tr.barrier(name="ring.barrier")
+        if late and rank != p - 1 and time.monotonic() - t0 < 0.25:
+            bad.append(f"barrier call {i}: back after {time.monotonic() - t0:.3f} s")
+    took = int(thin.st[M.ST_CALLS]) - ran
+    if made[0] != handles or took != repeats:
+        bad.append(f"barrier: {took} of {repeats} repeats in a compiled call, "
+                   f"{made[0] - handles} handles made")  # fmt: skip
     thin_mod.ThinHandle.__init__ = real_init  # type: ignore[method-assign]
     # the names are in flight no more: another shape of one is an op like any
     v = tr.allreduce(np.full(7, rank, np.int64), name="ring.float32.1000.in")

@@ -41,6 +41,7 @@ from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Schedule, SegmentPlan
 from ..dtypes import DType, ReduceOp
 from ..engine.payload import OpSpec
+from ..transport import arena as A
 from . import checks, tuning
 from .handle import Handle
 from .thin import ThinHandle as _ThinHandle
@@ -509,23 +510,27 @@ class ThinBarrier:
     """What a repeat of a named barrier of the world in daemon mode needs: its name's
     signature, and the descriptor and meeting record its first call wrote."""
 
-    __slots__ = ("sig", "row", "meet", "epoch", "ended", "hold")
+    __slots__ = ("sig", "row", "meet", "epoch", "ended", "hold", "what")
 
-    def __init__(self, sig: tuple[Any, ...], row: np.ndarray, meet: np.ndarray) -> None:
+    def __init__(self, sig: tuple[Any, ...], row: np.ndarray, meet: np.ndarray | None) -> None:
         self.sig, self.row, self.meet = sig, row, meet
         self.epoch = tuning.EPOCH[0]
         self.ended: Callable[[], None] | None = None
         self.hold: Callable[[], None] | None = None
+        #: As :attr:`ThinExpress.what` (a barrier among the nodes); -1: none yet.
+        self.what = -1
 
 
 _NOTHING = np.empty(0, dtype=np.int64)
 
 
 def thin_barrier(svc: Any, name: str | int, priority: Any) -> bool:
-    """A blocking repeat of the named barrier ``name`` of the world whose op meets the
-    node's other clients in the arena: one compiled call (:meth:`~.thin.ThinClient.now`);
-    True once it ended, False when it has no record yet or anything is unusual (the
-    caller then goes ``barrier_async(...).wait()`` and calls :func:`thin_barrier_remember`)."""
+    """A blocking repeat of the named barrier ``name`` of the world: one compiled call, that
+    meets the node's other clients in the arena on a one-node service
+    (:meth:`~.thin.ThinClient.now`), or submits into the ring and waits
+    (:meth:`~.thin.ThinClient.ring_now`) on a service of several nodes; True once it
+    ended, False when it has no record yet or anything is unusual (the caller then goes
+    ``barrier_async(...).wait()`` and calls :func:`thin_barrier_remember`)."""
     try:
         rec = svc._express.get(("thinbar", name))
     except TypeError:
@@ -548,16 +553,31 @@ def thin_barrier(svc: Any, name: str | int, priority: Any) -> bool:
     if ended is None or hold is None:
         ended = rec.ended = functools.partial(names.ended, name)
         hold = rec.hold = functools.partial(names.hold, name)
-    thin.now(name, gen, rec.row, rec.meet, _NOTHING, -1, priority, ended, hold, OpKind.BARRIER)
+    if rec.meet is not None:
+        thin.now(name, gen, rec.row, rec.meet, _NOTHING, -1, priority, ended, hold,
+                 OpKind.BARRIER)  # fmt: skip
+        return True
+    what = rec.what
+    if what < 0:
+        what = rec.what = thin.what(OpKind.BARRIER, name)
+    at_in, at_out = int(rec.row[A.D_IN]), int(rec.row[A.D_OUT])
+    thin.ring_now(name, gen, rec.row, None, 0, at_in, at_out, priority, hold, ended, what,
+                  OpKind.BARRIER)  # fmt: skip
     return True
 
 
 def thin_barrier_remember(svc: Any, name: str | int, h: Any) -> None:
     """After a named barrier of the world went the whole way: keep its record if it met
-    the node's clients in the arena (its descriptor was this thread's last)."""
+    the node's clients in the arena, or went into the ring on a service of several nodes
+    (its descriptor was this thread's last)."""
     thin = svc._thin
     meet = thin.last_meet()
-    if h.__class__ is not _ThinHandle or meet is None or h._meet < 0:
+    if h.__class__ is not _ThinHandle:
+        return
+    if thin.meet is not None:
+        if meet is None or h._meet < 0:
+            return
+    elif h._ticket == 0:
         return
     try:
         sig = svc._names.signature(h.name)
