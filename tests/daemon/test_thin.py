@@ -152,10 +152,11 @@ def test_an_idle_service_costs_no_cpu_after_a_job(
     "local", [1, pytest.param(2, marks=pytest.mark.full)], ids=lambda n: f"2x{n}"
 )
 def test_blocking_repeats_among_nodes_are_one_compiled_call(tmp_path: Path, local: int) -> None:
-    """Two nodes: a blocking repeat on arrays of the arena (in place, or into another) is
-    submitted and waited for in one compiled call (no handle; counted), exact in float16,
-    float32, float64, int32 and int64; async forms keep their handles, whose wait honours
-    its timeout; a repeat whose count another node changed raises as the Python path does.
+    """Two nodes: a blocking repeat on arrays of the arena (in place, or into another; or
+    with ``out`` None, staged into a new array) is submitted and waited for in one
+    compiled call (no handle; counted), exact in float16, float32, float64, int32 and
+    int64; async forms keep their handles, whose wait honours its timeout; a repeat whose
+    count another node changed raises as the Python path does (``out`` given or None).
     A named barrier's repeat is one compiled call too, and waits for a late rank."""
     checks = ["RING-EXACT-ROUTE", "RING-ASYNC-TIMEOUT", "RING-MISMATCH"]
     run_mode(tmp_path / "s", 2, local, "ring", checks)

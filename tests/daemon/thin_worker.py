@@ -811,20 +811,23 @@ def mode_ring(p: int, rank: int) -> None:
         for n in (1, 1000, 70_000) if dt is np.float64 else (1, 1000):  # (70,000: > 256 KiB)
             x, y = tr.empty(n, dt), tr.empty(n, dt)
             ramp = (np.arange(n) % 7).astype(dt)
-            for form in ("in", "out"):
+            for form in ("in", "out", "new"):  # (new: out None, the result staged)
                 name = f"ring.{np.dtype(dt).name}.{n}.{form}"
                 for i in range(2 + repeats):
                     if i == 2:
                         ran, handles = int(thin.st[M.ST_CALLS]), made[0]
                     x[:] = ramp + (rank + i) % 5
                     y[:] = -1
-                    got = tr.allreduce(x, name=name, out=x if form == "in" else y)
+                    into = {"in": x, "out": y, "new": None}[form]
+                    got = tr.allreduce(x, name=name, out=into)
                     want = sum((ramp + (r + i) % 5).astype(np.int64) for r in range(p))
-                    res = x if form == "in" else y
+                    res = got if into is None else into
                     want = want.astype(dt)
                     if not (np.array_equal(res, want) and np.array_equal(got, want)):
                         bad.append(f"{name} call {i}: {res[:3]} != {want[:3]}")
-                    if form == "out" and not np.array_equal(x, ramp + (rank + i) % 5):
+                    if form == "new" and (got.dtype != dt or got.shape != x.shape):
+                        bad.append(f"{name} call {i}: {got.dtype} {got.shape}")
+                    if form != "in" and not np.array_equal(x, ramp + (rank + i) % 5):
                         bad.append(f"{name} call {i}: the input changed")
                 took = int(thin.st[M.ST_CALLS]) - ran
                 # (a repeat whose peer was late past 50 ms waits on in compiled calls
@@ -890,23 +893,29 @@ def mode_ring(p: int, rank: int) -> None:
     # a repeat whose count another node changed: the error of the Python path
     texts = {}
     real_now = express.thin_now
-    for route in ("compiled", "python"):
-        if route == "python":
+    for route in ("compiled", "compiled-new", "python", "python-new"):
+        if route.startswith("python"):
             express.thin_now = lambda *a: None
+        new = route.endswith("new")  # out None: the result staged
         name = f"ring.bad.{route}"
         x = tr.empty(16, np.float32)
-        tr.allreduce(x, name=name, out=x)
-        tr.allreduce(x, name=name, out=x)
+        tr.allreduce(x, name=name, out=None if new else x)
+        tr.allreduce(x, name=name, out=None if new else x)
         v = x if rank < p - 1 else tr.empty(12, np.float32)  # the last rank's count differs
         try:
-            tr.allreduce(v, name=name, out=v)
+            tr.allreduce(v, name=name, out=None if new else v)
             texts[route] = "no error"
         except tr.TotalReduceError as exc:  # (the nodes in the order a service heard them)
             head, _, why = str(exc).replace(name, "NAME").partition(": node ")
             texts[route] = f"{type(exc).__name__}: {head}: {sorted(why.split(', node '))}"
         tr.barrier(name="ring.sync")
     express.thin_now = real_now
-    ok = texts["compiled"] == texts["python"] and "OpMismatchError" in texts["compiled"]
+    ok = (
+        texts["compiled"] == texts["python"]
+        and texts["compiled-new"] == texts["python-new"]
+        and "OpMismatchError" in texts["compiled"]
+        and "OpMismatchError" in texts["compiled-new"]
+    )
     report(rank, "RING-MISMATCH", ok, repr(texts))
 
 

@@ -151,7 +151,7 @@ class CollectiveOps(OpSubmitter):
                     got = express.run(self, ex, name, x, out, priority)
                     if got is not express.MISSED:
                         return got
-            elif out is not None:  # daemon mode: one compiled call (the meeting, or the ring)
+            else:  # daemon mode: one compiled call (the meeting, or the ring)
                 key = (express.THIN, name, op, algorithm)
                 got = express.thin_now(self, key, x, priority, out)
                 if got is not None:

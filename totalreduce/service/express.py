@@ -41,6 +41,7 @@ from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Schedule, SegmentPlan
 from ..dtypes import DType, ReduceOp
 from ..engine.payload import OpSpec
+from ..errors import TotalReduceError
 from ..transport import arena as A
 from . import checks, tuning
 from .handle import Handle
@@ -432,7 +433,9 @@ def thin_start(
 def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = None) -> Any:
     """A blocking repeat of the allreduce under ``key`` on ``x``, an array of the arena, in
     place (``out`` is ``x``) or into ``out``, another array of the arena of the same dtype
-    and shape: one compiled call, with no handle, lock or ticket table in Python.  Its op
+    and shape, or (``out`` None, several nodes) into a new array, ``x`` staged in a block
+    of the arena (:func:`_thin_now_staged`): one compiled call, with no handle, lock or
+    ticket table in Python.  Its op
     meets the node's other clients in the arena on a one-node service (in place only:
     :meth:`~.thin.ThinClient.now`), or is submitted into the ring and waited for
     (:meth:`~.thin.ThinClient.ring_now`) on a service of several nodes.  Its result
@@ -457,6 +460,8 @@ def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = N
     ):
         return None
     in_place = out is x
+    if out is None:
+        return _thin_now_staged(svc, rec, key[1], x, priority)
     if in_place:
         if not x.flags.writeable:
             return None
@@ -504,6 +509,50 @@ def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = N
     return thin.ring_now(
         op_name, gen, rec.row, out, x.nbytes, at, at_out, priority, hold, ended, what
     )
+
+
+def _thin_now_staged(
+    svc: Any, rec: ThinExpress, op_name: str | int, x: np.ndarray, priority: int
+) -> np.ndarray | None:
+    """:func:`thin_now` with ``out`` None on a service of several nodes: ``x`` copied into a
+    staging block, reduced there in one compiled call (:meth:`~.thin.ThinClient.ring_now`),
+    and the result copied into a new array, the copies the whole way makes; the block is
+    freed once the op ended (or failed).  None where the whole way would not stage."""
+    thin = svc._thin
+    if (
+        rec.meet is not None
+        or not x.size
+        or not x.flags.c_contiguous
+        or not thin.takes(x.nbytes)
+        or thin.busy()
+    ):
+        return None
+    names = svc._names
+    at = thin.stage(x.nbytes, x)
+    submitted = False
+    try:
+        gen = names.take(op_name, rec.sig)
+        ended, hold = rec.ended, rec.hold
+        if ended is None or hold is None:
+            ended = rec.ended = functools.partial(names.ended, op_name)
+            hold = rec.hold = functools.partial(names.hold, op_name)
+        what = rec.what
+        if what < 0:
+            what = rec.what = thin.what(OpKind.ALLREDUCE, op_name)
+        submitted = True
+        thin.ring_now(op_name, gen, rec.row, None, x.nbytes, at, at, priority, hold, ended, what)
+    except TotalReduceError:  # the op ended (failed), or never went: nothing writes there
+        thin.space.free(at)
+        raise
+    except BaseException:
+        # an interrupt while the op may be on its way: the service may still write the
+        # block, so it is not given back (a handle's would be, when its op ends)
+        if not submitted:
+            thin.space.free(at)
+        raise
+    result: np.ndarray = thin.arena.view(at, x.size, x.dtype).copy()
+    thin.space.free(at)
+    return result if x.ndim == 1 else result.reshape(x.shape)
 
 
 class ThinBarrier:
