@@ -156,8 +156,10 @@ def test_blocking_repeats_among_nodes_are_one_compiled_call(tmp_path: Path, loca
     with ``out`` None, staged into a new array) is submitted and waited for in one
     compiled call (no handle; counted), exact in float16, float32, float64, int32 and
     int64; async forms keep their handles, whose wait honours its timeout; a repeat whose
-    count another node changed raises as the Python path does (``out`` given or None).
-    A named barrier's repeat is one compiled call too, and waits for a late rank."""
+    count another node changed raises as the Python path does (``out`` given or None, and
+    a broadcast's).  A named barrier's repeat is one compiled call too, and waits for a
+    late rank; so is a broadcast's in place from the first rank and the last, exact in
+    float32, float64, int32 and int64."""
     checks = ["RING-EXACT-ROUTE", "RING-ASYNC-TIMEOUT", "RING-MISMATCH"]
     run_mode(tmp_path / "s", 2, local, "ring", checks)
 

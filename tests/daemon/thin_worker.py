@@ -851,6 +851,24 @@ def mode_ring(p: int, rank: int) -> None:
     if made[0] != handles or took != repeats:
         bad.append(f"barrier: {took} of {repeats} repeats in a compiled call, "
                    f"{made[0] - handles} handles made")  # fmt: skip
+    # a broadcast's repeats in place on an array of the arena, from the first rank and the
+    # last: a compiled call each
+    for dt in (np.float32, np.float64, np.int32, np.int64):
+        ramp = (np.arange(1000) % 7).astype(dt)
+        x = tr.empty(1000, dt)
+        for root in sorted({0, p - 1}):
+            name = f"ring.bc.{np.dtype(dt).name}.{root}"
+            for i in range(2 + repeats):
+                if i == 2:
+                    ran, handles = int(thin.st[M.ST_CALLS]), made[0]
+                x[:] = ramp + rank + i
+                got = tr.broadcast(x, root=root, name=name, out=x)
+                if not (np.array_equal(x, ramp + root + i) and np.array_equal(got, x)):
+                    bad.append(f"{name} call {i}: {x[:3]} != {(ramp + root + i)[:3]}")
+            took = int(thin.st[M.ST_CALLS]) - ran
+            if made[0] != handles or took != repeats:
+                bad.append(f"{name}: {took} of {repeats} repeats in a compiled call, "
+                           f"{made[0] - handles} handles made")  # fmt: skip
     thin_mod.ThinHandle.__init__ = real_init  # type: ignore[method-assign]
     # the names are in flight no more: another shape of one is an op like any
     v = tr.allreduce(np.full(7, rank, np.int64), name="ring.float32.1000.in")
@@ -893,28 +911,34 @@ def mode_ring(p: int, rank: int) -> None:
     # a repeat whose count another node changed: the error of the Python path
     texts = {}
     real_now = express.thin_now
-    for route in ("compiled", "compiled-new", "python", "python-new"):
-        if route.startswith("python"):
-            express.thin_now = lambda *a: None
-        new = route.endswith("new")  # out None: the result staged
+    routes = [f"{r}-{form}" for form in ("in", "new", "bc") for r in ("compiled", "python")]
+    for route in routes:
+        express.thin_now = real_now if route.startswith("compiled") else lambda *a: None
+        form = route.split("-")[1]  # (new: out None, the result staged; bc: a broadcast)
+
+        def call(a: np.ndarray, form: str = form, name: str = f"ring.bad.{route}") -> None:
+            if form == "bc":
+                tr.broadcast(a, root=0, name=name, out=a)
+            else:
+                tr.allreduce(a, name=name, out=None if form == "new" else a)
+
         name = f"ring.bad.{route}"
         x = tr.empty(16, np.float32)
-        tr.allreduce(x, name=name, out=None if new else x)
-        tr.allreduce(x, name=name, out=None if new else x)
+        call(x)
+        call(x)
         v = x if rank < p - 1 else tr.empty(12, np.float32)  # the last rank's count differs
         try:
-            tr.allreduce(v, name=name, out=None if new else v)
+            call(v)
             texts[route] = "no error"
         except tr.TotalReduceError as exc:  # (the nodes in the order a service heard them)
             head, _, why = str(exc).replace(name, "NAME").partition(": node ")
             texts[route] = f"{type(exc).__name__}: {head}: {sorted(why.split(', node '))}"
         tr.barrier(name="ring.sync")
     express.thin_now = real_now
-    ok = (
-        texts["compiled"] == texts["python"]
-        and texts["compiled-new"] == texts["python-new"]
-        and "OpMismatchError" in texts["compiled"]
-        and "OpMismatchError" in texts["compiled-new"]
+    ok = all(
+        texts[f"compiled-{form}"] == texts[f"python-{form}"]
+        and "OpMismatchError" in texts[f"compiled-{form}"]
+        for form in ("in", "new", "bc")
     )
     report(rank, "RING-MISMATCH", ok, repr(texts))
 

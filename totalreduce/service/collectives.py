@@ -254,9 +254,19 @@ class CollectiveOps(OpSubmitter):
         dtype: str | None = None,
     ) -> Any:
         """The blocking ``broadcast``: a repeat the compiled lane runs is entered and driven
-        to its end in this call, with no handle (``express.run``); anything else is
+        to its end in this call, with no handle (``express.run``; in daemon mode among
+        several nodes, a repeat in place on an array of the arena, submitted and waited
+        for in one compiled call: ``express.thin_now``); anything else is
         ``broadcast_async(...).wait()``."""
         if name is not None and group is None and dtype is None and root.__class__ is int:
+            if self._thin is not None and out is x:
+                key = (express.THIN_BC, name, root, algorithm)
+                got = express.thin_now(self, key, x, priority, x, OpKind.BROADCAST)
+                if got is not None:
+                    return got
+                h = self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
+                express.thin_bcast_remember(self, key, x, h)
+                return h.wait()
             ex = express.lookup(self._express, ("bc", name, root, out is x, algorithm), x)
             if ex is not None:
                 got = express.run(self, ex, name, x, out, priority)

@@ -299,6 +299,8 @@ def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
 
 #: The first item of a thin record's key (the same table as the engine's records).
 THIN = "thin"
+#: ... of a broadcast's (in place, among several nodes: :func:`thin_bcast_remember`).
+THIN_BC = "thinbc"
 
 
 class ThinExpress:
@@ -430,7 +432,10 @@ def thin_start(
     return thin.submit_again(h, rec.row, priority, at, rec.meet)
 
 
-def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = None) -> Any:
+def thin_now(
+    svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = None,
+    kind: OpKind = OpKind.ALLREDUCE,
+) -> Any:  # fmt: skip
     """A blocking repeat of the allreduce under ``key`` on ``x``, an array of the arena, in
     place (``out`` is ``x``) or into ``out``, another array of the arena of the same dtype
     and shape, or (``out`` None, several nodes) into a new array, ``x`` staged in a block
@@ -442,7 +447,8 @@ def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = N
     (``x``, or ``out``), or None when anything differs or is unusual (the caller then goes
     ``allreduce_async(...).wait()``, which checks and raises what it raises).  The name's
     generation is taken with one hold of the name table's lock, and is in flight only if
-    the op does not end in the call."""
+    the op does not end in the call.  ``kind`` BROADCAST: a broadcast's repeat in place
+    among the nodes (its record from :func:`thin_bcast_remember`)."""
     try:
         rec = svc._express.get(key)
     except TypeError:
@@ -460,6 +466,8 @@ def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = N
     ):
         return None
     in_place = out is x
+    if kind is not OpKind.ALLREDUCE and (not in_place or rec.meet is not None):
+        return None
     if out is None:
         return _thin_now_staged(svc, rec, key[1], x, priority)
     if in_place:
@@ -505,10 +513,19 @@ def thin_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = N
         return thin.now(op_name, gen, rec.row, rec.meet, x, at, priority, ended, hold)
     what = rec.what
     if what < 0:
-        what = rec.what = thin.what(OpKind.ALLREDUCE, op_name)
+        what = rec.what = thin.what(kind, op_name)
     return thin.ring_now(
-        op_name, gen, rec.row, out, x.nbytes, at, at_out, priority, hold, ended, what
+        op_name, gen, rec.row, out, x.nbytes, at, at_out, priority, hold, ended, what, kind
     )
+
+
+def thin_bcast_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None:
+    """After a broadcast in place went the whole way in daemon mode: keep a record (as
+    :func:`thin_remember`) if its op went into the ring of a service of several nodes, for
+    :func:`thin_now` to repeat it in one compiled call."""
+    thin = svc._thin
+    if thin.meet is None and x.__class__ is np.ndarray and thin.arena.offset_of(x) >= 0:
+        thin_remember(svc, key, x, h)
 
 
 def _thin_now_staged(
