@@ -92,10 +92,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """``--full`` sets :data:`FULL_ENV` before the test modules are imported: modules that
+    plan parts into shared launches at import plan the further cases only then (a part
+    planned runs in its launch whether or not its test is selected)."""
+    if config.getoption("--full"):
+        os.environ[FULL_ENV] = "1"
+
+
+def full_run() -> bool:
+    """Whether this run takes the further cases of the sweeps (``--full`` or :data:`FULL_ENV`)."""
+    return os.environ.get(FULL_ENV, "") not in ("", "0")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests of :data:`SLOW_MODULES` ``slow``; skip the cases marked ``full``
     unless ``--full`` (or :data:`FULL_ENV`) asks for them."""
-    if not (config.getoption("--full") or os.environ.get(FULL_ENV, "") not in ("", "0")):
+    if not (config.getoption("--full") or full_run()):
         skip = pytest.mark.skip(
             reason="a further case of a sweep whose representative case ran: "
             f"pytest --full (or {FULL_ENV}=1) runs it"

@@ -28,8 +28,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "MPIEXEC_TIMEOUT": "120", "PYTHONUNBUFFERED": "1"}
 
 
-def test_both_floors_sum_exactly_over_two_nodes_of_two_clients(tmp_path: Path) -> None:
-    got = floor.measure(2, 2, 4096 + 12, 5, _env(), tmp_path)
+@pytest.mark.parametrize(
+    "local", [1, pytest.param(2, marks=pytest.mark.full)], ids=lambda n: f"2x{n}"
+)
+def test_both_floors_sum_exactly_over_two_nodes(tmp_path: Path, local: int) -> None:
+    got = floor.measure(2, local, 4096 + 12, 5, _env(), tmp_path)
     for mode in ("embedded", "daemon"):
         assert got[mode]["latency_s"] > 0 and got[mode]["per_op_s"] > 0, got
     assert not list(tmp_path.glob("floor-node*"))  # the services' notes are gone

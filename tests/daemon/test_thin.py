@@ -89,7 +89,9 @@ def test_large_ops_and_backpressure_with_a_small_arena(
     run_mode(tmp_path / "s", nodes, local, "pressure", checks, "--arena-bytes", arena)
 
 
-@pytest.mark.parametrize("local", [1, 2], ids=lambda n: f"2x{n}")
+@pytest.mark.parametrize(
+    "local", [1, pytest.param(2, marks=pytest.mark.full)], ids=lambda n: f"2x{n}"
+)
 def test_repeats_among_nodes_take_the_compiled_loop(tmp_path: Path, local: int) -> None:
     """Two nodes of one and two clients: repeats of an allreduce run in the service's
     compiled loop (counted there), exact in float16, float32, float64, int32 and int64, for

@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from launch_modes import Launches, mpiexec  # noqa: E402
 
+from conftest import full_run  # noqa: E402
 from totalreduce.launch import find_mpiexec
 
 MPIEXEC = find_mpiexec()  # this Python's (the mpich wheel's, beside it), else PATH's
@@ -35,11 +36,16 @@ def _start(n: Any, modes: list[str], where: str) -> str:
 LAUNCHES = Launches(_start)
 
 
-def sizes(ranks: list[int], mode: str) -> Any:
-    """The sizes a test of check_lane.py's ``mode`` runs at, planned into their launches."""
+def sizes(ranks: list[int], mode: str, full: tuple[int, ...] = ()) -> Any:
+    """The sizes a test of check_lane.py's ``mode`` runs at, planned into their launches;
+    those in ``full`` run (and are planned) with ``pytest --full`` only."""
+    every = full_run()
     for n in ranks:
-        LAUNCHES.plan(n, mode)
-    return pytest.mark.parametrize("n", ranks)
+        if every or n not in full:
+            LAUNCHES.plan(n, mode)
+    return pytest.mark.parametrize(
+        "n", [pytest.param(n, marks=pytest.mark.full) if n in full else n for n in ranks]
+    )
 
 
 def lane_run(n: int, mode: str) -> str:
@@ -50,7 +56,7 @@ def lane_run(n: int, mode: str) -> str:
     return out
 
 
-@sizes([2, 3], "exact")
+@sizes([2, 3], "exact", full=(3,))
 def test_lane_exact_for_every_type_op_and_algorithm(n: int) -> None:
     lane_run(n, "exact")
 
@@ -70,7 +76,7 @@ def test_lane_mismatches_raise_on_every_rank(n: int) -> None:
     lane_run(n, "mismatch")
 
 
-@sizes([2, 3], "large")
+@sizes([2, 3], "large", full=(3,))
 def test_lane_large_ops_travel_as_bodies_exact_in_any_order(n: int) -> None:
     lane_run(n, "large")
 
@@ -125,7 +131,7 @@ def test_lane_op_waiting_for_a_late_peer_costs_little_cpu(n: int) -> None:
     lane_run(n, "absent_peer")
 
 
-@sizes([2, 4], "early")
+@sizes([2, 4], "early", full=(4,))
 def test_lane_early_ops_of_other_ranks_stay_within_the_pool(n: int) -> None:
     lane_run(n, "early")
 

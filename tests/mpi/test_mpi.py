@@ -150,7 +150,7 @@ def test_every_allreduce_algorithm_over_mpi(n: int, service: str) -> None:
     assert out.count("ALGORITHMS OK") == n, whole
 
 
-@sizes([2, 5], [4], "rs_ag")
+@sizes([2, 5], [2, 4], "rs_ag", full=(4,))
 def test_reduce_scatter_allgather_over_mpi(n: int, service: str) -> None:
     out, whole = checked(service, n, "rs_ag")
     assert out.count("RSAG OK") == n, whole
