@@ -55,15 +55,21 @@ def service_pids(served) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "segments",
-    [pytest.param("auto", marks=pytest.mark.full), "64"],
-    ids=["segments-auto", "segments-64B"],
+    ("local", "segments"),
+    [
+        pytest.param(4, "auto", marks=pytest.mark.full),
+        pytest.param(4, "64", marks=pytest.mark.full),
+        (2, "64"),
+    ],
+    ids=["2x4-segments-auto", "2x4-segments-64B", "2x2-segments-64B"],
 )
-def test_eight_clients_on_two_nodes_every_op_random_orders(tmp_path: Path, segments: str) -> None:
+def test_clients_on_two_nodes_every_op_random_orders(
+    tmp_path: Path, local: int, segments: str
+) -> None:
     """Every kind, in random orders and priorities, exact; with ``--segment-bytes 64``
     every allreduce and broadcast of 8 int64 or more among the nodes runs in segments (the
-    compiled pass's, a group's, an algorithm named)."""
-    served = serve(2, 4, tmp_path / "s", extra=("--segment-bytes", segments))
+    compiled pass's, a group's, an algorithm named).  Eight clients (2x4) with ``--full``."""
+    served = serve(2, local, tmp_path / "s", extra=("--segment-bytes", segments))
     try:
         for line in served.lines:
             assert "listening on" in line, line
