@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +38,10 @@ FULL_ENV = "TOTALREDUCE_TEST_FULL"
 #: Test folders that start no ranks and no lane (pure schedules and graphs): they run while
 #: the lane compiles in another process.
 _PURE = frozenset({"algorithms", "topology"})
+#: Test folders that start node services or daemon clients: they also wait for the second
+#: part of that compile (the services' loop, the node's pass, the meeting place, the ring's
+#: calls), which the tests between run beside.
+_SERVICES = frozenset({"daemon", "mpi", "torch"})
 
 
 #: The modules ``-m "not slow"`` leaves out: those whose tests took 15 s or more in a run of
@@ -132,36 +139,53 @@ def _lane_compiling() -> Iterator[dict[str, Any]]:
     fresh install its first compile takes about a minute (the lane and the services' loop),
     which the pure tests spend on the other core meanwhile (ranks compiling at once, racing
     for the cache, would spend it inside their tests' timeouts)."""
+    marker = Path(tempfile.mkdtemp(prefix="totalreduce-compile-")) / "lane-ready"
     code = (
-        "from totalreduce.engine.lane_core import compile_all; compile_all(); "
+        "import sys; from totalreduce.engine.lane_core import compile_all; compile_all(); "
         "import totalreduce.transport.local_native; "  # the local world's compiled layer
+        "open(sys.argv[1], 'w').close(); "  # the lane's part is ready
         # the node services' compiled loop, which links the lane in (as long again): a
-        # service of several nodes compiles it at its start, within its start's timeout
-        "from totalreduce.daemon.service_loop import prepare; prepare()"
+        # service of several nodes compiles it at its start, within its start's timeout;
+        # then what a service compiles when it starts and its clients when they attach
+        "from totalreduce.daemon.service_loop import prepare; prepare(); "
+        "from totalreduce.daemon import arena_pass; "
+        "from totalreduce.transport import meeting, ring_call; "
+        "arena_pass.prepare(); meeting.prepare(); ring_call.prepare()"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    state: dict[str, Any] = {"proc": proc, "ready": False}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(marker)])
+    state: dict[str, Any] = {"proc": proc, "marker": marker, "ready": False, "services": False}
     yield state
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    shutil.rmtree(marker.parent, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
 def _compiled_lane(request: pytest.FixtureRequest, _lane_compiling: dict[str, Any]) -> None:
     """Before the first test that may start ranks or a lane: wait for that compile, then
     load it here (or compile here, which says why if the other process failed)."""
-    if _lane_compiling["ready"]:
+    state = _lane_compiling
+    if state["services"]:
         return
     here = Path(__file__).resolve().parent
     path = Path(str(request.path)).resolve()
-    if path.is_relative_to(here) and path.relative_to(here).parts[0] in _PURE:
+    top = path.relative_to(here).parts[0] if path.is_relative_to(here) else ""
+    if top in _PURE:
         return
-    _lane_compiling["proc"].wait()
+    proc = state["proc"]
+    if top in _SERVICES:
+        proc.wait()
+        state["services"] = True
+    elif not state["ready"]:
+        while proc.poll() is None and not state["marker"].exists():
+            time.sleep(0.1)
+    if state["ready"]:
+        return
     from totalreduce.engine.lane_core import compile_all
 
-    compile_all()
-    _lane_compiling["ready"] = True
+    compile_all()  # (loads what the other process compiled; compiles here if it failed)
+    state["ready"] = True
 
 
 def import_torch() -> Any:
