@@ -719,7 +719,8 @@ def mode_nap(p: int, rank: int) -> None:
         ok = ok and bool(np.all(got == p))
         big[:] = 1
     share = statistics.median(shares) if shares else 0.0
-    ok = ok and share < 0.6  # measured: 36% (96% with nap_s 0, yielding)
+    # measured: 36% quiet, up to 62% with the 2-core machine busy (96% with nap_s 0, yielding)
+    ok = ok and share < 0.8
     print(f"rank {rank}: NAP {'OK' if ok else 'FAILED'} waiting cpu={share:.1%}", flush=True)
 
 
