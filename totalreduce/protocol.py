@@ -562,6 +562,11 @@ AR_H_MEET, AR_H_MEET_ON = 9, 10
 #: (from their descriptors), and of those the ones it ran to their completion words (the
 #: others ended in Python: their nodes were late); counts (:mod:`totalreduce.daemon.service_loop`)
 AR_H_LOOP_ENTERED, AR_H_LOOP_RAN = 11, 12
+#: the processes of the service's job on its host that wait by polling: its nodes' services
+#: there and their clients (0: not said, a service of one node's tests), what a client's
+#: wait weighs against the cores before it polls without yielding
+#: (:func:`totalreduce.transport.meeting.pure_spin_ns`)
+AR_H_HOST_PROCS = 13
 AR_HEADER_BYTES = 4096
 
 # ---------------------------------------------------------------- a slot's control block

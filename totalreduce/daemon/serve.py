@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -105,6 +107,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def host_id() -> int:
+    """A positive number that names this machine's running kernel (its boot id, else its
+    host name): the services of a job that share it share its cores."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            name = f.read().strip()
+    except OSError:
+        name = b""
+    name = name or socket.gethostname().encode()
+    return int.from_bytes(hashlib.blake2b(name, digest_size=8).digest(), "little") >> 2 | 1
+
+
 def segment_bytes(value: str, local_clients: int, cores: int | None = None) -> int:
     """``--segment-bytes``: the least bytes of a segmented op among the nodes (``OFF``:
     none is)."""
@@ -147,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from ..kernels import warm_up
     from ..service.service import Service
+    from ..transport import arena as A
     from ..transport import hello
     from ..transport.arena import Arena
     from ..transport.mpi import MPITransport, world, world_max
@@ -172,10 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     except (TotalReduceError, OSError) as exc:
         problem = str(exc)
     # Every node must be able to serve, and all must agree on the number of local clients.
-    failed, most, least, arena_most, arena_least, segments = world_max(
+    # (and which host each node is on: each puts its host's number at its own place)
+    here = host_id()
+    agreed = world_max(
         [1 if problem else 0, args.local_clients, -args.local_clients, args.arena_bytes,
-         -args.arena_bytes, args.segment_bytes],
+         -args.arena_bytes, args.segment_bytes, *(here if k == node else 0 for k in range(nodes))],
     )  # fmt: skip
+    failed, most, least, arena_most, arena_least, segments = agreed[:6]
+    services_here = sum(1 for h in agreed[6:] if h == here)
     if failed:
         log.error("not starting: %s", problem or "another node could not start (see its log)")
         return 1
@@ -198,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     # service sees of its own clients (a death, a new process) to the others.
     engine = Service(MPITransport(), engine_config(config)) if nodes > 1 else None
     arena = Arena.create(args.local_clients, args.arena_bytes // args.local_clients)
+    # what the clients' waits weigh against the cores: every service of the job on this
+    # host, and their clients, poll while an op is on its way
+    arena.header[A.H_HOST_PROCS] = services_here * (args.local_clients + 1)
     thin = ThinService(
         arena, node, nodes, engine, stall_warning_s=config.stall_warning_s,
         pipe_min_bytes=segments,

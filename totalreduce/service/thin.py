@@ -201,9 +201,16 @@ class ThinClient(ThinBuffers):
         #: meeting, and the ops that ended in compiled calls
         self.st = M.state(int(self.ctl[A.C_TAIL]), self._late_seen)
         #: (and what the ring's compiled calls take from there: where the words are, the
-        #: service's eventfd, how long a wait on the service polls before it yields the core)
-        RC.bind(self.st, self._ctl_at, self.arena.base, self.service_efd,
-                M.pure_spin_ns(self.arena.slots + 1))  # fmt: skip
+        #: service's eventfd, how long a wait on the service polls before it yields the core:
+        #: not at all where the job's processes on the host, services and clients, outnumber
+        #: the cores, H_HOST_PROCS)
+        RC.bind(
+            self.st,
+            self._ctl_at,
+            self.arena.base,
+            self.service_efd,
+            M.pure_spin_ns(max(self.arena.slots + 1, int(self.header[A.H_HOST_PROCS]))),
+        )
         #: the meeting's config: None where the service does not have its clients meet
         self.meet: np.ndarray | None = (
             M.config(self.arena, self.slot) if int(self.header[A.H_MEET_ON]) else None

@@ -209,9 +209,12 @@ PURE_SPIN_NS = 5_000
 
 def pure_spin_ns(clients: int) -> int:
     """How long a waiting client polls before each look also yields its core: not at all
-    where the node's clients outnumber this process's cores (the client it waits for may
-    need this core: on 2 cores, four processes that polled 1,000 times before yielding
-    made a 4 KiB op take 31-38 µs instead of 4, docs/daemon.md), else
+    where ``clients``, the processes that poll (the node's clients; on a service of
+    several nodes, the job's services and clients on this host, ``H_HOST_PROCS``),
+    outnumber this process's cores (the process it waits for may need this core: on 2
+    cores, four processes that polled 1,000 times before yielding made a 4 KiB op take
+    31-38 µs instead of 4, docs/daemon.md; two nodes of one client each on 2 cores took
+    30 µs a blocking 4 KiB op against 15 without the 5 µs unyielding polls), else
     :data:`PURE_SPIN_NS` (a yield hands the core to any other process of the machine for
     as long as the scheduler likes: a waiter that yielded at every poll saw its op end
     16-32 µs late on the loaded 2-core machine; one that never yielded lost a whole time
