@@ -205,6 +205,7 @@ OPS: tuple[OpDecl, ...] = (
         Returns.ARRAY,
         c10d=("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"),
         api=("x", "name", "op", MORE),
+        direct=True,
         doc="This rank's balanced part of the sum of every rank's ``x`` (a new array).",
         async_doc="Start a reduce-scatter; see :meth:`Service.reduce_scatter_async`.",
         torch=TorchDecl(
@@ -260,6 +261,7 @@ OPS: tuple[OpDecl, ...] = (
             "all_gather_into_tensor_coalesced",
         ),
         api=("x", "name", MORE),
+        direct=True,
         doc="Every rank's ``x`` concatenated in rank order (parts may differ in length).",
         async_doc="Start an all-gather; see :meth:`Service.allgather_async`.",
         torch=TorchDecl(

@@ -166,12 +166,28 @@ def test_blocking_repeats_among_nodes_are_one_compiled_call(tmp_path: Path, loca
     run_mode(tmp_path / "s", 2, local, "ring", checks)
 
 
-def test_a_service_that_dies_under_a_compiled_wait(tmp_path: Path) -> None:
-    """Node 0's service killed while its client waits in a compiled call: the call raises
-    ``TransportError`` within seconds, no hang."""
+@pytest.mark.parametrize("nodes,local", [(2, 1), (1, 2)], ids=["2x1", "1x2"])
+def test_blocking_reduce_scatter_allgather_and_broadcast_repeats_are_one_call(
+    tmp_path: Path, nodes: int, local: int
+) -> None:
+    """A blocking repeat of a reduce-scatter (balanced parts or given ones), of an
+    all-gather given its counts, and (on a service of several nodes) of a broadcast into a
+    new array or another, from the first rank and the last, is one compiled call with no
+    handle, exact in float32 and int64; it waits for a rank 0.3 s late; a repeat whose
+    count another rank changed raises what the handle's way raises."""
+    checks = ["KINDS-EXACT-ROUTE", "KINDS-LATE", "KINDS-MISMATCH"]
+    run_mode(tmp_path / "s", nodes, local, "ring-kinds", checks)
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "rs"])
+def test_a_service_that_dies_under_a_compiled_wait(tmp_path: Path, kind: str) -> None:
+    """Node 0's service killed while its client waits in a compiled call (an
+    allreduce's, a reduce-scatter's): the call raises ``TransportError`` within seconds,
+    no hang."""
     served = serve(2, 1, tmp_path / "s")
+    mode = "ring-death" if kind == "allreduce" else "ring-death-rs"
     try:
-        results = run_clients(served, [WORKER, "ring-death"], timeout=120, check=False)
+        results = run_clients(served, [WORKER, mode], timeout=120, check=False)
     finally:
         served.stop()
     assert "rank 0: RING-DEATH OK" in results[0].stdout, results[0].stdout

@@ -31,7 +31,13 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
   whose count another node changed raises what the Python path raises; a handle's
   ``wait(timeout=)`` is honoured by the compiled wait.
 - ``ring-death`` (several nodes): the service of node 0 killed while its client waits in
-  a compiled call: the call raises ``TransportError`` within seconds.
+  a compiled call: the call raises ``TransportError`` within seconds (``ring-death-rs``:
+  in a reduce-scatter's).
+- ``ring-kinds``: blocking repeats of reduce-scatters (balanced parts and given ones), of
+  all-gathers given their counts and of broadcasts into a new array or another (on a
+  service of several nodes) are one compiled call each, with no handle, exact in float32
+  and int64; they wait for a late rank past the wait's looks at the socket; a repeat
+  whose count another rank changed raises what the Python path raises.
 - ``pressure``: with a small arena, ops larger than half a client's part run in pieces
   (an allreduce, a reduce-scatter, an all-gather with and without counts, all-to-alls), a
   window larger than a client's whole part sends its messages in pieces, and many staged
@@ -943,26 +949,159 @@ def mode_ring(p: int, rank: int) -> None:
     report(rank, "RING-MISMATCH", ok, repr(texts))
 
 
-def mode_ring_death(p: int, rank: int) -> None:
-    """Node 0's service killed while its client waits in a compiled call."""
+def mode_ring_kinds(p: int, rank: int) -> None:
+    """Blocking repeats of reduce-scatters, all-gathers and broadcasts into another array:
+    one compiled call each (service/express.py: ``thin_parted_now``)."""
+    from totalreduce.service import express
+    from totalreduce.service import thin as thin_mod
+    from totalreduce.transport import meeting as M
+
+    thin = tr.default_service()._thin
+    made = [0]
+    real_init = thin_mod.ThinHandle.__init__
+
+    def counting(self: Any, *args: Any, **kw: Any) -> None:
+        made[0] += 1
+        real_init(self, *args, **kw)
+
+    thin_mod.ThinHandle.__init__ = counting  # type: ignore[method-assign]
+    bad: list[str] = []
+    repeats = 6
+    n = 1000
+    ag_counts = tuple(r + 2 for r in range(p))  # every rank's part its own size
+    rs_counts = (*(1 for _ in range(p - 1)), n - (p - 1))  # uneven parts, given
+    # a broadcast into another array goes into the ring only where the node's clients do
+    # not meet in the arena (they meet there on one node: its whole way, a handle)
+    bco_ring = thin.meet is None
+
+    def call(form: str, dt: Any, i: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+        ramp = (np.arange(n) % 7).astype(dt)
+        if form in ("rs", "rs-counts"):
+            x = ramp + (rank + i) % 5
+            counts = rs_counts if form == "rs-counts" else None
+            total = sum(ramp + (r + i) % 5 for r in range(p)).astype(dt)
+            parts = counts or tuple(c for _, c in balanced_parts(n, p))
+            at = sum(parts[:rank])
+            got = tr.reduce_scatter(x, name=name, counts=counts)
+            return got, total[at : at + parts[rank]]
+        if form == "ag":
+            x = (np.arange(ag_counts[rank]) + 10 * rank + i).astype(dt)
+            got = tr.allgather(x, name=name, counts=list(ag_counts))
+            want = np.concatenate([np.arange(c) + 10 * r + i for r, c in enumerate(ag_counts)])
+            return got, want.astype(dt)
+        root = p - 1 if form == "bco-last" else 0
+        x = ramp + rank + i
+        if form == "bco-out":
+            y = np.full(n, -1, dt)
+            got = tr.broadcast(x, root=root, name=name, out=y)
+            if not (np.shares_memory(got, y) and np.array_equal(got, y)):
+                bad.append(f"{name} call {i}: the result is not out's")
+        else:
+            got = tr.broadcast(x, root=root, name=name)
+        if not np.array_equal(x, ramp + rank + i):
+            bad.append(f"{name} call {i}: the input changed")
+        return got, (ramp + root + i).astype(dt)
+
+    forms = ("rs", "rs-counts", "ag", "bco", "bco-last", "bco-out")
+    for dt in (np.float32, np.int64):
+        for form in forms:
+            name = f"kinds.{form}.{np.dtype(dt).name}"
+            for i in range(2 + repeats):
+                if i == 2:
+                    ran, handles = int(thin.st[M.ST_CALLS]), made[0]
+                got, want = call(form, dt, i, name)
+                if got.dtype != dt or not np.array_equal(got, want):
+                    bad.append(f"{name} call {i}: {got[:3]} != {want[:3]}")
+            took, handles = int(thin.st[M.ST_CALLS]) - ran, made[0] - handles
+            expect = repeats if bco_ring or not form.startswith("bco") else 0
+            if took != expect or handles != repeats - expect:
+                bad.append(f"{name}: {took} of {repeats} repeats in a compiled call "
+                           f"({expect} expected), {handles} handles made")  # fmt: skip
+    thin_mod.ThinHandle.__init__ = real_init  # type: ignore[method-assign]
+    report(rank, "KINDS-EXACT-ROUTE", not bad, "; ".join(bad[:3]))
+
+    # a late rank: the others' one call waits for it past the looks at the socket
+    bad = []
+    for form in ("rs", "ag", "bco"):
+        name = f"kinds.{form}.float32"
+        tr.barrier(name="kinds.sync")
+        ran = int(thin.st[M.ST_CALLS])
+        late = rank == p - 1
+        if late:
+            time.sleep(0.3)
+        t0 = time.monotonic()
+        got, want = call(form, np.float32, 2 + repeats, name)
+        took_s = time.monotonic() - t0
+        if not np.array_equal(got, want):
+            bad.append(f"{name} late: {got[:3]} != {want[:3]}")
+        if not late and took_s < 0.25:
+            bad.append(f"{name}: back after {took_s:.3f} s, before the late rank came")
+        if (form != "bco" or bco_ring) and int(thin.st[M.ST_CALLS]) != ran + 1:
+            bad.append(f"{name}: the late repeat was not one compiled call")
+    report(rank, "KINDS-LATE", not bad, "; ".join(bad[:3]))
+
+    # a repeat whose count another rank changed: the error of the Python path
+    texts = {}
+    real_now = express.thin_parted_now
+    for route in [f"{r}-{form}" for form in ("rs", "ag") for r in ("compiled", "python")]:
+        express.thin_parted_now = real_now if route.startswith("compiled") else lambda *a: None
+        form = route.split("-")[1]
+        name = f"kinds.bad.{route}"
+        for i in range(2):
+            call(form, np.float32, i, name)
+        try:
+            if rank < p - 1:
+                call(form, np.float32, 2, name)
+            elif form == "rs":
+                tr.reduce_scatter(np.ones(12, np.float32), name=name)
+            else:
+                tr.allgather(np.ones(5, np.float32), name=name, counts=[*ag_counts[:-1], 5])
+            texts[route] = "no error"
+        except tr.TotalReduceError as exc:  # (the ranks in the order a service heard them)
+            head, _, why = str(exc).replace(name, "NAME").partition(": node ")
+            texts[route] = f"{type(exc).__name__}: {head}: {sorted(why.split(', node '))}"
+        tr.barrier(name="kinds.sync")
+    express.thin_parted_now = real_now
+    ok = all(
+        texts[f"compiled-{form}"] == texts[f"python-{form}"]
+        and "OpMismatchError" in texts[f"compiled-{form}"]
+        for form in ("rs", "ag")
+    )
+    report(rank, "KINDS-MISMATCH", ok, repr(texts))
+
+
+def mode_ring_death(p: int, rank: int, kind: str = "allreduce") -> None:
+    """Node 0's service killed while its client waits in a compiled call (an allreduce's,
+    or with ``kind`` "rs" a reduce-scatter's)."""
     import signal
+
+    from totalreduce.transport import meeting as M
 
     thin = tr.default_service()._thin
     x = tr.empty(1000, np.float32)
+
+    def op(name: str) -> None:
+        if kind == "rs":
+            tr.reduce_scatter(x, name=name)
+        else:
+            tr.allreduce(x, name=name, out=x)
+
     for _ in range(3):
-        tr.allreduce(x, name="death", out=x)
+        op("death")
     if rank == 0:
         threading.Timer(1.0, os.kill, (thin.service_pid, signal.SIGKILL)).start()
     t0 = time.monotonic()
+    calls = int(thin.st[M.ST_CALLS])
     try:
         if rank == 0:
-            tr.allreduce(x, name="death", out=x)  # its peers never come
+            op("death")  # its peers never come
         else:
-            tr.allreduce(x, name="other", out=x)
+            op("other")
         report(rank, "RING-DEATH", rank != 0, "no error")
     except tr.TotalReduceError as exc:
         took = time.monotonic() - t0
-        ok = rank != 0 or (isinstance(exc, tr.TransportError) and took < 10)
+        one_call = int(thin.st[M.ST_CALLS]) == calls + 1  # (submitted in a compiled call)
+        ok = rank != 0 or (isinstance(exc, tr.TransportError) and took < 10 and one_call)
         report(rank, "RING-DEATH", ok, f"after {took:.1f} s: {type(exc).__name__}: {exc}")
     os._exit(0)  # the service is gone: no shutdown to say goodbye to
 
@@ -978,6 +1117,8 @@ def main() -> None:
         "loop": mode_loop,
         "ring": mode_ring,
         "ring-death": mode_ring_death,
+        "ring-death-rs": lambda p, rank: mode_ring_death(p, rank, "rs"),
+        "ring-kinds": mode_ring_kinds,
     }
     modes[sys.argv[1]](tr.size(), tr.rank())
     tr.shutdown()

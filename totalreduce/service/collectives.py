@@ -256,7 +256,8 @@ class CollectiveOps(OpSubmitter):
         """The blocking ``broadcast``: a repeat the compiled lane runs is entered and driven
         to its end in this call, with no handle (``express.run``; in daemon mode among
         several nodes, a repeat in place on an array of the arena, submitted and waited
-        for in one compiled call: ``express.thin_now``); anything else is
+        for in one compiled call: ``express.thin_now``; into a new array or another, staged
+        in the arena, ``express.thin_parted_now``); anything else is
         ``broadcast_async(...).wait()``."""
         if name is not None and group is None and dtype is None and root.__class__ is int:
             if self._thin is not None and out is x:
@@ -266,6 +267,14 @@ class CollectiveOps(OpSubmitter):
                     return got
                 h = self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
                 express.thin_bcast_remember(self, key, x, h)
+                return h.wait()
+            if self._thin is not None:  # into a new array or another: staged, as the whole way
+                key = (express.THIN_BCO, name, root, algorithm)
+                got = express.thin_parted_now(self, key, x, priority, out)
+                if got is not None:
+                    return got
+                h = self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
+                express.thin_parted_remember(self, key, x, h, OpKind.BROADCAST, root)
                 return h.wait()
             ex = express.lookup(self._express, ("bc", name, root, out is x, algorithm), x)
             if ex is not None:

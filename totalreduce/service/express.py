@@ -21,6 +21,12 @@ the weights or ranks given; ``rooted.py``: ("red", ...), ("ga", ...), ("sc", ...
 ("a2a", name)), and their blocking forms call :func:`run`; docs/architecture.md has the
 table.  Keys of different kinds differ in their first item or their length.
 
+In daemon mode the records keep the descriptor the whole way wrote instead, and a blocking
+repeat is submitted and waited for in one compiled call: an allreduce's, a named
+barrier's and an in-place broadcast's (:func:`thin_now`, :func:`thin_barrier`), and a
+reduce-scatter's, an all-gather's given its counts and a broadcast's into another array
+(:func:`thin_parted_now`, staged in the arena as the whole way stages them).
+
 Nothing is skipped that could differ between calls: the array's type, dtype, shape
 and layout, ``out`` (the same checks as :func:`.checks.output`), the priority, the
 service's state and the tuning epoch are looked at on every call, and anything
@@ -653,3 +659,162 @@ def thin_barrier_remember(svc: Any, name: str | int, h: Any) -> None:
         table["thinbar", name] = ThinBarrier(sig, thin.last_row(), meet)
     except (TypeError, KeyError):
         return
+
+
+#: The first items of the keys of :class:`ThinParted` records: a reduce-scatter's, an
+#: all-gather's (``counts`` given) and a broadcast's into another array (``out`` not ``x``).
+THIN_RS, THIN_AG, THIN_BCO = "thinrs", "thinag", "thinbco"
+#: Where a staged result starts after its input in one block (bytes; the arena's words).
+_ALIGN = 64
+
+
+class ThinParted:
+    """What a blocking repeat of a reduce-scatter, an all-gather or a broadcast into
+    another array in daemon mode needs, over the world and without partition or dtype
+    arguments: the input's dtype and shape, the result's elements, the name's signature,
+    and the descriptor the whole way wrote (its parts' block, for a reduce-scatter or an
+    all-gather, one the client keeps: :meth:`~.thin_buffers.ThinBuffers.kept_block`).
+    Its repeats stage the input in one block of the arena with room for the result after
+    it (a broadcast's result is the block itself), and go into the ring in one compiled
+    call (:meth:`~.thin.ThinClient.ring_now`), as the whole way's staging does."""
+
+    __slots__ = ("kind", "npdt", "shape", "out_count", "fill", "sig", "row", "epoch",
+                 "ended", "hold", "what")  # fmt: skip
+
+    def __init__(self, kind: OpKind, x: np.ndarray, out_count: int, fill: bool,
+                 sig: tuple[Any, ...], row: np.ndarray) -> None:  # fmt: skip
+        self.kind = kind
+        self.npdt = x.dtype
+        self.shape = x.shape
+        self.out_count = out_count
+        #: whether the input goes into the block (a broadcast's receivers send nothing)
+        self.fill = fill
+        self.sig = sig
+        self.row = row
+        self.epoch = tuning.EPOCH[0]
+        #: as :class:`ThinExpress`'s
+        self.ended: Callable[[], None] | None = None
+        self.hold: Callable[[], None] | None = None
+        self.what = -1
+
+
+def thin_parted_remember(
+    svc: Any, key: tuple[Any, ...], x: Any, h: Any, kind: OpKind, root: int = 0
+) -> None:
+    """After a reduce-scatter, an all-gather with ``counts`` or a broadcast into another
+    array went the whole way in daemon mode (its handle ``h``, not waited for yet): keep a
+    record under ``key`` if the op was one descriptor of the world, this thread's last,
+    into the ring of the node's service (not its meeting place), whose parts' block the
+    client keeps."""
+    thin = svc._thin
+    if (
+        h.__class__ is not _ThinHandle
+        or h._ticket == 0
+        or h._meet >= 0
+        or x.__class__ is not np.ndarray
+        or not x.flags.c_contiguous
+        or (kind is OpKind.BROADCAST and thin.meet is not None)
+    ):
+        return
+    try:
+        row = thin.last_row()
+        sig = svc._names.signature(h.name)
+    except (TypeError, KeyError):
+        return
+    if (
+        int(row[A.D_KIND]) != int(kind)
+        or int(row[A.D_WIRE]) != A.signed(svc._wire_id(h.name))
+        or int(row[A.D_GEN]) != h.generation
+        or int(row[A.D_COUNT]) != x.size
+        or int(row[A.D_CTX]) != 0
+    ):
+        return  # another op's (pieces of a large one, a group's)
+    if kind is OpKind.BROADCAST:
+        out_count = x.size
+    else:
+        parts = thin.kept_block(int(row[A.D_AUX]))
+        if parts is None or len(parts) != svc.size:
+            return
+        out_count = parts[svc.rank] if kind is OpKind.REDUCE_SCATTER else sum(parts)
+    fill = kind is not OpKind.BROADCAST or svc.rank == root
+    table = svc._express
+    if len(table) >= MAX_RECORDS:
+        table.clear()
+    table[key] = ThinParted(kind, x, out_count, fill, sig, row)
+
+
+def thin_parted_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = None) -> Any:
+    """A blocking repeat of the op of :class:`ThinParted` record ``key`` on ``x``: one
+    compiled call (:meth:`~.thin.ThinClient.ring_now`).  Its result: a new flat array (a
+    reduce-scatter's or an all-gather's), a broadcast's new array of ``x``'s shape, or its
+    ``out`` (an array of ``x``'s dtype and shape); None when there is no record or
+    anything differs or is unusual (the caller then goes the whole way, which checks and
+    raises what it raises)."""
+    try:
+        rec = svc._express.get(key)
+    except TypeError:
+        return None
+    if (
+        rec is None
+        or rec.__class__ is not ThinParted
+        or x.__class__ is not np.ndarray
+        or x.dtype is not rec.npdt
+        or x.shape != rec.shape
+        or not x.flags.c_contiguous
+        or priority.__class__ is not int
+        or not -(1 << 31) <= priority < 1 << 31
+        or rec.epoch != tuning.EPOCH[0]
+        or svc._closed
+    ):
+        return None
+    kind = rec.kind
+    if out is not None and (
+        kind is not OpKind.BROADCAST
+        or out is x
+        or out.__class__ is not np.ndarray
+        or out.dtype is not rec.npdt
+        or out.shape != rec.shape
+        or not out.flags.writeable
+    ):
+        return None
+    thin = svc._thin
+    isz = x.itemsize
+    at_out_rel = 0 if kind is OpKind.BROADCAST else -(-x.nbytes // _ALIGN) * _ALIGN
+    nbytes = at_out_rel + rec.out_count * isz
+    if not thin.takes(nbytes) or thin.busy():
+        return None
+    names = svc._names
+    op_name = key[1]
+    at = thin.stage(max(nbytes, 1), x if rec.fill else None)
+    submitted = False
+    try:
+        gen = names.take(op_name, rec.sig)
+        ended, hold = rec.ended, rec.hold
+        if ended is None or hold is None:
+            ended = rec.ended = functools.partial(names.ended, op_name)
+            hold = rec.hold = functools.partial(names.hold, op_name)
+        what = rec.what
+        if what < 0:
+            what = rec.what = thin.what(kind, op_name)
+        submitted = True
+        thin.ring_now(op_name, gen, rec.row, None, nbytes, at, at + at_out_rel, priority,
+                      hold, ended, what, kind)  # fmt: skip
+    except TotalReduceError:  # the op ended (failed), or never went: nothing writes there
+        thin.space.free(at)
+        raise
+    except BaseException:
+        # an interrupt while the op may be on its way: the service may still write the
+        # block, so it is not given back (a handle's would be, when its op ends)
+        if not submitted:
+            thin.space.free(at)
+        raise
+    got = thin.arena.view(at + at_out_rel, rec.out_count, x.dtype)
+    if out is not None:
+        out.reshape(-1)[:] = got
+        result = out
+    else:
+        result = got.copy()
+        if kind is OpKind.BROADCAST:
+            result = result.reshape(x.shape)
+    thin.space.free(at)
+    return result

@@ -200,6 +200,27 @@ class PartitionOps(OpSubmitter):
             express_array=x,
         )
 
+    def _reduce_scatter_direct(
+        self, x: Any, name: str | int | None = None, op: str | ReduceOp = "sum", **kw: Any
+    ) -> Any:
+        """The blocking ``reduce_scatter``: in daemon mode a named repeat of the world (no
+        partition, axes, group or dtype) is submitted and waited for in one compiled call
+        (``express.thin_parted_now``); anything else is ``reduce_scatter_async(...).wait()``."""
+        key = None
+        if self._thin is not None and name is not None and _plain(kw):
+            counts = kw.get("counts")
+            if counts is not None and not isinstance(counts, tuple):
+                with contextlib.suppress(TypeError):  # else _counts says what is wrong
+                    kw["counts"] = counts = tuple(counts)  # read once (an iterator too)
+            key = (express.THIN_RS, name, op, counts)
+            got = express.thin_parted_now(self, key, x, kw.get("priority", 0))
+            if got is not None:
+                return got
+        h = self.reduce_scatter_async(x, name, op, **kw)
+        if key is not None:
+            express.thin_parted_remember(self, key, x, h, OpKind.REDUCE_SCATTER)
+        return h.wait()
+
     def allgather_async(
         self,
         x: Any,
@@ -342,6 +363,26 @@ class PartitionOps(OpSubmitter):
         self._submit(spec, handle)
         return handle
 
+    def _allgather_direct(self, x: Any, name: str | int | None = None, **kw: Any) -> Any:
+        """The blocking ``allgather``: in daemon mode a named repeat of the world given
+        ``counts`` (one op; no partition, axes, group or dtype) is submitted and waited for
+        in one compiled call (``express.thin_parted_now``); anything else is
+        ``allgather_async(...).wait()``."""
+        key = None
+        counts = kw.get("counts")
+        if self._thin is not None and name is not None and counts is not None and _plain(kw):
+            if not isinstance(counts, tuple):
+                with contextlib.suppress(TypeError):  # else _counts says what is wrong
+                    kw["counts"] = counts = tuple(counts)  # read once (an iterator too)
+            key = (express.THIN_AG, name, counts)
+            got = express.thin_parted_now(self, key, x, kw.get("priority", 0))
+            if got is not None:
+                return got
+        h = self.allgather_async(x, name, **kw)
+        if key is not None:
+            express.thin_parted_remember(self, key, x, h, OpKind.ALLGATHER)
+        return h.wait()
+
     def _thin_allgather(
         self,
         flat: np.ndarray,
@@ -386,6 +427,19 @@ class PartitionOps(OpSubmitter):
             raise
 
         return thin.chain(first, final, lambda: data(tuple(int(c) for c in sizes), final))
+
+
+#: What a blocking reduce-scatter or all-gather may be given and still repeat in one
+#: compiled call in daemon mode (the rest, when given, must be None).
+_ONE_CALL_KW = frozenset({"priority", "counts", "partition", "axes", "group", "dtype"})
+
+
+def _plain(kw: dict[str, Any]) -> bool:
+    """Whether a blocking reduce-scatter's or all-gather's other arguments ``kw`` leave it
+    an op of the world on flat arrays (no partition, axes, group or dtype given)."""
+    return kw.keys() <= _ONE_CALL_KW and all(
+        kw.get(k) is None for k in ("partition", "axes", "group", "dtype")
+    )
 
 
 def _counts(

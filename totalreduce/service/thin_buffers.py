@@ -128,6 +128,15 @@ class ThinBuffers:
             return at, -1
         return at, at
 
+    def kept_block(self, at: int) -> tuple[int, ...] | None:
+        """The values of the block :meth:`const_block` keeps at arena offset ``at`` (an
+        op's parts: ``(n, part, ...)``, the parts returned), None if it keeps none there
+        (a look through the kept blocks: once per record that asks)."""
+        for values, where in self._consts.items():
+            if where == at:
+                return values[1:]
+        return None
+
     def stage(self, nbytes: int, fill: np.ndarray | None) -> int:
         """A staging block of ``nbytes``, filled from ``fill`` (an array of as many bytes)
         unless that is None: its offset."""
