@@ -44,6 +44,10 @@ from .payload import OpSpec
 
 log = logging.getLogger("totalreduce.engine")
 
+#: How long a thread waits for an op before its peers are asked to raise it, until
+#: :meth:`Lane.need_after` says (``Config.need_after_s``'s default).
+LANE_NEED_AFTER_S = 5e-4
+
 #: Body sends in flight to one peer at most; ready ones wait in priority order.
 LANE_BODY_CAP = 16
 
@@ -223,6 +227,7 @@ class Lane(LanePlans, LaneGrowth):
         mem[L.C_SEGCAP] = SEGCAP
         mem[L.C_CTL_TAG] = ctl_tag
         mem[L.C_WATCH] = -1
+        mem[L.C_NEED_NS] = int(LANE_NEED_AFTER_S * 1e9)  # (attach_lane: the configuration's)
         mem[L.C_OPS] = at["ops"]
         mem[L.C_HASH] = at["hash"]
         mem[L.C_FHASH] = at["fhash"]
@@ -467,6 +472,12 @@ class Lane(LanePlans, LaneGrowth):
         self.ops[slot] = lop
         self.by_key[lop.key] = lop
         return lop
+
+    def need_after(self, need_after_s: float) -> None:
+        """How long a thread waits for an op before it asks the ranks the op still expects
+        frames from to raise it (``Config.need_after_s``): NEED frames, which a rank that
+        has not submitted the op yet keeps (``lane_receive._needed``)."""
+        self.mem[L.C_NEED_NS] = int(need_after_s * 1e9)
 
     def naps(self, nap_s: float) -> None:
         """How a thread waiting in the lane's compiled passes for a large op whose peers
@@ -728,6 +739,8 @@ class Lane(LanePlans, LaneGrowth):
             "floating_peak_bytes": int(m[L.C_FLOATPEAK]),
             "announcements": int(m[L.C_ANNS]),
             "announcements_not_kept": int(m[L.C_ANNDROPS]),
+            "needs_kept": int(m[L.C_NEEDS_KEPT]),
+            "needs_used": int(m[L.C_NEEDS_USED]),
             "credit": int(m[L.C_CREDIT]),
             "pool_slots": int(m[L.C_NSLOTS]),
             "pool_peak_slots": int(m[L.C_PEAK]),
