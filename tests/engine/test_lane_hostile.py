@@ -417,3 +417,59 @@ def test_a_peer_s_urgency_raises_the_op_here_and_travels_on_in_the_clears() -> N
             h.wait(timeout=5)
     finally:
         svc.shutdown(timeout=0.3)
+
+
+def test_a_need_for_an_op_not_submitted_here_is_kept_and_a_waiter_asks_for_its_own() -> None:
+    """A ``NEED`` from rank 1 for an op rank 0 has not submitted is kept (an announcement
+    record, charged); the op then starts raised, though nothing else of rank 1's came.
+    And rank 0's thread that waits for it past ``need_after_s`` asks rank 1 with a NEED
+    of its own."""
+    world = LocalWorld(2)
+    svc = Service(world.transport(0), Config.load(env={}, floating_pool_bytes=POOL))
+    try:
+        lane = lane_of(svc)
+        rogue = Rogue(world)
+        f = bytearray(frame(L.NEED, "wanted"))
+        f[5] = L.FLAG_NEED
+        rogue.send(message([bytes(f)]))
+        deadline = time.monotonic() + 5
+        while lane.stats()["needs_kept"] == 0:
+            assert time.monotonic() < deadline, lane.stats()
+            time.sleep(0.001)
+        assert lane.floating_bytes == L.ANN_CHARGE and 1 not in svc.loop.bad_peers
+        h = svc.allreduce_async(np.ones(1), name="wanted")  # the frame's shape: one float64
+        deadline = time.monotonic() + 5
+        while not lane.by_key and time.monotonic() < deadline:
+            time.sleep(0.001)
+        (lop,) = lane.by_key.values()
+        o = int(lane.mem[L.C_OPS]) + lop.slot * L.O_N
+        assert lane.mem[o + L.O_URGENT] == 1, "the kept NEED did not raise the op"
+        st = lane.stats()
+        assert st["needs_used"] == 1 and st["announcements"] == 0 and lane.floating_bytes == 0
+        with pytest.raises((tr.TotalReduceError, TimeoutError)):
+            h.wait(timeout=0.05)  # rank 1 never sends: the waiter asks it after 0.5 ms
+        buf = np.zeros(1 << 16, dtype=np.uint8)
+        needs = []
+        deadline = time.monotonic() + 5
+        while not needs:
+            rc = mpi_native.mpi_irecv(rogue.b, buf.ctypes.data, buf.nbytes, 0, L.LANE_TAG,
+                                      rogue.req.ctypes.data)  # fmt: skip
+            assert rc == 0, rc
+            while mpi_native.mpi_test(rogue.b, rogue.req.ctypes.data, 0) == 0:
+                assert time.monotonic() < deadline, "no NEED came"
+                time.sleep(0.0002)
+            n = _MSG.unpack_from(buf, 0)[3]
+            at = _MSG.size
+            for _ in range(n):
+                g = _FRAME.unpack_from(buf, at)
+                body = g[L.F_NBYTES] if g[L.F_TYPE] == L.DATA else 0
+                at += _FRAME.size + ((body + 7) & ~7)
+                if g[L.F_TYPE] == L.NEED and g[L.F_WID] == wire_id("wanted"):
+                    assert g[L.F_FLAGS] & L.FLAG_NEED
+                    needs.append(g)
+        assert len(needs) == 1
+        svc.abort("wanted", 0, "the test is over")
+        with pytest.raises(tr.OpFailedError):
+            h.wait(timeout=5)
+    finally:
+        svc.shutdown(timeout=0.3)
