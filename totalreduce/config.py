@@ -82,8 +82,8 @@ class Config:
       appended); empty: no trace.  See docs/timeline.md.
     - ``lane``: run every op in the compiled lane, a Numba loop that calls the
       transport itself (MPI, or the in-process world's compiled layer): every
-      kind, element type and group of up to 32 ranks (docs/architecture.md lists
-      what is left to the interpreted main loop).  All ranks must agree;
+      kind, element type and group size (docs/architecture.md lists what is left
+      to the interpreted main loop).  All ranks must agree;
       ``TOTALREDUCE_LANE=0`` turns it off (the main loop then runs every op).
     """
 

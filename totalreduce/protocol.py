@@ -85,13 +85,13 @@ F_WID, F_GEN, F_NBYTES, F_COUNT, F_PARAM, F_CONTEXT = 11, 12, 13, 14, 15, 16
 MAIN_MAGIC = 0x32445254  # b"TRD2": the main loop's messages
 MAIN_VERSION = 3  # 3: error codes numbered as ErrorCode
 LANE_MAGIC = 0x4C445254  # b"TRDL": the compiled lane's messages
-LANE_VERSION = 2  # 2: frame types numbered as the main loop's (CTS 3, ASK 13)
+LANE_VERSION = 3  # 2: frame types numbered as the main loop's (CTS 3, ASK 13); 3: NEED
 
 
 # -- frame types: one numbering for both engines ---------------------------------------------
 class FrameType(enum.IntEnum):
-    """What a frame is.  The main loop takes DATA to JOIN; the lane DATA, RTS, CTS, READY
-    and ASK, with the same numbers."""
+    """What a frame is.  The main loop takes DATA to JOIN; the lane DATA, RTS, CTS, READY,
+    NEED and ASK, with the same numbers."""
 
     DATA = 1  # an eager body follows the header (padded to 8 bytes)
     RTS = 2  # main loop: a larger body waits at the sender; lane: "I hold frames of this op
@@ -99,7 +99,8 @@ class FrameType(enum.IntEnum):
     CTS = 3  # clear to send: the receive is posted, on the tag in ``aux``
     REJECT = 4  # main loop: no room for an op not submitted here; READY follows later
     READY = 5  # the op is submitted here: send (again, or without credit)
-    NEED = 6  # the sender waits for this op: raise it
+    NEED = 6  # the sender waits for this op: raise it (kept if the op is not submitted here,
+    #           which then starts raised; the lane keeps it within floating_pool_bytes)
     ERROR = 7  # the op failed: the body is the UTF-8 message, ``param`` its ErrorCode
     PROBE = 8  # who has submitted this stalled op?
     HAVE = 9  # I have
@@ -124,7 +125,7 @@ JOIN = int(FrameType.JOIN)
 ASK = int(FrameType.ASK)
 #: The frame types each engine takes; anything else is refused (``MF_TYPE``).
 MAIN_FRAME_TYPES = frozenset(int(t) for t in FrameType if t is not FrameType.ASK)
-LANE_FRAME_TYPES = frozenset({DATA, RTS, CTS, READY, ASK})
+LANE_FRAME_TYPES = frozenset({DATA, RTS, CTS, READY, NEED, ASK})
 
 # -- frame flags ---------------------------------------------------------------------------
 FLAG_NEED = 1  # someone on the sender waits for this op
@@ -256,7 +257,7 @@ C_CTL_TAG = 52  # the main loop's control tag: compiled code tells Python a mess
 C_CTL_WAITING = 53
 C_NSBBUSY = 54
 C_OPS_DONE = 55
-C_RQ = 56  # READY answers owed (op slot, its submission number, peer), sent as room allows
+C_RQ = 56  # answers owed (op slot, its submission number, peer, what: RQ_*), sent as room allows
 C_RQCAP = 57
 C_NRQ = 58
 C_KICK = 59  # Python wants the comm thread back: lane_drive returns at its next check
@@ -302,8 +303,9 @@ C_OUTER_FLAG = 94
 # The pool's slots live in an array of their own (Lane.pool) at this address, so that
 # growing the pool never moves the arena (whose send buffers MPI may still read).
 C_POOL = 95
-# Announcements (RTS) of ops not submitted here: records of A_N words, at most C_ANNCAP,
-# taken from a free stack (C_ANNFREE, C_NANNFREE) or past the high-water mark C_ANNTOP.
+# Announcements (RTS) and NEED frames of ops not submitted here: records of A_N words, at
+# most C_ANNCAP, taken from a free stack (C_ANNFREE, C_NANNFREE) or past the high-water
+# mark C_ANNTOP.
 C_ANN = 96
 C_ANNCAP = 97
 C_ANNFREE = 98
@@ -317,7 +319,11 @@ C_PASSIVE = 105  # standing receives among the ops in the table (a window's: the
 #                  for ever, and keep no thread polling)
 C_KTAB = 106  # mem offset of the kernel table: K_KINDS rows of K_TYPES C addresses (0: none
 #               yet: Python fills a type's kernels when a plan of that type is first made)
-C_LEN = 107
+C_NEED_NS = 107  # Config.need_after_s: a waiter that waited this long sends NEED to the ranks
+#                  its op still expects frames from
+C_NEEDS_KEPT = 108  # NEED frames kept for ops not submitted here (records, as announcements)
+C_NEEDS_USED = 109  # ops that started raised because a peer's NEED (frame or flag) waited here
+C_LEN = 110
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0
@@ -346,7 +352,9 @@ O_URGENT = 22
 O_NREQ = 23  # body requests of the op posted and not complete
 O_SCR = 24  # address of the op's scratch: where large receive segments land
 O_PASSIVE = 25  # 1: a standing receive (OpSpec.passive)
-O_N = 26
+O_WAITED = 26  # 0: no thread here waited for the op yet; > 0: when the first began (ns);
+#               -1: its NEED frames are sent (C_NEED_NS after that)
+O_N = 27
 
 # op states
 S_FREE = 0
@@ -394,7 +402,9 @@ M_N = 4
 # -- announcement records: mem[ann + r * A_N + A_*] -----------------------------------
 A_NEXT = 0  # the next record of its key's chain (a slot, ANN_BASE + a record, or -1)
 A_SOURCE = 1
-A_N = 2
+A_TYPE = 2  # RTS (the peer holds the op's frames: answered READY) or NEED (a thread waits)
+A_FLAGS = 3  # the frame's flags (FLAG_NEED: the op starts raised here)
+A_N = 4
 #: Chains of floating frames mix pool slots (their numbers) and announcement records
 #: (ANN_BASE + their number) under one key of the floating hash.
 ANN_BASE = 1 << 40
@@ -416,6 +426,10 @@ P_ANNDROP = 10  # 1: an announcement of the peer was not kept: each op started h
 #                 receives from it answers READY at once (the peer may hold its frames)
 P_MARK = 11  # scratch: the op submission that last looked at the peer (lane_submit)
 P_N = 12
+
+# -- what an answer owed is (mem[rq + i * 4 + 3]): the CTS of large receive segment q >= 0,
+RQ_READY = -1  # or READY (the peer announced frames of the op),
+RQ_NEED = -2  # or NEED (a thread here waits for the op, and expects frames from the peer)
 
 # -- events: mem[evq + i * E_N + E_*] ------------------------------------------------
 E_TYPE = 0

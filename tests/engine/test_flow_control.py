@@ -141,21 +141,27 @@ def test_high_priority_op_overtakes_a_large_one() -> None:
 def test_urgency_travels_to_the_peer() -> None:
     """Rank 1 waits for the last of 30 equal-priority ops; rank 0 sends it early because of it.
 
-    The main loop's protocol (``lane=False``): rank 0 has not submitted the op when rank 1's
-    ``NEED`` comes, and remembers it.  The compiled lane carries ``FLAG_NEED`` on its frames
-    and clears between ranks that both submitted the op, but keeps no urgency for an op not
-    submitted here yet: what is left before the main loop's path can go."""
+    In the compiled lane, with the main loop running nothing: rank 0 has not submitted the
+    op when rank 1's ``NEED`` comes (rank 1's waiter sends it after ``need_after_s``); rank
+    0 keeps it with the op's floating frames, and the op starts raised there."""
     n_ops, count = 30, 64 << 10  # 512 KiB each, 32 segments: long enough for NEED to matter
     order: list[int] = []
     waiting = threading.Event()
 
     def rank_main(svc):
+        lane = svc.loop.lane
+        assert lane is not None, "the lane is off"
+        main0 = svc.loop.stats.main_ops
+        xs = [values(k, count, svc.rank) for k in range(n_ops)]  # made before: submitting is quick
         if svc.rank == 0:
-            # Rank 0 submits once rank 1 waits (its NEED is then on the wire or remembered
-            # here): a loaded machine must not let everything finish before the wait.
+            # Rank 0 submits once rank 1's NEED is kept here: a loaded machine must not let
+            # everything finish before the wait.
             waiting.wait(timeout=60)
-            time.sleep(0.02)
-        hs = [svc.allreduce_async(values(k, count, svc.rank), name=f"u.{k}") for k in range(n_ops)]
+            deadline = time.monotonic() + 30
+            while lane.stats()["needs_kept"] == 0:
+                assert time.monotonic() < deadline, "rank 1's NEED never came"
+                time.sleep(0.001)
+        hs = [svc.allreduce_async(x, name=f"u.{k}") for k, x in enumerate(xs)]
         if svc.rank == 0:
             for k, h in enumerate(hs):
                 h.add_done_callback(lambda _h, k=k: order.append(k))
@@ -164,15 +170,22 @@ def test_urgency_travels_to_the_peer() -> None:
         else:
             waiting.set()
             hs[-1].wait(timeout=60)
-        return [h.wait(timeout=60) for h in hs]
+        out = [h.wait(timeout=60) for h in hs]
+        assert svc.loop.stats.main_ops == main0, "the main loop ran ops"
+        if svc.rank == 0:
+            # The op started raised because of the NEED it found here, kept before any of
+            # the ops was submitted (so before any frame of theirs could raise it).
+            assert lane.stats()["needs_used"] == 1, lane.stats()
+        return out
 
+    # micro_bytes 0: every segment is a body that waits for its receiver's clear; the pool
+    # has room for a NEED (records of a quarter of the lane's half, ANN_CHARGE each).
     with local_services(
-        2, segment_bytes=16 << 10, micro_bytes=0, max_inflight_sends=1,
-        floating_pool_bytes=0, lane=False,
+        2, segment_bytes=16 << 10, micro_bytes=0, floating_pool_bytes=16 << 10
     ) as svcs:  # fmt: skip
         results = run_ranks(svcs, rank_main, timeout=120)
     # Without urgency the last op submitted goes last; how far it moves up depends on
-    # when rank 1 starts waiting, so only its leaving the tail is asserted.
+    # when the clears come, so only its leaving the tail is asserted.
     assert order.index(n_ops - 1) < n_ops - 3, order
     for k in range(n_ops):
         np.testing.assert_array_equal(results[0][k], exact(k, count, 2))

@@ -170,18 +170,21 @@ def test_coalesced_small_frames_beyond_the_credit_in_one_message(rogue_world) ->
     still_works(svc0, svc2)
 
 
-def test_announcements_of_ops_nobody_submits_are_charged_and_capped(rogue_world) -> None:
+@pytest.mark.parametrize("ftype", [L.RTS, L.NEED])
+def test_announcements_of_ops_nobody_submits_are_charged_and_capped(rogue_world, ftype) -> None:
+    """RTS (the rogue holds frames for us) and NEED (a thread there waits): both kept for
+    an op not submitted here in records charged against the pool, as many as fit."""
     world, svc0, svc2, rogue = rogue_world
     lane = lane_of(svc0)
     cap = int(lane.mem[L.C_ANNCAP])
     n = 20_000
     assert cap < n
-    rogue.send(message([frame(L.RTS, "ann.warm")]))  # code loaded once, before the baseline
+    rogue.send(message([frame(ftype, "ann.warm")]))  # code loaded once, before the baseline
     settle(svc0, 1)
     # The rogue's messages are made before the baseline: they live in this process too, and
     # what is measured is what the receiver keeps of them.
     flood = [
-        message([frame(L.RTS, f"ann.{k}") for k in range(first, first + 500)])
+        message([frame(ftype, f"ann.{k}") for k in range(first, first + 500)])
         for first in range(0, n, 500)
     ]
     rss0 = rss_bytes()
@@ -191,7 +194,10 @@ def test_announcements_of_ops_nobody_submits_are_charged_and_capped(rogue_world)
     st = lane.stats()
     assert 1 not in svc0.loop.bad_peers  # announcing is allowed
     assert st["announcements"] == cap
-    assert st["announcements_not_kept"] == n + 1 - cap
+    if ftype == L.RTS:
+        assert st["announcements_not_kept"] == n + 1 - cap
+    else:  # a NEED not kept is a hint lost; no READY is owed for it
+        assert st["needs_kept"] == cap and st["announcements_not_kept"] == 0
     assert lane.floating_bytes == cap * L.ANN_CHARGE <= lane.pool_bytes // 4
     assert st["pool_slots"] == int(lane.mem[L.C_NSLOTS])  # no slot, no growth
     assert rss_bytes() - rss0 < 4 * MIB
@@ -240,7 +246,7 @@ MALFORMED = {
     "ASK truncated": lambda: message([frame(L.ASK, "m")])[:-71],
     "type 0": lambda: message([frame(0, "m")]),
     "a main loop's REJECT": lambda: message([frame(L.REJECT, "m")]),
-    "a main loop's NEED": lambda: message([frame(L.NEED, "m")]),
+    "NEED truncated": lambda: message([frame(L.NEED, "m")])[:-40],
     "a main loop's JOIN": lambda: message([frame(L.JOIN, "m")]),
     "type 14": lambda: message([frame(max(L.FrameType) + 1, "m")]),
     "type 255": lambda: message([frame(255, "m")]),
@@ -407,6 +413,62 @@ def test_a_peer_s_urgency_raises_the_op_here_and_travels_on_in_the_clears() -> N
                     flagged.append(f)
         assert flagged
         svc.abort("big", 0, "the test is over")
+        with pytest.raises(tr.OpFailedError):
+            h.wait(timeout=5)
+    finally:
+        svc.shutdown(timeout=0.3)
+
+
+def test_a_need_for_an_op_not_submitted_here_is_kept_and_a_waiter_asks_for_its_own() -> None:
+    """A ``NEED`` from rank 1 for an op rank 0 has not submitted is kept (an announcement
+    record, charged); the op then starts raised, though nothing else of rank 1's came.
+    And rank 0's thread that waits for it past ``need_after_s`` asks rank 1 with a NEED
+    of its own."""
+    world = LocalWorld(2)
+    svc = Service(world.transport(0), Config.load(env={}, floating_pool_bytes=POOL))
+    try:
+        lane = lane_of(svc)
+        rogue = Rogue(world)
+        f = bytearray(frame(L.NEED, "wanted"))
+        f[5] = L.FLAG_NEED
+        rogue.send(message([bytes(f)]))
+        deadline = time.monotonic() + 5
+        while lane.stats()["needs_kept"] == 0:
+            assert time.monotonic() < deadline, lane.stats()
+            time.sleep(0.001)
+        assert lane.floating_bytes == L.ANN_CHARGE and 1 not in svc.loop.bad_peers
+        h = svc.allreduce_async(np.ones(1), name="wanted")  # the frame's shape: one float64
+        deadline = time.monotonic() + 5
+        while not lane.by_key and time.monotonic() < deadline:
+            time.sleep(0.001)
+        (lop,) = lane.by_key.values()
+        o = int(lane.mem[L.C_OPS]) + lop.slot * L.O_N
+        assert lane.mem[o + L.O_URGENT] == 1, "the kept NEED did not raise the op"
+        st = lane.stats()
+        assert st["needs_used"] == 1 and st["announcements"] == 0 and lane.floating_bytes == 0
+        with pytest.raises((tr.TotalReduceError, TimeoutError)):
+            h.wait(timeout=0.05)  # rank 1 never sends: the waiter asks it after 0.5 ms
+        buf = np.zeros(1 << 16, dtype=np.uint8)
+        needs = []
+        deadline = time.monotonic() + 5
+        while not needs:
+            rc = mpi_native.mpi_irecv(rogue.b, buf.ctypes.data, buf.nbytes, 0, L.LANE_TAG,
+                                      rogue.req.ctypes.data)  # fmt: skip
+            assert rc == 0, rc
+            while mpi_native.mpi_test(rogue.b, rogue.req.ctypes.data, 0) == 0:
+                assert time.monotonic() < deadline, "no NEED came"
+                time.sleep(0.0002)
+            n = _MSG.unpack_from(buf, 0)[3]
+            at = _MSG.size
+            for _ in range(n):
+                g = _FRAME.unpack_from(buf, at)
+                body = g[L.F_NBYTES] if g[L.F_TYPE] == L.DATA else 0
+                at += _FRAME.size + ((body + 7) & ~7)
+                if g[L.F_TYPE] == L.NEED and g[L.F_WID] == wire_id("wanted"):
+                    assert g[L.F_FLAGS] & L.FLAG_NEED
+                    needs.append(g)
+        assert len(needs) == 1
+        svc.abort("wanted", 0, "the test is over")
         with pytest.raises(tr.OpFailedError):
             h.wait(timeout=5)
     finally:

@@ -1,9 +1,11 @@
 """How the compiled lane cuts its ops: every rank of every kind and algorithm the lane
-runs gets at most ``SEGCAP`` send and receive segments, whatever the size (pure: the
-schedules and their segment plans, no MPI)."""
+runs gets at most ``segment_cap(P)`` send and receive segments (``SEGCAP`` up to 24 ranks),
+whatever the size and the group's, and the schedules cut so run exactly at the group
+sizes past 32 (pure: the schedules, their segment plans and the simulator, no MPI)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from totalreduce.algorithms.codes import AlgorithmCode, OpKind
@@ -12,33 +14,81 @@ from totalreduce.algorithms.schedule import plan_segments
 from totalreduce.engine.lane_plans import (
     LANE_ALGORITHMS,
     LANE_KINDS,
-    LANE_MAX_GROUP,
     LANE_MAX_SEGMENTS,
     LANE_SEGMENT_BYTES,
-    SEGCAP,
     fits_eager,
     large_segment_bytes,
+    segment_cap,
 )
 from totalreduce.service.ops import compile_op
 
 NAMES = sorted(a.name.lower() for a in LANE_ALGORITHMS)
-SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32]
+SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 24, 25, 31, 32, 33]
+#: Every group size up to 70 (the largest checked, whatever their ranks' schedules).
+ALL_SIZES = range(1, 71)
+MICRO = 64 << 10  # micro_bytes' default: an eager allreduce moves at most 8 of these
+
+
+def test_the_cap_is_segcap_up_to_24_ranks_then_grows_with_the_group() -> None:
+    assert [segment_cap(p) for p in (1, 24, 25, 32, 33, 64)] == [128, 128, 132, 160, 164, 288]
+    assert all(segment_cap(p + 1) >= segment_cap(p) for p in range(1, 4096))
+
+
+def _allreduce_fits(name: str, p: int, ranks, nbytes_list) -> None:  # type: ignore[no-untyped-def]
+    cap = segment_cap(p)
+    for isz in (2, 8):  # the narrowest and widest types bound the others
+        for nbytes in nbytes_list:
+            count = nbytes // isz
+            if count * isz <= LANE_MAX_SEGMENTS * MICRO:  # eager, as plan_of cuts it
+                seg = MICRO
+            else:
+                seg = large_segment_bytes(count * isz, p, LANE_SEGMENT_BYTES, isz)
+                assert seg % isz == 0 and seg >= min(LANE_SEGMENT_BYTES, count * isz) // 2
+            for rank in ranks(p):
+                plan = plan_segments(allreduce_schedule(name, rank, p, count), seg // isz)
+                assert len(plan.sends) <= cap and len(plan.recvs) <= cap, (
+                    name, p, rank, nbytes, isz, len(plan.sends), len(plan.recvs),
+                )  # fmt: skip
 
 
 @pytest.mark.parametrize("p", SIZES)
 @pytest.mark.parametrize("name", NAMES)
 def test_every_rank_fits_the_segment_table(name: str, p: int) -> None:
-    assert max(SIZES) <= LANE_MAX_GROUP
-    for isz in (2, 8):  # the narrowest and widest types bound the others
-        for nbytes in (129 << 10, 1 << 20, 5_000_008, 64 << 20, 1 << 30):
-            count = nbytes // isz
-            seg = large_segment_bytes(count * isz, p, LANE_SEGMENT_BYTES, isz)
-            assert seg % isz == 0 and seg >= min(LANE_SEGMENT_BYTES, count * isz) // 2
-            for rank in range(p):
-                plan = plan_segments(allreduce_schedule(name, rank, p, count), seg // isz)
-                assert len(plan.sends) <= SEGCAP and len(plan.recvs) <= SEGCAP, (
-                    name, p, rank, nbytes, isz, len(plan.sends), len(plan.recvs),
-                )  # fmt: skip
+    sizes = (8, 8 * MICRO, 8 * MICRO + 8, 1 << 20, 5_000_008, 64 << 20, 1 << 30)
+    _allreduce_fits(name, p, range, sizes)
+
+
+def _three_ranks(p: int) -> list[int]:
+    return sorted({0, p // 2, p - 1})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_group_size_to_70_fits_the_segment_table(name: str) -> None:
+    """Group sizes 1..70, at the most an eager op moves and at large sizes: the first, a
+    middle and the last ranks (every rank, to 33 ranks, above)."""
+    for p in ALL_SIZES:
+        _allreduce_fits(name, p, _three_ranks, (8 * MICRO, 64 << 20, 1 << 30))
+
+
+@pytest.mark.parametrize("p", [33, 64])
+@pytest.mark.parametrize("name", NAMES)
+def test_allreduces_cut_as_the_lane_cuts_them_are_exact_past_32_ranks(name: str, p: int) -> None:
+    """The simulator runs every rank's schedule in the lane's segments (eager: at most 8
+    of ``micro_bytes``; large: ``large_segment_bytes``, here at a small segment size so that
+    the cut is the group's cap's), exact integer sums."""
+    from totalreduce.algorithms.simulator import simulate
+
+    isz = 8
+    for count, seg in ((0, MICRO), (p + 1, MICRO), (3 * p + 7, 64),
+                       (4099, large_segment_bytes(4099 * isz, p, 64, isz))):  # fmt: skip
+        xs = [np.arange(count, dtype=np.int64) * p + r for r in range(p)]
+        want = np.arange(count, dtype=np.int64) * p * p + p * (p - 1) // 2
+        schedules = [allreduce_schedule(name, r, p, count) for r in range(p)]
+        for r, s in enumerate(schedules):
+            plan = plan_segments(s, max(1, seg // isz))
+            assert max(len(plan.sends), len(plan.recvs)) <= segment_cap(p), (name, p, count, r)
+        for r, out in enumerate(simulate(schedules, xs, segment_elems=max(1, seg // isz), seed=p)):
+            np.testing.assert_array_equal(out, want, err_msg=f"{name} P={p} n={count} rank={r}")
 
 
 def test_segments_stay_at_the_configured_size_while_they_fit() -> None:
@@ -82,7 +132,7 @@ def _kind_plans(kind: OpKind, code: AlgorithmCode, p: int, count: int, isz: int,
             yield rank, opts, plan_segments(sched, max(1, seg // isz))
 
 
-@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8, 9, 17, 31, 32])
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8, 9, 17, 31, 32, 33, 64])
 @pytest.mark.parametrize(
     "kind,code",
     [(k, c) for k, codes in sorted(LANE_KINDS.items()) for c in sorted(codes)],
@@ -101,7 +151,8 @@ def test_every_rank_of_the_other_kinds_fits_the_segment_table(
         )
         for count in counts:
             for rank, opts, plan in _kind_plans(kind, code, p, count, isz, micro):
-                assert len(plan.sends) <= SEGCAP and len(plan.recvs) <= SEGCAP, (
+                cap = segment_cap(p)
+                assert len(plan.sends) <= cap and len(plan.recvs) <= cap, (
                     kind, code, p, rank, opts, count, isz, len(plan.sends), len(plan.recvs),
                 )  # fmt: skip
 

@@ -31,18 +31,22 @@ from . import lane_core as core
 from .lane_grow import LaneGrowth, _status_words
 from .lane_plans import (  # noqa: F401 - the lane's limits, also named here
     LANE_ALGORITHMS,
-    LANE_MAX_GROUP,
     LANE_MAX_SEGMENTS,
     LANE_SEGMENT_BYTES,
     LANE_TYPES,
     SEGCAP,
     LanePlans,
     large_segment_bytes,
+    segment_cap,
 )
 from .lane_pool import BufferPool
 from .payload import OpSpec
 
 log = logging.getLogger("totalreduce.engine")
+
+#: How long a thread waits for an op before its peers are asked to raise it, until
+#: :meth:`Lane.need_after` says (``Config.need_after_s``'s default).
+LANE_NEED_AFTER_S = 5e-4
 
 #: Body sends in flight to one peer at most; ready ones wait in priority order.
 LANE_BODY_CAP = 16
@@ -56,6 +60,9 @@ LANE_BODY_REQUESTS = 1 << 12
 LANE_ORPHAN_S = 2.0
 #: Empty messages owed at once (clears held by ops that failed here; a bound, not a need).
 LANE_ABANDONS = 4096
+#: Words of the per-op segment table at most (pages are touched only as ops use them): in
+#: a world so large that ``nops`` ops' rows would need more, the op table holds fewer.
+_SEGMENT_TABLE_WORDS = 1 << 25
 #: The largest WORK buffer (elements) a blocking repeat's shape keeps (``LaneShape.spare``).
 _SPARE_MAX = 64
 #: In-place inputs of at least this many bytes are copied into pooled buffers.
@@ -149,6 +156,10 @@ class Lane(LanePlans, LaneGrowth):
         self.rank = rank
         self.world = world
         LanePlans.__init__(self, micro_bytes, segment_bytes, body_tag)
+        # Each op's row of segment state holds what any op of any group of this world may
+        # need (lane_plans.segment_cap: more than SEGCAP past 24 ranks).
+        segcap = segment_cap(world)
+        nops = min(nops, max(1024, _SEGMENT_TABLE_WORDS // (L.D_N * segcap)))
         hcap = 1
         while hcap < 2 * nops:
             hcap *= 2
@@ -175,7 +186,7 @@ class Lane(LanePlans, LaneGrowth):
             ("ops", nops * L.O_N),
             ("hash", hcap * 3),
             ("fhash", hcap * 3),
-            ("dyn", nops * L.D_N * SEGCAP),
+            ("dyn", nops * L.D_N * segcap),
             ("meta", nslots * L.M_N),
             ("freeslot", nslots),
             ("freeop", nops),
@@ -220,9 +231,10 @@ class Lane(LanePlans, LaneGrowth):
         self._kernel_types: set[int] = set()
         mem[L.C_MICRO] = micro_bytes
         mem[L.C_TAG] = LANE_TAG
-        mem[L.C_SEGCAP] = SEGCAP
+        mem[L.C_SEGCAP] = segcap
         mem[L.C_CTL_TAG] = ctl_tag
         mem[L.C_WATCH] = -1
+        mem[L.C_NEED_NS] = int(LANE_NEED_AFTER_S * 1e9)  # (attach_lane: the configuration's)
         mem[L.C_OPS] = at["ops"]
         mem[L.C_HASH] = at["hash"]
         mem[L.C_FHASH] = at["fhash"]
@@ -467,6 +479,12 @@ class Lane(LanePlans, LaneGrowth):
         self.ops[slot] = lop
         self.by_key[lop.key] = lop
         return lop
+
+    def need_after(self, need_after_s: float) -> None:
+        """How long a thread waits for an op before it asks the ranks the op still expects
+        frames from to raise it (``Config.need_after_s``): NEED frames, which a rank that
+        has not submitted the op yet keeps (``lane_receive._needed``)."""
+        self.mem[L.C_NEED_NS] = int(need_after_s * 1e9)
 
     def naps(self, nap_s: float) -> None:
         """How a thread waiting in the lane's compiled passes for a large op whose peers
@@ -728,6 +746,8 @@ class Lane(LanePlans, LaneGrowth):
             "floating_peak_bytes": int(m[L.C_FLOATPEAK]),
             "announcements": int(m[L.C_ANNS]),
             "announcements_not_kept": int(m[L.C_ANNDROPS]),
+            "needs_kept": int(m[L.C_NEEDS_KEPT]),
+            "needs_used": int(m[L.C_NEEDS_USED]),
             "credit": int(m[L.C_CREDIT]),
             "pool_slots": int(m[L.C_NSLOTS]),
             "pool_peak_slots": int(m[L.C_PEAK]),

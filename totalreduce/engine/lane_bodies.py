@@ -49,6 +49,7 @@ from .lane_tables import (
     _find_recv,
     _heap_push,
     _op,
+    _raise,
     _room,
     _same_shape,
     _write_frame,
@@ -59,8 +60,9 @@ from .lane_tables import (
 
 @njit(nogil=True, cache=True)
 def _owe(mem, arena, slot, peer, what):
-    """Op ``slot`` owes ``peer`` an answer: READY (``what`` -1: the op is submitted here,
-    and the peer announced frames for it) or the CTS of large receive segment ``what``.
+    """Op ``slot`` owes ``peer`` an answer: READY (``what`` RQ_READY: the op is submitted
+    here, and the peer announced frames for it), NEED (RQ_NEED: a thread here waits for
+    the op, and expects frames from the peer) or the CTS of large receive segment ``what``.
     Queued, so that no answer is lost when the outbox has no room now."""
     n = mem[C_NRQ]
     if n >= mem[C_RQCAP]:
@@ -89,7 +91,9 @@ def _send_readies(mem, prog, arena, b):
                 break
             q = mem[e + 3]
             need = FLAG_NEED if mem[o + O_URGENT] else 0  # urgency travels with the answer
-            if q < 0:
+            if q == RQ_NEED:
+                _write_frame(mem, a, NEED, FLAG_NEED, slot, 0, 0, 0)
+            elif q < 0:
                 _write_frame(mem, a, READY, need, slot, 0, 0, 0)
             else:
                 r = prog[mem[o + O_PLAN] + PL_RECVS] + q * G_N
@@ -99,6 +103,28 @@ def _send_readies(mem, prog, arena, b):
         done += 1
     if done:
         _drop_front(mem, C_RQ, C_NRQ, done, 4)
+
+
+@njit(nogil=True, cache=True)
+def _ask_peers(mem, prog, arena, slot):
+    """A thread has waited ``C_NEED_NS`` for op ``slot``: NEED to each rank it still
+    expects frames from (once per op), so that they raise it, or start it raised if they
+    have not submitted it yet (the frames it sent them so far may not have said so)."""
+    o = _op(mem, slot)
+    mem[o + O_WAITED] = -1
+    plan = mem[o + O_PLAN]
+    r0 = prog[plan + PL_RECVS]
+    rs = _dyn(mem, slot, D_RS)
+    g0 = mem[o + O_GROUP]
+    mark = -mem[o + O_SEQ]  # (lane_submit marks peers with submission numbers, > 0)
+    for q in range(prog[plan + PL_NR]):
+        if mem[rs + q] != RS_WAIT and mem[rs + q] != RS_POSTED:
+            continue
+        src = prog[g0 + prog[r0 + q * G_N + G_PEER]]
+        pw = mem[C_PEERS] + src * P_N
+        if src != mem[C_RANK] and mem[pw + P_MARK] != mark:
+            mem[pw + P_MARK] = mark
+            _owe(mem, arena, slot, src, RQ_NEED)
 
 
 # ------------------------------------------------------------------ large segments
@@ -322,7 +348,7 @@ def _large_segment(mem, prog, arena, slot, src, f, send):
         _fail(mem, prog, arena, slot)
         return -1
     if ld_u8(f + FH_FLAGS) & FLAG_NEED:  # a thread there waits for the op: raise it here
-        mem[_op(mem, slot) + O_URGENT] = 1
+        _raise(mem, slot)
     return k
 
 

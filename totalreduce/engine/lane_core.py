@@ -45,6 +45,7 @@ from ..transport.mpi_native import (
     status_source,
 )
 from .lane_bodies import (
+    _ask_peers,
     _owe,
     _post_waiting,
     _reap_bodies,
@@ -63,6 +64,7 @@ from .lane_progress import (
 )
 from .lane_receive import _consume, _place
 from .lane_tables import (
+    _chain_need,
     _chain_next,
     _chain_set_next,
     _chain_source,
@@ -70,6 +72,7 @@ from .lane_tables import (
     _event,
     _heap_push,
     _op,
+    _raise,
     _reap,
     _slot_addr,
     flush_all,
@@ -265,7 +268,11 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, outer):
     o = _op(mem, slot) if slot >= 0 else 0
     nap = 0
     if slot >= 0 and mem[o + O_SEQ] == seq:
-        mem[o + O_URGENT] = 1  # a thread waits for it: among equal priorities, it goes first
+        if mem[o + O_WAITED] == 0:
+            # A thread waits for it: among equal priorities it goes first (its sends in the
+            # heap too), and after C_NEED_NS its peers are asked to raise it (_ask_peers).
+            mem[o + O_WAITED] = t0
+            _raise(mem, slot)
         if mem[o + O_COUNT] * prog[mem[o + O_PLAN] + PL_ISZ] >= _NAP_MIN_BYTES:
             nap = mem[C_NAP_NS]
     while True:
@@ -293,6 +300,8 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, outer):
             if mem[C_INFLIGHT] == mem[C_PASSIVE] and mem[C_NSBBUSY] == 0:
                 return 0
         t = now_ns()
+        if slot >= 0 and mem[o + O_WAITED] > 0 and t - mem[o + O_WAITED] > mem[C_NEED_NS]:
+            _ask_peers(mem, prog, arena, slot)  # (sent in the next pass)
         if t - t0 > max_ns:
             return 0
         idle += 1
@@ -365,6 +374,7 @@ def lane_submit(mem, prog, arena, b, fields, addrs):
     mem[o + O_WORK] = addrs[2]
     mem[o + O_SCR] = addrs[3]
     mem[o + O_NREQ] = 0
+    mem[o + O_WAITED] = 0
     ns = prog[plan + PL_NS]
     nr = prog[plan + PL_NR]
     mem[o + O_SLEFT] = ns
@@ -388,6 +398,18 @@ def lane_submit(mem, prog, arena, b, fields, addrs):
     for q in range(nr):
         mem[rw + q] = prog[r0 + q * G_N + G_NWAIT]
         mem[rs + q] = RS_WAIT
+    # A peer that waits for the op said so before it was submitted here (a NEED, or a
+    # frame with FLAG_NEED, kept with its floating frames): it starts raised, before its
+    # first sends enter the heap.
+    fe = hash_find(mem, mem[C_FHASH], wid, gen)
+    if fe >= 0 and mem[o + O_URGENT] == 0:
+        x = mem[fe + 2]
+        while x >= 0:
+            if _chain_need(mem, x):
+                mem[o + O_URGENT] = 1
+                mem[C_NEEDS_USED] += 1
+                break
+            x = _chain_next(mem, x)
     e = hash_put(mem, mem[C_HASH], wid, gen, slot)
     if e < 0:
         hash_rebuild(mem, mem[C_HASH])
@@ -411,15 +433,15 @@ def lane_submit(mem, prog, arena, b, fields, addrs):
     # Frames that came before the op: place them (their slots become its staging), and
     # answer its announcements (READY: their senders hold the op's frames).
     abase = arena.ctypes.data
-    fe = hash_find(mem, mem[C_FHASH], wid, gen)
-    if fe >= 0:
+    if fe >= 0:  # (nothing since the look above touched the floating hash)
         x = mem[fe + 2]
         mem[fe + 2] = H_TOMB
         while x >= 0:
             nxt = _chain_next(mem, x)
             src = _chain_source(mem, x)
             if x >= ANN_BASE:
-                _owe(mem, arena, slot, src, -1)
+                if mem[mem[C_ANN] + (x - ANN_BASE) * A_N + A_TYPE] == RTS:
+                    _owe(mem, arena, slot, src, RQ_READY)
                 unfloat(mem, x, False)
             else:
                 # The slot stays taken (it becomes the op's staging, or is given back by

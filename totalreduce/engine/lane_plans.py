@@ -28,11 +28,23 @@ LANE_MAX_SEGMENTS = 8
 #: a 2-core machine at P=2, 4 MiB ring allreduces took 1.16 ms in 256 KiB segments with
 #: 64 bodies in flight, 1.29-1.39 ms with 8-16, 1.59 ms in 1 MiB segments.
 LANE_SEGMENT_BYTES = 256 << 10
-#: Largest group the lane takes.
-LANE_MAX_GROUP = 32
-#: Most send (or receive) segments of one op in the lane: small ops stay far below (a
-#: ring at 32 ranks: 16 + 2 * 32 at most), large ones are cut to fit (``large_segment_bytes``).
+#: Most send (or receive) segments of one op in a group of up to 24 ranks in the lane
+#: (:func:`segment_cap` for larger ones): small ops stay below (an eager ring at 24 ranks:
+#: 2 * 24 regions, and 56 more at most), large ones are cut to fit (``large_segment_bytes``).
 SEGCAP = 128
+
+
+def segment_cap(group_size: int) -> int:
+    """Most send (or receive) segments of one op of a group of ``group_size`` ranks in the
+    lane: ``SEGCAP``, or 4 per rank and 32 more in a group of more than 24 ranks, since
+    some schedules have a region per rank and more (a pipelined broadcast's chain and its
+    tokens: 3P + 2, a ring allreduce's 2P), each one segment at least, and an eager op
+    adds at most ``LANE_MAX_SEGMENTS`` times what it moves (:func:`_bound`).  A function of
+    the group's size only, so every rank of an op cuts it alike; a lane's table holds this
+    many per op for its world's size (every group fits: the cap grows with the size)."""
+    return max(SEGCAP, 4 * group_size + 32)
+
+
 #: The allreduce algorithms whose schedules the lane runs, on every rank.
 LANE_ALGORITHMS = frozenset(
     {
@@ -120,20 +132,21 @@ def large_segment_bytes(
 ) -> int:
     """Segment size of a large op of ``nbytes`` (its count's bytes) in a group of
     ``group_size``: ``segment_bytes``, or more where that would cut some rank's schedule
-    into more than ``SEGCAP`` send or receive segments (:func:`_bound`).  A function of
-    the op's shape only, so every rank cuts alike."""
+    into more than :func:`segment_cap` send or receive segments (:func:`_bound`).  A
+    function of the op's shape only, so every rank cuts alike."""
     moved, regions = _bound(kind, algorithm, group_size)
-    spare = SEGCAP - regions
+    spare = segment_cap(group_size) - regions
     seg = max(segment_bytes, -(-moved * nbytes // max(1, spare)))
     return max(isz, seg - seg % isz)
 
 
 def fits_eager(nbytes: int, group_size: int, micro: int, kind: OpKind,
                algorithm: AlgorithmCode) -> bool:  # fmt: skip
-    """Whether an op of at most ``LANE_MAX_SEGMENTS`` eager segments also fits ``SEGCAP``
-    in them (a one-to-all broadcast to many ranks may not: it then goes large)."""
+    """Whether an op of at most ``LANE_MAX_SEGMENTS`` eager segments also fits
+    :func:`segment_cap` in them (a one-to-all broadcast to many ranks may not: it then
+    goes large)."""
     moved, regions = _bound(kind, algorithm, group_size)
-    return regions + -(-moved * nbytes // micro) <= SEGCAP
+    return regions + -(-moved * nbytes // micro) <= segment_cap(group_size)
 
 
 def _bits(weight: float) -> int:
@@ -195,8 +208,6 @@ class LanePlans:
                 return -1  # (a region may be large: its body needs a tag of its own)
         elif spec.algorithm not in LANE_KINDS.get(spec.kind, ()):
             return -1
-        if len(spec.group) > LANE_MAX_GROUP:
-            return -1
         dt = spec.dtype
         op = spec.op
         if spec.kind in _ARITHMETIC:
@@ -227,7 +238,7 @@ class LanePlans:
         hit = self._plans.get(key)
         if hit is not None and hit[0] is sched:
             return hit[1]
-        at = self._compile(sched, isz, seg)
+        at = self._compile(sched, isz, seg, segment_cap(p))
         if at < 0:  # the limits above promise a plan: a bug, not a routing choice
             raise RuntimeError(
                 f"the compiled lane cannot run {spec.describe()} ({spec.algorithm.name.lower()}, "
@@ -243,17 +254,17 @@ class LanePlans:
             bigger[: self._prog_len] = self.prog[: self._prog_len]
             self.prog = bigger
 
-    def _compile(self, sched: Schedule, isz: int, seg_bytes: int) -> int:
+    def _compile(self, sched: Schedule, isz: int, seg_bytes: int, cap: int = SEGCAP) -> int:
         """Write the plan of ``sched`` (segments of at most ``seg_bytes``) into ``prog``;
-        -1 if it uses what the lane does not run.  Receive segments above ``micro_bytes``
-        get a place in the op's scratch."""
+        -1 if it uses what the lane does not run, or more than ``cap`` send or receive
+        segments.  Receive segments above ``micro_bytes`` get a place in the op's scratch."""
         if any(r.src is not None and r.action is not Action.REDUCE
                for st in sched.steps for r in st.recvs):  # fmt: skip
             return -1
         locs = list(sched.prologue) + list(sched.epilogue)
         plan = plan_segments(sched, max(1, seg_bytes // isz))
         ns, nr = len(plan.sends), len(plan.recvs)
-        if ns > SEGCAP or nr > SEGCAP:
+        if ns > cap or nr > cap:
             return -1
         nsucc = sum(len(x) for x in plan.after_send) + sum(len(x) for x in plan.after_recv)
         need = L.PL_N + (ns + nr) * L.G_N + nsucc + len(locs) * L.L_N

@@ -422,7 +422,7 @@ def _emit(mem, prog, arena, b, slot, i):
                 a = _room(mem, arena, b, dest, FRAME_SIZE)
                 if a == 0:
                     return 0
-                _write_frame(mem, a, RTS, 0, slot, 0, 0, 0)
+                _write_frame(mem, a, RTS, FLAG_NEED if mem[o + O_URGENT] else 0, slot, 0, 0, 0)
                 _mark_peer(mem, prog, slot, dest, SB_ANNOUNCED)
             mem[ss] = (mem[ss] & ~7) | SS_HELD
             return 1

@@ -42,6 +42,7 @@ from .lane_tables import (
     _find_recv,
     _float_charge,
     _op,
+    _raise,
     _same_shape,
     _slot_addr,
     ann_take,
@@ -81,7 +82,7 @@ def _place(mem, prog, arena, b, slot, src, f, pool_slot):
             slot_give(mem, pool_slot)
         return True
     if ld_u8(f + FH_FLAGS) & FLAG_NEED:
-        mem[o + O_URGENT] = 1
+        _raise(mem, slot)
     if mem[_dyn(mem, slot, D_RW) + q] == 0:
         _apply(mem, prog, arena, slot, q, f + FRAME_SIZE)
         if pool_slot >= 0:
@@ -126,12 +127,27 @@ def _announced(mem, arena, src, f):
     for us and has no credit.  Kept in a small record (charged ``ANN_CHARGE``), so that
     the op's start here answers READY; when the table is full it is not kept, and every
     op started here that receives from ``src`` answers READY at once from then on."""
-    x = ann_take(mem, src)
+    x = ann_take(mem, src, RTS, ld_u8(f + FH_FLAGS))
     if x < 0 or not float_link(mem, ld_i64(f + FH_WID), ld_i64(f + FH_GEN), x):
         if x >= 0:
             unfloat(mem, x, False)
         mem[mem[C_PEERS] + src * P_N + P_ANNDROP] = 1
         mem[C_ANNDROPS] += 1
+
+
+@njit(nogil=True, cache=True)
+def _needed(mem, src, f):
+    """A NEED of an op not submitted here: a thread on ``src`` waits for it.  Kept as an
+    announcement is (a record charged ``ANN_CHARGE`` against the pool), so that the op
+    starts raised here; when the table is full it is not kept (the op then rises when a
+    frame of the peer's with ``FLAG_NEED`` meets it)."""
+    x = ann_take(mem, src, NEED, FLAG_NEED)
+    if x < 0:
+        return
+    if float_link(mem, ld_i64(f + FH_WID), ld_i64(f + FH_GEN), x):
+        mem[C_NEEDS_KEPT] += 1
+    else:
+        unfloat(mem, x, False)
 
 
 @njit(nogil=True, cache=True)
@@ -147,7 +163,7 @@ def _on_frame(mem, prog, arena, b, src, f, avail):
             _event(mem, arena, EV_MALFORMED, -1, src, MF_BODY, n, f)
             return -1
         size = FRAME_SIZE + ((n + 7) & ~7)
-    elif ftype != RTS and ftype != READY and ftype != CTS and ftype != ASK:
+    elif ftype != RTS and ftype != READY and ftype != CTS and ftype != ASK and ftype != NEED:
         _event(mem, arena, EV_MALFORMED, -1, src, MF_TYPE, ftype, f)
         return -1
     if size > avail:
@@ -166,7 +182,19 @@ def _on_frame(mem, prog, arena, b, src, f, avail):
     v = hash_value(mem, mem[C_HASH], wid, gen)
     if ftype == READY:
         if v >= 0:
+            if flags & FLAG_NEED:
+                _raise(mem, v)
             _mark_peer(mem, prog, v, src, SB_READY)
+        return size
+    if ftype == NEED:
+        if v >= 0:
+            _raise(mem, v)
+        elif v == H_EMPTY:
+            _needed(mem, src, f)
+        elif v == H_FOREIGN:
+            _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
+        # H_DONE, H_FAILED: the op ended here; what the waiter needs is on its way, or the
+        # error is.
         return size
     if ftype == CTS or ftype == ASK:
         # Never kept for an op not submitted here: its sender asks again (ASK) or its
@@ -192,7 +220,9 @@ def _on_frame(mem, prog, arena, b, src, f, avail):
         return size
     if ftype == RTS:
         if v >= 0:
-            _owe(mem, arena, v, src, -1)
+            if flags & FLAG_NEED:
+                _raise(mem, v)
+            _owe(mem, arena, v, src, RQ_READY)
         elif v == H_FOREIGN:
             _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
         elif v == H_DONE:

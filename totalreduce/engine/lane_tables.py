@@ -126,7 +126,8 @@ def slot_give(mem, s):
 #
 # Frames of ops not submitted here, by key in the floating hash (``C_FHASH``): a chain,
 # newest first, of pool slots (credited DATA frames: their number) and announcement
-# records (``ANN_BASE`` + their number).  Both are charged to ``C_FLOATBYTES``: a slot
+# records (``ANN_BASE`` + their number: an RTS, or a NEED: a thread on the peer waits for
+# the op, which then starts raised here).  Both are charged to ``C_FLOATBYTES``: a slot
 # its size, an announcement ``ANN_CHARGE``.  Credited slots of a peer never exceed the
 # credit this rank granted it (``lane_receive``), and announcements never exceed
 # ``C_ANNCAP``, so what peers make this rank hold for ops it has not submitted stays
@@ -156,6 +157,15 @@ def _chain_source(mem, x):
 
 
 @njit(nogil=True, cache=True)
+def _chain_need(mem, x):
+    """Whether chain element ``x`` says a thread on its peer waits for the op (a NEED, or a
+    frame with ``FLAG_NEED``: a DATA frame's header lies in its slot)."""
+    if x >= ANN_BASE:
+        return mem[mem[C_ANN] + (x - ANN_BASE) * A_N + A_FLAGS] & FLAG_NEED != 0
+    return ld_u8(mem[C_POOL] + x * mem[C_SLOT] + FH_FLAGS) & FLAG_NEED != 0
+
+
+@njit(nogil=True, cache=True)
 def _float_charge(mem, nbytes):
     mem[C_FLOATBYTES] += nbytes
     if mem[C_FLOATBYTES] > mem[C_FLOATPEAK]:
@@ -172,9 +182,9 @@ def float_link(mem, wid, gen, x):
 
 
 @njit(nogil=True, cache=True)
-def ann_take(mem, src):
-    """A free announcement record for ``src`` (charged), as a chain element; -1 if the
-    table is full."""
+def ann_take(mem, src, ftype, flags):
+    """A free announcement record for frame type ``ftype`` (RTS or NEED) from ``src``
+    (charged), as a chain element; -1 if the table is full."""
     n = mem[C_NANNFREE]
     if n > 0:
         r = mem[mem[C_ANNFREE] + n - 1]
@@ -184,7 +194,10 @@ def ann_take(mem, src):
         mem[C_ANNTOP] = r + 1
     else:
         return -1
-    mem[mem[C_ANN] + r * A_N + A_SOURCE] = src
+    a = mem[C_ANN] + r * A_N
+    mem[a + A_SOURCE] = src
+    mem[a + A_TYPE] = ftype
+    mem[a + A_FLAGS] = flags
     mem[mem[C_PEERS] + src * P_N + P_ANN] += 1
     mem[C_ANNS] += 1
     _float_charge(mem, ANN_CHARGE)
@@ -498,6 +511,37 @@ def _heap_pop(mem):
 @njit(nogil=True, cache=True, inline="always")
 def _heap_len(mem):
     return mem[mem[C_STK] + mem[C_STKCAP] * 2]
+
+
+@njit(nogil=True, cache=True)
+def _raise(mem, slot):
+    """Someone waits for op ``slot`` (here, or a peer's NEED): it goes first among equal
+    priorities, its sends in the heap too (their keys lowered, moved up in place).  Its
+    frames carry ``FLAG_NEED`` from now on.  Once per op: False if it was raised already."""
+    o = _op(mem, slot)
+    if mem[o + O_URGENT]:
+        return False
+    mem[o + O_URGENT] = 1
+    k1 = -mem[o + O_PRIO] * 2
+    seq = mem[o + O_SEQ]
+    base = mem[C_STK] + mem[C_STKCAP] * 2 + 1
+    for j in range(mem[base - 1]):
+        e = base + j * 4
+        if mem[e + 2] != slot or mem[e + 1] != seq:
+            continue
+        # Its key went down: up towards the root.  Entries that move down past j are
+        # parents, seen already (a parent of this op's is raised before its child).
+        s2, i2 = mem[e + 2], mem[e + 3]
+        c = j
+        while c > 0:
+            par = (c - 1) >> 1
+            f = base + par * 4
+            if mem[f] < k1 or (mem[f] == k1 and mem[f + 1] <= seq):
+                break
+            _heap_put(mem, base + c * 4, mem[f], mem[f + 1], mem[f + 2], mem[f + 3])
+            c = par
+        _heap_put(mem, base + c * 4, k1, seq, s2, i2)
+    return True
 
 
 @njit(nogil=True, cache=True)

@@ -235,6 +235,7 @@ class CommLoop(
             link.eager_share = self.floating.eager_share
             link.reset()
         lane.naps(self.cfg.nap_s)
+        lane.need_after(self.cfg.need_after_s)
         if self._outer is not None:
             lane.watch_outer(*self._outer)
         self.lane = lane
