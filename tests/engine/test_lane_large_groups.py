@@ -26,7 +26,9 @@ def values(k: int, n: int, rank: int) -> np.ndarray:
     return (np.arange(n, dtype=np.int64) * 7 + 3 * rank + k) % 1013
 
 
-@pytest.mark.parametrize("p", [33, 48, 64])
+@pytest.mark.parametrize(
+    "p", [33, pytest.param(48, marks=pytest.mark.full), pytest.param(64, marks=pytest.mark.full)]
+)
 def test_every_kind_runs_in_the_lane_past_32_ranks(p: int) -> None:
     small, large = p + 3, 40 * p  # large: a ring's chunks of 320 bytes are bodies too
     sizes = (small, large)
