@@ -562,6 +562,9 @@ AR_H_MEET, AR_H_MEET_ON = 9, 10
 #: (from their descriptors), and of those the ones it ran to their completion words (the
 #: others ended in Python: their nodes were late); counts (:mod:`totalreduce.daemon.service_loop`)
 AR_H_LOOP_ENTERED, AR_H_LOOP_RAN = 11, 12
+#: ops over a group whose members all live on this node that the service's compiled pass
+#: ran from their descriptors to their completion words (:mod:`totalreduce.daemon.arena_pass`)
+AR_H_PASS_GROUP = 13
 AR_HEADER_BYTES = 4096
 
 # ---------------------------------------------------------------- a slot's control block

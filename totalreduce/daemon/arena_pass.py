@@ -55,6 +55,7 @@ from ..kernels.raw import (
 )
 from ..native.intrinsics import fence
 from ..native.libc import now_ns
+from ..protocol import AR_H_PASS_GROUP
 from ..transport import arena as A
 
 # ---------------------------------------------------------------- st: the pass's scalars
@@ -66,7 +67,22 @@ from ..transport import arena as A
 #: lane: a drive among the nodes ends when either moves, ``ThinService``)
 (S_ON, S_SLOTS, S_SIZE, S_NODES, S_BASE_RANK, S_DATA, S_LIVE, S_NOUT, S_NSIG, S_TAKEN,
  S_FREE, S_NSTART, S_PIPE, S_TAILS, S_KICKED) = range(15)  # fmt: skip
-ST_WORDS = 16
+#: set while the service's compiled loop (:mod:`.service_loop`) runs the pass: a group's op
+#: among the nodes complete here goes to its starts then (else, to Python's out-queue)
+S_LOOPING = 15
+#: the descriptors of this pass's starts that are a group's (Python's, if the loop has no
+#: row for them: the out-queue keeps room for them)
+S_GPEND = 16
+ST_WORDS = 18
+
+#: Groups the table knows (row 0: the world); a group's op whose group has no row is Python's.
+GROUPS = 64
+#: a group's row: its context (the digest of its ranks: ``Group.context``, signed), its
+#: members on this node, its size, the nodes it spans, in use; then per slot its place
+#: among the node's members (-1: none), the node's members' slots in group order, and
+#: each group rank's world rank (:func:`_g_pos`, :func:`_g_mem`, :func:`_g_rank`)
+G_CTX, G_LOCAL, G_SIZE, G_NODES, G_USED = range(5)
+G_HEAD = 8
 
 #: Ops the table holds at most (more wait in Python's tables).
 CAP = 1024
@@ -94,6 +110,7 @@ _HASH = 0x9E3779B97F4A7C15 - (1 << 64)  # 2^64 / golden ratio, as a signed word
 
 _RING_WORD, _DONE_WORD, _RING, _DW = A.RING_WORD, A.DONE_WORD, A.RING, A.D_WORDS
 _C_TAIL, _C_HEAD, _C_SLEEPING = A.C_TAIL, A.C_HEAD, A.C_SLEEPING
+_H_PASS_GROUP = AR_H_PASS_GROUP
 (_D_TICKET, _D_KIND, _D_WIRE, _D_GEN, _D_DTYPE, _D_COUNT, _D_OP, _D_ROOT, _D_PRIO, _D_IN,
  _D_OUT, _D_FLAGS, _D_GROUP, _D_CTX, _D_AUX, _D_ALGO) = range(16)  # fmt: skip
 
@@ -104,7 +121,7 @@ class Table:
     They are views of one int64 buffer, :attr:`buf`; :attr:`lay` says where each lies
     (offset and shape, in :data:`_TAB`'s order).  The compiled functions Python calls
     take those two arrays and make the views themselves (:func:`_tab`): a tuple of the
-    nineteen arrays, as an argument, cost 1.7 µs of Numba's dispatch per call."""
+    twenty-one arrays, as an argument, cost 1.7 µs of Numba's dispatch per call."""
 
     def __init__(
         self, slots: int, nodes: int, node: int, data_bytes: int,
@@ -130,6 +147,8 @@ class Table:
             "wake": (slots,),  # 1: in sig already
             "starts": (CAP,),  # ops complete here, to run among the nodes
             "tmp": (_DW,),
+            "groups": (GROUPS, G_HEAD + 2 * slots + nodes * slots),
+            "egrp": (CAP,),  # each entry's group row (0: the world)
         }
         self.lay = lay = np.zeros((len(_TAB), 4), np.int64)
         at = 0
@@ -152,11 +171,44 @@ class Table:
         self.next[: CAP - 1] = np.arange(1, CAP)
         st[S_FREE] = 0
         self.pykeys[:] = -1  # generations are >= 0
+        self.slots, self.node = slots, node
+        self.put_group(0, tuple(range(nodes * slots)))  # row 0: the world
+
+    def put_group(self, ctx: int, ranks: tuple[int, ...]) -> int:
+        """Give the group of context ``ctx`` (signed, 0: the world) and world ranks
+        ``ranks`` (this node has a member) a row, if it has none and one is free: then
+        the pass takes its allreduces, broadcasts and barriers.  Its row, or -1."""
+        groups, slots = self.groups, self.slots
+        for g in range(GROUPS):
+            if groups[g, G_USED] and groups[g, G_CTX] == ctx:
+                return g
+            if groups[g, G_USED] == 0 and (g == 0) == (ctx == 0):
+                break
+        else:
+            return -1
+        row = groups[g]
+        row[:] = 0
+        pos = row[G_HEAD : G_HEAD + slots]
+        mem = row[G_HEAD + slots : G_HEAD + 2 * slots]
+        pos[:] = -1
+        mem[:] = -1
+        n = 0
+        for r in ranks:
+            if r // slots == self.node:
+                pos[r % slots] = n
+                mem[n] = r % slots
+                n += 1
+        row[G_HEAD + 2 * slots : G_HEAD + 2 * slots + len(ranks)] = ranks
+        row[G_CTX], row[G_LOCAL], row[G_SIZE] = ctx, n, len(ranks)
+        row[G_NODES] = len({r // slots for r in ranks})
+        row[G_USED] = 1
+        return g
 
 
 #: The arrays of :class:`Table`, in the order of :attr:`Table.lay` (and of :func:`_tab`).
 _TAB = ("st", "heads", "incs", "lo", "cw", "keys", "seen", "order", "descs", "born", "bucket",
-        "next", "pykeys", "outq", "outslot", "sig", "wake", "starts", "tmp")  # fmt: skip
+        "next", "pykeys", "outq", "outslot", "sig", "wake", "starts", "tmp", "groups",
+        "egrp")  # fmt: skip
 
 
 @njit(nogil=True, cache=True)
@@ -185,7 +237,8 @@ def _tab(buf, lay):  # type: ignore[no-untyped-def]
         _v1(buf, lay, 4), _v2(buf, lay, 5), _v1(buf, lay, 6), _v2(buf, lay, 7),
         _v3(buf, lay, 8), _v1(buf, lay, 9), _v1(buf, lay, 10), _v1(buf, lay, 11),
         _v2(buf, lay, 12), _v2(buf, lay, 13), _v1(buf, lay, 14), _v1(buf, lay, 15),
-        _v1(buf, lay, 16), _v1(buf, lay, 17), _v1(buf, lay, 18),
+        _v1(buf, lay, 16), _v1(buf, lay, 17), _v1(buf, lay, 18), _v2(buf, lay, 19),
+        _v1(buf, lay, 20),
     )  # fmt: skip
 
 
@@ -277,53 +330,88 @@ def _dtype_ok(dt, op):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _simple(st, lo, mem, d, slot):  # type: ignore[no-untyped-def]
-    """Whether the compiled pass takes ``d``: a well-formed allreduce, broadcast or
-    barrier over the world, or (on a service of several nodes) a reduce-scatter or
-    all-gather over the world, of a raw kernel's element type, no algorithm named."""
-    if st[S_ON] == 0 or d[_D_CTX] != 0 or d[_D_ALGO] != 0:
-        return False
+def _group_find(groups, ctx):  # type: ignore[no-untyped-def]
+    """The row of the group of context ``ctx`` (0: the world's, row 0), or -1."""
+    if ctx == 0:
+        return 0
+    for g in range(1, GROUPS):
+        if groups[g, G_USED] == 0:
+            return -1
+        if groups[g, G_CTX] == ctx:
+            return g
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _member(st, groups, g, i):  # type: ignore[no-untyped-def]
+    """The slot of the ``i``-th of group ``g``'s members on this node (group order)."""
+    return groups[g, G_HEAD + st[S_SLOTS] + i]
+
+
+@njit(nogil=True, cache=True)
+def _root_slot(st, groups, g, root):  # type: ignore[no-untyped-def]
+    """The slot of group rank ``root`` of group ``g`` if it is on this node, else -1."""
+    r = groups[g, G_HEAD + 2 * st[S_SLOTS] + root] - st[S_BASE_RANK]
+    return r if 0 <= r < st[S_SLOTS] else -1
+
+
+@njit(nogil=True, cache=True)
+def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
+    """The group row of ``d`` if the compiled pass takes it, else -1: a well-formed
+    allreduce, broadcast or barrier over the world or a group the table knows (``slot`` a
+    member), or (on a service of several nodes) a reduce-scatter or all-gather over the
+    world, of a raw kernel's element type, no algorithm named.  (A group's op of
+    ``st[S_PIPE]`` bytes or more is Python's: it runs in segments among the nodes.)"""
+    if st[S_ON] == 0 or d[_D_ALGO] != 0:
+        return -1
     if (d[_D_FLAGS] & ~_SIMPLE_FLAGS) != 0 or d[_D_GEN] < 0 or d[_D_TICKET] <= 0:
-        return False
+        return -1
+    g = _group_find(groups, d[_D_CTX])
+    if g < 0 or groups[g, G_HEAD + slot] < 0:
+        return -1
     kind = d[_D_KIND]
     parted = kind == _RS or kind == _AG
     if kind != _AR and kind != _BC and kind != _BAR and not (parted and st[S_NODES] > 1):
-        return False
+        return -1
+    if parted and g != 0:
+        return -1
     dt = d[_D_DTYPE]
     if not _dtype_ok(dt, d[_D_OP]):  # a barrier's too: Python refuses what it refuses
-        return False
+        return -1
     n = d[_D_COUNT]
     span = n * ITEMSIZE[dt]
     data = st[S_DATA]
-    if n < 0 or span > data:
-        return False
+    if n < 0 or span > data or (g != 0 and span >= st[S_PIPE]):
+        return -1
     if kind == _BAR:
-        return True
-    if kind == _BC and not (0 <= d[_D_ROOT] < st[S_SIZE]):
-        return False
+        return g
+    if kind == _BC and not (0 <= d[_D_ROOT] < groups[g, G_SIZE]):
+        return -1
     a, b = lo[slot], lo[slot] + data
     out_span = span
     if parted:  # its parts: one count per rank of the world, each >= 0
         at = d[_D_AUX]
         size = st[S_SIZE]
         if at % 8 != 0 or not (a <= at and at + 8 * (size + 1) <= b) or mem[at // 8] != size:
-            return False
+            return -1
         total = 0
         for r in range(size):
             c = mem[at // 8 + 1 + r]
             if c < 0:
-                return False
+                return -1
             total += c
         mine = mem[at // 8 + 1 + st[S_BASE_RANK] + slot]
         if kind == _RS:
             if total != n:
-                return False
+                return -1
             out_span = mine * ITEMSIZE[dt]
         else:
             if mine != n or total * ITEMSIZE[dt] > data:
-                return False
+                return -1
             out_span = total * ITEMSIZE[dt]
-    return a <= d[_D_IN] <= b - span and a <= d[_D_OUT] <= b - out_span
+    if a <= d[_D_IN] <= b - span and a <= d[_D_OUT] <= b - out_span:
+        return g
+    return -1
 
 
 @njit(nogil=True, cache=True)
@@ -344,7 +432,7 @@ def _agrees(st, mem, d, e0):  # type: ignore[no-untyped-def]
     counts are each rank's own; a reduce-scatter's and an all-gather's parts agree)."""
     kind = d[_D_KIND]
     if not (
-        kind == e0[_D_KIND] and d[_D_DTYPE] == e0[_D_DTYPE]
+        kind == e0[_D_KIND] and d[_D_DTYPE] == e0[_D_DTYPE] and d[_D_CTX] == e0[_D_CTX]
         and (d[_D_COUNT] == e0[_D_COUNT] or kind == _AG) and d[_D_OP] == e0[_D_OP]
         and d[_D_ROOT] == e0[_D_ROOT] and d[_D_FLAGS] == e0[_D_FLAGS]
     ):  # fmt: skip
@@ -374,6 +462,37 @@ def node_buffer(st, descs, e):  # type: ignore[no-untyped-def]
             return descs[e, r, _D_OUT]
         return d0[_D_OUT]
     return -1
+
+
+@njit(nogil=True, cache=True)
+def _node_buffer(st, groups, egrp, descs, e):  # type: ignore[no-untyped-def]
+    """:func:`node_buffer` of an entry over the world or a group: the first member's
+    output (group order; a broadcast root's, if the root is here); -1 for a barrier."""
+    g = egrp[e]
+    kind = descs[e, 0, _D_KIND]
+    if g == 0 or kind == _BAR:
+        return node_buffer(st, descs, e)
+    if kind == _BC:
+        r = _root_slot(st, groups, g, descs[e, 0, _D_ROOT])
+        if r >= 0:
+            return descs[e, r, _D_OUT]
+    return descs[e, _member(st, groups, g, 0), _D_OUT]
+
+
+@njit(nogil=True, cache=True)
+def entry_buffer(buf, lay, e):  # type: ignore[no-untyped-def]
+    """The arena offset of entry ``e``'s node buffer (world or group: :func:`_node_buffer`)."""
+    tab = _tab(buf, lay)
+    return _node_buffer(tab[0], tab[19], tab[20], tab[8], e)
+
+
+@njit(nogil=True, cache=True)
+def entry_group(buf, lay, e):  # type: ignore[no-untyped-def]
+    """Entry ``e``'s group: (its row, 0 for the world; its members on this node; the
+    nodes it spans; its size)."""
+    tab = _tab(buf, lay)
+    groups, g = tab[19], tab[20][e]
+    return g, groups[g, G_LOCAL], groups[g, G_NODES], groups[g, G_SIZE]
 
 
 @njit(nogil=True, cache=True)
@@ -474,11 +593,12 @@ def _back_parts(st, mem, base, descs, e, src):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _local(st, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
+def _local(st, groups, egrp, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
     """Op ``e``, complete on this node: the node's part of its elements [lo, hi) in its
-    node buffer (an allreduce's local inputs reduced, in slot order; a broadcast
-    root's input)."""
-    slots = st[S_SLOTS]
+    node buffer (an allreduce's members' inputs reduced, in group order, the world's in
+    slot order, as Python's ``_reduce`` does; a broadcast root's input)."""
+    g = egrp[e]
+    members = groups[g, G_LOCAL]
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
     if kind == _BAR or hi <= lo:
@@ -489,49 +609,58 @@ def _local(st, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
         op = d0[_D_OP]
         if op == _OP_AVG:
             op = _OP_SUM  # summed (here and among the nodes), divided at the end
-        dst = base + d0[_D_OUT] + at
-        if slots == 1:
-            copy_raw(dst, base + d0[_D_IN] + at, n * ITEMSIZE[dt])
+        m0 = _member(st, groups, g, 0)
+        dst = base + descs[e, m0, _D_OUT] + at
+        if members == 1:
+            src = base + descs[e, m0, _D_IN] + at
+            if src != dst:
+                copy_raw(dst, src, n * ITEMSIZE[dt])
         else:
-            reduce3_raw(dt, op, dst, base + d0[_D_IN] + at, base + descs[e, 1, _D_IN] + at, n)
-            for k in range(2, slots):
-                reduce_raw(dt, op, dst, base + descs[e, k, _D_IN] + at, n)
+            m1 = _member(st, groups, g, 1)
+            src0, src1 = base + descs[e, m0, _D_IN] + at, base + descs[e, m1, _D_IN] + at
+            reduce3_raw(dt, op, dst, src0, src1, n)
+            for i in range(2, members):
+                reduce_raw(dt, op, dst, base + descs[e, _member(st, groups, g, i), _D_IN] + at, n)
         return
-    r = d0[_D_ROOT] - st[S_BASE_RANK]
-    if 0 <= r < slots:  # a broadcast whose root is here
+    r = _root_slot(st, groups, g, d0[_D_ROOT]) if g != 0 else d0[_D_ROOT] - st[S_BASE_RANK]
+    if 0 <= r < st[S_SLOTS]:  # a broadcast whose root is here
         src = base + descs[e, r, _D_IN] + at
         copy_raw(base + descs[e, r, _D_OUT] + at, src, n * ITEMSIZE[dt])
 
 
 @njit(nogil=True, cache=True)
-def _back(st, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
-    """Op ``e``'s result of elements [lo, hi) (in its node buffer) into every local
-    output; ``avg`` divided by the world's size first."""
+def _back(st, groups, egrp, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
+    """Op ``e``'s result of elements [lo, hi) (in its node buffer) into every member's
+    output here; ``avg`` divided by the group's (the world's) size first."""
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
     if kind == _BAR or hi <= lo or parted(d0):  # (a parted op's: _back_parts)
         return
+    g = egrp[e]
     dt = d0[_D_DTYPE]
     at = lo * ITEMSIZE[dt]
-    src = base + node_buffer(st, descs, e) + at
+    src = base + _node_buffer(st, groups, egrp, descs, e) + at
     if kind == _AR and d0[_D_FLAGS] & A.F_AVG:
-        average_raw(dt, src, hi - lo, st[S_SIZE])
+        average_raw(dt, src, hi - lo, groups[g, G_SIZE])
     span = (hi - lo) * ITEMSIZE[dt]
-    for k in range(st[S_SLOTS]):
-        out = base + descs[e, k, _D_OUT] + at
+    for i in range(groups[g, G_LOCAL]):
+        out = base + descs[e, _member(st, groups, g, i), _D_OUT] + at
         if out != src:
             copy_raw(out, src, span)
 
 
 @njit(nogil=True, cache=True)
-def _answer(st, mem, cw, descs, sig, wake, e):  # type: ignore[no-untyped-def]
-    """Set every client's completion word of op ``e``; list the sleepers to wake."""
-    slots = st[S_SLOTS]
-    for k in range(slots):
+def _answer(st, mem, cw, descs, sig, wake, groups, egrp, e):  # type: ignore[no-untyped-def]
+    """Set every member's completion word of op ``e``; list the sleepers to wake."""
+    g = egrp[e]
+    members = groups[g, G_LOCAL]
+    for i in range(members):
+        k = _member(st, groups, g, i)
         t = descs[e, k, _D_TICKET]
         mem[cw[k] + _DONE_WORD + (t - 1) % _RING] = t
     fence()
-    for k in range(slots):
+    for i in range(members):
+        k = _member(st, groups, g, i)
         if mem[cw[k] + _C_SLEEPING] != 0 and wake[k] == 0:
             wake[k] = 1
             sig[st[S_NSIG]] = k
@@ -562,9 +691,10 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
     not hold another op.  ``buf`` and ``lay`` are the table's (:class:`Table`)."""
     tab = _tab(buf, lay)
     st, heads, incs, lo, cw, keys, seen, order, descs, born = tab[:10]
-    bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d = tab[10:]
+    bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d, groups, egrp = tab[10:]
     st[S_NOUT] = 0
     st[S_NSTART] = 0
+    st[S_GPEND] = 0
     _clear_wakes(st, wake)
     slots = st[S_SLOTS]
     tails = 0  # what a drive among the nodes compares the tails with (S_TAILS)
@@ -580,7 +710,7 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             continue
         fence()  # the descriptors were written before the tail
         while heads[s] < tail:
-            if st[S_NOUT] + slots + 1 > outq.shape[0]:
+            if st[S_NOUT] + st[S_GPEND] + slots + 1 > outq.shape[0]:
                 return taken
             row = cw[s] + _RING_WORD + (heads[s] % _RING) * _DW
             for i in range(_DW):
@@ -591,7 +721,8 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             wire, gen = d[_D_WIRE], d[_D_GEN]
             e = _find(keys, bucket, nxt, wire, gen)
             p = _pykey_of(wire, gen)
-            ok = _simple(st, lo, mem, d, s) and not (pykeys[p, 0] == wire and pykeys[p, 1] == gen)
+            g = _simple(st, lo, mem, groups, d, s)
+            ok = g >= 0 and not (pykeys[p, 0] == wire and pykeys[p, 1] == gen)
             if ok and e >= 0:
                 # submitted twice by this rank, or a shape another rank does not share
                 ok = descs[e, s, _D_TICKET] == 0 and _agrees(st, mem, d, descs[e, order[e, 0]])
@@ -607,6 +738,7 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
                     st[S_LIVE] += 1
                     keys[e, 0], keys[e, 1] = wire, gen
                     seen[e] = 0
+                    egrp[e] = g
                     born[e] = now_ns()
                     for k in range(slots):
                         descs[e, k, _D_TICKET] = 0
@@ -618,22 +750,70 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
                 descs[e, s, i] = d[i]
             order[e, seen[e]] = s
             seen[e] += 1
-            if seen[e] < slots:
+            if seen[e] < groups[g, G_LOCAL]:
                 continue
-            if not pipelined(st, descs[e, 0]) and not parted(descs[e, 0]):
-                # (else Python makes it segment by segment, or into a buffer of its own)
-                _local(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
+            if groups[g, G_HEAD] < 0:  # slot 0 is no member: its row holds the op's shape
+                for i in range(_DW):
+                    descs[e, 0, i] = descs[e, order[e, 0], i]
             _unhash(keys, bucket, nxt, e)
-            if st[S_NODES] > 1:  # the services' engine runs it among the nodes
+            among = groups[g, G_NODES] > 1
+            if among:
                 _remember_python(pykeys, wire, gen)  # a rank's second submission: Python's
+            if among and g != 0:
+                # a group's: its node's part is made by the loop, which has its row, or by
+                # Python, which takes its descriptors (:func:`arena_hand_over`)
+                if st[S_LOOPING] == 0:
+                    _entry_to_python(tab, e)
+                    continue
+                st[S_GPEND] += seen[e]
                 starts[st[S_NSTART]] = e
                 st[S_NSTART] += 1
                 continue
-            _back(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
-            _answer(st, mem, cw, descs, sig, wake, e)
+            if not pipelined(st, descs[e, 0]) and not parted(descs[e, 0]):
+                # (else Python makes it segment by segment, or into a buffer of its own)
+                _local(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+            if among:  # the services' engine runs it among the nodes
+                starts[st[S_NSTART]] = e
+                st[S_NSTART] += 1
+                continue
+            if g != 0:  # a group's, all of it on this node: the pass alone ran it
+                mem[_H_PASS_GROUP] += 1
+            _back(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+            _answer(st, mem, cw, descs, sig, wake, groups, egrp, e)
             _free(st, nxt, e)
     st[S_TAKEN] += taken
     return taken
+
+
+@njit(nogil=True, cache=True)
+def _entry_to_python(tab, e):  # type: ignore[no-untyped-def]
+    """Queue the descriptors of entry ``e`` (complete, out of its bucket, its key
+    remembered as Python's, nothing made of it) for Python, and give it back."""
+    st, seen, order, descs = tab[0], tab[6], tab[7], tab[8]
+    nxt, outq, outslot = tab[11], tab[13], tab[14]
+    for i in range(seen[e]):
+        s = order[e, i]
+        _queue(st, outq, outslot, descs[e, s], s)
+    _free(st, nxt, e)
+
+
+@njit(nogil=True, cache=True)
+def arena_hand_over(buf, lay, first):  # type: ignore[no-untyped-def]
+    """The pass's starts from ``first`` on, which the compiled loop leaves to Python: a
+    group's go to the out-queue (Python takes their descriptors as if it had had them
+    all along); the rest, the world's, stay starts (``st[S_NSTART]`` of them)."""
+    tab = _tab(buf, lay)
+    st, starts, egrp = tab[0], tab[17], tab[20]
+    n = first
+    for i in range(first, st[S_NSTART]):
+        e = starts[i]
+        if egrp[e] != 0:
+            _entry_to_python(tab, e)
+        else:
+            starts[n] = e
+            n += 1
+    st[S_NSTART] = n
+    st[S_GPEND] = 0
 
 
 @njit(nogil=True, cache=True)
@@ -643,10 +823,11 @@ def arena_finish(buf, lay, mem, base, e, back):  # type: ignore[no-untyped-def]
     sleepers to wake in ``sig``), the entry given back."""
     tab = _tab(buf, lay)
     st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
+    groups, egrp = tab[19], tab[20]
     _clear_wakes(st, wake)
     if back:
-        _back(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
-    _answer(st, mem, cw, descs, sig, wake, e)
+        _back(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+    _answer(st, mem, cw, descs, sig, wake, groups, egrp, e)
     _free(st, nxt, e)
 
 
@@ -665,7 +846,7 @@ def arena_finish_parts(buf, lay, mem, base, e, src):  # type: ignore[no-untyped-
     st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
     _clear_wakes(st, wake)
     _back_parts(st, mem, base, descs, e, src)
-    _answer(st, mem, cw, descs, sig, wake, e)
+    _answer(st, mem, cw, descs, sig, wake, tab[19], tab[20], e)
     _free(st, nxt, e)
 
 
@@ -673,14 +854,16 @@ def arena_finish_parts(buf, lay, mem, base, e, src):  # type: ignore[no-untyped-
 def arena_local(buf, lay, base, e, lo, hi):  # type: ignore[no-untyped-def]
     """The node's part of elements [lo, hi) of entry ``e`` (a pipelined op's segment,
     before it starts among the nodes)."""
-    _local(_v1(buf, lay, 0), base, _v3(buf, lay, 8), e, lo, hi)
+    tab = _tab(buf, lay)
+    _local(tab[0], tab[19], tab[20], base, tab[8], e, lo, hi)
 
 
 @njit(nogil=True, cache=True)
 def arena_back(buf, lay, base, e, lo, hi):  # type: ignore[no-untyped-def]
     """Elements [lo, hi) of entry ``e``'s result back into its clients' outputs (a
     pipelined op's segment, ended among the nodes)."""
-    _back(_v1(buf, lay, 0), base, _v3(buf, lay, 8), e, lo, hi)
+    tab = _tab(buf, lay)
+    _back(tab[0], tab[19], tab[20], base, tab[8], e, lo, hi)
 
 
 @njit(nogil=True, cache=True)
@@ -749,6 +932,9 @@ def prepare() -> None:
     pipelined(t.st, t.descs[0, 0])
     arena_release(t.buf, t.lay, 0)
     node_buffer(t.st, t.descs, 0)
+    entry_buffer(t.buf, t.lay, 0)
+    entry_group(t.buf, t.lay, 0)
+    arena_hand_over(t.buf, t.lay, 0)
     t.st[S_LIVE] = 1
     t.descs[0, 0, _D_KIND] = _AG
     t.descs[0, 0, _D_AUX] = 8

@@ -87,6 +87,7 @@ class PassOps:
     _kick: Any
     _is_session: Any
     _session_start: Any
+    _group_of: Any
 
     def _drain(self, spin: bool = False) -> bool:
         """Take what the clients submitted: the compiled pass takes and runs the common
@@ -199,9 +200,14 @@ class PassOps:
     # among the nodes
 
     def _entry_op(self, e: int) -> _Op:
-        """Python's _Op of the pass's entry ``e`` (complete here: its local part done)."""
+        """Python's _Op of the pass's entry ``e`` (complete here: its local part done), over
+        the world or its group."""
         fast = self._fast
-        op = _Op((int(fast.keys[e, 0]), int(fast.keys[e, 1]), 0), self.slots, self._world)
+        ctx, grp = int(fast.descs[e, 0, A.D_CTX]), self._world
+        if ctx:
+            k = int(fast.order[e, 0])
+            grp = self._group_of(k, fast.descs[e, k])[0] or grp
+        op = _Op((int(fast.keys[e, 0]), int(fast.keys[e, 1]), ctx), self.slots, grp)
         for i in range(int(fast.seen[e])):
             k = int(fast.order[e, i])
             op.descs[k] = fast.descs[e, k].copy()
@@ -503,7 +509,7 @@ class PassOps:
         may fail it): an _Op in ``_running`` with the engine's handle, as _start makes."""
         op = self._entry_op(e)
         fast = self._fast
-        at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
+        at = int(arena_pass.entry_buffer(fast.buf, fast.lay, e))
         d = fast.descs[e, 0]
         if at >= 0:
             op.node_buf = self.arena.view(at, int(d[A.D_COUNT]), DType(int(d[A.D_DTYPE])).numpy)
