@@ -414,9 +414,7 @@ def mode_mismatch(p: int, rank: int) -> None:
     n = 4 * p
     for _ in range(4):
         tr.reduce_scatter(np.ones(n, np.float32), name="mm.parts")
-    # node 1's ranks all give the same other parts, 5, 4, ..., 4, 3 (node 0's: 4 each): the
-    # nodes' sums differ (what the services compare: parts that differ within a node only,
-    # with the same sums, go unseen among the nodes, the loop on or off)
+    # node 1's ranks all give the same other parts, 5, 4, ..., 4, 3 (node 0's: 4 each)
     counts = None if node == 0 else [4 + (r == 0) - (r == p - 1) for r in range(p)]
     try:
         tr.reduce_scatter(np.ones(n, np.float32), name="mm.parts", counts=counts)
@@ -426,6 +424,24 @@ def mode_mismatch(p: int, rank: int) -> None:
         ok = "'mm.parts' generation 4" in text and "node 1 (rank" in text
         print(f"rank {rank}: the parts' error: {text}", flush=True)
         report(rank, "MISMATCH-PARTS", ok, f"{type(exc).__name__}: {text}")
+    # the parts of a reduce-scatter, with the same sums per node (several clients a node):
+    # the nodes compare the parts themselves (the loop on: node 0 runs its row)
+    local = p // 2
+    if local > 1:
+        mine = [3, 5] + [4] * (p - 2)
+        theirs = [5, 3] + [4] * (p - 2)
+        for _ in range(4):
+            tr.reduce_scatter(np.ones(n, np.float32), name="mm.sums", counts=mine)
+        try:
+            got = tr.reduce_scatter(
+                np.ones(n, np.float32), name="mm.sums", counts=mine if node == 0 else theirs
+            )
+            report(rank, "MISMATCH-SAME-SUMS", False, f"no error: {got}")
+        except tr.TotalReduceError as exc:
+            text = str(exc)
+            ok = "'mm.sums' generation 4" in text and "node 1 (rank" in text and "parts" in text
+            print(f"rank {rank}: the same sums' error: {text}", flush=True)
+            report(rank, "MISMATCH-SAME-SUMS", ok, f"{type(exc).__name__}: {text}")
     # the service goes on: a new name, and repeats of it
     bad = []
     for i in range(5):

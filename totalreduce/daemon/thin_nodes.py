@@ -44,6 +44,10 @@ _SEGMENT_MIX = 0xC2B2_AE3D_27D4_EB4F
 #: Mixed into a group's context (0: the world's) for its segmented ops' segments.
 _SEGMENT_CONTEXT = 0x1656_67B1_9E37_79F9
 _SEGMENTED = (int(OpKind.ALLREDUCE), int(OpKind.BROADCAST))
+#: Mixed into a reduce-scatter's or all-gather's group context (0: the world's), times its
+#: parts' digest, for its op among the services: services whose clients gave other parts
+#: meet another context, and both fail (the per-node sums they run by may agree).
+_PARTS_CONTEXT = 0x27D4_EB2F_1656_67C5
 #: A group's kinds whose repeats run in the compiled loop (:mod:`.service_loop`).
 _REPEATED = (int(OpKind.ALLREDUCE), int(OpKind.BROADCAST), int(OpKind.BARRIER))
 #: A barrier's buffer.
@@ -61,21 +65,35 @@ class GroupExpress(express.Express):
         self.context = spec.context
 
 
-def group_start(svc: Any, ex: GroupExpress, name: int, x: np.ndarray, priority: int) -> Any:
+def parts_word(parts: tuple[int, ...]) -> int:
+    """:func:`.arena_pass.parts_digest` of ``parts`` (the same word, from Python)."""
+    h = len(parts)
+    for c in parts:
+        h = ((h ^ c) * _GOLDEN) & _MASK
+        h ^= (h >> 29) & 0x7FFF_FFFF
+    return A.signed(h)
+
+
+def group_start(
+    svc: Any, ex: GroupExpress, name: int, x: np.ndarray, priority: int,
+    out: np.ndarray | None = None,
+) -> Any:  # fmt: skip
     """A repeat of a group's op ``ex`` on the services' engine ``svc``, in place on ``x``
-    (``express.start``'s way, its spec with the group's context); None when anything
-    unusual needs the whole way."""
+    (``out`` None: into a new array, a reduce-scatter's or all-gather's; ``express.start``'s
+    way, its spec with the group's context); None when anything unusual needs the whole
+    way."""
     loop = svc.loop
     if svc._closed or loop.fatal is not None or loop.late_errors or ex.epoch != tuning.EPOCH[0]:
         return None
     if not -(1 << 31) <= priority < 1 << 31:
         return None
+    o = np.empty(ex.out_count, ex.npdt) if out is None else out
     op_name, gen = svc._names.name(name, ex.sig)
-    handle = Handle(op_name, gen, x, loop)
+    handle = Handle(op_name, gen, o, loop)
     handle._names = svc._names
     spec = OpSpec(
         op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
-        x, x, ex.sched, ex.plan, ex.group, ex.context, ex.param, ex.in_place, False, None,
+        x, o, ex.sched, ex.plan, ex.group, ex.context, ex.param, ex.in_place, False, None,
         False, handle._ended,
     )  # fmt: skip
     handle._spec = spec
@@ -227,6 +245,9 @@ class AmongNodes:
         prio = int(d[A.D_PRIO])
         bf = "bfloat16" if dt is DType.BFLOAT16 else None
         grp = g.engine_group
+        if kind != _A2A:
+            assert parts is not None
+            grp = self._parts_group(g, parts_word(parts))
         if kind == _A2A:
             send, recv, _ = op.plan
             if op.passive:  # a window's standing receive: it may wait for ever there too
@@ -268,6 +289,20 @@ class AmongNodes:
             self._note_name(x)
         ranges = [(i * count // n, (i + 1) * count // n) for i in range(n)]
         return _Segments(self.engine, names, ranges)
+
+    def _parts_group(self, g: _Grp, digest: int) -> Group:
+        """The services' group a reduce-scatter or all-gather over ``g`` whose parts'
+        digest is ``digest`` runs over: ``g``'s nodes, its context mixed with the digest
+        (the per-node sums the services run by may agree where parts differ)."""
+        key = (g.ctx, digest)
+        groups = self.__dict__.setdefault("_parts_groups", {})
+        group = groups.get(key)
+        if group is None:
+            if len(groups) >= 4096:
+                groups.clear()
+            group = groups[key] = Group(g.nodes)
+            group.context = ((g.ctx ^ (digest * _PARTS_CONTEXT)) & _MASK) or 1
+        return group  # type: ignore[no-any-return]
 
     def _segment_group(self, g: _Grp) -> Group:
         """The services' group a segmented op's segments run over: ``g``'s nodes, with a
@@ -382,7 +417,7 @@ class AmongNodes:
         ex = self._group_records().get(shape)
         if ex is None or ex.npdt is not buf.dtype or ex.shape != buf.shape:
             return None
-        h = group_start(self.engine, ex, shape[0], buf, prio)
+        h = group_start(self.engine, ex, shape[0], buf, prio, buf)
         if h is not None:
             self._loop_shape(shape, buf, ex)
         return h
@@ -433,6 +468,17 @@ class AmongNodes:
                     f"into {len(h.ranges)} parts among the nodes ({how}), and another node's "
                     f"op differs in count, dtype or kind: {text}"
                 )
+            elif int(d[A.D_KIND]) in (_RS, _AG):
+                at = int(d[A.D_AUX])
+                parts = tuple(int(c) for c in self.arena.view(
+                    at + 8, int(self.arena.view(at, 1, np.int64)[0]), np.int64))  # fmt: skip
+                mine = ((ctx ^ (parts_word(parts) * _PARTS_CONTEXT)) & _MASK) or 1
+                if f"{mine:#x}" in text:  # the parts' context: the parts differ
+                    text = (
+                        f"the nodes disagree about its parts: node {self.node} has "
+                        f"{_shape_text(d, parts)}, another node has other parts (whatever their "
+                        f"sums per node); {text}"
+                    )
             elif f"{(ctx ^ _SEGMENT_CONTEXT) & _MASK:#x}" in text:
                 text = (
                     f"the nodes disagree about it: node {self.node} runs its {_shape_text(d)} "
