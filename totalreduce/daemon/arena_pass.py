@@ -13,17 +13,33 @@ rank, in a block of words each client's descriptor names) are checked and compar
 the node's clients, and their node's part goes to a buffer of the caller's
 (:func:`arena_local_parts`), their result back from one (:func:`arena_finish_parts`).
 
+It takes a group's allreduces, broadcasts and barriers too, once the group has a row of
+its table of groups (``groups``: by context, the digest of the group's ranks; row 0 is
+the world's; Python gives a group its row at its first op, ``Table.put_group``, so a
+descriptor carries only the context to find it by): an op waits for the node's members
+only, its node's part is their inputs reduced in group order into the first member's
+output (Python's order, ``ThinService._reduce``), and only they are answered, an ``avg``
+divided by the group's size.  A group whose members all live on this node ends here
+(counted in the arena's header, ``AR_H_PASS_GROUP``).  One that spans nodes is a start
+for the service's compiled loop (:mod:`.service_loop`, ``st[S_LOOPING]``), which makes
+its node's part once it has its row; without one, and whenever the pass runs outside the
+loop, its descriptors go to Python untouched (:func:`arena_hand_over`).  An entry's
+``descs[e, 0]`` always has the op's shape (a copy of a member's where slot 0 is none).
+
 Everything else goes to Python, in order, through an *out-queue* of descriptors that
 ``ThinService`` takes one by one as before:
 
-- a descriptor that is not such an op (a group's, an algorithm named, a window's, a
-  dtype the raw kernels do not take; a reduce-scatter's or an all-gather's on a service
-  of one node), or that is wrong in any way (Python finds what, and says it);
+- a descriptor that is not such an op (a group's the table has no row for or whose
+  slot is no member of it, a group's reduce-scatter or all-gather, or one of
+  ``st[S_PIPE]`` bytes or more; an algorithm named, a window's, a dtype the raw kernels
+  do not take; a reduce-scatter's or an all-gather's on a service of one node), or that
+  is wrong in any way (Python finds what, and says it);
 - one whose (wire id, generation) Python has had before (:data:`PYKEYS`, a cache of
   them): its other parts go where it went;
-- one that meets an op of the table it does not agree with, or that its client
-  submitted twice: the op's descriptors in the table go out first, in the order they
-  came, so Python sees them as if it had taken them all;
+- one that meets an op of the table it does not agree with (two groups under one name
+  and generation too), or that its client submitted twice: the op's descriptors in the
+  table go out first, in the order they came, so Python sees them as if it had taken
+  them all;
 - an op complete on a service of several nodes (the services' engine runs it; the pass
   has made its node's part, but for an op run in segments, :func:`pipelined`, whose
   node's part Python makes and hands back segment by segment, with :func:`arena_local`

@@ -11,8 +11,15 @@ lane needs for it (the row's own; a reduce-scatter's or all-gather's node's part
 result too), and its name's entry in a table of names, which holds the name's next
 generation among the services (a name's shapes share it).  The shapes are the compiled
 pass's: allreduces, broadcasts, barriers, reduce-scatters and all-gathers over the world,
-whole among the nodes (a segmented one, :func:`.arena_pass.pipelined`, stays Python's:
-docs/daemon.md says why), of any element type but bfloat16 (a broadcast's too).
+and allreduces, broadcasts and barriers over a group that spans nodes (keyed by their name
+among the services, :func:`engine_name`, which mixes in the group's context; a
+broadcast's root a rank of the group; their records carry the group's context,
+``thin_nodes.GroupExpress``, and Python starts their first occurrences from
+``AmongNodes._engine_op``), whole among the nodes (a segmented one,
+:func:`.arena_pass.pipelined`, stays Python's: docs/daemon.md says why), of any element
+type but bfloat16 (a broadcast's too).  A group's op runs among the services of the nodes
+it spans (the lane's fields have their group); the pass makes its node's part only once
+its row is found, and hands the descriptors of one without a row to Python untouched.
 
 From then on :func:`service_pass` runs a repeat of the shape whole: it takes the
 descriptors (the pass), reduces the node's buffers (the pass), enters the op into the
@@ -25,7 +32,8 @@ the engine's Python waits), and returns to Python, for it to take in order as be
 
 - anything the pass hands over (its out-queue; an op complete here whose shape has no
   row): ``WHY_PASS``, with the
-  first of the pass's starts Python must take;
+  first of the pass's starts Python must take (the world's: a group's without a row go
+  to the out-queue, :func:`.arena_pass.arena_hand_over`);
 - a repeat that did not end in its try (the other nodes are late): ``WHY_ADOPT``,
   Python makes its handle, as ``CommLoop.lane_now`` does, and it goes on as any;
 - the lane's events, a message of its main loop, a full table, a kick of another
