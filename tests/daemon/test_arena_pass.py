@@ -159,6 +159,19 @@ def test_a_groups_op_waits_for_its_members_and_reduces_in_group_order() -> None:
     assert f.run() == 1 and f.queued() == [(0, 8, 0)]
 
 
+def test_ranks_that_disagree_on_a_known_group_go_to_python_in_order() -> None:
+    """Two groups the table knows, one name and generation: slot 1's descriptor meets
+    slot 0's op and both go to Python, in the order they came (Python names both ranks'
+    groups)."""
+    f = Fake(3)
+    f.t.put_group(11, (0, 1))
+    f.t.put_group(12, (1, 0, 2))
+    f.write(0, wire=4, count=4, ctx=11)
+    f.write(1, wire=4, count=4, ctx=12)
+    assert f.run() == 2 and f.queued() == [(0, 4, 0), (1, 4, 0)]  # (the pass reads slot 0 first)
+    assert f.t.st[P.S_LIVE] == 0
+
+
 def test_a_groups_avg_divides_by_the_groups_size() -> None:
     f = Fake(3)
     f.t.put_group(77, (2, 0))
