@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -310,6 +311,7 @@ def mode_groups(p: int, rank: int) -> None:
             if not (on or not spans) and got > 1:
                 bad.append(f"{gname}: the loop took {got} repeats, expected none")
             report(rank, f"GROUP-{gname.upper()}", not bad, "; ".join(bad[:3]))
+    mode_group_parts(p, rank, local, on, digest)
     print(f"rank {rank}: GROUP-DIGEST {digest.hexdigest()}", flush=True)
 
     # mismatches: the nodes disagree on a spanning group's count after repeats
@@ -355,6 +357,54 @@ def mode_groups(p: int, rank: int) -> None:
             bad.append(str(got))
     if rank in pair.ranks:
         report(rank, "GROUP-MISMATCH-AFTER", not bad, "; ".join(bad[:3]))
+
+
+def mode_group_parts(p: int, rank: int, local: int, on: bool, digest: Any) -> None:
+    """Reduce-scatters and all-gathers over groups spanning the nodes: in the loop where
+    the group's ranks lie node after node (``rs2``; ``rs3``, whose node 0 members come in
+    the other order than their slots), Python's where the group's order interleaves the
+    nodes (``rsx``); exact, uneven parts."""
+    gs = {"rs2": ([0, p - 1], True), "rsx": ([p - 1, 0], False)}
+    if local > 1:
+        gs["rs3"] = ([1, 0, p - 1], True)
+    for gname, (ranks, looped) in gs.items():
+        bad: list[str] = []
+        g = tr.Group(ranks)
+        member = rank in ranks
+        me = ranks.index(rank) if member else -1
+        parts = tuple(2 * j + 3 for j in range(len(ranks)))
+        n = sum(parts)
+        for dt in (np.float32, np.int32):
+            dn = np.dtype(dt).name
+            for what in ("rs", "ag"):
+                tr.barrier(name="groups.sync")
+                before = 0
+                for i in range(6 + REPEATS):
+                    if i == 6:
+                        tr.barrier(name="groups.sync")
+                        before = entered()
+                    if not member:
+                        continue
+                    if what == "rs":
+                        x = group_value(rank, i, n, dt)
+                        got = tr.reduce_scatter(x, name=f"gp.{gname}.{dn}", counts=parts, group=g)
+                        lo = sum(parts[:me])
+                        want = group_sum(ranks, local, i, n, dt)[lo : lo + parts[me]]
+                    else:
+                        x = group_value(rank, i, parts[me], dt)
+                        got = tr.allgather(x, name=f"gpa.{gname}.{dn}", counts=parts, group=g)
+                        want = np.concatenate(
+                            [group_value(r, i, parts[j], dt) for j, r in enumerate(ranks)]
+                        )
+                    digest.update(np.ascontiguousarray(got).tobytes())
+                    if not np.array_equal(got, want):
+                        bad.append(f"{gname} {what} {dn} call {i}: {got[:3]} != {want[:3]}")
+                tr.barrier(name="groups.sync")
+                if member:
+                    routed(bad, f"{gname} {what} {dn}", entered() - before, REPEATS,
+                           on and looped)  # fmt: skip
+        if member:
+            report(rank, f"GROUP-{gname.upper()}", not bad, "; ".join(bad[:3]))
 
 
 def mode_segmented(p: int, rank: int) -> None:

@@ -96,8 +96,11 @@ GROUPS = 64
 #: a group's row: its context (the digest of its ranks: ``Group.context``, signed), its
 #: members on this node, its size, the nodes it spans, in use; then per slot its place
 #: among the node's members (-1: none), the node's members' slots in group order, and
-#: each group rank's world rank (:func:`_g_pos`, :func:`_g_mem`, :func:`_g_rank`)
+#: each group rank's world rank, and the node's members' group ranks (group order)
 G_CTX, G_LOCAL, G_SIZE, G_NODES, G_USED = range(5)
+#: whether the group's ranks lie node after node in group order (Python's ``_Grp.identity``:
+#: a reduce-scatter's or all-gather's parts then need no reordering between the nodes)
+G_IDENT = 5
 G_HEAD = 8
 
 #: Ops the table holds at most (more wait in Python's tables).
@@ -163,7 +166,7 @@ class Table:
             "wake": (slots,),  # 1: in sig already
             "starts": (CAP,),  # ops complete here, to run among the nodes
             "tmp": (_DW,),
-            "groups": (GROUPS, G_HEAD + 2 * slots + nodes * slots),
+            "groups": (GROUPS, G_HEAD + 3 * slots + nodes * slots),
             "egrp": (CAP,),  # each entry's group row (0: the world)
         }
         self.lay = lay = np.zeros((len(_TAB), 4), np.int64)
@@ -208,15 +211,20 @@ class Table:
         mem = row[G_HEAD + slots : G_HEAD + 2 * slots]
         pos[:] = -1
         mem[:] = -1
+        size = self.st[S_SIZE]
+        grank = row[G_HEAD + 2 * slots + size : G_HEAD + 3 * slots + size]
         n = 0
-        for r in ranks:
+        for j, r in enumerate(ranks):
             if r // slots == self.node:
                 pos[r % slots] = n
                 mem[n] = r % slots
+                grank[n] = j
                 n += 1
         row[G_HEAD + 2 * slots : G_HEAD + 2 * slots + len(ranks)] = ranks
         row[G_CTX], row[G_LOCAL], row[G_SIZE] = ctx, n, len(ranks)
         row[G_NODES] = len({r // slots for r in ranks})
+        nodes = [r // slots for r in ranks]
+        row[G_IDENT] = int(nodes == sorted(nodes))
         row[G_USED] = 1
         return g
 
@@ -365,6 +373,12 @@ def _member(st, groups, g, i):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
+def _grank(st, groups, g, i):  # type: ignore[no-untyped-def]
+    """The group rank of the ``i``-th of group ``g``'s members on this node."""
+    return groups[g, G_HEAD + 2 * st[S_SLOTS] + st[S_SIZE] + i]
+
+
+@njit(nogil=True, cache=True)
 def _root_slot(st, groups, g, root):  # type: ignore[no-untyped-def]
     """The slot of group rank ``root`` of group ``g`` if it is on this node, else -1."""
     r = groups[g, G_HEAD + 2 * st[S_SLOTS] + root] - st[S_BASE_RANK]
@@ -389,8 +403,8 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
     parted = kind == _RS or kind == _AG
     if kind != _AR and kind != _BC and kind != _BAR and not (parted and st[S_NODES] > 1):
         return -1
-    if parted and g != 0:
-        return -1
+    if parted and g != 0 and (groups[g, G_IDENT] == 0 or groups[g, G_NODES] < 2):
+        return -1  # (a group whose order interleaves the nodes, or of one node: Python's)
     dt = d[_D_DTYPE]
     if not _dtype_ok(dt, d[_D_OP]):  # a barrier's too: Python refuses what it refuses
         return -1
@@ -405,9 +419,9 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
         return -1
     a, b = lo[slot], lo[slot] + data
     out_span = span
-    if parted:  # its parts: one count per rank of the world, each >= 0
+    if parted:  # its parts: one count per rank of the group (the world), each >= 0
         at = d[_D_AUX]
-        size = st[S_SIZE]
+        size = groups[g, G_SIZE]
         if at % 8 != 0 or not (a <= at and at + 8 * (size + 1) <= b) or mem[at // 8] != size:
             return -1
         total = 0
@@ -416,7 +430,7 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
             if c < 0:
                 return -1
             total += c
-        mine = mem[at // 8 + 1 + st[S_BASE_RANK] + slot]
+        mine = mem[at // 8 + 1 + _grank(st, groups, g, groups[g, G_HEAD + slot])]
         if kind == _RS:
             if total != n:
                 return -1
@@ -443,9 +457,10 @@ def parts_digest(mem, d, size):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _agrees(st, mem, d, e0):  # type: ignore[no-untyped-def]
-    """Whether two ranks' descriptors of one op agree on its shape (an all-gather's
-    counts are each rank's own; a reduce-scatter's and an all-gather's parts agree)."""
+def _agrees(size, mem, d, e0):  # type: ignore[no-untyped-def]
+    """Whether two ranks' descriptors of one op (over ``size`` ranks) agree on its shape
+    (an all-gather's counts are each rank's own; a reduce-scatter's and an all-gather's
+    parts agree)."""
     kind = d[_D_KIND]
     if not (
         kind == e0[_D_KIND] and d[_D_DTYPE] == e0[_D_DTYPE] and d[_D_CTX] == e0[_D_CTX]
@@ -455,7 +470,7 @@ def _agrees(st, mem, d, e0):  # type: ignore[no-untyped-def]
         return False
     if kind == _RS or kind == _AG:
         a, b = d[_D_AUX] // 8, e0[_D_AUX] // 8
-        for i in range(st[S_SIZE] + 1):
+        for i in range(size + 1):
             if mem[a + i] != mem[b + i]:
                 return False
     return True
@@ -531,18 +546,21 @@ def parted(d0):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _node_parts(st, mem, d0):  # type: ignore[no-untyped-def]
-    """Of a reduce-scatter or all-gather (``d0``'s parts): the elements of the node's
-    ranks before this node's, of this node's, and in all."""
+def _node_parts(st, groups, g, mem, d0):  # type: ignore[no-untyped-def]
+    """Of a reduce-scatter or all-gather over group ``g`` (``d0``'s parts, one per group
+    rank, the group's ranks node after node): the elements of the ranks of the nodes before
+    this one, of this node's, and in all."""
     at = d0[_D_AUX] // 8 + 1
-    first, slots = st[S_BASE_RANK], st[S_SLOTS]
+    node, slots = st[S_BASE_RANK] // st[S_SLOTS], st[S_SLOTS]
+    ranks = G_HEAD + 2 * slots
     before = here = total = 0
-    for r in range(st[S_SIZE]):
-        c = mem[at + r]
+    for j in range(groups[g, G_SIZE]):
+        c = mem[at + j]
         total += c
-        if r < first:
+        n = groups[g, ranks + j] // slots
+        if n < node:
             before += c
-        elif r < first + slots:
+        elif n == node:
             here += c
     return before, here, total
 
@@ -551,19 +569,21 @@ def _node_parts(st, mem, d0):  # type: ignore[no-untyped-def]
 def node_counts(buf, lay, mem, e):  # type: ignore[no-untyped-def]
     """Entry ``e``, a reduce-scatter or all-gather complete here: the elements of its
     node's part (what it gives the nodes' op) and of the nodes' op's result here."""
-    st, descs = _v1(buf, lay, 0), _v3(buf, lay, 8)
-    d0 = descs[e, 0]
-    _, here, total = _node_parts(st, mem, d0)
+    tab = _tab(buf, lay)
+    d0 = tab[8][e, 0]
+    _, here, total = _node_parts(tab[0], tab[19], tab[20][e], mem, d0)
     if d0[_D_KIND] == _RS:
         return d0[_D_COUNT], here
     return here, total
 
 
 @njit(nogil=True, cache=True)
-def _local_parts(st, mem, base, descs, e, dst):  # type: ignore[no-untyped-def]
-    """A reduce-scatter's node's part at address ``dst``: its local inputs reduced (in
-    slot order, ``avg`` summed); an all-gather's: its local inputs one after another."""
-    slots = st[S_SLOTS]
+def _local_parts(st, groups, egrp, mem, base, descs, e, dst):  # type: ignore[no-untyped-def]
+    """A reduce-scatter's node's part at address ``dst``: its members' inputs reduced (in
+    group order, the world's in slot order; ``avg`` summed); an all-gather's: its members'
+    inputs one after another."""
+    g = egrp[e]
+    members = groups[g, G_LOCAL]
     d0 = descs[e, 0]
     dt = d0[_D_DTYPE]
     if d0[_D_KIND] == _RS:
@@ -571,41 +591,45 @@ def _local_parts(st, mem, base, descs, e, dst):  # type: ignore[no-untyped-def]
         op = d0[_D_OP]
         if op == _OP_AVG:
             op = _OP_SUM
-        if slots == 1:
-            copy_raw(dst, base + d0[_D_IN], n * ITEMSIZE[dt])
+        src0 = base + descs[e, _member(st, groups, g, 0), _D_IN]
+        if members == 1:
+            copy_raw(dst, src0, n * ITEMSIZE[dt])
         else:
-            reduce3_raw(dt, op, dst, base + d0[_D_IN], base + descs[e, 1, _D_IN], n)
-            for k in range(2, slots):
-                reduce_raw(dt, op, dst, base + descs[e, k, _D_IN], n)
+            src1 = base + descs[e, _member(st, groups, g, 1), _D_IN]
+            reduce3_raw(dt, op, dst, src0, src1, n)
+            for i in range(2, members):
+                reduce_raw(dt, op, dst, base + descs[e, _member(st, groups, g, i), _D_IN], n)
         return
     at = dst
-    for k in range(slots):
+    for i in range(members):
+        k = _member(st, groups, g, i)
         span = descs[e, k, _D_COUNT] * ITEMSIZE[dt]
         copy_raw(at, base + descs[e, k, _D_IN], span)
         at += span
 
 
 @njit(nogil=True, cache=True)
-def _back_parts(st, mem, base, descs, e, src):  # type: ignore[no-untyped-def]
-    """A reduce-scatter's or all-gather's result here (at address ``src``) into its local
-    outputs: each rank its part of a reduce-scatter's (``avg`` divided first), every rank
-    the whole of an all-gather's."""
+def _back_parts(st, groups, egrp, mem, base, descs, e, src):  # type: ignore[no-untyped-def]
+    """A reduce-scatter's or all-gather's result here (at address ``src``) into its
+    members' outputs: each its part of a reduce-scatter's (``avg`` divided by the group's
+    size first), every one the whole of an all-gather's."""
+    g = egrp[e]
     d0 = descs[e, 0]
     dt = d0[_D_DTYPE]
     isz = ITEMSIZE[dt]
-    before, here, total = _node_parts(st, mem, d0)
+    before, here, total = _node_parts(st, groups, g, mem, d0)
     if d0[_D_KIND] == _RS:
         if d0[_D_FLAGS] & A.F_AVG:
-            average_raw(dt, src, here, st[S_SIZE])
+            average_raw(dt, src, here, groups[g, G_SIZE])
         at = src
-        parts = d0[_D_AUX] // 8 + 1 + st[S_BASE_RANK]
-        for k in range(st[S_SLOTS]):
-            span = mem[parts + k] * isz
-            copy_raw(base + descs[e, k, _D_OUT], at, span)
+        parts = d0[_D_AUX] // 8 + 1
+        for i in range(groups[g, G_LOCAL]):  # (the node's block: its members' parts in order)
+            span = mem[parts + _grank(st, groups, g, i)] * isz
+            copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], at, span)
             at += span
         return
-    for k in range(st[S_SLOTS]):
-        copy_raw(base + descs[e, k, _D_OUT], src, total * isz)
+    for i in range(groups[g, G_LOCAL]):
+        copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], src, total * isz)
 
 
 @njit(nogil=True, cache=True)
@@ -741,7 +765,8 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             ok = g >= 0 and not (pykeys[p, 0] == wire and pykeys[p, 1] == gen)
             if ok and e >= 0:
                 # submitted twice by this rank, or a shape another rank does not share
-                ok = descs[e, s, _D_TICKET] == 0 and _agrees(st, mem, d, descs[e, order[e, 0]])
+                e0 = descs[e, order[e, 0]]
+                ok = descs[e, s, _D_TICKET] == 0 and _agrees(groups[g, G_SIZE], mem, d, e0)
             if ok and e < 0:
                 e = st[S_FREE]
                 if e < 0:  # the table is full: Python's tables take the rest
@@ -851,7 +876,8 @@ def arena_finish(buf, lay, mem, base, e, back):  # type: ignore[no-untyped-def]
 def arena_local_parts(buf, lay, mem, base, e, dst):  # type: ignore[no-untyped-def]
     """The node's part of entry ``e``, a reduce-scatter or all-gather complete here, at
     address ``dst`` (:func:`node_counts`' first count of elements)."""
-    _local_parts(_v1(buf, lay, 0), mem, base, _v3(buf, lay, 8), e, dst)
+    tab = _tab(buf, lay)
+    _local_parts(tab[0], tab[19], tab[20], mem, base, tab[8], e, dst)
 
 
 @njit(nogil=True, cache=True)
@@ -861,7 +887,7 @@ def arena_finish_parts(buf, lay, mem, base, e, src):  # type: ignore[no-untyped-
     tab = _tab(buf, lay)
     st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
     _clear_wakes(st, wake)
-    _back_parts(st, mem, base, descs, e, src)
+    _back_parts(st, tab[19], tab[20], mem, base, descs, e, src)
     _answer(st, mem, cw, descs, sig, wake, tab[19], tab[20], e)
     _free(st, nxt, e)
 

@@ -62,14 +62,15 @@ from ..protocol import C_BFULL, C_CTL_WAITING, C_FULL, C_NDONE, C_NEV, C_NFREEOP
 from ..transport import arena as A
 from ..transport.meeting import wake_client
 from .arena_pass import (
+    G_SIZE,
     S_KICKED,
     S_LOOPING,
     S_NOUT,
     S_NSIG,
     S_NSTART,
-    S_SIZE,
     _entry_to_python,
     _local,
+    _member,
     _node_buffer,
     _tab,
     arena_finish,
@@ -203,9 +204,10 @@ def engine_name(wire, ctx):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def _row_for(rows, st, groups, egrp, amem, descs, e, io):  # type: ignore[no-untyped-def]
     """The row that runs entry ``e`` (complete here) among the nodes, or -1 (Python's): a
-    whole allreduce, broadcast or barrier over the world or a group, or a world
-    reduce-scatter or all-gather, of a shape the row has (a group's op: under its name
-    among the services, :func:`engine_name`; a broadcast's root: a rank of its group)."""
+    whole allreduce, broadcast, barrier, reduce-scatter or all-gather over the world or a
+    group, of a shape the row has (a group's op: under its name among the services,
+    :func:`engine_name`; a broadcast's root: a rank of its group; an all-gather's count:
+    its first member's, in group order, as Python's ``_Op.first``)."""
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
     if kind != _AR and kind != _BC and kind != _BAR and kind != _RS and kind != _AG:
@@ -219,7 +221,8 @@ def _row_for(rows, st, groups, egrp, amem, descs, e, io):  # type: ignore[no-unt
     root = d0[_D_ROOT] if kind == _BC else 0
     at = _where(st, groups, egrp, amem, descs, e)
     wire = engine_name(d0[_D_WIRE], d0[_D_CTX])
-    return row_of(rows, wire, d0[_D_DTYPE], d0[_D_COUNT], d0[_D_OP], at, kind, root, False)
+    count = descs[e, _member(st, groups, egrp[e], 0), _D_COUNT]  # (an all-gather's: its first's)
+    return row_of(rows, wire, d0[_D_DTYPE], count, d0[_D_OP], at, kind, root, False)
 
 
 @njit(nogil=True, cache=True)
@@ -227,7 +230,7 @@ def _where(st, groups, egrp, amem, descs, e):  # type: ignore[no-untyped-def]
     """What a row keys entry ``e`` on beside its kind and sizes: its node buffer's offset,
     or a reduce-scatter's or all-gather's parts (their digest: its buffers are the row's)."""
     if parted(descs[e, 0]):
-        return parts_digest(amem, descs[e, 0], st[S_SIZE])
+        return parts_digest(amem, descs[e, 0], groups[egrp[e], G_SIZE])
     return _node_buffer(st, groups, egrp, descs, e)
 
 
@@ -301,9 +304,9 @@ def _service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, lare
                     io[IO_WHY] = WHY_PASS
                     io[IO_FIRST] = i
                     return
-                if grouped:  # its node's part: made now that it runs here
-                    _local(st, groups, egrp, abase, descs, e, 0, descs[e, 0, _D_COUNT])
                 split = rows[r, R_KIND] == _RS or rows[r, R_KIND] == _AG  # own buffers
+                if grouped and not split:  # its node's part: made now that it runs here
+                    _local(st, groups, egrp, abase, descs, e, 0, descs[e, 0, _D_COUNT])
                 at = abase + max(rows[r, R_AT], 0)  # (a barrier's: no byte of it is read)
                 if split:
                     arena_local_parts(fbuf, flay, amem, abase, e, rows[r, R_IN])

@@ -260,15 +260,24 @@ class AmongNodes:
             return eng.alltoall_async(
                 buf, name=name, splits=send, recv_splits=recv, group=grp, priority=prio
             )
-        assert parts is not None
+        assert parts is not None and buf is not None
         per_node = [sum(parts[i] for i in m) for m in g.members]
+        shape = self._group_shape(name, g, kind, buf, dt, d, parts)
+        if shape is not None:  # a group's: a repeat starts from its record
+            h = self._group_repeat(shape, buf, prio)
+            if h is not None:
+                return h
         if kind == _RS:
-            return eng.reduce_scatter_async(
+            h = eng.reduce_scatter_async(
                 buf, name=name, op=rop, group=grp, counts=per_node, priority=prio, dtype=bf
             )
-        return eng.allgather_async(
-            buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
-        )
+        else:
+            h = eng.allgather_async(
+                buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
+            )
+        if shape is not None:
+            self._group_remember(shape, buf, h, g)
+        return h
 
     def _segmented(self, key: tuple[int, int, int], g: _Grp, d: np.ndarray) -> _Segments | None:
         """The segments among the services of the op of ``key`` over group ``g`` whose
@@ -372,16 +381,26 @@ class AmongNodes:
     # ------------------------------------------------------------------ a group's repeats
 
     def _group_shape(
-        self, name: int, g: _Grp, kind: int, buf: np.ndarray | None, dt: DType, d: np.ndarray
-    ) -> tuple[int, ...] | None:
-        """The shape of a group's whole allreduce, broadcast or barrier among the nodes
-        (its name among the services, dtype, count, reduce op, algorithm, node buffer's
-        offset, kind, a broadcast's root in the group), as the compiled loop's rows key
-        it (``service_loop._row_for``); None for the world's (the pass's own), an
-        algorithm named, an unnamed op, or a bfloat16 one but a broadcast."""
+        self, name: int, g: _Grp, kind: int, buf: np.ndarray | None, dt: DType, d: np.ndarray,
+        parts: tuple[int, ...] | None = None,
+    ) -> tuple[int, ...] | None:  # fmt: skip
+        """The shape of a group's whole allreduce, broadcast, barrier, reduce-scatter or
+        all-gather among the nodes (its name among the services, dtype, count, reduce op,
+        algorithm, node buffer's offset or the parts' digest, kind, a broadcast's root in
+        the group), as the compiled loop's rows key it (``service_loop._row_for``); None for
+        the world's (the pass's own), an algorithm named, an unnamed op, a bfloat16 one but
+        a broadcast, or a reduce-scatter or all-gather whose group's order interleaves the
+        nodes (the compiled pass leaves those to Python)."""
         if not g.ctx or int(d[A.D_ALGO]) or int(d[A.D_FLAGS]) & A.F_UNNAMED:
             return None
-        if kind not in _REPEATED or (dt is DType.BFLOAT16 and kind != int(OpKind.BROADCAST)):
+        if dt is DType.BFLOAT16 and kind != int(OpKind.BROADCAST):
+            return None
+        if kind in (_RS, _AG):
+            if not g.identity or parts is None:
+                return None
+            return (name, int(d[A.D_DTYPE]), int(d[A.D_COUNT]), int(d[A.D_OP]), 0,
+                    parts_word(parts), kind, 0)  # fmt: skip
+        if kind not in _REPEATED:
             return None
         at = -1 if buf is None else self.arena.offset_of(buf)
         if buf is not None and at < 0:
@@ -404,6 +423,8 @@ class AmongNodes:
             return
         sig = (spec.kind.name.lower(), spec.dtype.name.lower(), int(buf.size),
                spec.op.name.lower(), spec.param)  # fmt: skip
+        if shape[6] == _AG:  # (``allgather_async``'s signature)
+            sig = ("allgather", spec.dtype.name.lower(), -1, "sum", 0)
         ex = GroupExpress(spec, buf, sig, tuning.EPOCH[0])
         records = self._group_records()
         if len(records) >= express.MAX_RECORDS:
@@ -417,7 +438,8 @@ class AmongNodes:
         ex = self._group_records().get(shape)
         if ex is None or ex.npdt is not buf.dtype or ex.shape != buf.shape:
             return None
-        h = group_start(self.engine, ex, shape[0], buf, prio, buf)
+        out = None if shape[6] in (_RS, _AG) else buf  # (a new array: the parts' result)
+        h = group_start(self.engine, ex, shape[0], buf, prio, out)
         if h is not None:
             self._loop_shape(shape, buf, ex)
         return h
