@@ -20,7 +20,9 @@ the loop ran nothing.
   clients of a node (their inputs added in group order on the node, then the nodes'), one
   whose members all live on node 0 (node 1 has none); exact in float32, float64 and
   int32 (against that order), counted as run in the loop (a group of one node: by the
-  compiled pass), loop on or off; then the nodes disagree on a group op's count, and two
+  compiled pass), loop on or off; reduce-scatters and all-gathers with uneven parts over
+  groups whose ranks lie node after node (in the loop) and one that interleaves the nodes
+  (Python's); then the nodes disagree on a group op's count, and two
   clients of a node on another's: every member fails naming the op, its generation and
   the ranks.  Prints a digest of every result (``GROUP-DIGEST``): the same bits with the
   loop on and off.

@@ -13,8 +13,11 @@ rank, in a block of words each client's descriptor names) are checked and compar
 the node's clients, and their node's part goes to a buffer of the caller's
 (:func:`arena_local_parts`), their result back from one (:func:`arena_finish_parts`).
 
-It takes a group's allreduces, broadcasts and barriers too, once the group has a row of
-its table of groups (``groups``: by context, the digest of the group's ranks; row 0 is
+It takes a group's allreduces, broadcasts and barriers too (and, on a service of several
+nodes, the reduce-scatters and all-gathers of a group that spans nodes and whose ranks
+lie node after node, ``G_IDENT``: their parts one per group rank, the node's part its
+members' inputs reduced or joined in group order), once the group has a row of its table
+of groups (``groups``: by context, the digest of the group's ranks; row 0 is
 the world's; Python gives a group its row at its first op, ``Table.put_group``, so a
 descriptor carries only the context to find it by): an op waits for the node's members
 only, its node's part is their inputs reduced in group order into the first member's
@@ -30,7 +33,8 @@ Everything else goes to Python, in order, through an *out-queue* of descriptors 
 ``ThinService`` takes one by one as before:
 
 - a descriptor that is not such an op (a group's the table has no row for or whose
-  slot is no member of it, a group's reduce-scatter or all-gather, or one of
+  slot is no member of it, a reduce-scatter or all-gather of a group that interleaves
+  the nodes or lies on one node, or one of
   ``st[S_PIPE]`` bytes or more; an algorithm named, a window's, a dtype the raw kernels
   do not take; a reduce-scatter's or an all-gather's on a service of one node), or that
   is wrong in any way (Python finds what, and says it);

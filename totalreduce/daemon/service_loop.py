@@ -11,11 +11,12 @@ lane needs for it (the row's own; a reduce-scatter's or all-gather's node's part
 result too), and its name's entry in a table of names, which holds the name's next
 generation among the services (a name's shapes share it).  The shapes are the compiled
 pass's: allreduces, broadcasts, barriers, reduce-scatters and all-gathers over the world,
-and allreduces, broadcasts and barriers over a group that spans nodes (keyed by their name
-among the services, :func:`engine_name`, which mixes in the group's context; a
-broadcast's root a rank of the group; their records carry the group's context,
+and the same kinds over a group that spans nodes (a reduce-scatter's or all-gather's where
+the group's ranks lie node after node; keyed by their name among the services,
+:func:`engine_name`, which mixes in the group's context; a broadcast's root a rank of the
+group; an all-gather's count its first member's; their records carry the group's context,
 ``thin_nodes.GroupExpress``, and Python starts their first occurrences from
-``AmongNodes._engine_op``), whole among the nodes (a segmented one,
+``AmongNodes._engine_op`` and ``_among_nodes``), whole among the nodes (a segmented one,
 :func:`.arena_pass.pipelined`, stays Python's: docs/daemon.md says why), of any element
 type but bfloat16 (a broadcast's too).  A group's op runs among the services of the nodes
 it spans (the lane's fields have their group); the pass makes its node's part only once
