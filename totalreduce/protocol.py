@@ -581,6 +581,9 @@ AR_H_LOOP_ENTERED, AR_H_LOOP_RAN = 11, 12
 #: wait weighs against the cores before it polls without yielding
 #: (:func:`totalreduce.transport.meeting.pure_spin_ns`)
 AR_H_HOST_PROCS = 13
+#: ops over a group whose members all live on this node that the service's compiled pass
+#: ran from their descriptors to their completion words (:mod:`totalreduce.daemon.arena_pass`)
+AR_H_PASS_GROUP = 14
 AR_HEADER_BYTES = 4096
 
 # ---------------------------------------------------------------- a slot's control block

@@ -131,6 +131,83 @@ def test_what_the_pass_does_not_take_goes_to_python_in_order() -> None:
     assert f.run() == 1 and f.queued() == [(1, 2, 0)]
 
 
+def test_a_groups_op_waits_for_its_members_and_reduces_in_group_order() -> None:
+    """A group of slots 3, 1, 2 (in that order): the pass waits for those three, adds
+    their inputs in group order (Python's), answers them only and counts the op as one it
+    ran alone; slot 0, no member, goes to Python with the name."""
+    f = Fake(4)
+    ctx = -0x1234_5678_9ABC
+    assert f.t.put_group(ctx, (3, 1, 2)) == 1 and f.t.put_group(ctx, (3, 1, 2)) == 1
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal(64) * 1e3 for _ in range(4)]
+    for k in range(4):
+        f.data(k, 64)[:] = xs[k].view(np.int64)
+    before = f.data(0, 64).copy()
+    dt = int(DType.FLOAT64)
+    t3, t1 = (f.write(k, wire=7, count=64, ctx=ctx, dtype=dt) for k in (3, 1))
+    assert f.run() == 2 and f.t.st[P.S_LIVE] == 1 and f.word(3, t3) == 0
+    t2 = f.write(2, wire=7, count=64, ctx=ctx, dtype=dt)
+    assert f.run() == 1 and f.t.st[P.S_LIVE] == 0 and f.t.st[P.S_NOUT] == 0
+    assert [f.word(k, t) for k, t in ((3, t3), (1, t1), (2, t2))] == [t3, t1, t2]
+    want = (xs[3] + xs[1]) + xs[2]
+    assert not np.array_equal(want, (xs[1] + xs[2]) + xs[3])  # (the order shows)
+    for k in (1, 2, 3):
+        assert np.array_equal(f.data(k, 64).view(np.float64), want)
+    assert np.array_equal(f.data(0, 64), before)
+    assert f.mem[P.AR_H_PASS_GROUP] == 1  # (the fake's header word: slot 0's, unused)
+    f.write(0, wire=8, count=64, ctx=ctx, dtype=dt)  # no member of it
+    assert f.run() == 1 and f.queued() == [(0, 8, 0)]
+
+
+def test_ranks_that_disagree_on_a_known_group_go_to_python_in_order() -> None:
+    """Two groups the table knows, one name and generation: slot 1's descriptor meets
+    slot 0's op and both go to Python, in the order they came (Python names both ranks'
+    groups)."""
+    f = Fake(3)
+    f.t.put_group(11, (0, 1))
+    f.t.put_group(12, (1, 0, 2))
+    f.write(0, wire=4, count=4, ctx=11)
+    f.write(1, wire=4, count=4, ctx=12)
+    assert f.run() == 2 and f.queued() == [(0, 4, 0), (1, 4, 0)]  # (the pass reads slot 0 first)
+    assert f.t.st[P.S_LIVE] == 0
+
+
+def test_a_groups_avg_divides_by_the_groups_size() -> None:
+    f = Fake(3)
+    f.t.put_group(77, (2, 0))
+    f.data(0, 4)[:] = [10, 20, 30, 40]
+    f.data(2, 4)[:] = [2, 4, 6, 8]
+    for k in (2, 0):
+        f.write(k, wire=5, count=4, ctx=77, op=int(ReduceOp.AVG), flags=A.F_AVG)
+    assert f.run() == 2 and f.t.st[P.S_LIVE] == 0
+    assert f.data(0, 4).tolist() == f.data(2, 4).tolist() == [6, 12, 18, 24]
+
+
+def test_a_group_across_nodes_is_the_loops_or_pythons_untouched() -> None:
+    """A group of rank 1 (slot 1 here) and rank 2 (the other node): outside the service's
+    loop its descriptor goes to Python as it came; inside, it is a start whose node's
+    part is not made yet, and what the loop leaves to Python of it goes there the same."""
+    for looping in (0, 1):
+        f = Fake(2, nodes=2)
+        f.t.put_group(55, (1, 2))
+        f.t.st[P.S_LOOPING] = looping
+        f.data(1, 4)[:] = [1, 2, 3, 4]
+        f.write(1, wire=9, count=4, ctx=55, out=int(f.t.lo[1]) + 64)
+        assert f.run() == 1 and f.t.st[P.S_LIVE] == looping  # (a start stays till it ends)
+        if not looping:
+            assert f.queued() == [(1, 9, 0)] and f.started() == []
+            continue
+        (e,) = f.started()
+        assert f.queued() == [] and f.data(1, 12)[8:].tolist() == [0, 0, 0, 0]
+        assert P.entry_buffer(f.t.buf, f.t.lay, e) == int(f.t.lo[1]) + 64
+        assert P.entry_group(f.t.buf, f.t.lay, e) == (1, 1, 2, 2)
+        P.arena_hand_over(f.t.buf, f.t.lay, 0)
+        assert f.queued() == [(1, 9, 0)] and f.started() == [] and f.t.st[P.S_LIVE] == 0
+        # the name's other parts are Python's from now on
+        f.write(0, wire=9, count=4)
+        assert f.run() == 1 and f.queued() == [(0, 9, 0)]
+
+
 def test_a_disagreement_hands_python_the_op_in_the_order_it_came() -> None:
     f = Fake(3)
     f.write(2, wire=5, count=4)

@@ -13,17 +13,37 @@ rank, in a block of words each client's descriptor names) are checked and compar
 the node's clients, and their node's part goes to a buffer of the caller's
 (:func:`arena_local_parts`), their result back from one (:func:`arena_finish_parts`).
 
+It takes a group's allreduces, broadcasts and barriers too (and, on a service of several
+nodes, the reduce-scatters and all-gathers of a group that spans nodes and whose ranks
+lie node after node, ``G_IDENT``: their parts one per group rank, the node's part its
+members' inputs reduced or joined in group order), once the group has a row of its table
+of groups (``groups``: by context, the digest of the group's ranks; row 0 is
+the world's; Python gives a group its row at its first op, ``Table.put_group``, so a
+descriptor carries only the context to find it by): an op waits for the node's members
+only, its node's part is their inputs reduced in group order into the first member's
+output (Python's order, ``ThinService._reduce``), and only they are answered, an ``avg``
+divided by the group's size.  A group whose members all live on this node ends here
+(counted in the arena's header, ``AR_H_PASS_GROUP``).  One that spans nodes is a start
+for the service's compiled loop (:mod:`.service_loop`, ``st[S_LOOPING]``), which makes
+its node's part once it has its row; without one, and whenever the pass runs outside the
+loop, its descriptors go to Python untouched (:func:`arena_hand_over`).  An entry's
+``descs[e, 0]`` always has the op's shape (a copy of a member's where slot 0 is none).
+
 Everything else goes to Python, in order, through an *out-queue* of descriptors that
 ``ThinService`` takes one by one as before:
 
-- a descriptor that is not such an op (a group's, an algorithm named, a window's, a
-  dtype the raw kernels do not take; a reduce-scatter's or an all-gather's on a service
-  of one node), or that is wrong in any way (Python finds what, and says it);
+- a descriptor that is not such an op (a group's the table has no row for or whose
+  slot is no member of it, a reduce-scatter or all-gather of a group that interleaves
+  the nodes or lies on one node, or one of
+  ``st[S_PIPE]`` bytes or more; an algorithm named, a window's, a dtype the raw kernels
+  do not take; a reduce-scatter's or an all-gather's on a service of one node), or that
+  is wrong in any way (Python finds what, and says it);
 - one whose (wire id, generation) Python has had before (:data:`PYKEYS`, a cache of
   them): its other parts go where it went;
-- one that meets an op of the table it does not agree with, or that its client
-  submitted twice: the op's descriptors in the table go out first, in the order they
-  came, so Python sees them as if it had taken them all;
+- one that meets an op of the table it does not agree with (two groups under one name
+  and generation too), or that its client submitted twice: the op's descriptors in the
+  table go out first, in the order they came, so Python sees them as if it had taken
+  them all;
 - an op complete on a service of several nodes (the services' engine runs it; the pass
   has made its node's part, but for an op run in segments, :func:`pipelined`, whose
   node's part Python makes and hands back segment by segment, with :func:`arena_local`
@@ -55,6 +75,7 @@ from ..kernels.raw import (
 )
 from ..native.intrinsics import fence
 from ..native.libc import now_ns
+from ..protocol import AR_H_PASS_GROUP
 from ..transport import arena as A
 
 # ---------------------------------------------------------------- st: the pass's scalars
@@ -66,7 +87,25 @@ from ..transport import arena as A
 #: lane: a drive among the nodes ends when either moves, ``ThinService``)
 (S_ON, S_SLOTS, S_SIZE, S_NODES, S_BASE_RANK, S_DATA, S_LIVE, S_NOUT, S_NSIG, S_TAKEN,
  S_FREE, S_NSTART, S_PIPE, S_TAILS, S_KICKED) = range(15)  # fmt: skip
-ST_WORDS = 16
+#: set while the service's compiled loop (:mod:`.service_loop`) runs the pass: a group's op
+#: among the nodes complete here goes to its starts then (else, to Python's out-queue)
+S_LOOPING = 15
+#: the descriptors of this pass's starts that are a group's (Python's, if the loop has no
+#: row for them: the out-queue keeps room for them)
+S_GPEND = 16
+ST_WORDS = 18
+
+#: Groups the table knows (row 0: the world); a group's op whose group has no row is Python's.
+GROUPS = 64
+#: a group's row: its context (the digest of its ranks: ``Group.context``, signed), its
+#: members on this node, its size, the nodes it spans, in use; then per slot its place
+#: among the node's members (-1: none), the node's members' slots in group order, and
+#: each group rank's world rank, and the node's members' group ranks (group order)
+G_CTX, G_LOCAL, G_SIZE, G_NODES, G_USED = range(5)
+#: whether the group's ranks lie node after node in group order (Python's ``_Grp.identity``:
+#: a reduce-scatter's or all-gather's parts then need no reordering between the nodes)
+G_IDENT = 5
+G_HEAD = 8
 
 #: Ops the table holds at most (more wait in Python's tables).
 CAP = 1024
@@ -94,6 +133,7 @@ _HASH = 0x9E3779B97F4A7C15 - (1 << 64)  # 2^64 / golden ratio, as a signed word
 
 _RING_WORD, _DONE_WORD, _RING, _DW = A.RING_WORD, A.DONE_WORD, A.RING, A.D_WORDS
 _C_TAIL, _C_HEAD, _C_SLEEPING = A.C_TAIL, A.C_HEAD, A.C_SLEEPING
+_H_PASS_GROUP = AR_H_PASS_GROUP
 (_D_TICKET, _D_KIND, _D_WIRE, _D_GEN, _D_DTYPE, _D_COUNT, _D_OP, _D_ROOT, _D_PRIO, _D_IN,
  _D_OUT, _D_FLAGS, _D_GROUP, _D_CTX, _D_AUX, _D_ALGO) = range(16)  # fmt: skip
 
@@ -104,7 +144,7 @@ class Table:
     They are views of one int64 buffer, :attr:`buf`; :attr:`lay` says where each lies
     (offset and shape, in :data:`_TAB`'s order).  The compiled functions Python calls
     take those two arrays and make the views themselves (:func:`_tab`): a tuple of the
-    nineteen arrays, as an argument, cost 1.7 µs of Numba's dispatch per call."""
+    twenty-one arrays, as an argument, cost 1.7 µs of Numba's dispatch per call."""
 
     def __init__(
         self, slots: int, nodes: int, node: int, data_bytes: int,
@@ -130,6 +170,8 @@ class Table:
             "wake": (slots,),  # 1: in sig already
             "starts": (CAP,),  # ops complete here, to run among the nodes
             "tmp": (_DW,),
+            "groups": (GROUPS, G_HEAD + 3 * slots + nodes * slots),
+            "egrp": (CAP,),  # each entry's group row (0: the world)
         }
         self.lay = lay = np.zeros((len(_TAB), 4), np.int64)
         at = 0
@@ -152,11 +194,49 @@ class Table:
         self.next[: CAP - 1] = np.arange(1, CAP)
         st[S_FREE] = 0
         self.pykeys[:] = -1  # generations are >= 0
+        self.slots, self.node = slots, node
+        self.put_group(0, tuple(range(nodes * slots)))  # row 0: the world
+
+    def put_group(self, ctx: int, ranks: tuple[int, ...]) -> int:
+        """Give the group of context ``ctx`` (signed, 0: the world) and world ranks
+        ``ranks`` (this node has a member) a row, if it has none and one is free: then
+        the pass takes its allreduces, broadcasts and barriers.  Its row, or -1."""
+        groups, slots = self.groups, self.slots
+        for g in range(GROUPS):
+            if groups[g, G_USED] and groups[g, G_CTX] == ctx:
+                return g
+            if groups[g, G_USED] == 0 and (g == 0) == (ctx == 0):
+                break
+        else:
+            return -1
+        row = groups[g]
+        row[:] = 0
+        pos = row[G_HEAD : G_HEAD + slots]
+        mem = row[G_HEAD + slots : G_HEAD + 2 * slots]
+        pos[:] = -1
+        mem[:] = -1
+        size = self.st[S_SIZE]
+        grank = row[G_HEAD + 2 * slots + size : G_HEAD + 3 * slots + size]
+        n = 0
+        for j, r in enumerate(ranks):
+            if r // slots == self.node:
+                pos[r % slots] = n
+                mem[n] = r % slots
+                grank[n] = j
+                n += 1
+        row[G_HEAD + 2 * slots : G_HEAD + 2 * slots + len(ranks)] = ranks
+        row[G_CTX], row[G_LOCAL], row[G_SIZE] = ctx, n, len(ranks)
+        row[G_NODES] = len({r // slots for r in ranks})
+        nodes = [r // slots for r in ranks]
+        row[G_IDENT] = int(nodes == sorted(nodes))
+        row[G_USED] = 1
+        return g
 
 
 #: The arrays of :class:`Table`, in the order of :attr:`Table.lay` (and of :func:`_tab`).
 _TAB = ("st", "heads", "incs", "lo", "cw", "keys", "seen", "order", "descs", "born", "bucket",
-        "next", "pykeys", "outq", "outslot", "sig", "wake", "starts", "tmp")  # fmt: skip
+        "next", "pykeys", "outq", "outslot", "sig", "wake", "starts", "tmp", "groups",
+        "egrp")  # fmt: skip
 
 
 @njit(nogil=True, cache=True)
@@ -185,7 +265,8 @@ def _tab(buf, lay):  # type: ignore[no-untyped-def]
         _v1(buf, lay, 4), _v2(buf, lay, 5), _v1(buf, lay, 6), _v2(buf, lay, 7),
         _v3(buf, lay, 8), _v1(buf, lay, 9), _v1(buf, lay, 10), _v1(buf, lay, 11),
         _v2(buf, lay, 12), _v2(buf, lay, 13), _v1(buf, lay, 14), _v1(buf, lay, 15),
-        _v1(buf, lay, 16), _v1(buf, lay, 17), _v1(buf, lay, 18),
+        _v1(buf, lay, 16), _v1(buf, lay, 17), _v1(buf, lay, 18), _v2(buf, lay, 19),
+        _v1(buf, lay, 20),
     )  # fmt: skip
 
 
@@ -277,53 +358,94 @@ def _dtype_ok(dt, op):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _simple(st, lo, mem, d, slot):  # type: ignore[no-untyped-def]
-    """Whether the compiled pass takes ``d``: a well-formed allreduce, broadcast or
-    barrier over the world, or (on a service of several nodes) a reduce-scatter or
-    all-gather over the world, of a raw kernel's element type, no algorithm named."""
-    if st[S_ON] == 0 or d[_D_CTX] != 0 or d[_D_ALGO] != 0:
-        return False
+def _group_find(groups, ctx):  # type: ignore[no-untyped-def]
+    """The row of the group of context ``ctx`` (0: the world's, row 0), or -1."""
+    if ctx == 0:
+        return 0
+    for g in range(1, GROUPS):
+        if groups[g, G_USED] == 0:
+            return -1
+        if groups[g, G_CTX] == ctx:
+            return g
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _member(st, groups, g, i):  # type: ignore[no-untyped-def]
+    """The slot of the ``i``-th of group ``g``'s members on this node (group order)."""
+    return groups[g, G_HEAD + st[S_SLOTS] + i]
+
+
+@njit(nogil=True, cache=True)
+def _grank(st, groups, g, i):  # type: ignore[no-untyped-def]
+    """The group rank of the ``i``-th of group ``g``'s members on this node."""
+    return groups[g, G_HEAD + 2 * st[S_SLOTS] + st[S_SIZE] + i]
+
+
+@njit(nogil=True, cache=True)
+def _root_slot(st, groups, g, root):  # type: ignore[no-untyped-def]
+    """The slot of group rank ``root`` of group ``g`` if it is on this node, else -1."""
+    r = groups[g, G_HEAD + 2 * st[S_SLOTS] + root] - st[S_BASE_RANK]
+    return r if 0 <= r < st[S_SLOTS] else -1
+
+
+@njit(nogil=True, cache=True)
+def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
+    """The group row of ``d`` if the compiled pass takes it, else -1: a well-formed
+    allreduce, broadcast or barrier over the world or a group the table knows (``slot`` a
+    member), or (on a service of several nodes) a reduce-scatter or all-gather over the
+    world, of a raw kernel's element type, no algorithm named.  (A group's op of
+    ``st[S_PIPE]`` bytes or more is Python's: it runs in segments among the nodes.)"""
+    if st[S_ON] == 0 or d[_D_ALGO] != 0:
+        return -1
     if (d[_D_FLAGS] & ~_SIMPLE_FLAGS) != 0 or d[_D_GEN] < 0 or d[_D_TICKET] <= 0:
-        return False
+        return -1
+    g = _group_find(groups, d[_D_CTX])
+    if g < 0 or groups[g, G_HEAD + slot] < 0:
+        return -1
     kind = d[_D_KIND]
     parted = kind == _RS or kind == _AG
     if kind != _AR and kind != _BC and kind != _BAR and not (parted and st[S_NODES] > 1):
-        return False
+        return -1
+    if parted and g != 0 and (groups[g, G_IDENT] == 0 or groups[g, G_NODES] < 2):
+        return -1  # (a group whose order interleaves the nodes, or of one node: Python's)
     dt = d[_D_DTYPE]
     if not _dtype_ok(dt, d[_D_OP]):  # a barrier's too: Python refuses what it refuses
-        return False
+        return -1
     n = d[_D_COUNT]
     span = n * ITEMSIZE[dt]
     data = st[S_DATA]
-    if n < 0 or span > data:
-        return False
+    if n < 0 or span > data or (g != 0 and span >= st[S_PIPE]):
+        return -1
     if kind == _BAR:
-        return True
-    if kind == _BC and not (0 <= d[_D_ROOT] < st[S_SIZE]):
-        return False
+        return g
+    if kind == _BC and not (0 <= d[_D_ROOT] < groups[g, G_SIZE]):
+        return -1
     a, b = lo[slot], lo[slot] + data
     out_span = span
-    if parted:  # its parts: one count per rank of the world, each >= 0
+    if parted:  # its parts: one count per rank of the group (the world), each >= 0
         at = d[_D_AUX]
-        size = st[S_SIZE]
+        size = groups[g, G_SIZE]
         if at % 8 != 0 or not (a <= at and at + 8 * (size + 1) <= b) or mem[at // 8] != size:
-            return False
+            return -1
         total = 0
         for r in range(size):
             c = mem[at // 8 + 1 + r]
             if c < 0:
-                return False
+                return -1
             total += c
-        mine = mem[at // 8 + 1 + st[S_BASE_RANK] + slot]
+        mine = mem[at // 8 + 1 + _grank(st, groups, g, groups[g, G_HEAD + slot])]
         if kind == _RS:
             if total != n:
-                return False
+                return -1
             out_span = mine * ITEMSIZE[dt]
         else:
             if mine != n or total * ITEMSIZE[dt] > data:
-                return False
+                return -1
             out_span = total * ITEMSIZE[dt]
-    return a <= d[_D_IN] <= b - span and a <= d[_D_OUT] <= b - out_span
+    if a <= d[_D_IN] <= b - span and a <= d[_D_OUT] <= b - out_span:
+        return g
+    return -1
 
 
 @njit(nogil=True, cache=True)
@@ -339,19 +461,20 @@ def parts_digest(mem, d, size):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _agrees(st, mem, d, e0):  # type: ignore[no-untyped-def]
-    """Whether two ranks' descriptors of one op agree on its shape (an all-gather's
-    counts are each rank's own; a reduce-scatter's and an all-gather's parts agree)."""
+def _agrees(size, mem, d, e0):  # type: ignore[no-untyped-def]
+    """Whether two ranks' descriptors of one op (over ``size`` ranks) agree on its shape
+    (an all-gather's counts are each rank's own; a reduce-scatter's and an all-gather's
+    parts agree)."""
     kind = d[_D_KIND]
     if not (
-        kind == e0[_D_KIND] and d[_D_DTYPE] == e0[_D_DTYPE]
+        kind == e0[_D_KIND] and d[_D_DTYPE] == e0[_D_DTYPE] and d[_D_CTX] == e0[_D_CTX]
         and (d[_D_COUNT] == e0[_D_COUNT] or kind == _AG) and d[_D_OP] == e0[_D_OP]
         and d[_D_ROOT] == e0[_D_ROOT] and d[_D_FLAGS] == e0[_D_FLAGS]
     ):  # fmt: skip
         return False
     if kind == _RS or kind == _AG:
         a, b = d[_D_AUX] // 8, e0[_D_AUX] // 8
-        for i in range(st[S_SIZE] + 1):
+        for i in range(size + 1):
             if mem[a + i] != mem[b + i]:
                 return False
     return True
@@ -377,6 +500,37 @@ def node_buffer(st, descs, e):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
+def _node_buffer(st, groups, egrp, descs, e):  # type: ignore[no-untyped-def]
+    """:func:`node_buffer` of an entry over the world or a group: the first member's
+    output (group order; a broadcast root's, if the root is here); -1 for a barrier."""
+    g = egrp[e]
+    kind = descs[e, 0, _D_KIND]
+    if g == 0 or kind == _BAR:
+        return node_buffer(st, descs, e)
+    if kind == _BC:
+        r = _root_slot(st, groups, g, descs[e, 0, _D_ROOT])
+        if r >= 0:
+            return descs[e, r, _D_OUT]
+    return descs[e, _member(st, groups, g, 0), _D_OUT]
+
+
+@njit(nogil=True, cache=True)
+def entry_buffer(buf, lay, e):  # type: ignore[no-untyped-def]
+    """The arena offset of entry ``e``'s node buffer (world or group: :func:`_node_buffer`)."""
+    tab = _tab(buf, lay)
+    return _node_buffer(tab[0], tab[19], tab[20], tab[8], e)
+
+
+@njit(nogil=True, cache=True)
+def entry_group(buf, lay, e):  # type: ignore[no-untyped-def]
+    """Entry ``e``'s group: (its row, 0 for the world; its members on this node; the
+    nodes it spans; its size)."""
+    tab = _tab(buf, lay)
+    groups, g = tab[19], tab[20][e]
+    return g, groups[g, G_LOCAL], groups[g, G_NODES], groups[g, G_SIZE]
+
+
+@njit(nogil=True, cache=True)
 def pipelined(st, d0):  # type: ignore[no-untyped-def]
     """Whether the op of descriptor ``d0``, complete here, runs among the nodes in
     segments (Python makes the node's part segment by segment then): see
@@ -396,18 +550,21 @@ def parted(d0):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _node_parts(st, mem, d0):  # type: ignore[no-untyped-def]
-    """Of a reduce-scatter or all-gather (``d0``'s parts): the elements of the node's
-    ranks before this node's, of this node's, and in all."""
+def _node_parts(st, groups, g, mem, d0):  # type: ignore[no-untyped-def]
+    """Of a reduce-scatter or all-gather over group ``g`` (``d0``'s parts, one per group
+    rank, the group's ranks node after node): the elements of the ranks of the nodes before
+    this one, of this node's, and in all."""
     at = d0[_D_AUX] // 8 + 1
-    first, slots = st[S_BASE_RANK], st[S_SLOTS]
+    node, slots = st[S_BASE_RANK] // st[S_SLOTS], st[S_SLOTS]
+    ranks = G_HEAD + 2 * slots
     before = here = total = 0
-    for r in range(st[S_SIZE]):
-        c = mem[at + r]
+    for j in range(groups[g, G_SIZE]):
+        c = mem[at + j]
         total += c
-        if r < first:
+        n = groups[g, ranks + j] // slots
+        if n < node:
             before += c
-        elif r < first + slots:
+        elif n == node:
             here += c
     return before, here, total
 
@@ -416,19 +573,21 @@ def _node_parts(st, mem, d0):  # type: ignore[no-untyped-def]
 def node_counts(buf, lay, mem, e):  # type: ignore[no-untyped-def]
     """Entry ``e``, a reduce-scatter or all-gather complete here: the elements of its
     node's part (what it gives the nodes' op) and of the nodes' op's result here."""
-    st, descs = _v1(buf, lay, 0), _v3(buf, lay, 8)
-    d0 = descs[e, 0]
-    _, here, total = _node_parts(st, mem, d0)
+    tab = _tab(buf, lay)
+    d0 = tab[8][e, 0]
+    _, here, total = _node_parts(tab[0], tab[19], tab[20][e], mem, d0)
     if d0[_D_KIND] == _RS:
         return d0[_D_COUNT], here
     return here, total
 
 
 @njit(nogil=True, cache=True)
-def _local_parts(st, mem, base, descs, e, dst):  # type: ignore[no-untyped-def]
-    """A reduce-scatter's node's part at address ``dst``: its local inputs reduced (in
-    slot order, ``avg`` summed); an all-gather's: its local inputs one after another."""
-    slots = st[S_SLOTS]
+def _local_parts(st, groups, egrp, mem, base, descs, e, dst):  # type: ignore[no-untyped-def]
+    """A reduce-scatter's node's part at address ``dst``: its members' inputs reduced (in
+    group order, the world's in slot order; ``avg`` summed); an all-gather's: its members'
+    inputs one after another."""
+    g = egrp[e]
+    members = groups[g, G_LOCAL]
     d0 = descs[e, 0]
     dt = d0[_D_DTYPE]
     if d0[_D_KIND] == _RS:
@@ -436,49 +595,54 @@ def _local_parts(st, mem, base, descs, e, dst):  # type: ignore[no-untyped-def]
         op = d0[_D_OP]
         if op == _OP_AVG:
             op = _OP_SUM
-        if slots == 1:
-            copy_raw(dst, base + d0[_D_IN], n * ITEMSIZE[dt])
+        src0 = base + descs[e, _member(st, groups, g, 0), _D_IN]
+        if members == 1:
+            copy_raw(dst, src0, n * ITEMSIZE[dt])
         else:
-            reduce3_raw(dt, op, dst, base + d0[_D_IN], base + descs[e, 1, _D_IN], n)
-            for k in range(2, slots):
-                reduce_raw(dt, op, dst, base + descs[e, k, _D_IN], n)
+            src1 = base + descs[e, _member(st, groups, g, 1), _D_IN]
+            reduce3_raw(dt, op, dst, src0, src1, n)
+            for i in range(2, members):
+                reduce_raw(dt, op, dst, base + descs[e, _member(st, groups, g, i), _D_IN], n)
         return
     at = dst
-    for k in range(slots):
+    for i in range(members):
+        k = _member(st, groups, g, i)
         span = descs[e, k, _D_COUNT] * ITEMSIZE[dt]
         copy_raw(at, base + descs[e, k, _D_IN], span)
         at += span
 
 
 @njit(nogil=True, cache=True)
-def _back_parts(st, mem, base, descs, e, src):  # type: ignore[no-untyped-def]
-    """A reduce-scatter's or all-gather's result here (at address ``src``) into its local
-    outputs: each rank its part of a reduce-scatter's (``avg`` divided first), every rank
-    the whole of an all-gather's."""
+def _back_parts(st, groups, egrp, mem, base, descs, e, src):  # type: ignore[no-untyped-def]
+    """A reduce-scatter's or all-gather's result here (at address ``src``) into its
+    members' outputs: each its part of a reduce-scatter's (``avg`` divided by the group's
+    size first), every one the whole of an all-gather's."""
+    g = egrp[e]
     d0 = descs[e, 0]
     dt = d0[_D_DTYPE]
     isz = ITEMSIZE[dt]
-    before, here, total = _node_parts(st, mem, d0)
+    before, here, total = _node_parts(st, groups, g, mem, d0)
     if d0[_D_KIND] == _RS:
         if d0[_D_FLAGS] & A.F_AVG:
-            average_raw(dt, src, here, st[S_SIZE])
+            average_raw(dt, src, here, groups[g, G_SIZE])
         at = src
-        parts = d0[_D_AUX] // 8 + 1 + st[S_BASE_RANK]
-        for k in range(st[S_SLOTS]):
-            span = mem[parts + k] * isz
-            copy_raw(base + descs[e, k, _D_OUT], at, span)
+        parts = d0[_D_AUX] // 8 + 1
+        for i in range(groups[g, G_LOCAL]):  # (the node's block: its members' parts in order)
+            span = mem[parts + _grank(st, groups, g, i)] * isz
+            copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], at, span)
             at += span
         return
-    for k in range(st[S_SLOTS]):
-        copy_raw(base + descs[e, k, _D_OUT], src, total * isz)
+    for i in range(groups[g, G_LOCAL]):
+        copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], src, total * isz)
 
 
 @njit(nogil=True, cache=True)
-def _local(st, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
+def _local(st, groups, egrp, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
     """Op ``e``, complete on this node: the node's part of its elements [lo, hi) in its
-    node buffer (an allreduce's local inputs reduced, in slot order; a broadcast
-    root's input)."""
-    slots = st[S_SLOTS]
+    node buffer (an allreduce's members' inputs reduced, in group order, the world's in
+    slot order, as Python's ``_reduce`` does; a broadcast root's input)."""
+    g = egrp[e]
+    members = groups[g, G_LOCAL]
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
     if kind == _BAR or hi <= lo:
@@ -489,49 +653,58 @@ def _local(st, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
         op = d0[_D_OP]
         if op == _OP_AVG:
             op = _OP_SUM  # summed (here and among the nodes), divided at the end
-        dst = base + d0[_D_OUT] + at
-        if slots == 1:
-            copy_raw(dst, base + d0[_D_IN] + at, n * ITEMSIZE[dt])
+        m0 = _member(st, groups, g, 0)
+        dst = base + descs[e, m0, _D_OUT] + at
+        if members == 1:
+            src = base + descs[e, m0, _D_IN] + at
+            if src != dst:
+                copy_raw(dst, src, n * ITEMSIZE[dt])
         else:
-            reduce3_raw(dt, op, dst, base + d0[_D_IN] + at, base + descs[e, 1, _D_IN] + at, n)
-            for k in range(2, slots):
-                reduce_raw(dt, op, dst, base + descs[e, k, _D_IN] + at, n)
+            m1 = _member(st, groups, g, 1)
+            src0, src1 = base + descs[e, m0, _D_IN] + at, base + descs[e, m1, _D_IN] + at
+            reduce3_raw(dt, op, dst, src0, src1, n)
+            for i in range(2, members):
+                reduce_raw(dt, op, dst, base + descs[e, _member(st, groups, g, i), _D_IN] + at, n)
         return
-    r = d0[_D_ROOT] - st[S_BASE_RANK]
-    if 0 <= r < slots:  # a broadcast whose root is here
+    r = _root_slot(st, groups, g, d0[_D_ROOT]) if g != 0 else d0[_D_ROOT] - st[S_BASE_RANK]
+    if 0 <= r < st[S_SLOTS]:  # a broadcast whose root is here
         src = base + descs[e, r, _D_IN] + at
         copy_raw(base + descs[e, r, _D_OUT] + at, src, n * ITEMSIZE[dt])
 
 
 @njit(nogil=True, cache=True)
-def _back(st, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
-    """Op ``e``'s result of elements [lo, hi) (in its node buffer) into every local
-    output; ``avg`` divided by the world's size first."""
+def _back(st, groups, egrp, base, descs, e, lo, hi):  # type: ignore[no-untyped-def]
+    """Op ``e``'s result of elements [lo, hi) (in its node buffer) into every member's
+    output here; ``avg`` divided by the group's (the world's) size first."""
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
     if kind == _BAR or hi <= lo or parted(d0):  # (a parted op's: _back_parts)
         return
+    g = egrp[e]
     dt = d0[_D_DTYPE]
     at = lo * ITEMSIZE[dt]
-    src = base + node_buffer(st, descs, e) + at
+    src = base + _node_buffer(st, groups, egrp, descs, e) + at
     if kind == _AR and d0[_D_FLAGS] & A.F_AVG:
-        average_raw(dt, src, hi - lo, st[S_SIZE])
+        average_raw(dt, src, hi - lo, groups[g, G_SIZE])
     span = (hi - lo) * ITEMSIZE[dt]
-    for k in range(st[S_SLOTS]):
-        out = base + descs[e, k, _D_OUT] + at
+    for i in range(groups[g, G_LOCAL]):
+        out = base + descs[e, _member(st, groups, g, i), _D_OUT] + at
         if out != src:
             copy_raw(out, src, span)
 
 
 @njit(nogil=True, cache=True)
-def _answer(st, mem, cw, descs, sig, wake, e):  # type: ignore[no-untyped-def]
-    """Set every client's completion word of op ``e``; list the sleepers to wake."""
-    slots = st[S_SLOTS]
-    for k in range(slots):
+def _answer(st, mem, cw, descs, sig, wake, groups, egrp, e):  # type: ignore[no-untyped-def]
+    """Set every member's completion word of op ``e``; list the sleepers to wake."""
+    g = egrp[e]
+    members = groups[g, G_LOCAL]
+    for i in range(members):
+        k = _member(st, groups, g, i)
         t = descs[e, k, _D_TICKET]
         mem[cw[k] + _DONE_WORD + (t - 1) % _RING] = t
     fence()
-    for k in range(slots):
+    for i in range(members):
+        k = _member(st, groups, g, i)
         if mem[cw[k] + _C_SLEEPING] != 0 and wake[k] == 0:
             wake[k] = 1
             sig[st[S_NSIG]] = k
@@ -562,9 +735,10 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
     not hold another op.  ``buf`` and ``lay`` are the table's (:class:`Table`)."""
     tab = _tab(buf, lay)
     st, heads, incs, lo, cw, keys, seen, order, descs, born = tab[:10]
-    bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d = tab[10:]
+    bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d, groups, egrp = tab[10:]
     st[S_NOUT] = 0
     st[S_NSTART] = 0
+    st[S_GPEND] = 0
     _clear_wakes(st, wake)
     slots = st[S_SLOTS]
     tails = 0  # what a drive among the nodes compares the tails with (S_TAILS)
@@ -580,7 +754,7 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             continue
         fence()  # the descriptors were written before the tail
         while heads[s] < tail:
-            if st[S_NOUT] + slots + 1 > outq.shape[0]:
+            if st[S_NOUT] + st[S_GPEND] + slots + 1 > outq.shape[0]:
                 return taken
             row = cw[s] + _RING_WORD + (heads[s] % _RING) * _DW
             for i in range(_DW):
@@ -591,10 +765,12 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             wire, gen = d[_D_WIRE], d[_D_GEN]
             e = _find(keys, bucket, nxt, wire, gen)
             p = _pykey_of(wire, gen)
-            ok = _simple(st, lo, mem, d, s) and not (pykeys[p, 0] == wire and pykeys[p, 1] == gen)
+            g = _simple(st, lo, mem, groups, d, s)
+            ok = g >= 0 and not (pykeys[p, 0] == wire and pykeys[p, 1] == gen)
             if ok and e >= 0:
                 # submitted twice by this rank, or a shape another rank does not share
-                ok = descs[e, s, _D_TICKET] == 0 and _agrees(st, mem, d, descs[e, order[e, 0]])
+                e0 = descs[e, order[e, 0]]
+                ok = descs[e, s, _D_TICKET] == 0 and _agrees(groups[g, G_SIZE], mem, d, e0)
             if ok and e < 0:
                 e = st[S_FREE]
                 if e < 0:  # the table is full: Python's tables take the rest
@@ -607,6 +783,7 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
                     st[S_LIVE] += 1
                     keys[e, 0], keys[e, 1] = wire, gen
                     seen[e] = 0
+                    egrp[e] = g
                     born[e] = now_ns()
                     for k in range(slots):
                         descs[e, k, _D_TICKET] = 0
@@ -618,22 +795,70 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
                 descs[e, s, i] = d[i]
             order[e, seen[e]] = s
             seen[e] += 1
-            if seen[e] < slots:
+            if seen[e] < groups[g, G_LOCAL]:
                 continue
-            if not pipelined(st, descs[e, 0]) and not parted(descs[e, 0]):
-                # (else Python makes it segment by segment, or into a buffer of its own)
-                _local(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
+            if groups[g, G_HEAD] < 0:  # slot 0 is no member: its row holds the op's shape
+                for i in range(_DW):
+                    descs[e, 0, i] = descs[e, order[e, 0], i]
             _unhash(keys, bucket, nxt, e)
-            if st[S_NODES] > 1:  # the services' engine runs it among the nodes
+            among = groups[g, G_NODES] > 1
+            if among:
                 _remember_python(pykeys, wire, gen)  # a rank's second submission: Python's
+            if among and g != 0:
+                # a group's: its node's part is made by the loop, which has its row, or by
+                # Python, which takes its descriptors (:func:`arena_hand_over`)
+                if st[S_LOOPING] == 0:
+                    _entry_to_python(tab, e)
+                    continue
+                st[S_GPEND] += seen[e]
                 starts[st[S_NSTART]] = e
                 st[S_NSTART] += 1
                 continue
-            _back(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
-            _answer(st, mem, cw, descs, sig, wake, e)
+            if not pipelined(st, descs[e, 0]) and not parted(descs[e, 0]):
+                # (else Python makes it segment by segment, or into a buffer of its own)
+                _local(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+            if among:  # the services' engine runs it among the nodes
+                starts[st[S_NSTART]] = e
+                st[S_NSTART] += 1
+                continue
+            if g != 0:  # a group's, all of it on this node: the pass alone ran it
+                mem[_H_PASS_GROUP] += 1
+            _back(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+            _answer(st, mem, cw, descs, sig, wake, groups, egrp, e)
             _free(st, nxt, e)
     st[S_TAKEN] += taken
     return taken
+
+
+@njit(nogil=True, cache=True)
+def _entry_to_python(tab, e):  # type: ignore[no-untyped-def]
+    """Queue the descriptors of entry ``e`` (complete, out of its bucket, its key
+    remembered as Python's, nothing made of it) for Python, and give it back."""
+    st, seen, order, descs = tab[0], tab[6], tab[7], tab[8]
+    nxt, outq, outslot = tab[11], tab[13], tab[14]
+    for i in range(seen[e]):
+        s = order[e, i]
+        _queue(st, outq, outslot, descs[e, s], s)
+    _free(st, nxt, e)
+
+
+@njit(nogil=True, cache=True)
+def arena_hand_over(buf, lay, first):  # type: ignore[no-untyped-def]
+    """The pass's starts from ``first`` on, which the compiled loop leaves to Python: a
+    group's go to the out-queue (Python takes their descriptors as if it had had them
+    all along); the rest, the world's, stay starts (``st[S_NSTART]`` of them)."""
+    tab = _tab(buf, lay)
+    st, starts, egrp = tab[0], tab[17], tab[20]
+    n = first
+    for i in range(first, st[S_NSTART]):
+        e = starts[i]
+        if egrp[e] != 0:
+            _entry_to_python(tab, e)
+        else:
+            starts[n] = e
+            n += 1
+    st[S_NSTART] = n
+    st[S_GPEND] = 0
 
 
 @njit(nogil=True, cache=True)
@@ -643,10 +868,11 @@ def arena_finish(buf, lay, mem, base, e, back):  # type: ignore[no-untyped-def]
     sleepers to wake in ``sig``), the entry given back."""
     tab = _tab(buf, lay)
     st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
+    groups, egrp = tab[19], tab[20]
     _clear_wakes(st, wake)
     if back:
-        _back(st, base, descs, e, 0, descs[e, 0, _D_COUNT])
-    _answer(st, mem, cw, descs, sig, wake, e)
+        _back(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+    _answer(st, mem, cw, descs, sig, wake, groups, egrp, e)
     _free(st, nxt, e)
 
 
@@ -654,7 +880,8 @@ def arena_finish(buf, lay, mem, base, e, back):  # type: ignore[no-untyped-def]
 def arena_local_parts(buf, lay, mem, base, e, dst):  # type: ignore[no-untyped-def]
     """The node's part of entry ``e``, a reduce-scatter or all-gather complete here, at
     address ``dst`` (:func:`node_counts`' first count of elements)."""
-    _local_parts(_v1(buf, lay, 0), mem, base, _v3(buf, lay, 8), e, dst)
+    tab = _tab(buf, lay)
+    _local_parts(tab[0], tab[19], tab[20], mem, base, tab[8], e, dst)
 
 
 @njit(nogil=True, cache=True)
@@ -664,8 +891,8 @@ def arena_finish_parts(buf, lay, mem, base, e, src):  # type: ignore[no-untyped-
     tab = _tab(buf, lay)
     st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
     _clear_wakes(st, wake)
-    _back_parts(st, mem, base, descs, e, src)
-    _answer(st, mem, cw, descs, sig, wake, e)
+    _back_parts(st, tab[19], tab[20], mem, base, descs, e, src)
+    _answer(st, mem, cw, descs, sig, wake, tab[19], tab[20], e)
     _free(st, nxt, e)
 
 
@@ -673,14 +900,16 @@ def arena_finish_parts(buf, lay, mem, base, e, src):  # type: ignore[no-untyped-
 def arena_local(buf, lay, base, e, lo, hi):  # type: ignore[no-untyped-def]
     """The node's part of elements [lo, hi) of entry ``e`` (a pipelined op's segment,
     before it starts among the nodes)."""
-    _local(_v1(buf, lay, 0), base, _v3(buf, lay, 8), e, lo, hi)
+    tab = _tab(buf, lay)
+    _local(tab[0], tab[19], tab[20], base, tab[8], e, lo, hi)
 
 
 @njit(nogil=True, cache=True)
 def arena_back(buf, lay, base, e, lo, hi):  # type: ignore[no-untyped-def]
     """Elements [lo, hi) of entry ``e``'s result back into its clients' outputs (a
     pipelined op's segment, ended among the nodes)."""
-    _back(_v1(buf, lay, 0), base, _v3(buf, lay, 8), e, lo, hi)
+    tab = _tab(buf, lay)
+    _back(tab[0], tab[19], tab[20], base, tab[8], e, lo, hi)
 
 
 @njit(nogil=True, cache=True)
@@ -749,6 +978,9 @@ def prepare() -> None:
     pipelined(t.st, t.descs[0, 0])
     arena_release(t.buf, t.lay, 0)
     node_buffer(t.st, t.descs, 0)
+    entry_buffer(t.buf, t.lay, 0)
+    entry_group(t.buf, t.lay, 0)
+    arena_hand_over(t.buf, t.lay, 0)
     t.st[S_LIVE] = 1
     t.descs[0, 0, _D_KIND] = _AG
     t.descs[0, 0, _D_AUX] = 8

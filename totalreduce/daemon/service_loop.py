@@ -11,8 +11,16 @@ lane needs for it (the row's own; a reduce-scatter's or all-gather's node's part
 result too), and its name's entry in a table of names, which holds the name's next
 generation among the services (a name's shapes share it).  The shapes are the compiled
 pass's: allreduces, broadcasts, barriers, reduce-scatters and all-gathers over the world,
-whole among the nodes (a segmented one, :func:`.arena_pass.pipelined`, stays Python's:
-docs/daemon.md says why), of any element type but bfloat16 (a broadcast's too).
+and the same kinds over a group that spans nodes (a reduce-scatter's or all-gather's where
+the group's ranks lie node after node; keyed by their name among the services,
+:func:`engine_name`, which mixes in the group's context; a broadcast's root a rank of the
+group; an all-gather's count its first member's; their records carry the group's context,
+``thin_nodes.GroupExpress``, and Python starts their first occurrences from
+``AmongNodes._engine_op`` and ``_among_nodes``), whole among the nodes (a segmented one,
+:func:`.arena_pass.pipelined`, stays Python's: docs/daemon.md says why), of any element
+type but bfloat16 (a broadcast's too).  A group's op runs among the services of the nodes
+it spans (the lane's fields have their group); the pass makes its node's part only once
+its row is found, and hands the descriptors of one without a row to Python untouched.
 
 From then on :func:`service_pass` runs a repeat of the shape whole: it takes the
 descriptors (the pass), reduces the node's buffers (the pass), enters the op into the
@@ -25,7 +33,8 @@ the engine's Python waits), and returns to Python, for it to take in order as be
 
 - anything the pass hands over (its out-queue; an op complete here whose shape has no
   row): ``WHY_PASS``, with the
-  first of the pass's starts Python must take;
+  first of the pass's starts Python must take (the world's: a group's without a row go
+  to the out-queue, :func:`.arena_pass.arena_hand_over`);
 - a repeat that did not end in its try (the other nodes are late): ``WHY_ADOPT``,
   Python makes its handle, as ``CommLoop.lane_now`` does, and it goes on as any;
 - the lane's events, a message of its main loop, a full table, a kick of another
@@ -50,21 +59,26 @@ from ..engine.lane_core import lane_pass  # noqa: F401 - (its cache directory: t
 from ..engine.lane_service import TRY_NS, lane_repeat
 from ..kernels.raw import DT_BF16, copy_raw
 from ..native.libc import now_ns, yield_cpu
-from ..protocol import C_BFULL, C_CTL_WAITING, C_FULL, C_NDONE, C_NEV
+from ..protocol import C_BFULL, C_CTL_WAITING, C_FULL, C_NDONE, C_NEV, C_NFREEOP
 from ..transport import arena as A
 from ..transport.meeting import wake_client
 from .arena_pass import (
+    G_SIZE,
     S_KICKED,
+    S_LOOPING,
     S_NOUT,
     S_NSIG,
     S_NSTART,
-    S_SIZE,
+    _entry_to_python,
+    _local,
+    _member,
+    _node_buffer,
     _tab,
     arena_finish,
     arena_finish_parts,
+    arena_hand_over,
     arena_local_parts,
     arena_pass,
-    node_buffer,
     parted,
     parts_digest,
     pipelined,
@@ -95,6 +109,7 @@ NAME_WORDS = 8
 #: The most bytes of such buffers the rows keep in all (more: those shapes stay Python's).
 ROW_BUFFER_BYTES = 512 << 20
 _HASH = 0x9E3779B97F4A7C15 - (1 << 64)
+_D_CTX = A.D_CTX
 
 # ---------------------------------------------------------------- io: Python's words
 #: in: the call's span, the spin after its last work, the lane's first try, the lane's
@@ -179,10 +194,21 @@ def row_of(rows, wire, dtype, count, op, at, kind, root, make):  # type: ignore[
 
 
 @njit(nogil=True, cache=True)
-def _row_for(rows, st, amem, descs, e, io):  # type: ignore[no-untyped-def]
+def engine_name(wire, ctx):  # type: ignore[no-untyped-def]
+    """The name among the services of a client's op of wire id ``wire`` over the group of
+    context ``ctx`` (0: the world): ``AmongNodes._engine_name``'s, as a signed word."""
+    if ctx == 0:
+        return wire
+    return wire ^ (ctx * _HASH)
+
+
+@njit(nogil=True, cache=True)
+def _row_for(rows, st, groups, egrp, amem, descs, e, io):  # type: ignore[no-untyped-def]
     """The row that runs entry ``e`` (complete here) among the nodes, or -1 (Python's): a
-    whole world allreduce, broadcast, barrier, reduce-scatter or all-gather of a shape the
-    row has."""
+    whole allreduce, broadcast, barrier, reduce-scatter or all-gather over the world or a
+    group, of a shape the row has (a group's op: under its name among the services,
+    :func:`engine_name`; a broadcast's root: a rank of its group; an all-gather's count:
+    its first member's, in group order, as Python's ``_Op.first``)."""
     d0 = descs[e, 0]
     kind = d0[_D_KIND]
     if kind != _AR and kind != _BC and kind != _BAR and kind != _RS and kind != _AG:
@@ -194,17 +220,19 @@ def _row_for(rows, st, amem, descs, e, io):  # type: ignore[no-untyped-def]
     if not (io[IO_PRIO_LO] <= d0[_D_PRIO] <= io[IO_PRIO_HI]):
         return -1
     root = d0[_D_ROOT] if kind == _BC else 0
-    at = _where(st, amem, descs, e)
-    return row_of(rows, d0[_D_WIRE], d0[_D_DTYPE], d0[_D_COUNT], d0[_D_OP], at, kind, root, False)
+    at = _where(st, groups, egrp, amem, descs, e)
+    wire = engine_name(d0[_D_WIRE], d0[_D_CTX])
+    count = descs[e, _member(st, groups, egrp[e], 0), _D_COUNT]  # (an all-gather's: its first's)
+    return row_of(rows, wire, d0[_D_DTYPE], count, d0[_D_OP], at, kind, root, False)
 
 
 @njit(nogil=True, cache=True)
-def _where(st, amem, descs, e):  # type: ignore[no-untyped-def]
+def _where(st, groups, egrp, amem, descs, e):  # type: ignore[no-untyped-def]
     """What a row keys entry ``e`` on beside its kind and sizes: its node buffer's offset,
     or a reduce-scatter's or all-gather's parts (their digest: its buffers are the row's)."""
     if parted(descs[e, 0]):
-        return parts_digest(amem, descs[e, 0], st[S_SIZE])
-    return node_buffer(st, descs, e)
+        return parts_digest(amem, descs[e, 0], groups[egrp[e], G_SIZE])
+    return _node_buffer(st, groups, egrp, descs, e)
 
 
 @njit(nogil=True, cache=True)
@@ -230,9 +258,22 @@ def service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, laren
     docstring) or nothing came for ``io[IO_SPIN_NS]``, at most ``io[IO_MAX_NS]``.
     ``fbuf``/``flay``: the pass's table; ``amem``, ``abase``: the arena as words and its
     address; ``rows``, ``names``, ``fields``: the shapes and their names; ``lmem``...``b``:
-    the services' lane (its lock held); ``addrs``: 4 words of scratch."""
+    the services' lane (its lock held); ``addrs``: 4 words of scratch.  The pass's starts
+    it leaves to Python are the world's (a group's go to the out-queue,
+    :func:`.arena_pass.arena_hand_over`)."""
+    st = _tab(fbuf, flay)[0]
+    st[S_LOOPING] = 1
+    _service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, larena, b, addrs, io)
+    st[S_LOOPING] = 0
+    if io[IO_WHY] == WHY_PASS or io[IO_WHY] == WHY_ADOPT:
+        arena_hand_over(fbuf, flay, io[IO_FIRST])
+
+
+@njit(nogil=True, cache=True)
+def _service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, larena, b, addrs, io):  # type: ignore[no-untyped-def]
     tab = _tab(fbuf, flay)
     st, cw, descs, sig, starts = tab[0], tab[4], tab[8], tab[15], tab[17]
+    groups, egrp = tab[19], tab[20]
     t0 = now_ns()
     last = t0
     io[IO_WHY] = WHY_IDLE
@@ -251,12 +292,22 @@ def service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, laren
                 return
             for i in range(st[S_NSTART]):
                 e = starts[i]
-                r = _row_for(rows, st, amem, descs, e, io)
-                if r < 0 or (names[rows[r, R_NAME], N_DONE] == 0 and io[IO_NTOUCHED] >= TOUCHED):
+                grouped = egrp[e] != 0
+                r = _row_for(rows, st, groups, egrp, amem, descs, e, io)
+                if (
+                    r < 0
+                    or (names[rows[r, R_NAME], N_DONE] == 0 and io[IO_NTOUCHED] >= TOUCHED)
+                    or (grouped and lmem[C_NFREEOP] == 0)  # (the lane's table is full)
+                ):
+                    if grouped:  # Python starts it, from its descriptors
+                        _entry_to_python(tab, e)
+                        continue
                     io[IO_WHY] = WHY_PASS
                     io[IO_FIRST] = i
                     return
                 split = rows[r, R_KIND] == _RS or rows[r, R_KIND] == _AG  # own buffers
+                if grouped and not split:  # its node's part: made now that it runs here
+                    _local(st, groups, egrp, abase, descs, e, 0, descs[e, 0, _D_COUNT])
                 at = abase + max(rows[r, R_AT], 0)  # (a barrier's: no byte of it is read)
                 if split:
                     arena_local_parts(fbuf, flay, amem, abase, e, rows[r, R_IN])
@@ -276,7 +327,7 @@ def service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, laren
                     lmem, prog, larena, b, fields[r], addrs, gen, prio, io[IO_URGENT],
                     try_ns, io[IO_LSPIN_NS], io[IO_TAKE],
                 )  # fmt: skip
-                if slot < 0:  # the lane's table is full: Python's way
+                if slot < 0:  # the lane's table is full: Python's way (a group's: not here)
                     io[IO_WHY] = WHY_PASS
                     io[IO_FIRST] = i
                     return
@@ -306,6 +357,10 @@ def service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, laren
                 io[IO_RAN] += 1
                 last = now_ns()
             st[S_NSTART] = 0
+            if st[S_NOUT] > 0:  # a group's op the loop has no row for: Python's
+                io[IO_WHY] = WHY_PASS
+                io[IO_FIRST] = 0
+                return
             if _lane_waits(lmem):
                 io[IO_WHY] = WHY_LOOK
                 return
@@ -437,6 +492,7 @@ def _compile() -> None:
     u8 = types.Array(types.uint8, 1, "C")
     with plain_constants():
         service_pass.compile((v1, v2, v1, i64, v2, v2, v2, v1, v1, u8, v1, v1, v1))
+        engine_name.compile((i64, i64))
         parts_digest.compile((v1, v1, i64))
         row_of.compile((v2, i64, i64, i64, i64, i64, i64, i64, types.boolean))
         name_of.compile((v2, i64, types.boolean))

@@ -24,6 +24,7 @@ from ..transport import arena as A
 from ..transport.meeting import wake_client
 from . import arena_pass, service_loop
 from . import service_loop as SL
+from .thin_nodes import GroupExpress, group_start
 from .thin_ops import _SESSION, _error_kind, _Grp, _Op, _Segments, ended_of
 
 log = logging.getLogger("totalreduce.daemon")
@@ -87,6 +88,8 @@ class PassOps:
     _kick: Any
     _is_session: Any
     _session_start: Any
+    _group_of: Any
+    _parts_group: Any
 
     def _drain(self, spin: bool = False) -> bool:
         """Take what the clients submitted: the compiled pass takes and runs the common
@@ -199,9 +202,14 @@ class PassOps:
     # among the nodes
 
     def _entry_op(self, e: int) -> _Op:
-        """Python's _Op of the pass's entry ``e`` (complete here: its local part done)."""
+        """Python's _Op of the pass's entry ``e`` (complete here: its local part done), over
+        the world or its group."""
         fast = self._fast
-        op = _Op((int(fast.keys[e, 0]), int(fast.keys[e, 1]), 0), self.slots, self._world)
+        ctx, grp = int(fast.descs[e, 0, A.D_CTX]), self._world
+        if ctx:
+            k = int(fast.order[e, 0])
+            grp = self._group_of(k, fast.descs[e, k])[0] or grp
+        op = _Op((int(fast.keys[e, 0]), int(fast.keys[e, 1]), ctx), self.slots, grp)
         for i in range(int(fast.seen[e])):
             k = int(fast.order[e, i])
             op.descs[k] = fast.descs[e, k].copy()
@@ -309,12 +317,15 @@ class PassOps:
             name = self._engine_name(key)
             prio = int(d[A.D_PRIO])
             bf = "bfloat16" if dt is DType.BFLOAT16 else None
+            grp = self._parts_group(self._world, digest)  # (the nodes compare the parts)
             if kind == _RS:
                 h = eng.reduce_scatter_async(
-                    buf, name=name, op=rop, counts=per_node, priority=prio, dtype=bf
+                    buf, name=name, op=rop, counts=per_node, priority=prio, dtype=bf, group=grp
                 )
             else:
-                h = eng.allgather_async(buf, name=name, counts=per_node, priority=prio, dtype=bf)
+                h = eng.allgather_async(
+                    buf, name=name, counts=per_node, priority=prio, dtype=bf, group=grp
+                )
         except Exception as exc:
             op = self._entry_op(e)
             arena_pass.arena_release(fast.buf, fast.lay, e)
@@ -345,7 +356,9 @@ class PassOps:
             buf, out = made, None
         prio = int(d[A.D_PRIO])
         h = None
-        if not self._fast_running and not int(d[A.D_FLAGS]) & A.F_UNNAMED:
+        if isinstance(ex, GroupExpress):  # a reduce-scatter's or all-gather's, its context
+            h = group_start(self.engine, ex, shape[0], buf, prio, out)
+        elif not self._fast_running and not int(d[A.D_FLAGS]) & A.F_UNNAMED:
             # Nothing else among the nodes: this thread drives the op to its end at once
             # (at most the engine's first try, 200 µs, then it is a handle like any), so a
             # small op between nodes makes no handle, spec or lane op, and no callback
@@ -367,6 +380,8 @@ class PassOps:
                     return True
                 h = r[1]
         if h is None:
+            if isinstance(ex, GroupExpress):  # (express.start knows no context)
+                return False
             h = express.start(self.engine, ex, shape[0], buf, out, prio)
             if h is None:
                 return False
@@ -418,7 +433,7 @@ class PassOps:
                     ex = express.Express(spec, buf, sig_bc, tuning.EPOCH[0])
         elif name == "auto":
             spec = getattr(h, "_spec", None)  # (None: it ended already; the next one)
-            if spec is None or spec.context:
+            if spec is None or (spec.context and kind not in _PARTED):
                 return
             if kind == _BARRIER and spec.kind is OpKind.BARRIER:
                 sig: tuple[Any, ...] = _BARRIER_SIG
@@ -429,10 +444,13 @@ class PassOps:
                 sig = ("allgather", spec.dtype.name.lower(), -1, "sum", 0)
             else:
                 return
-            ex = express.Express(spec, buf, sig, tuning.EPOCH[0])
+            if spec.context:  # a reduce-scatter's or all-gather's: its parts' context
+                ex = GroupExpress(spec, buf, sig, tuning.EPOCH[0])
+            else:
+                ex = express.Express(spec, buf, sig, tuning.EPOCH[0])
         if (
             ex is None
-            or ex.__class__ is not express.Express
+            or (ex.__class__ is not express.Express and ex.__class__ is not GroupExpress)
             or ex.npdt is not buf.dtype
             or ex.shape != buf.shape
         ):
@@ -503,7 +521,7 @@ class PassOps:
         may fail it): an _Op in ``_running`` with the engine's handle, as _start makes."""
         op = self._entry_op(e)
         fast = self._fast
-        at = int(arena_pass.node_buffer(fast.st, fast.descs, e))
+        at = int(arena_pass.entry_buffer(fast.buf, fast.lay, e))
         d = fast.descs[e, 0]
         if at >= 0:
             op.node_buf = self.arena.view(at, int(d[A.D_COUNT]), DType(int(d[A.D_DTYPE])).numpy)

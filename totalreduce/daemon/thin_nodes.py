@@ -14,9 +14,12 @@ import numpy as np
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.rooted import offsets
 from ..dtypes import DType, ReduceOp
+from ..engine.payload import OpSpec
 from ..errors import OpMismatchError
 from ..group import Group
 from ..kernels import copy_into
+from ..service import express, tuning
+from ..service.handle import Handle
 from ..transport import arena as A
 from . import arena_pass
 from .thin_ops import (
@@ -41,6 +44,65 @@ _SEGMENT_MIX = 0xC2B2_AE3D_27D4_EB4F
 #: Mixed into a group's context (0: the world's) for its segmented ops' segments.
 _SEGMENT_CONTEXT = 0x1656_67B1_9E37_79F9
 _SEGMENTED = (int(OpKind.ALLREDUCE), int(OpKind.BROADCAST))
+#: Mixed into a reduce-scatter's or all-gather's group context (0: the world's), times its
+#: parts' digest, for its op among the services: services whose clients gave other parts
+#: meet another context, and both fail (the per-node sums they run by may agree).
+_PARTS_CONTEXT = 0x27D4_EB2F_1656_67C5
+#: A group's kinds whose repeats run in the compiled loop (:mod:`.service_loop`).
+_REPEATED = (int(OpKind.ALLREDUCE), int(OpKind.BROADCAST), int(OpKind.BARRIER))
+#: A barrier's buffer.
+_NO_DATA = np.empty(0, np.int64)
+
+
+class GroupExpress(express.Express):
+    """An express record of a group's op among the services: the engine's record, with the
+    group's context (the engine keeps records of ops given no group only)."""
+
+    __slots__ = ("context",)
+
+    def __init__(self, spec: OpSpec, x: np.ndarray, sig: tuple[Any, ...], epoch: int) -> None:
+        super().__init__(spec, x, sig, epoch)
+        self.context = spec.context
+
+
+def parts_word(parts: tuple[int, ...]) -> int:
+    """:func:`.arena_pass.parts_digest` of ``parts`` (the same word, from Python)."""
+    h = len(parts)
+    for c in parts:
+        h = ((h ^ c) * _GOLDEN) & _MASK
+        h ^= (h >> 29) & 0x7FFF_FFFF
+    return A.signed(h)
+
+
+def group_start(
+    svc: Any, ex: GroupExpress, name: int, x: np.ndarray, priority: int,
+    out: np.ndarray | None = None,
+) -> Any:  # fmt: skip
+    """A repeat of a group's op ``ex`` on the services' engine ``svc``, in place on ``x``
+    (``out`` None: into a new array, a reduce-scatter's or all-gather's; ``express.start``'s
+    way, its spec with the group's context); None when anything unusual needs the whole
+    way."""
+    loop = svc.loop
+    if svc._closed or loop.fatal is not None or loop.late_errors or ex.epoch != tuning.EPOCH[0]:
+        return None
+    if not -(1 << 31) <= priority < 1 << 31:
+        return None
+    o = np.empty(ex.out_count, ex.npdt) if out is None else out
+    op_name, gen = svc._names.name(name, ex.sig)
+    handle = Handle(op_name, gen, o, loop)
+    handle._names = svc._names
+    spec = OpSpec(
+        op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
+        x, o, ex.sched, ex.plan, ex.group, ex.context, ex.param, ex.in_place, False, None,
+        False, handle._ended,
+    )  # fmt: skip
+    handle._spec = spec
+    lop = loop.lane_express(spec, ex)
+    if lop is None:
+        loop.submit(spec)
+    else:
+        handle._lop = lop
+    return handle
 
 
 class AmongNodes:
@@ -56,6 +118,7 @@ class AmongNodes:
     pipe_min_bytes: int
     _on_arena_thread: Any
     _note_name: Any
+    _loop_shape: Any
 
     def _alltoall_out(
         self, op: _Op, ins: list[np.ndarray], outs: list[np.ndarray]
@@ -182,6 +245,9 @@ class AmongNodes:
         prio = int(d[A.D_PRIO])
         bf = "bfloat16" if dt is DType.BFLOAT16 else None
         grp = g.engine_group
+        if kind != _A2A:
+            assert parts is not None
+            grp = self._parts_group(g, parts_word(parts))
         if kind == _A2A:
             send, recv, _ = op.plan
             if op.passive:  # a window's standing receive: it may wait for ever there too
@@ -194,15 +260,24 @@ class AmongNodes:
             return eng.alltoall_async(
                 buf, name=name, splits=send, recv_splits=recv, group=grp, priority=prio
             )
-        assert parts is not None
+        assert parts is not None and buf is not None
         per_node = [sum(parts[i] for i in m) for m in g.members]
+        shape = self._group_shape(name, g, kind, buf, dt, d, parts)
+        if shape is not None:  # a group's: a repeat starts from its record
+            h = self._group_repeat(shape, buf, prio)
+            if h is not None:
+                return h
         if kind == _RS:
-            return eng.reduce_scatter_async(
+            h = eng.reduce_scatter_async(
                 buf, name=name, op=rop, group=grp, counts=per_node, priority=prio, dtype=bf
             )
-        return eng.allgather_async(
-            buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
-        )
+        else:
+            h = eng.allgather_async(
+                buf, name=name, group=grp, counts=per_node, priority=prio, dtype=bf
+            )
+        if shape is not None:
+            self._group_remember(shape, buf, h, g)
+        return h
 
     def _segmented(self, key: tuple[int, int, int], g: _Grp, d: np.ndarray) -> _Segments | None:
         """The segments among the services of the op of ``key`` over group ``g`` whose
@@ -223,6 +298,20 @@ class AmongNodes:
             self._note_name(x)
         ranges = [(i * count // n, (i + 1) * count // n) for i in range(n)]
         return _Segments(self.engine, names, ranges)
+
+    def _parts_group(self, g: _Grp, digest: int) -> Group:
+        """The services' group a reduce-scatter or all-gather over ``g`` whose parts'
+        digest is ``digest`` runs over: ``g``'s nodes, its context mixed with the digest
+        (the per-node sums the services run by may agree where parts differ)."""
+        key = (g.ctx, digest)
+        groups = self.__dict__.setdefault("_parts_groups", {})
+        group = groups.get(key)
+        if group is None:
+            if len(groups) >= 4096:
+                groups.clear()
+            group = groups[key] = Group(g.nodes)
+            group.context = ((g.ctx ^ (digest * _PARTS_CONTEXT)) & _MASK) or 1
+        return group  # type: ignore[no-any-return]
 
     def _segment_group(self, g: _Grp) -> Group:
         """The services' group a segmented op's segments run over: ``g``'s nodes, with a
@@ -251,8 +340,16 @@ class AmongNodes:
         grp = g.engine_group
         code = int(d[A.D_ALGO])
         algo = AlgorithmCode(code).name.lower() if code else "auto"
+        shape = self._group_shape(name, g, kind, buf, dt, d) if segs is None else None
+        if shape is not None:  # a group's whole op: a repeat starts from its record
+            h = self._group_repeat(shape, _NO_DATA if buf is None else buf, prio)
+            if h is not None:
+                return h
         if kind == int(OpKind.BARRIER):
-            return eng.barrier_async(name=name, priority=prio, group=grp, algorithm=algo)
+            h = eng.barrier_async(name=name, priority=prio, group=grp, algorithm=algo)
+            if shape is not None:
+                self._group_remember(shape, _NO_DATA, h, g)
+            return h
         assert buf is not None
         root = 0
         if kind == int(OpKind.BROADCAST):
@@ -270,13 +367,82 @@ class AmongNodes:
             )  # fmt: skip
 
         if segs is None:
-            return start(name, buf, grp)
+            h = start(name, buf, grp)
+            if shape is not None:
+                self._group_remember(shape, buf, h, g)
+            return h
         sgrp = self._segment_group(g)
         ranges, names, s = segs.ranges, segs.names, segs
         s.start = lambda i: start(names[i], buf[ranges[i][0] : ranges[i][1]], sgrp)
         s.on_segment = lambda i: self._on_arena_thread(lambda: self._segment_ended(s, i), False)
         self._start_segments(segs)
         return segs
+
+    # ------------------------------------------------------------------ a group's repeats
+
+    def _group_shape(
+        self, name: int, g: _Grp, kind: int, buf: np.ndarray | None, dt: DType, d: np.ndarray,
+        parts: tuple[int, ...] | None = None,
+    ) -> tuple[int, ...] | None:  # fmt: skip
+        """The shape of a group's whole allreduce, broadcast, barrier, reduce-scatter or
+        all-gather among the nodes (its name among the services, dtype, count, reduce op,
+        algorithm, node buffer's offset or the parts' digest, kind, a broadcast's root in
+        the group), as the compiled loop's rows key it (``service_loop._row_for``); None for
+        the world's (the pass's own), an algorithm named, an unnamed op, a bfloat16 one but
+        a broadcast, or a reduce-scatter or all-gather whose group's order interleaves the
+        nodes (the compiled pass leaves those to Python)."""
+        if not g.ctx or int(d[A.D_ALGO]) or int(d[A.D_FLAGS]) & A.F_UNNAMED:
+            return None
+        if dt is DType.BFLOAT16 and kind != int(OpKind.BROADCAST):
+            return None
+        if kind in (_RS, _AG):
+            if not g.identity or parts is None:
+                return None
+            return (name, int(d[A.D_DTYPE]), int(d[A.D_COUNT]), int(d[A.D_OP]), 0,
+                    parts_word(parts), kind, 0)  # fmt: skip
+        if kind not in _REPEATED:
+            return None
+        at = -1 if buf is None else self.arena.offset_of(buf)
+        if buf is not None and at < 0:
+            return None
+        root = int(d[A.D_ROOT]) if kind == int(OpKind.BROADCAST) else 0
+        return (name, int(d[A.D_DTYPE]), int(d[A.D_COUNT]), int(d[A.D_OP]), 0, at, kind, root)
+
+    def _group_records(self) -> dict[tuple[int, ...], Any]:
+        records = self.__dict__.get("_group_express")
+        if records is None:
+            records = self.__dict__["_group_express"] = {}
+        return records
+
+    def _group_remember(self, shape: tuple[int, ...], buf: np.ndarray, h: Any, g: _Grp) -> None:
+        """After a group's whole op among the nodes (its handle ``h``, just started): the
+        engine's express record of it, with its group's context, for its repeats (the
+        engine keeps none for an op given a group)."""
+        spec = getattr(h, "_spec", None)  # (None: it ended already; the next one)
+        if spec is None or not spec.context or spec.kind.value != shape[6]:
+            return
+        sig = (spec.kind.name.lower(), spec.dtype.name.lower(), int(buf.size),
+               spec.op.name.lower(), spec.param)  # fmt: skip
+        if shape[6] == _AG:  # (``allgather_async``'s signature)
+            sig = ("allgather", spec.dtype.name.lower(), -1, "sum", 0)
+        ex = GroupExpress(spec, buf, sig, tuning.EPOCH[0])
+        records = self._group_records()
+        if len(records) >= express.MAX_RECORDS:
+            records.clear()
+        records[shape] = ex
+
+    def _group_repeat(self, shape: tuple[int, ...], buf: np.ndarray, prio: int) -> Any:
+        """Start a repeat of a group's whole op of ``shape`` from its record (None: it has
+        none, or the engine wants the whole way); once the lane has its fields, the
+        compiled loop has a row for its later repeats (``PassOps._loop_shape``)."""
+        ex = self._group_records().get(shape)
+        if ex is None or ex.npdt is not buf.dtype or ex.shape != buf.shape:
+            return None
+        out = None if shape[6] in (_RS, _AG) else buf  # (a new array: the parts' result)
+        h = group_start(self.engine, ex, shape[0], buf, prio, out)
+        if h is not None:
+            self._loop_shape(shape, buf, ex)
+        return h
 
     def _start_segments(self, segs: _Segments) -> None:
         """Start ``segs``'s next segments, while fewer than ``IN_FLIGHT`` run (the first
@@ -324,6 +490,17 @@ class AmongNodes:
                     f"into {len(h.ranges)} parts among the nodes ({how}), and another node's "
                     f"op differs in count, dtype or kind: {text}"
                 )
+            elif int(d[A.D_KIND]) in (_RS, _AG):
+                at = int(d[A.D_AUX])
+                parts = tuple(int(c) for c in self.arena.view(
+                    at + 8, int(self.arena.view(at, 1, np.int64)[0]), np.int64))  # fmt: skip
+                mine = ((ctx ^ (parts_word(parts) * _PARTS_CONTEXT)) & _MASK) or 1
+                if f"{mine:#x}" in text:  # the parts' context: the parts differ
+                    text = (
+                        f"the nodes disagree about its parts: node {self.node} has "
+                        f"{_shape_text(d, parts)}, another node has other parts (whatever their "
+                        f"sums per node); {text}"
+                    )
             elif f"{(ctx ^ _SEGMENT_CONTEXT) & _MASK:#x}" in text:
                 text = (
                     f"the nodes disagree about it: node {self.node} runs its {_shape_text(d)} "

@@ -339,6 +339,7 @@ class Descriptors:
     slots: int
     _world: _Grp
     _groups: dict[tuple[int, int, int], _Grp]
+    _fast: Any
 
     def _malformed(self, d: np.ndarray) -> str:
         """What is wrong with a descriptor as a client wrote it, or ""."""
@@ -394,6 +395,7 @@ class Descriptors:
         if len(self._groups) >= 4096:
             self._groups.clear()
         grp = self._groups[key] = _Grp(ranks, ctx, self.node, self.slots)
+        self._fast.put_group(ctx, ranks)  # its later ops: the compiled pass's (if a row is free)
         return grp, ""
 
     def _parts_of(self, slot: int, d: np.ndarray, grp: _Grp) -> tuple[tuple[int, ...], str]:

@@ -138,6 +138,7 @@ class ServiceRepeats:
         loop.stats.lane_express += 1
         o = buf if out is None else out
         handle, spec = self._make(self.svc, ex, name, gen, buf, o, o, prio, True)
+        spec.context = getattr(ex, "context", 0)  # (a group's record has its group's)
         lop = handle._lop = lane.adopt(spec, slot, seq)
         lop.keep = keep
         return handle
