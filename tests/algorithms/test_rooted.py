@@ -12,7 +12,7 @@ from totalreduce.algorithms.rooted import (
     scatter_direct,
     send_recv,
 )
-from totalreduce.algorithms.schedule import Buffer
+from totalreduce.algorithms.schedule import Buffer, plan_segments
 from totalreduce.algorithms.simulator import simulate
 
 SIZES = range(1, 17)
@@ -131,3 +131,20 @@ def test_bad_arguments() -> None:
         alltoall_direct(0, 3, [1, 2])
     with pytest.raises(ValueError, match="sends itself"):
         alltoall_direct(0, 2, [1, 2], [2, 2])
+
+
+@pytest.mark.parametrize("make", [reduce_direct, gather_direct])
+def test_two_ranks_answer_without_waiting(make) -> None:
+    """At P = 2 nothing of a reduce or gather waits: the root's answer goes when the op starts
+    (its own token apart from the one it receives), so the non-root finishes one message after
+    it started.  From P = 3 the root's release waits for every token."""
+    for root in (0, 1):
+        for n in (0, 1, 7):
+            for r in range(2):
+                s = make(r, 2, n, root=root)
+                plan = plan_segments(s, 3)
+                assert not any(plan.send_waits) and not any(plan.recv_waits), (root, n, r)
+                assert s.work_count == 2
+    plan = plan_segments(make(0, 3, 4, root=0), 3)
+    released = [i for i, x in enumerate(plan.sends) if x.region.buffer is Buffer.WORK]
+    assert released and all(plan.send_waits[i] for i in released)

@@ -172,7 +172,9 @@ def test_one_to_all_to_many_ranks_goes_large_before_the_eager_limit() -> None:
 def test_an_in_place_ring_lands_its_gathered_parts_in_place(p: int) -> None:
     """A large in-place allreduce's all-gather receives (copies, whose places the op's own
     earlier sends read) land straight in the output, posted once those sends are over:
-    no scratch and no copy for them; only the reduce-scatter's receives take scratch."""
+    no scratch and no copy for them; only the reduce-scatter's receives take scratch.
+    At P = 2 the sends they wait for are of the step just before theirs: they take
+    scratch too, so that their clears leave when the op starts."""
     from totalreduce import protocol as L
     from totalreduce.algorithms.schedule import Action, alias_input
     from totalreduce.engine.lane_plans import LanePlans
@@ -190,7 +192,7 @@ def test_an_in_place_ring_lands_its_gathered_parts_in_place(p: int) -> None:
         reducing = 0
         for q, r in enumerate(segplan.recvs):
             scr = int(prog[r0 + q * L.G_N + L.G_SCR])
-            if r.action is Action.COPY:
+            if r.action is Action.COPY and p > 2:
                 assert scr == L.SCR_DIRECT, (rank, q)
             else:
                 assert scr >= 0

@@ -158,17 +158,22 @@ def test_bad_input_is_named() -> None:
             assert after is None
 
 
-def test_rooted_mismatch_fails_every_rank_at_the_call() -> None:
-    p = 3
+@pytest.mark.parametrize("p", [2, 3])
+def test_rooted_mismatch_fails_every_rank_at_the_call(p: int) -> None:
+    """At P = 2 a reduce's or gather's root answers without waiting for the other's token:
+    a disagreement on the root or the count still fails both ranks, neither finishing."""
 
     def rank_main(svc):
         root = 1 if svc.rank == p - 1 else 0
+        n = 4 + svc.rank  # the ranks disagree on the count too
         errs = []
         for _name, call in (
             ("red", lambda: svc.reduce(np.ones(4), root=root, name="red")),
             ("gat", lambda: svc.gather(np.ones(4), root=root, name="gat")),
             ("sca", lambda: svc.scatter(np.ones(4 * p if svc.rank == root else 4), root=root,
                                         name="sca")),
+            ("redn", lambda: svc.reduce(np.ones(n), root=0, name="redn")),
+            ("gatn", lambda: svc.gather(np.ones(n), root=0, name="gatn")),
         ):  # fmt: skip
             try:
                 call()
@@ -184,11 +189,13 @@ def test_rooted_mismatch_fails_every_rank_at_the_call() -> None:
         results = run_ranks(svcs, rank_main, timeout=60)
     for r, (errs, again) in enumerate(results):
         assert all(e is not None for e in errs), (r, errs)
-        for e, name in zip(errs, ("red", "gat", "sca"), strict=True):
+        for e, name in zip(errs[:3], ("red", "gat", "sca"), strict=True):
             assert f"op '{name}' generation 0" in e, e
             assert "the root" in e or "finished the op without" in e, e
+        for e, name in zip(errs[3:], ("redn", "gatn"), strict=True):
+            assert f"op '{name}' generation 0" in e, e
         if r == 0:
-            np.testing.assert_array_equal(again, np.full(2, 3.0))
+            np.testing.assert_array_equal(again, np.full(2, float(p)))
 
 
 def test_the_service_satisfies_the_protocol_with_the_new_ops() -> None:

@@ -74,6 +74,16 @@ def _check(rank: int, size: int, count: int, root: int) -> None:
 
 #: The confirmation token (see the module docstring).
 TOKEN = Region(Buffer.WORK, 0, 1)
+#: The root's token of a two-rank reduce or gather (:func:`confirm`), apart from the one
+#: it receives so that neither waits for the other.
+ANSWER = Region(Buffer.WORK, 1, 1)
+
+
+def confirm_work(size: int, *, always_release: bool = False) -> int:
+    """The ``WORK`` elements :func:`confirm` uses on every rank of ``size``."""
+    if size == 1:
+        return 0
+    return 2 if size == 2 and always_release else 1
 
 
 def confirm(
@@ -89,10 +99,28 @@ def confirm(
     """Add the confirmation tokens to ``steps``: to the root at ``token_step``, back at
     ``release_step`` (later steps are added as needed).
 
-    With ``always_release``, the release goes out at ``P = 2`` too: for ops whose
-    non-roots only send (reduce, gather) and so never hear the root otherwise.
+    With ``always_release``, the root answers at ``P = 2`` too: for ops whose non-roots
+    only send (reduce, gather) and so never hear the root otherwise.  Its answer
+    (``ANSWER``, :func:`confirm_work` elements of ``WORK``) then goes at ``token_step``
+    when the op starts, not after the other's token: with one non-root, the two tokens
+    (and the data the non-root sends) check each other's shape both ways, as a two-rank
+    broadcast's exchange does, and the non-root finishes one message after it started
+    instead of a round trip through the root.
     """
     if size == 1:
+        return
+    if size == 2 and always_release:
+        while len(steps) <= token_step:
+            steps.append(Step())
+        at, other = steps[token_step], 1 - root
+        if rank == root:
+            steps[token_step] = Step(
+                at.sends + (Send(other, ANSWER),), at.recvs + (Recv(other, TOKEN),)
+            )
+        else:
+            steps[token_step] = Step(
+                at.sends + (Send(root, TOKEN),), at.recvs + (Recv(root, ANSWER),)
+            )
         return
     release = size > 2 or always_release
     while len(steps) <= (release_step if release else token_step):

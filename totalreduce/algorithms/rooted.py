@@ -32,8 +32,10 @@ each non-root sends the root a one-element ``WORK`` token (its frame carries
 the op's shape; at step 1 for reduce and gather, whose step 0 already
 receives the data from each rank) and the root releases every non-root once
 all tokens have come, so ranks that disagree on the root or the count fail the op on
-every rank before any finishes.  Reduce and gather release at ``P = 2`` too,
-because their non-root only sends and would otherwise never hear the root.
+every rank before any finishes.  Reduce and gather answer at ``P = 2`` too,
+because their non-root only sends and would otherwise never hear the root; with one
+non-root the answer needs no token first (it goes when the op starts: ``confirm``), so
+a two-rank reduce or gather costs ``alpha``, not a round trip.
 All-to-all needs none: every rank receives from every rank it sends to.
 """
 
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .broadcast import confirm
+from .broadcast import confirm, confirm_work
 from .schedule import (
     Action,
     Buffer,
@@ -91,12 +93,13 @@ def reduce_direct(
             steps=tuple(steps),
             prologue=(LocalOp(LocalKind.COPY, out, mine),),
             epilogue=epilogue,
-            work_count=1 if size > 1 else 0,
+            work_count=confirm_work(size, always_release=True),
         )
     steps = [Step(sends=(Send(root, mine),))]
     confirm(rank, size, root, 2, steps, always_release=True, token_step=1)
+    work = confirm_work(size, always_release=True)
     return Schedule(
-        rank=rank, size=size, count=count, out_count=0, steps=tuple(steps), work_count=1
+        rank=rank, size=size, count=count, out_count=0, steps=tuple(steps), work_count=work
     )
 
 
@@ -118,12 +121,13 @@ def gather_direct(rank: int, size: int, count: int, *, root: int = 0) -> Schedul
             out_count=size * count,
             steps=tuple(steps),
             prologue=(own,),
-            work_count=1 if size > 1 else 0,
+            work_count=confirm_work(size, always_release=True),
         )
     steps = [Step(sends=(Send(root, mine),))]
     confirm(rank, size, root, 2, steps, always_release=True, token_step=1)
+    work = confirm_work(size, always_release=True)
     return Schedule(
-        rank=rank, size=size, count=count, out_count=0, steps=tuple(steps), work_count=1
+        rank=rank, size=size, count=count, out_count=0, steps=tuple(steps), work_count=work
     )
 
 

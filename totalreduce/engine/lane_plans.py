@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import protocol as L
 from ..algorithms.codes import AlgorithmCode, OpKind
-from ..algorithms.schedule import Action, Schedule, plan_segments
+from ..algorithms.schedule import Action, Schedule, SegmentPlan, plan_segments
 from ..dtypes import DType
 from .payload import OpSpec
 
@@ -152,6 +152,18 @@ def fits_eager(nbytes: int, group_size: int, micro: int, kind: OpKind,
 def _bits(weight: float) -> int:
     """A weight as the lane keeps it: the bits of a float64, in an int64 word."""
     return int(np.float64(weight).view(np.int64))
+
+
+def _waits_on_the_step_before(plan: SegmentPlan) -> list[bool]:
+    """For each receive segment: does it wait for a segment of the step just before its own
+    (or of its own step)?"""
+    near = [False] * len(plan.recvs)
+    for segs, after in ((plan.sends, plan.after_send), (plan.recvs, plan.after_recv)):
+        for seg, succ in zip(segs, after, strict=True):
+            for is_send, q in succ:
+                if not is_send and plan.recvs[q].step - seg.step <= 1:
+                    near[q] = True
+    return near
 
 
 class LanePlans:
@@ -302,6 +314,7 @@ class LanePlans:
             p[g + L.G_SCR] = -1
             p[g + L.G_NWAIT] = plan.send_waits[i]
             p[g + L.G_SUCC], p[g + L.G_NSUCC] = successors(plan.after_send[i])
+        near = _waits_on_the_step_before(plan)
         for q, r in enumerate(plan.recvs):
             g = r0 + q * L.G_N
             p[g + L.G_STEP], p[g + L.G_SEG], p[g + L.G_PEER] = r.step, r.segment, r.peer
@@ -314,11 +327,15 @@ class LanePlans:
             p[g + L.G_SCR] = -1
             p[g + L.G_W] = _bits(r.weight)
             if r.region.count * isz > self.micro:
-                if r.action is Action.COPY and r.src is None:
+                if r.action is Action.COPY and r.src is None and not near[q]:
                     # Whatever reads its elements waits for it, and it is posted once
                     # what it waits for (what touched them before) is over: the body
                     # lands in place, and no copy follows (an in-place ring's all-gather
-                    # half: 8% of a 4 MiB allreduce at P = 2).
+                    # half at P > 2).  Not when it waits for the step just before it (an
+                    # in-place ring at P = 2): its clear would leave only once the send
+                    # of those elements had completed, and the peer's body, ready by
+                    # then, would wait for a chain of four messages each side must poll
+                    # for; landing in scratch, its clear leaves when the op starts.
                     p[g + L.G_SCR] = L.SCR_DIRECT
                 else:
                     p[g + L.G_SCR] = scratch
