@@ -5,6 +5,9 @@ again is compiled again.  In-process ranks (threads); each test takes a few seco
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 
 from conftest import local_services, run_ranks
@@ -171,3 +174,42 @@ def test_neighbor_allreduce_with_changing_weights_each_step() -> None:
     for lane in lanes:
         _within(lane, SMALL)
         assert lane.plans_epoch > 20, lane.plans_epoch
+
+
+def test_compiled_repeats_outside_the_engine_wait_for_fields_of_the_new_epoch() -> None:
+    """A node service's compiled loop keeps copies of lane fields: once a compaction moved
+    the plans, ``ServiceRepeats.begin`` refuses until its caller says its copies are of
+    the new epoch (``renew``)."""
+    from totalreduce.engine.lane_service import ServiceRepeats
+    from totalreduce.service import express
+
+    both = threading.Barrier(2)  # (no op of the other rank's floating here meanwhile)
+
+    def body(s):
+        rep = ServiceRepeats(s, express._make)
+        lane = s.loop.lane
+        s.allreduce(np.ones(3), name="warm")
+        both.wait()
+        assert _begin(rep)
+        both.wait()
+        for n in range(40):
+            s.allreduce(np.ones(100 + n), name=f"new.{n}")
+        both.wait()
+        assert lane.plans_epoch > 0
+        assert not _begin(rep, tries=20)
+        rep.renew(lane.plans_epoch)
+        assert _begin(rep)
+        both.wait()
+
+    with local_services(2, lane_plan_bytes=SMALL) as svcs:
+        run_ranks(svcs, body, timeout=60)
+
+
+def _begin(rep, tries: int = 200) -> bool:
+    """Whether ``begin`` takes the lock (a few tries: the comm thread may hold it)."""
+    for _ in range(tries):
+        if rep.begin():
+            rep.end()
+            return True
+        time.sleep(0.005)
+    return False
