@@ -213,3 +213,37 @@ def _begin(rep, tries: int = 200) -> bool:
             return True
         time.sleep(0.005)
     return False
+
+
+def test_groups_that_change_with_one_schedule_across_compactions() -> None:
+    """Pairs of ranks that change every step (a dynamic topology's groups) run one schedule
+    each (the same count), so the plan is met again while its group is new: a compaction
+    then keeps the plan it just found.  New counts over the whole world between them keep
+    the charges at the bound and push the pairs' groups out before their next turn.  Every
+    result exact."""
+    pairings = [((0, 1), (2, 3)), ((0, 2), (1, 3)), ((0, 3), (1, 2))]
+
+    kept: list[int] = []  # the plans compactions were asked to keep (-1: none)
+
+    def body(s):
+        r = s.rank
+        lane = s.loop.lane
+        compact = lane._compact
+        lane._compact = lambda keep: (kept.append(keep), compact(keep))
+        for step in range(120):
+            for k in range(3):
+                n = 50 + 3 * step + k
+                got = s.allreduce(np.full(n, r, np.int64), name=f"world.{k}")
+                np.testing.assert_array_equal(got, np.full(n, 6))
+            pair = next(p for p in pairings[step // 4 % 3] if r in p)  # (4 steps each)
+            x = np.arange(10, dtype=np.int64) * (r + 1)
+            got = s.allreduce(x, name=f"pair.{pair}", group=list(pair))
+            np.testing.assert_array_equal(got, np.arange(10) * (pair[0] + pair[1] + 2))
+        return s.loop.lane
+
+    with local_services(4, lane_plan_bytes=SMALL) as svcs:
+        lanes = run_ranks(svcs, body, timeout=120)
+    for lane in lanes:
+        _within(lane, SMALL)
+        assert lane.plans_epoch > 10, lane.plans_epoch
+    assert any(k >= 0 for k in kept), kept  # a new group's compaction kept a plan found

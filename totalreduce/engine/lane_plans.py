@@ -439,10 +439,11 @@ class LanePlans:
             pinned.update(mem[ops + L.O_GROUP].tolist())
         budget = self.plan_bytes // 2
         entries = sorted([*self._plans.items(), *self._groups.items()], key=lambda kv: -kv[1].used)
-        charged = 0
+        charged = recent = 0
         kept: list[_Kept] = []
-        for key, e in entries:
-            if e.at in pinned or charged + e.charge <= budget:
+        for key, e in entries:  # the most recent first, up to the first that does not fit
+            recent += e.charge
+            if e.at in pinned or recent <= budget:
                 charged += e.charge
                 kept.append(e)
             elif e.sched is None:
