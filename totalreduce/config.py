@@ -85,6 +85,13 @@ class Config:
       kind, element type and group size (docs/architecture.md lists what is left
       to the interpreted main loop).  All ranks must agree;
       ``TOTALREDUCE_LANE=0`` turns it off (the main loop then runs every op).
+    - ``lane_plan_bytes``: what the compiled lane keeps of its compiled plans (one
+      per op shape: kind, count, element type, group, weights), counted as their
+      words plus 4 KiB each for the schedule a plan keeps.  Past it the least
+      recently used are dropped (a shape met again is compiled again), keeping
+      those of ops in flight: a job whose shapes keep changing (new counts,
+      dynamic topologies' weights) stays within it.  64 MiB: some 15,000 small
+      shapes.  Each rank's own (nothing of it travels).
     """
 
     segment_bytes: int = 1 << 20
@@ -110,6 +117,7 @@ class Config:
     local_rank: int = -1
     timeline: str = ""
     lane: bool = True
+    lane_plan_bytes: int = 64 << 20
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, **overrides: Any) -> Config:
@@ -173,6 +181,10 @@ class Config:
             raise InvalidArgumentError(
                 f"nap_s must be at most 0.01 seconds (a sleep between two polls of a waiting "
                 f"thread), got {self.nap_s!r}"
+            )
+        if self.lane_plan_bytes < 1 << 16:
+            raise InvalidArgumentError(
+                f"lane_plan_bytes must be >= 65536, got {self.lane_plan_bytes}"
             )
         if self.floating_pool_bytes < 0:
             raise InvalidArgumentError(

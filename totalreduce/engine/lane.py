@@ -113,12 +113,18 @@ class LaneShape:
     """The lane's fields of an op shape (all but generation, priority and urgency), kept by
     whoever submits that shape again and again (:meth:`Lane.shape_of`)."""
 
-    __slots__ = ("fields", "copy_in", "work", "scratch", "plain", "f16", "quick", "spare")
+    __slots__ = (
+        "fields", "copy_in", "work", "scratch", "plain", "f16", "quick", "spare", "epoch",
+    )  # fmt: skip
 
     def __init__(
-        self, fields: np.ndarray, copy_in: bool, work: int, scratch: int, f16: bool = False
-    ) -> None:
+        self, fields: np.ndarray, copy_in: bool, work: int, scratch: int, f16: bool = False,
+        epoch: int = 0,
+    ) -> None:  # fmt: skip
         self.fields = fields
+        #: The lane's ``plans_epoch`` its plan and group offsets (``fields``) are of: a
+        #: compaction since moved them, and the lane refuses the shape (made anew then).
+        self.epoch = epoch
         self.copy_in = copy_in  # in place, and the schedule reads the input after writing
         self.work = work  # elements of the schedule's WORK buffer each op needs (0: none)
         self.scratch = scratch  # bytes of scratch for its large receives (0: none)
@@ -150,12 +156,13 @@ class Lane(LanePlans, LaneGrowth):
         segment_bytes: int = 1 << 20,
         body_tag: int = -1,
         body_requests: int = 0,
+        plan_bytes: int = 64 << 20,
     ) -> None:
         core.compile_all()  # here, not in a first op (cached on disk after the first time)
         self.b = b  # transport.mpi_native.binding of the transport's communicator
         self.rank = rank
         self.world = world
-        LanePlans.__init__(self, micro_bytes, segment_bytes, body_tag)
+        LanePlans.__init__(self, micro_bytes, segment_bytes, body_tag, plan_bytes)
         # Each op's row of segment state holds what any op of any group of this world may
         # need (lane_plans.segment_cap: more than SEGCAP past 24 ranks).
         segcap = segment_cap(world)
@@ -335,12 +342,16 @@ class Lane(LanePlans, LaneGrowth):
             sched.work_count,
             int(self.prog[plan + L.PL_SCR]),
             spec.dtype is DType.FLOAT16,
+            self.plans_epoch,
         )
 
     def enter(self, spec: OpSpec, shape: LaneShape) -> LaneOp | None:
         """Enter a repeat of the shape ``shape`` was made for (its generation, priority,
         urgency and buffers are this op's); None when the table is full.  ``pending``
-        then says whether ops ended or events wait for Python."""
+        then says whether ops ended or events wait for Python.  A shape made before the
+        last compaction (its offsets moved) is not entered either: None."""
+        if shape.epoch != self.plans_epoch:
+            return None
         if not shape.plain:
             return self._enter(spec, shape.fields, shape.work, shape)
         # What _enter does, less what a plain shape never needs (copies, buffers).
@@ -369,7 +380,10 @@ class Lane(LanePlans, LaneGrowth):
         nothing made in Python: (its slot, submission, 2) when it ended well and left the
         table; (-1, 0, 0) when the table is full; else (slot, submission, 0 or 1): entered,
         to be adopted (:meth:`adopt`) before anything drains the lane.  A shape with a WORK
-        buffer lends its spare one, which an op that did not end takes with it."""
+        buffer lends its spare one, which an op that did not end takes with it.  A shape
+        made before the last compaction is not entered: (-1, 0, 0)."""
+        if shape.epoch != self.plans_epoch:
+            return -1, 0, 0
         if shape.work:
             spare = shape.spare
             if spare is None:

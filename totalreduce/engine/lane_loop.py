@@ -191,7 +191,7 @@ class LaneHooks:
                 return None
             try:
                 shape = holder.lane_shape
-                if shape is None:
+                if shape is None or shape.epoch != lane.plans_epoch:  # new, or its plan moved
                     shape = lane.shape_of(spec)
                     holder.lane_shape = False if shape is None else shape
                     if shape is None:
@@ -241,6 +241,7 @@ class LaneHooks:
             or self._reqs
             or self.compute.done
             or lane.mem[L.C_FULL]
+            or shape.epoch != lane.plans_epoch  # its plan moved: lane_express makes it anew
             or not self._express_lock(lane)
         ):
             return None

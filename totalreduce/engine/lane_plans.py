@@ -5,6 +5,12 @@ algorithm, element type, count, reduce op, group size) and the configuration, ne
 the rank's own schedule, and writes the op's plan into ``prog`` once per schedule and
 element size: its send and receive segments (their waits and successors), its local ops,
 and for a large op where each large receive lands (the op's scratch, or in place).
+
+What ``prog`` keeps is bounded (``Config.lane_plan_bytes``): past the bound the least
+recently used plans and groups are dropped and ``prog`` is compacted (:meth:`LanePlans.
+_compact`), keeping those of ops in the lane's table (moved, their offsets in the table
+rewritten) and the most recently used.  ``plans_epoch`` counts compactions: an offset kept
+outside (a ``LaneShape``'s fields, a node service's rows) is stale once it moved.
 """
 
 from __future__ import annotations
@@ -149,6 +155,28 @@ def fits_eager(nbytes: int, group_size: int, micro: int, kind: OpKind,
     return regions + -(-moved * nbytes // micro) <= segment_cap(group_size)
 
 
+#: Bytes a plan is charged beyond its words in ``prog``: the ``Schedule`` it was made from,
+#: which the plan keeps alive (a small allreduce's: 3-4 KiB).
+PLAN_CHARGE = 4096
+#: ... and a group beyond its words: its tuple and the table's entry.
+GROUP_CHARGE = 256
+#: ``prog``'s first size (words), and the least it is compacted to.
+PROG_WORDS = 1 << 16
+
+
+class _Kept:
+    """A plan (or a group: ``sched`` None) in ``prog``: where, how long, when last used."""
+
+    __slots__ = ("sched", "at", "words", "used", "charge")
+
+    def __init__(self, sched: Schedule | None, at: int, words: int, used: int) -> None:
+        self.sched = sched
+        self.at = at
+        self.words = words
+        self.used = used
+        self.charge = words * 8 + (GROUP_CHARGE if sched is None else PLAN_CHARGE)
+
+
 def _bits(weight: float) -> int:
     """A weight as the lane keeps it: the bits of a float64, in an int64 word."""
     return int(np.float64(weight).view(np.int64))
@@ -167,19 +195,32 @@ def _waits_on_the_step_before(plan: SegmentPlan) -> list[bool]:
 
 
 class LanePlans:
-    """``prog``: the compiled plans and groups of a lane, appended as new shapes come."""
+    """``prog``: the compiled plans and groups of a lane, appended as new shapes come, and
+    compacted past ``plan_bytes`` (the least recently used dropped)."""
 
     need_kernels: Callable[[DType], None]  # the lane's: a type's kernels into its table
+    mem: np.ndarray  # the lane's tables (a Lane's; absent from bare plans)
 
-    def __init__(self, micro_bytes: int, segment_bytes: int, body_tag: int) -> None:
+    def __init__(
+        self, micro_bytes: int, segment_bytes: int, body_tag: int, plan_bytes: int = 64 << 20
+    ) -> None:
         self.micro = micro_bytes
         self.segment_bytes = segment_bytes
         #: First tag of the large segments' bodies; -1: this lane runs no large op.
         self.body_tag = body_tag
-        self.prog = np.zeros(1 << 16, dtype=np.int64)
+        #: What plans and groups may be charged (``_Kept.charge``) before a compaction.
+        self.plan_bytes = plan_bytes
+        self.prog = np.zeros(PROG_WORDS, dtype=np.int64)
         self._prog_len = 0
-        self._plans: dict[tuple[int, int], tuple[Schedule, int]] = {}
-        self._groups: dict[tuple[int, ...], int] = {}
+        self._plans: dict[tuple[int, int], _Kept] = {}
+        self._groups: dict[tuple[int, ...], _Kept] = {}
+        self._charged = 0  # the kept entries' charges
+        self._tick = 0  # uses so far: an entry's ``used`` is the tick of its last use
+        #: Compactions so far: offsets into ``prog`` taken before the last one are stale.
+        self.plans_epoch = 0
+        #: Called (under the lane's lock) after each compaction, as ``plans_epoch`` moves:
+        #: whoever keeps plan or group offsets outside the lane drops or renews them.
+        self.on_compact: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ eligibility
 
@@ -247,9 +288,14 @@ class LanePlans:
             )  # fmt: skip
         sched = spec.schedule
         key = (id(sched), isz)
+        self._tick += 1
         hit = self._plans.get(key)
-        if hit is not None and hit[0] is sched:
-            return hit[1]
+        if hit is not None and hit.sched is sched:
+            hit.used = self._tick
+            self._use_group(spec.group, hit.at)
+            return hit.at
+        if self._charged >= self.plan_bytes:  # room first: a compaction moves plans
+            self._compact(-1)
         at = self._compile(sched, isz, seg, segment_cap(p))
         if at < 0:  # the limits above promise a plan: a bug, not a routing choice
             raise RuntimeError(
@@ -257,8 +303,23 @@ class LanePlans:
                 f"{spec.count} x {dt.name.lower()}, {len(spec.group)} ranks) although its "
                 "limits admit it"
             )
-        self._plans[key] = (sched, at)
-        return at
+        kept = _Kept(sched, at, self._prog_len - at, self._tick)
+        self._plans[key] = kept
+        self._charged += kept.charge
+        self._use_group(spec.group, kept.at)
+        return kept.at
+
+    def _use_group(self, group: tuple[int, ...], plan: int) -> None:
+        """The op's group into ``prog`` (where ``_fields_of`` finds it), compacting first
+        when it is new and the bound is reached (the op's plan, at ``plan``, is kept:
+        :meth:`plan_of` returns where it is then)."""
+        g = self._groups.get(group)
+        if g is not None:
+            g.used = self._tick
+            return
+        if self._charged >= self.plan_bytes:
+            self._compact(plan)
+        self._group(group)
 
     def _grow_prog(self, need: int) -> None:
         if self._prog_len + need > self.prog.size:
@@ -355,11 +416,83 @@ class LanePlans:
         return at
 
     def _group(self, group: tuple[int, ...]) -> int:
-        at = self._groups.get(group)
-        if at is None:
+        """Where ``group`` is in ``prog`` (appended if new: never a compaction, so offsets
+        taken just before stay good)."""
+        g = self._groups.get(group)
+        if g is None:
             self._grow_prog(len(group))
             at = self._prog_len
             self.prog[at : at + len(group)] = group
             self._prog_len += len(group)
-            self._groups[group] = at
-        return at
+            g = self._groups[group] = _Kept(None, at, len(group), self._tick)
+            self._charged += g.charge
+        return g.at
+
+    # ------------------------------------------------------------------ the bound
+
+    def _in_table(self) -> np.ndarray:
+        """The slots of the lane's op table in use (ops in flight, not yet ended)."""
+        mem = getattr(self, "mem", None)
+        if mem is None:
+            return np.zeros(0, dtype=np.int64)
+        nops = int(mem[L.C_NOPS])
+        free = mem[mem[L.C_FREEOP] : mem[L.C_FREEOP] + mem[L.C_NFREEOP]]
+        used = np.ones(nops, dtype=bool)
+        used[free] = False
+        return mem[L.C_OPS] + np.flatnonzero(used) * L.O_N
+
+    def _compact(self, keep: int) -> None:
+        """Drop the least recently used plans and groups, keeping the most recently used
+        up to half of ``plan_bytes``, the ones of ops in the lane's table and the plan at
+        ``keep`` (-1: none), and move the kept ones to the front of a new ``prog``: the
+        offsets inside a plan (its send, receive and local ops, its segments' successors)
+        and the table's ``O_PLAN`` and ``O_GROUP`` words follow them.  The dropped plans'
+        schedules are let go."""
+        ops = self._in_table()
+        mem = getattr(self, "mem", None)
+        pinned = {keep}
+        if ops.size:
+            pinned.update(mem[ops + L.O_PLAN].tolist())
+            pinned.update(mem[ops + L.O_GROUP].tolist())
+        budget = self.plan_bytes // 2
+        entries = sorted([*self._plans.items(), *self._groups.items()], key=lambda kv: -kv[1].used)
+        charged = recent = 0
+        kept: list[_Kept] = []
+        for key, e in entries:  # the most recent first, up to the first that does not fit
+            recent += e.charge
+            if e.at in pinned or recent <= budget:
+                charged += e.charge
+                kept.append(e)
+            elif e.sched is None:
+                del self._groups[key]  # type: ignore[arg-type]
+            else:
+                del self._plans[key]  # type: ignore[arg-type]
+        words = sum(e.words for e in kept)
+        size = PROG_WORDS
+        while size < 2 * words:
+            size *= 2
+        old, new = self.prog, np.zeros(size, dtype=np.int64)
+        moved: dict[int, int] = {}
+        pos = 0
+        for e in sorted(kept, key=lambda e: e.at):
+            new[pos : pos + e.words] = old[e.at : e.at + e.words]
+            d = pos - e.at
+            if e.sched is not None and d:
+                new[pos + L.PL_SENDS] += d
+                new[pos + L.PL_RECVS] += d
+                new[pos + L.PL_LOCS] += d
+                nseg = int(new[pos + L.PL_NS] + new[pos + L.PL_NR])
+                at = int(new[pos + L.PL_SENDS]) + L.G_SUCC
+                new[at : at + nseg * L.G_N : L.G_N] += d
+            moved[e.at] = pos
+            e.at = pos
+            pos += e.words
+        if ops.size:
+            for col in (L.O_PLAN, L.O_GROUP):
+                mem[ops + col] = [moved[int(v)] for v in mem[ops + col]]
+        self.prog = new
+        self._prog_len = pos
+        self._charged = charged
+        self.plans_epoch += 1
+        for hook in self.on_compact:
+            hook()

@@ -53,12 +53,24 @@ class ServiceRepeats:
 
     ``make(svc, express_record, name, generation, buf, out, result, priority, urgent)``
     makes a repeat's handle and spec (the service's express path, ``service.express._make``:
-    given by the caller, which sits above the service layer)."""
+    given by the caller, which sits above the service layer).
+
+    The caller's copies of lane fields hold plan and group offsets, which a compaction of
+    the lane's plans moves (``LanePlans.plans_epoch``): once one came, ``begin()`` refuses
+    until the caller, its copies dropped or made anew, says of which epoch they are
+    (:meth:`renew`)."""
 
     def __init__(self, svc: Any, make: Callable[..., tuple[Any, Any]]) -> None:
         self.svc = svc
         self.loop = svc.loop
         self._make = make
+        #: The lane's ``plans_epoch`` the caller's fields are of (:meth:`renew`).
+        self.plans_epoch = 0
+
+    def renew(self, epoch: int) -> None:
+        """The caller's copies of lane fields are of the lane's ``plans_epoch`` ``epoch``
+        (taken under the loop's lock with them, or before any was made)."""
+        self.plans_epoch = epoch
 
     def lane_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         """The lane's arrays (``mem``, ``prog``, ``arena``, ``b``), under the lock (a lane
@@ -109,6 +121,7 @@ class ServiceRepeats:
             or floating._frames
             or floating._errors
             or lane.full
+            or lane.plans_epoch != self.plans_epoch  # plans moved since the fields were made
             or time.monotonic() - loop._last_stall_check > loop._stall_every
         ):
             self.end()

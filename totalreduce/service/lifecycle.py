@@ -111,6 +111,7 @@ class Lifecycle(OpSubmitter):
                         pool_bytes=cfg.floating_pool_bytes // 2,  # the main loop: the rest
                         segment_bytes=cfg.segment_bytes,
                         body_tag=body_tag,
+                        plan_bytes=cfg.lane_plan_bytes,
                     )  # fmt: skip
                 )
             self.reducer = Reducer(loop.compute, loop.notify)
