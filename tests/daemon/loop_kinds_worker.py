@@ -503,10 +503,33 @@ def mode_mismatch(p: int, rank: int) -> None:
     report(rank, "MISMATCH-AFTER", not bad, "; ".join(bad[:3]))
 
 
+def mode_compaction(p: int, rank: int) -> None:
+    """The services' lane keeps few plans (``TOTALREDUCE_LANE_PLAN_BYTES`` small): rounds of
+    many new shapes among the nodes compact its plans, moving the offsets the loop's rows
+    hold; after each round a repeated shape takes the loop again, exact."""
+    bad: list[str] = []
+    for rnd in range(3):
+        for k in range(24):  # new counts: each a plan the services' lane compiles
+            n = 64 + 24 * rnd + k
+            got = tr.allreduce(np.full(n, rank + k, np.int64), name=f"cmp.new.{rnd}.{k}")
+            if not np.all(got == sum(r + k for r in range(p))):
+                bad.append(f"round {rnd} new shape {k}: {got[:3]}")
+        x = np.zeros(256, np.float64)
+        before = entered()
+        for i in range(40):
+            x[:] = rank + i
+            got = tr.allreduce(x, name="cmp.repeat")
+            if not np.all(got == sum(r + i for r in range(p))):
+                bad.append(f"round {rnd} repeat {i}: {got[:3]}")
+        # the first repeats of a round make the shape anew (its offsets moved) and its row
+        routed(bad, f"round {rnd} repeats", entered() - before, 40 - 5, loop_on())
+    report(rank, "COMPACTION", not bad, "; ".join(bad[:3]))
+
+
 def main() -> None:
     tr.init()
     modes = {"kinds": mode_kinds, "segmented": mode_segmented, "mismatch": mode_mismatch,
-             "groups": mode_groups}  # fmt: skip
+             "groups": mode_groups, "compaction": mode_compaction}  # fmt: skip
     for mode in sys.argv[1].split(","):  # (several in one job: one service start for all)
         modes[mode](tr.size(), tr.rank())
     tr.shutdown()

@@ -121,3 +121,14 @@ def test_a_groups_repeats_take_the_compiled_loop_with_the_bits_of_python(
     group_checks_passed(on, local)
     group_checks_passed(off, local)
     assert group_digests(on) == group_digests(off), (group_digests(on), group_digests(off))
+
+
+def test_repeats_take_the_loop_again_after_the_services_plans_are_compacted(
+    tmp_path: Path,
+) -> None:
+    """The services' lane bounded to its least plan store (64 KiB): rounds of new shapes
+    compact it, moving the plan offsets the loop's rows hold; the rows are dropped and
+    made anew, and a repeated shape runs in the compiled loop again after each round,
+    exact (without it the loop stayed off for good after the first compaction)."""
+    run_mode(tmp_path / "s", 2, 1, "compaction", ["COMPACTION"],
+             TOTALREDUCE_LANE_PLAN_BYTES="65536")  # fmt: skip

@@ -396,6 +396,9 @@ class Shapes:
         self.buffer_bytes = 0
         self.names_seen = -1  # the name table's version the rows' generations are of
         self.epoch = -1  # the tuning epoch of the records
+        #: The engine lane's ``plans_epoch`` the rows' lane fields (plan and group offsets) are
+        #: of: a compaction of its plans moves them, and the rows go (``PassOps._loop_shape``).
+        self.plans_epoch = 0
 
     def put(self, shape: tuple[int, ...], buf: np.ndarray, ex: Any, gen: int) -> bool:
         """Give ``shape`` (wire id, dtype, count, reduce op, algorithm, node buffer's

@@ -399,6 +399,17 @@ class PassOps:
         lane_shape = ex.lane_shape
         if lane_shape is None or lane_shape is False:
             return
+        lane = self.engine.loop.lane
+        if lane is not None and lane_shape.epoch != lane.plans_epoch:
+            return  # made before a compaction: its next repeat's express route makes it anew
+        if lane_shape.epoch != shapes.plans_epoch:
+            # the lane's plans were compacted since the rows were made: their offsets moved.
+            # The rows go, and the loop takes those of this epoch (a shape made before it is
+            # made anew by its next repeat's express route); a compaction after this one
+            # stops the loop again (``ServiceRepeats.begin``) until a row of its epoch comes.
+            shapes.clear()
+            shapes.plans_epoch = lane_shape.epoch
+            self._repeats.renew(lane_shape.epoch)
         r = shapes.find(shape)
         if r >= 0 and r in shapes.kept and shapes.kept[r][2] is ex:
             return  # (a repeat of it Python started: the names' generations follow)
