@@ -49,6 +49,7 @@ from __future__ import annotations
 import gc
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -1057,9 +1058,16 @@ def mode_ring_kinds(p: int, rank: int) -> None:
             else:
                 tr.allgather(np.ones(5, np.float32), name=name, counts=[*ag_counts[:-1], 5])
             texts[route] = "no error"
-        except tr.TotalReduceError as exc:  # (the ranks in the order a service heard them)
-            head, _, why = str(exc).replace(name, "NAME").partition(": node ")
-            texts[route] = f"{type(exc).__name__}: {head}: {sorted(why.split(', node '))}"
+        except tr.TotalReduceError as exc:
+            # The ranks come in the order a service heard them, and the service that saw
+            # the disagreement first tells its own group in full, the other's by its
+            # context: the same facts, whichever it was.
+            text = re.sub(
+                r"group \[[^\]]*\] \(context (0x[0-9a-f]+)\)", r"group context \1",
+                str(exc).replace(name, "NAME"),
+            )  # fmt: skip
+            parts = sorted(re.split(r"; (?:node )?|, node |: node ", text))
+            texts[route] = f"{type(exc).__name__}: {parts}"
         tr.barrier(name="kinds.sync")
     express.thin_parted_now = real_now
     ok = all(

@@ -19,7 +19,6 @@ from ..errors import OpMismatchError
 from ..group import Group
 from ..kernels import copy_into
 from ..service import express, tuning
-from ..service.handle import Handle
 from ..transport import arena as A
 from . import arena_pass
 from .thin_ops import (
@@ -88,21 +87,7 @@ def group_start(
     if not -(1 << 31) <= priority < 1 << 31:
         return None
     o = np.empty(ex.out_count, ex.npdt) if out is None else out
-    op_name, gen = svc._names.name(name, ex.sig)
-    handle = Handle(op_name, gen, o, loop)
-    handle._names = svc._names
-    spec = OpSpec(
-        op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
-        x, o, ex.sched, ex.plan, ex.group, ex.context, ex.param, ex.in_place, False, None,
-        False, handle._ended,
-    )  # fmt: skip
-    handle._spec = spec
-    lop = loop.lane_express(spec, ex)
-    if lop is None:
-        loop.submit(spec)
-    else:
-        handle._lop = lop
-    return handle
+    return express.submit_record(svc, ex, name, priority, x, o, o, ex.context)
 
 
 class AmongNodes:

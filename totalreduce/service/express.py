@@ -188,13 +188,24 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         result = o if o.shape == ex.shape else o.reshape(ex.shape)
         if o.ndim != 1:
             o = o.reshape(-1)
+    return submit_record(svc, ex, name, priority, flat, o, result, 0)
+
+
+def submit_record(
+    svc: Any, ex: Any, name: Any, priority: int, inbuf: Any, outbuf: Any, result: Any,
+    context: int,
+) -> Handle:  # fmt: skip
+    """Submit a repeat of the express record ``ex`` (its checks passed): the name's next
+    generation, its handle and spec (``context``: a group's among the nodes, else 0),
+    straight into the lane when it takes it, else to the loop."""
+    loop = svc.loop
     op_name, gen = svc._names.name(name, ex.sig)
     handle = Handle(op_name, gen, result, loop)
     handle._names = svc._names
     spec = OpSpec(
         op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
-        flat, o, ex.sched, ex.plan, ex.group, 0, ex.param, ex.in_place, False, None,
-        False, handle._ended,
+        inbuf, outbuf, ex.sched, ex.plan, ex.group, context, ex.param, ex.in_place, False,
+        None, False, handle._ended,
     )  # fmt: skip
     handle._spec = spec
     lop = loop.lane_express(spec, ex)
@@ -370,6 +381,32 @@ def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None
         return
 
 
+def _thin_record(
+    svc: Any, key: tuple[Any, ...], cls: type, x: Any, priority: Any, contiguous: bool
+) -> Any:
+    """The record of class ``cls`` under ``key`` if a repeat on ``x`` (a numpy array of
+    its dtype and shape; C-contiguous if ``contiguous``) at ``priority`` (a 32-bit int) may
+    take it, in this tuning epoch, on an open service; else None."""
+    try:
+        rec = svc._express.get(key)
+    except TypeError:  # (a key of something unhashable: not a repeat)
+        return None
+    if (
+        rec is None
+        or rec.__class__ is not cls
+        or x.__class__ is not np.ndarray
+        or x.dtype is not rec.npdt
+        or x.shape != rec.shape
+        or (contiguous and not x.flags.c_contiguous)
+        or priority.__class__ is not int
+        or not -(1 << 31) <= priority < 1 << 31
+        or rec.epoch != tuning.EPOCH[0]
+        or svc._closed
+    ):
+        return None
+    return rec
+
+
 def thin_start(
     svc: Any, key: tuple[Any, ...], x: Any, out: Any, priority: Any
 ) -> ThinHandle | None:
@@ -379,25 +416,9 @@ def thin_start(
     of the arena, else a staging block filled from ``x`` (the result is copied out of it
     into ``x``, or into the new array), as the whole way places it.  None when anything
     differs or is unusual (the whole way then checks, and raises what it raises)."""
-    try:
-        rec = svc._express.get(key)
-    except TypeError:
-        return None
     in_place = out is x
-    if (
-        rec is None
-        or rec.__class__ is not ThinExpress
-        or not (in_place or out is None)
-        or x.__class__ is not np.ndarray
-        or x.dtype is not rec.npdt
-        or x.shape != rec.shape
-        or not x.flags.c_contiguous
-        or (in_place and not x.flags.writeable)
-        or priority.__class__ is not int
-        or not -(1 << 31) <= priority < 1 << 31
-        or rec.epoch != tuning.EPOCH[0]
-        or svc._closed
-    ):
+    rec = _thin_record(svc, key, ThinExpress, x, priority, True)
+    if rec is None or not (in_place or out is None) or (in_place and not x.flags.writeable):
         return None
     thin = svc._thin
     if thin.busy():
@@ -455,21 +476,8 @@ def thin_now(
     generation is taken with one hold of the name table's lock, and is in flight only if
     the op does not end in the call.  ``kind`` BROADCAST: a broadcast's repeat in place
     among the nodes (its record from :func:`thin_bcast_remember`)."""
-    try:
-        rec = svc._express.get(key)
-    except TypeError:
-        return None
-    if (
-        rec is None
-        or rec.__class__ is not ThinExpress
-        or x.__class__ is not np.ndarray
-        or x.dtype is not rec.npdt
-        or x.shape != rec.shape
-        or priority.__class__ is not int
-        or not -(1 << 31) <= priority < 1 << 31
-        or rec.epoch != tuning.EPOCH[0]
-        or svc._closed
-    ):
+    rec = _thin_record(svc, key, ThinExpress, x, priority, False)
+    if rec is None:
         return None
     in_place = out is x
     if kind is not OpKind.ALLREDUCE and (not in_place or rec.meet is not None):
@@ -750,22 +758,8 @@ def thin_parted_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: 
     ``out`` (an array of ``x``'s dtype and shape); None when there is no record or
     anything differs or is unusual (the caller then goes the whole way, which checks and
     raises what it raises)."""
-    try:
-        rec = svc._express.get(key)
-    except TypeError:
-        return None
-    if (
-        rec is None
-        or rec.__class__ is not ThinParted
-        or x.__class__ is not np.ndarray
-        or x.dtype is not rec.npdt
-        or x.shape != rec.shape
-        or not x.flags.c_contiguous
-        or priority.__class__ is not int
-        or not -(1 << 31) <= priority < 1 << 31
-        or rec.epoch != tuning.EPOCH[0]
-        or svc._closed
-    ):
+    rec = _thin_record(svc, key, ThinParted, x, priority, True)
+    if rec is None:
         return None
     kind = rec.kind
     if out is not None and (
