@@ -166,7 +166,9 @@ def test_blocking_repeats_among_nodes_are_one_compiled_call(tmp_path: Path, loca
     run_mode(tmp_path / "s", 2, local, "ring", checks)
 
 
-@pytest.mark.parametrize("nodes,local", [(2, 1), (1, 2)], ids=["2x1", "1x2"])
+@pytest.mark.parametrize(
+    "nodes,local", [(2, 1), pytest.param(1, 2, marks=pytest.mark.full)], ids=["2x1", "1x2"]
+)
 def test_blocking_reduce_scatter_allgather_and_broadcast_repeats_are_one_call(
     tmp_path: Path, nodes: int, local: int
 ) -> None:
