@@ -92,6 +92,13 @@ class Config:
       those of ops in flight: a job whose shapes keep changing (new counts,
       dynamic topologies' weights) stays within it.  64 MiB: some 15,000 small
       shapes.  Each rank's own (nothing of it travels).
+    - ``express_bytes``: what a service keeps of its express records (one per repeated
+      op name and shape: service/express.py), each charged 4 KiB for itself and the
+      schedule it keeps, more for a large op's segments and the arrays it holds
+      (service/records.py).  Past it the least recently used are dropped (a name met
+      again goes the whole way once and is kept again): a job that makes new names or
+      counts every step stays within it.  64 MiB: some 16,000 small ops' records; at
+      least 64 KiB.  Each rank's own.
     """
 
     segment_bytes: int = 1 << 20
@@ -118,6 +125,7 @@ class Config:
     timeline: str = ""
     lane: bool = True
     lane_plan_bytes: int = 64 << 20
+    express_bytes: int = 64 << 20
 
     @classmethod
     def load(cls, env: dict[str, str] | None = None, **overrides: Any) -> Config:
@@ -186,6 +194,8 @@ class Config:
             raise InvalidArgumentError(
                 f"lane_plan_bytes must be >= 65536, got {self.lane_plan_bytes}"
             )
+        if self.express_bytes < 1 << 16:
+            raise InvalidArgumentError(f"express_bytes must be >= 65536, got {self.express_bytes}")
         if self.floating_pool_bytes < 0:
             raise InvalidArgumentError(
                 f"floating_pool_bytes must be >= 0, got {self.floating_pool_bytes}"

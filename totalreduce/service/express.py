@@ -73,7 +73,7 @@ class Express:
     __slots__ = (
         "npdt", "shape", "dt", "rop", "sig", "code", "sched", "plan", "count",
         "wid", "group", "in_place", "epoch", "lane_shape", "kind", "out_count", "param",
-        "rshape", "into_x", "nothing",
+        "rshape", "into_x", "nothing", "used",
     )  # fmt: skip
 
     def __init__(
@@ -110,6 +110,8 @@ class Express:
         #: The lane's part, made by the lane at the first repeat: None until then, False
         #: when the lane does not run this shape.
         self.lane_shape: LaneShape | bool | None = None
+        #: A repeat found it since the table's last sweep (``records.Records``: kept then).
+        self.used = False
 
 
 def lookup(table: dict[tuple[Any, ...], Express], key: tuple[Any, ...], x: Any) -> Express | None:
@@ -120,6 +122,7 @@ def lookup(table: dict[tuple[Any, ...], Express], key: tuple[Any, ...], x: Any) 
     except TypeError:
         return None
     if ex is not None and x.__class__ is np.ndarray and x.dtype is ex.npdt and x.shape == ex.shape:
+        ex.used = True
         return ex
     return None
 
@@ -306,10 +309,8 @@ def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
         hash(key)
     except TypeError:  # something given was unhashable (a 0-d array as a weight): no record
         return
-    table = svc._express
-    if len(table) >= MAX_RECORDS:
-        table.clear()
-    table[key] = Express(spec, x, sig, tuning.EPOCH[0], result, into_x)
+    # (the table keeps its records within ``Config.express_bytes``: ``records.Records``)
+    svc._express[key] = Express(spec, x, sig, tuning.EPOCH[0], result, into_x)
 
 
 # ---------------------------------------------------------------- daemon mode (thin path)

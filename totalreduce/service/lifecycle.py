@@ -22,6 +22,7 @@ from ..group import Group
 from ..transport.base import Transport
 from .config import Config
 from .names import NameTable
+from .records import Records
 from .submit import OpSubmitter
 
 log = logging.getLogger("totalreduce.service")
@@ -43,8 +44,9 @@ class Lifecycle(OpSubmitter):
         # (algorithm asked, group, bytes, dtype, count, avg) -> (code, schedule) of an
         # allreduce: a training step repeats its shapes, and choosing costs more than a frame.
         self._routes: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-        # (name, op, in place) -> what a repeat of that allreduce needs (service/express.py)
-        self._express: dict[tuple[Any, ...], Any] = {}
+        # (name, op, in place) -> what a repeat of that allreduce needs (service/express.py),
+        # within config.express_bytes (service/records.py)
+        self._express: dict[tuple[Any, ...], Any] = Records(config.express_bytes)
         self.rank = transport.rank
         self.size = transport.size
         self._names = NameTable()
