@@ -307,8 +307,10 @@ class Lane(LanePlans, LaneGrowth):
         self.ops: dict[int, LaneOp] = {}  # slot -> op
         self.by_key: dict[tuple[int, int], LaneOp] = {}
         self._fields = np.zeros(16, dtype=np.int64)
-        self._addrs = np.zeros(4, dtype=np.int64)
-        self._plain_addrs = np.zeros(4, dtype=np.int64)
+        self._addrs = np.zeros(8, dtype=np.int64)  # [4:7]: core.lane_once's answers
+        self._plain_addrs = np.zeros(8, dtype=np.int64)
+        #: the addresses :meth:`now` last entered an op with that did not end (``adopt``)
+        self._now_at = self._plain_addrs
         #: The WORK buffer of what :meth:`now` entered and did not end, for :meth:`adopt`.
         self._now_keep: np.ndarray | None = None
         #: After :meth:`enter`: whether ops ended or events wait for Python.
@@ -360,12 +362,14 @@ class Lane(LanePlans, LaneGrowth):
             core.buffer_addresses(spec.inbuf.view(np.uint16), spec.outbuf.view(np.uint16), a)
         else:
             core.buffer_addresses(spec.inbuf, spec.outbuf, a)
-        slot, seq, self.pending = core.lane_enter(
+        # the blocking form's entry too (``now``), not driven here: the route is one
+        if core.lane_once(
             self.mem, self.prog, self.arena, self.b, shape.fields, a,
-            spec.generation, spec.priority, 1 if spec.urgent else 0,
-        )  # fmt: skip
-        if slot < 0:
+            spec.generation, spec.priority, 1 if spec.urgent else 0, -1, 0,
+        ) < 0:  # fmt: skip
             return None
+        slot, seq = int(a[4]), int(a[5])
+        self.pending = a[6] != 0
         lop = LaneOp(spec, slot, seq, None)
         self.ops[slot] = lop
         self.by_key[lop.key] = lop
@@ -374,16 +378,17 @@ class Lane(LanePlans, LaneGrowth):
     def now(
         self, shape: LaneShape, inbuf: np.ndarray, outbuf: np.ndarray, generation: int,
         priority: int, spin_ns: int,
-    ) -> tuple[int, int, int]:  # fmt: skip
+    ) -> int:  # fmt: skip
         """Enter a repeat of a quick shape (``LaneShape.quick``) for a blocking call, urgent,
-        and drive it for up to 200 µs as :meth:`wait_own` does, in two compiled calls and
-        nothing made in Python: (its slot, submission, 2) when it ended well and left the
-        table; (-1, 0, 0) when the table is full; else (slot, submission, 0 or 1): entered,
-        to be adopted (:meth:`adopt`) before anything drains the lane.  A shape with a WORK
-        buffer lends its spare one, which an op that did not end takes with it.  A shape
-        made before the last compaction is not entered: (-1, 0, 0)."""
+        and drive it for up to 200 µs as :meth:`wait_own` does, in one compiled call
+        (``lane_core.lane_once``, :meth:`enter`'s too) after the one that reads the
+        buffers' addresses, nothing made in Python: 2 when it ended well and left the
+        table; -1 when the table is full; else 0 or 1: entered, to be adopted
+        (:meth:`adopt`) before anything drains the lane.  A shape with a WORK buffer lends
+        its spare one, which an op that did not end takes with it.  A shape made before
+        the last compaction is not entered: -1."""
         if shape.epoch != self.plans_epoch:
-            return -1, 0, 0
+            return -1
         if shape.work:
             spare = shape.spare
             if spare is None:
@@ -398,20 +403,26 @@ class Lane(LanePlans, LaneGrowth):
             core.buffer_addresses(inbuf.view(np.uint16), outbuf.view(np.uint16), a)
         else:
             core.buffer_addresses(inbuf, outbuf, a)
-        mem, prog, arena, b = self.mem, self.prog, self.arena, self.b
-        slot, seq, self.pending = core.lane_enter(
-            mem, prog, arena, b, shape.fields, a, generation, priority, 1
-        )
-        if slot < 0:
-            return -1, 0, 0
-        r = core.lane_drive(mem, prog, arena, b, slot, seq, _NOW_NS, spin_ns, core.DRIVE_TAKE)
-        if r != 2 and shape.work:  # its WORK buffer goes with the op (``adopt``)
-            self._now_keep = shape.spare[0]  # type: ignore[index]
-            shape.spare = None
-        return slot, seq, r
+        r = core.lane_once(
+            self.mem, self.prog, self.arena, self.b, shape.fields, a, generation, priority, 1,
+            _NOW_NS, spin_ns,
+        )  # fmt: skip
+        if r < 0:
+            return -1
+        if r != 2:
+            self.pending = a[6] != 0
+            self._now_at = a
+            if shape.work:  # its WORK buffer goes with the op (``adopt``)
+                self._now_keep = shape.spare[0]  # type: ignore[index]
+                shape.spare = None
+        return r
 
-    def adopt(self, spec: OpSpec, slot: int, seq: int) -> LaneOp:
-        """The lane op of what :meth:`now` entered and did not end."""
+    def adopt(self, spec: OpSpec, slot: int = -1, seq: int = 0) -> LaneOp:
+        """The lane op of what :meth:`now` entered and did not end (``slot`` -1), or of
+        what compiled code entered in ``slot`` (submission ``seq``) and did not end."""
+        if slot < 0:
+            a = self._now_at
+            slot, seq = int(a[4]), int(a[5])
         lop = LaneOp(spec, slot, seq, self._now_keep)
         self._now_keep = None
         self.ops[slot] = lop

@@ -494,6 +494,30 @@ def lane_enter(mem, prog, arena, b, fields, addrs, gen, prio, urgent):
 
 
 @njit(nogil=True, cache=True)
+def lane_once(mem, prog, arena, b, fields, addrs, gen, prio, urgent, max_ns, spin_ns):
+    """A repeat's one compiled call, the blocking and the async form's alike: the op's
+    generation, priority and urgency into ``fields`` (its shape's, kept between repeats),
+    entered (:func:`lane_submit`), its slot, submission and whether ops ended or events
+    wait for Python into ``addrs[4:7]``; then, with ``max_ns >= 0`` (a blocking call),
+    driven as a waiter's first try (:func:`lane_drive` with ``DRIVE_TAKE``).  Returns -1
+    when the table is full (nothing entered); else the drive's result (2: it ended well
+    and left the table), or 0 with ``max_ns < 0`` (entered, not driven)."""
+    fields[1] = gen
+    fields[9] = prio
+    fields[14] = urgent
+    slot = lane_submit(mem, prog, arena, b, fields, addrs)
+    if slot < 0:
+        return -1
+    seq = mem[C_SEQ]
+    addrs[4] = slot
+    addrs[5] = seq
+    addrs[6] = 1 if mem[C_NDONE] != 0 or mem[C_NEV] != 0 else 0
+    if max_ns < 0:
+        return 0
+    return lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, DRIVE_TAKE)
+
+
+@njit(nogil=True, cache=True)
 def lane_fail(mem, prog, arena, slot):
     """Python fails op ``slot`` (an error from a peer, a peer gone, shutdown)."""
     _fail(mem, prog, arena, slot)
@@ -604,6 +628,7 @@ def _compile_entry_points() -> None:
             buf = types.Array(dt, 1, "C")
             buffer_addresses.compile((buf, buf, mem))
         lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64, i64))
+        lane_once.compile((mem, mem, arena, mem, mem, mem, i64, i64, i64, i64, i64))
         lane_fail.compile((mem, mem, arena, i64))
         lane_drop_floating.compile((mem, i64, i64))
         lane_drop_peer.compile((mem, i64))

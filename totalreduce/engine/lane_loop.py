@@ -218,18 +218,20 @@ class LaneHooks:
         return lop
 
     def lane_now(
-        self, shape: LaneShape, name: str | int, key: OpKey, group: tuple[int, ...],
-        priority: int, inbuf: np.ndarray, outbuf: np.ndarray,
-        make: Callable[..., tuple[Any, OpSpec]], args: tuple[Any, ...],
+        self, shape: LaneShape, name: str | int, wid: int, gen: int, group: tuple[int, ...],
+        priority: int, inbuf: np.ndarray, outbuf: np.ndarray, make: Callable[..., Any],
+        record: Any, svc: Any, result: Any,
     ) -> Any:  # fmt: skip
-        """A blocking repeat (``service/express.run``) of a plain lane shape: enter it and
-        drive it from the calling thread in one hold of the loop's lock, as a waiter's
-        first try does (``_lane_try``), with nothing made for it in Python.  True when it
-        ended well in that try (recorded as done; the caller gives its name back); None
-        when it was not entered (whatever ``lane_express`` or ``_lane_try`` would stay away
-        from: the caller goes their way); else ``make(*args)``'s handle and the op's
-        ``LaneOp``: entered, not ended (its peers are late, or the lane has events or ops
-        for Python), which the caller waits for."""
+        """A blocking repeat (``service/express.run``) of a quick lane shape: enter it and
+        drive it from the calling thread in one hold of the loop's lock and one compiled
+        call (``Lane.now``: ``lane_core.lane_once``, the async form's entry too), as a
+        waiter's first try does (``_lane_try``), with nothing made for it in Python but its
+        record among the ended ops.  True when it ended well in that try (recorded as
+        done; its generation never was in flight); None when it was not entered (whatever
+        ``lane_express`` or ``_lane_try`` would stay away from: the caller goes their
+        way); else the handle of ``make(svc, record, name, gen, inbuf, outbuf, result,
+        priority, True)``, whose op is the lane op entered and not ended (its peers are
+        late, or the lane has events or ops for Python), which the caller waits for."""
         lane = self.lane
         if (
             lane is None
@@ -256,38 +258,41 @@ class LaneHooks:
                 or time.monotonic() - self._last_stall_check > self._stall_every
                 or (
                     (floating._frames or floating._errors or lane.by_key)
-                    and (key in floating._frames or key in floating._errors or key in lane.by_key)
+                    and (
+                        (key := (wid, gen)) in floating._frames
+                        or key in floating._errors
+                        or key in lane.by_key
+                    )
                 )
             ):
                 return None
             trace = self.trace
             t0 = time.perf_counter_ns() if trace is not None else 0
             try:
-                slot, seq, r = lane.now(shape, inbuf, outbuf, key[1], priority,
-                                        self._wait_spin_ns)  # fmt: skip
+                r = lane.now(shape, inbuf, outbuf, gen, priority, self._wait_spin_ns)
             except Exception as exc:
                 self._stopped_by(exc)
                 return None
-            if slot < 0:
+            if r < 0:
                 return None
             self.stats.lane_express += 1
             if trace is not None:  # a sink on the route: the usual route's events
-                trace.op(name, key[1], "submitted", priority, t0)
+                trace.op(name, gen, "submitted", priority, t0)
             if r == 2:  # it ended well, the one op done: taken out of the table
-                self._remember(self.completed, key, ((name, key[1]), group, (), _NONE))
+                self._remember(self.completed, (wid, gen), ((name, gen), group, (), _NONE))
                 self.stats.ops_completed += 1
                 if trace is not None:  # and the caller's wait: it drove the op to its end
                     t1 = time.perf_counter_ns()
-                    trace.op(name, key[1], "done", priority, t1)
-                    trace.wait(name, key[1], t0, t1)
+                    trace.op(name, gen, "done", priority, t1)
+                    trace.wait(name, gen, t0, t1)
                 return True
-            handle, spec = make(*args)
-            lop = lane.adopt(spec, slot, seq)
+            handle, spec = make(svc, record, name, gen, inbuf, outbuf, result, priority, True)
+            handle._lop = lane.adopt(spec)
             try:
                 self._lane_settle()
             except Exception as exc:
                 self._stopped_by(exc)
-            return handle, lop
+            return handle
         finally:
             self._owner = 0
             self.lock.release()

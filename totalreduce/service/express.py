@@ -230,15 +230,14 @@ def run(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priorit
     (nothing was taken then).
 
     An op of a quick lane shape (no copy of its input, no scratch, a WORK buffer of a few
-    elements at most: ``LaneShape.quick``) is entered into the
-    lane and driven to its end in one hold of the loop's lock, with no handle, spec or
-    lane op made for it (:func:`now`), as ``MPI_Allreduce`` makes no request.  One that
-    does not end there (its peers are late, or anything needs Python) gets them then,
-    and is waited for as ``start(...).wait()`` would."""
-    r = now(svc, ex, name, x, out, priority)
-    if r is None:
-        return MISSED
-    return r[0] if r[1] is None else r[1].wait()
+    elements at most: ``LaneShape.quick``) is entered into the lane and driven to its end
+    in one hold of the loop's lock and one compiled call, with no handle, spec or lane op
+    made for it and its generation never counted in flight (:func:`now`), as
+    ``MPI_Allreduce`` makes no request.  One that does not end there (its peers are late,
+    or anything needs Python) gets them then, and is waited for as ``start(...).wait()``
+    would."""
+    r = _go(svc, ex, name, x, out, priority)
+    return r.wait() if r.__class__ is Handle else r
 
 
 def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
@@ -248,8 +247,29 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     the loop's lock, nothing made for it in Python); ``(result, handle)`` when it is on
     its way (entered and not ended, or started the way :func:`start` starts it); None
     when something unusual needs the whole way (nothing was taken then).  A thread that
-    must not block on one op (the daemon's arena thread) takes the handle and goes on.
-    (The checks are ``start``'s, written out for the reason ``start`` gives.)"""
+    must not block on one op (the daemon's arena thread) takes the handle and goes on."""
+    r = _go(svc, ex, name, x, out, priority)
+    if r is MISSED:
+        return None
+    if r.__class__ is Handle:
+        return r._result, r
+    return r, None
+
+
+def _make_held(
+    svc: Any, ex: Express, op_name: str | int, gen: int, flat: np.ndarray, o: np.ndarray,
+    result: Any, priority: int, urgent: bool,
+) -> tuple[Handle, OpSpec]:  # fmt: skip
+    """:func:`_make` for a generation :meth:`.names.NameTable.take` gave, which is in
+    flight from now (its handle's end gives it back)."""
+    svc._names.hold(op_name)
+    return _make(svc, ex, op_name, gen, flat, o, result, priority, urgent)
+
+
+def _go(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priority: Any) -> Any:
+    """:func:`run` and :func:`now`'s way: the result when the repeat ended in its call,
+    the handle of one on its way, or :data:`MISSED` (nothing taken).  (The checks are
+    ``start``'s, written out for the reason ``start`` gives.)"""
     shape = ex.lane_shape
     loop = svc.loop
     if (
@@ -262,15 +282,15 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         or ex.epoch != tuning.EPOCH[0]
         or not x.flags.c_contiguous
     ):
-        return None
+        return MISSED
     if priority.__class__ is not int or not -(1 << 31) <= priority < 1 << 31:
-        return None
+        return MISSED
     flat: Any = x if x.ndim == 1 else x.reshape(-1)  # (a scatter receiver: its empty input)
     result: Any
     if out is None:
         if ex.into_x:  # a scatter's receiver: its part lands in x
             if not x.flags.writeable:
-                return None
+                return MISSED
             o, flat, result = flat, ex.nothing, x.reshape(ex.shape)
         else:
             o = np.empty(ex.out_count, dtype=ex.npdt)
@@ -279,25 +299,22 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     else:
         o, in_place = checks.output(x, out)  # as the whole way checks it
         if in_place != ex.in_place:
-            return None
+            return MISSED
         result = o if o.shape == ex.shape else o.reshape(ex.shape)
         if o.ndim != 1:
             o = o.reshape(-1)
-    names = svc._names
-    op_name, gen = names.name(name, ex.sig)
+    # The name's next generation, not counted in flight: one hold of the name table's
+    # lock for an op that ends in this call (``_make_held`` counts one that does not).
+    gen = svc._names.take(name, ex.sig)
     r = loop.lane_now(
-        shape, op_name, (ex.wid, gen), ex.group, priority, flat, o, _make,
-        (svc, ex, op_name, gen, flat, o, result, priority, True),
-    )  # fmt: skip
+        shape, name, ex.wid, gen, ex.group, priority, flat, o, _make_held, ex, svc, result
+    )
     if r is True:
-        names.ended(op_name)
-        return result, None
+        return result
     if r is None:  # not entered: the way start goes
-        handle = _launch(svc, ex, op_name, gen, flat, o, result, priority)
-    else:  # entered, not ended: a handle of the express path
-        handle, lop = r
-        handle._lop = lop
-    return result, handle
+        svc._names.hold(name)
+        return _launch(svc, ex, name, gen, flat, o, result, priority)
+    return r  # entered, not ended: a handle of the express path
 
 
 def remember(svc: Any, key: tuple[Any, ...], spec: OpSpec, x: np.ndarray,
