@@ -140,3 +140,30 @@ def test_a_mismatch_on_a_repeat_raises_todays_text_on_both_ranks() -> None:
             assert dtypes.startswith("op 'a' generation 3: rank "), dtypes
             assert "has dtype float32" in dtypes and "has dtype float64" in dtypes, dtypes
             np.testing.assert_array_equal(after, np.full(512, 2.0))
+
+
+def test_a_traced_repeat_takes_the_one_call_as_an_untraced_one(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a timeline, 4 KiB repeats (blocking and async) enter by ``lane_once`` as often
+    as without: the timeline is a sink on the route, not a reason to leave it."""
+
+    def body(s: Any) -> int:
+        x = np.arange(1024, dtype=np.float32) + s.rank
+        for _ in range(2):
+            s.allreduce(x, name="t")
+            s.allreduce_async(x, name="ta").wait()
+        e0 = s.loop.stats.lane_express
+        for _ in range(10):
+            s.allreduce(x, name="t")
+            s.allreduce_async(x, name="ta").wait()
+        return int(s.loop.stats.lane_express - e0)
+
+    counts = []
+    for options in ({}, {"timeline": str(tmp_path / "tl")}):
+        with local_services(2, **options) as svcs, monkeypatch.context() as m:
+            seen = entries(m)
+            express = run_ranks(svcs, body, timeout=120)
+        counts.append((express, seen[0] >= 20, seen[1] >= 20))
+    assert counts[0] == counts[1] == ([20, 20], True, True), counts
+    assert sorted(tmp_path.glob("tl.*.json")), "no timeline written"
