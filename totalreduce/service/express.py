@@ -57,7 +57,8 @@ if TYPE_CHECKING:
     from ..engine.lane import LaneShape
     from .thin import ThinHandle
 
-#: Most express records a service keeps (a model's parameter count is far below).
+#: Where tables of records bounded by count clear themselves (the daemon's; the service's
+#: own table stays below it, within ``Config.express_bytes``: ``records.Records``).
 MAX_RECORDS = 1 << 15
 #: Kinds whose result is a new flat array, whatever the input's shape.
 _FLAT = frozenset({OpKind.REDUCE_SCATTER, OpKind.ALLGATHER})
