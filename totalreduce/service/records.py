@@ -18,6 +18,7 @@ client's) go oldest first.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,7 @@ class Records(dict):  # type: ignore[type-arg]
     """A service's express records (a dict: ``get`` is the dict's), charged by size within
     ``bound`` bytes (see the module docstring)."""
 
-    __slots__ = ("bound", "charged", "charges", "evicted")
+    __slots__ = ("bound", "charged", "charges", "evicted", "_lock")
 
     def __init__(self, bound: int) -> None:
         super().__init__()
@@ -62,32 +63,38 @@ class Records(dict):  # type: ignore[type-arg]
         self.charges: dict[Any, int] = {}
         #: records dropped so far to keep the bound
         self.evicted = 0
+        #: held while records are put or dropped (threads of one rank may make records at
+        #: once; a repeat's ``get`` takes nothing)
+        self._lock = threading.Lock()
 
     def __setitem__(self, key: Any, rec: Any) -> None:
         c = charge(rec)
-        old = self.charges.get(key)
-        if old is not None:
-            self.charged -= old
-            dict.pop(self, key, None)
-        if self.charged + c > self.bound or len(self) >= MAX_COUNT:
-            self._sweep(self.bound - self.bound // 8 - c)
-        dict.__setitem__(self, key, rec)
-        self.charges[key] = c
-        self.charged += c
+        with self._lock:
+            old = self.charges.pop(key, None)
+            if old is not None:
+                self.charged -= old
+                dict.pop(self, key, None)
+            if self.charged + c > self.bound or len(self) >= MAX_COUNT:
+                self._sweep(self.bound - self.bound // 8 - c)
+            dict.__setitem__(self, key, rec)
+            self.charges[key] = c
+            self.charged += c
 
     def __delitem__(self, key: Any) -> None:
-        dict.__delitem__(self, key)
-        self.charged -= self.charges.pop(key, 0)
+        with self._lock:
+            dict.__delitem__(self, key)
+            self.charged -= self.charges.pop(key, 0)
 
     def pop(self, key: Any, *default: Any) -> Any:
-        if key in self:
+        with self._lock:
             self.charged -= self.charges.pop(key, 0)
-        return dict.pop(self, key, *default)
+            return dict.pop(self, key, *default)
 
     def clear(self) -> None:
-        dict.clear(self)
-        self.charges.clear()
-        self.charged = 0
+        with self._lock:
+            dict.clear(self)
+            self.charges.clear()
+            self.charged = 0
 
     def _sweep(self, target: int) -> None:
         """Drop the least recently used records until the charges are within ``target``
