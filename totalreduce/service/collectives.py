@@ -156,6 +156,18 @@ class CollectiveOps(OpSubmitter):
                 got = express.thin_now(self, key, x, priority, out)
                 if got is not None:
                     return got
+        elif name is not None and dtype is None and group.__class__ is Group and self._thin:
+            # daemon mode, over a group: one compiled call into the ring (its record's key
+            # names the group's ranks; the first call keeps the record)
+            ranks = group.ranks  # type: ignore[union-attr]
+            key = (express.THIN, name, op, algorithm, ranks)
+            got = express.thin_now(self, key, x, priority, out)
+            if got is not None:
+                return got
+            h = self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype)
+            if not (isinstance(op, str) and op.lower() == "adasum"):  # (its own ops)
+                express.thin_remember(self, key, x, h, ranks)  # type: ignore[arg-type]
+            return h.wait()
         return self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype).wait()
 
     def _thin_for(
@@ -259,23 +271,31 @@ class CollectiveOps(OpSubmitter):
         for in one compiled call: ``express.thin_now``; into a new array or another, staged
         in the arena, ``express.thin_parted_now``); anything else is
         ``broadcast_async(...).wait()``."""
-        if name is not None and group is None and dtype is None and root.__class__ is int:
-            if self._thin is not None and out is x:
-                key = (express.THIN_BC, name, root, algorithm)
+        ranks = None
+        if group is not None and group.__class__ is Group:
+            ranks = group.ranks  # daemon mode: a group's record's key names its ranks
+        if (
+            name is not None and dtype is None and root.__class__ is int
+            and self._thin is not None and (group is None or ranks is not None)
+        ):  # fmt: skip
+            tail = () if ranks is None else (ranks,)
+            if out is x:
+                key = (express.THIN_BC, name, root, algorithm, *tail)
                 got = express.thin_now(self, key, x, priority, x, OpKind.BROADCAST)
                 if got is not None:
                     return got
                 h = self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
-                express.thin_bcast_remember(self, key, x, h)
+                express.thin_bcast_remember(self, key, x, h, ranks)
                 return h.wait()
-            if self._thin is not None:  # into a new array or another: staged, as the whole way
-                key = (express.THIN_BCO, name, root, algorithm)
-                got = express.thin_parted_now(self, key, x, priority, out)
-                if got is not None:
-                    return got
-                h = self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
-                express.thin_parted_remember(self, key, x, h, OpKind.BROADCAST, root)
-                return h.wait()
+            # into a new array or another: staged, as the whole way
+            key = (express.THIN_BCO, name, root, algorithm, *tail)
+            got = express.thin_parted_now(self, key, x, priority, out)
+            if got is not None:
+                return got
+            h = self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
+            express.thin_parted_remember(self, key, x, h, OpKind.BROADCAST, root, ranks)
+            return h.wait()
+        if name is not None and group is None and dtype is None and root.__class__ is int:
             ex = express.lookup(self._express, ("bc", name, root, out is x, algorithm), x)
             if ex is not None:
                 got = express.run(self, ex, name, x, out, priority)
@@ -335,13 +355,21 @@ class CollectiveOps(OpSubmitter):
         """The blocking ``barrier``: in daemon mode a repeat of a named barrier of the world
         that meets the node's clients in the arena is one compiled call
         (``express.thin_barrier``); anything else is ``barrier_async(...).wait()``."""
-        if self._thin is None or name is None or group is not None or algorithm != "auto":
+        ranks = None
+        if group is not None and group.__class__ is Group:
+            ranks = group.ranks  # a group's record's key names its ranks
+        if (
+            self._thin is None
+            or name is None
+            or (group is not None and ranks is None)
+            or algorithm != "auto"
+        ):
             self.barrier_async(name, 0, algorithm, group).wait()
             return
-        if express.thin_barrier(self, name, 0):
+        if express.thin_barrier(self, name, 0, ranks):
             return
         h = self.barrier_async(name, 0, algorithm, group)
-        express.thin_barrier_remember(self, name, h)
+        express.thin_barrier_remember(self, name, h, ranks)
         h.wait()
 
     def pairwise_exchange_async(
