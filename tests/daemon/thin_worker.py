@@ -1200,6 +1200,54 @@ def mode_ring_groups(p: int, rank: int) -> None:
     report(rank, "GROUPS-MISMATCH", ok, repr(texts))
 
 
+def mode_dtypes(p: int, rank: int) -> None:
+    """Every element type and op of allreduce, on any layout: arrays of the arena in place,
+    of 0 elements to past 1 MiB (float32's sum and max, int8's sum), a first call then
+    repeats (the compiled route among the nodes, the meeting's on one node), and bfloat16
+    bit patterns; every result compared bit for bit (the inputs are small integers: exact
+    in every type)."""
+    types = {
+        "float16": "sum max min", "float32": "sum avg max min product", "float64": "sum avg",
+        "int32": "sum avg band bor bxor", "int64": "sum max min product", "uint8": "sum max",
+        "int8": "sum min", "int16": "sum bxor", "bool": "sum product max min",
+    }  # fmt: skip
+    reduce = {
+        "sum": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply,
+        "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor,
+    }  # fmt: skip
+    bad: list[str] = []
+    sizes = [0, 1, 1024, (1 << 20) // 4 + 3]
+    for dt, ops in types.items():
+        for op in ops.split():
+            large = (dt, op) in (("float32", "sum"), ("float32", "max"), ("int8", "sum"))
+            for n in sizes if large else sizes[:3]:
+                x = tr.empty(n, dt)
+                for i in range(3):  # the whole way, then repeats
+                    vals = np.stack([(np.arange(n) % 3 + (r + i) % 3).astype(dt) for r in range(p)])
+                    if dt == "bool":
+                        want = vals.any(axis=0) if op in ("sum", "max") else vals.all(axis=0)
+                    elif op == "avg":
+                        total = vals.astype(np.int64).sum(axis=0)
+                        want = (total // p if dt.startswith("int") else total / p).astype(dt)
+                    else:
+                        want = reduce[op].reduce(vals.astype(np.int64), axis=0).astype(dt)
+                    x[:] = vals[rank]
+                    tr.allreduce(x, name=f"dt.{dt}.{op}.{n}", op=op, out=x)
+                    if x.tobytes() != want.tobytes():
+                        bad.append(f"{dt} {op} {n} call {i}: {x[:3]} != {want[:3]}")
+    for n in sizes[:3]:  # bfloat16: float32's upper halves
+        name = f"dt.bfloat16.{n}"
+        for i in range(3):
+            vals = np.stack([(np.arange(n) % 3 + r + i).astype(np.float32) for r in range(p)])
+            x = tr.empty(n, np.uint16)
+            x[:] = (vals[rank].view(np.uint32) >> 16).astype(np.uint16)
+            tr.allreduce(x, name=name, out=x, dtype="bfloat16")
+            want = (vals.sum(axis=0).view(np.uint32) >> 16).astype(np.uint16)
+            if not np.array_equal(x, want):
+                bad.append(f"bfloat16 {n} call {i}: {x[:3]} != {want[:3]}")
+    report(rank, "EVERY-DTYPE", not bad, "; ".join(bad[:3]))
+
+
 def mode_ring_death(p: int, rank: int, kind: str = "allreduce") -> None:
     """Node 0's service killed while its client waits in a compiled call (an allreduce's,
     or with ``kind`` "rs" a reduce-scatter's)."""
@@ -1250,6 +1298,7 @@ def main() -> None:
         "ring-death-rs": lambda p, rank: mode_ring_death(p, rank, "rs"),
         "ring-kinds": mode_ring_kinds,
         "ring-groups": mode_ring_groups,
+        "dtypes": mode_dtypes,
     }
     modes[sys.argv[1]](tr.size(), tr.rank())
     tr.shutdown()
