@@ -141,9 +141,9 @@ class CollectiveOps(OpSubmitter):
     ) -> Any:
         """The blocking ``allreduce``: a repeat the compiled lane runs is entered and driven
         to its end in this call, with no handle (``express.run``; in daemon mode, a repeat
-        on arrays of the arena, submitted and waited for in one compiled call:
-        ``express.thin_now``);
-        anything else is ``allreduce_async(...).wait()``."""
+        on arrays of the arena, over the world or a ``Group``, submitted and waited for
+        in one compiled call: ``express.thin_now``); anything else is
+        ``allreduce_async(...).wait()``."""
         if name is not None and group is None and dtype is None:
             if self._thin is None:
                 ex = express.lookup(self._express, (name, op, out is x, algorithm), x)
@@ -156,7 +156,12 @@ class CollectiveOps(OpSubmitter):
                 got = express.thin_now(self, key, x, priority, out)
                 if got is not None:
                     return got
-        elif name is not None and dtype is None and group.__class__ is Group and self._thin:
+        elif (
+            name is not None
+            and dtype is None
+            and group.__class__ is Group
+            and self._thin is not None
+        ):
             # daemon mode, over a group: one compiled call into the ring (its record's key
             # names the group's ranks; the first call keeps the record)
             ranks = group.ranks  # type: ignore[union-attr]
@@ -266,11 +271,11 @@ class CollectiveOps(OpSubmitter):
         dtype: str | None = None,
     ) -> Any:
         """The blocking ``broadcast``: a repeat the compiled lane runs is entered and driven
-        to its end in this call, with no handle (``express.run``; in daemon mode among
-        several nodes, a repeat in place on an array of the arena, submitted and waited
-        for in one compiled call: ``express.thin_now``; into a new array or another, staged
-        in the arena, ``express.thin_parted_now``); anything else is
-        ``broadcast_async(...).wait()``."""
+        to its end in this call, with no handle (``express.run``; in daemon mode, over the
+        world or a ``Group``, a repeat in place on an array of the arena, submitted and
+        waited for in one compiled call, or met at a one-node service's meeting place:
+        ``express.thin_now``; into a new array or another, staged in the arena,
+        ``express.thin_parted_now``); anything else is ``broadcast_async(...).wait()``."""
         ranks = None
         if group is not None and group.__class__ is Group:
             ranks = group.ranks  # daemon mode: a group's record's key names its ranks
@@ -353,8 +358,8 @@ class CollectiveOps(OpSubmitter):
         group: Group | None = None,
     ) -> None:
         """The blocking ``barrier``: in daemon mode a repeat of a named barrier of the world
-        that meets the node's clients in the arena is one compiled call
-        (``express.thin_barrier``); anything else is ``barrier_async(...).wait()``."""
+        or of a ``Group`` is one compiled call (``express.thin_barrier``); anything else is
+        ``barrier_async(...).wait()``."""
         ranks = None
         if group is not None and group.__class__ is Group:
             ranks = group.ranks  # a group's record's key names its ranks

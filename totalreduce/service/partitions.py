@@ -203,9 +203,10 @@ class PartitionOps(OpSubmitter):
     def _reduce_scatter_direct(
         self, x: Any, name: str | int | None = None, op: str | ReduceOp = "sum", **kw: Any
     ) -> Any:
-        """The blocking ``reduce_scatter``: in daemon mode a named repeat of the world (no
-        partition, axes, group or dtype) is submitted and waited for in one compiled call
-        (``express.thin_parted_now``); anything else is ``reduce_scatter_async(...).wait()``."""
+        """The blocking ``reduce_scatter``: in daemon mode a named repeat of the world or of a
+        ``Group`` (no partition, axes or dtype) is submitted and waited for in one compiled
+        call (``express.thin_parted_now``); anything else is
+        ``reduce_scatter_async(...).wait()``."""
         key = None
         ranks = _plain(kw)
         if self._thin is not None and name is not None and ranks is not False:
@@ -365,10 +366,11 @@ class PartitionOps(OpSubmitter):
         return handle
 
     def _allgather_direct(self, x: Any, name: str | int | None = None, **kw: Any) -> Any:
-        """The blocking ``allgather``: in daemon mode a named repeat of the world given
-        ``counts`` (one op; no partition, axes, group or dtype) is submitted and waited for
-        in one compiled call (``express.thin_parted_now``); anything else is
-        ``allgather_async(...).wait()``."""
+        """The blocking ``allgather``: in daemon mode a named repeat of the world or of a
+        ``Group`` (no partition, axes or dtype) given ``counts`` (one op) is submitted and
+        waited for in one compiled call (``express.thin_parted_now``), and one without
+        ``counts`` in two, its sizes then its data (``express.thin_sized_now``); anything
+        else is ``allgather_async(...).wait()``."""
         key = None
         counts = kw.get("counts")
         ranks = _plain(kw)
