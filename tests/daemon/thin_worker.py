@@ -33,13 +33,19 @@ prints ``rank R: NAME OK`` per check, or ``rank R: NAME FAILED ...``.
 - ``ring-death`` (several nodes): the service of node 0 killed while its client waits in
   a compiled call: the call raises ``TransportError`` within seconds (``ring-death-rs``:
   in a reduce-scatter's).
+- ``ring-groups``: blocking repeats over groups (allreduce, broadcast, barrier,
+  reduce-scatter, all-gather), all-gathers without counts (two compiled calls) and, on one
+  node, the world's broadcasts at the meeting place, with no handle, exact; a group
+  repeat whose count another member changed raises the handle's error.
+- ``dtypes``: every element type and op of allreduce, every size class, bit for bit.
 - ``ring-kinds``: blocking repeats of reduce-scatters (balanced parts and given ones), of
   all-gathers given their counts and of broadcasts into a new array or another (on a
   service of several nodes) are one compiled call each, with no handle, exact in float32
   and int64; they wait for a late rank past the wait's looks at the socket; a repeat
   whose count another rank changed raises what the Python path raises.
 - ``pressure``: with a small arena, ops larger than half a client's part run in pieces
-  (an allreduce, a reduce-scatter, an all-gather with and without counts, all-to-alls), a
+  (an allreduce, a reduce-scatter, an all-gather with and without counts, and a blocking
+  repeat of the latter: its sizes in one compiled call, its data in pieces; all-to-alls), a
   window larger than a client's whole part sends its messages in pieces, and many staged
   ops in flight wait for room (backpressure), all exact and with no engine.
 """
@@ -590,12 +596,18 @@ def mode_pressure(p: int, rank: int) -> None:
     x = np.concatenate([np.arange(c, dtype=np.int64) * (rank + 1) for c in counts])
     got = tr.reduce_scatter(x, name="big.rs.counts", counts=counts)
     ok &= np.array_equal(got, np.arange(counts[rank], dtype=np.int64) * p * (p + 1) // 2)
-    for given in (None, counts):
+    from totalreduce.transport import meeting as M
+
+    st = tr.default_service()._thin.st
+    for i, given in enumerate((None, counts, None)):  # (the third: a repeat, data in pieces)
         mine = np.arange(counts[rank], dtype=np.int64) + 1000 * rank
+        calls = int(st[M.ST_CALLS])
         got = tr.allgather(mine, name="big.ag", counts=given)
         want = np.concatenate([np.arange(c, dtype=np.int64) + 1000 * r
                                for r, c in enumerate(counts)])  # fmt: skip
         ok &= np.array_equal(got, want)
+        if i == 2:  # its sizes in one compiled call, its data the whole way's pieces
+            ok &= int(st[M.ST_CALLS]) == calls + 1
     report(rank, "LARGE-PARTS", ok, str(got[:3]))
     # all-to-alls that large, and what is built on them: in pieces too, exact
     bad = []
