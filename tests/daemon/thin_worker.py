@@ -1183,6 +1183,31 @@ def mode_ring_groups(p: int, rank: int) -> None:
             if not calls and (took or handles > repeats // 2):  # (a late peer: a handle)
                 bad.append(f"{name}: {took} ring calls, {handles} handles for {repeats} repeats")
     thin_mod.ThinHandle.__init__ = real_init  # type: ignore[method-assign]
+    # async repeats over a group start from the record (express.thin_start): a handle each
+    started = [0]
+    real_start = express.thin_start
+
+    def counted(*args: Any) -> Any:
+        h = real_start(*args)
+        started[0] += h is not None
+        return h
+
+    express.thin_start = counted
+    for label, g in groups:
+        for form in ("in", "new"):
+            name = f"groups.async.{form}.{label}"
+            before = started[0]
+            for i in range(2 + repeats):
+                x = tr.empty(n, np.float32) if form == "in" else np.empty(n, np.float32)
+                x[:] = np.arange(n) % 7 + rank + i
+                h = tr.allreduce_async(x, name=name, out=x if form == "in" else None, group=g)
+                got = h.wait()
+                want = sum(np.arange(n) % 7 + r + i for r in g.ranks).astype(np.float32)
+                if not (np.array_equal(got, want) and (form == "new" or np.shares_memory(got, x))):
+                    bad.append(f"{name} call {i}: {got[:3]} != {want[:3]}")
+            if started[0] - before != 1 + repeats:  # (the second call has the record too)
+                bad.append(f"{name}: {started[0] - before} of {1 + repeats} from the record")
+    express.thin_start = real_start
     report(rank, "GROUPS-EXACT-ROUTE", not bad, "; ".join(bad[:3]))
 
     # a repeat over a group whose count another member changed: the handle's error

@@ -70,6 +70,17 @@ class CollectiveOps(OpSubmitter):
                     h = express.start(self, ex, name, x, out, priority)
                     if h is not None:
                         return h
+        elif (
+            name is not None
+            and dtype is None
+            and group.__class__ is Group
+            and self._thin is not None
+            and (out is x or out is None)
+        ):  # daemon mode over a group: the record's key names its ranks
+            key = (express.THIN, name, op, algorithm, group.ranks)  # type: ignore[union-attr]
+            th = express.thin_start(self, key, x, out, priority)
+            if th is not None:
+                return th
         arr, dt = as_array(x, "x", dtype)
         if isinstance(op, str) and op.lower() == "adasum":  # Horovod's: service/adasum.py
             o, _ = checks.output(arr, out)
@@ -89,6 +100,10 @@ class CollectiveOps(OpSubmitter):
             if name is not None and group is None and dtype is None:  # (any out: a record
                 # serves async repeats in place or into a new array, blocking ones into out)
                 express.thin_remember(self, (express.THIN, name, op, algorithm), x, th)
+            elif name is not None and dtype is None and group.__class__ is Group:
+                ranks = group.ranks  # type: ignore[union-attr]
+                express.thin_remember(self, (express.THIN, name, op, algorithm, ranks), x, th,
+                                      ranks)  # fmt: skip
             return th
         _not_hierarchical(wanted)
         route = (wanted, grp.ranks, arr.nbytes, dt, arr.size, avg, tuning.EPOCH[0])
@@ -169,10 +184,6 @@ class CollectiveOps(OpSubmitter):
             got = express.thin_now(self, key, x, priority, out)
             if got is not None:
                 return got
-            h = self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype)
-            if not (isinstance(op, str) and op.lower() == "adasum"):  # (its own ops)
-                express.thin_remember(self, key, x, h, ranks)  # type: ignore[arg-type]
-            return h.wait()
         return self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype).wait()
 
     def _thin_for(
