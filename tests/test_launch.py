@@ -176,3 +176,25 @@ def test_daemon_requested_and_mpiexec_found() -> None:
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.is_file():  # the mpich wheel's, whatever PATH says
         assert find_mpiexec() == str(beside)
+
+
+def test_every_mpiexec_the_sources_start_is_found_beside_python_first() -> None:
+    """No test or module starts ``mpiexec`` from ``PATH`` alone: a command list that begins
+    with the bare name fails here, and a file that falls back to the name (``or
+    "mpiexec"``, ``which("mpiexec")``) must look beside ``sys.executable`` first (the mpich
+    wheel's, also in a virtual environment that is not activated)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    bare = re.compile(r"""\[\s*["']mpiexec["']\s*,""")
+    fallback = re.compile(r"""(?:\bor|\belse|which\()\s*["']mpiexec["']""")
+    beside = re.compile(r"find_mpiexec|sys\.executable")
+    bad = []
+    for folder in ("tests", "totalreduce", "examples"):
+        for path in sorted((root / folder).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            if bare.search(text):
+                bad.append(f"{path.relative_to(root)}: a command of the bare name")
+            elif fallback.search(text) and not beside.search(text):
+                bad.append(f"{path.relative_to(root)}: PATH's mpiexec, not this Python's first")
+    assert not bad, bad

@@ -181,6 +181,41 @@ def test_blocking_reduce_scatter_allgather_and_broadcast_repeats_are_one_call(
     run_mode(tmp_path / "s", nodes, local, "ring-kinds", checks)
 
 
+@pytest.mark.parametrize(
+    "nodes,local",
+    [(2, 2), (1, 2), pytest.param(2, 1, marks=pytest.mark.full),
+     pytest.param(1, 4, marks=pytest.mark.full)],
+    ids=["2x2", "1x2", "2x1", "1x4"],
+)  # fmt: skip
+def test_blocking_group_and_sized_allgather_repeats_are_one_call(
+    tmp_path: Path, nodes: int, local: int
+) -> None:
+    """A blocking repeat over a group (the world's ranks reversed; on four clients a pair
+    across the nodes and a pair of neighbours) of an allreduce (in place, into another
+    array of the arena, into a new one), a broadcast (in place, into a new array), a
+    reduce-scatter, an all-gather given counts and a named barrier is one compiled call
+    into the ring with no handle; an all-gather without counts (world and groups, its
+    sizes changing every call) two (its sizes, then its data); on one node the world's
+    broadcasts in place and into a new array meet in the arena with no ring call; all
+    exact in float32 and int64.  A group repeat whose count another member changed raises
+    what the handle's way raises."""
+    run_mode(tmp_path / "s", nodes, local, "ring-groups", ["GROUPS-EXACT-ROUTE", "GROUPS-MISMATCH"])
+
+
+@pytest.mark.parametrize(
+    "nodes,local",
+    [(2, 2), pytest.param(2, 1, marks=pytest.mark.full), pytest.param(1, 1, marks=pytest.mark.full),
+     pytest.param(1, 3, marks=pytest.mark.full), pytest.param(2, 4, marks=pytest.mark.full)],
+    ids=["2x2", "2x1", "1x1", "1x3", "2x4"],
+)  # fmt: skip
+def test_every_dtype_and_size_class_is_exact(tmp_path: Path, nodes: int, local: int) -> None:
+    """Allreduce in every element type and op (bool, int8-int64, uint8, float16-float64,
+    bfloat16 bit patterns), of 0, 1, 1024 elements and past 1 MiB, first calls and repeats,
+    bit for bit, on one and two nodes of one to four clients (one node of two and four:
+    the meeting's sweep, ``test_one_node_meets_in_the_arena``)."""
+    run_mode(tmp_path / "s", nodes, local, "dtypes", ["EVERY-DTYPE"])
+
+
 @pytest.mark.parametrize("kind", ["allreduce", "rs"])
 def test_a_service_that_dies_under_a_compiled_wait(tmp_path: Path, kind: str) -> None:
     """Node 0's service killed while its client waits in a compiled call (an

@@ -70,6 +70,17 @@ class CollectiveOps(OpSubmitter):
                     h = express.start(self, ex, name, x, out, priority)
                     if h is not None:
                         return h
+        elif (
+            name is not None
+            and dtype is None
+            and group.__class__ is Group
+            and self._thin is not None
+            and (out is x or out is None)
+        ):  # daemon mode over a group: the record's key names its ranks
+            key = (express.THIN, name, op, algorithm, group.ranks)  # type: ignore[union-attr]
+            th = express.thin_start(self, key, x, out, priority)
+            if th is not None:
+                return th
         arr, dt = as_array(x, "x", dtype)
         if isinstance(op, str) and op.lower() == "adasum":  # Horovod's: service/adasum.py
             o, _ = checks.output(arr, out)
@@ -89,6 +100,10 @@ class CollectiveOps(OpSubmitter):
             if name is not None and group is None and dtype is None:  # (any out: a record
                 # serves async repeats in place or into a new array, blocking ones into out)
                 express.thin_remember(self, (express.THIN, name, op, algorithm), x, th)
+            elif name is not None and dtype is None and group.__class__ is Group:
+                ranks = group.ranks  # type: ignore[union-attr]
+                express.thin_remember(self, (express.THIN, name, op, algorithm, ranks), x, th,
+                                      ranks)  # fmt: skip
             return th
         _not_hierarchical(wanted)
         route = (wanted, grp.ranks, arr.nbytes, dt, arr.size, avg, tuning.EPOCH[0])
@@ -141,9 +156,9 @@ class CollectiveOps(OpSubmitter):
     ) -> Any:
         """The blocking ``allreduce``: a repeat the compiled lane runs is entered and driven
         to its end in this call, with no handle (``express.run``; in daemon mode, a repeat
-        on arrays of the arena, submitted and waited for in one compiled call:
-        ``express.thin_now``);
-        anything else is ``allreduce_async(...).wait()``."""
+        on arrays of the arena, over the world or a ``Group``, submitted and waited for
+        in one compiled call: ``express.thin_now``); anything else is
+        ``allreduce_async(...).wait()``."""
         if name is not None and group is None and dtype is None:
             if self._thin is None:
                 ex = express.lookup(self._express, (name, op, out is x, algorithm), x)
@@ -156,6 +171,19 @@ class CollectiveOps(OpSubmitter):
                 got = express.thin_now(self, key, x, priority, out)
                 if got is not None:
                     return got
+        elif (
+            name is not None
+            and dtype is None
+            and group.__class__ is Group
+            and self._thin is not None
+        ):
+            # daemon mode, over a group: one compiled call into the ring (its record's key
+            # names the group's ranks; the first call keeps the record)
+            ranks = group.ranks  # type: ignore[union-attr]
+            key = (express.THIN, name, op, algorithm, ranks)
+            got = express.thin_now(self, key, x, priority, out)
+            if got is not None:
+                return got
         return self.allreduce_async(x, name, op, out, priority, algorithm, group, dtype).wait()
 
     def _thin_for(
@@ -254,28 +282,36 @@ class CollectiveOps(OpSubmitter):
         dtype: str | None = None,
     ) -> Any:
         """The blocking ``broadcast``: a repeat the compiled lane runs is entered and driven
-        to its end in this call, with no handle (``express.run``; in daemon mode among
-        several nodes, a repeat in place on an array of the arena, submitted and waited
-        for in one compiled call: ``express.thin_now``; into a new array or another, staged
-        in the arena, ``express.thin_parted_now``); anything else is
-        ``broadcast_async(...).wait()``."""
-        if name is not None and group is None and dtype is None and root.__class__ is int:
-            if self._thin is not None and out is x:
-                key = (express.THIN_BC, name, root, algorithm)
+        to its end in this call, with no handle (``express.run``; in daemon mode, over the
+        world or a ``Group``, a repeat in place on an array of the arena, submitted and
+        waited for in one compiled call, or met at a one-node service's meeting place:
+        ``express.thin_now``; into a new array or another, staged in the arena,
+        ``express.thin_parted_now``); anything else is ``broadcast_async(...).wait()``."""
+        ranks = None
+        if group is not None and group.__class__ is Group:
+            ranks = group.ranks  # daemon mode: a group's record's key names its ranks
+        if (
+            name is not None and dtype is None and root.__class__ is int
+            and self._thin is not None and (group is None or ranks is not None)
+        ):  # fmt: skip
+            tail = () if ranks is None else (ranks,)
+            if out is x:
+                key = (express.THIN_BC, name, root, algorithm, *tail)
                 got = express.thin_now(self, key, x, priority, x, OpKind.BROADCAST)
                 if got is not None:
                     return got
                 h = self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
-                express.thin_bcast_remember(self, key, x, h)
+                express.thin_bcast_remember(self, key, x, h, ranks)
                 return h.wait()
-            if self._thin is not None:  # into a new array or another: staged, as the whole way
-                key = (express.THIN_BCO, name, root, algorithm)
-                got = express.thin_parted_now(self, key, x, priority, out)
-                if got is not None:
-                    return got
-                h = self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
-                express.thin_parted_remember(self, key, x, h, OpKind.BROADCAST, root)
-                return h.wait()
+            # into a new array or another: staged, as the whole way
+            key = (express.THIN_BCO, name, root, algorithm, *tail)
+            got = express.thin_parted_now(self, key, x, priority, out)
+            if got is not None:
+                return got
+            h = self.broadcast_async(x, root, name, out, priority, algorithm, group, dtype)
+            express.thin_parted_remember(self, key, x, h, OpKind.BROADCAST, root, ranks)
+            return h.wait()
+        if name is not None and group is None and dtype is None and root.__class__ is int:
             ex = express.lookup(self._express, ("bc", name, root, out is x, algorithm), x)
             if ex is not None:
                 got = express.run(self, ex, name, x, out, priority)
@@ -333,15 +369,23 @@ class CollectiveOps(OpSubmitter):
         group: Group | None = None,
     ) -> None:
         """The blocking ``barrier``: in daemon mode a repeat of a named barrier of the world
-        that meets the node's clients in the arena is one compiled call
-        (``express.thin_barrier``); anything else is ``barrier_async(...).wait()``."""
-        if self._thin is None or name is None or group is not None or algorithm != "auto":
+        or of a ``Group`` is one compiled call (``express.thin_barrier``); anything else is
+        ``barrier_async(...).wait()``."""
+        ranks = None
+        if group is not None and group.__class__ is Group:
+            ranks = group.ranks  # a group's record's key names its ranks
+        if (
+            self._thin is None
+            or name is None
+            or (group is not None and ranks is None)
+            or algorithm != "auto"
+        ):
             self.barrier_async(name, 0, algorithm, group).wait()
             return
-        if express.thin_barrier(self, name, 0):
+        if express.thin_barrier(self, name, 0, ranks):
             return
         h = self.barrier_async(name, 0, algorithm, group)
-        express.thin_barrier_remember(self, name, h)
+        express.thin_barrier_remember(self, name, h, ranks)
         h.wait()
 
     def pairwise_exchange_async(

@@ -25,7 +25,9 @@ In daemon mode the records keep the descriptor the whole way wrote instead, and 
 repeat is submitted and waited for in one compiled call: an allreduce's, a named
 barrier's and an in-place broadcast's (:func:`thin_now`, :func:`thin_barrier`), and a
 reduce-scatter's, an all-gather's given its counts and a broadcast's into another array
-(:func:`thin_parted_now`, staged in the arena as the whole way stages them).
+(:func:`thin_parted_now`, staged in the arena as the whole way stages them); an
+all-gather's without counts in two, its sizes then its data (:func:`thin_sized_now`).
+Each over the world or over a group (the key then ends with the group's ranks).
 
 Nothing is skipped that could differ between calls: the array's type, dtype, shape
 and layout, ``out`` (the same checks as :func:`.checks.output`), the priority, the
@@ -378,9 +380,13 @@ class ThinExpress:
         self.last_out_at = -1
 
 
-def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None:
+def thin_remember(
+    svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle, ranks: tuple[int, ...] | None = None
+) -> None:
     """After a whole-way allreduce in daemon mode (in place, or into a new array): keep a
-    record if a repeat can take the express path (one op, not pieces, no finalizer)."""
+    record if a repeat can take the express path (one op, not pieces, no finalizer), its
+    descriptor this thread's last.  ``ranks``: the op's group's (None: the world), whose
+    block the client keeps (:func:`_row_is`)."""
     thin = svc._thin
     if (
         h.__class__ is not _ThinHandle
@@ -391,13 +397,32 @@ def thin_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None
     ):
         return
     try:
+        row = thin.last_row()
         sig = svc._names.signature(h.name)
-        table = svc._express
-        if len(table) >= MAX_RECORDS:
-            table.clear()
-        table[key] = ThinExpress(x, sig, thin.last_row(), thin.last_meet())
     except (TypeError, KeyError):
         return
+    if not _row_is(svc, row, h, x.size, ranks):
+        return
+    table = svc._express
+    if len(table) >= MAX_RECORDS:
+        table.clear()
+    table[key] = ThinExpress(x, sig, row, thin.last_meet())
+
+
+def _row_is(svc: Any, row: np.ndarray, h: Any, count: int, ranks: tuple[int, ...] | None) -> bool:
+    """Whether descriptor ``row`` is the one op ``h`` (of ``count`` elements) wrote, whole
+    (not a piece of a large op), over the world (``ranks`` None) or over the group of
+    ``ranks`` through a block of them that the client keeps (a repeat's descriptor points
+    there: :meth:`~.thin_buffers.ThinBuffers.kept_block`)."""
+    if (
+        int(row[A.D_WIRE]) != A.signed(svc._wire_id(h.name))
+        or int(row[A.D_GEN]) != h.generation
+        or int(row[A.D_COUNT]) != count
+    ):
+        return False
+    if ranks is None:
+        return int(row[A.D_CTX]) == 0
+    return int(row[A.D_CTX]) != 0 and svc._thin.kept_block(int(row[A.D_GROUP])) == ranks
 
 
 def _thin_record(
@@ -494,12 +519,13 @@ def thin_now(
     ``allreduce_async(...).wait()``, which checks and raises what it raises).  The name's
     generation is taken with one hold of the name table's lock, and is in flight only if
     the op does not end in the call.  ``kind`` BROADCAST: a broadcast's repeat in place
-    among the nodes (its record from :func:`thin_bcast_remember`)."""
+    (its record from :func:`thin_bcast_remember`).  A record of an op over a group (its
+    key names the group's ranks) goes into the ring on any service."""
     rec = _thin_record(svc, key, ThinExpress, x, priority, False)
     if rec is None:
         return None
     in_place = out is x
-    if kind is not OpKind.ALLREDUCE and (not in_place or rec.meet is not None):
+    if kind is not OpKind.ALLREDUCE and not in_place:
         return None
     if out is None:
         return _thin_now_staged(svc, rec, key[1], x, priority)
@@ -543,7 +569,7 @@ def thin_now(
         ended = rec.ended = functools.partial(names.ended, op_name)
         hold = rec.hold = functools.partial(names.hold, op_name)
     if rec.meet is not None:
-        return thin.now(op_name, gen, rec.row, rec.meet, x, at, priority, ended, hold)
+        return thin.now(op_name, gen, rec.row, rec.meet, x, at, priority, ended, hold, kind)
     what = rec.what
     if what < 0:
         what = rec.what = thin.what(kind, op_name)
@@ -552,13 +578,15 @@ def thin_now(
     )
 
 
-def thin_bcast_remember(svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle) -> None:
+def thin_bcast_remember(
+    svc: Any, key: tuple[Any, ...], x: Any, h: ThinHandle, ranks: tuple[int, ...] | None = None
+) -> None:
     """After a broadcast in place went the whole way in daemon mode: keep a record (as
-    :func:`thin_remember`) if its op went into the ring of a service of several nodes, for
-    :func:`thin_now` to repeat it in one compiled call."""
+    :func:`thin_remember`) if ``x`` lives in the arena, for :func:`thin_now` to repeat it
+    in one compiled call (at the node's meeting place, or into the ring)."""
     thin = svc._thin
-    if thin.meet is None and x.__class__ is np.ndarray and thin.arena.offset_of(x) >= 0:
-        thin_remember(svc, key, x, h)
+    if x.__class__ is np.ndarray and thin.arena.offset_of(x) >= 0:
+        thin_remember(svc, key, x, h, ranks)
 
 
 def _thin_now_staged(
@@ -623,15 +651,17 @@ class ThinBarrier:
 _NOTHING = np.empty(0, dtype=np.int64)
 
 
-def thin_barrier(svc: Any, name: str | int, priority: Any) -> bool:
-    """A blocking repeat of the named barrier ``name`` of the world: one compiled call, that
-    meets the node's other clients in the arena on a one-node service
-    (:meth:`~.thin.ThinClient.now`), or submits into the ring and waits
-    (:meth:`~.thin.ThinClient.ring_now`) on a service of several nodes; True once it
-    ended, False when it has no record yet or anything is unusual (the caller then goes
+def thin_barrier(
+    svc: Any, name: str | int, priority: Any, ranks: tuple[int, ...] | None = None
+) -> bool:
+    """A blocking repeat of the named barrier ``name`` of the world (or of the group of
+    ``ranks``): one compiled call, that meets the node's other clients in the arena on a
+    one-node service (:meth:`~.thin.ThinClient.now`; the world's), or submits into the
+    ring and waits (:meth:`~.thin.ThinClient.ring_now`); True once it ended, False when it
+    has no record yet or anything is unusual (the caller then goes
     ``barrier_async(...).wait()`` and calls :func:`thin_barrier_remember`)."""
     try:
-        rec = svc._express.get(("thinbar", name))
+        rec = svc._express.get(("thinbar", name) if ranks is None else ("thinbar", name, ranks))
     except TypeError:
         return False
     if (
@@ -665,27 +695,33 @@ def thin_barrier(svc: Any, name: str | int, priority: Any) -> bool:
     return True
 
 
-def thin_barrier_remember(svc: Any, name: str | int, h: Any) -> None:
-    """After a named barrier of the world went the whole way: keep its record if it met
-    the node's clients in the arena, or went into the ring on a service of several nodes
-    (its descriptor was this thread's last)."""
+def thin_barrier_remember(
+    svc: Any, name: str | int, h: Any, ranks: tuple[int, ...] | None = None
+) -> None:
+    """After a named barrier of the world (or of the group of ``ranks``) went the whole
+    way: keep its record if it met the node's clients in the arena, or went into the ring
+    (on a service of several nodes; a group's on any), its descriptor this thread's last."""
     thin = svc._thin
     meet = thin.last_meet()
     if h.__class__ is not _ThinHandle:
         return
-    if thin.meet is not None:
+    if thin.meet is not None and ranks is None:
         if meet is None or h._meet < 0:
             return
     elif h._ticket == 0:
         return
     try:
+        row = thin.last_row()
         sig = svc._names.signature(h.name)
-        table = svc._express
-        if len(table) >= MAX_RECORDS:
-            table.clear()
-        table["thinbar", name] = ThinBarrier(sig, thin.last_row(), meet)
     except (TypeError, KeyError):
         return
+    if not _row_is(svc, row, h, 0, ranks):
+        return
+    table = svc._express
+    if len(table) >= MAX_RECORDS:
+        table.clear()
+    key = ("thinbar", name) if ranks is None else ("thinbar", name, ranks)
+    table[key] = ThinBarrier(sig, row, meet)
 
 
 #: The first items of the keys of :class:`ThinParted` records: a reduce-scatter's, an
@@ -706,11 +742,15 @@ class ThinParted:
     call (:meth:`~.thin.ThinClient.ring_now`), as the whole way's staging does."""
 
     __slots__ = ("kind", "npdt", "shape", "out_count", "fill", "sig", "row", "epoch",
-                 "ended", "hold", "what")  # fmt: skip
+                 "ended", "hold", "what", "meet")  # fmt: skip
 
     def __init__(self, kind: OpKind, x: np.ndarray, out_count: int, fill: bool,
-                 sig: tuple[Any, ...], row: np.ndarray) -> None:  # fmt: skip
+                 sig: tuple[Any, ...], row: np.ndarray,
+                 meet: np.ndarray | None = None) -> None:  # fmt: skip
         self.kind = kind
+        #: a broadcast's meeting record on a one-node service (its clients meet in the
+        #: arena, in place on their staging blocks), else None: the ring
+        self.meet = meet
         self.npdt = x.dtype
         self.shape = x.shape
         self.out_count = out_count
@@ -726,21 +766,23 @@ class ThinParted:
 
 
 def thin_parted_remember(
-    svc: Any, key: tuple[Any, ...], x: Any, h: Any, kind: OpKind, root: int = 0
-) -> None:
+    svc: Any, key: tuple[Any, ...], x: Any, h: Any, kind: OpKind, root: int = 0,
+    ranks: tuple[int, ...] | None = None,
+) -> None:  # fmt: skip
     """After a reduce-scatter, an all-gather with ``counts`` or a broadcast into another
     array went the whole way in daemon mode (its handle ``h``, not waited for yet): keep a
-    record under ``key`` if the op was one descriptor of the world, this thread's last,
-    into the ring of the node's service (not its meeting place), whose parts' block the
-    client keeps."""
+    record under ``key`` if the op was one descriptor of the world (or of the group of
+    ``ranks``), this thread's last, into the ring of the node's service (or, a broadcast
+    of the world on a one-node service, to its meeting place), whose parts' and group's
+    blocks the client keeps."""
     thin = svc._thin
+    meets = kind is OpKind.BROADCAST and thin.meet is not None and ranks is None
     if (
         h.__class__ is not _ThinHandle
         or h._ticket == 0
-        or h._meet >= 0
+        or (h._meet >= 0) != meets
         or x.__class__ is not np.ndarray
         or not x.flags.c_contiguous
-        or (kind is OpKind.BROADCAST and thin.meet is not None)
     ):
         return
     try:
@@ -748,26 +790,25 @@ def thin_parted_remember(
         sig = svc._names.signature(h.name)
     except (TypeError, KeyError):
         return
-    if (
-        int(row[A.D_KIND]) != int(kind)
-        or int(row[A.D_WIRE]) != A.signed(svc._wire_id(h.name))
-        or int(row[A.D_GEN]) != h.generation
-        or int(row[A.D_COUNT]) != x.size
-        or int(row[A.D_CTX]) != 0
-    ):
-        return  # another op's (pieces of a large one, a group's)
+    meet = thin.last_meet() if meets else None
+    if int(row[A.D_KIND]) != int(kind) or not _row_is(svc, row, h, x.size, ranks):
+        return  # another op's (pieces of a large one, a group's not kept)
+    if meets and meet is None:
+        return
+    world = tuple(range(svc.size)) if ranks is None else ranks
+    me = world.index(svc.rank)
     if kind is OpKind.BROADCAST:
         out_count = x.size
     else:
         parts = thin.kept_block(int(row[A.D_AUX]))
-        if parts is None or len(parts) != svc.size:
+        if parts is None or len(parts) != len(world):
             return
-        out_count = parts[svc.rank] if kind is OpKind.REDUCE_SCATTER else sum(parts)
-    fill = kind is not OpKind.BROADCAST or svc.rank == root
+        out_count = parts[me] if kind is OpKind.REDUCE_SCATTER else sum(parts)
+    fill = kind is not OpKind.BROADCAST or me == root
     table = svc._express
     if len(table) >= MAX_RECORDS:
         table.clear()
-    table[key] = ThinParted(kind, x, out_count, fill, sig, row)
+    table[key] = ThinParted(kind, x, out_count, fill, sig, row, meet)
 
 
 def thin_parted_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: Any = None) -> Any:
@@ -806,12 +847,16 @@ def thin_parted_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: 
         if ended is None or hold is None:
             ended = rec.ended = functools.partial(names.ended, op_name)
             hold = rec.hold = functools.partial(names.hold, op_name)
-        what = rec.what
-        if what < 0:
-            what = rec.what = thin.what(kind, op_name)
         submitted = True
-        thin.ring_now(op_name, gen, rec.row, None, nbytes, at, at + at_out_rel, priority,
-                      hold, ended, what, kind)  # fmt: skip
+        if rec.meet is not None:  # a broadcast at the meeting place, in place on the block
+            view = thin.arena.view(at, rec.out_count, x.dtype)
+            thin.now(op_name, gen, rec.row, rec.meet, view, at, priority, ended, hold, kind)
+        else:
+            what = rec.what
+            if what < 0:
+                what = rec.what = thin.what(kind, op_name)
+            thin.ring_now(op_name, gen, rec.row, None, nbytes, at, at + at_out_rel, priority,
+                          hold, ended, what, kind)  # fmt: skip
     except TotalReduceError:  # the op ended (failed), or never went: nothing writes there
         thin.space.free(at)
         raise
@@ -830,4 +875,195 @@ def thin_parted_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any, out: 
         if kind is OpKind.BROADCAST:
             result = result.reshape(x.shape)
     thin.space.free(at)
+    return result
+
+
+#: The first item of the keys of :class:`ThinSized` records (an all-gather without counts).
+THIN_AGV = "thinagv"
+
+
+class ThinSized:
+    """What a blocking repeat of an all-gather without ``counts`` in daemon mode needs, over
+    the world or a group and without partition or dtype arguments, on an array of its first
+    call's element type (of any shape and size: the result is flat).  As the whole way, its
+    ranks first gather their parts' sizes (the op ``<name>#counts``), then the data with
+    those parts; each is one compiled call into the ring (:meth:`~.thin.ThinClient.ring_now`),
+    in the caller's thread, with no handle and no watcher thread.  It keeps both ops'
+    descriptors (the counts' as the whole way writes it; the data's with its parts' block
+    set per call, the last one kept), both names' signatures, and the group (None: the
+    world) for a data op that must go the whole way (too large for one op)."""
+
+    __slots__ = (
+        "npdt", "shape", "dt", "size", "group", "sig", "csig", "count_name", "crow", "drow",
+        "epoch", "ended", "hold", "what", "cended", "chold", "cwhat", "last_sizes", "last_row",
+    )  # fmt: skip
+
+    def __init__(
+        self, x: np.ndarray, dt: DType, group: Any, size: int, sig: tuple[Any, ...],
+        csig: tuple[Any, ...], count_name: str, crow: np.ndarray, drow: np.ndarray,
+    ) -> None:  # fmt: skip
+        self.npdt, self.shape, self.dt = x.dtype, x.shape, dt
+        self.size, self.group = size, group
+        self.sig, self.csig, self.count_name = sig, csig, count_name
+        self.crow, self.drow = crow, drow
+        self.epoch = tuning.EPOCH[0]
+        #: as :class:`ThinExpress`'s, of the data op and (``c...``) of the counts op
+        self.ended: Callable[[], None] | None = None
+        self.hold: Callable[[], None] | None = None
+        self.what = -1
+        self.cended: Callable[[], None] | None = None
+        self.chold: Callable[[], None] | None = None
+        self.cwhat = -1
+        #: the last sizes whose parts' block the client keeps, and the data op's
+        #: descriptor that points there
+        self.last_sizes: tuple[int, ...] | None = None
+        self.last_row: np.ndarray | None = None
+
+
+def thin_sized_remember(
+    svc: Any, key: tuple[Any, ...], x: Any, h: Any, ranks: tuple[int, ...] | None
+) -> None:
+    """After an all-gather without counts went the whole way in daemon mode and ended
+    well (its handle ``h``): keep a :class:`ThinSized` record under ``key`` if it was the
+    thin path's two ops, over the world (``ranks`` None) or the group of ``ranks``, whose
+    group's and count parts' blocks the client keeps."""
+    from ..group import Group
+    from .thin import descriptor
+
+    thin = svc._thin
+    if h.__class__ is not _ThinHandle or x.__class__ is not np.ndarray:
+        return
+    if not x.flags.c_contiguous or not isinstance(h.name, (str, int)):
+        return
+    size = svc.size if ranks is None else len(ranks)
+    at_group, ctx = -1, 0
+    if ranks is not None:
+        at_group = thin.kept_at((size, *ranks))
+        ctx = Group(ranks).context
+        if at_group < 0:
+            return
+    at_ones = thin.kept_at((size, *(1 for _ in range(size))))
+    if at_ones < 0:
+        return
+    count_name = f"{h.name}#counts"
+    try:
+        sig = svc._names.signature(h.name)
+        csig = svc._names.signature(count_name)
+        dt = DType.of(x.dtype)
+    except (KeyError, TypeError, ValueError, TotalReduceError):
+        return
+    wire, cwire = svc._wire_id(h.name), svc._wire_id(count_name)
+    crow = descriptor(int(OpKind.ALLGATHER), cwire, DType.INT64, 1, ReduceOp.SUM, 0, 0,
+                      at_group, ctx, at_ones, 0)  # fmt: skip
+    drow = descriptor(int(OpKind.ALLGATHER), wire, dt, int(x.size), ReduceOp.SUM, 0, 0,
+                      at_group, ctx, -1, 0)  # fmt: skip
+    group = None if ranks is None else Group(ranks)
+    table = svc._express
+    if len(table) >= MAX_RECORDS:
+        table.clear()
+    table[key] = ThinSized(x, dt, group, size, sig, csig, count_name, crow, drow)
+
+
+def thin_sized_now(svc: Any, key: tuple[Any, ...], x: Any, priority: Any) -> Any:
+    """A blocking repeat of the all-gather without counts of :class:`ThinSized` record
+    ``key`` on ``x``: the sizes gathered in one compiled call, then the data in another
+    (both staged in the arena as the whole way stages them).  The gathered flat array, or
+    None when there is no record or anything differs or is unusual (the caller then goes
+    the whole way).  A data op too large for one op of the arena goes the whole way's
+    data phase (pieces) once the sizes are known."""
+    try:
+        rec = svc._express.get(key)
+    except TypeError:  # (a key of something unhashable: not a repeat)
+        return None
+    if (  # as _thin_record's checks, but for the shape: its parts may change every call
+        rec is None
+        or rec.__class__ is not ThinSized
+        or x.__class__ is not np.ndarray
+        or x.dtype is not rec.npdt
+        or not x.flags.c_contiguous
+        or priority.__class__ is not int
+        or not -(1 << 31) <= priority < 1 << 31
+        or rec.epoch != tuning.EPOCH[0]
+        or svc._closed
+    ):
+        return None
+    thin = svc._thin
+    if thin.busy():
+        return None
+    names = svc._names
+    op_name, count_name, size = key[1], rec.count_name, rec.size
+    gen = names.take(op_name, rec.sig)
+    cgen = names.take(count_name, rec.csig)
+    if rec.ended is None or rec.hold is None or rec.cended is None or rec.chold is None:
+        rec.ended = functools.partial(names.ended, op_name)
+        rec.hold = functools.partial(names.hold, op_name)
+        rec.cended = functools.partial(names.ended, count_name)
+        rec.chold = functools.partial(names.hold, count_name)
+        rec.what = thin.what(OpKind.ALLGATHER, op_name)
+        rec.cwhat = thin.what(OpKind.ALLGATHER, count_name)
+    # the sizes: this rank's in, every rank's out (_ALIGN bytes on)
+    cat = thin.stage(_ALIGN + 8 * size, None)
+    thin.arena.view(cat, 1, np.dtype(np.int64))[0] = x.size
+    submitted = False
+    try:
+        submitted = True
+        thin.ring_now(count_name, cgen, rec.crow, None, 8, cat, cat + _ALIGN, priority,
+                      rec.chold, rec.cended, rec.cwhat, OpKind.ALLGATHER)  # fmt: skip
+    except TotalReduceError:
+        thin.space.free(cat)
+        raise
+    except BaseException:
+        if not submitted:
+            thin.space.free(cat)
+        raise
+    sizes = tuple(thin.arena.view(cat + _ALIGN, size, np.dtype(np.int64)).tolist())
+    thin.space.free(cat)
+    total = sum(sizes)
+    isz = x.itemsize
+    rel = -(-x.nbytes // _ALIGN) * _ALIGN
+    nbytes = rel + total * isz
+    if not thin.takes(nbytes):  # the whole way's data phase (in pieces), with a handle
+        names.hold(op_name)
+        out = np.empty(total, dtype=x.dtype)
+        final = _ThinHandle(thin, op_name, gen, OpKind.ALLGATHER, out, rec.ended)
+        try:
+            svc._thin_op(
+                OpKind.ALLGATHER, x.reshape(-1), rec.dt, out, False, op_name, ReduceOp.SUM,
+                priority, 0, out, group=rec.group, parts=sizes, reserved=(op_name, gen),
+                handle=final,
+            )  # fmt: skip
+        except BaseException as exc:
+            if not final._done:  # (its end ends the name's generation)
+                thin.settle(final, None, exc)
+            raise
+        return final.wait()
+    own = -1
+    row = rec.last_row
+    if sizes != rec.last_sizes or row is None:
+        aux, own = thin.const_block((size, *sizes))
+        row = rec.drow.copy()
+        row[A.D_AUX], row[A.D_COUNT] = aux, x.size
+        if own < 0:  # kept: the next call with these sizes points there too
+            rec.last_sizes, rec.last_row = sizes, row
+    at = thin.stage(max(nbytes, 1), x)
+    submitted = False
+    try:
+        submitted = True
+        thin.ring_now(op_name, gen, row, None, nbytes, at, at + rel, priority, rec.hold,
+                      rec.ended, rec.what, OpKind.ALLGATHER)  # fmt: skip
+    except TotalReduceError:  # the op ended (failed), or never went: nothing reads there
+        thin.space.free(at)
+        if own >= 0:
+            thin.space.free(own)
+        raise
+    except BaseException:
+        if not submitted:
+            thin.space.free(at)
+            if own >= 0:
+                thin.space.free(own)
+        raise
+    result: np.ndarray = thin.arena.view(at + rel, total, x.dtype).copy()
+    thin.space.free(at)
+    if own >= 0:
+        thin.space.free(own)
     return result

@@ -203,22 +203,24 @@ class PartitionOps(OpSubmitter):
     def _reduce_scatter_direct(
         self, x: Any, name: str | int | None = None, op: str | ReduceOp = "sum", **kw: Any
     ) -> Any:
-        """The blocking ``reduce_scatter``: in daemon mode a named repeat of the world (no
-        partition, axes, group or dtype) is submitted and waited for in one compiled call
-        (``express.thin_parted_now``); anything else is ``reduce_scatter_async(...).wait()``."""
+        """The blocking ``reduce_scatter``: in daemon mode a named repeat of the world or of a
+        ``Group`` (no partition, axes or dtype) is submitted and waited for in one compiled
+        call (``express.thin_parted_now``); anything else is
+        ``reduce_scatter_async(...).wait()``."""
         key = None
-        if self._thin is not None and name is not None and _plain(kw):
+        ranks = _plain(kw)
+        if self._thin is not None and name is not None and ranks is not False:
             counts = kw.get("counts")
             if counts is not None and not isinstance(counts, tuple):
                 with contextlib.suppress(TypeError):  # else _counts says what is wrong
                     kw["counts"] = counts = tuple(counts)  # read once (an iterator too)
-            key = (express.THIN_RS, name, op, counts)
+            key = (express.THIN_RS, name, op, counts) + (() if ranks is None else (ranks,))
             got = express.thin_parted_now(self, key, x, kw.get("priority", 0))
             if got is not None:
                 return got
         h = self.reduce_scatter_async(x, name, op, **kw)
         if key is not None:
-            express.thin_parted_remember(self, key, x, h, OpKind.REDUCE_SCATTER)
+            express.thin_parted_remember(self, key, x, h, OpKind.REDUCE_SCATTER, 0, ranks or None)
         return h.wait()
 
     def allgather_async(
@@ -364,23 +366,35 @@ class PartitionOps(OpSubmitter):
         return handle
 
     def _allgather_direct(self, x: Any, name: str | int | None = None, **kw: Any) -> Any:
-        """The blocking ``allgather``: in daemon mode a named repeat of the world given
-        ``counts`` (one op; no partition, axes, group or dtype) is submitted and waited for
-        in one compiled call (``express.thin_parted_now``); anything else is
-        ``allgather_async(...).wait()``."""
+        """The blocking ``allgather``: in daemon mode a named repeat of the world or of a
+        ``Group`` (no partition, axes or dtype) given ``counts`` (one op) is submitted and
+        waited for in one compiled call (``express.thin_parted_now``), and one without
+        ``counts`` in two, its sizes then its data (``express.thin_sized_now``); anything
+        else is ``allgather_async(...).wait()``."""
         key = None
         counts = kw.get("counts")
-        if self._thin is not None and name is not None and counts is not None and _plain(kw):
+        ranks = _plain(kw)
+        if self._thin is not None and name is not None and ranks is not False:
+            tail = () if ranks is None else (ranks,)
+            if counts is None:  # the sizes first, then the data: two compiled calls
+                key = (express.THIN_AGV, name, *tail)
+                got = express.thin_sized_now(self, key, x, kw.get("priority", 0))
+                if got is not None:
+                    return got
+                h = self.allgather_async(x, name, **kw)
+                got = h.wait()
+                express.thin_sized_remember(self, key, x, h, ranks)
+                return got
             if not isinstance(counts, tuple):
                 with contextlib.suppress(TypeError):  # else _counts says what is wrong
                     kw["counts"] = counts = tuple(counts)  # read once (an iterator too)
-            key = (express.THIN_AG, name, counts)
+            key = (express.THIN_AG, name, counts, *tail)
             got = express.thin_parted_now(self, key, x, kw.get("priority", 0))
             if got is not None:
                 return got
         h = self.allgather_async(x, name, **kw)
         if key is not None:
-            express.thin_parted_remember(self, key, x, h, OpKind.ALLGATHER)
+            express.thin_parted_remember(self, key, x, h, OpKind.ALLGATHER, 0, ranks or None)
         return h.wait()
 
     def _thin_allgather(
@@ -434,12 +448,18 @@ class PartitionOps(OpSubmitter):
 _ONE_CALL_KW = frozenset({"priority", "counts", "partition", "axes", "group", "dtype"})
 
 
-def _plain(kw: dict[str, Any]) -> bool:
+def _plain(kw: dict[str, Any]) -> tuple[int, ...] | None | bool:
     """Whether a blocking reduce-scatter's or all-gather's other arguments ``kw`` leave it
-    an op of the world on flat arrays (no partition, axes, group or dtype given)."""
-    return kw.keys() <= _ONE_CALL_KW and all(
-        kw.get(k) is None for k in ("partition", "axes", "group", "dtype")
-    )
+    an op on flat arrays (no partition, axes or dtype given) of the world (None) or of a
+    :class:`~totalreduce.group.Group` (its ranks); False if not."""
+    if not kw.keys() <= _ONE_CALL_KW or any(
+        kw.get(k) is not None for k in ("partition", "axes", "dtype")
+    ):
+        return False
+    group = kw.get("group")
+    if group is None:
+        return None
+    return group.ranks if group.__class__ is Group else False
 
 
 def _counts(

@@ -89,6 +89,23 @@ _ERRORS: dict[int, type[TotalReduceError]] = {
 }
 
 
+def descriptor(
+    kind: int, wire: int, dtype: DType, count: int, op: ReduceOp, root: int, flags: int,
+    group: int, context: int, aux: int, algorithm: int,
+) -> np.ndarray:  # fmt: skip
+    """An op's descriptor with these fields (``group``, ``aux``: arena offsets of its
+    group's and its parts' blocks, or -1); its ticket, generation, priority and buffers
+    are written when it is submitted."""
+    row = np.zeros(A.D_WORDS, np.int64)
+    row[A.D_KIND], row[A.D_WIRE] = kind, A.signed(wire)
+    row[A.D_DTYPE], row[A.D_COUNT] = int(dtype), count
+    row[A.D_OP], row[A.D_ROOT] = int(op), root
+    row[A.D_FLAGS] = flags
+    row[A.D_GROUP], row[A.D_CTX], row[A.D_AUX] = group, A.signed(context), aux
+    row[A.D_ALGO] = algorithm
+    return row
+
+
 class ThinHandle:
     """One op handed to the node's service (the same calls as :class:`~.handle.Handle`)."""
 
@@ -282,20 +299,16 @@ class ThinClient(ThinBuffers):
             self._release(h)
             raise self._gone_error(h)
         self._room(h)
-        row = np.empty(A.D_WORDS, np.int64)
         k = int(h.kind if kind is None else kind)
         flags = (
             (A.F_AVG if op is ReduceOp.AVG else 0)
             | (A.F_UNNAMED if unnamed else 0)
             | (A.F_PASSIVE if passive else 0)
         )
-        row[A.D_KIND], row[A.D_GEN], row[A.D_WIRE] = k, h.generation, A.signed(wire)
-        row[A.D_DTYPE], row[A.D_COUNT] = int(dtype), count
-        row[A.D_OP], row[A.D_ROOT] = int(op), root
-        row[A.D_PRIO], row[A.D_IN], row[A.D_OUT] = priority, at_in, at_out
-        row[A.D_FLAGS] = flags
-        row[A.D_GROUP], row[A.D_CTX], row[A.D_AUX] = group, A.signed(context), aux
-        row[A.D_ALGO] = algorithm
+        row = descriptor(k, wire, dtype, count, op, root, flags, group, context, aux, algorithm)
+        row[A.D_GEN], row[A.D_PRIO], row[A.D_IN], row[A.D_OUT] = (
+            h.generation, priority, at_in, at_out,
+        )  # fmt: skip
         rec = None
         if (
             self.meet is not None
@@ -423,12 +436,13 @@ class ThinClient(ThinBuffers):
         at: int, priority: int, ended: Callable[[], None], hold: Callable[[], None],
         kind: OpKind = OpKind.ALLREDUCE,
     ) -> np.ndarray:  # fmt: skip
-        """A blocking repeat of an op (an allreduce in place on ``x``, an array of the
-        arena at ``at``; a barrier: ``x`` empty, ``at`` -1), generation ``gen`` of
-        ``name`` taken: arrive at the meeting and wait, in one compiled call (no handle,
-        no lock); ``x`` once it ended.  Anything else (its peers late, the op slot busy,
-        a failure) makes a handle and waits the usual way (``hold()`` first: the name's
-        generation is in flight from then on; ``ended()`` when it ends)."""
+        """A blocking repeat of an op (an allreduce or a broadcast, ``kind``, in place on
+        ``x``, an array of the arena at ``at``; a barrier: ``x`` empty, ``at`` -1),
+        generation ``gen`` of ``name`` taken: arrive at the meeting and wait, in one
+        compiled call (no handle, no lock); ``x`` once it ended.  Anything else (its
+        peers late, the op slot busy, a failure) makes a handle and waits the usual way
+        (``hold()`` first: the name's generation is in flight from then on; ``ended()``
+        when it ends)."""
         cf, st = self.meet, self.st
         assert cf is not None
         t = int(M.take_ticket(st))
@@ -440,20 +454,20 @@ class ThinClient(ThinBuffers):
         else:
             code = M.P_FULL
         hold()
-        kind = code & M.P_MASK
-        h = ThinHandle(self, name, gen, kind, x, ended)
+        how = code & M.P_MASK
+        h = ThinHandle(self, name, gen, kind, x, ended)  # (its errors name the op's kind)
         if code & M.WAKE_SERVICE:
             self._wake_service()
-        if kind == M.P_DONE:
+        if how == M.P_DONE:
             M.release(st, t, -1)
             ended()
             return x
-        if kind in (M.P_BUSY, M.P_WEIRD, M.P_FULL):  # not arrived: the way a handle goes
+        if how in (M.P_BUSY, M.P_WEIRD, M.P_FULL):  # not arrived: the way a handle goes
             if t > 0:
                 M.release(st, t, -1)
             self._room(h)
             self.submit_again(h, row, priority, at, rec)
-        elif kind == M.P_FAILED:
+        elif how == M.P_FAILED:
             M.release(st, t, -1)
             self._complete(h, self._failed_error(h, self.meeting_why()))
         else:  # on its way (or the service has it): a handle in flight

@@ -128,6 +128,11 @@ class ThinBuffers:
             return at, -1
         return at, at
 
+    def kept_at(self, values: tuple[int, ...]) -> int:
+        """The arena offset of the block :meth:`const_block` keeps of ``values``, -1 if it
+        keeps none (it did not have room for it)."""
+        return self._consts.get(values, -1)
+
     def kept_block(self, at: int) -> tuple[int, ...] | None:
         """The values of the block :meth:`const_block` keeps at arena offset ``at`` (an
         op's parts: ``(n, part, ...)``, the parts returned), None if it keeps none there
