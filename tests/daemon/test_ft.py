@@ -144,7 +144,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     s.stop()
 
 
-@pytest.mark.parametrize("where", ["before", "after"])
+@pytest.mark.parametrize("where", ["before", pytest.param("after", marks=pytest.mark.full)])
 def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
     """3 members on 2 nodes (2 + 1); one is killed in step 4 (before its allreduce: the
     survivors' allreduce fails; after it: their vote fails); the step commits nowhere,
