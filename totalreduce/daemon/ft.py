@@ -107,7 +107,9 @@ class FtService:
         nodes: int,
         engine: Any,
         join_timeout_s: float = 1.0,
+        first_quorum: int = 0,
     ) -> None:
+        self.first_quorum = int(first_quorum)
         self.path, self.node, self.nodes, self.engine = Path(path), node, nodes, engine
         self.quorums = Q.Quorums(int(join_timeout_s * 1000))
         self._listener = sockets.listen(self.path)
@@ -167,6 +169,7 @@ class FtService:
         row = table[self.node * Q.ROW : (self.node + 1) * Q.ROW]
         if self.node == 0:
             row[Q.CLOCK] = int(time.monotonic() * 1000)
+            row[Q.FIRST] = self.first_quorum
         row[Q.ACTIVE] = sum(1 for c in self._conns.values() if c.asking or c.voting or c.in_op)
         for c in self._conns.values():
             Q.write_member(

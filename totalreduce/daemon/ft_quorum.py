@@ -17,7 +17,8 @@ connection ended is gone from the next round's row, dead or departed alike.
 
 - **A quorum** forms once every member of the last quorum still alive has asked for
   the next one (and any newcomer that asked by then joins it), or, with no such
-  member (the first quorum, or all died), ``join_timeout`` after the first ask.  It
+  member (the first quorum, or all died), ``join_timeout`` after the first ask, or
+  as soon as ``--first-quorum`` members asked (node 0's option, carried in the table).  It
   needs ``min_replica_size`` members (the largest any asker gave); fewer wait up to
   the askers' timeout, then every asker gets an error naming both sizes.  A member of
   the last quorum that is alive and has not asked is waited for (its peers' own
@@ -44,8 +45,9 @@ MAX_MEMBERS = 16
 #: Bytes of a replica id carried in the table.
 RID_BYTES = 64
 # The row: a header, then MAX_MEMBERS member slots of FIELDS words.
-HEADER = 2
-CLOCK, ACTIVE = 0, 1  # node 0's clock (ms); members of the node busy in a request
+HEADER = 3
+#: node 0's clock (ms); members of the node busy in a request; node 0's ``--first-quorum``
+CLOCK, ACTIVE, FIRST = 0, 1, 2
 FIELDS = 8 + RID_BYTES // 8
 TOKEN, STEP, ASK, MIN, TIMEOUT_MS, VOTE_Q, VOTE_OK, RID_LEN = range(8)
 ROW = HEADER + MAX_MEMBERS * FIELDS
@@ -145,6 +147,7 @@ class Quorums:
         self.decided: dict[int, bool] = {}
         self.broken: dict[int, str] = {}  # quorum id -> why its ops fail
         self.rounds = 0
+        self._first = 0
 
     def decision(self, qid: int) -> bool | None:
         """The commit decision of quorum ``qid``: None while undecided; False for one
@@ -175,6 +178,7 @@ class Quorums:
         self.rounds += 1
         ev = Events()
         clock = int(table[0, CLOCK])
+        self._first = int(table[0, FIRST])
         members = read_members(table)
         for t in [t for t in self.answered if t not in members]:
             del self.answered[t]
@@ -208,7 +212,8 @@ class Quorums:
         if prev:
             ready = set(prev) <= set(asking)  # (a live member still busy is waited for)
         else:
-            ready = waited >= self.join_timeout_ms
+            first = int(self._first)
+            ready = waited >= self.join_timeout_ms or 0 < first <= len(asking)
         if ready and len(asking) >= need:
             self._make(ev, members, asking)
         elif waited >= limit and len(asking) < need:

@@ -106,6 +106,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="fault-tolerant mode: with no member of the last quorum alive (the first "
         "quorum), how long the first ask waits for others to join (default 1)",
     )
+    p.add_argument(
+        "--first-quorum",
+        type=int,
+        default=0,
+        metavar="N",
+        help="fault-tolerant mode: the first quorum (no member of an earlier one alive) "
+        "forms as soon as N members asked, without waiting for --join-timeout (node 0's "
+        "value counts; default 0: wait)",
+    )
     p.add_argument("--log-level", default="INFO", metavar="L", help="DEBUG, INFO, WARNING or ERROR")
     args = p.parse_args(argv)
     try:
@@ -266,7 +275,14 @@ def main(argv: list[str] | None = None) -> int:
 
         ft_path = ft_socket(directory, node)
         sockets.check_free(ft_path)
-        ft = FtService(ft_path, node, nodes, engine, join_timeout_s=args.join_timeout)
+        ft = FtService(
+            ft_path,
+            node,
+            nodes,
+            engine,
+            join_timeout_s=args.join_timeout,
+            first_quorum=args.first_quorum,
+        )
         ft.start()
         log.info("fault-tolerant members attach on %s", ft_path)
     n = args.local_clients

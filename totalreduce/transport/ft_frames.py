@@ -79,6 +79,7 @@ def find_ft_socket(explicit: str | os.PathLike[str] | None = None) -> Path:
         raise TotalReduceError(
             f"fault-tolerant mode needs its node's service: found {len(found)} ft*.sock in "
             f"{directory} ({[str(f) for f in found]}); start the services with "
-            "'totalreduce serve --fault-tolerant' and set TOTALREDUCE_FT_SOCKET"
+            "'totalreduce serve --fault-tolerant' and set TOTALREDUCE_FT_SOCKET (embedded mode, "
+            "with no service, has no fault tolerance: a dead rank ends the job)"
         )
     return found[0]
