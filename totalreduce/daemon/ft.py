@@ -54,8 +54,10 @@ log = logging.getLogger("totalreduce.daemon")
 
 #: The round's name among the services.
 ROUND = "\0ft round"
-#: A round's pause while no member anywhere waits for an answer (a message ends it).
-IDLE_S = 0.002
+#: A round's pause while no member anywhere waited for an answer in the last ``AWAKE_S``
+#: (a message of its own members ends it); rounds follow each other without one otherwise.
+IDLE_S = float(os.environ.get("TOTALREDUCE_FT_IDLE_S", 0.002))
+AWAKE_S = float(os.environ.get("TOTALREDUCE_FT_AWAKE_S", 0.0))
 #: A member's message is read whole once it starts; it may not stall longer.
 READ_TIMEOUT_S = 30.0
 _KINDS = ("allreduce", "xfer")
@@ -120,7 +122,7 @@ class FtService:
         self._slots: list[int] = [0] * Q.MAX_MEMBERS  # token per slot, 0: free
         self._serial = 0
         self._ops: dict[tuple[int, str], _Op] = {}
-        self._busy = True
+        self._awake_until = 0.0
         self._stopping = False
         self.rounds = 0
         self._thread = threading.Thread(target=self._run, name="totalreduce-ft", daemon=True)
@@ -141,7 +143,7 @@ class FtService:
         why = "the node's service stops"
         try:
             while not self._stopping:
-                self._poll(0.0 if self._busy else IDLE_S)
+                self._poll(0.0 if time.monotonic() < self._awake_until else IDLE_S)
                 table = self._round()
                 ev = self.quorums.advance(table)
                 self._apply(ev)
@@ -181,7 +183,8 @@ class FtService:
             self.engine.allreduce(table, name=ROUND, op="sum", out=table)
         self.rounds += 1
         out = table.reshape(self.nodes, Q.ROW)
-        self._busy = bool(out[:, Q.ACTIVE].sum())
+        if out[:, Q.ACTIVE].any():
+            self._awake_until = time.monotonic() + AWAKE_S
         return out
 
     # ------------------------------------------------------------------ members' messages
