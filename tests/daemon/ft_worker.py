@@ -1,6 +1,7 @@
 """A fault-tolerant member for tests/daemon/test_ft.py: a toy model trained with plain numpy.
 
-``python ft_worker.py REPLICA_ID STEPS [--pause-at STEP] [--pause-where before|after]``
+``python ft_worker.py REPLICA_ID STEPS [--pause-at STEP] [--pause-where before|after]
+[--sleep S] [--start-after PATH]``
 
 Each step: ask for a quorum, receive (or send) the state where the quorum says so, average
 a gradient made from the parameters and the replica's own data over the quorum, vote,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import struct
 import sys
 import time
@@ -36,7 +38,10 @@ def main() -> None:
     p.add_argument("--pause-at", type=int, default=-1)
     p.add_argument("--pause-where", default="before")
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--start-after", default="")
     a = p.parse_args()
+    while a.start_after and not os.path.exists(a.start_after):
+        time.sleep(0.01)  # a replacement started early (its imports take seconds)
     m = Member(a.replica_id, timeout=60)
     params = np.linspace(-1.0, 1.0, N, dtype=np.float32)
     step = 0

@@ -36,8 +36,15 @@ pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec missing (ins
 class Member:
     """One member process, its output read line by line on a thread."""
 
-    def __init__(self, served: Served, node: int, rid: str, steps: int, *args: str) -> None:
+    def __init__(
+        self, served: Served, node: int, rid: str, steps: int, *args: str, spare: bool = False
+    ) -> None:
+        """``spare``: the process starts (its imports take seconds on a busy machine) and
+        attaches only at :meth:`go`."""
         self.node, self.rid = node, rid
+        self.flag = served.directory / f"go-{rid}"
+        if spare:
+            args = (*args, "--start-after", str(self.flag))
         env = dict(
             os.environ, PYTHONUNBUFFERED="1",
             TOTALREDUCE_FT_SOCKET=str(served.directory / f"ft{node}.sock"),
@@ -68,6 +75,9 @@ class Member:
             if line.startswith(prefix):
                 return line
         raise AssertionError(f"{self.rid} never printed {prefix!r}:\n" + "\n".join(self.lines))
+
+    def go(self) -> None:
+        self.flag.touch()
 
     def committed(self) -> int:
         return max((int(x.split()[1]) for x in self.lines if x.startswith("COMMIT")), default=0)
@@ -149,11 +159,12 @@ def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
     """3 members on 2 nodes (2 + 1); one is killed in step 4 (before its allreduce: the
     survivors' allreduce fails; after it: their vote fails); the step commits nowhere,
     the next quorum has 2 members, a replacement joins, receives the state and trains on."""
-    steps = 80  # (the survivors' steps after the kill outlast the replacement's start)
+    steps = 40
     slow = ("--sleep", "0.1")
     a = Member(served, 0, f"a-{where}", steps, *slow)
     victim = Member(served, 0, f"b-{where}", steps, "--pause-at", "4", "--pause-where", where)
     c = Member(served, 1, f"c-{where}", steps, *slow)
+    joiner = Member(served, 0, f"b-{where}-new", steps, spare=True)
     victim.wait_for("PAUSE 4", 120)
     victim.kill()
     t_kill = time.monotonic()
@@ -161,7 +172,7 @@ def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
     assert c.wait_for("ROLLBACK 4", 60).split() == bad
     a.wait_for("COMMIT 4", 60)
     t_next = time.monotonic()
-    joiner = Member(served, 0, f"b-{where}-new", steps)
+    joiner.go()
     joiner.wait_for("HEALED", 60)
     for m in (a, c, joiner):
         m.finish(120)
@@ -184,9 +195,16 @@ def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
 def soak(served: Served, steps: int, kills: int, seed: int) -> None:
     rng = random.Random(seed)
     base = [(0, "s0"), (0, "s1"), (1, "s2")]
-    slow = ("--sleep", "0.15")  # (a replacement starts before the survivors finish)
+    slow = ("--sleep", "0.1")
     live = [Member(served, n, f"{rid}-{seed}", steps, *slow) for n, rid in base]
     everyone = list(live)
+
+    def spare(node: int, rid: str) -> Member:
+        m = Member(served, node, rid, steps, *slow, spare=True)
+        everyone.append(m)
+        return m
+
+    spares = {n: spare(n, f"spare{n}-{seed}+") for n in (0, 1)}
     pids = service_pids(served)
     assert len(pids) == 2, pids
     start = [usage(p) for p in pids]
@@ -202,11 +220,14 @@ def soak(served: Served, steps: int, kills: int, seed: int) -> None:
             time.sleep(rng.random() * 0.05)  # any moment of a step
             victim.kill()
             done += 1
-            new = Member(served, victim.node, f"{victim.rid}+", steps, *slow)
+            new = spares[victim.node]
+            new.go()
             live.append(new)
-            everyone.append(new)
+            spares[victim.node] = spare(victim.node, f"{new.rid}+")
             next_kill = top + rng.randint(10, 20)
         time.sleep(0.01)
+    for m in spares.values():
+        m.kill()  # never attached
     for m in live:
         m.finish(60 + steps * 2)
         assert m.proc.returncode == 0 and m.lines[-1] == "DONE", "\n".join(m.lines[-30:])

@@ -80,3 +80,17 @@ def test_min_replica_size_refuses_after_timeout_naming_sizes() -> None:
     assert not qs.advance(table(0, [a])).refused
     ev = qs.advance(table(5000, [a]))
     assert "fewer than min_replica_size 2" in ev.refused[1] and "1 member(s)" in ev.refused[1]
+
+
+def test_a_no_vote_or_an_ask_without_vote_fails_the_step_at_once() -> None:
+    qs = Q.Quorums(join_timeout_ms=0)
+    a, b = member(1, "a"), member(B | 1, "b")
+    q = qs.advance(table(0, [a], [b])).formed
+    assert q is not None
+    a.vote_q, a.vote_ok = q.qid, 0  # b still computing: the step fails now anyway
+    ev = qs.advance(table(1, [a], [b]))
+    assert ev.decided == {q.qid: False} and "a gave up" in ev.broken[q.qid]
+    q2 = qs.advance(table(2, [member(1, "a", ask=2)], [member(B | 1, "b", ask=2)])).formed
+    assert q2 is not None
+    ev = qs.advance(table(3, [member(1, "a", ask=3)], [member(B | 1, "b", ask=2)]))
+    assert ev.decided == {q2.qid: False} and q2.qid in ev.broken

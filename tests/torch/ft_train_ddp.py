@@ -1,9 +1,10 @@
 """A torchft-style DDP training script (the shape of torchft's ``train_ddp.py``), with only
 its imports pointing at ``totalreduce.torch.ft``.  Synthetic data, a small model, CPU.
 
-Environment: ``REPLICA_GROUP_ID``, ``NUM_REPLICA_GROUPS``, ``STEPS``, ``STEP_SLEEP``;
-``TOTALREDUCE_FT_SOCKET`` names the node's service.  Prints ``[step] loss = ...`` per
-committed step and, at the end, ``FINAL step sha`` of the parameters.
+Environment: ``REPLICA_GROUP_ID``, ``NUM_REPLICA_GROUPS``, ``STEPS``, ``STEP_SLEEP``,
+``START_AFTER`` (the test's knobs); ``TOTALREDUCE_FT_SOCKET`` names the node's service.
+Prints ``[step] loss = ...`` per committed step and, at the end, ``FINAL step sha`` of the
+parameters.
 """
 
 import hashlib
@@ -49,6 +50,8 @@ class Net(nn.Module):
 def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(1)
+    while os.environ.get("START_AFTER") and not os.path.exists(os.environ["START_AFTER"]):
+        time.sleep(0.01)  # (a test's replacement, started early: its imports take seconds)
     replica_group_id = int(os.environ.get("REPLICA_GROUP_ID", 0))
     num_replica_groups = int(os.environ.get("NUM_REPLICA_GROUPS", 2))
     steps = int(os.environ.get("STEPS", 20))

@@ -24,11 +24,17 @@ pytestmark = pytest.mark.skipif(not have_mpiexec(), reason="mpiexec missing (ins
 
 
 def start(
-    served: Served, node: int, replica: int, steps: int, groups: int, pause: float = 0.0
+    served: Served,
+    node: int,
+    replica: int,
+    steps: int,
+    groups: int,
+    pause: float = 0.0,
+    after: str = "",
 ) -> subprocess.Popen[str]:
     env = dict(
         os.environ, PYTHONUNBUFFERED="1", REPLICA_GROUP_ID=str(replica),
-        NUM_REPLICA_GROUPS=str(groups), STEPS=str(steps), STEP_SLEEP=str(pause),
+        NUM_REPLICA_GROUPS=str(groups), STEPS=str(steps), STEP_SLEEP=str(pause), START_AFTER=after,
         TOTALREDUCE_FT_SOCKET=str(served.directory / f"ft{node}.sock"),
     )  # fmt: skip
     return subprocess.Popen(
@@ -77,6 +83,8 @@ def test_torchft_script_survives_a_kill_and_a_replacement(tmp_path: Path) -> Non
     procs: list[subprocess.Popen[str]] = []
     try:
         procs = [start(served, node, r, steps, 3, 0.1) for r, node in enumerate([0, 0, 1])]
+        go = tmp_path / "go"
+        procs.append(start(served, 0, 1, steps, 3, 0.1, str(go)))  # imports done before the kill
         victim = procs[1]
         assert victim.stdout is not None
         for line in victim.stdout:
@@ -85,7 +93,7 @@ def test_torchft_script_survives_a_kill_and_a_replacement(tmp_path: Path) -> Non
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         t_kill = time.monotonic()
-        procs.append(start(served, 0, 1, steps, 3, 0.1))
+        go.touch()  # the replacement attaches
         outs = {}
         for k in (0, 2, 3):
             out, _ = procs[k].communicate(timeout=300)

@@ -27,9 +27,11 @@ connection ended is gone from the next round's row, dead or departed alike.
   the largest step any member had: the members behind it receive the state of a
   member at it (spread over them in rank order).
 - **A commit**: the quorum's step commits only when every member voted ok while
-  alive.  A member gone before voting (or a vote not ok) makes it fail, in the round
-  that shows it, on every member alike; a member that dies after the round that
-  decided does not change the answer.
+  alive.  A member gone before voting, a vote not ok, or a member that asks for the next
+  quorum without voting makes it fail, in the round that shows it, on every member
+  alike, and breaks the quorum (its ops still running fail, so no member waits for one
+  that gave up); a member that dies after the round that decided does not change the
+  answer.
 - **A broken quorum**: once a member of the current quorum is gone, or a newer quorum
   forms, its data ops fail on every service (:mod:`.ft`).
 """
@@ -192,8 +194,20 @@ class Quorums:
                 self._decide(ev, q.qid, False)
             elif q.qid not in self.decided:
                 votes = [members[t] for t in q.members]
-                if all(m.vote_q == q.qid for m in votes):
-                    self._decide(ev, q.qid, all(m.vote_ok for m in votes))
+                # a vote "no", or a member asking again without voting, fails the step at
+                # once: its ops still running fail too, so no member waits for one that
+                # gave up on the step
+                quit = [
+                    m for m in votes
+                    if (m.vote_q == q.qid and not m.vote_ok)
+                    or (m.vote_q != q.qid and m.ask > self.answered.get(m.token, 0))
+                ]  # fmt: skip
+                if quit:
+                    names = ", ".join(m.replica_id for m in quit)
+                    self._break(ev, q.qid, f"quorum {q.qid}: member {names} gave up the step")
+                    self._decide(ev, q.qid, False)
+                elif all(m.vote_q == q.qid for m in votes):
+                    self._decide(ev, q.qid, True)
         self._form(ev, members, clock)
         return ev
 
