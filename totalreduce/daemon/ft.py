@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import protocol as P
 from ..dtypes import DType, ReduceOp
 from ..group import Group
 from ..kernels import copy_into, finish_average, reduce_into
@@ -258,7 +259,7 @@ class FtService:
             self._reply(conn, {"error": f"node {self.node} holds {Q.MAX_MEMBERS} members already"})
             return self._drop(conn, None)
         self._serial += 1
-        conn.token = self.node << 32 | self._serial
+        conn.token = self.node << P.FT_TOKEN_NODE_SHIFT | self._serial
         conn.slot = self._slots.index(0)
         conn.replica_id = rid
         conn.pid = int(h.get("pid", conn.pid))

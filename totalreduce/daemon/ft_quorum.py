@@ -42,24 +42,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-#: Members one node's service holds at once.
-MAX_MEMBERS = 16
-#: Bytes of a replica id carried in the table.
-RID_BYTES = 64
-# The row: a header, then MAX_MEMBERS member slots of FIELDS words.
-HEADER = 3
-#: node 0's clock (ms); members of the node busy in a request; node 0's ``--first-quorum``
-CLOCK, ACTIVE, FIRST = 0, 1, 2
-FIELDS = 8 + RID_BYTES // 8
-TOKEN, STEP, ASK, MIN, TIMEOUT_MS, VOTE_Q, VOTE_OK, RID_LEN = range(8)
-ROW = HEADER + MAX_MEMBERS * FIELDS
+from .. import protocol as P
+
+MAX_MEMBERS, RID_BYTES, HEADER, FIELDS, ROW = (
+    P.FT_MAX_MEMBERS, P.FT_RID_BYTES, P.FT_HEADER, P.FT_FIELDS, P.FT_ROW
+)  # fmt: skip
+CLOCK, ACTIVE, FIRST = P.FT_CLOCK, P.FT_ACTIVE, P.FT_FIRST
+TOKEN, STEP, ASK, MIN, TIMEOUT_MS, VOTE_Q, VOTE_OK, RID_LEN = (
+    P.FT_TOKEN, P.FT_STEP, P.FT_ASK, P.FT_MIN, P.FT_TIMEOUT_MS, P.FT_VOTE_Q, P.FT_VOTE_OK,
+    P.FT_RID_LEN,
+)  # fmt: skip
 #: Decisions remembered (votes on older quorums are answered "no").
 KEEP = 64
 
 
 def token_node(token: int) -> int:
     """The node of a member's token."""
-    return token >> 32
+    return token >> P.FT_TOKEN_NODE_SHIFT
 
 
 @dataclass

@@ -14,12 +14,13 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from .. import protocol as P
 from ..errors import TotalReduceError
 
 #: The protocol's version, in the hello.
-VERSION = 1
-MAX_HEADER = 1 << 16
-MAX_PAYLOAD = 1 << 40
+VERSION = P.FT_VERSION
+MAX_HEADER = P.FT_MAX_HEADER
+MAX_PAYLOAD = P.FT_MAX_PAYLOAD
 _LENS = struct.Struct("<IQ")
 
 
