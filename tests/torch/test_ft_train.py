@@ -75,6 +75,7 @@ def test_torchft_script_equals_fault_free_reference(tmp_path: Path) -> None:
     assert losses(outs[0]) == losses(ref)
 
 
+@pytest.mark.full
 def test_torchft_script_survives_a_kill_and_a_replacement(tmp_path: Path) -> None:
     """3 members on 2 nodes (2 + 1); member 1 is killed after its 10th step and a new
     process with its replica id starts: it receives the state, and all three end equal."""
