@@ -59,6 +59,8 @@ ROUND = "\0ft round"
 #: (a message of its own members ends it); rounds follow each other without one otherwise.
 IDLE_S = float(os.environ.get("TOTALREDUCE_FT_IDLE_S", 0.002))
 AWAKE_S = float(os.environ.get("TOTALREDUCE_FT_AWAKE_S", 0.0))
+#: The pause while no node has a member (a hello waits at most this for its first round).
+EMPTY_S = 0.05
 #: A member's message is read whole once it starts; it may not stall longer.
 READ_TIMEOUT_S = 30.0
 _KINDS = ("allreduce", "xfer")
@@ -124,6 +126,7 @@ class FtService:
         self._serial = 0
         self._ops: dict[tuple[int, str], _Op] = {}
         self._awake_until = 0.0
+        self._anyone = False
         self._stopping = False
         self.rounds = 0
         self._thread = threading.Thread(target=self._run, name="totalreduce-ft", daemon=True)
@@ -144,7 +147,10 @@ class FtService:
         why = "the node's service stops"
         try:
             while not self._stopping:
-                self._poll(0.0 if time.monotonic() < self._awake_until else IDLE_S)
+                if time.monotonic() < self._awake_until:
+                    self._poll(0.0)
+                else:
+                    self._poll(IDLE_S if self._anyone else EMPTY_S)
                 table = self._round()
                 ev = self.quorums.advance(table)
                 self._apply(ev)
@@ -184,6 +190,7 @@ class FtService:
             self.engine.allreduce(table, name=ROUND, op="sum", out=table)
         self.rounds += 1
         out = table.reshape(self.nodes, Q.ROW)
+        self._anyone = bool(out[:, Q.HEADER :: Q.FIELDS].any())  # a token in some slot
         if out[:, Q.ACTIVE].any():
             self._awake_until = time.monotonic() + AWAKE_S
         return out
