@@ -12,7 +12,8 @@ apply it if the step commits.  One line per event on stdout:
   bytes after it);
 - ``ROLLBACK step qid`` (a vote that did not commit), ``FAIL step qid error`` (an op raised);
 - ``PAUSE step`` where ``--pause-at`` stops the member (before its allreduce or after it,
-  before the vote) for 60 s, so that the test can kill it there.
+  before the vote) for 60 s, so that the test can kill it there; ``--pause-where send``
+  stops it the first time it must send the state to a member behind.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def main() -> None:
                 params = np.frombuffer(raw[8:], np.float32).copy()
                 print(f"HEALED {step}", flush=True)
             if q.heal_to:
+                if a.pause_where == "send":  # the first time it must send the state
+                    print(f"PAUSE {step + 1}", flush=True)
+                    time.sleep(60)
                 m.send_state(struct.pack("<q", step) + params.tobytes())
             if step + 1 == a.pause_at and a.pause_where == "before":
                 print(f"PAUSE {step + 1}", flush=True)

@@ -192,6 +192,27 @@ def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
     print(f"kill -> next commit {t_next - t_kill:.3f} s")
 
 
+@pytest.mark.full
+def test_kill_the_sender_of_the_state(served: Served) -> None:
+    """The member that sends the state to a replacement is killed before it sends: the
+    replacement's receive fails (and the step, everywhere), and it receives the state from
+    the other survivor at the next quorum."""
+    steps = 40
+    a = Member(served, 0, "a-send", steps, "--pause-where", "send")  # first by replica id
+    c = Member(served, 1, "c-send", steps, "--sleep", "0.1")
+    joiner = Member(served, 0, "b-send", steps, spare=True)
+    a.wait_for("COMMIT 3", 120)
+    joiner.go()
+    a.wait_for("PAUSE", 60)
+    a.kill()
+    joiner.wait_for("HEALED", 60)
+    for m in (c, joiner):
+        m.finish(120)
+        assert m.proc.returncode == 0 and m.lines[-1] == "DONE", "\n".join(m.lines[-20:])
+    assert any(x.startswith("FAIL") and "gone" in x for x in joiner.lines), joiner.lines[:10]
+    check_history([a, c, joiner])
+
+
 def soak(served: Served, steps: int, kills: int, seed: int) -> None:
     rng = random.Random(seed)
     base = [(0, "s0"), (0, "s1"), (1, "s2")]
