@@ -92,6 +92,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "+ 2 cores, else off (the phases overlap only on cores left free); the nodes take the "
         "largest they were given",
     )
+    p.add_argument(
+        "--fault-tolerant",
+        action="store_true",
+        help="also serve fault-tolerant members on DIR/ft{n}.sock: training processes that "
+        "come and go between steps, in quorums the services keep (docs/fault_tolerance.md)",
+    )
+    p.add_argument(
+        "--join-timeout",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="fault-tolerant mode: with no member of the last quorum alive (the first "
+        "quorum), how long the first ask waits for others to join (default 1)",
+    )
+    p.add_argument(
+        "--first-quorum",
+        type=int,
+        default=0,
+        metavar="N",
+        help="fault-tolerant mode: the first quorum (no member of an earlier one alive) "
+        "forms as soon as N members asked, without waiting for --join-timeout (node 0's "
+        "value counts; default 0: wait)",
+    )
     p.add_argument("--log-level", default="INFO", metavar="L", help="DEBUG, INFO, WARNING or ERROR")
     args = p.parse_args(argv)
     try:
@@ -245,6 +268,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda num, _frame: server.stop(signal.Signals(num).name))
+    ft = None
+    if args.fault_tolerant:
+        from ..transport.ft_frames import ft_socket
+        from .ft import FtService
+
+        ft_path = ft_socket(directory, node)
+        sockets.check_free(ft_path)
+        ft = FtService(
+            ft_path,
+            node,
+            nodes,
+            engine,
+            join_timeout_s=args.join_timeout,
+            first_quorum=args.first_quorum,
+        )
+        ft.start()
+        log.info("fault-tolerant members attach on %s", ft_path)
     n = args.local_clients
     print(
         f"totalreduce serve: node {node} of {nodes} listening on {path} "
@@ -259,9 +299,13 @@ def main(argv: list[str] | None = None) -> int:
             path.unlink()
         except OSError:
             pass
+        if ft is not None:
+            ft.stop()
         thin.stop()
         if engine is not None:
             engine.shutdown(timeout=2)
+        if ft is not None:
+            ft.join(2)
         arena.close()
     log.info("stopped")
     return status

@@ -1,0 +1,121 @@
+"""Fault-tolerant mode against plain daemon mode, no faults (issue 50's benchmark; never
+asserted).  ``python tests/daemon/ft_bench.py [COUNT ...]``: two nodes of one client each,
+a step per round of one float32 allreduce (average) of COUNT elements; in FT mode the step
+is also a quorum and a vote.  Prints the median step of each, same machine, same run.
+Then the time a replacement takes to join and hold the state, by state size."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cluster import serve  # noqa: E402
+
+STEPS = 200
+
+PLAIN = """
+import sys, time, numpy as np, totalreduce as tr
+tr.init()
+n = int(sys.argv[1]); x = tr.empty(n, np.float32); x[:] = 1
+ts = []
+for i in range(NSTEPS):
+    t = time.perf_counter(); tr.allreduce(x, name="g", op="avg", out=x)
+    ts.append(time.perf_counter() - t)
+print("TIMES", *ts[20:]); tr.shutdown()
+""".replace("NSTEPS", str(STEPS))
+
+FT = """
+import sys, time, numpy as np
+from totalreduce.service.ft_member import Member
+m = Member("r" + sys.argv[2])
+n = int(sys.argv[1]); x = np.ones(n, np.float32); ts = []
+for i in range(NSTEPS):
+    t = time.perf_counter()
+    m.start_quorum(i); x = m.allreduce(x); assert m.should_commit(True)
+    ts.append(time.perf_counter() - t)
+print("TIMES", *ts[20:]); m.close()
+""".replace("NSTEPS", str(STEPS))
+
+JOIN = """
+import sys, time, numpy as np
+from totalreduce.service.ft_member import Member
+m = Member(sys.argv[2]); n = int(sys.argv[1]); step = 0
+state = np.ones(n, np.uint8)
+while step < 400:
+    t = time.perf_counter(); q = m.start_quorum(step)
+    if q.heal_from >= 0:
+        state = m.recv_state(); step = q.step
+        now = time.perf_counter()
+        print("JOINED", now - float(sys.argv[3]), now - t, flush=True)
+        m.close(); sys.exit(0)
+    if q.heal_to: m.send_state(state)
+    try:
+        m.allreduce(np.ones(4, np.float32)); ok = True
+    except Exception:
+        ok = False
+    step += m.should_commit(ok); time.sleep(0.01)
+m.close()
+"""
+
+
+def run(served, code: str, args: list[list[str]], env_of) -> list[str]:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, *a], env=env_of(k), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        for k, a in enumerate(args)
+    ]  # fmt: skip
+    return [p.communicate(timeout=300)[0] for p in procs]
+
+
+def median_ms(outs: list[str]) -> float:
+    ts = [float(t) for o in outs for t in o.split("TIMES")[1].split()]
+    return statistics.median(ts) * 1e3
+
+
+def main() -> None:
+    counts = [int(c) for c in sys.argv[1:]] or [1024, 1 << 20]
+    with tempfile.TemporaryDirectory() as d:
+        plain = serve(2, 1, Path(d) / "plain", timeout=900)
+        try:
+            for n in counts:
+                outs = run(plain, PLAIN, [[str(n)], [str(n)]], lambda k: plain.client_env(k))
+                print(f"plain daemon, {n * 4} B: step {median_ms(outs):.3f} ms", flush=True)
+        finally:
+            plain.stop()
+        ft = serve(2, 1, Path(d) / "ft", timeout=900,
+                   extra=("--fault-tolerant", "--first-quorum", "2"))  # fmt: skip
+
+        def fenv(k: int) -> dict[str, str]:
+            return dict(os.environ, TOTALREDUCE_FT_SOCKET=str(ft.directory / f"ft{k}.sock"))
+
+        try:
+            for n in counts:
+                outs = run(ft, FT, [[str(n), "0"], [str(n), "1"]], fenv)
+                print(f"fault-tolerant, {n * 4} B: step {median_ms(outs):.3f} ms", flush=True)
+            for n in [] if os.environ.get("NOJOIN") else (1 << 20, 64 << 20):
+                base = [subprocess.Popen([sys.executable, "-c", JOIN, str(n), f"m{k}", "0"],
+                                         env=fenv(k), stdout=subprocess.PIPE, text=True)
+                        for k in range(2)]  # fmt: skip
+                time.sleep(3)
+                t0 = time.perf_counter()
+                cmd = [sys.executable, "-c", JOIN, str(n), f"new{n}", str(t0)]
+                j = subprocess.run(cmd, env=fenv(0), capture_output=True, text=True, timeout=300)
+                w = j.stdout.split()
+                print(f"join with {n >> 20} MiB of state: {float(w[1]):.3f} s from the start of "
+                      f"the process, {float(w[2]):.3f} s from its ask", flush=True)  # fmt: skip
+                for p in base:
+                    p.kill()
+                    p.wait()
+                time.sleep(1)
+        finally:
+            ft.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The fault-tolerant decider (``daemon/ft_quorum.py``) on tables made by hand: every service
+runs it on the same table, so these are its decisions everywhere."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from totalreduce.daemon import ft_quorum as Q
+
+
+def table(clock: int, *nodes: list[Q.Member]) -> np.ndarray:
+    t = np.zeros((len(nodes), Q.ROW), np.int64)
+    t[0, Q.CLOCK] = clock
+    for n, members in enumerate(nodes):
+        for slot, m in enumerate(members):
+            Q.write_member(t[n], slot, m)
+    return t
+
+
+def member(token: int, rid: str, ask: int = 1, step: int = 0, vote: int = 0, ok: int = 1,
+           min_size: int = 1) -> Q.Member:  # fmt: skip
+    return Q.Member(token, step, ask, min_size, 5000, vote, ok, rid)
+
+
+B = 1 << 32  # node 1's first token
+
+
+def test_first_quorum_waits_for_join_timeout_then_orders_by_replica_id() -> None:
+    qs = Q.Quorums(join_timeout_ms=1000)
+    ms = [member(1, "b"), member(B | 1, "a")]
+    assert qs.advance(table(0, ms[:1], ms[1:])).formed is None
+    ev = qs.advance(table(1000, ms[:1], ms[1:]))
+    assert ev.formed is not None and ev.formed.replica_ids == ["a", "b"]
+    assert ev.formed.nodes() == [0, 1] and ev.formed.heal == {}
+
+
+def test_death_breaks_quorum_fails_commit_next_quorum_without_it_and_heals_joiner() -> None:
+    qs = Q.Quorums(join_timeout_ms=0)
+    a, b, c = member(1, "a"), member(2, "b"), member(B | 1, "c")
+    q1 = qs.advance(table(0, [a, b], [c])).formed
+    assert q1 is not None and len(q1.members) == 3
+    # a and c voted ok, b dies before voting: broken, not committed
+    a.vote, c.vote = 0, 0
+    a2, c2 = member(1, "a", vote=q1.qid), member(B | 1, "c", vote=q1.qid)
+    ev = qs.advance(table(10, [a2], [c2]))
+    assert (
+        ev.decided == {q1.qid: False} and q1.qid in ev.broken and "b is gone" in ev.broken[q1.qid]
+    )
+    # the survivors ask again (step 0 still) and a replacement joins: quorum of 3, no one behind
+    a3, c3 = member(1, "a", ask=2, vote=q1.qid), member(B | 1, "c", ask=2, vote=q1.qid)
+    ev = qs.advance(table(20, [a3], [c3]))
+    assert ev.formed is not None and ev.formed.replica_ids == ["a", "c"]
+    q2 = ev.formed
+    a4, c4 = member(1, "a", ask=2, vote=q2.qid), member(B | 1, "c", ask=2, vote=q2.qid)
+    assert qs.advance(table(30, [a4], [c4])).decided == {q2.qid: True}
+    # a joiner (step 0) asks while the others are at step 1: it is healed from a member
+    a5 = member(1, "a", ask=3, step=1, vote=q2.qid)
+    c5 = member(B | 1, "c", ask=3, step=1, vote=q2.qid)
+    d = member(3, "d")
+    q3 = qs.advance(table(40, [a5, d], [c5])).formed
+    assert q3 is not None and q3.step == 1 and q3.heal == {3: 1}
+
+
+def test_commit_needs_every_vote_ok_and_a_late_death_changes_nothing() -> None:
+    qs = Q.Quorums(join_timeout_ms=0)
+    a, b = member(1, "a"), member(B | 1, "b")
+    q = qs.advance(table(0, [a], [b])).formed
+    assert q is not None
+    a.vote_q = q.qid
+    assert qs.advance(table(1, [a], [b])).decided == {}  # b has not voted
+    b.vote_q, b.vote_ok = q.qid, 0
+    assert qs.advance(table(2, [a], [b])).decided == {q.qid: False}
+    assert qs.advance(table(3, [a], [])).decided == {}  # decided already: stays
+    assert qs.decision(q.qid) is False
+
+
+def test_min_replica_size_refuses_after_timeout_naming_sizes() -> None:
+    qs = Q.Quorums(join_timeout_ms=0)
+    a = member(1, "a", min_size=2)
+    assert not qs.advance(table(0, [a])).refused
+    ev = qs.advance(table(5000, [a]))
+    assert "fewer than min_replica_size 2" in ev.refused[1] and "1 member(s)" in ev.refused[1]
+
+
+def test_a_no_vote_or_an_ask_without_vote_fails_the_step_at_once() -> None:
+    qs = Q.Quorums(join_timeout_ms=0)
+    a, b = member(1, "a"), member(B | 1, "b")
+    q = qs.advance(table(0, [a], [b])).formed
+    assert q is not None
+    a.vote_q, a.vote_ok = q.qid, 0  # b still computing: the step fails now anyway
+    ev = qs.advance(table(1, [a], [b]))
+    assert ev.decided == {q.qid: False} and "a gave up" in ev.broken[q.qid]
+    q2 = qs.advance(table(2, [member(1, "a", ask=2)], [member(B | 1, "b", ask=2)])).formed
+    assert q2 is not None
+    ev = qs.advance(table(3, [member(1, "a", ask=3)], [member(B | 1, "b", ask=2)]))
+    assert ev.decided == {q2.qid: False} and q2.qid in ev.broken

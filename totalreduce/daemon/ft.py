@@ -1,0 +1,489 @@
+"""A node's service in fault-tolerant mode: its members, the rounds, the quorum's data ops.
+
+``totalreduce serve --fault-tolerant`` starts one more thread in every node's service,
+:class:`FtService`, listening on ``ft{n}.sock`` beside ``node{n}.sock``.  Training
+processes that attach there are *members* (replicas): unlike the clients of a session
+(:mod:`.thin_session`), which are a fixed set of slots that a death fails for good, a
+member comes and goes between steps, and the job goes on (docs/fault_tolerance.md).
+
+The thread loops:
+
+1. it reads its members' messages (:mod:`totalreduce.transport.ft_frames`): a hello, an
+   ask for the next quorum (with the member's committed step), a vote on the current
+   step, a data op's part (an allreduce, or the state a member sends one behind it);
+2. it runs a *round*: every service writes its row of what its members said into a table
+   and the services sum it among themselves with the engine among the services (an
+   allreduce, ``"\\0ft round"``; on one node, the row alone);
+3. :meth:`~.ft_quorum.Quorums.advance` turns the table into decisions, the same on every
+   service (a quorum formed, a step committed or not, a quorum broken by a death), and
+   the thread answers its own members;
+4. a data op whose local parts have all come is reduced on the node (the kernels, in the
+   members' rank order), then run among the services over the nodes of the quorum's
+   members (the engine, under a name of its own: the quorum and the op's key), and
+   divided by the quorum's size: every member gets the same bytes.  A state transfer
+   is two broadcasts among the nodes of its sender and receivers (the length, then the
+   bytes).  A quorum broken (a member gone, or a newer quorum) fails its data ops on
+   every service: those among the services are aborted there, so no survivor waits.
+
+The data plane of a quorum is therefore not a session of the arena: a member hands its
+parts over the socket (one copy each way), which is this first version's price.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import protocol as P
+from ..dtypes import DType, ReduceOp
+from ..group import Group
+from ..kernels import copy_into, finish_average, reduce_into
+from ..transport import ft_frames as F
+from . import ft_quorum as Q
+from . import sockets
+
+log = logging.getLogger("totalreduce.daemon")
+
+#: The round's name among the services.
+ROUND = "\0ft round"
+#: A round's pause while no member anywhere waited for an answer in the last ``AWAKE_S``
+#: (a message of its own members ends it); rounds follow each other without one otherwise.
+IDLE_S = float(os.environ.get("TOTALREDUCE_FT_IDLE_S", 0.002))
+AWAKE_S = float(os.environ.get("TOTALREDUCE_FT_AWAKE_S", 0.0))
+#: The pause while no node has a member (a hello waits at most this for its first round).
+EMPTY_S = 0.05
+#: A member's message is read whole once it starts; it may not stall longer.
+READ_TIMEOUT_S = 30.0
+_KINDS = ("allreduce", "xfer")
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    pid: int = 0
+    token: int = 0
+    slot: int = -1
+    replica_id: str = ""
+    step: int = 0
+    ask: int = 0
+    asking: bool = False
+    min_size: int = 1
+    timeout_ms: int = 60000
+    vote_q: int = 0
+    vote_ok: int = 0
+    voting: int = 0  # the quorum whose decision it waits for
+    in_op: bool = False
+
+
+@dataclass
+class _Op:
+    q: int
+    key: str
+    kind: str
+    local: list[int]  # tokens of this node that take part, in rank order
+    nodes: list[int]
+    root: int  # the sender's token (xfer), else 0
+    got: dict[int, tuple[dict[str, Any], bytearray]] = field(default_factory=dict)
+    state: str = "gather"  # gather, engine, done, failed
+    why: str = ""
+    handle: Any = None
+    stage: int = 0
+    buf: Any = None
+    data: Any = None  # a transfer's bytes, where its sender is local
+    names: list[str] = field(default_factory=list)
+
+
+class FtService:
+    """One node's fault-tolerant members and its part of the rounds (module docstring)."""
+
+    def __init__(
+        self,
+        path: Path,
+        node: int,
+        nodes: int,
+        engine: Any,
+        join_timeout_s: float = 1.0,
+        first_quorum: int = 0,
+    ) -> None:
+        self.first_quorum = int(first_quorum)
+        self.path, self.node, self.nodes, self.engine = Path(path), node, nodes, engine
+        self.quorums = Q.Quorums(int(join_timeout_s * 1000))
+        self._listener = sockets.listen(self.path)
+        self._listener.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._conns: dict[int, _Conn] = {}  # by token
+        self._slots: list[int] = [0] * Q.MAX_MEMBERS  # token per slot, 0: free
+        self._serial = 0
+        self._ops: dict[tuple[int, str], _Op] = {}
+        self._awake_until = 0.0
+        self._anyone = False
+        self._stopping = False
+        self.rounds = 0
+        self._thread = threading.Thread(target=self._run, name="totalreduce-ft", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stopping = True
+        self._thread.join(timeout)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        why = "the node's service stops"
+        try:
+            while not self._stopping:
+                if time.monotonic() < self._awake_until:
+                    self._poll(0.0)
+                else:
+                    self._poll(IDLE_S if self._anyone else EMPTY_S)
+                table = self._round()
+                ev = self.quorums.advance(table)
+                self._apply(ev)
+                self._progress()
+        except Exception as exc:  # the rounds failed: a service died or stops
+            if not self._stopping:
+                log.error("fault-tolerant rounds stopped: %s", exc)
+                why = f"the fault-tolerant rounds among the services failed: {exc}"
+        finally:
+            for conn in list(self._conns.values()):
+                self._reply(conn, {"error": why})
+                self._drop(conn, None)
+            for c in [k.fileobj for k in self._sel.get_map().values()]:
+                if isinstance(c, socket.socket) and c is not self._listener:
+                    c.close()
+            self._sel.close()
+            self._listener.close()
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+
+    def _round(self) -> np.ndarray:
+        table = np.zeros(self.nodes * Q.ROW, np.int64)
+        row = table[self.node * Q.ROW : (self.node + 1) * Q.ROW]
+        if self.node == 0:
+            row[Q.CLOCK] = int(time.monotonic() * 1000)
+            row[Q.FIRST] = self.first_quorum
+        row[Q.ACTIVE] = sum(1 for c in self._conns.values() if c.asking or c.voting or c.in_op)
+        for c in self._conns.values():
+            Q.write_member(
+                row, c.slot,
+                Q.Member(c.token, c.step, c.ask, c.min_size, c.timeout_ms, c.vote_q, c.vote_ok,
+                         c.replica_id),
+            )  # fmt: skip
+        if self.engine is not None:
+            self.engine.allreduce(table, name=ROUND, op="sum", out=table)
+        self.rounds += 1
+        out = table.reshape(self.nodes, Q.ROW)
+        self._anyone = bool(out[:, Q.HEADER :: Q.FIELDS].any())  # a token in some slot
+        if out[:, Q.ACTIVE].any():
+            self._awake_until = time.monotonic() + AWAKE_S
+        return out
+
+    # ------------------------------------------------------------------ members' messages
+
+    def _poll(self, timeout: float) -> None:
+        for key, _ in self._sel.select(timeout):
+            if key.data is None:
+                self._accept()
+            else:
+                conn = key.data
+                try:
+                    header, payload = F.recv(conn.sock)
+                except (OSError, F.FrameError) as exc:
+                    self._drop(conn, f"its connection ended without bye ({exc})")
+                    continue
+                try:
+                    self._message(conn, header, payload)
+                except (KeyError, TypeError, ValueError) as exc:
+                    self._reply(conn, {"error": f"bad message {header!r}: {exc}"})
+                    self._drop(conn, f"it sent a bad message ({exc})")
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        pid, uid, _gid = sockets.peer_credentials(sock)
+        if uid != os.getuid():
+            log.warning("fault-tolerant member pid %d of uid %d refused (not this user)", pid, uid)
+            sock.close()
+            return
+        sock.setblocking(True)
+        sock.settimeout(READ_TIMEOUT_S)
+        conn = _Conn(sock, pid=pid)
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _message(self, conn: _Conn, h: dict[str, Any], payload: bytearray) -> None:
+        kind = h["kind"]
+        if kind == "hello":
+            return self._hello(conn, h)
+        if not conn.token:
+            raise ValueError(f"a {kind!r} before the hello")
+        if kind == "bye":
+            self._drop(conn, None)
+        elif kind == "quorum":
+            conn.step, conn.min_size = int(h["step"]), max(1, int(h["min_size"]))
+            conn.timeout_ms = max(1, int(h["timeout_ms"]))
+            conn.ask += 1
+            conn.asking = True
+        elif kind == "vote":
+            conn.vote_q, conn.vote_ok = int(h["q"]), 1 if h["ok"] else 0
+            done = self.quorums.decision(conn.vote_q)
+            if done is None:
+                conn.voting = conn.vote_q
+            else:
+                self._reply(conn, {"kind": "commit", "q": conn.vote_q, "ok": done})
+        elif kind == "op":
+            self._op_part(conn, h, payload)
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+
+    def _hello(self, conn: _Conn, h: dict[str, Any]) -> None:
+        if conn.token:
+            raise ValueError("a second hello")
+        if h.get("version") != F.VERSION:
+            raise ValueError(f"protocol version {h.get('version')!r}, not {F.VERSION}")
+        rid = str(h["replica_id"])
+        if len(rid.encode()) > Q.RID_BYTES:
+            raise ValueError(f"replica id {rid!r} is longer than {Q.RID_BYTES} bytes")
+        if 0 not in self._slots:
+            self._reply(conn, {"error": f"node {self.node} holds {Q.MAX_MEMBERS} members already"})
+            return self._drop(conn, None)
+        self._serial += 1
+        conn.token = self.node << P.FT_TOKEN_NODE_SHIFT | self._serial
+        conn.slot = self._slots.index(0)
+        conn.replica_id = rid
+        conn.pid = int(h.get("pid", conn.pid))
+        self._slots[conn.slot] = conn.token
+        self._conns[conn.token] = conn
+        log.info("member %s (pid %d) attached: token %#x", rid, conn.pid, conn.token)
+        self._reply(conn, {"kind": "welcome", "token": conn.token, "node": self.node,
+                           "nodes": self.nodes})  # fmt: skip
+
+    def _reply(self, conn: _Conn, h: dict[str, Any], payload: Any = b"") -> None:
+        try:
+            F.send(conn.sock, h, payload)
+        except OSError as exc:
+            self._drop(conn, f"a reply to it failed ({exc})")
+
+    def _drop(self, conn: _Conn, how: str | None) -> None:
+        if conn.sock.fileno() < 0:
+            return
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        if conn.token:
+            self._conns.pop(conn.token, None)
+            self._slots[conn.slot] = 0
+            if how is None:
+                log.info("member %s (pid %d) left", conn.replica_id, conn.pid)
+            else:
+                log.warning("member %s (pid %d) died (%s)", conn.replica_id, conn.pid, how)
+
+    # ------------------------------------------------------------------ decisions
+
+    def _apply(self, ev: Q.Events) -> None:
+        for qid, why in ev.broken.items():
+            for op in [op for op in self._ops.values() if op.q == qid]:
+                self._fail(op, why)
+        for t, why in ev.refused.items():
+            conn = self._conns.get(t)
+            if conn is not None:
+                conn.asking = False
+                self._reply(conn, {"kind": "quorum", "error": why})
+        if ev.formed is not None:
+            qm = ev.formed
+            log.info(
+                "quorum %d: %d members %s, step %d%s", qm.qid, len(qm.members), qm.replica_ids,
+                qm.step, f", state to {len(qm.heal)}" if qm.heal else "",
+            )  # fmt: skip
+            for t in qm.members:
+                conn = self._conns.get(t)
+                if conn is None or not conn.asking:
+                    continue
+                conn.asking = False
+                src = qm.heal.get(t)
+                self._reply(conn, {
+                    "kind": "quorum", "q": qm.qid, "rank": qm.rank(t), "size": len(qm.members),
+                    "replica_ids": qm.replica_ids, "step": qm.step,
+                    "heal_from": -1 if src is None else qm.rank(src),
+                    "heal_to": [qm.rank(d) for d, s in qm.heal.items() if s == t],
+                })  # fmt: skip
+            # ops of older quorums are over (failed or answered): forget them
+            for k in [k for k, op in self._ops.items() if op.q < qm.qid and op.handle is None]:
+                del self._ops[k]
+        for qid, ok in ev.decided.items():
+            for conn in list(self._conns.values()):
+                if conn.voting == qid:
+                    conn.voting = 0
+                    self._reply(conn, {"kind": "commit", "q": qid, "ok": ok})
+
+    # ------------------------------------------------------------------ data ops
+
+    def _op_part(self, conn: _Conn, h: dict[str, Any], payload: bytearray) -> None:
+        qid, key, kind = int(h["q"]), str(h["key"]), str(h["op"])
+        if kind not in _KINDS:
+            raise ValueError(f"unknown op {kind!r}")
+        qm = self.quorums.current
+        op = self._ops.get((qid, key))
+        if op is None:
+            why = ""
+            if qm is None or qid != qm.qid:
+                why = f"quorum {qid} is over (the current one is {qm.qid if qm else 'none'})"
+            elif qid in self.quorums.broken:
+                why = self.quorums.broken[qid]
+            elif conn.token not in qm.members:
+                why = f"member {conn.replica_id} is not in quorum {qid}"
+            if why:
+                return self._reply(
+                    conn, {"kind": "op", "key": key, "error": f"{kind} {key!r}: {why}"}
+                )
+            assert qm is not None
+            if kind == "allreduce":
+                parts, root = list(qm.members), 0
+            else:
+                root = qm.members[int(h["src"])]
+                parts = [root] + [d for d, s in qm.heal.items() if s == root]
+            local = [t for t in qm.members if t in parts and Q.token_node(t) == self.node]
+            nodes = sorted({Q.token_node(t) for t in parts})
+            op = self._ops[(qid, key)] = _Op(qid, key, kind, local, nodes, root)
+        if op.state == "failed":
+            return self._reply(conn, {"kind": "op", "key": key, "error": op.why})
+        if conn.token not in op.local or conn.token in op.got or kind != op.kind:
+            why = f"{kind} {key!r} of quorum {qid}: member {conn.replica_id} takes no part in it"
+            return self._reply(conn, {"kind": "op", "key": key, "error": why})
+        op.got[conn.token] = (h, payload)
+        conn.in_op = True
+        if len(op.got) == len(op.local):
+            self._start(op)
+
+    def _name(self, op: _Op, stage: str = "") -> str:
+        name = f"\0ft {op.q} {op.key}{stage}"
+        op.names.append(name)
+        return name
+
+    def _start(self, op: _Op) -> None:
+        qm = self.quorums.current
+        assert qm is not None
+        first, _ = op.got[op.local[0]]
+        if op.kind == "allreduce":
+            shapes = {(str(h["dtype"]), int(h["count"])) for h, _ in op.got.values()}
+            if len(shapes) != 1:
+                why = f"allreduce {op.key!r} of quorum {op.q}: the members gave different arrays"
+                return self._fail(op, f"{why} {sorted(shapes)}", abort=True)
+            dt = np.dtype(str(first["dtype"]))
+            code = DType.of(dt)
+            parts = [np.frombuffer(op.got[t][1], dt) for t in op.local]
+            if any(len(p) != int(first["count"]) for p in parts):
+                return self._fail(op, f"allreduce {op.key!r}: a part's bytes differ from its count")
+            buf = np.empty(len(parts[0]), dt)
+            copy_into(buf, parts[0], code)
+            for p in parts[1:]:
+                reduce_into(buf, p, ReduceOp.SUM, code)
+            op.buf = buf
+            if len(op.nodes) > 1:
+                op.state = "engine"
+                op.handle = self.engine.allreduce_async(
+                    buf, name=self._name(op), op="sum", out=buf, group=Group(op.nodes)
+                )
+            else:
+                self._finish(op)
+        else:
+            here = Q.token_node(op.root) == self.node
+            data = np.frombuffer(op.got[op.root][1], np.uint8) if here else None
+            if len(op.nodes) == 1:
+                op.buf = data
+                return self._finish(op)
+            op.state = "engine"
+            op.buf = np.array([0 if data is None else len(data)], np.int64)
+            root = op.nodes.index(Q.token_node(op.root))
+            op.handle = self.engine.broadcast_async(
+                op.buf, root, name=self._name(op, " length"), out=op.buf, group=Group(op.nodes)
+            )
+            op.stage = 1
+            op.data = data
+
+    def _progress(self) -> None:
+        for op in list(self._ops.values()):
+            h = op.handle
+            if h is None or not h.done():
+                continue
+            op.handle = None
+            try:
+                h.wait()
+            except Exception as exc:  # the engine's op failed (an abort, a mismatch, a node)
+                self._fail(op, f"{op.kind} {op.key!r} of quorum {op.q}: {exc}")
+            if op.state != "engine":
+                self._forget(op)
+                continue
+            if op.kind == "xfer" and op.stage == 1:
+                n = int(op.buf[0])
+                data = op.data
+                buf = np.empty(n, np.uint8) if data is None else data.copy()
+                root = op.nodes.index(Q.token_node(op.root))
+                op.buf, op.stage = buf, 2
+                op.handle = self.engine.broadcast_async(
+                    buf, root, name=self._name(op), out=buf, group=Group(op.nodes)
+                )
+                continue
+            self._finish(op)
+            self._forget(op)
+
+    def _forget(self, op: _Op) -> None:
+        if self.engine is not None:
+            for name in op.names:
+                self.engine.forget_name(name)
+        op.names.clear()
+
+    def _finish(self, op: _Op) -> None:
+        qm = self.quorums.current
+        op.state = "done"
+        if op.kind == "allreduce":
+            assert qm is not None
+            dt = op.buf.dtype
+            finish_average(op.buf, len(qm.members), DType.of(dt))
+            head = {"kind": "op", "key": op.key, "dtype": str(dt), "count": len(op.buf)}
+            for t in op.local:
+                self._answer(t, head, op.buf)
+        else:
+            for t in op.local:
+                if t == op.root:
+                    self._answer(t, {"kind": "op", "key": op.key}, b"")
+                else:
+                    self._answer(t, {"kind": "op", "key": op.key}, op.buf)
+        op.got.clear()
+
+    def _answer(self, token: int, head: dict[str, Any], payload: Any) -> None:
+        conn = self._conns.get(token)
+        if conn is not None:
+            conn.in_op = False
+            self._reply(conn, head, payload)
+
+    def _fail(self, op: _Op, why: str, abort: bool = False) -> None:
+        if op.state in ("done", "failed"):
+            return
+        if self.engine is not None and len(op.nodes) > 1 and (op.handle is not None or abort):
+            name = op.names[-1] if op.names else self._name(op)
+            self.engine.abort(name, 0, why)
+        op.state, op.why = "failed", why
+        for t in op.got:
+            self._answer(t, {"kind": "op", "key": op.key, "error": why}, b"")
+        op.got.clear()
