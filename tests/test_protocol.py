@@ -76,6 +76,8 @@ def test_one_numbering_of_frame_types_and_error_codes() -> None:
     assert len(set(values)) == len(values)
     assert P.LANE_FRAME_TYPES <= {int(t) for t in P.FrameType}
     assert P.LANE_FRAME_TYPES - P.MAIN_FRAME_TYPES == {P.ASK}
+    assert P.MAIN_FRAME_TYPES - P.LANE_FRAME_TYPES == {P.REJECT}
+    assert P.CONTROL_FRAME_TYPES <= P.LANE_FRAME_TYPES
     assert P.MAIN_MAGIC != P.LANE_MAGIC
     codes = [int(c) for c in P.ErrorCode]
     assert len(set(codes)) == len(codes) and set(P.ERROR_CLASSES) == set(P.ErrorCode)

@@ -85,13 +85,14 @@ F_WID, F_GEN, F_NBYTES, F_COUNT, F_PARAM, F_CONTEXT = 11, 12, 13, 14, 15, 16
 MAIN_MAGIC = 0x32445254  # b"TRD2": the main loop's messages
 MAIN_VERSION = 3  # 3: error codes numbered as ErrorCode
 LANE_MAGIC = 0x4C445254  # b"TRDL": the compiled lane's messages
-LANE_VERSION = 3  # 2: frame types numbered as the main loop's (CTS 3, ASK 13); 3: NEED
+LANE_VERSION = 4  # 2: frame types numbered as the main loop's (CTS 3, ASK 13); 3: NEED;
+#                   4: the control frames (ERROR, PROBE, HAVE, BYE, GONE, JOIN)
 
 
 # -- frame types: one numbering for both engines ---------------------------------------------
 class FrameType(enum.IntEnum):
-    """What a frame is.  The main loop takes DATA to JOIN; the lane DATA, RTS, CTS, READY,
-    NEED and ASK, with the same numbers."""
+    """What a frame is.  The main loop takes DATA to JOIN; the lane every type but REJECT,
+    with the same numbers (its control frames, ERROR to JOIN, are handed up to Python)."""
 
     DATA = 1  # an eager body follows the header (padded to 8 bytes)
     RTS = 2  # main loop: a larger body waits at the sender; lane: "I hold frames of this op
@@ -125,7 +126,21 @@ JOIN = int(FrameType.JOIN)
 ASK = int(FrameType.ASK)
 #: The frame types each engine takes; anything else is refused (``MF_TYPE``).
 MAIN_FRAME_TYPES = frozenset(int(t) for t in FrameType if t is not FrameType.ASK)
-LANE_FRAME_TYPES = frozenset({DATA, RTS, CTS, READY, NEED, ASK})
+#: The control frames: the lane hands each one up to Python (``EV_CONTROL``), whose
+#: handlers act on it.
+CONTROL_FRAME_TYPES = frozenset({ERROR, PROBE, HAVE, BYE, GONE, JOIN})
+LANE_FRAME_TYPES = frozenset({DATA, RTS, CTS, READY, NEED, ASK}) | CONTROL_FRAME_TYPES
+#: The longest body a control frame may carry (an ERROR's UTF-8 text; the others carry
+#: none); a longer one is malformed (``MF_CONTROL``).
+MAX_CONTROL_BODY = 4096
+#: The most control frames one lane message may carry (a sender starts a new message
+#: after this many); a message with more is a flood (``MF_FLOOD``).  The receiver keeps
+#: what Python has not taken yet in a fixed buffer that holds two such messages
+#: (``CONTROL_EVENTS`` frames, ``CONTROL_BODY_BYTES`` of bodies) and, when it is full,
+#: leaves the rest of a message in the landing buffer until Python has taken them.
+CONTROL_PER_MESSAGE = 256
+CONTROL_EVENTS = 2 * CONTROL_PER_MESSAGE
+CONTROL_BODY_BYTES = 2 * CONTROL_PER_MESSAGE * MAX_CONTROL_BODY
 
 # -- frame flags ---------------------------------------------------------------------------
 FLAG_NEED = 1  # someone on the sender waits for this op
@@ -170,6 +185,8 @@ MF_CREDIT = 7
 MF_LONG = 8
 MF_TAG = 9
 MF_OVERCREDIT = 10
+MF_CONTROL = 11
+MF_FLOOD = 12
 MALFORMED_TEXTS = {
     MF_SHORT: "shorter than its header",
     MF_MAGIC: "bad magic or protocol version",
@@ -184,6 +201,9 @@ MALFORMED_TEXTS = {
     MF_LONG: "longer than any message a peer may send",
     MF_TAG: "a clear naming a tag outside the lane's body tags",
     MF_OVERCREDIT: "credit returned beyond what this rank spent",
+    MF_CONTROL: "a control frame with a body it may not carry (over 4096 bytes, or any on a "
+    "frame type that carries none)",
+    MF_FLOOD: "more control frames in one message than a sender may put there (256)",
 }
 
 
@@ -246,7 +266,8 @@ C_INFLIGHT = 41  # ops in the table
 C_FLOATING = 42  # slots holding frames of ops not submitted here
 C_PEAK = 43  # most slots held at once
 C_SEGCAP = 44
-C_FULL = 45  # 1: a frame waits in the landing buffer for a free slot
+C_FULL = 45  # 1: a frame waits in the landing buffer for a free slot; 2: for room among the
+#              control events (Python takes them, the pass goes on: nothing to grow)
 C_LANDLEN = 46
 C_LANDSRC = 47
 C_LANDPOS = 48
@@ -323,7 +344,11 @@ C_NEED_NS = 107  # Config.need_after_s: a waiter that waited this long sends NEE
 #                  its op still expects frames from
 C_NEEDS_KEPT = 108  # NEED frames kept for ops not submitted here (records, as announcements)
 C_NEEDS_USED = 109  # ops that started raised because a peer's NEED (frame or flag) waited here
-C_LEN = 110
+C_CTLB = 110  # arena offset of the control frames' bodies (Python takes them with the events)
+C_CTLBLEN = 111  # bytes of it used
+C_NCTL = 112  # control events queued (at most CONTROL_EVENTS)
+C_LANDCTL = 113  # control frames read so far in the landed message (at most CONTROL_PER_MESSAGE)
+C_LEN = 114
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0
@@ -425,7 +450,8 @@ P_BAD = 9  # 1: the peer sent garbage (or Python marked it bad): its messages ar
 P_ANNDROP = 10  # 1: an announcement of the peer was not kept: each op started here that
 #                 receives from it answers READY at once (the peer may hold its frames)
 P_MARK = 11  # scratch: the op submission that last looked at the peer (lane_submit)
-P_N = 12
+P_OUTCTL = 12  # control frames in the outbox (a new message after CONTROL_PER_MESSAGE)
+P_N = 13
 
 # -- what an answer owed is (mem[rq + i * 4 + 3]): the CTS of large receive segment q >= 0,
 RQ_READY = -1  # or READY (the peer announced frames of the op),
@@ -448,6 +474,7 @@ EV_SIZE = 7  # a frame's byte count differs from its segment's (a = theirs, b = 
 EV_KERNEL = 8  # a kernel refused a dtype or op (a bug)
 EV_LOST = 9  # the pass's work stack overflowed (a bug)
 EV_LATE = 10  # a frame for an op finished here (frame in the event bytes)
+EV_CONTROL = 11  # a control frame (in the event bytes; its body: a = offset in C_CTLB, b = bytes)
 
 # -- body requests: mem[breq + i * BR_N + BR_*] (dense; swap-remove) -----------------
 BR_SLOT = 0  # the op's slot (-1: its op failed, the request is an orphan)

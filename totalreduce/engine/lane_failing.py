@@ -19,6 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import protocol as L
 from ..errors import FrameError, OpFailedError, OpMismatchError, OpTimeoutError, TotalReduceError
 from .payload import OpKey, OpSpec, Payload
@@ -51,6 +53,66 @@ class LaneFailHooks:
     _bad_peer: Callable[..., None]
     _control: Callable[..., None]
     _stall_verdict: Callable[..., OpTimeoutError | None]
+    _handlers: dict[int, Callable[..., None]]
+    bad_peers: dict[int, BaseException]
+    _left: set[int]
+    stats: Any
+    #: Control frames for the lane's outboxes that found no free send buffer (our own:
+    #: each a frame Python chose to send), in order; ``_ctl_flush`` tries them again.
+    _ctl_backlog: list[tuple[Any, ...]]
+    _ctl_dirty: bool
+
+    # ------------------------------------------------------------------ control frames
+
+    def _lane_control(
+        self,
+        dest: int,
+        ftype: int,
+        shape: tuple[int, ...],
+        key: OpKey,
+        aux: int,
+        step: int,
+        segment: int,
+        body: bytes,
+    ) -> None:
+        """Queue a control frame (ERROR to JOIN) for ``dest`` on the lane: written into its
+        outbox at once (sent with that peer's next message; ``_ctl_flush`` at the end of
+        a pass), or kept in order until a send buffer is free."""
+        lane = self.lane
+        assert lane is not None
+        frame = (dest, ftype, shape, key, aux, step, segment, body)
+        if self._ctl_backlog or not lane.control(*frame):
+            self._ctl_backlog.append(frame)
+        self._ctl_dirty = True
+        self.stats.frames_sent += 1
+
+    def _ctl_flush(self) -> None:
+        """Send the control frames Python wrote (caller holds the lock)."""
+        lane = self.lane
+        if lane is None:
+            return
+        self._ctl_dirty = False
+        if self._ctl_backlog:
+            lane.flush()  # frees send buffers the outboxes hold
+            backlog = self._ctl_backlog
+            k = 0
+            while k < len(backlog) and lane.control(*backlog[k]):
+                k += 1
+            del backlog[:k]
+        lane.flush()
+
+    def _on_control_event(self, source: int, raw: bytes) -> None:
+        """A control frame the lane handed up: its handler, as for any frame of its type."""
+        if source in self.bad_peers and source not in self._left:
+            return  # refused: the rest of what it sent is not trusted
+        handler = self._handlers.get(raw[0])
+        if handler is None:
+            return
+        self.stats.frames_received += 1
+        counts = self.stats.lane_control
+        counts[raw[0]] = counts.get(raw[0], 0) + 1
+        f = _FRAME.unpack_from(raw, 0)
+        handler(source, f, np.frombuffer(raw, dtype=np.uint8), L.FRAME_SIZE)
 
     # ------------------------------------------------------------------ one op, events
 
@@ -79,7 +141,9 @@ class LaneFailHooks:
         lane = self.lane
         assert lane is not None
         lop = lane.ops.get(slot) if slot >= 0 else None
-        if kind in (L.EV_MISMATCH, L.EV_UNEXPECTED, L.EV_SIZE) and lop is not None:
+        if kind == L.EV_CONTROL:
+            self._on_control_event(source, raw)
+        elif kind in (L.EV_MISMATCH, L.EV_UNEXPECTED, L.EV_SIZE) and lop is not None:
             f = _FRAME.unpack(raw)
             error: TotalReduceError = OpMismatchError(
                 self._lane_mismatch_text(kind, lop, f, source, a, b)

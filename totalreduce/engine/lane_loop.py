@@ -361,6 +361,8 @@ class LaneHooks:
         if mem[L.C_NEV]:
             for ev in lane.take_events():
                 self._lane_event(*ev)
+        if self._ctl_dirty:  # what the control frames' handlers answered
+            self._ctl_flush()
         if not mem[L.C_NDONE]:
             return
         for lop, ok in lane.take_done():
@@ -554,6 +556,8 @@ class LaneHooks:
             self.submissions
             or self.table
             or self._dirty
+            or self._ctl_dirty
+            or self._ctl_backlog
             or self._reqs
             or self.compute.done
             or (lane is not None and lane.mem[L.C_CTL_WAITING] > 0)

@@ -59,7 +59,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -114,6 +114,8 @@ class LoopStats:
     #: Ops the main loop's interpreted data path ran (entered its table): what is left of
     #: the second engine, counted so that tests can assert an op's route.
     main_ops: int = 0
+    #: Control frames (ERROR to JOIN) the lane handed up, by frame type.
+    lane_control: dict[int, int] = field(default_factory=dict)
 
     @property
     def frames_per_message(self) -> float:
@@ -217,6 +219,8 @@ class CommLoop(
         self._owners: list[tuple[int, Any]] = []
         # What each frame type does (a handler per type).
         self._handlers = self._frame_handlers()
+        self._ctl_backlog: list[tuple[Any, ...]] = []
+        self._ctl_dirty = False
         self._last_stall_check = time.monotonic()
         stall = [x for x in (cfg.stall_warning_s, cfg.stall_shutdown_s) if x > 0]
         self._stall_every = min([1.0] + [x / 4 for x in stall])
@@ -326,7 +330,7 @@ class CommLoop(
     @property
     def sending(self) -> bool:
         """Messages queued for a peer and not handed to the transport yet."""
-        return bool(self._dirty)
+        return bool(self._dirty or self._ctl_backlog)
 
     @property
     def sends_in_flight(self) -> bool:
@@ -364,6 +368,8 @@ class CommLoop(
             if self.table or (self.lane is not None and self.lane.ops):
                 self._check_peers()
             self._check_stalls(now)
+        if self._ctl_dirty:
+            self._ctl_flush()
         return progressed
 
     def _take_submissions(self) -> bool:

@@ -129,6 +129,7 @@ class PeerHooks:
                 if peer != self.rank and peer not in self.bad_peers:
                     self._control(peer, BYE, _NO_SHAPE, (0, 0))
             self._flush()
+            self._ctl_flush()
 
     def tell_services(self, what: str, client: int, session: int = 0, agreed: int = 0) -> None:
         """A node's service (any thread): tell every other service that its client rank

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import TotalReduceError, TransportError
+from ..protocol import CONTROL_FRAME_TYPES
 from ..transport.base import Transport
 from . import wire
 from .link import Link
@@ -72,6 +73,7 @@ class SendHooks:
     _fail: Callable[..., None]
     _bad_peer: Callable[..., None]
     _abandon: Callable[[int, int], None]
+    _lane_control: Callable[..., None]
     _apply: Callable[..., None]
     _maybe_finish: Callable[[Payload], None]
 
@@ -223,7 +225,11 @@ class SendHooks:
         segment: int = 0,
         body: bytes = b"",
     ) -> None:
-        """Queue a control frame for ``dest`` (never refused: its credit comes back)."""
+        """Queue a control frame for ``dest`` (never refused: its credit comes back).  With
+        a lane, ERROR to JOIN travel in the lane's messages (``_lane_control``)."""
+        if self.lane is not None and ftype in CONTROL_FRAME_TYPES:
+            self._lane_control(dest, ftype, shape, key, aux, step, segment, body)
+            return
         n = len(body)
         link = self._links[dest]
         ob = link.outbox(FRAME_SIZE + wire.padded(n))
