@@ -80,11 +80,6 @@ class Config:
     - ``timeline``: write a Chrome trace of this rank's ops to this path
       (``{rank}`` in it is replaced by the rank, else ``.<rank>.json`` is
       appended); empty: no trace.  See docs/timeline.md.
-    - ``lane``: run every op in the compiled lane, a Numba loop that calls the
-      transport itself (MPI, or the in-process world's compiled layer): every
-      kind, element type and group size (docs/architecture.md lists what is left
-      to the interpreted main loop).  All ranks must agree;
-      ``TOTALREDUCE_LANE=0`` turns it off (the main loop then runs every op).
     - ``lane_plan_bytes``: what the compiled lane keeps of its compiled plans (one
       per op shape: kind, count, element type, group, weights), counted as their
       words plus 4 KiB each for the schedule a plan keeps.  Past it the least
@@ -116,7 +111,6 @@ class Config:
     socket: str = ""
     local_rank: int = -1
     timeline: str = ""
-    lane: bool = True
     lane_plan_bytes: int = 64 << 20
 
     @classmethod
@@ -129,6 +123,7 @@ class Config:
             raise InvalidArgumentError(
                 f"unknown option(s) {sorted(unknown)}; known: {sorted(known)}"
             )
+        _retired_lane(env.get(ENV_PREFIX + "LANE"))
         values: dict[str, Any] = {}
         for name, f in known.items():
             raw = env.get(ENV_PREFIX + name.upper())
@@ -190,6 +185,24 @@ class Config:
             raise InvalidArgumentError(
                 f"floating_pool_bytes must be >= 0, got {self.floating_pool_bytes}"
             )
+
+
+def _retired_lane(raw: str | None) -> None:
+    """``TOTALREDUCE_LANE`` chose between two engines; there is one now, the compiled lane.
+    Set to turn it off (0, false, no, off) it is an error, since nothing else can run the
+    ops; set to keep it on, a one-line warning that it does nothing."""
+    if raw is None:
+        return
+    if raw.strip().lower() in ("0", "false", "no", "off", ""):
+        raise InvalidArgumentError(
+            f"{ENV_PREFIX}LANE={raw!r}: the interpreted main loop it chose is gone, every op "
+            f"runs in the compiled lane; unset {ENV_PREFIX}LANE"
+        )
+    import logging
+
+    logging.getLogger("totalreduce").warning(
+        "%sLANE=%s is ignored: every op runs in the compiled lane", ENV_PREFIX, raw
+    )
 
 
 def _convert(name: str, typ: Any, value: Any) -> Any:

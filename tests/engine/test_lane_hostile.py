@@ -245,7 +245,7 @@ MALFORMED = {
     "CTS truncated": lambda: message([frame(L.CTS, "m")])[:-30],
     "ASK truncated": lambda: message([frame(L.ASK, "m")])[:-71],
     "type 0": lambda: message([frame(0, "m")]),
-    "a main loop's REJECT": lambda: message([frame(L.REJECT, "m")]),
+    "type 4 (the retired REJECT)": lambda: message([frame(4, "m")]),
     "NEED truncated": lambda: message([frame(L.NEED, "m")])[:-40],
     "ERROR body over 4096 bytes": lambda: message([frame(L.ERROR, "m", 4104, body=b"e" * 4104)]),
     "ERROR negative size": lambda: message([frame(L.ERROR, "m", -8, body=b"")]),
@@ -398,7 +398,7 @@ def test_announcements_not_kept_still_get_their_ready() -> None:
     submits later in reverse order, blocking on each.  The announcements it could not
     keep are answered when each op starts (the peer was marked), so nothing hangs."""
     n_ops = 200
-    pool = 2 * 16 * 4 * L.ANN_CHARGE  # the lane's half: 16 announcements, no credit
+    pool = 16 * 4 * L.ANN_CHARGE  # a quarter of it: 16 announcements; no credit
 
     def rank_main(s):
         if s.rank == 0:

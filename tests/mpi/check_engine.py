@@ -242,7 +242,7 @@ def mode_flow(p: int, rank: int) -> None:
     svc = tr.default_service()
     peak = -1
     if svc._thin is None:  # embedded: this rank's engine held the early frames in its pool
-        peak = svc.loop.floating_peak_bytes  # both engines: the lane's and the main loop's
+        peak = svc.loop.floating_peak_bytes  # the lane's
         ok = ok and peak <= svc.config.floating_pool_bytes
     # (a daemon client runs no engine: the services' engines held them, in pools as small)
     print(f"rank {rank}: FLOW {'OK' if ok else 'FAILED'} peak {peak}", flush=True)

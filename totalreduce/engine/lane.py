@@ -678,16 +678,6 @@ class Lane(LanePlans, LaneGrowth):
         """The lane's hash value for ``key``: a slot (>= 0), or one of the ``H_*`` marks."""
         return int(core.hash_value(self.mem, self.mem[L.C_HASH], _signed(key[0]), key[1]))
 
-    def set_foreign(self, key: tuple[int, int], on: bool) -> None:
-        """Mark ``key`` as an op the main loop runs (or no longer runs)."""
-        wid = _signed(key[0])
-        if on:
-            core.hash_put(self.mem, self.mem[L.C_HASH], wid, key[1], L.H_FOREIGN)
-        else:
-            e = core.hash_find(self.mem, self.mem[L.C_HASH], wid, key[1])
-            if e >= 0 and self.mem[e + 2] == L.H_FOREIGN:
-                self.mem[e + 2] = L.H_TOMB
-
     def forget(self, key: tuple[int, int]) -> None:
         """Forget that ``key`` finished or failed here: its frames, should the key come
         again, are kept for the next op of that key instead of dropped as late."""

@@ -19,11 +19,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .. import protocol as L
 from ..errors import FrameError, OpFailedError, OpMismatchError, OpTimeoutError, TotalReduceError
-from .payload import OpKey, OpSpec, Payload
+from .payload import OpKey, OpSpec, mismatch_text
 
 if TYPE_CHECKING:
     from .lane import Lane, LaneOp
@@ -40,7 +38,6 @@ class LaneFailHooks:
 
     lane: Lane | None
     rank: int
-    table: dict[OpKey, Payload]
     completed: OrderedDict[OpKey, tuple[Any, ...]]
 
     # provided by CommLoop
@@ -48,72 +45,11 @@ class LaneFailHooks:
     _tell_group: Callable[[OpKey, tuple[int, ...], int, BaseException], None]
     _who: Callable[[int], str]
     _lane_drain: Callable[[], None]
-    _fail: Callable[..., None]
     _unknown_op: Callable[[int, Any, OpKey], bool]
     _bad_peer: Callable[..., None]
     _control: Callable[..., None]
     _stall_verdict: Callable[..., OpTimeoutError | None]
-    _handlers: dict[int, Callable[..., None]]
-    bad_peers: dict[int, BaseException]
-    _left: set[int]
-    stats: Any
-    #: Control frames for the lane's outboxes that found no free send buffer (our own:
-    #: each a frame Python chose to send), in order; ``_ctl_flush`` tries them again.
-    _ctl_backlog: list[tuple[Any, ...]]
-    _ctl_dirty: bool
-
-    # ------------------------------------------------------------------ control frames
-
-    def _lane_control(
-        self,
-        dest: int,
-        ftype: int,
-        shape: tuple[int, ...],
-        key: OpKey,
-        aux: int,
-        step: int,
-        segment: int,
-        body: bytes,
-    ) -> None:
-        """Queue a control frame (ERROR to JOIN) for ``dest`` on the lane: written into its
-        outbox at once (sent with that peer's next message; ``_ctl_flush`` at the end of
-        a pass), or kept in order until a send buffer is free."""
-        lane = self.lane
-        assert lane is not None
-        frame = (dest, ftype, shape, key, aux, step, segment, body)
-        if self._ctl_backlog or not lane.control(*frame):
-            self._ctl_backlog.append(frame)
-        self._ctl_dirty = True
-        self.stats.frames_sent += 1
-
-    def _ctl_flush(self) -> None:
-        """Send the control frames Python wrote (caller holds the lock)."""
-        lane = self.lane
-        if lane is None:
-            return
-        self._ctl_dirty = False
-        if self._ctl_backlog:
-            lane.flush()  # frees send buffers the outboxes hold
-            backlog = self._ctl_backlog
-            k = 0
-            while k < len(backlog) and lane.control(*backlog[k]):
-                k += 1
-            del backlog[:k]
-        lane.flush()
-
-    def _on_control_event(self, source: int, raw: bytes) -> None:
-        """A control frame the lane handed up: its handler, as for any frame of its type."""
-        if source in self.bad_peers and source not in self._left:
-            return  # refused: the rest of what it sent is not trusted
-        handler = self._handlers.get(raw[0])
-        if handler is None:
-            return
-        self.stats.frames_received += 1
-        counts = self.stats.lane_control
-        counts[raw[0]] = counts.get(raw[0], 0) + 1
-        f = _FRAME.unpack_from(raw, 0)
-        handler(source, f, np.frombuffer(raw, dtype=np.uint8), L.FRAME_SIZE)
-
+    _on_control_event: Callable[[int, bytes], None]
     # ------------------------------------------------------------------ one op, events
 
     def _lane_fail(
@@ -150,24 +86,6 @@ class LaneFailHooks:
             )
             lop.error = error
             self._lane_tell(lop.spec, error, True, source)
-        elif kind == L.EV_FOREIGN:
-            f = _FRAME.unpack(raw)
-            key = (f[11], f[12])
-            p = self.table.get(key)
-            error = OpMismatchError(
-                f"op generation {key[1]}: ranks disagree about the op (its dtype, count, reduce "
-                f"op or algorithm): rank {source} runs it in the compiled lane, rank {self.rank} "
-                "in the main loop"
-            )
-            if p is not None:
-                error = OpMismatchError(
-                    f"{p.spec.describe()}: ranks disagree about the op (its dtype, count, reduce "
-                    f"op or algorithm): {self._who(source)} runs it in the compiled lane, "
-                    f"{self._who(self.rank)} in the main loop"
-                )
-                self._fail(p, error, tell_peers=True, also=source)
-            else:
-                self._error_frame(key, source, str(error), 1)
         elif kind == L.EV_LATE:
             f = _FRAME.unpack(raw)
             key = (f[11], f[12])
@@ -200,7 +118,7 @@ class LaneFailHooks:
                 self._bad_peer(source, err)
             else:
                 raise err
-        elif kind in (L.EV_KERNEL, L.EV_LOST) and lop is not None:
+        elif kind in (L.EV_KERNEL, L.EV_LOST, L.EV_FOREIGN) and lop is not None:
             error = OpFailedError(
                 f"{lop.spec.describe()}: the compiled lane could not run it on rank {self.rank} "
                 f"(event {kind}, {a}, {b}): a bug, please report it"
@@ -215,17 +133,9 @@ class LaneFailHooks:
     ) -> str:
         spec = lop.spec
         if kind == L.EV_MISMATCH:
-            from .payload import Payload
-
-            fake = Payload.__new__(Payload)
-            fake.spec = spec
-            fake.shape = (
-                int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
-                spec.count, spec.param, spec.context,
-            )  # fmt: skip
             full = (f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10],
                     f[11], f[12], f[13], f[14], f[15], f[16])  # fmt: skip
-            why = fake.mismatch(full, self._who(source), self._who(self.rank))
+            why = mismatch_text(spec, full, self._who(source), self._who(self.rank))
             if why is not None:
                 return why
         if kind == L.EV_SIZE:
@@ -275,7 +185,7 @@ class LaneFailHooks:
 
     def _lane_stalls(self, now: float, first: float, warn: float, shut: float) -> None:
         """The stall inspector's pass over lane ops (see ``CommLoop._check_stalls``)."""
-        from .wire import PROBE
+        from ..protocol import PROBE
 
         lane = self.lane
         if lane is None:

@@ -92,28 +92,33 @@ class Lifecycle(OpSubmitter):
 
             cfg, transport = self.config, self.transport
             loop = CommLoop(transport, cfg, execute=execute, run=run)
-            bind = getattr(transport, "native_binding", None)  # MPI: compiled code calls it
-            if cfg.lane and bind is not None and loop.world == self.size:
-                from ..engine.lane import LANE_BODY_SPAN, Lane
-                from ..engine.wire import BODY_TAG_BASE, CONTROL_TAG
-
-                # The lane's body tags follow the main loop's, where MPI's tags reach that far.
-                body_tag = BODY_TAG_BASE + int(getattr(transport, "tag_span", 0))
-                if body_tag + LANE_BODY_SPAN > int(getattr(transport, "tag_ub", 0)):
-                    body_tag = -1  # large allreduces stay with the main loop
-                loop.attach_lane(
-                    Lane(
-                        bind(),
-                        self.rank,
-                        self.size,
-                        cfg.micro_bytes,
-                        ctl_tag=CONTROL_TAG,
-                        pool_bytes=cfg.floating_pool_bytes // 2,  # the main loop: the rest
-                        segment_bytes=cfg.segment_bytes,
-                        body_tag=body_tag,
-                        plan_bytes=cfg.lane_plan_bytes,
-                    )  # fmt: skip
+            bind = getattr(transport, "native_binding", None)  # compiled code calls it
+            if bind is None:
+                raise TotalReduceError(
+                    f"the transport {getattr(transport, 'description', type(transport).__name__)}"
+                    " has no compiled binding: the compiled lane, which runs every op, cannot "
+                    "run over it"
                 )
+            from ..engine.lane import Lane
+            from ..protocol import BODY_TAG_BASE, LANE_BODY_SPAN
+
+            # The lane's bodies have tags of their own, from BODY_TAG_BASE, where MPI's
+            # tags reach that far (Lane.why_not names what cannot run without them).
+            body_tag = BODY_TAG_BASE
+            if body_tag + LANE_BODY_SPAN - 1 > int(getattr(transport, "tag_ub", 0)):
+                body_tag = -1
+            lane = Lane(
+                bind(),
+                self.rank,
+                self.size,
+                cfg.micro_bytes,
+                pool_bytes=cfg.floating_pool_bytes,
+                segment_bytes=cfg.segment_bytes,
+                body_tag=body_tag,
+                plan_bytes=cfg.lane_plan_bytes,
+            )
+            lane.tag_ub = int(getattr(transport, "tag_ub", 0))
+            loop.attach_lane(lane)
             self.reducer = Reducer(loop.compute, loop.notify)
             loop.trace = self.reducer.trace = self._trace
             self._comm_thread = threading.Thread(
