@@ -74,7 +74,6 @@ class LaneHooks:
     _ctl_backlog: list[tuple[Any, ...]]
     _ctl_dirty: bool
     _ctl_flush: Callable[[], None]
-    compute: Any  # engine.compute.ComputeList
     _asleep: bool
     _last_stall_check: float
     _stall_every: float
@@ -225,7 +224,6 @@ class LaneHooks:
             or self.bad_peers
             or self._held
             or self._ctl_backlog
-            or self.compute.done
             or lane.mem[L.C_FULL]
             or shape.epoch != lane.plans_epoch  # its plan moved: lane_express makes it anew
             or not self._express_lock(lane)
@@ -400,7 +398,6 @@ class LaneHooks:
             if (
                 self.submissions
                 or self._ctl_backlog
-                or self.compute.done
                 or time.monotonic() - self._last_stall_check > self._stall_every
             ):
                 return False
@@ -520,6 +517,5 @@ class LaneHooks:
         return bool(
             self.submissions
             or self._ctl_backlog
-            or self.compute.done
             or time.monotonic() - self._last_stall_check > self._stall_every
         )

@@ -99,7 +99,6 @@ class ServiceRepeats:
             or loop.trace is not None
             or loop._held
             or loop._ctl_backlog
-            or loop.compute.done
             or lane.mem[L.C_FULL]
             or lane.mem[L.C_NEV]
             or lane.mem[L.C_NDONE]

@@ -43,7 +43,6 @@ from ..config import Config
 from ..errors import OpFailedError, TotalReduceError
 from ..transport.base import Transport
 from . import wire
-from .compute import ComputeList, ComputeRequest
 from .control import ControlHooks
 from .driving import DriveHooks
 from .failing import FailHooks
@@ -92,8 +91,6 @@ class CommLoop(
         self,
         transport: Transport,
         config: Config | None = None,
-        execute: Callable[[ComputeRequest], None] | None = None,
-        run: Callable[..., None] | None = None,
     ) -> None:
         self.t = transport
         #: The compiled lane, which runs every op (``attach_lane``, before any op).
@@ -106,8 +103,6 @@ class CommLoop(
         self.cfg = cfg = config or Config()
         # Ops, aborts and urgency notes in one queue, so they are seen in order.
         self.submissions: deque[Any] = deque()
-        #: The reduce thread's queue (service/reducer.py; the lane does its own arithmetic).
-        self.compute = ComputeList()
         self.wake = threading.Event()
         self.lock = threading.Lock()
         self.waiters = 0
@@ -230,12 +225,7 @@ class CommLoop(
 
     @property
     def busy(self) -> bool:
-        return bool(
-            (self.lane is not None and self.lane.inflight > 0)
-            or self.submissions
-            or len(self.compute)
-            or self.compute.done
-        )
+        return bool((self.lane is not None and self.lane.inflight > 0) or self.submissions)
 
     @property
     def sending(self) -> bool:

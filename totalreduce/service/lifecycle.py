@@ -1,8 +1,8 @@
-"""Thread lifecycle: start a service's comm and reduce threads, and shut them down.
+"""Thread lifecycle: start a service's comm thread, and shut it down.
 
-The comm thread runs the engine's :class:`~totalreduce.engine.loop.CommLoop`
-(threads blocked in ``wait()`` run it too); the reduce thread runs the
-:class:`~totalreduce.service.reducer.Reducer` over the loop's computation list.
+The comm thread runs the engine's :class:`~totalreduce.engine.loop.CommLoop` and its
+compiled lane (threads blocked in ``wait()`` run them too; the lane does its own
+arithmetic, so there is no reduce thread).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ class Lifecycle(OpSubmitter):
         self._join_session(int(getattr(transport, "epoch", 0)))
 
     def _start_engine(self) -> CommLoop:
-        """Start the engine: the loop, the compiled lane where MPI is, the reducer, and the
-        comm and reduce threads (once; any thread)."""
+        """Start the engine: the loop, its compiled lane, and the comm thread (once; any
+        thread)."""
         with self._engine_lock:
             if self._loop is not None:
                 return self._loop
@@ -88,10 +88,8 @@ class Lifecycle(OpSubmitter):
                     f"rank {self.rank} is a daemon client: it runs no engine (its node's service "
                     f"at {getattr(self.transport, 'socket_path', '?')} runs its ops)"
                 )
-            from .reducer import Reducer, execute, run  # the Numba kernels: only now
-
             cfg, transport = self.config, self.transport
-            loop = CommLoop(transport, cfg, execute=execute, run=run)
+            loop = CommLoop(transport, cfg)
             bind = getattr(transport, "native_binding", None)  # compiled code calls it
             if bind is None:
                 raise TotalReduceError(
@@ -119,16 +117,11 @@ class Lifecycle(OpSubmitter):
             )
             lane.tag_ub = int(getattr(transport, "tag_ub", 0))
             loop.attach_lane(lane)
-            self.reducer = Reducer(loop.compute, loop.notify)
-            loop.trace = self.reducer.trace = self._trace
+            loop.trace = self._trace
             self._comm_thread = threading.Thread(
                 target=self._run_loop, name=f"totalreduce-comm-{self.rank}", daemon=True
             )
-            self._reduce_thread = threading.Thread(
-                target=self.reducer.run, name=f"totalreduce-reduce-{self.rank}", daemon=True
-            )
             self._loop = loop
-            self._reduce_thread.start()
             self._comm_thread.start()
             return loop
 
@@ -232,8 +225,6 @@ class Lifecycle(OpSubmitter):
         while (self.loop.sending or self.loop.sends_in_flight) and time.monotonic() < deadline:
             self.loop.poll()
             time.sleep(0.001)
-        self.loop.compute.close()
-        self._reduce_thread.join(timeout=10)
         if self.loop.trace is not None:
             self.loop.trace.close()
         self.transport.close()
@@ -270,7 +261,7 @@ class Lifecycle(OpSubmitter):
         lp = self._loop
         if lp is not None:
             with lp.lock:  # the comm thread reads the recorder only inside a pass
-                lp.trace = self.reducer.trace = trace
+                lp.trace = trace
 
     @property
     def closed(self) -> bool:
