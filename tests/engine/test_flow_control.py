@@ -40,9 +40,7 @@ def test_reverse_blocking_order_with_a_small_pool(pool: int) -> None:
             out[k] = svc.allreduce(values(k, count, 1), name=f"big.{k}")
         return [out[k] for k in range(n_ops)]
 
-    with local_services(
-        2, segment_bytes=64 << 10, floating_pool_bytes=pool, max_inflight_sends=2
-    ) as svcs:
+    with local_services(2, segment_bytes=64 << 10, floating_pool_bytes=pool) as svcs:
         results = run_ranks(svcs, rank_main, timeout=120)
         peaks = [s.loop.floating_peak_bytes for s in svcs]
     for k in range(n_ops):
@@ -81,7 +79,6 @@ def test_random_orders_tiny_pool(p: int) -> None:
         segment_bytes=4096,
         micro_bytes=512,
         floating_pool_bytes=pool,
-        max_inflight_sends=1,
         jitter=0.2,
         seed=p,
     ) as svcs:
@@ -131,7 +128,7 @@ def test_high_priority_op_overtakes_a_large_one() -> None:
         small_result = small.wait(timeout=60)
         return small_result, big.wait(timeout=120)
 
-    with local_services(2, segment_bytes=64 << 10, max_inflight_sends=1) as svcs:
+    with local_services(2, segment_bytes=64 << 10) as svcs:
         results = run_ranks(svcs, rank_main, timeout=180)
     assert finished["small"] < finished["big"]
     for small, big in results:

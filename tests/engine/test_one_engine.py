@@ -26,8 +26,12 @@ def test_turning_the_lane_off_is_refused() -> None:
 
 def test_turning_it_on_is_ignored_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="totalreduce"):
-        Config.load(env={"TOTALREDUCE_LANE": "1"})
-    assert any("TOTALREDUCE_LANE=1 is ignored" in r.getMessage() for r in caplog.records)
+        Config.load(env={"TOTALREDUCE_LANE": "1", "TOTALREDUCE_MAX_INFLIGHT_SENDS": "2"})
+    said = [r.getMessage() for r in caplog.records]
+    assert any("TOTALREDUCE_LANE=1 is ignored" in m for m in said), said
+    assert any("TOTALREDUCE_MAX_INFLIGHT_SENDS is ignored" in m for m in said), said
+    with pytest.raises(tr.InvalidArgumentError, match="unknown option"):
+        Config.load(env={}, inline_compute_bytes=0)
 
 
 def test_an_op_without_a_plan_fails_on_every_rank_naming_why() -> None:

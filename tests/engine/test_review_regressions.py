@@ -45,7 +45,7 @@ def test_a_failed_op_gives_up_bodies_it_was_cleared_to_send() -> None:
             svc.allreduce(np.full(1 << 16, k, dtype=np.int64), name="next")[0] for k in range(3)
         ]
 
-    with local_services(2, segment_bytes=64 << 10, max_inflight_sends=1) as svcs:
+    with local_services(2, segment_bytes=64 << 10) as svcs:
         results = run_ranks(svcs, rank_main, timeout=60)
         for s in svcs:
             assert s.loop.lane is not None and s.loop.lane.stats()["ops_in_flight"] == 0
