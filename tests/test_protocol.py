@@ -75,8 +75,8 @@ def test_one_numbering_of_frame_types_and_error_codes() -> None:
     values = [int(t) for t in P.FrameType]
     assert len(set(values)) == len(values)
     assert P.LANE_FRAME_TYPES <= {int(t) for t in P.FrameType}
-    assert P.LANE_FRAME_TYPES - P.MAIN_FRAME_TYPES == {P.ASK}
-    assert P.MAIN_MAGIC != P.LANE_MAGIC
+    assert P.LANE_FRAME_TYPES == {int(t) for t in P.FrameType}  # one engine takes them all
+    assert P.CONTROL_FRAME_TYPES <= P.LANE_FRAME_TYPES
     codes = [int(c) for c in P.ErrorCode]
     assert len(set(codes)) == len(codes) and set(P.ERROR_CLASSES) == set(P.ErrorCode)
     import totalreduce.errors as errors
@@ -109,7 +109,7 @@ def test_no_protocol_constant_is_written_in_another_module() -> None:
 
 def test_no_format_magic_or_frame_offset_is_written_out_elsewhere() -> None:
     formats = {P.MSG_FORMAT, P.FRAME_FORMAT, P.MSG_FORMAT[1:], P.FRAME_FORMAT[1:]}
-    magics = {P.MAIN_MAGIC, P.LANE_MAGIC}
+    magics = {P.LANE_MAGIC}
     offset = re.compile(r"\b(?:ld|st)_[a-z0-9]+\((?:f|a|land|dst)(?: \+ \d+)?[,)]")
     wrong = []
     for path in _sources() + sorted((ROOT / "tests").rglob("*.py")):
@@ -131,7 +131,7 @@ def test_no_format_magic_or_frame_offset_is_written_out_elsewhere() -> None:
 
 def test_the_docs_tables_name_every_frame_type_and_refusal() -> None:
     arch = (ROOT / "docs" / "architecture.md").read_text()
-    table = arch[arch.index("Frame types (") : arch.index("`split` validates")]
+    table = arch[arch.index("Frame types (") : arch.index("The lane's receiving pass")]
     rows = re.findall(r"^\| `([A-Z]+)` \| (\d+) \|", table, flags=re.M)
     assert {name: int(v) for name, v in rows} == {t.name: int(t) for t in P.FrameType}
     bounds = arch[arch.index("**Bounds, kept in compiled code.**") :]

@@ -30,7 +30,6 @@ class Config:
       (eager, no rendezvous; the compiled lane sends an op of at most eight such
       segments that way). 64 KiB: from 16 KiB, 64-512 KiB allreduces took 0.7-0.9
       of MPI's speed and now 0.95-1.2 (docs/benchmarks.md). All ranks must agree.
-    - ``max_inflight_sends``: frames posted and not yet completed, at most.
     - ``floating_pool_bytes``: bytes of early frames (ops not submitted here
       yet) held before backpressure stops receiving more.
     - ``stall_warning_s``: warn about an op that made no progress this long,
@@ -58,10 +57,6 @@ class Config:
       (docs/daemon.md).
     - ``need_after_s``: how long a ``wait()`` lasts before the waiter asks the
       op's peers to send its frames first (NEED).
-    - ``inline_compute_bytes``: received segments (and whole prologues or
-      epilogues) up to this size are reduced by the comm thread itself; larger
-      ones by the reduce thread.  Measured: handing a 1 MiB segment to another
-      thread costs more than reducing it (docs/architecture.md).
     - ``algorithm``: default allreduce algorithm (``auto`` chooses by size).
     - ``tuning_file``: the crossover table ``auto`` follows, as ``totalreduce
       tune`` writes it; for rank counts it lacks, the table shipped with the
@@ -80,11 +75,6 @@ class Config:
     - ``timeline``: write a Chrome trace of this rank's ops to this path
       (``{rank}`` in it is replaced by the rank, else ``.<rank>.json`` is
       appended); empty: no trace.  See docs/timeline.md.
-    - ``lane``: run every op in the compiled lane, a Numba loop that calls the
-      transport itself (MPI, or the in-process world's compiled layer): every
-      kind, element type and group size (docs/architecture.md lists what is left
-      to the interpreted main loop).  All ranks must agree;
-      ``TOTALREDUCE_LANE=0`` turns it off (the main loop then runs every op).
     - ``lane_plan_bytes``: what the compiled lane keeps of its compiled plans (one
       per op shape: kind, count, element type, group, weights), counted as their
       words plus 4 KiB each for the schedule a plan keeps.  Past it the least
@@ -103,7 +93,6 @@ class Config:
 
     segment_bytes: int = 1 << 20
     micro_bytes: int = 64 << 10
-    max_inflight_sends: int = 8
     floating_pool_bytes: int = 256 << 20
     stall_warning_s: float = 60.0
     stall_shutdown_s: float = 0.0
@@ -114,7 +103,6 @@ class Config:
     wait_spin_s: float = 2e-2
     need_after_s: float = 5e-4
     nap_s: float = 0.0
-    inline_compute_bytes: int = 1 << 20
     algorithm: str = "auto"
     tuning_file: str = ""
     shutdown_timeout_s: float = 30.0
@@ -123,7 +111,6 @@ class Config:
     socket: str = ""
     local_rank: int = -1
     timeline: str = ""
-    lane: bool = True
     lane_plan_bytes: int = 64 << 20
     express_bytes: int = 64 << 20
 
@@ -137,6 +124,7 @@ class Config:
             raise InvalidArgumentError(
                 f"unknown option(s) {sorted(unknown)}; known: {sorted(known)}"
             )
+        _retired(env)
         values: dict[str, Any] = {}
         for name, f in known.items():
             raw = env.get(ENV_PREFIX + name.upper())
@@ -168,10 +156,6 @@ class Config:
             raise InvalidArgumentError(f"segment_bytes must be >= 64, got {self.segment_bytes}")
         if not 0 <= self.micro_bytes <= 1 << 20:
             raise InvalidArgumentError(f"micro_bytes must be in 0..1048576, got {self.micro_bytes}")
-        if self.max_inflight_sends < 1:
-            raise InvalidArgumentError(
-                f"max_inflight_sends must be >= 1, got {self.max_inflight_sends}"
-            )
         if self.service not in ("embedded", "daemon"):
             raise InvalidArgumentError(
                 f"service must be 'embedded' or 'daemon', got {self.service!r}"
@@ -200,6 +184,36 @@ class Config:
             raise InvalidArgumentError(
                 f"floating_pool_bytes must be >= 0, got {self.floating_pool_bytes}"
             )
+
+
+#: Options of the interpreted loop, gone with it (``TOTALREDUCE_<NAME>``): set, each is
+#: ignored with a one-line warning (``LANE`` set to turn the lane off is an error).
+RETIRED = ("LANE", "MAX_INFLIGHT_SENDS", "INLINE_COMPUTE_BYTES")
+
+
+def _retired(env: dict[str, str]) -> None:
+    """``TOTALREDUCE_LANE`` chose between two engines; there is one now, the compiled lane.
+    Set to turn it off (0, false, no, off) it is an error, since nothing else can run the
+    ops; set to keep it on, a one-line warning that it does nothing.  The interpreted
+    loop's other options (``RETIRED``) likewise get a warning."""
+    import logging
+
+    for name in RETIRED[1:]:
+        if ENV_PREFIX + name in env:
+            logging.getLogger("totalreduce").warning(
+                "%s%s is ignored: the interpreted loop it tuned is gone", ENV_PREFIX, name
+            )
+    raw = env.get(ENV_PREFIX + "LANE")
+    if raw is None:
+        return
+    if raw.strip().lower() in ("0", "false", "no", "off", ""):
+        raise InvalidArgumentError(
+            f"{ENV_PREFIX}LANE={raw!r}: the interpreted main loop it chose is gone, every op "
+            f"runs in the compiled lane; unset {ENV_PREFIX}LANE"
+        )
+    logging.getLogger("totalreduce").warning(
+        "%sLANE=%s is ignored: every op runs in the compiled lane", ENV_PREFIX, raw
+    )
 
 
 def _convert(name: str, typ: Any, value: Any) -> Any:

@@ -3,11 +3,11 @@
 Every number two sides must agree on lives here and nowhere else
 (``tests/test_protocol.py`` fails if one is written in another module):
 
-- the transport's tags (the main loop's control messages, the compiled lane's, bodies);
+- the transport's tags (the compiled lane's messages, its bodies);
 - the message header and the frame header: their ``struct`` formats, the byte offset of
   every field (compiled code reads and writes frames at these offsets), the magic and
-  version of each engine's messages;
-- the frame types, one numbering for both engines, and the frame flags;
+  version of the lane's messages;
+- the frame types and the frame flags;
 - the error codes an ``ERROR`` frame or a daemon client's error entry carries, with the
   error class and the words of each; the reasons a message is refused (``MF_*``), with
   their words;
@@ -17,15 +17,15 @@ Every number two sides must agree on lives here and nowhere else
   events (``EV_*``), body requests (``BR_*``), plan records in ``prog`` (``PL_*``,
   ``G_*``, ``L_*``) and the schedule codes compiled code acts on.
 
-Python modules take what they need from here (``wire.py`` packs and checks messages with
-these formats; ``lane*.py`` star-import the words, which Numba folds into constants), and
+Python modules take what they need from here (``lane*.py`` star-import the words, which
+Numba folds into constants; ``control.py`` reads control frames with these formats), and
 ``docs/architecture.md``'s tables of frame types and header fields are checked against
 this module by ``tests/test_protocol.py``.
 
 Message header (``MSG_SIZE`` = 24 bytes, little-endian)::
 
     magic u32 | version u8 | reserved u8 | frame count u16 | sender i32 |
-    control credit returned u32 (main loop; 0 in the lane) | credit returned u64
+    reserved u32 (0) | credit returned u64
 
 Frame header (``FRAME_SIZE`` = 72 bytes)::
 
@@ -40,12 +40,11 @@ from __future__ import annotations
 import enum
 
 # -- tags on the transport's communicator ----------------------------------------------
-CONTROL_TAG = 1  # the main loop's messages
 CLOSE_TAG = 2  # a transport's last message to each peer (transport/mpi.py)
 LANE_TAG = 3  # the compiled lane's messages
-BODY_TAG_BASE = 16  # the main loop's bodies, then the lane's, on tags of their own
-BODY_TAG_SPAN = 1 << 20  # the main loop's body tags rotate through this many per peer
-LANE_BODY_SPAN = 1 << 20  # the lane's body tags, likewise
+BODY_TAG_BASE = 16  # the lane's bodies, on tags of their own from here
+LANE_BODY_SPAN = (1 << 20) - BODY_TAG_BASE  # the lane's body tags rotate through these per
+#                                           peer: an MPI_TAG_UB of 2^20 - 1 holds them
 
 # -- the message header ------------------------------------------------------------------
 MSG_FORMAT = "<IBBHiIQ"
@@ -54,8 +53,8 @@ MH_MAGIC = 0  # u32
 MH_VERSION = 4  # u8
 MH_NFRAMES = 6  # u16
 MH_SENDER = 8  # i32
-MH_CTL_CREDIT = 12  # u32: control credit returned (the main loop's)
-MH_CREDIT = 16  # u64: eager credit returned (bytes in the main loop, slots in the lane)
+MH_CTL_CREDIT = 12  # u32: reserved, 0 (once the interpreted loop's control credit)
+MH_CREDIT = 16  # u64: credit returned (pool slots)
 
 # -- the frame header --------------------------------------------------------------------
 FRAME_FORMAT = "<BBBBBBHIIIIQQQQqQ"
@@ -81,23 +80,21 @@ F_TYPE, F_DTYPE, F_KIND, F_ALGO, F_OP, F_FLAGS = 0, 1, 2, 3, 4, 5
 F_AUX, F_STEP, F_SEGMENT, F_PRIO = 7, 8, 9, 10
 F_WID, F_GEN, F_NBYTES, F_COUNT, F_PARAM, F_CONTEXT = 11, 12, 13, 14, 15, 16
 
-# -- magics and versions -------------------------------------------------------------------
-MAIN_MAGIC = 0x32445254  # b"TRD2": the main loop's messages
-MAIN_VERSION = 3  # 3: error codes numbered as ErrorCode
+# -- magic and version -----------------------------------------------------------------------
 LANE_MAGIC = 0x4C445254  # b"TRDL": the compiled lane's messages
-LANE_VERSION = 3  # 2: frame types numbered as the main loop's (CTS 3, ASK 13); 3: NEED
+LANE_VERSION = 5  # 2: frame types numbered as the interpreted loop's (CTS 3, ASK 13);
+#                   3: NEED; 4: the control frames (ERROR, PROBE, HAVE, BYE, GONE, JOIN);
+#                   5: body tags from BODY_TAG_BASE (the interpreted loop's tags are gone)
 
 
-# -- frame types: one numbering for both engines ---------------------------------------------
+# -- frame types ---------------------------------------------------------------------------
 class FrameType(enum.IntEnum):
-    """What a frame is.  The main loop takes DATA to JOIN; the lane DATA, RTS, CTS, READY,
-    NEED and ASK, with the same numbers."""
+    """What a frame is.  The control frames, ERROR to JOIN, are handed up to Python.  (4,
+    the interpreted loop's REJECT, is retired: a frame of type 4 is refused.)"""
 
     DATA = 1  # an eager body follows the header (padded to 8 bytes)
-    RTS = 2  # main loop: a larger body waits at the sender; lane: "I hold frames of this op
-    #          for you, and no credit", answered by READY
+    RTS = 2  # "I hold frames of this op for you, and no credit", answered by READY
     CTS = 3  # clear to send: the receive is posted, on the tag in ``aux``
-    REJECT = 4  # main loop: no room for an op not submitted here; READY follows later
     READY = 5  # the op is submitted here: send (again, or without credit)
     NEED = 6  # the sender waits for this op: raise it (kept if the op is not submitted here,
     #           which then starts raised; the lane keeps it within floating_pool_bytes)
@@ -107,13 +104,12 @@ class FrameType(enum.IntEnum):
     BYE = 10  # the sender's service stopped
     GONE = 11  # daemon mode: a node's client rank ``aux`` died
     JOIN = 12  # daemon mode: a new process has client rank ``aux`` (step 1: session ended)
-    ASK = 13  # lane: this large segment is ready here and I have no clear: answered by CTS
+    ASK = 13  # this large segment is ready here and I have no clear: answered by CTS
 
 
 DATA = int(FrameType.DATA)
 RTS = int(FrameType.RTS)
 CTS = int(FrameType.CTS)
-REJECT = int(FrameType.REJECT)
 READY = int(FrameType.READY)
 NEED = int(FrameType.NEED)
 ERROR = int(FrameType.ERROR)
@@ -123,13 +119,26 @@ BYE = int(FrameType.BYE)
 GONE = int(FrameType.GONE)
 JOIN = int(FrameType.JOIN)
 ASK = int(FrameType.ASK)
-#: The frame types each engine takes; anything else is refused (``MF_TYPE``).
-MAIN_FRAME_TYPES = frozenset(int(t) for t in FrameType if t is not FrameType.ASK)
-LANE_FRAME_TYPES = frozenset({DATA, RTS, CTS, READY, NEED, ASK})
+#: The control frames: the lane hands each one up to Python (``EV_CONTROL``), whose
+#: handlers act on it.
+CONTROL_FRAME_TYPES = frozenset({ERROR, PROBE, HAVE, BYE, GONE, JOIN})
+#: The frame types the lane takes; anything else is refused (``MF_TYPE``).
+LANE_FRAME_TYPES = frozenset({DATA, RTS, CTS, READY, NEED, ASK}) | CONTROL_FRAME_TYPES
+#: The longest body a control frame may carry (an ERROR's UTF-8 text; the others carry
+#: none); a longer one is malformed (``MF_CONTROL``).
+MAX_CONTROL_BODY = 4096
+#: The most control frames one lane message may carry (a sender starts a new message
+#: after this many); a message with more is a flood (``MF_FLOOD``).  The receiver keeps
+#: what Python has not taken yet in a fixed buffer that holds two such messages
+#: (``CONTROL_EVENTS`` frames, ``CONTROL_BODY_BYTES`` of bodies) and, when it is full,
+#: leaves the rest of a message in the landing buffer until Python has taken them.
+CONTROL_PER_MESSAGE = 256
+CONTROL_EVENTS = 2 * CONTROL_PER_MESSAGE
+CONTROL_BODY_BYTES = 2 * CONTROL_PER_MESSAGE * MAX_CONTROL_BODY
 
 # -- frame flags ---------------------------------------------------------------------------
 FLAG_NEED = 1  # someone on the sender waits for this op
-FLAG_CREDIT = 2  # lane: the frame spent a slot of the receiver's credit
+FLAG_CREDIT = 2  # the frame spent a slot of the receiver's credit
 
 #: Largest body a frame may announce; anything above is malformed.
 MAX_BODY_BYTES = 1 << 34
@@ -170,6 +179,8 @@ MF_CREDIT = 7
 MF_LONG = 8
 MF_TAG = 9
 MF_OVERCREDIT = 10
+MF_CONTROL = 11
+MF_FLOOD = 12
 MALFORMED_TEXTS = {
     MF_SHORT: "shorter than its header",
     MF_MAGIC: "bad magic or protocol version",
@@ -184,6 +195,9 @@ MALFORMED_TEXTS = {
     MF_LONG: "longer than any message a peer may send",
     MF_TAG: "a clear naming a tag outside the lane's body tags",
     MF_OVERCREDIT: "credit returned beyond what this rank spent",
+    MF_CONTROL: "a control frame with a body it may not carry (over 4096 bytes, or any on a "
+    "frame type that carries none)",
+    MF_FLOOD: "more control frames in one message than a sender may put there (256)",
 }
 
 
@@ -246,14 +260,15 @@ C_INFLIGHT = 41  # ops in the table
 C_FLOATING = 42  # slots holding frames of ops not submitted here
 C_PEAK = 43  # most slots held at once
 C_SEGCAP = 44
-C_FULL = 45  # 1: a frame waits in the landing buffer for a free slot
+C_FULL = 45  # 1: a frame waits in the landing buffer for a free slot; 2: for room among the
+#              control events (Python takes them, the pass goes on: nothing to grow)
 C_LANDLEN = 46
 C_LANDSRC = 47
 C_LANDPOS = 48
 C_SENT_MSGS = 49
 C_SENT_FRAMES = 50
 C_RECV_MSGS = 51
-C_CTL_TAG = 52  # the main loop's control tag: compiled code tells Python a message waits
+C_CTL_TAG = 52  # a tag of Python's messages compiled code probes for (-1: none, always now)
 C_CTL_WAITING = 53
 C_NSBBUSY = 54
 C_OPS_DONE = 55
@@ -285,7 +300,7 @@ C_NAQ = 81
 C_AQCAP = 82
 C_WATCH = 83  # the op slot a waiting thread's lane_drive waits for (-1: none), and
 C_WATCHSEQ = 84  # its submission: a pass stops receiving once that op ended, the last
-C_CTLSKIP = 85  # passes since the last probe of the main loop's tag (see lane_pass)
+C_CTLSKIP = 85  # passes since the last probe of C_CTL_TAG (see lane_pass)
 C_SBNEXT = 86  # where the search for a free send buffer starts (see lane_tables._free_sb)
 C_NAP_NS = 87  # Config.nap_s: a waiter's sleep between polls on a large op (0: it yields)
 C_NAP_WORD = 88  # always 0: the word those sleeps wait on (a futex with a timeout)
@@ -323,7 +338,11 @@ C_NEED_NS = 107  # Config.need_after_s: a waiter that waited this long sends NEE
 #                  its op still expects frames from
 C_NEEDS_KEPT = 108  # NEED frames kept for ops not submitted here (records, as announcements)
 C_NEEDS_USED = 109  # ops that started raised because a peer's NEED (frame or flag) waited here
-C_LEN = 110
+C_CTLB = 110  # arena offset of the control frames' bodies (Python takes them with the events)
+C_CTLBLEN = 111  # bytes of it used
+C_NCTL = 112  # control events queued (at most CONTROL_EVENTS)
+C_LANDCTL = 113  # control frames read so far in the landed message (at most CONTROL_PER_MESSAGE)
+C_LEN = 114
 
 # -- the op table: mem[ops + slot * O_N + O_*] ---------------------------------------
 O_STATE = 0
@@ -365,7 +384,7 @@ S_FAILED = 5
 # -- hash tables: mem[hash + i * 3 + {0: wire id, 1: generation, 2: value}] ---------
 H_EMPTY = -1
 H_TOMB = -2
-H_FOREIGN = -3  # an op of the main loop: a frame for it here is a disagreement
+H_FOREIGN = -3  # an op run elsewhere than the lane (none since the lane runs every op)
 H_FAILED = -4  # an op that failed here: its late frames are dropped
 H_DONE = -5  # an op finished here: a frame for it means the ranks disagree (EV_LATE)
 
@@ -425,7 +444,8 @@ P_BAD = 9  # 1: the peer sent garbage (or Python marked it bad): its messages ar
 P_ANNDROP = 10  # 1: an announcement of the peer was not kept: each op started here that
 #                 receives from it answers READY at once (the peer may hold its frames)
 P_MARK = 11  # scratch: the op submission that last looked at the peer (lane_submit)
-P_N = 12
+P_OUTCTL = 12  # control frames in the outbox (a new message after CONTROL_PER_MESSAGE)
+P_N = 13
 
 # -- what an answer owed is (mem[rq + i * 4 + 3]): the CTS of large receive segment q >= 0,
 RQ_READY = -1  # or READY (the peer announced frames of the op),
@@ -440,7 +460,7 @@ E_B = 4
 E_N = 6
 EV_MISMATCH = 1  # frame's shape differs from the op's (frame in the event bytes)
 EV_UNEXPECTED = 2  # no receive segment of the op takes the frame
-EV_FOREIGN = 3  # frame for an op the main loop runs
+EV_FOREIGN = 3  # frame for an op marked H_FOREIGN (none now: reported as a bug)
 EV_MALFORMED = 4  # a message that does not parse (a = what)
 EV_MPI = 5  # an MPI call failed (a = -code, b = peer)
 EV_FULL = 6  # no free pool slot: grow the arena
@@ -448,6 +468,7 @@ EV_SIZE = 7  # a frame's byte count differs from its segment's (a = theirs, b = 
 EV_KERNEL = 8  # a kernel refused a dtype or op (a bug)
 EV_LOST = 9  # the pass's work stack overflowed (a bug)
 EV_LATE = 10  # a frame for an op finished here (frame in the event bytes)
+EV_CONTROL = 11  # a control frame (in the event bytes; its body: a = offset in C_CTLB, b = bytes)
 
 # -- body requests: mem[breq + i * BR_N + BR_*] (dense; swap-remove) -----------------
 BR_SLOT = 0  # the op's slot (-1: its op failed, the request is an orphan)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 
+from totalreduce import protocol as L
 from totalreduce.algorithms.codes import AlgorithmCode, OpKind
 from totalreduce.dtypes import DType, ReduceOp
 from totalreduce.engine import wire
@@ -14,12 +17,15 @@ from totalreduce.service import checks
 
 @pytest.mark.parametrize("prio", [0, 7, -5, (1 << 31) - 1, -(1 << 31)])
 def test_a_frame_carries_its_ops_priority(prio: int) -> None:
-    shape = (DType.INT64, OpKind.ALLREDUCE, AlgorithmCode.RING, ReduceOp.SUM, 10, 0, 0)
-    buf = bytearray()
-    wire.pack_frame(buf, wire.DATA, shape, 0, 0, 0, 0, (123, 4), 80, prio)
-    f = wire.FRAME.unpack(bytes(buf))
+    """As the lane writes a frame's priority (its low 32 bits, ``FH_PRIO``)."""
+    raw = bytearray(L.FRAME_SIZE)
+    frame = struct.Struct(L.FRAME_FORMAT)
+    frame.pack_into(raw, 0, L.DATA, DType.INT64, OpKind.ALLREDUCE, AlgorithmCode.RING,
+                    ReduceOp.SUM, 0, 0, 0, 0, 0, 0, 123, 4, 80, 10, 0, 0)  # fmt: skip
+    struct.pack_into("<I", raw, L.FH_PRIO, prio & 0xFFFFFFFF)
+    f = frame.unpack(bytes(raw))
     assert wire.priority_of(f) == prio
-    assert (f[wire.F_WID], f[wire.F_GEN]) == (123, 4)
+    assert (f[L.F_WID], f[L.F_GEN]) == (123, 4)
 
 
 def test_priorities_beyond_32_bits_are_refused_at_the_call() -> None:

@@ -245,9 +245,25 @@ MALFORMED = {
     "CTS truncated": lambda: message([frame(L.CTS, "m")])[:-30],
     "ASK truncated": lambda: message([frame(L.ASK, "m")])[:-71],
     "type 0": lambda: message([frame(0, "m")]),
-    "a main loop's REJECT": lambda: message([frame(L.REJECT, "m")]),
+    "type 4 (the retired REJECT)": lambda: message([frame(4, "m")]),
     "NEED truncated": lambda: message([frame(L.NEED, "m")])[:-40],
-    "a main loop's JOIN": lambda: message([frame(L.JOIN, "m")]),
+    "ERROR body over 4096 bytes": lambda: message([frame(L.ERROR, "m", 4104, body=b"e" * 4104)]),
+    "ERROR negative size": lambda: message([frame(L.ERROR, "m", -8, body=b"")]),
+    "ERROR truncated body": lambda: message([frame(L.ERROR, "m", 64, body=b"e" * 64)])[:-16],
+    "ERROR truncated": lambda: message([frame(L.ERROR, "m")])[:-2],
+    "PROBE with a body": lambda: message([frame(L.PROBE, "m", 8, body=b"p" * 8)]),
+    "PROBE truncated": lambda: message([frame(L.PROBE, "m")])[:-9],
+    "HAVE with a body": lambda: message([frame(L.HAVE, "m", 8, body=b"h" * 8)]),
+    "HAVE truncated": lambda: message([frame(L.HAVE, "m")])[:-33],
+    "BYE with a body": lambda: message([frame(L.BYE, "m", 16, body=b"b" * 16)]),
+    "BYE truncated": lambda: message([frame(L.BYE, "m")])[:-1],
+    "GONE with a body": lambda: message([frame(L.GONE, "m", 8, body=b"g" * 8)]),
+    "GONE truncated": lambda: message([frame(L.GONE, "m")])[:-50],
+    "JOIN with a body": lambda: message([frame(L.JOIN, "m", 8, body=b"j" * 8)]),
+    "JOIN truncated": lambda: message([frame(L.JOIN, "m")])[:-4],
+    "control frames past the per-message bound": lambda: message(
+        [frame(L.PROBE, f"m.{k}") for k in range(L.CONTROL_PER_MESSAGE + 1)]
+    ),
     "type 14": lambda: message([frame(max(L.FrameType) + 1, "m")]),
     "type 255": lambda: message([frame(255, "m")]),
 }
@@ -272,6 +288,42 @@ def test_a_malformed_lane_message_is_a_frame_error_and_the_loop_lives(what: str)
         assert lane_of(svc).floating_bytes == 0
     finally:
         svc.shutdown(timeout=0.3)
+
+
+def test_a_flood_of_control_frames_stays_within_the_bound(rogue_world) -> None:
+    """Messages full of control frames (PROBEs and ERRORs with the longest text, of ops
+    nobody submits): each is within the protocol, so none is refused; the lane keeps at
+    most its fixed control buffer of them until Python took them, and rank 0's memory
+    stays flat."""
+    world, svc0, svc2, rogue = rogue_world
+    lane = lane_of(svc0)
+    text = b"x" * L.MAX_CONTROL_BODY
+    n_msgs = 24
+    per = L.CONTROL_PER_MESSAGE
+    rogue.send(message([frame(L.PROBE, "warm")]))
+    settle(svc0, 1)
+    rss0 = rss_bytes()
+    got0 = lane.stats()["messages_received"]
+    for m in range(n_msgs):
+        if m % 2:  # ERRORs: each as long as an ERROR may be (8 per message: its length)
+            frames = [frame(L.ERROR, f"gone.{m}.{k}", len(text), body=text) for k in range(48)]
+        else:
+            frames = [frame(L.PROBE, f"probe.{m}.{k}") for k in range(per)]
+        rogue.send(message(frames))
+        assert int(lane.mem[L.C_NCTL]) <= L.CONTROL_EVENTS
+        assert int(lane.mem[L.C_CTLBLEN]) <= L.CONTROL_BODY_BYTES
+    settle(svc0, got0 + n_msgs)
+    assert 1 not in svc0.loop.bad_peers, svc0.loop.bad_peers.get(1)
+    counts = svc0.loop.stats.lane_control
+    assert counts.get(L.PROBE, 0) >= per * (n_msgs // 2)
+    assert counts.get(L.ERROR, 0) == 48 * (n_msgs // 2)
+    # what Python remembers of errors for ops not submitted here is its own bounded table
+    assert rss_bytes() - rss0 < 8 * MIB, "control frames were kept beyond the bound"
+    assert lane.floating_bytes == 0
+    # the rogue's error for an op rank 0 then submits fails it, naming the text
+    h = svc0.allreduce_async(np.ones(4), name="gone.1.0")
+    with pytest.raises(tr.OpFailedError, match="xxxx"):
+        h.wait(timeout=5)
 
 
 def test_a_clear_naming_a_tag_outside_the_body_tags_is_refused() -> None:
@@ -346,7 +398,7 @@ def test_announcements_not_kept_still_get_their_ready() -> None:
     submits later in reverse order, blocking on each.  The announcements it could not
     keep are answered when each op starts (the peer was marked), so nothing hangs."""
     n_ops = 200
-    pool = 2 * 16 * 4 * L.ANN_CHARGE  # the lane's half: 16 announcements, no credit
+    pool = 16 * 4 * L.ANN_CHARGE  # a quarter of it: 16 announcements; no credit
 
     def rank_main(s):
         if s.rank == 0:

@@ -242,7 +242,7 @@ def mode_flow(p: int, rank: int) -> None:
     svc = tr.default_service()
     peak = -1
     if svc._thin is None:  # embedded: this rank's engine held the early frames in its pool
-        peak = svc.loop.floating_peak_bytes  # both engines: the lane's and the main loop's
+        peak = svc.loop.floating_peak_bytes  # the lane's
         ok = ok and peak <= svc.config.floating_pool_bytes
     # (a daemon client runs no engine: the services' engines held them, in pools as small)
     print(f"rank {rank}: FLOW {'OK' if ok else 'FAILED'} peak {peak}", flush=True)
@@ -348,8 +348,11 @@ def mode_rooted(p: int, rank: int) -> None:
 def mode_garbage(p: int, rank: int) -> None:
     svc = tr.default_service()
     if rank == p - 1:
-        comm = svc.transport.comm  # a test reaching in on purpose: a forged peer
-        comm.Send([np.frombuffer(b"\x00garbage" * 12, dtype=np.uint8).copy(), 0], dest=0, tag=1)
+        from totalreduce.protocol import LANE_TAG
+
+        comm = svc.transport.comm  # a test reaching in on purpose: a forged peer, on the lane's tag
+        raw = np.frombuffer(b"\x00garbage" * 12, dtype=np.uint8).copy()
+        comm.Send([raw, 0], dest=0, tag=LANE_TAG)
     verdict = "skip"
     if rank == 0:
         deadline = time.monotonic() + 10
@@ -448,8 +451,7 @@ def main() -> None:
     alone = len(sys.argv[1].split(",")) == 1
 
     def engine(mode: str) -> None:
-        # "random" sends every reduction to the reduce thread; the other modes reduce inline
-        options = {"inline_compute_bytes": 0 if mode == "random" else SEGMENT}
+        options: dict[str, int] = {}
         if mode == "flow" and not alone:  # alone, it takes the pool from the environment
             options["floating_pool_bytes"] = FLOW_POOL_BYTES
         tr.init(segment_bytes=SEGMENT, micro_bytes=1024, stall_warning_s=5, **options)

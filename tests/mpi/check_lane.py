@@ -6,14 +6,14 @@ launch, each on an engine of its own; the lines they print are tagged ``[mode]``
 Modes:
 - ``exact``: every element type and reduce op, every allreduce algorithm the lane
   runs, sizes from 0 to the lane's limit, in place and not; the lane ran them all;
-  results equal numpy's (bitwise for floats, as the main loop's kernels give).
+  results equal numpy's (bitwise for floats).
 - ``flood``: 10,000 small ops in flight at once, each rank in its own random order
   with random priorities; exact results; the lane's pool stays within its slots.
 - ``credit``: a pool of 16 slots and ranks submitting 300 ops in opposite orders,
   rank 0 all at once, the others blocking one by one: frames beyond the credit go as
   announcements and wait for READY; exact results, no deadlock.
-- ``mismatch``: ranks disagree on an op's count inside the lane, and across the lane
-  and the main loop (one rank's type is one the lane does not run), and on its dtype:
+- ``mismatch``: ranks disagree on an op's count, on its count and dtype both, and on its
+  dtype alone:
   every rank raises ``OpMismatchError`` naming the op, and the next op works.
 - ``express``: repeats of a name enter the lane from the submitting thread (the express
   path): exact with every ``out`` form, 600 in flight in random orders and priorities, and
@@ -35,7 +35,7 @@ Modes:
 - ``crowd``: 60 large ops in flight in random orders with the lane's body request table
   starting at 16: the bodies beyond it wait while it grows; exact, nothing left waiting.
 - ``kinds``: reduce-scatters and all-gathers (uneven parts) of the lane's types, sums,
-  max and avg, up to the lane's eager limit and one size above it (the main loop), in
+  max and avg, up to the lane's eager limit and one size above it (large segments), in
   per-rank random orders and priorities: exact, and the lane ran every small one (an
   all-gather's exchange of part sizes too; an all-gather given ``counts=`` is one op).  A
   reduce-scatter whose size one rank changes raises ``OpMismatchError`` naming it on every

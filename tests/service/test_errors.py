@@ -11,7 +11,6 @@ import pytest
 
 import totalreduce as tr
 from conftest import local_services, run_ranks
-from totalreduce.engine import wire
 from totalreduce.service.config import Config
 from totalreduce.service.service import Service
 from totalreduce.transport.local import LocalWorld
@@ -118,10 +117,16 @@ def test_p1_works() -> None:
 def test_malformed_frame_is_an_error_not_a_crash() -> None:
     world = LocalWorld(2)
     svc = Service(world.transport(0), Config.load(env={}))
-    rogue = world.transport(1)
+    from totalreduce.protocol import LANE_TAG
+    from totalreduce.transport import mpi_native
+
+    b = world.native().binding(1)  # rank 1's raw sends on the lane's tag
+    req = mpi_native.request_array(b, 1)
     try:
         garbage = np.frombuffer(b"\x00garbage" * 12, dtype=np.uint8).copy()
-        rogue.isend(garbage, 0, wire.CONTROL_TAG)
+        rc = mpi_native.mpi_isend(b, garbage.ctypes.data, garbage.nbytes, 0, LANE_TAG,
+                                  req.ctypes.data)  # fmt: skip
+        assert rc == 0
         deadline = time.monotonic() + 5
         while 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
             time.sleep(0.01)

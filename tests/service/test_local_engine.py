@@ -66,11 +66,7 @@ def test_random_orders_priorities_delays(p: int) -> None:
                 time.sleep(rng.random() * 0.002)
         return {k: h.wait(timeout=60) for k, h in handles.items()}
 
-    # odd P: every reduction on the reduce thread; even P: small ones on the comm thread
-    inline = 0 if p % 2 else SEGMENT
-    with local_services(
-        p, segment_bytes=SEGMENT, micro_bytes=512, jitter=0.2, seed=p, inline_compute_bytes=inline
-    ) as svcs:
+    with local_services(p, segment_bytes=SEGMENT, micro_bytes=512, jitter=0.2, seed=p) as svcs:
         results = run_ranks(svcs, rank_main)
     for k, (name, count, dtype, op) in enumerate(table):
         want = expected(k, count, dtype, op, p)

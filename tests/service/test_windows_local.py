@@ -226,7 +226,7 @@ def test_shutdown_frees_windows_and_leaves_no_op_in_flight(caplog) -> None:
             time.sleep(0.01)
         assert not any(s.loop.busy for s in svcs)
         run_ranks(svcs, lambda s: s.shutdown(timeout=20), timeout=60)  # as processes do
-        assert not any(s.loop.table for s in svcs)
+        assert not any(s.loop.lane.by_key for s in svcs)
     assert "in flight" not in caplog.text
     assert "not freed" not in caplog.text
 

@@ -1,1 +1,1 @@
-"""The engine: wire frames, the payload table, floating messages, the compute list, the big loop."""
+"""The engine: the compiled lane (every op's data path) and the loop around it."""

@@ -2,10 +2,11 @@
 
 :class:`DriveHooks` is a base of :class:`~.loop.CommLoop`.  The comm thread runs
 :meth:`~DriveHooks.run` while nobody waits: the lane's compiled passes without the
-interpreter lock while only lane ops are in flight, the main loop's passes otherwise,
-backing off when idle.  A thread blocked in ``wait()`` drives progress itself
-(:meth:`~DriveHooks.progress`, as ``MPI_Wait`` progresses MPI): its op crosses no thread
-hand-off, and the comm thread steps aside while it waits (:class:`_Waiting`).  Asleep,
+interpreter lock while ops are in flight, a Python pass (submissions, the lane's events,
+the stall inspector) otherwise, backing off when idle.  A thread blocked in ``wait()``
+drives progress itself (:meth:`~DriveHooks.progress`, as ``MPI_Wait`` progresses MPI):
+its op crosses no thread hand-off, and the comm thread steps aside while it waits
+(:class:`_Waiting`).  Asleep,
 a thread sleeps in the transport when the transport can wake it (shared memory), else
 on the op's completion word.
 """
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import TotalReduceError
 from .completion import Waitable
-from .payload import OpKey, OpSpec, Payload
+from .payload import OpSpec
 
 if TYPE_CHECKING:
     from .lane import Lane
@@ -60,10 +61,8 @@ class DriveHooks:
     wake: threading.Event
     waiters: int
     submissions: deque[Any]
-    table: dict[OpKey, Payload]
     stats: Any  # LoopStats
     _owner: int
-    _passive: int
     _comm_ident: int
     _wanted: bool
     _asleep: bool
@@ -106,15 +105,14 @@ class DriveHooks:
                 self.wake.wait(cfg.backoff_max_s)
                 self.wake.clear()
                 continue
-            # Only lane ops in flight: compiled passes without the interpreter lock, until
-            # something needs Python; the main loop's pass below otherwise.
+            # Ops in flight: compiled passes without the interpreter lock, until something
+            # needs Python; a Python pass below otherwise.
             # Spinning only within spin_s of the last progress (else one pass, no spin): a
             # peer that submits late must not cost a core while its op waits here.
             lane = self.lane
             if (
                 lane is not None
                 and lane.inflight
-                and not self.table
                 and not self.submissions
                 and self._lane_spin(max(cfg.spin_s - (time.perf_counter() - last), 0.0))
             ):
@@ -153,7 +151,7 @@ class DriveHooks:
                 self.wake.clear()
                 continue
             ceiling = cfg.backoff_max_s if self.busy else cfg.idle_backoff_max_s
-            if self._passive or (lane is not None and lane.passive):
+            if lane is not None and lane.passive:
                 ceiling = min(ceiling, STANDING_BACKOFF_S)
             delay = min(delay * 2, ceiling)
 
@@ -214,7 +212,6 @@ class DriveHooks:
         deadline = None if timeout is None else start + timeout
         last = start
         delay = 0.0
-        needed = False
         lane = self.lane
         if spec is not None:
             lop = None if lane is None else lane.by_key.get((spec.wire_id, spec.generation))
@@ -251,9 +248,6 @@ class DriveHooks:
                     last = now
                     delay = 0.0
                     continue
-                if spec is not None and not needed and now - start > cfg.need_after_s:
-                    needed = True
-                    self.submissions.append(("ask", spec.key))
                 if now - last < self._wait_spin:
                     # Frames are likely on their way: spin (as MPI_Wait does), letting
                     # other threads run; only a long silence turns into sleeping.
@@ -283,7 +277,7 @@ class _Waiting:
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self.loop.waiters -= 1
-        if self.loop.table or self.loop.submissions:
+        if self.loop.submissions:
             # Ops nobody waits for (and notes this waiter left) go on at once, on the
             # comm thread, not after its idle sleep.
             self.loop.wake.set()

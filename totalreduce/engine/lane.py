@@ -86,6 +86,7 @@ def _signed(v: int) -> int:
 
 #: A lane op's ``have`` until a rank answers a probe (a set is made then).
 _NOBODY: frozenset[int] = frozenset()
+_NO_BODY = np.zeros(0, dtype=np.uint8)
 
 
 class LaneOp:
@@ -299,6 +300,8 @@ class Lane(LanePlans, LaneGrowth):
         a += outcap
         mem[L.C_A_EVB] = a
         a += evcap * L.FRAME_SIZE
+        mem[L.C_CTLB] = a  # the control frames' bodies (CONTROL_BODY_BYTES, fixed)
+        a += L.CONTROL_BODY_BYTES
         mem[L.C_A_SLOTS] = -1  # (the pool's slots: C_POOL)
         self.mem = mem
         self.arena = np.zeros(a, dtype=np.uint8)
@@ -307,6 +310,7 @@ class Lane(LanePlans, LaneGrowth):
         self.ops: dict[int, LaneOp] = {}  # slot -> op
         self.by_key: dict[tuple[int, int], LaneOp] = {}
         self._fields = np.zeros(16, dtype=np.int64)
+        self._ctl_fields = np.zeros(15, dtype=np.int64)
         self._addrs = np.zeros(8, dtype=np.int64)  # [4:7]: core.lane_once's answers
         self._plain_addrs = np.zeros(8, dtype=np.int64)
         #: the addresses :meth:`now` last entered an op with that did not end (``adopt``)
@@ -578,6 +582,32 @@ class Lane(LanePlans, LaneGrowth):
             )
         )  # fmt: skip
 
+    def control(
+        self,
+        dest: int,
+        ftype: int,
+        shape: tuple[int, ...],
+        key: tuple[int, int],
+        aux: int,
+        step: int,
+        segment: int,
+        body: bytes,
+    ) -> bool:
+        """Write a control frame (ERROR to JOIN) for ``dest`` into the lane's outbox; the
+        next pass (or :meth:`flush`) sends it.  False when no send buffer is free now."""
+        if len(body) > L.MAX_CONTROL_BODY:
+            raise ValueError(f"a control frame's body of {len(body)} bytes")
+        dt, kind, algo, op, count, param, ctx = shape
+        f = self._ctl_fields
+        f[:] = (ftype, dt, kind, algo, op, 0, aux, step, segment, 0,
+                _signed(key[0]), _signed(key[1]), count, param, _signed(ctx))  # fmt: skip
+        raw = np.frombuffer(body, dtype=np.uint8) if body else _NO_BODY
+        return bool(core.control_frame(self.mem, self.arena, self.b, dest, f, raw, len(body)))
+
+    def flush(self) -> None:
+        """Send every outbox with frames now (the control frames Python wrote)."""
+        core.flush_all(self.mem, self.arena, self.b)
+
     def kick(self) -> None:
         """Bring the comm thread back from :meth:`drive` (any thread; no lock needed)."""
         self.mem[L.C_KICK] = 1
@@ -590,7 +620,7 @@ class Lane(LanePlans, LaneGrowth):
 
     def take_events(self) -> list[tuple[int, int, int, int, int, bytes]]:
         """Events queued by compiled code since the last call (type, slot, source, a, b,
-        frame header bytes)."""
+        frame header bytes; a control frame's, ``EV_CONTROL``, followed by its body)."""
         mem = self.mem
         n = int(mem[L.C_NEV])
         if n == 0:
@@ -598,9 +628,13 @@ class Lane(LanePlans, LaneGrowth):
         out = []
         q = int(mem[L.C_EVQ])
         evb = int(mem[L.C_A_EVB])
+        ctlb = int(mem[L.C_CTLB])
         for i in range(n):
             e = q + i * L.E_N
             raw = bytes(self.arena[evb + i * L.FRAME_SIZE : evb + (i + 1) * L.FRAME_SIZE])
+            if mem[e + L.E_TYPE] == L.EV_CONTROL:  # the frame, then its body
+                at = ctlb + int(mem[e + L.E_A])
+                raw += bytes(self.arena[at : at + int(mem[e + L.E_B])])
             out.append(
                 (
                     int(mem[e + L.E_TYPE]), int(mem[e + L.E_SLOT]), int(mem[e + L.E_SOURCE]),
@@ -608,6 +642,8 @@ class Lane(LanePlans, LaneGrowth):
                 )
             )  # fmt: skip
         mem[L.C_NEV] = 0
+        mem[L.C_NCTL] = 0
+        mem[L.C_CTLBLEN] = 0
         return out
 
     def take_done(self) -> list[tuple[LaneOp, bool]]:
@@ -652,16 +688,6 @@ class Lane(LanePlans, LaneGrowth):
     def key_state(self, key: tuple[int, int]) -> int:
         """The lane's hash value for ``key``: a slot (>= 0), or one of the ``H_*`` marks."""
         return int(core.hash_value(self.mem, self.mem[L.C_HASH], _signed(key[0]), key[1]))
-
-    def set_foreign(self, key: tuple[int, int], on: bool) -> None:
-        """Mark ``key`` as an op the main loop runs (or no longer runs)."""
-        wid = _signed(key[0])
-        if on:
-            core.hash_put(self.mem, self.mem[L.C_HASH], wid, key[1], L.H_FOREIGN)
-        else:
-            e = core.hash_find(self.mem, self.mem[L.C_HASH], wid, key[1])
-            if e >= 0 and self.mem[e + 2] == L.H_FOREIGN:
-                self.mem[e + 2] = L.H_TOMB
 
     def forget(self, key: tuple[int, int]) -> None:
         """Forget that ``key`` finished or failed here: its frames, should the key come

@@ -63,7 +63,7 @@ from .lane_progress import (
     remember_key,
 )
 from .lane_receive import _consume, _place
-from .lane_tables import (
+from .lane_tables import (  # noqa: F401 - control_frame: an entry point, named here
     _chain_need,
     _chain_next,
     _chain_set_next,
@@ -75,6 +75,7 @@ from .lane_tables import (
     _raise,
     _reap,
     _slot_addr,
+    control_frame,
     flush_all,
     hash_find,
     hash_put,
@@ -630,6 +631,8 @@ def _compile_entry_points() -> None:
         lane_drive.compile((mem, mem, arena, mem, i64, i64, i64, i64, i64))
         lane_once.compile((mem, mem, arena, mem, mem, mem, i64, i64, i64, i64, i64))
         lane_fail.compile((mem, mem, arena, i64))
+        control_frame.compile((mem, arena, mem, i64, mem, arena, i64))
+        flush_all.compile((mem, arena, mem))
         lane_drop_floating.compile((mem, i64, i64))
         lane_drop_peer.compile((mem, i64))
         hash_value.compile((mem, i64, i64, i64))

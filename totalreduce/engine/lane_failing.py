@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol as L
 from ..errors import FrameError, OpFailedError, OpMismatchError, OpTimeoutError, TotalReduceError
-from .payload import OpKey, OpSpec, Payload
+from .payload import OpKey, OpSpec, mismatch_text
 
 if TYPE_CHECKING:
     from .lane import Lane, LaneOp
@@ -38,7 +38,6 @@ class LaneFailHooks:
 
     lane: Lane | None
     rank: int
-    table: dict[OpKey, Payload]
     completed: OrderedDict[OpKey, tuple[Any, ...]]
 
     # provided by CommLoop
@@ -46,12 +45,11 @@ class LaneFailHooks:
     _tell_group: Callable[[OpKey, tuple[int, ...], int, BaseException], None]
     _who: Callable[[int], str]
     _lane_drain: Callable[[], None]
-    _fail: Callable[..., None]
     _unknown_op: Callable[[int, Any, OpKey], bool]
     _bad_peer: Callable[..., None]
     _control: Callable[..., None]
     _stall_verdict: Callable[..., OpTimeoutError | None]
-
+    _on_control_event: Callable[[int, bytes], None]
     # ------------------------------------------------------------------ one op, events
 
     def _lane_fail(
@@ -79,31 +77,15 @@ class LaneFailHooks:
         lane = self.lane
         assert lane is not None
         lop = lane.ops.get(slot) if slot >= 0 else None
-        if kind in (L.EV_MISMATCH, L.EV_UNEXPECTED, L.EV_SIZE) and lop is not None:
+        if kind == L.EV_CONTROL:
+            self._on_control_event(source, raw)
+        elif kind in (L.EV_MISMATCH, L.EV_UNEXPECTED, L.EV_SIZE) and lop is not None:
             f = _FRAME.unpack(raw)
             error: TotalReduceError = OpMismatchError(
                 self._lane_mismatch_text(kind, lop, f, source, a, b)
             )
             lop.error = error
             self._lane_tell(lop.spec, error, True, source)
-        elif kind == L.EV_FOREIGN:
-            f = _FRAME.unpack(raw)
-            key = (f[11], f[12])
-            p = self.table.get(key)
-            error = OpMismatchError(
-                f"op generation {key[1]}: ranks disagree about the op (its dtype, count, reduce "
-                f"op or algorithm): rank {source} runs it in the compiled lane, rank {self.rank} "
-                "in the main loop"
-            )
-            if p is not None:
-                error = OpMismatchError(
-                    f"{p.spec.describe()}: ranks disagree about the op (its dtype, count, reduce "
-                    f"op or algorithm): {self._who(source)} runs it in the compiled lane, "
-                    f"{self._who(self.rank)} in the main loop"
-                )
-                self._fail(p, error, tell_peers=True, also=source)
-            else:
-                self._error_frame(key, source, str(error), 1)
         elif kind == L.EV_LATE:
             f = _FRAME.unpack(raw)
             key = (f[11], f[12])
@@ -136,7 +118,7 @@ class LaneFailHooks:
                 self._bad_peer(source, err)
             else:
                 raise err
-        elif kind in (L.EV_KERNEL, L.EV_LOST) and lop is not None:
+        elif kind in (L.EV_KERNEL, L.EV_LOST, L.EV_FOREIGN) and lop is not None:
             error = OpFailedError(
                 f"{lop.spec.describe()}: the compiled lane could not run it on rank {self.rank} "
                 f"(event {kind}, {a}, {b}): a bug, please report it"
@@ -151,17 +133,9 @@ class LaneFailHooks:
     ) -> str:
         spec = lop.spec
         if kind == L.EV_MISMATCH:
-            from .payload import Payload
-
-            fake = Payload.__new__(Payload)
-            fake.spec = spec
-            fake.shape = (
-                int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
-                spec.count, spec.param, spec.context,
-            )  # fmt: skip
             full = (f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10],
                     f[11], f[12], f[13], f[14], f[15], f[16])  # fmt: skip
-            why = fake.mismatch(full, self._who(source), self._who(self.rank))
+            why = mismatch_text(spec, full, self._who(source), self._who(self.rank))
             if why is not None:
                 return why
         if kind == L.EV_SIZE:
@@ -211,7 +185,7 @@ class LaneFailHooks:
 
     def _lane_stalls(self, now: float, first: float, warn: float, shut: float) -> None:
         """The stall inspector's pass over lane ops (see ``CommLoop._check_stalls``)."""
-        from .wire import PROBE
+        from ..protocol import PROBE
 
         lane = self.lane
         if lane is None:

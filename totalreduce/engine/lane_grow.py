@@ -38,7 +38,7 @@ class LaneGrowth:
         """Compiled code is out of pool slots (``C_FULL``) or body requests (``C_BFULL``):
         double what ran out.  Both live in ``mem`` (and the pool in the arena too), which
         are replaced by larger copies between compiled calls."""
-        if self.mem[L.C_FULL]:
+        if self.mem[L.C_FULL] == 1:  # (2: the control events wait for Python, no slot)
             self._grow_pool()
         if self.mem[L.C_BFULL]:
             self._grow_requests()

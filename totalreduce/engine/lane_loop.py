@@ -1,8 +1,9 @@
-"""The main loop's side of the compiled lane: handing ops over, driving, waiting.
+"""The loop's side of the compiled lane: handing ops over, driving, waiting.
 
-:class:`LaneHooks` is a base of :class:`~.loop.CommLoop`.  It routes an op the lane can
-run (``Lane.plan_of``) into the lane (or, repeated, straight from the submitting thread:
-``lane_express``), drives the lane in every pass, on the comm thread and in ``wait()``,
+:class:`LaneHooks` is a base of :class:`~.loop.CommLoop`.  It enters every op into the
+lane (``Lane.plan_of``; one it cannot run fails on every rank of its group with the
+reason, ``Lane.why_not``), or, repeated, straight from the submitting thread
+(``lane_express``), drives the lane in every pass, on the comm thread and in ``wait()``,
 and finishes the ops the lane completed.  The lane's events turned into errors, and lane
 ops taken through everything that fails ops (errors from peers, peers gone, aborts,
 stalls, shutdown), are its sibling base :class:`~.lane_failing.LaneFailHooks`.
@@ -18,16 +19,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol as L
-from ..algorithms.codes import OpKind
-from ..errors import OpFailedError, OpMismatchError, TotalReduceError
+from ..errors import OpFailedError, TotalReduceError
 from .completion import Waitable
 from .failures import _error_from_peer
-from .payload import OpKey, OpSpec, Payload
+from .payload import OpKey, OpSpec
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .floating import FloatingList
     from .lane import Lane, LaneOp, LaneShape
 
 log = logging.getLogger("totalreduce.engine")
@@ -42,12 +41,11 @@ _get_ident = threading.get_ident
 
 
 class LaneHooks:
-    """Lane handling for the main loop (see the module docstring)."""
+    """Lane handling for the loop (see the module docstring)."""
 
     lane: Lane | None
     rank: int
-    table: dict[OpKey, Payload]
-    floating: FloatingList
+    _early_errors: OrderedDict[OpKey, tuple[str, int]]
     completed: OrderedDict[OpKey, tuple[Any, ...]]
     failed: OrderedDict[OpKey, str]
     submissions: deque[Any]
@@ -70,12 +68,12 @@ class LaneHooks:
     # provided by LaneFailHooks
     _lane_fail: Callable[..., None]
     _lane_event: Callable[[int, int, int, int, int, bytes], None]
-    # provided by CommLoop and its other bases (the main loop's state this side reads)
+    # provided by CommLoop and its other bases
     _held: dict[OpKey, list[OpSpec]]
     _left: set[int]
-    _dirty: set[int]
-    _reqs: list[Any]
-    compute: Any  # engine.compute.ComputeList
+    _ctl_backlog: list[tuple[Any, ...]]
+    _ctl_dirty: bool
+    _ctl_flush: Callable[[], None]
     _asleep: bool
     _last_stall_check: float
     _stall_every: float
@@ -84,15 +82,14 @@ class LaneHooks:
     _fail_all: Callable[[BaseException], None]
     _fail_unsubmitted: Callable[[OpSpec, TotalReduceError], None]
     _chain_error: Callable[[OpSpec, str], OpFailedError]
-    _drop_floating: Callable[[Any], None]
     _nudge: Callable[[], None]
     _sleep: Callable[..., None]
     run_once: Callable[[], bool]
 
     # ------------------------------------------------------------------ routing
 
-    def _lane_activate(self, spec: OpSpec) -> bool:
-        """Hand ``spec`` to the lane if it runs it (True), else mark it the main loop's."""
+    def _lane_activate(self, spec: OpSpec) -> None:
+        """Enter ``spec`` into the lane; one it cannot run fails here and on its group."""
         lane = self.lane
         assert lane is not None
         key = spec.key
@@ -100,31 +97,28 @@ class LaneHooks:
         if why is not None:  # no engine runs it: it fails here and on its group
             lane.drop_floating(key)
             self._lane_refuse(spec, OpFailedError(f"{spec.describe()} on rank {self.rank}: {why}"))
-            return True
+            return
         plan = lane.plan_of(spec)
-        if plan < 0:
-            if lane.has_floating(key):
-                lane.drop_floating(key)
-                self._cross_mismatch(spec, "this rank runs it in the main loop")
-                return True
-            lane.set_foreign(key, True)
-            return False
-        if key in self.floating._frames:  # a peer's main loop runs it: a disagreement
-            for ff in self.floating.take(key):
-                self._drop_floating(ff)
-            self._cross_mismatch(spec, "this rank runs it in the compiled lane")
-            return True
-        err = self.floating.take_error(key)
+        if plan < 0:  # the same on every rank of the op: each refuses it, and tells the rest
+            lane.drop_floating(key)
+            self._lane_refuse(
+                spec,
+                OpFailedError(
+                    f"{spec.describe()} on rank {self.rank}: it cannot run: {lane.why_not(spec)}"
+                ),
+            )
+            return
+        err = self._early_errors.pop(key, None)
         if err is not None:
             lane.drop_floating(key)
             error = _error_from_peer(self._named(err[0], key, spec.name), err[1])
             self._lane_refuse(spec, error)
-            return True
-        if key in self.table or key in lane.by_key:
+            return
+        if key in lane.by_key:
             self._finish_spec(
                 spec, OpFailedError(f"{spec.describe()} submitted twice on rank {self.rank}")
             )
-            return True
+            return
         lop = lane.submit(spec, plan, spec.schedule.work_count)
         if lop is None:
             self._lane_refuse(
@@ -134,7 +128,7 @@ class LaneHooks:
                     "the most the compiled lane holds; wait for some before submitting more"
                 ),
             )
-            return True
+            return
         if self.trace is not None:
             self.trace.op(spec.name, spec.generation, "submitted", spec.priority)
         left = self._left
@@ -150,7 +144,6 @@ class LaneHooks:
                     tell_peers=True,
                 )
         self._lane_drain()
-        return True
 
     def lane_express(self, spec: OpSpec, holder: Any) -> LaneOp | None:
         """Enter a repeat of an op the lane runs (an allreduce, a reduce-scatter or a
@@ -174,18 +167,12 @@ class LaneHooks:
             return None
         self._owner = _get_ident()
         try:
-            floating = self.floating
+            early = self._early_errors
             if (
                 self.fatal is not None
                 or self.bad_peers  # again, under the lock: a peer may have left meanwhile
                 or (  # the key met before (most often nothing is there to look in)
-                    (floating._frames or floating._errors or self.table or lane.by_key)
-                    and (
-                        (key := spec.key) in floating._frames
-                        or key in floating._errors
-                        or key in self.table
-                        or key in lane.by_key
-                    )
+                    (early or lane.by_key) and ((key := spec.key) in early or key in lane.by_key)
                 )
             ):
                 return None
@@ -238,10 +225,7 @@ class LaneHooks:
             or self.submissions
             or self.bad_peers
             or self._held
-            or self.table
-            or self._dirty
-            or self._reqs
-            or self.compute.done
+            or self._ctl_backlog
             or lane.mem[L.C_FULL]
             or shape.epoch != lane.plans_epoch  # its plan moved: lane_express makes it anew
             or not self._express_lock(lane)
@@ -249,20 +233,15 @@ class LaneHooks:
             return None
         self._owner = _get_ident()
         try:
-            floating = self.floating
+            early = self._early_errors
             if (
                 self.fatal is not None
                 or self.bad_peers
                 or self.submissions
-                or self.table
                 or time.monotonic() - self._last_stall_check > self._stall_every
                 or (
-                    (floating._frames or floating._errors or lane.by_key)
-                    and (
-                        (key := (wid, gen)) in floating._frames
-                        or key in floating._errors
-                        or key in lane.by_key
-                    )
+                    (early or lane.by_key)
+                    and ((key := (wid, gen)) in early or key in lane.by_key)
                 )
             ):
                 return None
@@ -330,15 +309,6 @@ class LaneHooks:
             self.fatal = exc
             self._fail_all(TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}"))
 
-    def _cross_mismatch(self, spec: OpSpec, mine: str) -> None:
-        self._lane_refuse(
-            spec,
-            OpMismatchError(
-                f"{spec.describe()}: ranks disagree about the op (its dtype, count, reduce op or "
-                f"algorithm): a peer's frames for it came by the other path, {mine}"
-            ),
-        )
-
     def _lane_refuse(self, spec: OpSpec, error: TotalReduceError) -> None:
         """Fail an op the lane never entered, telling its group."""
         self._fail_unsubmitted(spec, error)
@@ -366,6 +336,8 @@ class LaneHooks:
         if mem[L.C_NEV]:
             for ev in lane.take_events():
                 self._lane_event(*ev)
+        if self._ctl_dirty:  # what the control frames' handlers answered
+            self._ctl_flush()
         if not mem[L.C_NDONE]:
             return
         for lop, ok in lane.take_done():
@@ -426,13 +398,10 @@ class LaneHooks:
             return False
         self._owner = _get_ident()
         try:
-            # _main_has_work, less the main loop's tag: wait_own's compiled call looks at it
+            # _main_has_work: wait_own's compiled call returns for the lane's events
             if (
                 self.submissions
-                or self.table
-                or self._dirty
-                or self._reqs
-                or self.compute.done
+                or self._ctl_backlog
                 or time.monotonic() - self._last_stall_check > self._stall_every
             ):
                 return False
@@ -492,11 +461,6 @@ class LaneHooks:
                         last = time.perf_counter()
                         delay = 0.0
                     self._lane_settle()
-                    if ended and lop.spec.kind is OpKind.BARRIER and self.table:
-                        # What the peers' ops sent here before they entered the barrier has
-                        # arrived (a window's put): the main loop takes it before the
-                        # barrier returns, so that a read after the barrier sees it.
-                        self.run_once()
                 except Exception as exc:
                     self._stopped_by(exc)
                 finally:
@@ -554,13 +518,8 @@ class LaneHooks:
             self.lock.release()
 
     def _main_has_work(self) -> bool:
-        lane = self.lane
         return bool(
             self.submissions
-            or self.table
-            or self._dirty
-            or self._reqs
-            or self.compute.done
-            or (lane is not None and lane.mem[L.C_CTL_WAITING] > 0)
+            or self._ctl_backlog
             or time.monotonic() - self._last_stall_check > self._stall_every
         )

@@ -208,6 +208,8 @@ class LanePlans:
         self.segment_bytes = segment_bytes
         #: First tag of the large segments' bodies; -1: this lane runs no large op.
         self.body_tag = body_tag
+        #: The transport's largest tag (``why_not``'s words when ``body_tag`` is -1).
+        self.tag_ub = 0
         #: What plans and groups may be charged (``_Kept.charge``) before a compaction.
         self.plan_bytes = plan_bytes
         self.prog = np.zeros(PROG_WORDS, dtype=np.int64)
@@ -241,6 +243,30 @@ class LanePlans:
         if spec.op.bitwise and dt in _FLOAT_TYPES:
             return f"a bitwise reduce op needs an integer dtype, got {dt.name}"
         return None
+
+    def why_not(self, spec: OpSpec) -> str:
+        """Why :meth:`plan_of` gives ``spec`` no plan (it returned -1): the same on every
+        rank of the op, which all refuse it with these words."""
+        kind, algo = spec.kind, spec.algorithm
+        if kind is OpKind.ALLREDUCE:
+            known: frozenset[AlgorithmCode] = LANE_ALGORITHMS
+        else:
+            known = DIRECT_KINDS.get(kind) or LANE_KINDS.get(kind) or frozenset()
+        if algo not in known:
+            have = ", ".join(sorted(a.name.lower() for a in known)) or "none"
+            return (
+                f"the compiled lane has no {getattr(algo, 'name', algo)!s} algorithm for "
+                f"{kind.name.lower()} (it runs: {have})"
+            )
+        if self.body_tag < 0:
+            top = L.BODY_TAG_BASE + L.LANE_BODY_SPAN - 1
+            return (
+                f"its bodies need MPI tags {L.BODY_TAG_BASE}..{top} "
+                f"and this MPI's MPI_TAG_UB is {self.tag_ub}: only ops whose every segment "
+                f"fits micro_bytes ({self.micro}) run there (a smaller op, or a larger "
+                "micro_bytes, does)"
+            )
+        return f"the compiled lane does not run it ({spec.dtype.name}, {spec.op.name})"
 
     def plan_of(self, spec: OpSpec) -> int:
         """The offset of the op's compiled plan in ``prog``, or -1 if the lane does not

@@ -4,8 +4,9 @@
 
 A frame of an op active here is applied (or staged until its turn, :func:`_place`); a
 frame of an op not submitted here yet floats in a pool slot within its sender's credit
-(:func:`_float`); control frames (announcements, answers, abandons) go to
-:mod:`.lane_bodies`.  :func:`_consume` walks the landing buffer, and
+(:func:`_float`); frames of the rendezvous (announcements, answers, abandons) go to
+:mod:`.lane_bodies`; the control frames (ERROR to JOIN) go up to Python as events
+(:func:`_on_control`), bounded by a fixed buffer.  :func:`_consume` walks the landing buffer, and
 :mod:`.lane_core`'s pass calls it.
 """
 
@@ -151,9 +152,43 @@ def _needed(mem, src, f):
 
 
 @njit(nogil=True, cache=True)
+def _on_control(mem, arena, src, f, avail, ftype, n):
+    """A control frame (ERROR to JOIN): handed up to Python as an event, its body (an
+    ERROR's text) copied beside the others of the pass.  The bytes it took; -1 after a
+    malformed-message event (a body it may not carry, a truncated one, more control
+    frames in one message than a sender may put there); -2 when the control events are
+    full: the rest of the message waits in the landing buffer until Python took them."""
+    if n < 0 or n > (MAX_CONTROL_BODY if ftype == ERROR else 0):
+        _event(mem, arena, EV_MALFORMED, -1, src, MF_CONTROL, n, f)
+        return -1
+    size = FRAME_SIZE + ((n + 7) & ~7)
+    if size > avail:
+        _event(mem, arena, EV_MALFORMED, -1, src, MF_TRUNCATED, avail, f)
+        return -1
+    if mem[C_LANDCTL] >= CONTROL_PER_MESSAGE:
+        _event(mem, arena, EV_MALFORMED, -1, src, MF_FLOOD, mem[C_LANDCTL] + 1, f)
+        return -1
+    used = mem[C_CTLBLEN]
+    if (
+        mem[C_NCTL] >= CONTROL_EVENTS
+        or used + size - FRAME_SIZE > CONTROL_BODY_BYTES
+        or 2 * (mem[C_NEV] + 1) >= mem[C_EVCAP]
+    ):
+        return -2
+    mem[C_LANDCTL] += 1
+    if n > 0:
+        memcpy(arena.ctypes.data + mem[C_CTLB] + used, f + FRAME_SIZE, n)
+    _event(mem, arena, EV_CONTROL, -1, src, used, n, f)
+    mem[C_CTLBLEN] = used + size - FRAME_SIZE
+    mem[C_NCTL] += 1
+    return size
+
+
+@njit(nogil=True, cache=True)
 def _on_frame(mem, prog, arena, b, src, f, avail):
     """One frame at address ``f`` (``avail`` bytes left in the message); the bytes it took,
-    0 when it must wait for a free slot, or -1 after a malformed-message event."""
+    0 when it must wait for a free slot, -2 for room among the control events, or -1
+    after a malformed-message event."""
     ftype = ld_u8(f + FH_TYPE)
     flags = ld_u8(f + FH_FLAGS)
     n = ld_i64(f + FH_NBYTES)
@@ -163,6 +198,8 @@ def _on_frame(mem, prog, arena, b, src, f, avail):
             _event(mem, arena, EV_MALFORMED, -1, src, MF_BODY, n, f)
             return -1
         size = FRAME_SIZE + ((n + 7) & ~7)
+    elif ftype >= ERROR and ftype <= JOIN:
+        return _on_control(mem, arena, src, f, avail, ftype, n)
     elif ftype != RTS and ftype != READY and ftype != CTS and ftype != ASK and ftype != NEED:
         _event(mem, arena, EV_MALFORMED, -1, src, MF_TYPE, ftype, f)
         return -1
@@ -283,6 +320,7 @@ def _consume(mem, prog, arena, b):
             return True
         mem[pw + P_CREDIT] += credit
         mem[C_LANDPOS] = MSG_SIZE
+        mem[C_LANDCTL] = 0
         # frames left to read go in the upper bits of the position's twin
         mem[C_LANDLEN] = length | (np.int64(ld_u16(land + MH_NFRAMES)) << 40)
     while True:
@@ -306,8 +344,8 @@ def _consume(mem, prog, arena, b):
             mem[C_FULL] = 0
             return True
         took = _on_frame(mem, prog, arena, b, src, land + pos, length - pos)
-        if took == 0:
-            mem[C_FULL] = 1
+        if took == 0 or took == -2:
+            mem[C_FULL] = 1 if took == 0 else 2
             return False
         if took < 0:
             mem[mem[C_PEERS] + src * P_N + P_BAD] = 1  # the rest of what it sends is dropped

@@ -98,12 +98,8 @@ class ServiceRepeats:
             or loop.bad_peers
             or loop.trace is not None
             or loop._held
-            or loop.table
-            or loop._dirty
-            or loop._reqs
-            or loop.compute.done
+            or loop._ctl_backlog
             or lane.mem[L.C_FULL]
-            or lane.mem[L.C_CTL_WAITING]  # the main loop's message: its Python first
             or lane.mem[L.C_NEV]
             or lane.mem[L.C_NDONE]
             or lane.by_key
@@ -111,15 +107,12 @@ class ServiceRepeats:
         ):
             return False
         loop._owner = threading.get_ident()
-        floating = loop.floating
         if (
             loop.fatal is not None
             or loop.bad_peers
             or loop.submissions
-            or loop.table
             or lane.by_key
-            or floating._frames
-            or floating._errors
+            or loop._early_errors
             or lane.full
             or lane.plans_epoch != self.plans_epoch  # plans moved since the fields were made
             or time.monotonic() - loop._last_stall_check > loop._stall_every

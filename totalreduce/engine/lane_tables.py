@@ -401,6 +401,7 @@ def _flush_peer(mem, arena, b, peer):
     mem[pw + P_OWED] = 0
     mem[pw + P_OUTLEN] = 0
     mem[pw + P_NFRAMES] = 0
+    mem[pw + P_OUTCTL] = 0
     rc = mpi_isend(b, dst, n, peer, mem[C_TAG], abase + mem[C_A_REQ] + sb * 8)
     if rc < 0:
         mem[mem[C_SBSTATE] + sb] = 0
@@ -447,6 +448,46 @@ def flush_all(mem, arena, b):
         pw = mem[C_PEERS] + peer * P_N
         if mem[pw + P_OUTLEN] > 0 or mem[pw + P_OWED] >= thr:
             _flush_peer(mem, arena, b, peer)
+
+
+@njit(nogil=True, cache=True)
+def control_frame(mem, arena, b, peer, fields, body, n):
+    """Write a control frame (Python's: ERROR to JOIN) into ``peer``'s outbox, its 15
+    header ``fields`` (type, dtype, kind, algorithm, reduce op, flags, aux, step, segment,
+    priority, wire id, generation, element count, param, context) and ``n`` bytes of
+    ``body``; the next pass sends it with whatever else goes to that peer.  A message
+    carries at most ``CONTROL_PER_MESSAGE`` of them (the receiver's bound): one more
+    starts a new message.  False when no send buffer is free (Python tries again)."""
+    pw = mem[C_PEERS] + peer * P_N
+    if mem[pw + P_OUTCTL] >= CONTROL_PER_MESSAGE and not _flush_peer(mem, arena, b, peer):
+        return False
+    size = FRAME_SIZE + ((n + 7) & ~7)
+    a = _room(mem, arena, b, peer, size)
+    if a == 0:
+        return False
+    mem[pw + P_OUTCTL] += 1
+    st_u8(a + FH_TYPE, np.uint8(fields[0]))
+    st_u8(a + FH_DTYPE, np.uint8(fields[1]))
+    st_u8(a + FH_KIND, np.uint8(fields[2]))
+    st_u8(a + FH_ALGO, np.uint8(fields[3]))
+    st_u8(a + FH_ROP, np.uint8(fields[4]))
+    st_u8(a + FH_FLAGS, np.uint8(fields[5]))
+    st_u16(a + FH_FLAGS + 1, np.uint16(0))
+    st_u32(a + FH_AUX, np.uint32(fields[6] & 0xFFFFFFFF))
+    st_u32(a + FH_STEP, np.uint32(fields[7] & 0xFFFFFFFF))
+    st_u32(a + FH_SEGMENT, np.uint32(fields[8] & 0xFFFFFFFF))
+    st_u32(a + FH_PRIO, np.uint32(fields[9] & 0xFFFFFFFF))
+    st_i64(a + FH_WID, fields[10])
+    st_i64(a + FH_GEN, fields[11])
+    st_i64(a + FH_NBYTES, n)
+    st_i64(a + FH_COUNT, fields[12])
+    st_i64(a + FH_PARAM, fields[13])
+    st_i64(a + FH_CONTEXT, fields[14])
+    if n > 0:
+        memcpy(a + FRAME_SIZE, body.ctypes.data, n)
+        for k in range(n, (n + 7) & ~7):
+            st_u8(a + FRAME_SIZE + k, np.uint8(0))
+    return True
 
 
 # ------------------------------------------------------------------ the ready heap

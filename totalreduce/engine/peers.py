@@ -1,4 +1,4 @@
-"""The main loop's peers: ranks that fail, leave, die and come back.
+"""Peers: ranks that fail, leave, die and come back.
 
 :class:`PeerHooks` is a base of :class:`~.loop.CommLoop`.  A peer that speaks
 garbage or whose link fails is a bad peer (``_bad_peer``): every op with it fails,
@@ -24,13 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OpFailedError, TotalReduceError, TransportError
+from ..protocol import BYE, F_AUX, F_GEN, F_STEP, F_WID, GONE, JOIN
 from ..transport.base import Transport
-from . import wire
-from .floating import FloatingList
-from .link import Link
-from .payload import OpKey, Payload
-from .sending import _NO_SHAPE, _RECV
-from .wire import BYE, F_AUX, F_GEN, F_STEP, F_WID, GONE, JOIN
+from .payload import NO_SHAPE
 
 if TYPE_CHECKING:
     from .lane import Lane
@@ -39,7 +35,7 @@ log = logging.getLogger("totalreduce.engine")
 
 
 class PeerHooks:
-    """The main loop's peers (see the module docstring)."""
+    """Peers (see the module docstring)."""
 
     rank: int
     size: int
@@ -47,8 +43,6 @@ class PeerHooks:
     t: Transport
     lane: Lane | None
     lock: threading.Lock
-    table: dict[OpKey, Payload]
-    floating: FloatingList
     submissions: deque[Any]
     bad_peers: dict[int, TotalReduceError]
     _left: set[int]
@@ -57,21 +51,14 @@ class PeerHooks:
     #: (:meth:`tell_services`).
     on_client_notice: Callable[[str, int, int, int], None] | None
     _unreachable: set[int]
-    _reqs: list[Any]
-    _owners: list[tuple[int, Any]]
-    _links: list[Link]
-    _dirty: set[int]
 
     # provided by CommLoop and its other bases
     _ring: Callable[[], None]
-    _fail: Callable[..., None]
     _control: Callable[..., None]
-    _flush: Callable[[], None]
-    _poll_requests: Callable[[], bool]
-    _drop_floating: Callable[[Any], None]
-    _lane_pump: Callable[[], bool]
     _lane_fail_with: Callable[..., None]
     _lane_fail_all: Callable[[BaseException], None]
+    _lane_pump: Callable[[], bool]
+    _ctl_flush: Callable[[], None]
 
     # ------------------------------------------------------------------ peers that fail
 
@@ -81,7 +68,7 @@ class PeerHooks:
 
     def _check_peers(self) -> None:
         """Fail every op of a peer whose process is gone (where the transport can tell)."""
-        peers = {w for p in self.table.values() for w in p.spec.group}
+        peers: set[int] = set()
         if self.lane is not None:
             peers.update(w for lop in self.lane.ops.values() for w in lop.spec.group)
         peers.discard(self.rank)
@@ -99,7 +86,7 @@ class PeerHooks:
         """A peer spoke garbage or failed: fail every op it is part of, now and later.
 
         Its ops' errors still go to it when it can be reached (it may be able to stop its
-        own ops); its bodies will not come, so receives posted for it are cancelled.
+        own ops).
         """
         if peer in self.bad_peers and peer not in self._left:
             return
@@ -107,18 +94,9 @@ class PeerHooks:
             self._unreachable.add(peer)
         if self.lane is not None:  # its messages are dropped, what it left here freed
             self.lane.drop_peer(peer)
-        for p in [p for p in self.table.values() if peer in p.group_rank]:
-            self._fail(p, type(err)(f"{p.spec.describe()}: {err}"), tell_peers=True)
         self._lane_fail_with(peer, lambda s: type(err)(f"{s.describe()}: {err}"))
         self.bad_peers[peer] = err
         log.error("%s", err)
-        self._cancel_from(peer)
-
-    def _cancel_from(self, peer: int) -> None:
-        """Cancel receives posted for bodies from ``peer``; they complete empty (given up)."""
-        for what, obj in self._owners:
-            if what == _RECV and obj[0].source == peer:
-                self.t.cancel(obj[0].req)
 
     # ------------------------------------------------------------------ peers leaving, rejoining
 
@@ -127,8 +105,8 @@ class PeerHooks:
         with self.lock:
             for peer in range(self.world):
                 if peer != self.rank and peer not in self.bad_peers:
-                    self._control(peer, BYE, _NO_SHAPE, (0, 0))
-            self._flush()
+                    self._control(peer, BYE, NO_SHAPE, (0, 0))
+            self._ctl_flush()
 
     def tell_services(self, what: str, client: int, session: int = 0, agreed: int = 0) -> None:
         """A node's service (any thread): tell every other service that its client rank
@@ -142,16 +120,16 @@ class PeerHooks:
         self.submissions.append(("notice", ftype, int(client), key, step))
         self._ring()
 
-    def _on_bye(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+    def _on_bye(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
         """Rank ``source`` shuts down."""
         self._peer_left(source)
 
-    def _on_gone(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+    def _on_gone(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
         """Another node's service says its client rank ``f[F_AUX]``'s process died."""
         if self.on_client_notice is not None:
             self.on_client_notice("died", int(f[F_AUX]), int(f[F_GEN]), _signed(f[F_WID]))
 
-    def _on_join(self, source: int, f: wire.Frame, buf: np.ndarray, off: int) -> None:
+    def _on_join(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
         """Another node's service says a new process has its client rank ``f[F_AUX]``
         (step 1: that its session ended)."""
         if self.on_client_notice is not None:
@@ -163,17 +141,17 @@ class PeerHooks:
         in order), so the ops that still need it fail; those with only local work left
         finish."""
         why = f"rank {peer} stopped (its service shut down: the program ended or failed)"
-        if self._reqs:  # sends it received may not be marked done here yet
-            self._poll_requests()
         self.bad_peers[peer] = OpFailedError(f"rank {self.rank}: {why}; ops with it fail")
         self._left.add(peer)
-        if self.lane is not None:
-            self._lane_pump()  # what it sent before its goodbye has arrived: take it first
-        hit = [p for p in self.table.values() if peer in p.group_rank and p.needs(peer)]
-        if not hit:
+        # Its frames before the goodbye came before it, in the same lane's messages; its
+        # bodies travel on tags of their own: one pass tests those still arriving.
+        lane = self.lane
+        if lane is not None:
+            self._lane_pump()
+        if lane is None or not any(
+            peer in lop.spec.group and lane.needs(lop, peer) for lop in lane.ops.values()
+        ):
             log.info("rank %d: %s", self.rank, why)
-        for p in hit:
-            self._fail(p, self._left_error(p, peer), tell_peers=True)
         self._lane_fail_with(
             peer,
             lambda s: OpFailedError(
@@ -182,20 +160,13 @@ class PeerHooks:
             ),
             only_needed=True,
         )
-        self._cancel_from(peer)
-
-    def _left_error(self, p: Payload, peer: int) -> OpFailedError:
-        return OpFailedError(
-            f"rank {self.rank}: {p.spec.describe()}: rank {peer} stopped (its service "
-            "shut down: the program ended or failed) before it completed"
-        )
 
     def _announce(
         self, ftype: int, client: int, key: tuple[int, int] = (0, 0), step: int = 0
     ) -> None:
         for peer in range(self.world):
             if peer != self.rank and peer not in self._unreachable:
-                self._control(peer, ftype, _NO_SHAPE, key, aux=client, step=step)
+                self._control(peer, ftype, NO_SHAPE, key, aux=client, step=step)
 
 
 def _signed(word: int) -> int:

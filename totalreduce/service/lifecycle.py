@@ -1,8 +1,8 @@
-"""Thread lifecycle: start a service's comm and reduce threads, and shut them down.
+"""Thread lifecycle: start a service's comm thread, and shut it down.
 
-The comm thread runs the engine's :class:`~totalreduce.engine.loop.CommLoop`
-(threads blocked in ``wait()`` run it too); the reduce thread runs the
-:class:`~totalreduce.service.reducer.Reducer` over the loop's computation list.
+The comm thread runs the engine's :class:`~totalreduce.engine.loop.CommLoop` and its
+compiled lane (threads blocked in ``wait()`` run them too; the lane does its own
+arithmetic, so there is no reduce thread).
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ class Lifecycle(OpSubmitter):
         self._join_session(int(getattr(transport, "epoch", 0)))
 
     def _start_engine(self) -> CommLoop:
-        """Start the engine: the loop, the compiled lane where MPI is, the reducer, and the
-        comm and reduce threads (once; any thread)."""
+        """Start the engine: the loop, its compiled lane, and the comm thread (once; any
+        thread)."""
         with self._engine_lock:
             if self._loop is not None:
                 return self._loop
@@ -90,42 +90,40 @@ class Lifecycle(OpSubmitter):
                     f"rank {self.rank} is a daemon client: it runs no engine (its node's service "
                     f"at {getattr(self.transport, 'socket_path', '?')} runs its ops)"
                 )
-            from .reducer import Reducer, execute, run  # the Numba kernels: only now
-
             cfg, transport = self.config, self.transport
-            loop = CommLoop(transport, cfg, execute=execute, run=run)
-            bind = getattr(transport, "native_binding", None)  # MPI: compiled code calls it
-            if cfg.lane and bind is not None and loop.world == self.size:
-                from ..engine.lane import LANE_BODY_SPAN, Lane
-                from ..engine.wire import BODY_TAG_BASE, CONTROL_TAG
-
-                # The lane's body tags follow the main loop's, where MPI's tags reach that far.
-                body_tag = BODY_TAG_BASE + int(getattr(transport, "tag_span", 0))
-                if body_tag + LANE_BODY_SPAN > int(getattr(transport, "tag_ub", 0)):
-                    body_tag = -1  # large allreduces stay with the main loop
-                loop.attach_lane(
-                    Lane(
-                        bind(),
-                        self.rank,
-                        self.size,
-                        cfg.micro_bytes,
-                        ctl_tag=CONTROL_TAG,
-                        pool_bytes=cfg.floating_pool_bytes // 2,  # the main loop: the rest
-                        segment_bytes=cfg.segment_bytes,
-                        body_tag=body_tag,
-                        plan_bytes=cfg.lane_plan_bytes,
-                    )  # fmt: skip
+            loop = CommLoop(transport, cfg)
+            bind = getattr(transport, "native_binding", None)  # compiled code calls it
+            if bind is None:
+                raise TotalReduceError(
+                    f"the transport {getattr(transport, 'description', type(transport).__name__)}"
+                    " has no compiled binding: the compiled lane, which runs every op, cannot "
+                    "run over it"
                 )
-            self.reducer = Reducer(loop.compute, loop.notify)
-            loop.trace = self.reducer.trace = self._trace
+            from ..engine.lane import Lane
+            from ..protocol import BODY_TAG_BASE, LANE_BODY_SPAN
+
+            # The lane's bodies have tags of their own, from BODY_TAG_BASE, where MPI's
+            # tags reach that far (Lane.why_not names what cannot run without them).
+            body_tag = BODY_TAG_BASE
+            if body_tag + LANE_BODY_SPAN - 1 > int(getattr(transport, "tag_ub", 0)):
+                body_tag = -1
+            lane = Lane(
+                bind(),
+                self.rank,
+                self.size,
+                cfg.micro_bytes,
+                pool_bytes=cfg.floating_pool_bytes,
+                segment_bytes=cfg.segment_bytes,
+                body_tag=body_tag,
+                plan_bytes=cfg.lane_plan_bytes,
+            )
+            lane.tag_ub = int(getattr(transport, "tag_ub", 0))
+            loop.attach_lane(lane)
+            loop.trace = self._trace
             self._comm_thread = threading.Thread(
                 target=self._run_loop, name=f"totalreduce-comm-{self.rank}", daemon=True
             )
-            self._reduce_thread = threading.Thread(
-                target=self.reducer.run, name=f"totalreduce-reduce-{self.rank}", daemon=True
-            )
             self._loop = loop
-            self._reduce_thread.start()
             self._comm_thread.start()
             return loop
 
@@ -229,8 +227,6 @@ class Lifecycle(OpSubmitter):
         while (self.loop.sending or self.loop.sends_in_flight) and time.monotonic() < deadline:
             self.loop.poll()
             time.sleep(0.001)
-        self.loop.compute.close()
-        self._reduce_thread.join(timeout=10)
         if self.loop.trace is not None:
             self.loop.trace.close()
         self.transport.close()
@@ -267,7 +263,7 @@ class Lifecycle(OpSubmitter):
         lp = self._loop
         if lp is not None:
             with lp.lock:  # the comm thread reads the recorder only inside a pass
-                lp.trace = self.reducer.trace = trace
+                lp.trace = trace
 
     @property
     def closed(self) -> bool:

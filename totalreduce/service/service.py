@@ -1,11 +1,10 @@
 """The service: one rank's engine and client calls, composed from the service's modules.
 
 A :class:`Service` owns a transport, a :class:`~totalreduce.engine.loop.CommLoop`
-run by its communication thread, and a reducer run by its reduce thread
-(:mod:`.lifecycle`).  The client methods check arguments in the caller's thread
-(:mod:`.checks`), so invalid calls raise before anything is sent, give each op
-its name and generation (:mod:`.names`), compile its schedule and queue it
-(:mod:`.submit`); the comm thread does the rest.  The op families live in
+run by its communication thread (:mod:`.lifecycle`).  The client methods check
+arguments in the caller's thread (:mod:`.checks`), so invalid calls raise before
+anything is sent, give each op its name and generation (:mod:`.names`), compile its
+schedule and queue it (:mod:`.submit`); the comm thread does the rest.  The op families live in
 :mod:`.collectives` (allreduce, broadcast, barrier, pairwise exchange),
 :mod:`.partitions` (reduce-scatter, all-gather) and :mod:`.neighbors`
 (neighbor ops, with the weights of :mod:`.weights`) and :mod:`.rooted` (reduce,

@@ -13,8 +13,7 @@ The compiled lane does not call these Python methods: it calls the world's compi
 layer (:mod:`.local_native`, the same functions MPI's binding record names, written for
 threads) through :meth:`LocalTransport.native_binding`.  Its messages keep the same rules
 (matching, non-overtaking, a send completes when a receive takes it), and ``jitter`` holds
-its sends back too.  ``LocalWorld(..., compiled=False)`` gives no binding, and the engine
-runs every op in its interpreted loop.
+its sends back too.  Every world has that layer: the engine runs every op in the lane.
 """
 
 from __future__ import annotations
@@ -62,13 +61,11 @@ class LocalWorld:
 
     ``jitter`` (0..1) is the probability that a send is held back once before
     it becomes visible, which reorders messages across senders and tags but
-    never within one sender and tag.  ``compiled`` (default) gives each rank's transport a
-    binding to the world's compiled message layer, so the compiled lane runs over it.
+    never within one sender and tag.  Each rank's transport has a binding to the world's
+    compiled message layer, which the compiled lane runs over.
     """
 
-    def __init__(
-        self, size: int, *, jitter: float = 0.0, seed: int = 0, compiled: bool = True
-    ) -> None:
+    def __init__(self, size: int, *, jitter: float = 0.0, seed: int = 0) -> None:
         if size < 1:
             raise ValueError(f"a local world needs at least one rank, got {size}")
         self.size = size
@@ -78,7 +75,6 @@ class LocalWorld:
         self._jitter = jitter
         self._rng = random.Random(seed)
         self._seed = seed
-        self.compiled = compiled
         self._native: Any = None  # .local_native.NativeWorld, made by the first binding
 
     def native(self) -> Any:
@@ -190,9 +186,8 @@ class LocalTransport:
         self.size = world.size
         self.description = f"local ({world.size} ranks in one process)"
         self.tag_span = 1 << 20
-        if world.compiled:
-            self.tag_ub = (1 << 31) - 1  # the compiled layer takes any non-negative int tag
-            self.native_binding = self._native_binding
+        self.tag_ub = (1 << 31) - 1  # the compiled layer takes any non-negative int tag
+        self.native_binding = self._native_binding
 
     def _native_binding(self) -> np.ndarray:
         """The record compiled code calls this rank's end of the world through
