@@ -32,7 +32,9 @@ from totalreduce.daemon.thin import ThinService  # noqa: I001 (the node's side)
 from totalreduce.dtypes import DType, ReduceOp
 from totalreduce.errors import OpMismatchError
 from totalreduce.group import Group
+from totalreduce.protocol import AR_H_PASS_GROUP
 from totalreduce.service.thin import ThinClient, ThinHandle
+from totalreduce.transport import arena as A
 from totalreduce.transport.arena import Arena
 from totalreduce.transport.shm import new_eventfd
 
@@ -442,6 +444,58 @@ def test_a_rank_whose_group_differs_after_the_others_completed_fails_them_late()
             with pytest.raises(
                 OpMismatchError,
                 match=r"allreduce 'g' generation 0 completed here, but failed elsewhere: the ranks",
+            ):
+                cl.clients[r].raise_late()
+            cl.clients[r].raise_late()  # once
+
+
+@pytest.mark.parametrize(
+    ("nodes", "slots", "done", "other"),
+    [(1, 2, (1,), None), (1, 3, (0, 1), (0, 1, 2)), (2, 2, (0, 2), None)],
+    ids=["N1L2", "N1L3", "N2L2"],
+)
+def test_a_group_the_compiled_path_completed_fails_a_rank_with_another_group_late(
+    nodes: int, slots: int, done: tuple[int, ...], other: tuple[int, ...] | None
+) -> None:
+    """The same as above once the group's repeats are the compiled pass's (and, between
+    nodes, the loop's): Python never had the op that completed, yet the rank whose group
+    differs fails at once (not a stall) naming the op, both groups and the ranks, and the
+    ranks that completed it raise at their next call.  ``other``: the late rank's group
+    (None: the world)."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, nodes, slots)
+        g = Group(list(done))
+        counter = A.H_LOOP_ENTERED if nodes > 1 else AR_H_PASS_GROUP
+        header = cl.services[0].arena.header
+        gen = 0
+        for gen in range(8):  # the first occurrences are Python's, the repeats compiled
+            before = int(header[counter])
+            hs = [cl.submit(r, OpKind.ALLREDUCE, "g", data(r, gen, 3), group=g, gen=gen)
+                  for r in done]  # fmt: skip
+            for h in hs:
+                assert np.array_equal(h.wait(30), sum(data(r, gen, 3) for r in done))
+            if int(header[counter]) > before and gen >= 3:
+                break
+        assert int(header[counter]) > before, "the group's op never took the compiled path"
+        late_rank = next(r for r in range(slots) if r not in done)
+        grp = Group(list(other)) if other is not None else None
+        shown = list(other) if other is not None else list(range(cl.size))
+        lates = [late_rank] + ([late_rank + slots] if nodes > 1 else [])
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "g", data(r, gen, 3), group=grp, gen=gen)
+              for r in lates]  # fmt: skip
+        for h, r in zip(hs, lates, strict=True):
+            with pytest.raises(OpMismatchError) as info:
+                h.wait(30)
+            text = str(info.value)
+            assert f"'g' generation {gen}" in text, text
+            assert "disagree on the group" in text, text
+            assert f"group {list(done)}" in text and f"group {shown}" in text, text
+            assert f"rank {r}: group {shown}" in text, text
+        for r in done:
+            with pytest.raises(
+                OpMismatchError,
+                match=rf"allreduce 'g' generation {gen} completed here, but failed elsewhere: "
+                r"the ranks disagree on the group",
             ):
                 cl.clients[r].raise_late()
             cl.clients[r].raise_late()  # once

@@ -115,6 +115,14 @@ BUCKETS = 2048
 PYKEYS = 4096
 #: Descriptors the out-queue holds (and two per slot).
 QCAP = 256
+#: A group's ops the pass answered, remembered direct-mapped by (wire id, generation) (a
+#: power of two): a rank of the node that submits one of those names and generations later,
+#: over another group that has a member who took part, goes to Python, which fails it and
+#: posts the late errors of the ranks that completed it (:meth:`Table.done_of`).
+DONES = 1024
+#: a remembered op's words: wire id, generation, its group's context; then per slot the
+#: ticket of its descriptor (0: no member) and the slot's incarnation then
+DN_WIRE, DN_GEN, DN_CTX, DN_HEAD = 0, 1, 2, 3
 #: An allreduce or broadcast among the nodes of at least this many bytes, on a service
 #: of several clients, runs in :data:`SEGMENTS` segments (every service of a job must
 #: take the same: ``ThinService``'s ``pipe_min_bytes``, for tests): the node's part of segment
@@ -172,6 +180,7 @@ class Table:
             "tmp": (_DW,),
             "groups": (GROUPS, G_HEAD + 3 * slots + nodes * slots),
             "egrp": (CAP,),  # each entry's group row (0: the world)
+            "dones": (DONES, DN_HEAD + 2 * slots),  # a group's ops answered (DONES)
         }
         self.lay = lay = np.zeros((len(_TAB), 4), np.int64)
         at = 0
@@ -194,8 +203,38 @@ class Table:
         self.next[: CAP - 1] = np.arange(1, CAP)
         st[S_FREE] = 0
         self.pykeys[:] = -1  # generations are >= 0
+        self.dones[:, DN_GEN] = -1
         self.slots, self.node = slots, node
         self.put_group(0, tuple(range(nodes * slots)))  # row 0: the world
+
+    def done_of(
+        self, wire: int, gen: int
+    ) -> tuple[int, tuple[int, ...], dict[int, tuple[int, int]]] | None:
+        """A group's op of (wire id, generation) the pass answered, if it still remembers
+        it (:data:`DONES`): its group's context and ranks, and per member slot of the node
+        its descriptor's ticket and the slot's incarnation then."""
+        row = self.dones[_done_of(wire, gen)]
+        if row[DN_WIRE] != wire or row[DN_GEN] != gen:
+            return None
+        ctx, slots = int(row[DN_CTX]), self.slots
+        groups = self.groups
+        for g in range(1, GROUPS):
+            if groups[g, G_USED] and groups[g, G_CTX] == ctx:
+                at = G_HEAD + 2 * slots
+                ranks = tuple(int(r) for r in groups[g, at : at + groups[g, G_SIZE]])
+                break
+        else:
+            return None
+        took = {
+            k: (int(row[DN_HEAD + k]), int(row[DN_HEAD + slots + k]))
+            for k in range(slots)
+            if row[DN_HEAD + k] != 0
+        }
+        return ctx, ranks, took
+
+    def forget_dones(self) -> None:
+        """A new session: no op of the last one is remembered."""
+        self.dones[:, DN_GEN] = -1
 
     def put_group(self, ctx: int, ranks: tuple[int, ...]) -> int:
         """Give the group of context ``ctx`` (signed, 0: the world) and world ranks
@@ -236,7 +275,7 @@ class Table:
 #: The arrays of :class:`Table`, in the order of :attr:`Table.lay` (and of :func:`_tab`).
 _TAB = ("st", "heads", "incs", "lo", "cw", "keys", "seen", "order", "descs", "born", "bucket",
         "next", "pykeys", "outq", "outslot", "sig", "wake", "starts", "tmp", "groups",
-        "egrp")  # fmt: skip
+        "egrp", "dones")  # fmt: skip
 
 
 @njit(nogil=True, cache=True)
@@ -266,7 +305,7 @@ def _tab(buf, lay):  # type: ignore[no-untyped-def]
         _v3(buf, lay, 8), _v1(buf, lay, 9), _v1(buf, lay, 10), _v1(buf, lay, 11),
         _v2(buf, lay, 12), _v2(buf, lay, 13), _v1(buf, lay, 14), _v1(buf, lay, 15),
         _v1(buf, lay, 16), _v1(buf, lay, 17), _v1(buf, lay, 18), _v2(buf, lay, 19),
-        _v1(buf, lay, 20),
+        _v1(buf, lay, 20), _v2(buf, lay, 21),
     )  # fmt: skip
 
 
@@ -343,6 +382,48 @@ def _to_python(tab, e, wire, gen):  # type: ignore[no-untyped-def]
         _unhash(keys, bucket, nxt, e)
         _free(st, nxt, e)
     _remember_python(pykeys, wire, gen)
+
+
+@njit(nogil=True, cache=True)
+def _done_of(wire, gen):  # type: ignore[no-untyped-def]
+    return ((wire * _HASH) ^ (gen * 31)) & (DONES - 1)
+
+
+@njit(nogil=True, cache=True)
+def _remember_done(tab, e):  # type: ignore[no-untyped-def]
+    """Entry ``e``, a group's op, is answered: remember who took part (:data:`DONES`)."""
+    st, incs, keys, descs = tab[0], tab[2], tab[5], tab[8]
+    groups, egrp, dones = tab[19], tab[20], tab[21]
+    g = egrp[e]
+    if g == 0:
+        return
+    slots = st[S_SLOTS]
+    wire, gen = keys[e, 0], keys[e, 1]
+    row = dones[_done_of(wire, gen)]
+    row[DN_WIRE], row[DN_GEN], row[DN_CTX] = wire, gen, groups[g, G_CTX]
+    for k in range(slots):
+        row[DN_HEAD + k] = 0
+    for i in range(groups[g, G_LOCAL]):
+        k = _member(st, groups, g, i)
+        row[DN_HEAD + k] = descs[e, k, _D_TICKET]
+        row[DN_HEAD + slots + k] = incs[k]
+
+
+@njit(nogil=True, cache=True)
+def _done_clash(tab, g, d):  # type: ignore[no-untyped-def]
+    """Whether descriptor ``d`` (over group row ``g``) names a group's op the pass answered
+    over another group, one of whose members here is a member of ``g`` too: those ranks
+    completed the op the descriptor waits for them in (Python fails it, and tells them)."""
+    st, incs, groups, dones = tab[0], tab[2], tab[19], tab[21]
+    row = dones[_done_of(d[_D_WIRE], d[_D_GEN])]
+    if row[DN_WIRE] != d[_D_WIRE] or row[DN_GEN] != d[_D_GEN] or row[DN_CTX] == d[_D_CTX]:
+        return False
+    slots = st[S_SLOTS]
+    for k in range(slots):
+        if row[DN_HEAD + k] != 0 and row[DN_HEAD + slots + k] == incs[k]:
+            if groups[g, G_HEAD + k] >= 0:
+                return True
+    return False
 
 
 # ---------------------------------------------------------------- checks
@@ -735,7 +816,7 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
     not hold another op.  ``buf`` and ``lay`` are the table's (:class:`Table`)."""
     tab = _tab(buf, lay)
     st, heads, incs, lo, cw, keys, seen, order, descs, born = tab[:10]
-    bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d, groups, egrp = tab[10:]
+    bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d, groups, egrp = tab[10:21]
     st[S_NOUT] = 0
     st[S_NSTART] = 0
     st[S_GPEND] = 0
@@ -771,6 +852,8 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
                 # submitted twice by this rank, or a shape another rank does not share
                 e0 = descs[e, order[e, 0]]
                 ok = descs[e, s, _D_TICKET] == 0 and _agrees(groups[g, G_SIZE], mem, d, e0)
+            if ok and e < 0 and _done_clash(tab, g, d):
+                ok = False  # its group differs from one that completed it here: Python's
             if ok and e < 0:
                 e = st[S_FREE]
                 if e < 0:  # the table is full: Python's tables take the rest
@@ -824,6 +907,7 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             if g != 0:  # a group's, all of it on this node: the pass alone ran it
                 mem[_H_PASS_GROUP] += 1
             _back(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+            _remember_done(tab, e)
             _answer(st, mem, cw, descs, sig, wake, groups, egrp, e)
             _free(st, nxt, e)
     st[S_TAKEN] += taken
@@ -872,6 +956,7 @@ def arena_finish(buf, lay, mem, base, e, back):  # type: ignore[no-untyped-def]
     _clear_wakes(st, wake)
     if back:
         _back(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+    _remember_done(tab, e)
     _answer(st, mem, cw, descs, sig, wake, groups, egrp, e)
     _free(st, nxt, e)
 
@@ -892,6 +977,7 @@ def arena_finish_parts(buf, lay, mem, base, e, src):  # type: ignore[no-untyped-
     st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
     _clear_wakes(st, wake)
     _back_parts(st, tab[19], tab[20], mem, base, descs, e, src)
+    _remember_done(tab, e)
     _answer(st, mem, cw, descs, sig, wake, tab[19], tab[20], e)
     _free(st, nxt, e)
 
@@ -991,3 +1077,4 @@ def prepare() -> None:
     arena_finish_parts(t.buf, t.lay, mem, 0, 0, 0)
     mem[1] = 0
     clock_ns()
+    t.done_of(0, 0)

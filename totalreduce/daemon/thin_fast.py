@@ -62,6 +62,7 @@ class PassOps:
     _ctl_at: list[int]
     _inc: list[int]
     _world: _Grp
+    node: int
     _thread: threading.Thread
     _running: dict[tuple[int, int, int], _Op]
     _fast_running: dict[int, list[Any]]
@@ -217,6 +218,25 @@ class PassOps:
             op.seen += 1
             if int(fast.descs[e, k, A.D_KIND]) in _PARTED:  # (checked by the pass)
                 op.parts[k] = self._parts(fast.descs[e, k])
+        return op
+
+    def _pass_done(self, wire: int, gen: int) -> _Op | None:
+        """A group's op of (wire id, generation) the compiled pass answered (so Python
+        never had it), as an answered _Op with its members' tickets: what a rank that
+        submits the name and generation over another group meets (its ranks then hear of
+        the mismatch late, :meth:`_late`), or None."""
+        got = self._fast.done_of(wire, gen)
+        if got is None:
+            return None
+        ctx, ranks, took = got
+        op = _Op((wire, gen, ctx), self.slots, _Grp(ranks, ctx, self.node, self.slots))
+        for k, (ticket, inc) in took.items():
+            d = np.zeros(A.D_WORDS, np.int64)
+            d[A.D_TICKET], d[A.D_WIRE], d[A.D_GEN], d[A.D_CTX] = ticket, wire, gen, ctx
+            op.descs[k] = d
+            op.incarnations[k] = inc
+            op.seen += 1
+        op.over = True  # it completed here
         return op
 
     def _parts(self, d: np.ndarray) -> tuple[int, ...]:
