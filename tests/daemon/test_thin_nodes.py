@@ -501,6 +501,79 @@ def test_a_group_the_compiled_path_completed_fails_a_rank_with_another_group_lat
             cl.clients[r].raise_late()  # once
 
 
+def _parted_repeats(
+    cl: Cluster, ranks: list[int], kind: OpKind, parts: tuple[int, ...], op: ReduceOp,
+    dtype: Any, repeats: int,
+) -> None:  # fmt: skip
+    """``repeats`` generations of one reduce-scatter or all-gather over ``ranks`` (the world
+    when they are all, in order), each exact against numpy."""
+    world = ranks == list(range(cl.size))
+    grp = None if world else Group(ranks)
+    name = f"{kind.name.lower()}-{op.name.lower()}-{ranks}"
+    n = sum(parts)
+    for gen in range(repeats):
+        hs = {}
+        for me, r in enumerate(ranks):
+            x = data(r, gen, n if kind is OpKind.REDUCE_SCATTER else parts[me]).astype(dtype)
+            hs[r] = cl.submit(r, kind, name, x, op=op, group=grp, parts=parts, gen=gen)
+        for me, r in enumerate(ranks):
+            got = hs[r].wait(30)
+            if kind is OpKind.ALLGATHER:
+                want = np.concatenate([data(q, gen, parts[j]) for j, q in enumerate(ranks)])
+            else:
+                total = sum(data(q, gen, n) for q in ranks)
+                if op is ReduceOp.AVG:
+                    total = total // len(ranks)
+                at = sum(parts[:me])
+                want = total[at : at + parts[me]]
+            assert got.dtype == np.dtype(dtype), (r, gen)
+            assert np.array_equal(got, want.astype(dtype)), (name, r, gen, got, want)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "slots", "ranks"),
+    [(1, 3, [0, 1, 2]), (1, 3, [2, 0]), (2, 2, [1, 0]), (2, 2, [3, 0, 2, 1])],
+    ids=["N1L3-world", "N1L3-group", "N2L2-one-node-group", "N2L2-interleaved"],
+)
+def test_reduce_scatters_and_all_gathers_of_one_node_or_interleaved_are_compiled(
+    nodes: int, slots: int, ranks: list[int]
+) -> None:
+    """A reduce-scatter's and an all-gather's repeats (uneven parts; sum and avg; int64 and
+    float32) over the world of a one-node service, a group that lies on one node, and a group
+    whose order interleaves two nodes run in the compiled pass (the first two: Python never
+    sees their repeats, a group's counted in ``AR_H_PASS_GROUP``) and loop (the last:
+    ``H_LOOP_ENTERED``), exact against numpy."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, nodes, slots)
+        svc = cl.services[0]
+        header = svc.arena.header
+        among = len({r // slots for r in ranks}) > 1
+        counter = A.H_LOOP_ENTERED if among else AR_H_PASS_GROUP
+        before = int(header[counter])
+        g = len(ranks)
+        uneven = tuple(range(1, g + 1))  # (1, 2, ..)
+        cases = [
+            (OpKind.REDUCE_SCATTER, uneven, ReduceOp.SUM, np.int64),
+            (OpKind.REDUCE_SCATTER, (3,) * g, ReduceOp.AVG, np.int64),
+            (OpKind.ALLGATHER, uneven[::-1], ReduceOp.SUM, np.int64),
+            (OpKind.REDUCE_SCATTER, uneven, ReduceOp.SUM, np.float32),
+            (OpKind.ALLGATHER, (2, 0, 5, 1)[:g], ReduceOp.SUM, np.float32),
+        ]
+        repeats = 12 if among else 8
+        for kind, parts, op, dtype in cases:
+            _parted_repeats(cl, ranks, kind, parts, op, dtype, repeats)
+        ran = int(header[counter]) - before
+        if ranks == list(range(cl.size)):  # the world's: the pass's from the first
+            wires = {hash(f"{k.name.lower()}-{o.name.lower()}-{ranks}") & ((1 << 62) - 1)
+                     for k, _, o, _ in cases}  # fmt: skip
+            assert not [key for key in svc._collected if key[0] in wires], "Python ran some"
+        elif among:  # Python starts the first few among the nodes (4-5 here, as for a
+            # group whose ranks lie node after node), the loop the rest
+            assert ran >= len(cases) * (repeats - 6), ran
+        else:  # Python gives the group its row at its first op (a loaded machine: a few)
+            assert ran >= len(cases) * (repeats - 1), ran
+
+
 def message(cl: Cluster, r: int, src: int, dst: int, name: str, gen: int, n: int) -> ThinHandle:
     """Rank ``r``'s side of a message of ``n`` int64 from ``src`` to ``dst`` (a two-rank
     all-to-all, as ``_point`` writes it); the receiver's is a standing receive."""

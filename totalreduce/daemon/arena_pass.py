@@ -486,10 +486,8 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
         return -1
     kind = d[_D_KIND]
     parted = kind == _RS or kind == _AG
-    if kind != _AR and kind != _BC and kind != _BAR and not (parted and st[S_NODES] > 1):
+    if kind != _AR and kind != _BC and kind != _BAR and not parted:
         return -1
-    if parted and g != 0 and (groups[g, G_IDENT] == 0 or groups[g, G_NODES] < 2):
-        return -1  # (a group whose order interleaves the nodes, or of one node: Python's)
     dt = d[_D_DTYPE]
     if not _dtype_ok(dt, d[_D_OP]):  # a barrier's too: Python refuses what it refuses
         return -1
@@ -515,7 +513,8 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
             if c < 0:
                 return -1
             total += c
-        mine = mem[at // 8 + 1 + _grank(st, groups, g, groups[g, G_HEAD + slot])]
+        me = _grank(st, groups, g, groups[g, G_HEAD + slot])
+        mine = mem[at // 8 + 1 + me]
         if kind == _RS:
             if total != n:
                 return -1
@@ -524,6 +523,16 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
             if mine != n or total * ITEMSIZE[dt] > data:
                 return -1
             out_span = total * ITEMSIZE[dt]
+        if groups[g, G_NODES] == 1:  # run here, from the clients' buffers: no overlap
+            i, o = d[_D_IN], d[_D_OUT]
+            if not (i + span <= o or o + out_span <= i or span == 0 or out_span == 0):
+                if kind == _RS:
+                    return -1
+                before = 0
+                for r in range(me):
+                    before += mem[at // 8 + 1 + r]
+                if i != o + before * ITEMSIZE[dt]:  # (an all-gather in place: its own part)
+                    return -1
     if a <= d[_D_IN] <= b - span and a <= d[_D_OUT] <= b - out_span:
         return g
     return -1
@@ -673,17 +682,23 @@ def _local_parts(st, groups, egrp, mem, base, descs, e, dst):  # type: ignore[no
     dt = d0[_D_DTYPE]
     if d0[_D_KIND] == _RS:
         n = d0[_D_COUNT]
-        op = d0[_D_OP]
-        if op == _OP_AVG:
-            op = _OP_SUM
-        src0 = base + descs[e, _member(st, groups, g, 0), _D_IN]
-        if members == 1:
-            copy_raw(dst, src0, n * ITEMSIZE[dt])
-        else:
-            src1 = base + descs[e, _member(st, groups, g, 1), _D_IN]
-            reduce3_raw(dt, op, dst, src0, src1, n)
-            for i in range(2, members):
-                reduce_raw(dt, op, dst, base + descs[e, _member(st, groups, g, i), _D_IN], n)
+        if groups[g, G_IDENT] != 0:
+            _reduce_range(st, groups, g, base, descs, e, dst, 0, n)
+            return
+        # a group whose order interleaves the nodes: each node's parts together, in node
+        # order (Python's ``_Grp.order``), each part reduced from its place in the inputs
+        isz = ITEMSIZE[dt]
+        parts = d0[_D_AUX] // 8 + 1
+        ranks = G_HEAD + 2 * st[S_SLOTS]
+        at = dst
+        for node in range(st[S_NODES]):
+            off = 0
+            for j in range(groups[g, G_SIZE]):
+                c = mem[parts + j]
+                if groups[g, ranks + j] // st[S_SLOTS] == node:
+                    _reduce_range(st, groups, g, base, descs, e, at, off, c)
+                    at += c * isz
+                off += c
         return
     at = dst
     for i in range(members):
@@ -691,6 +706,68 @@ def _local_parts(st, groups, egrp, mem, base, descs, e, dst):  # type: ignore[no
         span = descs[e, k, _D_COUNT] * ITEMSIZE[dt]
         copy_raw(at, base + descs[e, k, _D_IN], span)
         at += span
+
+
+@njit(nogil=True, cache=True)
+def _reduce_range(st, groups, g, base, descs, e, dst, lo, n):  # type: ignore[no-untyped-def]
+    """Address ``dst`` = elements [lo, lo + n) of group ``g``'s members' inputs of entry
+    ``e`` reduced, in group order (``avg`` summed)."""
+    d0 = descs[e, 0]
+    dt, op = d0[_D_DTYPE], d0[_D_OP]
+    if op == _OP_AVG:
+        op = _OP_SUM
+    at = lo * ITEMSIZE[dt]
+    src0 = base + descs[e, _member(st, groups, g, 0), _D_IN] + at
+    if groups[g, G_LOCAL] == 1:
+        copy_raw(dst, src0, n * ITEMSIZE[dt])
+        return
+    src1 = base + descs[e, _member(st, groups, g, 1), _D_IN] + at
+    reduce3_raw(dt, op, dst, src0, src1, n)
+    for i in range(2, groups[g, G_LOCAL]):
+        reduce_raw(dt, op, dst, base + descs[e, _member(st, groups, g, i), _D_IN] + at, n)
+
+
+@njit(nogil=True, cache=True)
+def _one_node_parts(st, groups, egrp, mem, base, descs, e):  # type: ignore[no-untyped-def]
+    """Entry ``e``, a reduce-scatter or all-gather whose group lies on this node (the
+    world's, on a service of one node), complete here: each member's output made from the
+    members' inputs (a reduce-scatter's part reduced in group order, ``avg`` divided by the
+    group's size, as Python's node buffer is; an all-gather's parts joined in group order)."""
+    g = egrp[e]
+    d0 = descs[e, 0]
+    dt = d0[_D_DTYPE]
+    isz = ITEMSIZE[dt]
+    parts = d0[_D_AUX] // 8 + 1
+    if d0[_D_KIND] == _RS:
+        for i in range(groups[g, G_LOCAL]):
+            j = _grank(st, groups, g, i)
+            off = 0
+            for t in range(j):
+                off += mem[parts + t]
+            c = mem[parts + j]
+            out = base + descs[e, _member(st, groups, g, i), _D_OUT]
+            _reduce_range(st, groups, g, base, descs, e, out, off, c)
+            if d0[_D_FLAGS] & A.F_AVG:
+                average_raw(dt, out, c, groups[g, G_SIZE])
+        return
+    for i in range(groups[g, G_LOCAL]):
+        out = base + descs[e, _member(st, groups, g, i), _D_OUT]
+        for t in range(groups[g, G_LOCAL]):  # (a member's own part last: it may lie in place)
+            if t == i:
+                continue
+            k = _member(st, groups, g, t)
+            j = _grank(st, groups, g, t)
+            at = 0
+            for u in range(j):
+                at += mem[parts + u]
+            copy_raw(out + at * isz, base + descs[e, k, _D_IN], descs[e, k, _D_COUNT] * isz)
+        j = _grank(st, groups, g, i)
+        at = 0
+        for u in range(j):
+            at += mem[parts + u]
+        src = base + descs[e, _member(st, groups, g, i), _D_IN]
+        if src != out + at * isz:
+            copy_raw(out + at * isz, src, descs[e, _member(st, groups, g, i), _D_COUNT] * isz)
 
 
 @njit(nogil=True, cache=True)
@@ -713,8 +790,25 @@ def _back_parts(st, groups, egrp, mem, base, descs, e, src):  # type: ignore[no-
             copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], at, span)
             at += span
         return
+    if groups[g, G_IDENT] != 0:
+        for i in range(groups[g, G_LOCAL]):
+            copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], src, total * isz)
+        return
+    # a group whose order interleaves the nodes: the result lies in node order; each part
+    # back to its place in group order (Python's ``_finish``)
+    parts = d0[_D_AUX] // 8 + 1
+    ranks = G_HEAD + 2 * st[S_SLOTS]
     for i in range(groups[g, G_LOCAL]):
-        copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], src, total * isz)
+        out = base + descs[e, _member(st, groups, g, i), _D_OUT]
+        at = src
+        for node in range(st[S_NODES]):
+            off = 0
+            for j in range(groups[g, G_SIZE]):
+                c = mem[parts + j]
+                if groups[g, ranks + j] // st[S_SLOTS] == node:
+                    copy_raw(out + off * isz, at, c * isz)
+                    at += c * isz
+                off += c
 
 
 @njit(nogil=True, cache=True)
@@ -897,7 +991,9 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
                 starts[st[S_NSTART]] = e
                 st[S_NSTART] += 1
                 continue
-            if not pipelined(st, descs[e, 0]) and not parted(descs[e, 0]):
+            if not among and parted(descs[e, 0]):  # (a group of this node's: here)
+                _one_node_parts(st, groups, egrp, mem, base, descs, e)
+            elif not pipelined(st, descs[e, 0]) and not parted(descs[e, 0]):
                 # (else Python makes it segment by segment, or into a buffer of its own)
                 _local(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
             if among:  # the services' engine runs it among the nodes

@@ -349,6 +349,7 @@ def _run_mpi(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cmd = [
         MPIEXEC, "-n", str(args.nodes * args.local_clients), sys.executable, "-m",
         "totalreduce.daemon.bench", "--role", "mpi", "--out", str(out), "--sizes", args.sizes,
+        *(["--group", args.group] if args.group else []),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, env=_env(), timeout=1200)
     return json.loads(out.read_text())
