@@ -446,10 +446,12 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
             why = "the ranks disagree on the group: " + "; ".join(
                 f"rank {r}: {t}" for r, t in texts
             )
-            for o in [op, *clash]:
+            both = [op, *clash]
+            for o in both:  # (first: a rank that sees its op fail may look for them at once)
                 if o.over and not o.fail_kind:  # it completed: its ranks hear it late
                     self._late(o, A.E_MISMATCH, why)
-                else:
+            for o in both:
+                if not (o.over and not o.fail_kind):
                     self._fail(o, A.E_MISMATCH, why)
             return
         other = next((x for x in op.descs if x is not None and x is not d), d)

@@ -210,10 +210,10 @@ class MeetingOps:
                if x is not None]
         )  # fmt: skip
         why = "the ranks disagree on the group: " + "; ".join(f"rank {r}: {t}" for r, t in texts)
+        self._late(done, A.E_MISMATCH, why)  # (first: the failed may look for them at once)
         for k in have:
             ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
             self._meet_failed(k, ticket, why, A.E_MISMATCH)
-        self._late(done, A.E_MISMATCH, why)
         return True
 
     def _meet_failed(self, slot: int, ticket: int, why: str, kind: int = A.E_FAILED) -> None:
