@@ -574,6 +574,49 @@ def test_reduce_scatters_and_all_gathers_of_one_node_or_interleaved_are_compiled
             assert ran >= len(cases) * (repeats - 1), ran
 
 
+@pytest.mark.parametrize("ranks", [[1, 0, 3, 2], [3, 0, 2, 1]], ids=["ident", "interleaved"])
+def test_a_groups_segmented_ops_are_the_passs_with_python_starting_the_segments(
+    ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's allreduce and broadcast of the segment threshold or more, on two nodes of two:
+    after the group's first op (Python gives it its row) the pass takes them and Python only
+    starts their segments among the nodes (``_fast_start``; its node's part made and handed
+    back segment by segment in compiled code), never from their descriptors (``_start``);
+    exact, avg divided once."""
+    starts: list[int] = []
+    whole: list[int] = []
+    fast_start, start = ThinService._fast_start, ThinService._start
+
+    def counted_fast(self: ThinService, e: int) -> None:
+        starts.append(int(self._fast.descs[e, 0, A.D_CTX]))
+        fast_start(self, e)
+
+    def counted(self: ThinService, op: Any) -> None:
+        whole.append(op.key[2])
+        start(self, op)
+
+    monkeypatch.setattr(ThinService, "_fast_start", counted_fast)
+    monkeypatch.setattr(ThinService, "_start", counted)
+    with ExitStack() as stack:
+        cl = Cluster(stack, 2, 2, pipe_min_bytes=64)
+        g = Group(ranks)
+        n = 37  # 296 bytes: 8 segments
+        for gen in range(5):
+            hs = {r: cl.submit(r, OpKind.ALLREDUCE, "s", data(r, gen, n), op=ReduceOp.AVG,
+                               group=g, gen=gen) for r in ranks}  # fmt: skip
+            total = sum(data(r, gen, n) for r in ranks) // len(ranks)
+            for r in ranks:
+                assert np.array_equal(hs[r].wait(30), total), (r, gen)
+            root = gen % len(ranks)
+            hs = {r: cl.submit(r, OpKind.BROADCAST, "b", data(r, gen, n), root=root, group=g,
+                               gen=gen) for r in ranks}  # fmt: skip
+            for r in ranks:
+                assert np.array_equal(hs[r].wait(30), data(ranks[root], gen, n)), (r, gen)
+        ctx = A.signed(g.context)
+        assert starts.count(ctx) >= 2 * (2 * 5 - 1), (starts, whole)  # both nodes', each
+        assert whole.count(ctx) <= 2, whole  # (the first op of the group, on each node)
+
+
 def message(cl: Cluster, r: int, src: int, dst: int, name: str, gen: int, n: int) -> ThinHandle:
     """Rank ``r``'s side of a message of ``n`` int64 from ``src`` to ``dst`` (a two-rank
     all-to-all, as ``_point`` writes it); the receiver's is a standing receive."""

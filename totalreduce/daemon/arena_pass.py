@@ -13,10 +13,12 @@ rank, in a block of words each client's descriptor names) are checked and compar
 the node's clients, and their node's part goes to a buffer of the caller's
 (:func:`arena_local_parts`), their result back from one (:func:`arena_finish_parts`).
 
-It takes a group's allreduces, broadcasts and barriers too (and, on a service of several
-nodes, the reduce-scatters and all-gathers of a group that spans nodes and whose ranks
-lie node after node, ``G_IDENT``: their parts one per group rank, the node's part its
-members' inputs reduced or joined in group order), once the group has a row of its table
+It takes a group's allreduces, broadcasts and barriers too, and its reduce-scatters and
+all-gathers (their parts one per group rank: the node's part its members' inputs reduced or
+joined in group order, laid out in node order where the group's order interleaves the nodes,
+``G_IDENT`` 0; one whose group lies on this node, the world's on a service of one node,
+runs here from the members' inputs to their outputs, :func:`_one_node_parts`), once the
+group has a row of its table
 of groups (``groups``: by context, the digest of the group's ranks; row 0 is
 the world's; Python gives a group its row at its first op, ``Table.put_group``, so a
 descriptor carries only the context to find it by): an op waits for the node's members
@@ -33,11 +35,12 @@ Everything else goes to Python, in order, through an *out-queue* of descriptors 
 ``ThinService`` takes one by one as before:
 
 - a descriptor that is not such an op (a group's the table has no row for or whose
-  slot is no member of it, a reduce-scatter or all-gather of a group that interleaves
-  the nodes or lies on one node, or one of
-  ``st[S_PIPE]`` bytes or more; an algorithm named, a window's, a dtype the raw kernels
-  do not take; a reduce-scatter's or an all-gather's on a service of one node), or that
-  is wrong in any way (Python finds what, and says it);
+  slot is no member of it, or one of ``st[S_PIPE]`` bytes or more; an algorithm named, a
+  window's, a dtype the raw kernels do not take; a reduce-scatter or all-gather run here
+  whose output overlaps its input), or that is wrong in any way (Python finds what, and
+  says it);
+- one of a name and generation the pass answered over another group that has a member
+  here in common with its group (:data:`DONES`): Python fails it and tells those members;
 - one whose (wire id, generation) Python has had before (:data:`PYKEYS`, a cache of
   them): its other parts go where it went;
 - one that meets an op of the table it does not agree with (two groups under one name
@@ -473,10 +476,11 @@ def _root_slot(st, groups, g, root):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
     """The group row of ``d`` if the compiled pass takes it, else -1: a well-formed
-    allreduce, broadcast or barrier over the world or a group the table knows (``slot`` a
-    member), or (on a service of several nodes) a reduce-scatter or all-gather over the
-    world, of a raw kernel's element type, no algorithm named.  (A group's op of
-    ``st[S_PIPE]`` bytes or more is Python's: it runs in segments among the nodes.)"""
+    allreduce, broadcast, barrier, reduce-scatter or all-gather over the world or a group
+    the table knows (``slot`` a member), of a raw kernel's element type, no algorithm named
+    (a reduce-scatter or all-gather run on this node alone: its output apart from its input,
+    or an all-gather's input its own part of its output).  (A group's op of ``st[S_PIPE]``
+    bytes or more is Python's: it runs in segments among the nodes.)"""
     if st[S_ON] == 0 or d[_D_ALGO] != 0:
         return -1
     if (d[_D_FLAGS] & ~_SIMPLE_FLAGS) != 0 or d[_D_GEN] < 0 or d[_D_TICKET] <= 0:
@@ -494,7 +498,7 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
     n = d[_D_COUNT]
     span = n * ITEMSIZE[dt]
     data = st[S_DATA]
-    if n < 0 or span > data or (g != 0 and span >= st[S_PIPE]):
+    if n < 0 or span > data:
         return -1
     if kind == _BAR:
         return g
@@ -981,9 +985,10 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             among = groups[g, G_NODES] > 1
             if among:
                 _remember_python(pykeys, wire, gen)  # a rank's second submission: Python's
-            if among and g != 0:
+            if among and g != 0 and not pipelined(st, descs[e, 0]):
                 # a group's: its node's part is made by the loop, which has its row, or by
-                # Python, which takes its descriptors (:func:`arena_hand_over`)
+                # Python, which takes its descriptors (:func:`arena_hand_over`); a segmented
+                # one's, segment by segment, as the world's (Python starts its segments)
                 if st[S_LOOPING] == 0:
                     _entry_to_python(tab, e)
                     continue
@@ -993,7 +998,7 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
                 continue
             if not among and parted(descs[e, 0]):  # (a group of this node's: here)
                 _one_node_parts(st, groups, egrp, mem, base, descs, e)
-            elif not pipelined(st, descs[e, 0]) and not parted(descs[e, 0]):
+            elif not (among and pipelined(st, descs[e, 0])) and not parted(descs[e, 0]):
                 # (else Python makes it segment by segment, or into a buffer of its own)
                 _local(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
             if among:  # the services' engine runs it among the nodes
@@ -1025,14 +1030,15 @@ def _entry_to_python(tab, e):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def arena_hand_over(buf, lay, first):  # type: ignore[no-untyped-def]
     """The pass's starts from ``first`` on, which the compiled loop leaves to Python: a
-    group's go to the out-queue (Python takes their descriptors as if it had had them
-    all along); the rest, the world's, stay starts (``st[S_NSTART]`` of them)."""
+    group's whole ops go to the out-queue (Python takes their descriptors as if it had had
+    them all along); the rest, the world's and segmented ones, stay starts (``st[S_NSTART]``
+    of them)."""
     tab = _tab(buf, lay)
     st, starts, egrp = tab[0], tab[17], tab[20]
     n = first
     for i in range(first, st[S_NSTART]):
         e = starts[i]
-        if egrp[e] != 0:
+        if egrp[e] != 0 and not pipelined(st, tab[8][e, 0]):  # (a segmented one: a start)
             _entry_to_python(tab, e)
         else:
             starts[n] = e
