@@ -35,8 +35,7 @@ Everything else goes to Python, in order, through an *out-queue* of descriptors 
 ``ThinService`` takes one by one as before:
 
 - a descriptor that is not such an op (a group's the table has no row for or whose
-  slot is no member of it, or one of ``st[S_PIPE]`` bytes or more; an algorithm named, a
-  window's, a dtype the raw kernels do not take; a reduce-scatter or all-gather run here
+  slot is no member of it; an algorithm named, a window's, a dtype the raw kernels do not take; a reduce-scatter or all-gather run here
   whose output overlaps its input), or that is wrong in any way (Python finds what, and
   says it);
 - one of a name and generation the pass answered over another group that has a member
@@ -480,7 +479,7 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
     the table knows (``slot`` a member), of a raw kernel's element type, no algorithm named
     (a reduce-scatter or all-gather run on this node alone: its output apart from its input,
     or an all-gather's input its own part of its output).  (A group's op of ``st[S_PIPE]``
-    bytes or more is Python's: it runs in segments among the nodes.)"""
+    bytes or more among the nodes is a start, as the world's: Python starts its segments.)"""
     if st[S_ON] == 0 or d[_D_ALGO] != 0:
         return -1
     if (d[_D_FLAGS] & ~_SIMPLE_FLAGS) != 0 or d[_D_GEN] < 0 or d[_D_TICKET] <= 0:
