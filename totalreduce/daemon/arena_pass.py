@@ -35,9 +35,9 @@ Everything else goes to Python, in order, through an *out-queue* of descriptors 
 ``ThinService`` takes one by one as before:
 
 - a descriptor that is not such an op (a group's the table has no row for or whose
-  slot is no member of it; an algorithm named, a window's, a dtype the raw kernels do not take; a reduce-scatter or all-gather run here
-  whose output overlaps its input), or that is wrong in any way (Python finds what, and
-  says it);
+  slot is no member of it; an algorithm named, a window's, a dtype the raw kernels do not
+  take; a reduce-scatter or all-gather run here whose output overlaps its input), or that
+  is wrong in any way (Python finds what, and says it);
 - one of a name and generation the pass answered over another group that has a member
   here in common with its group (:data:`DONES`): Python fails it and tells those members;
 - one whose (wire id, generation) Python has had before (:data:`PYKEYS`, a cache of
