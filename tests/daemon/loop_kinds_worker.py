@@ -362,11 +362,12 @@ def mode_groups(p: int, rank: int) -> None:
 
 
 def mode_group_parts(p: int, rank: int, local: int, on: bool, digest: Any) -> None:
-    """Reduce-scatters and all-gathers over groups spanning the nodes: in the loop where
+    """Reduce-scatters and all-gathers over groups spanning the nodes, in the loop: where
     the group's ranks lie node after node (``rs2``; ``rs3``, whose node 0 members come in
-    the other order than their slots), Python's where the group's order interleaves the
-    nodes (``rsx``); exact, uneven parts."""
-    gs = {"rs2": ([0, p - 1], True), "rsx": ([p - 1, 0], False)}
+    the other order than their slots) and where the group's order interleaves the nodes
+    (``rsx``: the node's part in node order, an all-gather's result back in group order);
+    exact, uneven parts."""
+    gs = {"rs2": ([0, p - 1], True), "rsx": ([p - 1, 0], True)}
     if local > 1:
         gs["rs3"] = ([1, 0, p - 1], True)
     for gname, (ranks, looped) in gs.items():

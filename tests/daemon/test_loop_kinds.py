@@ -110,8 +110,8 @@ def test_a_groups_repeats_take_the_compiled_loop_with_the_bits_of_python(
     one of node 1) run in the services' compiled loop, and over a group of node 0 only in
     the compiled pass, exact in float32, float64 and int32 against the documented order
     (each node's members in group order, then the nodes); so do a group's reduce-scatters
-    and all-gathers (uneven parts) where its ranks lie node after node, and one whose
-    order interleaves the nodes is exact through Python; the same bits with the loop off
+    and all-gathers (uneven parts), where its ranks lie node after node and where its
+    order interleaves the nodes (its node's part in node order); the same bits with the loop off
     (Python starts every group op among the nodes then).  Nodes that disagree on a group
     op's count, and clients of a node that disagree on its dtype, fail every member naming
     the op, its generation and the ranks."""

@@ -32,7 +32,9 @@ from totalreduce.daemon.thin import ThinService  # noqa: I001 (the node's side)
 from totalreduce.dtypes import DType, ReduceOp
 from totalreduce.errors import OpMismatchError
 from totalreduce.group import Group
+from totalreduce.protocol import AR_H_PASS_GROUP
 from totalreduce.service.thin import ThinClient, ThinHandle
+from totalreduce.transport import arena as A
 from totalreduce.transport.arena import Arena
 from totalreduce.transport.shm import new_eventfd
 
@@ -445,6 +447,180 @@ def test_a_rank_whose_group_differs_after_the_others_completed_fails_them_late()
             ):
                 cl.clients[r].raise_late()
             cl.clients[r].raise_late()  # once
+
+
+@pytest.mark.parametrize(
+    ("nodes", "slots", "done", "other"),
+    [(1, 2, (1,), None), (1, 3, (0, 1), (0, 1, 2)), (2, 2, (0, 2), None)],
+    ids=["N1L2", "N1L3", "N2L2"],
+)
+def test_a_group_the_compiled_path_completed_fails_a_rank_with_another_group_late(
+    nodes: int, slots: int, done: tuple[int, ...], other: tuple[int, ...] | None
+) -> None:
+    """The same as above once the group's repeats are the compiled pass's (and, between
+    nodes, the loop's): Python never had the op that completed, yet the rank whose group
+    differs fails at once (not a stall) naming the op, both groups and the ranks, and the
+    ranks that completed it raise at their next call.  ``other``: the late rank's group
+    (None: the world)."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, nodes, slots)
+        g = Group(list(done))
+        counter = A.H_LOOP_ENTERED if nodes > 1 else AR_H_PASS_GROUP
+        header = cl.services[0].arena.header
+        gen = 0
+        for gen in range(8):  # the first occurrences are Python's, the repeats compiled
+            before = int(header[counter])
+            hs = [cl.submit(r, OpKind.ALLREDUCE, "g", data(r, gen, 3), group=g, gen=gen)
+                  for r in done]  # fmt: skip
+            for h in hs:
+                assert np.array_equal(h.wait(30), sum(data(r, gen, 3) for r in done))
+            if int(header[counter]) > before and gen >= 3:
+                break
+        assert int(header[counter]) > before, "the group's op never took the compiled path"
+        late_rank = next(r for r in range(slots) if r not in done)
+        grp = Group(list(other)) if other is not None else None
+        shown = list(other) if other is not None else list(range(cl.size))
+        lates = [late_rank] + ([late_rank + slots] if nodes > 1 else [])
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "g", data(r, gen, 3), group=grp, gen=gen)
+              for r in lates]  # fmt: skip
+        for h, r in zip(hs, lates, strict=True):
+            with pytest.raises(OpMismatchError) as info:
+                h.wait(30)
+            text = str(info.value)
+            assert f"'g' generation {gen}" in text, text
+            assert "disagree on the group" in text, text
+            assert f"group {list(done)}" in text and f"group {shown}" in text, text
+            assert f"rank {r}: group {shown}" in text, text
+        for r in done:
+            with pytest.raises(
+                OpMismatchError,
+                match=rf"allreduce 'g' generation {gen} completed here, but failed elsewhere: "
+                r"the ranks disagree on the group",
+            ):
+                cl.clients[r].raise_late()
+            cl.clients[r].raise_late()  # once
+
+
+def _parted_repeats(
+    cl: Cluster, ranks: list[int], kind: OpKind, parts: tuple[int, ...], op: ReduceOp,
+    dtype: Any, repeats: int,
+) -> None:  # fmt: skip
+    """``repeats`` generations of one reduce-scatter or all-gather over ``ranks`` (the world
+    when they are all, in order), each exact against numpy."""
+    world = ranks == list(range(cl.size))
+    grp = None if world else Group(ranks)
+    name = f"{kind.name.lower()}-{op.name.lower()}-{np.dtype(dtype).name}-{ranks}"
+    n = sum(parts)
+    for gen in range(repeats):
+        hs = {}
+        for me, r in enumerate(ranks):
+            x = data(r, gen, n if kind is OpKind.REDUCE_SCATTER else parts[me]).astype(dtype)
+            hs[r] = cl.submit(r, kind, name, x, op=op, group=grp, parts=parts, gen=gen)
+        for me, r in enumerate(ranks):
+            got = hs[r].wait(30)
+            if kind is OpKind.ALLGATHER:
+                want = np.concatenate([data(q, gen, parts[j]) for j, q in enumerate(ranks)])
+            else:
+                total = sum(data(q, gen, n) for q in ranks)
+                if op is ReduceOp.AVG:
+                    total = total // len(ranks)
+                at = sum(parts[:me])
+                want = total[at : at + parts[me]]
+            assert got.dtype == np.dtype(dtype), (r, gen)
+            assert np.array_equal(got, want.astype(dtype)), (name, r, gen, got, want)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "slots", "ranks"),
+    [(1, 3, [0, 1, 2]), (1, 3, [2, 0]), (2, 2, [1, 0]), (2, 2, [3, 0, 2, 1])],
+    ids=["N1L3-world", "N1L3-group", "N2L2-one-node-group", "N2L2-interleaved"],
+)
+def test_reduce_scatters_and_all_gathers_of_one_node_or_interleaved_are_compiled(
+    nodes: int, slots: int, ranks: list[int]
+) -> None:
+    """A reduce-scatter's and an all-gather's repeats (uneven parts; sum and avg; int64 and
+    float32) over the world of a one-node service, a group that lies on one node, and a group
+    whose order interleaves two nodes run in the compiled pass (the first two: Python never
+    sees their repeats, a group's counted in ``AR_H_PASS_GROUP``) and loop (the last:
+    ``H_LOOP_ENTERED``), exact against numpy."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, nodes, slots)
+        svc = cl.services[0]
+        header = svc.arena.header
+        among = len({r // slots for r in ranks}) > 1
+        counter = A.H_LOOP_ENTERED if among else AR_H_PASS_GROUP
+        before = int(header[counter])
+        g = len(ranks)
+        uneven = tuple(range(1, g + 1))  # (1, 2, ..)
+        cases = [
+            (OpKind.REDUCE_SCATTER, uneven, ReduceOp.SUM, np.int64),
+            (OpKind.REDUCE_SCATTER, (3,) * g, ReduceOp.AVG, np.int64),
+            (OpKind.ALLGATHER, uneven[::-1], ReduceOp.SUM, np.int64),
+            (OpKind.REDUCE_SCATTER, uneven, ReduceOp.SUM, np.float32),
+            (OpKind.ALLGATHER, (2, 0, 5, 1)[:g], ReduceOp.SUM, np.float32),
+        ]
+        repeats = 12 if among else 8
+        each = []
+        for kind, parts, op, dtype in cases:
+            at = int(header[counter])
+            _parted_repeats(cl, ranks, kind, parts, op, dtype, repeats)
+            each.append(int(header[counter]) - at)
+        ran = int(header[counter]) - before
+        if ranks == list(range(cl.size)):  # the world's: the pass's from the first
+            wires = {
+                hash(f"{k.name.lower()}-{o.name.lower()}-{np.dtype(t).name}-{ranks}")
+                & ((1 << 62) - 1) for k, _, o, t in cases
+            }  # fmt: skip
+            assert not [key for key in svc._collected if key[0] in wires], "Python ran some"
+        elif among:  # Python starts the first few among the nodes (4-5 here, as for a
+            # group whose ranks lie node after node; more on a loaded machine), the loop the
+            # rest: every kind some
+            assert min(each) >= 2 and ran >= len(cases) * (repeats - 8), each
+        else:  # Python gives the group its row at its first op (a loaded machine: a few)
+            assert ran >= len(cases) * (repeats - 1), ran
+
+
+@pytest.mark.parametrize("ranks", [[1, 0, 3, 2], [3, 0, 2, 1]], ids=["ident", "interleaved"])
+def test_a_groups_segmented_ops_are_the_passs_with_python_starting_the_segments(
+    ranks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's allreduce and broadcast of the segment threshold or more, on two nodes of two:
+    after the group's first op (Python gives it its row) the pass takes them and Python only
+    starts their segments among the nodes (``_fast_start``; its node's part made and handed
+    back segment by segment in compiled code), never from their descriptors (``_start``);
+    exact, avg divided once."""
+    starts: list[int] = []
+    whole: list[int] = []
+    fast_start, start = ThinService._fast_start, ThinService._start
+
+    def counted_fast(self: ThinService, e: int) -> None:
+        starts.append(int(self._fast.descs[e, 0, A.D_CTX]))
+        fast_start(self, e)
+
+    def counted(self: ThinService, op: Any) -> None:
+        whole.append(op.key[2])
+        start(self, op)
+
+    monkeypatch.setattr(ThinService, "_fast_start", counted_fast)
+    monkeypatch.setattr(ThinService, "_start", counted)
+    with ExitStack() as stack:
+        cl = Cluster(stack, 2, 2, pipe_min_bytes=64)
+        g = Group(ranks)
+        n = 37  # 296 bytes: 8 segments
+        for gen in range(5):
+            hs = {r: cl.submit(r, OpKind.ALLREDUCE, "s", data(r, gen, n), op=ReduceOp.AVG,
+                               group=g, gen=gen) for r in ranks}  # fmt: skip
+            total = sum(data(r, gen, n) for r in ranks) // len(ranks)
+            for r in ranks:
+                assert np.array_equal(hs[r].wait(30), total), (r, gen)
+            root = gen % len(ranks)
+            hs = {r: cl.submit(r, OpKind.BROADCAST, "b", data(r, gen, n), root=root, group=g,
+                               gen=gen) for r in ranks}  # fmt: skip
+            for r in ranks:
+                assert np.array_equal(hs[r].wait(30), data(ranks[root], gen, n)), (r, gen)
+        ctx = A.signed(g.context)
+        assert starts.count(ctx) >= 2 * (2 * 5 - 1), (starts, whole)  # both nodes', each
+        assert whole.count(ctx) <= 2, whole  # (the first op of the group, on each node)
 
 
 def message(cl: Cluster, r: int, src: int, dst: int, name: str, gen: int, n: int) -> ThinHandle:

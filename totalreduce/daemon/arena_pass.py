@@ -13,10 +13,12 @@ rank, in a block of words each client's descriptor names) are checked and compar
 the node's clients, and their node's part goes to a buffer of the caller's
 (:func:`arena_local_parts`), their result back from one (:func:`arena_finish_parts`).
 
-It takes a group's allreduces, broadcasts and barriers too (and, on a service of several
-nodes, the reduce-scatters and all-gathers of a group that spans nodes and whose ranks
-lie node after node, ``G_IDENT``: their parts one per group rank, the node's part its
-members' inputs reduced or joined in group order), once the group has a row of its table
+It takes a group's allreduces, broadcasts and barriers too, and its reduce-scatters and
+all-gathers (their parts one per group rank: the node's part its members' inputs reduced or
+joined in group order, laid out in node order where the group's order interleaves the nodes,
+``G_IDENT`` 0; one whose group lies on this node, the world's on a service of one node,
+runs here from the members' inputs to their outputs, :func:`_one_node_parts`), once the
+group has a row of its table
 of groups (``groups``: by context, the digest of the group's ranks; row 0 is
 the world's; Python gives a group its row at its first op, ``Table.put_group``, so a
 descriptor carries only the context to find it by): an op waits for the node's members
@@ -33,11 +35,11 @@ Everything else goes to Python, in order, through an *out-queue* of descriptors 
 ``ThinService`` takes one by one as before:
 
 - a descriptor that is not such an op (a group's the table has no row for or whose
-  slot is no member of it, a reduce-scatter or all-gather of a group that interleaves
-  the nodes or lies on one node, or one of
-  ``st[S_PIPE]`` bytes or more; an algorithm named, a window's, a dtype the raw kernels
-  do not take; a reduce-scatter's or an all-gather's on a service of one node), or that
+  slot is no member of it; an algorithm named, a window's, a dtype the raw kernels do not
+  take; a reduce-scatter or all-gather run here whose output overlaps its input), or that
   is wrong in any way (Python finds what, and says it);
+- one of a name and generation the pass answered over another group that has a member
+  here in common with its group (:data:`DONES`): Python fails it and tells those members;
 - one whose (wire id, generation) Python has had before (:data:`PYKEYS`, a cache of
   them): its other parts go where it went;
 - one that meets an op of the table it does not agree with (two groups under one name
@@ -115,6 +117,14 @@ BUCKETS = 2048
 PYKEYS = 4096
 #: Descriptors the out-queue holds (and two per slot).
 QCAP = 256
+#: A group's ops the pass answered, remembered direct-mapped by (wire id, generation) (a
+#: power of two): a rank of the node that submits one of those names and generations later,
+#: over another group that has a member who took part, goes to Python, which fails it and
+#: posts the late errors of the ranks that completed it (:meth:`Table.done_of`).
+DONES = 1024
+#: a remembered op's words: wire id, generation, its group's context; then per slot the
+#: ticket of its descriptor (0: no member) and the slot's incarnation then
+DN_WIRE, DN_GEN, DN_CTX, DN_HEAD = 0, 1, 2, 3
 #: An allreduce or broadcast among the nodes of at least this many bytes, on a service
 #: of several clients, runs in :data:`SEGMENTS` segments (every service of a job must
 #: take the same: ``ThinService``'s ``pipe_min_bytes``, for tests): the node's part of segment
@@ -172,6 +182,7 @@ class Table:
             "tmp": (_DW,),
             "groups": (GROUPS, G_HEAD + 3 * slots + nodes * slots),
             "egrp": (CAP,),  # each entry's group row (0: the world)
+            "dones": (DONES, DN_HEAD + 2 * slots),  # a group's ops answered (DONES)
         }
         self.lay = lay = np.zeros((len(_TAB), 4), np.int64)
         at = 0
@@ -194,8 +205,38 @@ class Table:
         self.next[: CAP - 1] = np.arange(1, CAP)
         st[S_FREE] = 0
         self.pykeys[:] = -1  # generations are >= 0
+        self.dones[:, DN_GEN] = -1
         self.slots, self.node = slots, node
         self.put_group(0, tuple(range(nodes * slots)))  # row 0: the world
+
+    def done_of(
+        self, wire: int, gen: int
+    ) -> tuple[int, tuple[int, ...], dict[int, tuple[int, int]]] | None:
+        """A group's op of (wire id, generation) the pass answered, if it still remembers
+        it (:data:`DONES`): its group's context and ranks, and per member slot of the node
+        its descriptor's ticket and the slot's incarnation then."""
+        row = self.dones[_done_of(wire, gen)]
+        if row[DN_WIRE] != wire or row[DN_GEN] != gen:
+            return None
+        ctx, slots = int(row[DN_CTX]), self.slots
+        groups = self.groups
+        for g in range(1, GROUPS):
+            if groups[g, G_USED] and groups[g, G_CTX] == ctx:
+                at = G_HEAD + 2 * slots
+                ranks = tuple(int(r) for r in groups[g, at : at + groups[g, G_SIZE]])
+                break
+        else:
+            return None
+        took = {
+            k: (int(row[DN_HEAD + k]), int(row[DN_HEAD + slots + k]))
+            for k in range(slots)
+            if row[DN_HEAD + k] != 0
+        }
+        return ctx, ranks, took
+
+    def forget_dones(self) -> None:
+        """A new session: no op of the last one is remembered."""
+        self.dones[:, DN_GEN] = -1
 
     def put_group(self, ctx: int, ranks: tuple[int, ...]) -> int:
         """Give the group of context ``ctx`` (signed, 0: the world) and world ranks
@@ -236,7 +277,7 @@ class Table:
 #: The arrays of :class:`Table`, in the order of :attr:`Table.lay` (and of :func:`_tab`).
 _TAB = ("st", "heads", "incs", "lo", "cw", "keys", "seen", "order", "descs", "born", "bucket",
         "next", "pykeys", "outq", "outslot", "sig", "wake", "starts", "tmp", "groups",
-        "egrp")  # fmt: skip
+        "egrp", "dones")  # fmt: skip
 
 
 @njit(nogil=True, cache=True)
@@ -266,7 +307,7 @@ def _tab(buf, lay):  # type: ignore[no-untyped-def]
         _v3(buf, lay, 8), _v1(buf, lay, 9), _v1(buf, lay, 10), _v1(buf, lay, 11),
         _v2(buf, lay, 12), _v2(buf, lay, 13), _v1(buf, lay, 14), _v1(buf, lay, 15),
         _v1(buf, lay, 16), _v1(buf, lay, 17), _v1(buf, lay, 18), _v2(buf, lay, 19),
-        _v1(buf, lay, 20),
+        _v1(buf, lay, 20), _v2(buf, lay, 21),
     )  # fmt: skip
 
 
@@ -345,6 +386,48 @@ def _to_python(tab, e, wire, gen):  # type: ignore[no-untyped-def]
     _remember_python(pykeys, wire, gen)
 
 
+@njit(nogil=True, cache=True)
+def _done_of(wire, gen):  # type: ignore[no-untyped-def]
+    return ((wire * _HASH) ^ (gen * 31)) & (DONES - 1)
+
+
+@njit(nogil=True, cache=True)
+def _remember_done(tab, e):  # type: ignore[no-untyped-def]
+    """Entry ``e``, a group's op, is answered: remember who took part (:data:`DONES`)."""
+    st, incs, keys, descs = tab[0], tab[2], tab[5], tab[8]
+    groups, egrp, dones = tab[19], tab[20], tab[21]
+    g = egrp[e]
+    if g == 0:
+        return
+    slots = st[S_SLOTS]
+    wire, gen = keys[e, 0], keys[e, 1]
+    row = dones[_done_of(wire, gen)]
+    row[DN_WIRE], row[DN_GEN], row[DN_CTX] = wire, gen, groups[g, G_CTX]
+    for k in range(slots):
+        row[DN_HEAD + k] = 0
+    for i in range(groups[g, G_LOCAL]):
+        k = _member(st, groups, g, i)
+        row[DN_HEAD + k] = descs[e, k, _D_TICKET]
+        row[DN_HEAD + slots + k] = incs[k]
+
+
+@njit(nogil=True, cache=True)
+def _done_clash(tab, g, d):  # type: ignore[no-untyped-def]
+    """Whether descriptor ``d`` (over group row ``g``) names a group's op the pass answered
+    over another group, one of whose members here is a member of ``g`` too: those ranks
+    completed the op the descriptor waits for them in (Python fails it, and tells them)."""
+    st, incs, groups, dones = tab[0], tab[2], tab[19], tab[21]
+    row = dones[_done_of(d[_D_WIRE], d[_D_GEN])]
+    if row[DN_WIRE] != d[_D_WIRE] or row[DN_GEN] != d[_D_GEN] or row[DN_CTX] == d[_D_CTX]:
+        return False
+    slots = st[S_SLOTS]
+    for k in range(slots):
+        if row[DN_HEAD + k] != 0 and row[DN_HEAD + slots + k] == incs[k]:
+            if groups[g, G_HEAD + k] >= 0:
+                return True
+    return False
+
+
 # ---------------------------------------------------------------- checks
 
 
@@ -392,10 +475,11 @@ def _root_slot(st, groups, g, root):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
     """The group row of ``d`` if the compiled pass takes it, else -1: a well-formed
-    allreduce, broadcast or barrier over the world or a group the table knows (``slot`` a
-    member), or (on a service of several nodes) a reduce-scatter or all-gather over the
-    world, of a raw kernel's element type, no algorithm named.  (A group's op of
-    ``st[S_PIPE]`` bytes or more is Python's: it runs in segments among the nodes.)"""
+    allreduce, broadcast, barrier, reduce-scatter or all-gather over the world or a group
+    the table knows (``slot`` a member), of a raw kernel's element type, no algorithm named
+    (a reduce-scatter or all-gather run on this node alone: its output apart from its input,
+    or an all-gather's input its own part of its output).  (A group's op of ``st[S_PIPE]``
+    bytes or more among the nodes is a start, as the world's: Python starts its segments.)"""
     if st[S_ON] == 0 or d[_D_ALGO] != 0:
         return -1
     if (d[_D_FLAGS] & ~_SIMPLE_FLAGS) != 0 or d[_D_GEN] < 0 or d[_D_TICKET] <= 0:
@@ -405,17 +489,15 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
         return -1
     kind = d[_D_KIND]
     parted = kind == _RS or kind == _AG
-    if kind != _AR and kind != _BC and kind != _BAR and not (parted and st[S_NODES] > 1):
+    if kind != _AR and kind != _BC and kind != _BAR and not parted:
         return -1
-    if parted and g != 0 and (groups[g, G_IDENT] == 0 or groups[g, G_NODES] < 2):
-        return -1  # (a group whose order interleaves the nodes, or of one node: Python's)
     dt = d[_D_DTYPE]
     if not _dtype_ok(dt, d[_D_OP]):  # a barrier's too: Python refuses what it refuses
         return -1
     n = d[_D_COUNT]
     span = n * ITEMSIZE[dt]
     data = st[S_DATA]
-    if n < 0 or span > data or (g != 0 and span >= st[S_PIPE]):
+    if n < 0 or span > data:
         return -1
     if kind == _BAR:
         return g
@@ -434,7 +516,8 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
             if c < 0:
                 return -1
             total += c
-        mine = mem[at // 8 + 1 + _grank(st, groups, g, groups[g, G_HEAD + slot])]
+        me = _grank(st, groups, g, groups[g, G_HEAD + slot])
+        mine = mem[at // 8 + 1 + me]
         if kind == _RS:
             if total != n:
                 return -1
@@ -443,6 +526,16 @@ def _simple(st, lo, mem, groups, d, slot):  # type: ignore[no-untyped-def]
             if mine != n or total * ITEMSIZE[dt] > data:
                 return -1
             out_span = total * ITEMSIZE[dt]
+        if groups[g, G_NODES] == 1:  # run here, from the clients' buffers: no overlap
+            i, o = d[_D_IN], d[_D_OUT]
+            if not (i + span <= o or o + out_span <= i or span == 0 or out_span == 0):
+                if kind == _RS:
+                    return -1
+                before = 0
+                for r in range(me):
+                    before += mem[at // 8 + 1 + r]
+                if i != o + before * ITEMSIZE[dt]:  # (an all-gather in place: its own part)
+                    return -1
     if a <= d[_D_IN] <= b - span and a <= d[_D_OUT] <= b - out_span:
         return g
     return -1
@@ -592,17 +685,23 @@ def _local_parts(st, groups, egrp, mem, base, descs, e, dst):  # type: ignore[no
     dt = d0[_D_DTYPE]
     if d0[_D_KIND] == _RS:
         n = d0[_D_COUNT]
-        op = d0[_D_OP]
-        if op == _OP_AVG:
-            op = _OP_SUM
-        src0 = base + descs[e, _member(st, groups, g, 0), _D_IN]
-        if members == 1:
-            copy_raw(dst, src0, n * ITEMSIZE[dt])
-        else:
-            src1 = base + descs[e, _member(st, groups, g, 1), _D_IN]
-            reduce3_raw(dt, op, dst, src0, src1, n)
-            for i in range(2, members):
-                reduce_raw(dt, op, dst, base + descs[e, _member(st, groups, g, i), _D_IN], n)
+        if groups[g, G_IDENT] != 0:
+            _reduce_range(st, groups, g, base, descs, e, dst, 0, n)
+            return
+        # a group whose order interleaves the nodes: each node's parts together, in node
+        # order (Python's ``_Grp.order``), each part reduced from its place in the inputs
+        isz = ITEMSIZE[dt]
+        parts = d0[_D_AUX] // 8 + 1
+        ranks = G_HEAD + 2 * st[S_SLOTS]
+        at = dst
+        for node in range(st[S_NODES]):
+            off = 0
+            for j in range(groups[g, G_SIZE]):
+                c = mem[parts + j]
+                if groups[g, ranks + j] // st[S_SLOTS] == node:
+                    _reduce_range(st, groups, g, base, descs, e, at, off, c)
+                    at += c * isz
+                off += c
         return
     at = dst
     for i in range(members):
@@ -610,6 +709,68 @@ def _local_parts(st, groups, egrp, mem, base, descs, e, dst):  # type: ignore[no
         span = descs[e, k, _D_COUNT] * ITEMSIZE[dt]
         copy_raw(at, base + descs[e, k, _D_IN], span)
         at += span
+
+
+@njit(nogil=True, cache=True)
+def _reduce_range(st, groups, g, base, descs, e, dst, lo, n):  # type: ignore[no-untyped-def]
+    """Address ``dst`` = elements [lo, lo + n) of group ``g``'s members' inputs of entry
+    ``e`` reduced, in group order (``avg`` summed)."""
+    d0 = descs[e, 0]
+    dt, op = d0[_D_DTYPE], d0[_D_OP]
+    if op == _OP_AVG:
+        op = _OP_SUM
+    at = lo * ITEMSIZE[dt]
+    src0 = base + descs[e, _member(st, groups, g, 0), _D_IN] + at
+    if groups[g, G_LOCAL] == 1:
+        copy_raw(dst, src0, n * ITEMSIZE[dt])
+        return
+    src1 = base + descs[e, _member(st, groups, g, 1), _D_IN] + at
+    reduce3_raw(dt, op, dst, src0, src1, n)
+    for i in range(2, groups[g, G_LOCAL]):
+        reduce_raw(dt, op, dst, base + descs[e, _member(st, groups, g, i), _D_IN] + at, n)
+
+
+@njit(nogil=True, cache=True)
+def _one_node_parts(st, groups, egrp, mem, base, descs, e):  # type: ignore[no-untyped-def]
+    """Entry ``e``, a reduce-scatter or all-gather whose group lies on this node (the
+    world's, on a service of one node), complete here: each member's output made from the
+    members' inputs (a reduce-scatter's part reduced in group order, ``avg`` divided by the
+    group's size, as Python's node buffer is; an all-gather's parts joined in group order)."""
+    g = egrp[e]
+    d0 = descs[e, 0]
+    dt = d0[_D_DTYPE]
+    isz = ITEMSIZE[dt]
+    parts = d0[_D_AUX] // 8 + 1
+    if d0[_D_KIND] == _RS:
+        for i in range(groups[g, G_LOCAL]):
+            j = _grank(st, groups, g, i)
+            off = 0
+            for t in range(j):
+                off += mem[parts + t]
+            c = mem[parts + j]
+            out = base + descs[e, _member(st, groups, g, i), _D_OUT]
+            _reduce_range(st, groups, g, base, descs, e, out, off, c)
+            if d0[_D_FLAGS] & A.F_AVG:
+                average_raw(dt, out, c, groups[g, G_SIZE])
+        return
+    for i in range(groups[g, G_LOCAL]):
+        out = base + descs[e, _member(st, groups, g, i), _D_OUT]
+        for t in range(groups[g, G_LOCAL]):  # (a member's own part last: it may lie in place)
+            if t == i:
+                continue
+            k = _member(st, groups, g, t)
+            j = _grank(st, groups, g, t)
+            at = 0
+            for u in range(j):
+                at += mem[parts + u]
+            copy_raw(out + at * isz, base + descs[e, k, _D_IN], descs[e, k, _D_COUNT] * isz)
+        j = _grank(st, groups, g, i)
+        at = 0
+        for u in range(j):
+            at += mem[parts + u]
+        src = base + descs[e, _member(st, groups, g, i), _D_IN]
+        if src != out + at * isz:
+            copy_raw(out + at * isz, src, descs[e, _member(st, groups, g, i), _D_COUNT] * isz)
 
 
 @njit(nogil=True, cache=True)
@@ -632,8 +793,25 @@ def _back_parts(st, groups, egrp, mem, base, descs, e, src):  # type: ignore[no-
             copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], at, span)
             at += span
         return
+    if groups[g, G_IDENT] != 0:
+        for i in range(groups[g, G_LOCAL]):
+            copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], src, total * isz)
+        return
+    # a group whose order interleaves the nodes: the result lies in node order; each part
+    # back to its place in group order (Python's ``_finish``)
+    parts = d0[_D_AUX] // 8 + 1
+    ranks = G_HEAD + 2 * st[S_SLOTS]
     for i in range(groups[g, G_LOCAL]):
-        copy_raw(base + descs[e, _member(st, groups, g, i), _D_OUT], src, total * isz)
+        out = base + descs[e, _member(st, groups, g, i), _D_OUT]
+        at = src
+        for node in range(st[S_NODES]):
+            off = 0
+            for j in range(groups[g, G_SIZE]):
+                c = mem[parts + j]
+                if groups[g, ranks + j] // st[S_SLOTS] == node:
+                    copy_raw(out + off * isz, at, c * isz)
+                    at += c * isz
+                off += c
 
 
 @njit(nogil=True, cache=True)
@@ -735,7 +913,7 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
     not hold another op.  ``buf`` and ``lay`` are the table's (:class:`Table`)."""
     tab = _tab(buf, lay)
     st, heads, incs, lo, cw, keys, seen, order, descs, born = tab[:10]
-    bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d, groups, egrp = tab[10:]
+    bucket, nxt, pykeys, outq, outslot, sig, wake, starts, d, groups, egrp = tab[10:21]
     st[S_NOUT] = 0
     st[S_NSTART] = 0
     st[S_GPEND] = 0
@@ -771,6 +949,8 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
                 # submitted twice by this rank, or a shape another rank does not share
                 e0 = descs[e, order[e, 0]]
                 ok = descs[e, s, _D_TICKET] == 0 and _agrees(groups[g, G_SIZE], mem, d, e0)
+            if ok and e < 0 and _done_clash(tab, g, d):
+                ok = False  # its group differs from one that completed it here: Python's
             if ok and e < 0:
                 e = st[S_FREE]
                 if e < 0:  # the table is full: Python's tables take the rest
@@ -804,9 +984,10 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             among = groups[g, G_NODES] > 1
             if among:
                 _remember_python(pykeys, wire, gen)  # a rank's second submission: Python's
-            if among and g != 0:
+            if among and g != 0 and not pipelined(st, descs[e, 0]):
                 # a group's: its node's part is made by the loop, which has its row, or by
-                # Python, which takes its descriptors (:func:`arena_hand_over`)
+                # Python, which takes its descriptors (:func:`arena_hand_over`); a segmented
+                # one's, segment by segment, as the world's (Python starts its segments)
                 if st[S_LOOPING] == 0:
                     _entry_to_python(tab, e)
                     continue
@@ -814,7 +995,9 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
                 starts[st[S_NSTART]] = e
                 st[S_NSTART] += 1
                 continue
-            if not pipelined(st, descs[e, 0]) and not parted(descs[e, 0]):
+            if not among and parted(descs[e, 0]):  # (a group of this node's: here)
+                _one_node_parts(st, groups, egrp, mem, base, descs, e)
+            elif not (among and pipelined(st, descs[e, 0])) and not parted(descs[e, 0]):
                 # (else Python makes it segment by segment, or into a buffer of its own)
                 _local(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
             if among:  # the services' engine runs it among the nodes
@@ -824,6 +1007,7 @@ def arena_pass(buf, lay, mem, base):  # type: ignore[no-untyped-def]
             if g != 0:  # a group's, all of it on this node: the pass alone ran it
                 mem[_H_PASS_GROUP] += 1
             _back(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+            _remember_done(tab, e)
             _answer(st, mem, cw, descs, sig, wake, groups, egrp, e)
             _free(st, nxt, e)
     st[S_TAKEN] += taken
@@ -845,14 +1029,15 @@ def _entry_to_python(tab, e):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def arena_hand_over(buf, lay, first):  # type: ignore[no-untyped-def]
     """The pass's starts from ``first`` on, which the compiled loop leaves to Python: a
-    group's go to the out-queue (Python takes their descriptors as if it had had them
-    all along); the rest, the world's, stay starts (``st[S_NSTART]`` of them)."""
+    group's whole ops go to the out-queue (Python takes their descriptors as if it had had
+    them all along); the rest, the world's and segmented ones, stay starts (``st[S_NSTART]``
+    of them)."""
     tab = _tab(buf, lay)
     st, starts, egrp = tab[0], tab[17], tab[20]
     n = first
     for i in range(first, st[S_NSTART]):
         e = starts[i]
-        if egrp[e] != 0:
+        if egrp[e] != 0 and not pipelined(st, tab[8][e, 0]):  # (a segmented one: a start)
             _entry_to_python(tab, e)
         else:
             starts[n] = e
@@ -872,6 +1057,7 @@ def arena_finish(buf, lay, mem, base, e, back):  # type: ignore[no-untyped-def]
     _clear_wakes(st, wake)
     if back:
         _back(st, groups, egrp, base, descs, e, 0, descs[e, 0, _D_COUNT])
+    _remember_done(tab, e)
     _answer(st, mem, cw, descs, sig, wake, groups, egrp, e)
     _free(st, nxt, e)
 
@@ -892,6 +1078,7 @@ def arena_finish_parts(buf, lay, mem, base, e, src):  # type: ignore[no-untyped-
     st, cw, descs, nxt, sig, wake = tab[0], tab[4], tab[8], tab[11], tab[15], tab[16]
     _clear_wakes(st, wake)
     _back_parts(st, tab[19], tab[20], mem, base, descs, e, src)
+    _remember_done(tab, e)
     _answer(st, mem, cw, descs, sig, wake, tab[19], tab[20], e)
     _free(st, nxt, e)
 
@@ -991,3 +1178,4 @@ def prepare() -> None:
     arena_finish_parts(t.buf, t.lay, mem, 0, 0, 0)
     mem[1] = 0
     clock_ns()
+    t.done_of(0, 0)

@@ -147,6 +147,8 @@ def worker(args: argparse.Namespace) -> None:
             "per_op_s": per_op,
             "busbw_GBps": 2 * (size - 1) / size * nbytes / per_op / 1e9,
         }
+        if args.group:
+            report["sizes"][label].update(_group_loops(tr, args, x, label, iters))
     if args.layers:
         count = args.layer_bytes // 4
         grads = [_array(tr, args, count) for _ in range(args.layers)]
@@ -173,6 +175,41 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         Path(args.out).write_text(json.dumps(report))
     tr.shutdown()
+
+
+def _group_ranks(args: argparse.Namespace) -> list[int]:
+    """``--group``'s ranks: one per node, each node's first (0, L, 2L, ...)."""
+    return [int(r) for r in args.group.split(",")]
+
+
+def _group_loops(
+    tr: Any, args: argparse.Namespace, x: np.ndarray, label: str, iters: int
+) -> dict[str, float]:
+    """``--group``: the worker's blocking loops (after a barrier, and back to back) for an
+    allreduce over the group of one rank per node; the other ranks only wait at the
+    barriers (their times count as 0 in the slowest rank's)."""
+    ranks = _group_ranks(args)
+    g = tr.Group(ranks)
+    mine = tr.rank() in ranks
+    name = f"bench.group.{label}"
+    if mine:
+        for _ in range(3):
+            tr.allreduce(x, name=name, out=x, group=g)
+    blocking = []
+    for _ in range(iters):
+        tr.barrier(name="bench.sync")
+        t0 = time.perf_counter()
+        if mine:
+            tr.allreduce(x, name=name, out=x, group=g)
+        blocking.append(time.perf_counter() - t0)
+    blocking = _slowest(blocking, tr, f"bench.gblat.{label}")
+    tr.barrier(name="bench.sync")
+    t0 = time.perf_counter()
+    if mine:
+        for _ in range(iters):
+            tr.allreduce(x, name=name, out=x, group=g)
+    per_op = _slowest([time.perf_counter() - t0], tr, f"bench.gbw.{label}")[0] / iters
+    return {"group_blocking_latency_s": statistics.median(blocking), "group_per_op_s": per_op}
 
 
 def mpi_worker(args: argparse.Namespace) -> None:
@@ -216,6 +253,33 @@ def mpi_worker(args: argparse.Namespace) -> None:
             "per_op_s": per_op,
             "busbw_GBps": 2 * (size - 1) / size * nbytes / per_op / 1e9,
         }
+        if args.group:  # the same loops over a communicator of the group's ranks
+            ranks = _group_ranks(args)
+            sub = comm.Split(
+                0 if rank in ranks else MPI.UNDEFINED, ranks.index(rank) if rank in ranks else 0
+            )
+            if sub != MPI.COMM_NULL:
+                for _ in range(3):
+                    sub.Allreduce(MPI.IN_PLACE, x)
+            glat = []
+            for _ in range(iters):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                if sub != MPI.COMM_NULL:
+                    sub.Allreduce(MPI.IN_PLACE, x)
+                glat.append(time.perf_counter() - t0)
+            glat = slowest(glat)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            if sub != MPI.COMM_NULL:
+                for _ in range(iters):
+                    sub.Allreduce(MPI.IN_PLACE, x)
+            report["sizes"][label].update(
+                group_blocking_latency_s=statistics.median(glat),
+                group_per_op_s=slowest([time.perf_counter() - t0])[0] / iters,
+            )
+            if sub != MPI.COMM_NULL:
+                sub.Free()
     if rank == 0:
         Path(args.out).write_text(json.dumps(report))
 
@@ -229,6 +293,7 @@ def _worker_cmd(args: argparse.Namespace, out: Path) -> list[str]:
         "--out", str(out), "--sizes", args.sizes, "--layers", str(args.layers),
         "--layer-bytes", str(args.layer_bytes), "--compute-ms", str(args.compute_ms),
         "--steps", str(args.steps), *(["--plain-arrays"] if args.plain_arrays else []),
+        *(["--group", args.group] if args.group else []),
     ]  # fmt: skip
 
 
@@ -284,6 +349,7 @@ def _run_mpi(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cmd = [
         MPIEXEC, "-n", str(args.nodes * args.local_clients), sys.executable, "-m",
         "totalreduce.daemon.bench", "--role", "mpi", "--out", str(out), "--sizes", args.sizes,
+        *(["--group", args.group] if args.group else []),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, env=_env(), timeout=1200)
     return json.loads(out.read_text())
@@ -399,6 +465,35 @@ def _print_mpi(emb: dict[str, Any], dmn: dict[str, Any], mpi: dict[str, Any]) ->
     print("(daemon/MPI above 1 is slower)")
 
 
+def _print_group(
+    emb: dict[str, Any], dmn: dict[str, Any], mpi: dict[str, Any] | None, group: str
+) -> None:
+    print(
+        f"\nblocking allreduce over the group [{group}] beside the world's (after a barrier; "
+        "back to back), each mode's, and its ratio group / world"
+    )
+    print(
+        f"{'size':>6}  {'mode':>9} {'world':>10} {'group':>10} {'g/w':>5}   "
+        f"{'b2b world':>10} {'group':>10} {'g/w':>5}"
+    )
+    modes = [("embedded", emb), ("daemon", dmn)] + ([("MPI", mpi)] if mpi else [])
+    for label in dmn["sizes"]:
+        for mode, rep in modes:
+            r = rep["sizes"][label]
+            wb, gb = r["blocking_latency_s"] * 1e6, r["group_blocking_latency_s"] * 1e6
+            wo, go = r["per_op_s"] * 1e6, r["group_per_op_s"] * 1e6
+            print(
+                f"{label:>6}  {mode:>9} {wb:7.1f} us {gb:7.1f} us {gb / wb:5.2f}   "
+                f"{wo:7.1f} us {go:7.1f} us {go / wo:5.2f}"
+            )
+        key = "group_blocking_latency_s"
+        d = dmn["sizes"][label][key]
+        ratios = [f"embedded {d / emb['sizes'][label][key]:.2f}"]
+        if mpi:
+            ratios.append(f"MPI {d / mpi['sizes'][label][key]:.2f}")
+        print(f"{label:>6}  the daemon's group op after a barrier / " + ", ".join(ratios))
+
+
 def _print(
     emb: dict[str, Any], dmn: dict[str, Any], steps: tuple[Any, Any], nodes: int, local: int
 ) -> None:
@@ -460,8 +555,10 @@ def _median_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over the rounds."""
     out = json.loads(json.dumps(reports[0]))
     for label, row in out["sizes"].items():
-        for key in ("latency_s", "blocking_latency_s", "per_op_s", "busbw_GBps"):
-            row[key] = _median([r["sizes"][label][key] for r in reports])
+        for key in ("latency_s", "blocking_latency_s", "per_op_s", "busbw_GBps",
+                    "group_blocking_latency_s", "group_per_op_s"):  # fmt: skip
+            if key in row:
+                row[key] = _median([r["sizes"][label][key] for r in reports])
     if "step" in out:
         out["step"]["step_s"] = _median([r["step"]["step_s"] for r in reports])
     return out
@@ -501,8 +598,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-mpi", action="store_true", help="leave out the MPI_Allreduce anchor (mpi4py)"
     )
+    p.add_argument(
+        "--group",
+        nargs="?",
+        const="auto",
+        default="",
+        help="also time the blocking allreduce over a group of one rank per node (each "
+        "node's first, or the ranks given: 0,3) beside the world's, in every mode",
+    )
     p.add_argument("--json", default="", help="also write the figures to this file")
     args = p.parse_args(argv)
+    if args.group == "auto":
+        args.group = ",".join(str(n * args.local_clients) for n in range(args.nodes))
     if args.role == "worker":
         worker(args)
         return 0
@@ -546,6 +653,8 @@ def main(argv: list[str] | None = None) -> int:
     mpi = _median_report(mpis) if mpis else None
     if mpi is not None:
         _print_mpi(emb, dmn, mpi)
+    if args.group:
+        _print_group(emb, dmn, mpi, args.group)
     floor = _median_floors(floors) if floors else None
     if floor is not None:
         _print_floors(floor, emb)

@@ -11,8 +11,9 @@ lane needs for it (the row's own; a reduce-scatter's or all-gather's node's part
 result too), and its name's entry in a table of names, which holds the name's next
 generation among the services (a name's shapes share it).  The shapes are the compiled
 pass's: allreduces, broadcasts, barriers, reduce-scatters and all-gathers over the world,
-and the same kinds over a group that spans nodes (a reduce-scatter's or all-gather's where
-the group's ranks lie node after node; keyed by their name among the services,
+and the same kinds over a group that spans nodes (a reduce-scatter's or all-gather's node's
+part in node order where the group's order interleaves the nodes; keyed by their name among
+the services,
 :func:`engine_name`, which mixes in the group's context; a broadcast's root a rank of the
 group; an all-gather's count its first member's; their records carry the group's context,
 ``thin_nodes.GroupExpress``, and Python starts their first occurrences from
@@ -292,7 +293,8 @@ def _service_pass(fbuf, flay, amem, abase, rows, names, fields, lmem, prog, lare
                 return
             for i in range(st[S_NSTART]):
                 e = starts[i]
-                grouped = egrp[e] != 0
+                # (a group's segmented op is a start for Python, as the world's)
+                grouped = egrp[e] != 0 and not pipelined(st, descs[e, 0])
                 r = _row_for(rows, st, groups, egrp, amem, descs, e, io)
                 if (
                     r < 0

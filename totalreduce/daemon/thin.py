@@ -370,6 +370,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
             self._gone.clear()
             self._pending.clear()  # what the last job left unfinished
             self._collected.clear()
+            self._fast.forget_dones()
             self._session_begins(ev[1])
         elif ev[0] == "ended":
             self._session_ends()
@@ -427,6 +428,8 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
             if len(collected) > 4 * A.RING:
                 collected.popitem(last=False)
         done = self._collected.get((wire, gen))
+        if done is None:  # the compiled pass may have answered it: Python never saw it
+            done = self._pass_done(wire, gen)
         if done is not None and done is not op and done.key[2] != ctx:
             if any(done.descs[k] is not None for k in op.grp.slots):
                 clash.append(done)
@@ -443,10 +446,12 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
             why = "the ranks disagree on the group: " + "; ".join(
                 f"rank {r}: {t}" for r, t in texts
             )
-            for o in [op, *clash]:
+            both = [op, *clash]
+            for o in both:  # (first: a rank that sees its op fail may look for them at once)
                 if o.over and not o.fail_kind:  # it completed: its ranks hear it late
                     self._late(o, A.E_MISMATCH, why)
-                else:
+            for o in both:
+                if not (o.over and not o.fail_kind):
                     self._fail(o, A.E_MISMATCH, why)
             return
         other = next((x for x in op.descs if x is not None and x is not d), d)

@@ -62,6 +62,7 @@ class PassOps:
     _ctl_at: list[int]
     _inc: list[int]
     _world: _Grp
+    node: int
     _thread: threading.Thread
     _running: dict[tuple[int, int, int], _Op]
     _fast_running: dict[int, list[Any]]
@@ -219,6 +220,25 @@ class PassOps:
                 op.parts[k] = self._parts(fast.descs[e, k])
         return op
 
+    def _pass_done(self, wire: int, gen: int) -> _Op | None:
+        """A group's op of (wire id, generation) the compiled pass answered (so Python
+        never had it), as an answered _Op with its members' tickets: what a rank that
+        submits the name and generation over another group meets (its ranks then hear of
+        the mismatch late, :meth:`_late`), or None."""
+        got = self._fast.done_of(wire, gen)
+        if got is None:
+            return None
+        ctx, ranks, took = got
+        op = _Op((wire, gen, ctx), self.slots, _Grp(ranks, ctx, self.node, self.slots))
+        for k, (ticket, inc) in took.items():
+            d = np.zeros(A.D_WORDS, np.int64)
+            d[A.D_TICKET], d[A.D_WIRE], d[A.D_GEN], d[A.D_CTX] = ticket, wire, gen, ctx
+            op.descs[k] = d
+            op.incarnations[k] = inc
+            op.seen += 1
+        op.over = True  # it completed here
+        return op
+
     def _parts(self, d: np.ndarray) -> tuple[int, ...]:
         """A reduce-scatter's or all-gather's parts, as the pass checked them."""
         at = int(d[A.D_AUX])
@@ -227,13 +247,16 @@ class PassOps:
 
     def _fast_start(self, e: int) -> None:
         """Entry ``e`` of the pass is complete here: start it among the nodes
-        (:meth:`_engine_op`, over the world).  Its node's part is in its node buffer, but
-        for a segmented op (:func:`.arena_pass.pipelined`), whose node's part is made
-        here segment by segment, as each starts."""
+        (:meth:`_engine_op`, over the world; a group's only if segmented).  Its node's part
+        is in its node buffer, but for a segmented op (:func:`.arena_pass.pipelined`), whose
+        node's part is made here segment by segment (compiled), as each starts."""
         fast = self._fast
         d = fast.descs[e, 0]
         kind, wire = int(d[A.D_KIND]), int(fast.keys[e, 0])
-        key = (wire, int(fast.keys[e, 1]), 0)
+        ctx = int(d[A.D_CTX])
+        key = (wire, int(fast.keys[e, 1]), ctx)
+        # (a group's start is a segmented op's: the loop and Python take its others)
+        grp = self._entry_op(e).grp if ctx else self._world
         if wire == _SESSION:  # the job's agreement: Python's, under a name of its sessions
             op = self._entry_op(e)
             if self._is_session(op):
@@ -251,8 +274,8 @@ class PassOps:
             self._parted_start(token, e, d)
             return
         try:
-            at = -1 if kind == _BARRIER else int(arena_pass.node_buffer(fast.st, fast.descs, e))
-            if kind in _REPEATED:
+            at = -1 if kind == _BARRIER else int(arena_pass.entry_buffer(fast.buf, fast.lay, e))
+            if kind in _REPEATED and not ctx:
                 root = int(d[A.D_ROOT]) if kind == _BROADCAST else 0
                 shape = (wire, int(d[A.D_DTYPE]), int(d[A.D_COUNT]), int(d[A.D_OP]),
                          int(d[A.D_ALGO]), at, kind, root)  # fmt: skip
@@ -265,13 +288,15 @@ class PassOps:
             rop = ReduceOp(int(d[A.D_OP]))
             if rop is ReduceOp.AVG:
                 rop = ReduceOp.SUM  # divided at the end
-            segs = self._segmented(key, self._world, d) if buf is not None else None
+            segs = self._segmented(key, grp, d) if buf is not None else None
+            if segs is None and ctx and buf is not None:  # (not expected: the pass cut it)
+                arena_pass.arena_local(fast.buf, fast.lay, self.arena.base, e, 0, buf.size)
             if segs is not None:  # its node's part made, and handed back, by segments
                 tb, lay, base = fast.buf, fast.lay, self.arena.base
                 segs.local = lambda lo, hi: arena_pass.arena_local(tb, lay, base, e, lo, hi)
                 segs.back = lambda i: self._fast_segment(token, i)
                 self._fast_running[token] = [e, segs, None]
-            h = self._engine_op(key, self._world, kind, buf, rop, dt, d, segs)
+            h = self._engine_op(key, grp, kind, buf, rop, dt, d, segs)
         except Exception as exc:
             self._fast_running.pop(token, None)
             op = self._entry_op(e)

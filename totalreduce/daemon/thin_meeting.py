@@ -52,6 +52,10 @@ class MeetingOps:
     _ctl: list[np.ndarray]
     _ctl_at: list[int]
     _answering: Any
+    size: int
+    _collected: Any
+    _pass_done: Any
+    _late: Any
 
     def _init_meeting(self, on: bool) -> None:
         """Have the node's clients meet in the arena (``on``: a one-node service)."""
@@ -186,7 +190,33 @@ class MeetingOps:
                 for k in self._meet_arrived(c, i, s):
                     self._meet_failed(k, int(self._meet_entry(c, i, k)[M.E_TICKET // _W]), text)
 
-    def _meet_failed(self, slot: int, ticket: int, why: str) -> None:
+    def _meet_clash(self, c: int, i: int, s: int, have: list[int]) -> bool:
+        """Whether the round of op slot (``c``, ``i``) (state ``s``, clients ``have``
+        arrived) waits for ranks that completed its name and generation over a group (the
+        compiled pass's, or Python's): then it fails as a mismatch on the ranks that
+        arrived, naming both groups, and those that completed it hear it late."""
+        wire = int(self._meet_chans[c, 0])
+        gen = int(self._meet_entry(c, i, have[0])[M.E_GEN // _W])
+        done = self._collected.get((wire, gen)) or self._pass_done(wire, gen)
+        if done is None or done.key[2] == 0 or not any(x is not None for x in done.descs):
+            return False
+        if int(M.fail_round(self._meet_cf, c, i, 0)) < 0:
+            return True  # over meanwhile
+        base = self.node * self.slots
+        world = list(range(self.size))
+        texts = sorted(
+            [(base + k, f"group {world}") for k in have]
+            + [(base + k, f"group {list(done.grp.ranks)}") for k, x in enumerate(done.descs)
+               if x is not None]
+        )  # fmt: skip
+        why = "the ranks disagree on the group: " + "; ".join(f"rank {r}: {t}" for r, t in texts)
+        self._late(done, A.E_MISMATCH, why)  # (first: the failed may look for them at once)
+        for k in have:
+            ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
+            self._meet_failed(k, ticket, why, A.E_MISMATCH)
+        return True
+
+    def _meet_failed(self, slot: int, ticket: int, why: str, kind: int = A.E_FAILED) -> None:
         """Op ``ticket`` of ``slot``'s client failed at the meeting: its error, its word
         (unless the word holds a later op's ticket already: a client that found the round
         failed before arriving gave its ticket back), the client woken."""
@@ -194,7 +224,7 @@ class MeetingOps:
             return
         ctl = self._ctl[slot]
         with self._answering:
-            A.write_error(ctl, ticket, A.E_FAILED, why)
+            A.write_error(ctl, ticket, kind, why)
         M.fail_word(self._ctl_at[slot], ticket)
         M.wake_client(self._ctl_at[slot])
 
@@ -216,12 +246,14 @@ class MeetingOps:
                 if s == 0 or s & M.OVER or cnt >= self.slots:
                     continue
                 key = (c, i, (s >> M.RSHIFT) & M.RMASK)
+                have = self._meet_arrived(c, i, s)
+                if have and self._meet_clash(c, i, s, have):
+                    continue
                 seen.add(key)
                 since = self._meet_waiting.setdefault(key, [now, 0.0])
                 if now - max(since[0], since[1]) < self.stall_warning_s:
                     continue
                 since[1] = now
-                have = self._meet_arrived(c, i, s)
                 if not have:
                     continue
                 d = self._meet_row(c, i, have[0])

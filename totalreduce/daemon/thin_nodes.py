@@ -373,15 +373,15 @@ class AmongNodes:
         all-gather among the nodes (its name among the services, dtype, count, reduce op,
         algorithm, node buffer's offset or the parts' digest, kind, a broadcast's root in
         the group), as the compiled loop's rows key it (``service_loop._row_for``); None for
-        the world's (the pass's own), an algorithm named, an unnamed op, a bfloat16 one but
-        a broadcast, or a reduce-scatter or all-gather whose group's order interleaves the
-        nodes (the compiled pass leaves those to Python)."""
+        the world's (the pass's own), an algorithm named, an unnamed op, or a bfloat16 one but
+        a broadcast.  (A reduce-scatter's or all-gather's node's part lies in node order
+        where the group's order interleaves the nodes, in the loop as here.)"""
         if not g.ctx or int(d[A.D_ALGO]) or int(d[A.D_FLAGS]) & A.F_UNNAMED:
             return None
         if dt is DType.BFLOAT16 and kind != int(OpKind.BROADCAST):
             return None
         if kind in (_RS, _AG):
-            if not g.identity or parts is None:
+            if parts is None:
                 return None
             return (name, int(d[A.D_DTYPE]), int(d[A.D_COUNT]), int(d[A.D_OP]), 0,
                     parts_word(parts), kind, 0)  # fmt: skip
