@@ -1,7 +1,9 @@
 """Fault-tolerant mode against plain daemon mode, no faults (issue 50's benchmark; never
 asserted).  ``python tests/daemon/ft_bench.py [COUNT ...]``: two nodes of one client each,
 a step per round of one float32 allreduce (average) of COUNT elements; in FT mode the step
-is also a quorum and a vote.  Prints the median step of each, same machine, same run.
+is also a quorum and a vote.  Prints the median step of each, same machine, same run (FT:
+also the median of each part, member side).  ``FT_BENCH_STEPS`` (200): steps per run;
+``NOJOIN=1``: skip the joins.
 Then the time a replacement takes to join and hold the state, by state size."""
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from cluster import serve  # noqa: E402
 
-STEPS = 200
+STEPS = int(os.environ.get("FT_BENCH_STEPS", 200))
 
 PLAIN = """
 import sys, time, numpy as np, totalreduce as tr
@@ -34,11 +36,15 @@ FT = """
 import sys, time, numpy as np
 from totalreduce.service.ft_member import Member
 m = Member("r" + sys.argv[2])
-n = int(sys.argv[1]); x = np.ones(n, np.float32); ts = []
+n = int(sys.argv[1]); x = np.ones(n, np.float32); ts = []; ph = []
 for i in range(NSTEPS):
     t = time.perf_counter()
-    m.start_quorum(i); x = m.allreduce(x); assert m.should_commit(True)
-    ts.append(time.perf_counter() - t)
+    m.start_quorum(i); t1 = time.perf_counter()
+    x = m.allreduce(x); t2 = time.perf_counter()
+    assert m.should_commit(True); t3 = time.perf_counter()
+    ts.append(t3 - t); ph.append((t1 - t, t2 - t1, t3 - t2))
+ph = ph[20:]
+print("PHASES", *(sorted(p[k] for p in ph)[len(ph) // 2] for k in range(3)))
 print("TIMES", *ts[20:]); m.close()
 """.replace("NSTEPS", str(STEPS))
 
@@ -97,7 +103,10 @@ def main() -> None:
         try:
             for n in counts:
                 outs = run(ft, FT, [[str(n), "0"], [str(n), "1"]], fenv)
-                print(f"fault-tolerant, {n * 4} B: step {median_ms(outs):.3f} ms", flush=True)
+                ph = [float(v) * 1e3 for v in outs[0].split("PHASES")[1].split()[:3]]
+                parts = f"quorum {ph[0]:.3f}, allreduce {ph[1]:.3f}, vote {ph[2]:.3f}"
+                step = median_ms(outs)
+                print(f"fault-tolerant, {n * 4} B: step {step:.3f} ms ({parts})", flush=True)
             for n in [] if os.environ.get("NOJOIN") else (1 << 20, 64 << 20):
                 base = [subprocess.Popen([sys.executable, "-c", JOIN, str(n), f"m{k}", "0"],
                                          env=fenv(k), stdout=subprocess.PIPE, text=True)

@@ -1,7 +1,8 @@
 """A fault-tolerant member for tests/daemon/test_ft.py: a toy model trained with plain numpy.
 
-``python ft_worker.py REPLICA_ID STEPS [--pause-at STEP] [--pause-where before|after]
-[--sleep S] [--start-after PATH]``
+``python ft_worker.py REPLICA_ID STEPS [--pause-at STEP] [--pause-where before|after|send]
+[--die-at STEP --die-where WHERE] [--hold-at STEP --hold-file PATH] [--sleep S]
+[--start-after PATH]``
 
 Each step: ask for a quorum, receive (or send) the state where the quorum says so, average
 a gradient made from the parameters and the replica's own data over the quorum, vote,
@@ -13,14 +14,27 @@ apply it if the step commits.  One line per event on stdout:
 - ``ROLLBACK step qid`` (a vote that did not commit), ``FAIL step qid error`` (an op raised);
 - ``PAUSE step`` where ``--pause-at`` stops the member (before its allreduce or after it,
   before the vote) for 60 s, so that the test can kill it there; ``--pause-where send``
-  stops it the first time it must send the state to a member behind.
+  stops it the first time it must send the state to a member behind;
+- ``DIE step where`` just before the member SIGKILLs itself at a moment of step ``--die-at``
+  that no timing decides (``--die-where``): ``quorum`` (its ask sent, the answer not
+  awaited), ``answered`` (its ask sent and the quorum's answer arrived, unread),
+  ``allreduce`` (its part of the allreduce sent, the average not awaited), ``commit``
+  (``should_commit`` returned, the parameters not updated, the next quorum not asked);
+  ``send`` (the first time it must send the state: half of the state's message sent) and
+  ``recv`` (the first time it receives the state: its request sent and the state's first
+  byte read) ignore ``--die-at``;
+- ``--hold-at`` makes the member wait before it asks for the quorum of that step until
+  ``--hold-file`` exists.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
+import select
+import signal
 import struct
 import sys
 import time
@@ -28,8 +42,24 @@ import time
 import numpy as np
 
 from totalreduce.service.ft_member import Member, StepFailedError
+from totalreduce.transport import ft_frames as F
 
 N = 4099
+
+
+def die(step: int, where: str) -> None:
+    print(f"DIE {step} {where}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def raw_frame(header: dict[str, object], payload: bytes = b"") -> bytes:
+    """The bytes :func:`ft_frames.send` writes (the worker sends pieces of them)."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<IQ", len(head), len(payload)) + head + payload
+
+
+def wait_readable(m: Member) -> None:
+    select.select([m._sock], [], [], 60)
 
 
 def main() -> None:
@@ -38,6 +68,10 @@ def main() -> None:
     p.add_argument("steps", type=int)
     p.add_argument("--pause-at", type=int, default=-1)
     p.add_argument("--pause-where", default="before")
+    p.add_argument("--die-at", type=int, default=-1)
+    p.add_argument("--die-where", default="")
+    p.add_argument("--hold-at", type=int, default=-1)
+    p.add_argument("--hold-file", default="")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--start-after", default="")
     a = p.parse_args()
@@ -49,10 +83,26 @@ def main() -> None:
     seed = int(hashlib.blake2b(a.replica_id.encode(), digest_size=4).hexdigest(), 16)
     data = np.random.default_rng(seed).standard_normal(N).astype(np.float32)
     while step < a.steps:
+        if step + 1 == a.hold_at:
+            while not os.path.exists(a.hold_file):
+                time.sleep(0.01)
+        if step + 1 == a.die_at and a.die_where in ("quorum", "answered"):
+            ask = {"kind": "quorum", "step": step, "min_size": 1, "timeout_ms": 30000}
+            F.send(m._sock, ask)
+            if a.die_where == "answered":
+                wait_readable(m)
+            die(step + 1, a.die_where)
         q = m.start_quorum(step, min_replica_size=1, timeout=30)
         print(f"QUORUM {q.qid} {q.size} {q.rank} {q.step}", flush=True)
         try:
             if q.heal_from >= 0:
+                if a.die_where == "recv":
+                    key = f"state {q.heal_from}"
+                    F.send(m._sock, {"kind": "op", "q": q.qid, "op": "xfer", "src": q.heal_from,
+                                     "key": key})  # fmt: skip
+                    wait_readable(m)
+                    m._sock.recv(1)
+                    die(step + 1, "recv")
                 raw = m.recv_state()
                 (step,) = struct.unpack("<q", raw[:8])
                 params = np.frombuffer(raw[8:], np.float32).copy()
@@ -61,11 +111,23 @@ def main() -> None:
                 if a.pause_where == "send":  # the first time it must send the state
                     print(f"PAUSE {step + 1}", flush=True)
                     time.sleep(60)
-                m.send_state(struct.pack("<q", step) + params.tobytes())
+                state = struct.pack("<q", step) + params.tobytes()
+                if a.die_where == "send":
+                    head = {"kind": "op", "q": q.qid, "op": "xfer", "src": q.rank,
+                            "key": f"state {q.rank}"}  # fmt: skip
+                    frame = raw_frame(head, state)
+                    m._sock.sendall(frame[: len(frame) - len(state) // 2])
+                    die(step + 1, "send")
+                m.send_state(state)
             if step + 1 == a.pause_at and a.pause_where == "before":
                 print(f"PAUSE {step + 1}", flush=True)
                 time.sleep(60)
             grad = params * np.float32(0.5) + data
+            if step + 1 == a.die_at and a.die_where == "allreduce":
+                head = {"kind": "op", "q": q.qid, "key": "1", "op": "allreduce",
+                        "dtype": grad.dtype.str, "count": grad.size}  # fmt: skip
+                F.send(m._sock, head, grad.view(np.uint8))
+                die(step + 1, "allreduce")
             avg = m.allreduce(grad)
             if step + 1 == a.pause_at and a.pause_where == "after":
                 print(f"PAUSE {step + 1}", flush=True)
@@ -76,7 +138,10 @@ def main() -> None:
             ok = False
         if a.sleep:
             time.sleep(a.sleep)
-        if m.should_commit(ok):
+        commit = m.should_commit(ok)
+        if step + 1 == a.die_at and a.die_where == "commit":
+            die(step + 1, "commit")
+        if commit:
             params = params - np.float32(0.1) * avg
             step += 1
             sha = hashlib.sha1(params.tobytes()).hexdigest()[:16]

@@ -7,6 +7,8 @@ replacement joins and receives the state from a live member, and every committed
 leaves the parameters bitwise equal on all members that committed it.  The soak (20
 steps and one random kill by default; 100 steps and a kill every 10-20 with ``--full``)
 checks the same over a chaos loop, and that the services' descriptors and memory stay flat.
+The kills at each moment (``test_kill_at_each_moment``, the state's sender and receiver) make
+the victim SIGKILL itself at a point of its step that no timing decides (``--die-where``).
 """
 
 from __future__ import annotations
@@ -192,25 +194,149 @@ def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
     print(f"kill -> next commit {t_next - t_kill:.3f} s")
 
 
+def events(m: Member) -> list[list[str]]:
+    """A member's quorums (without its rank), commits and rollbacks, in order."""
+    out = []
+    for w in (x.split() for x in m.lines):
+        if w[0] == "QUORUM":
+            out.append(w[:3] + w[4:])
+        elif w[0] in ("COMMIT", "ROLLBACK"):
+            out.append(w)
+    return out
+
+
+def wait_logged(served: Served, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in served.stderr():
+        assert time.monotonic() < deadline, f"the services never logged {text!r}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "answered",
+        "commit",
+        pytest.param("quorum", marks=pytest.mark.full),
+        pytest.param("allreduce", marks=pytest.mark.full),
+    ],
+)
+def test_kill_at_each_moment(served: Served, where: str) -> None:
+    """3 members on 2 nodes (2 + 1); one SIGKILLs itself at a moment of step K that no
+    timing decides (ft_worker.py ``--die-where``):
+
+    - ``quorum``: it asked for the quorum of step K, the quorum had not formed (the others
+      hold their asks until the service logged the death): the quorum forms without it and
+      step K commits on the survivors, nothing fails;
+    - ``answered``: the quorum of step K formed with it (its answer arrived, unread): that
+      step fails on both survivors (their allreduce raises: a member is gone) and commits
+      nowhere; the next quorum leaves it out;
+    - ``allreduce``: its part of step K's allreduce sent, the average not awaited: step K
+      rolls back on both survivors (whether their allreduce ended or raised);
+    - ``commit``: ``should_commit`` returned (yes) and it died before updating its
+      parameters or asking again: step K stays committed on the survivors.
+
+    Always: the survivors finish, every committed step has bitwise equal parameters on its
+    members, no quorum committed on one member and rolled back on another, and every quorum
+    after the death has the 2 survivors only."""
+    k, steps = 3, 6
+    hold = served.directory / f"hold-{where}"
+    held = ("--hold-at", str(k), "--hold-file", str(hold)) if where == "quorum" else ()
+    a = Member(served, 0, f"a-{where}", steps, *held)
+    victim = Member(served, 0, f"b-{where}", steps, "--die-at", str(k), "--die-where", where)
+    c = Member(served, 1, f"c-{where}", steps, *held)
+    victim.wait_for(f"DIE {k} {where}", 120)
+    assert victim.proc.wait(10) == -signal.SIGKILL
+    if where == "quorum":
+        wait_logged(served, f"member b-{where} (pid {victim.proc.pid}) died", 30)
+        hold.touch()
+    for m in (a, c):
+        m.finish(60)
+        assert m.proc.returncode == 0 and m.lines[-1] == "DONE", "\n".join(m.lines[-20:])
+    check_history([a, victim, c])
+    assert events(a) == events(c), "the survivors saw different quorums or decisions"
+    ev = events(a)
+    quorums = [(int(w[1]), int(w[2])) for w in ev if w[0] == "QUORUM"]
+    sizes = [size for _, size in quorums]
+    n3 = sizes.count(3)
+    assert sizes == [3] * n3 + [2] * (len(sizes) - n3) and n3 < len(sizes), sizes
+    last3 = quorums[n3 - 1][0]
+    commits = {int(w[2]): int(w[1]) for w in ev if w[0] == "COMMIT"}
+    rollbacks = {int(w[2]): int(w[1]) for w in ev if w[0] == "ROLLBACK"}
+    fails = [x for x in a.lines + c.lines if x.startswith("FAIL")]
+    if where in ("quorum", "commit"):
+        assert not rollbacks and not fails, (rollbacks, fails)
+        assert commits[last3] == (k if where == "commit" else k - 1)
+    else:
+        assert rollbacks == {last3: k}, rollbacks
+        assert commits[last3 + 1] == k
+    if where == "answered":
+        assert len(fails) == 2 and all(x.split()[1:3] == [str(k), str(last3)] for x in fails)
+        assert all("gone" in x for x in fails), fails
+    assert victim.committed() == k - 1
+    assert a.committed() == c.committed() == steps
+
+
 @pytest.mark.full
-def test_kill_the_sender_of_the_state(served: Served) -> None:
-    """The member that sends the state to a replacement is killed before it sends: the
-    replacement's receive fails (and the step, everywhere), and it receives the state from
-    the other survivor at the next quorum."""
+@pytest.mark.parametrize("how", ["pause", "send"])
+def test_kill_the_sender_of_the_state(served: Served, how: str) -> None:
+    """The member that sends the state to a replacement is killed before it sends
+    (``pause``: the test kills it while it pauses) or in the middle of the state's
+    message (``send``: half of it written, then SIGKILL): the replacement's receive fails
+    (and the step, everywhere), and it receives the state from the other survivor at the
+    next quorum."""
     steps = 40
-    a = Member(served, 0, "a-send", steps, "--pause-where", "send")  # first by replica id
-    c = Member(served, 1, "c-send", steps, "--sleep", "0.1")
-    joiner = Member(served, 0, "b-send", steps, spare=True)
+    if how == "pause":
+        a = Member(served, 0, "a-send", steps, "--pause-where", "send")  # first by replica id
+    else:
+        a = Member(served, 0, "a-half", steps, "--die-where", "send")
+    c = Member(served, 1, f"c-{how}", steps, "--sleep", "0.1")
+    joiner = Member(served, 0, f"b-{how}", steps, spare=True)
     a.wait_for("COMMIT 3", 120)
     joiner.go()
-    a.wait_for("PAUSE", 60)
-    a.kill()
+    if how == "pause":
+        a.wait_for("PAUSE", 60)
+        a.kill()
+    else:
+        a.wait_for("DIE", 60)
+        assert a.proc.wait(10) == -signal.SIGKILL
     joiner.wait_for("HEALED", 60)
     for m in (c, joiner):
         m.finish(120)
         assert m.proc.returncode == 0 and m.lines[-1] == "DONE", "\n".join(m.lines[-20:])
     assert any(x.startswith("FAIL") and "gone" in x for x in joiner.lines), joiner.lines[:10]
     check_history([a, c, joiner])
+
+
+@pytest.mark.full
+def test_kill_the_receiver_of_the_state(served: Served) -> None:
+    """A replacement dies while it receives the state (its request sent, the state's first
+    byte read): the step of the quorum it joined fails on both survivors, the next quorum
+    leaves it out, and a second replacement receives the state and trains on."""
+    steps = 30
+    a = Member(served, 0, "a-recv", steps, "--sleep", "0.1")
+    c = Member(served, 1, "c-recv", steps, "--sleep", "0.1")
+    joiner = Member(served, 0, "b-recv", steps, "--die-where", "recv", spare=True)
+    second = Member(served, 0, "b-recv-2", steps, spare=True)
+    a.wait_for("COMMIT 3", 120)
+    joiner.go()
+    joiner.wait_for("DIE", 60)
+    assert joiner.proc.wait(10) == -signal.SIGKILL
+    a.wait_for("ROLLBACK", 60)
+    a.wait_for("QUORUM", 60)  # without the dead joiner (the second must not join it)
+    second.go()
+    second.wait_for("HEALED", 60)
+    for m in (a, c, second):
+        m.finish(120)
+        assert m.proc.returncode == 0 and m.lines[-1] == "DONE", "\n".join(m.lines[-20:])
+    check_history([a, c, joiner, second])
+    assert events(a) == events(c)
+    ev = events(a)
+    i = next(i for i, w in enumerate(ev) if w[0] == "ROLLBACK")
+    assert ev[i - 1][:3] == ["QUORUM", ev[i][2], "3"], ev[: i + 1]  # the joiner's quorum
+    assert ev[i + 1][:3] == ["QUORUM", str(int(ev[i][2]) + 1), "2"], ev[i : i + 3]
+    assert sum(w[0] == "ROLLBACK" for w in ev) == 1
+    assert second.committed() == steps
 
 
 def soak(served: Served, steps: int, kills: int, seed: int) -> None:

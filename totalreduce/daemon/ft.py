@@ -59,6 +59,11 @@ ROUND = "\0ft round"
 #: (a message of its own members ends it); rounds follow each other without one otherwise.
 IDLE_S = float(os.environ.get("TOTALREDUCE_FT_IDLE_S", 0.002))
 AWAKE_S = float(os.environ.get("TOTALREDUCE_FT_AWAKE_S", 0.0))
+#: The pause once the table stood still (no member waiting, nothing said) for ``QUIET_AFTER_S``:
+#: members that compute or evaluate for long cost less CPU; the first ask after it waits at
+#: most this for the other services' next round.
+QUIET_S = float(os.environ.get("TOTALREDUCE_FT_QUIET_S", 0.02))
+QUIET_AFTER_S = 1.0
 #: The pause while no node has a member (a hello waits at most this for its first round).
 EMPTY_S = 0.05
 #: A member's message is read whole once it starts; it may not stall longer.
@@ -127,6 +132,8 @@ class FtService:
         self._ops: dict[tuple[int, str], _Op] = {}
         self._awake_until = 0.0
         self._anyone = False
+        self._still_since = 0.0  # the table has not changed since (monotonic)
+        self._last = np.zeros(0, np.int64)
         self._stopping = False
         self.rounds = 0
         self._thread = threading.Thread(target=self._run, name="totalreduce-ft", daemon=True)
@@ -149,8 +156,12 @@ class FtService:
             while not self._stopping:
                 if time.monotonic() < self._awake_until:
                     self._poll(0.0)
+                elif not self._anyone:
+                    self._poll(EMPTY_S)
+                elif time.monotonic() - self._still_since < QUIET_AFTER_S:
+                    self._poll(IDLE_S)
                 else:
-                    self._poll(IDLE_S if self._anyone else EMPTY_S)
+                    self._poll(max(IDLE_S, QUIET_S))
                 table = self._round()
                 ev = self.quorums.advance(table)
                 self._apply(ev)
@@ -191,8 +202,14 @@ class FtService:
         self.rounds += 1
         out = table.reshape(self.nodes, Q.ROW)
         self._anyone = bool(out[:, Q.HEADER :: Q.FIELDS].any())  # a token in some slot
+        now = time.monotonic()
         if out[:, Q.ACTIVE].any():
-            self._awake_until = time.monotonic() + AWAKE_S
+            self._awake_until = now + AWAKE_S
+            self._still_since = now
+        said = table[Q.CLOCK + 1 :]  # (node 0's clock changes every round)
+        if not np.array_equal(said, self._last):
+            self._last = said.copy()
+            self._still_since = now
         return out
 
     # ------------------------------------------------------------------ members' messages
