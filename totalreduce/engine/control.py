@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import protocol as L
+from ..lane.payload import OpKey, describe_op
 from ..protocol import BYE, ERROR, F_SEGMENT, F_STEP, GONE, HAVE, JOIN, PROBE
 from .failures import ERROR_MISMATCH
-from .payload import OpKey, describe_op
 
 if TYPE_CHECKING:
-    from .lane import Lane
+    from ..lane.lane import Lane
 
 _FRAME = struct.Struct(L.FRAME_FORMAT)
 

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol as L
 from ..errors import FrameError, OpFailedError, OpMismatchError, OpTimeoutError, TotalReduceError
-from .payload import OpKey, OpSpec, mismatch_text
+from ..lane.payload import OpKey, OpSpec, mismatch_text
 
 if TYPE_CHECKING:
-    from .lane import Lane, LaneOp
+    from ..lane.lane import Lane, LaneOp
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -139,7 +139,7 @@ class LaneFailHooks:
             if why is not None:
                 return why
         if kind == L.EV_SIZE:
-            from .lane_plans import DIRECT_KINDS
+            from ..lane.lane_plans import DIRECT_KINDS
 
             if spec.kind in DIRECT_KINDS:  # a part's size is the two ranks' own business
                 isz = spec.dtype.itemsize

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol as L
 from ..errors import OpFailedError, TotalReduceError
+from ..lane.payload import OpKey, OpSpec
 from .completion import Waitable
 from .failures import _error_from_peer
-from .payload import OpKey, OpSpec
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .lane import Lane, LaneOp, LaneShape
+    from ..lane.lane import Lane, LaneOp, LaneShape
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -239,10 +239,7 @@ class LaneHooks:
                 or self.bad_peers
                 or self.submissions
                 or time.monotonic() - self._last_stall_check > self._stall_every
-                or (
-                    (early or lane.by_key)
-                    and ((key := (wid, gen)) in early or key in lane.by_key)
-                )
+                or ((early or lane.by_key) and ((key := (wid, gen)) in early or key in lane.by_key))
             ):
                 return None
             trace = self.trace

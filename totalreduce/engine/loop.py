@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..errors import OpFailedError, TotalReduceError
+from ..lane.payload import REMEMBERED, OpKey, OpSpec
 from ..transport.base import Transport
 from . import wire
 from .control import ControlHooks
@@ -48,12 +49,11 @@ from .driving import DriveHooks
 from .failing import FailHooks
 from .lane_failing import LaneFailHooks
 from .lane_loop import LaneHooks
-from .payload import REMEMBERED, OpKey, OpSpec
 from .peers import PeerHooks
 from .stalls import StallHooks
 
 if TYPE_CHECKING:
-    from .lane import Lane  # the lane imports the MPI binding: only when a service makes one
+    from ..lane.lane import Lane  # the lane imports the MPI binding: only when a service makes one
 
 log = logging.getLogger("totalreduce.engine")
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OpTimeoutError
+from ..lane.payload import NO_SHAPE, OpKey, OpSpec
 from ..protocol import F_GEN, F_WID, HAVE
-from .payload import NO_SHAPE, OpKey, OpSpec
 
 if TYPE_CHECKING:
-    from .lane import Lane
+    from ..lane.lane import Lane
 
 log = logging.getLogger("totalreduce.engine")
 

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
     from ..dtypes import ReduceOp
     from ..engine.loop import CommLoop
-    from ..engine.payload import OpSpec
     from ..group import Group, Partition
+    from ..lane.payload import OpSpec
     from .names import NameTable
 
 

@@ -99,7 +99,7 @@ class Lifecycle(OpSubmitter):
                     " has no compiled binding: the compiled lane, which runs every op, cannot "
                     "run over it"
                 )
-            from ..engine.lane import Lane
+            from ..lane.lane import Lane
             from ..protocol import BODY_TAG_BASE, LANE_BODY_SPAN
 
             # The lane's bodies have tags of their own, from BODY_TAG_BASE, where MPI's
