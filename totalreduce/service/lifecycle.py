@@ -212,7 +212,7 @@ class Lifecycle(OpSubmitter):
         # Let the last control messages (credit, errors) leave.
         for _ in range(20):
             self.loop.poll()
-        left = self.loop.stalled()
+        left = self.loop.stalls.stalled()
         self._stop.set()
         self.loop.notify()
         self._comm_thread.join(timeout=10)
