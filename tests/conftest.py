@@ -143,7 +143,7 @@ def _lane_compiling() -> Iterator[dict[str, Any]]:
     for the cache, would spend it inside their tests' timeouts)."""
     marker = Path(tempfile.mkdtemp(prefix="totalreduce-compile-")) / "lane-ready"
     code = (
-        "import sys; from totalreduce.engine.lane_core import compile_all; compile_all(); "
+        "import sys; from totalreduce.lane.lane_core import compile_all; compile_all(); "
         "import totalreduce.transport.local_native; "  # the local world's compiled layer
         "open(sys.argv[1], 'w').close(); "  # the lane's part is ready
         # the node services' compiled loop, which links the lane in (as long again): a
@@ -184,7 +184,7 @@ def _compiled_lane(request: pytest.FixtureRequest, _lane_compiling: dict[str, An
             time.sleep(0.1)
     if state["ready"]:
         return
-    from totalreduce.engine.lane_core import compile_all
+    from totalreduce.lane.lane_core import compile_all
 
     compile_all()  # (loads what the other process compiled; compiles here if it failed)
     state["ready"] = True

@@ -3,7 +3,7 @@ one step: a line at once (before ``init()``, which may compile), then exact sums
 
 Its ranks load the compiled lane from the cache that the suite's start compiled
 (tests/conftest.py), so they must say nothing about compiling: the loading side of
-totalreduce/engine/compile_once.py on the real lane (its compiling side is tested with a
+totalreduce/lane/compile_once.py on the real lane (its compiling side is tested with a
 small function, tests/engine/test_compile_once.py)."""
 
 from __future__ import annotations

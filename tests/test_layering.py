@@ -22,6 +22,7 @@ PURE = ("totalreduce.algorithms", "totalreduce.topology")
 ABOVE_PURE = (
     "totalreduce.native",
     "totalreduce.service",
+    "totalreduce.lane",
     "totalreduce.engine",
     "totalreduce.transport",
     "totalreduce.api",
@@ -149,6 +150,33 @@ NATIVE_MODULES = sorted(m for m in MODULES if _within(m, ("totalreduce.native",)
 def test_native_is_the_bottom_layer(module: str) -> None:
     """The compiled building blocks import nothing of the package but each other."""
     above = sorted(d for d in GRAPH[module] if not _within(d, ("totalreduce.native",)))
+    assert above in ([], ["totalreduce"]), f"{module} imports {above}"
+
+
+LANE_MODULES = sorted(m for m in MODULES if _within(m, ("totalreduce.lane",)))
+#: What the compiled data plane sits on; the control plane (engine/) and everything above
+#: it (service/, daemon/, the API) import the lane, never the other way.
+BELOW_THE_LANE = (
+    "totalreduce.lane",
+    "totalreduce.protocol",
+    "totalreduce.transport",
+    "totalreduce.kernels",
+    "totalreduce.native",
+    "totalreduce.algorithms",
+    "totalreduce.dtypes",
+    "totalreduce.errors",
+)
+
+
+def test_the_scan_sees_the_lane() -> None:
+    assert "totalreduce.lane.lane_core" in LANE_MODULES
+    assert "totalreduce.lane.lane" in GRAPH["totalreduce.engine.loop"]
+
+
+@pytest.mark.parametrize("module", LANE_MODULES)
+def test_the_lane_imports_only_the_layers_below_it(module: str) -> None:
+    """The data plane (lane/) never reaches up into the control plane (engine/) or above."""
+    above = sorted(d for d in GRAPH[module] if not _within(d, BELOW_THE_LANE))
     assert above in ([], ["totalreduce"]), f"{module} imports {above}"
 
 

@@ -1,4 +1,4 @@
-"""Compiling once per installation (totalreduce/engine/compile_once.py): processes started
+"""Compiling once per installation (totalreduce/lane/compile_once.py): processes started
 together on an empty cache compile once, the others wait and load; a compiler that dies
 holds nobody up; stale code is dropped only under the exclusive lock.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from totalreduce.engine import compile_once as co
+from totalreduce.lane import compile_once as co
 
 KERNEL = """
 from numba import njit
@@ -45,7 +45,7 @@ CHILD = """
 import os, sys, time
 from pathlib import Path
 from numba import types
-from totalreduce.engine import compile_once as co
+from totalreduce.lane import compile_once as co
 
 here, hold, how = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, str(here))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from numba.core import caching
 
-from totalreduce.engine import lane_cache, lane_core
+from totalreduce.lane import lane_cache, lane_core
 
 
 def test_a_changed_source_drops_every_cached_lane_function(monkeypatch) -> None:
@@ -48,16 +48,18 @@ def test_the_digest_covers_every_source_the_lane_inlines() -> None:
 
 
 def test_every_module_with_cached_lane_code_is_flushed() -> None:
-    """Each module under engine/, kernels/, native/ and transport/ whose compiled
+    """Each module under lane/, kernels/, native/ and transport/ whose compiled
     functions the lane calls is both digested and flushed."""
     import importlib
 
     from numba.core.registry import CPUDispatcher
 
     root = Path(lane_core.__file__).resolve().parents[1]
-    for path in sorted((root / "engine").glob("lane_*.py")):
-        rel = f"engine/{path.name}"
-        mod = importlib.import_module(f"totalreduce.engine.{path.stem}")
+    for path in sorted((root / "lane").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        rel = f"lane/{path.name}"
+        mod = importlib.import_module(f"totalreduce.lane.{path.stem}")
         cached = [
             o for o in vars(mod).values()
             if isinstance(o, CPUDispatcher) and getattr(o, "_cache", None) is not None
@@ -66,7 +68,7 @@ def test_every_module_with_cached_lane_code_is_flushed() -> None:
         if cached and path.name == "lane_service.py":  # the node service's loop's code
             from totalreduce.daemon import service_loop
 
-            assert rel in service_loop.SOURCES and "engine.lane_service" in service_loop._MODULES
+            assert rel in service_loop.SOURCES and "lane.lane_service" in service_loop._MODULES
         elif cached:
             assert rel in lane_cache.SOURCES, rel
             assert rel[:-3].replace("/", ".") in lane_cache._CACHED, rel

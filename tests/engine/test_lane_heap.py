@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from totalreduce import protocol as L
-from totalreduce.engine.lane_tables import _heap_len, _heap_pop, _heap_push, _raise
+from totalreduce.lane.lane_tables import _heap_len, _heap_pop, _heap_push, _raise
 
 NOPS, STKCAP = 8, 256
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import local_services, run_ranks
 from totalreduce import protocol as L
-from totalreduce.engine.lane_plans import SEGCAP, segment_cap
+from totalreduce.lane.lane_plans import SEGCAP, segment_cap
 
 ALGORITHMS = ["ring", "ring_chunked", "halving_doubling", "bcube", "recursive_doubling"]
 #: micro_bytes 256: an op of more than 2 KiB is large (its segments' bodies on tags of

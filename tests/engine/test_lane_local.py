@@ -438,7 +438,7 @@ def test_an_op_nobody_waits_for_after_an_idle_spell_completes_at_once(repeat: bo
 
 def test_large_reduce_scatters_take_their_work_buffer_from_the_pool() -> None:
     """A reduce-scatter's WORK buffer is the whole count: one of 64 KiB or more comes from
-    the lane's pool (engine/lane_pool.py), as its scratch does, and goes back when the op
+    the lane's pool (lane/lane_pool.py), as its scratch does, and goes back when the op
     ends; the results stay exact, in every round and with three in flight."""
     n = 3 * 8192  # float64: 192 KiB of work per op
 
@@ -470,7 +470,7 @@ def test_ops_that_end_in_the_same_pass_are_reported_most_urgent_first() -> None:
     from types import SimpleNamespace
 
     from totalreduce import protocol as L
-    from totalreduce.engine.lane import LaneOp
+    from totalreduce.lane.lane import LaneOp
 
     with local_services(1) as svcs:
         svc = svcs[0]

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from conftest import local_services, run_ranks
-from totalreduce.engine.lane_plans import PLAN_CHARGE
+from totalreduce.lane.lane_plans import PLAN_CHARGE
 
 SMALL = 1 << 16  # the least bound: a dozen small plans, so compactions come every few ops
 
@@ -180,7 +180,7 @@ def test_compiled_repeats_outside_the_engine_wait_for_fields_of_the_new_epoch() 
     """A node service's compiled loop keeps copies of lane fields: once a compaction moved
     the plans, ``ServiceRepeats.begin`` refuses until its caller says its copies are of
     the new epoch (``renew``)."""
-    from totalreduce.engine.lane_service import ServiceRepeats
+    from totalreduce.lane.lane_service import ServiceRepeats
     from totalreduce.service import express
 
     both = threading.Barrier(2)  # (no op of the other rank's floating here meanwhile)

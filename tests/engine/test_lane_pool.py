@@ -1,9 +1,9 @@
-"""The lane's pool of large buffers (``engine/lane_pool.py``): as many of a size as were in
+"""The lane's pool of large buffers (``lane/lane_pool.py``): as many of a size as were in
 use at once come back from it, within its byte bound."""
 
 from __future__ import annotations
 
-from totalreduce.engine.lane_pool import BufferPool
+from totalreduce.lane.lane_pool import BufferPool
 
 
 def test_a_burst_of_one_size_comes_back_whole_from_the_pool() -> None:

@@ -12,7 +12,7 @@ from conftest import full_run
 from totalreduce.algorithms.codes import AlgorithmCode, OpKind
 from totalreduce.algorithms.registry import allreduce_schedule
 from totalreduce.algorithms.schedule import plan_segments
-from totalreduce.engine.lane_plans import (
+from totalreduce.lane.lane_plans import (
     LANE_ALGORITHMS,
     LANE_KINDS,
     LANE_MAX_SEGMENTS,
@@ -177,7 +177,7 @@ def test_an_in_place_ring_lands_its_gathered_parts_in_place(p: int) -> None:
     scratch too, so that their clears leave when the op starts."""
     from totalreduce import protocol as L
     from totalreduce.algorithms.schedule import Action, alias_input
-    from totalreduce.engine.lane_plans import LanePlans
+    from totalreduce.lane.lane_plans import LanePlans
 
     isz, count = 4, 1 << 20
     seg = large_segment_bytes(count * isz, p, LANE_SEGMENT_BYTES, isz)

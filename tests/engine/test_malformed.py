@@ -54,7 +54,7 @@ GARBAGE = {
 def _send_to_lane(world: LocalWorld, raw: np.ndarray) -> np.ndarray:
     """Rank 1 sends ``raw`` on the compiled lane's tag through the world's compiled layer
     (the lane reads it with ``MPI_Improbe``/``MPI_Mrecv``); returns the request."""
-    from totalreduce.engine.lane import LANE_TAG
+    from totalreduce.lane.lane import LANE_TAG
     from totalreduce.transport import mpi_native
 
     b = world.native().binding(1)

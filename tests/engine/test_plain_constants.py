@@ -1,5 +1,5 @@
 """Constants passed between jitted functions typed as int64 and bool while compiling the lane
-(totalreduce/engine/plain_constants.py): one specialization per argument types."""
+(totalreduce/lane/plain_constants.py): one specialization per argument types."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import numba
 from numba import njit, types
 
-from totalreduce.engine.plain_constants import plain_constants
+from totalreduce.lane.plain_constants import plain_constants
 
 
 def _functions():  # type: ignore[no-untyped-def]

@@ -942,7 +942,7 @@ def mode_hostile(p: int, rank: int) -> None:
 
 def engine(mode: str) -> None:
     """Start an engine with the options ``mode`` needs, run it, shut the engine down."""
-    import totalreduce.engine.lane as lane_module
+    import totalreduce.lane.lane as lane_module
 
     opts: dict[str, float] = {"stall_warning_s": 30}
     if mode == "credit":

@@ -112,7 +112,7 @@ def openmpi(tmp_path_factory: pytest.TempPathFactory) -> OpenMPI:
     if numba_version != numba.__version__:  # a cache of its own: the index is per version
         env["NUMBA_CACHE_DIR"] = str(tmp_path_factory.mktemp("numba-openmpi"))
     # Compile (or load) the lane once, in one process, before ranks race for the cache.
-    done = ompi.run("-c", "from totalreduce.engine.lane_core import compile_all; compile_all()")
+    done = ompi.run("-c", "from totalreduce.lane.lane_core import compile_all; compile_all()")
     assert done.returncode == 0, done.stdout + done.stderr
     return ompi
 

@@ -12,7 +12,7 @@ import pytest
 
 import totalreduce as tr
 from conftest import local_services, run_ranks
-from totalreduce.engine import lane_core
+from totalreduce.lane import lane_core
 
 DTYPES = ["float32", "float64", "int32", "int64", "uint8", "int8", "int16", "bool", "float16"]
 

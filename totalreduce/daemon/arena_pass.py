@@ -1138,7 +1138,7 @@ def clock_ns():  # type: ignore[no-untyped-def]
 #: (Numba checks a cached function against its own file only).
 SOURCES = (
     "daemon/arena_pass.py",
-    "engine/lane_cache.py",
+    "lane/lane_cache.py",
     "kernels/raw.py",
     "kernels/numba_kernels.py",
     "native/intrinsics.py",
@@ -1150,7 +1150,7 @@ SOURCES = (
 def prepare() -> None:
     """Compile the pass (or load it from Numba's cache, dropped first if any of its
     :data:`SOURCES` changed): in the service's start, not in a client's first op."""
-    from ..engine.lane_cache import forget_stale_cache
+    from ..lane.lane_cache import forget_stale_cache
 
     forget_stale_cache(arena_pass, SOURCES, (__name__.split(".", 1)[1],), "arena_pass.sources")
     t = Table(1, 2, 0, 0)

@@ -25,7 +25,7 @@ its row is found, and hands the descriptors of one without a row to Python untou
 
 From then on :func:`service_pass` runs a repeat of the shape whole: it takes the
 descriptors (the pass), reduces the node's buffers (the pass), enters the op into the
-services' lane and drives it for its first try (``engine.lane_service.lane_repeat``),
+services' lane and drives it for its first try (``lane.lane_service.lane_repeat``),
 copies the result into every client's output, sets the completion words and wakes the
 clients asleep (``arena_pass.arena_finish``, ``transport.meeting.wake_client``), then
 looks at the rings again, until nothing came for ``spin`` or ``max`` passed.  It
@@ -55,10 +55,10 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from ..engine import lane_cache
-from ..engine.lane_core import lane_pass  # noqa: F401 - (its cache directory: the probe's)
-from ..engine.lane_service import TRY_NS, lane_repeat
 from ..kernels.raw import DT_BF16, copy_raw
+from ..lane import lane_cache
+from ..lane.lane_core import lane_pass  # noqa: F401 - (its cache directory: the probe's)
+from ..lane.lane_service import TRY_NS, lane_repeat
 from ..native.libc import now_ns, yield_cpu
 from ..protocol import C_BFULL, C_CTL_WAITING, C_FULL, C_NDONE, C_NEV, C_NFREEOP
 from ..transport import arena as A
@@ -478,18 +478,18 @@ class Shapes:
 SOURCES = (
     "daemon/service_loop.py",
     "daemon/arena_pass.py",
-    "engine/lane_service.py",
+    "lane/lane_service.py",
     "transport/meeting.py",
     "transport/arena.py",
     *lane_cache.SOURCES,
 )
-_MODULES = ("daemon.service_loop", "engine.lane_service")
+_MODULES = ("daemon.service_loop", "lane.lane_service")
 
 
 def _compile() -> None:
     from numba import types
 
-    from ..engine.plain_constants import plain_constants
+    from ..lane.plain_constants import plain_constants
 
     i64 = types.int64
     v1 = types.Array(types.int64, 1, "C")
@@ -507,8 +507,8 @@ def prepare() -> None:
     """Compile the loop (or load it from Numba's cache): in the service's start.  It
     links the services' lane into itself: the first time, about as long again as the
     lane's own compile."""
-    from ..engine.compile_once import compile_once
-    from ..engine.lane_cache import cache_is_current, forget_stale_cache
+    from ..lane.compile_once import compile_once
+    from ..lane.lane_cache import cache_is_current, forget_stale_cache
 
     compile_once(
         _compile,

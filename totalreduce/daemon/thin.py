@@ -61,8 +61,8 @@ from ..algorithms.codes import OpKind
 from ..algorithms.rooted import offsets
 from ..dtypes import DType, ReduceOp
 from ..engine.driving import set_timer_slack
-from ..engine.lane_service import ServiceRepeats
 from ..kernels import copy_into, reduce_into
+from ..lane.lane_service import ServiceRepeats
 from ..service import express
 from ..transport import arena as A
 from ..transport import meeting, ring_call

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..dtypes import DType, ReduceOp
-from ..engine.lane_core import DRIVE_OUTER, DRIVE_TAKE
+from ..lane.lane_core import DRIVE_OUTER, DRIVE_TAKE
 from ..service import express, tuning
 from ..transport import arena as A
 from ..transport.meeting import wake_client

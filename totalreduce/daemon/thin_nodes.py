@@ -14,10 +14,10 @@ import numpy as np
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.rooted import offsets
 from ..dtypes import DType, ReduceOp
-from ..engine.payload import OpSpec
 from ..errors import OpMismatchError
 from ..group import Group
 from ..kernels import copy_into
+from ..lane.payload import OpSpec
 from ..service import express, tuning
 from ..transport import arena as A
 from . import arena_pass

@@ -1,1 +1,1 @@
-"""The engine: the compiled lane (every op's data path) and the loop around it."""
+"""The control plane: :class:`~.loop.CommLoop` around the compiled lane, :mod:`totalreduce.lane`."""

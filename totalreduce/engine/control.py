@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import protocol as L
+from ..lane.payload import OpKey, describe_op
 from ..protocol import BYE, ERROR, F_SEGMENT, F_STEP, GONE, HAVE, JOIN, PROBE
 from .failures import ERROR_MISMATCH
-from .payload import OpKey, describe_op
 
 if TYPE_CHECKING:
-    from .lane import Lane
+    from ..lane.lane import Lane
+    from .stalls import StallInspector
 
 _FRAME = struct.Struct(L.FRAME_FORMAT)
 
@@ -56,8 +57,7 @@ class ControlHooks:
     _on_bye: Handler
     _on_gone: Handler
     _on_join: Handler
-    _on_probe: Handler
-    _on_have: Handler
+    stalls: StallInspector
     _on_error: Callable[[OpKey, str, int, int], None]
     _error_frame: Callable[[OpKey, int, str, int], None]
 
@@ -68,8 +68,8 @@ class ControlHooks:
             BYE: self._on_bye,
             GONE: self._on_gone,
             JOIN: self._on_join,
-            PROBE: self._on_probe,
-            HAVE: self._on_have,
+            PROBE: self.stalls.on_probe,
+            HAVE: self.stalls.on_have,
         }
 
     def _control(

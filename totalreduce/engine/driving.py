@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TotalReduceError
+from ..lane.payload import OpSpec
 from .completion import Waitable
-from .payload import OpSpec
 
 if TYPE_CHECKING:
-    from .lane import Lane
+    from ..lane.lane import Lane
 
 log = logging.getLogger("totalreduce.engine")
 

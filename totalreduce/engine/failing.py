@@ -27,12 +27,12 @@ from ..errors import (
     OpTimeoutError,
     TotalReduceError,
 )
+from ..lane.payload import REMEMBERED, OpKey, OpSpec, describe_op
 from ..protocol import ERROR, F_GEN, F_NBYTES, F_PARAM, F_WID, MAX_CONTROL_BODY
 from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, ERROR_TIMEOUT, _error_from_peer
-from .payload import REMEMBERED, OpKey, OpSpec, describe_op
 
 if TYPE_CHECKING:
-    from .lane import Lane
+    from ..lane.lane import Lane
 
 log = logging.getLogger("totalreduce.engine")
 

@@ -5,14 +5,14 @@
 the lane's events into the errors the main loop raises for its own ops (the same
 words, sent to the same ranks: ``_lane_event``), fails a lane op here and on its
 group (``_lane_fail``), and takes lane ops through everything that fails ops:
-peers gone (``_lane_fail_with``), shutdown and fatal errors (``_lane_fail_all``),
-stalls (``_lane_stalls``).  It declares what it uses of the other bases as class
+peers gone (``_lane_fail_with``), shutdown and fatal errors (``_lane_fail_all``); the
+stall inspector (:mod:`.stalls`) fails stalled ones through ``_lane_fail``.  It
+declares what it uses of the other bases as class
 annotations; it does not import :mod:`.loop`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import struct
 from collections import OrderedDict
@@ -20,11 +20,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import protocol as L
-from ..errors import FrameError, OpFailedError, OpMismatchError, OpTimeoutError, TotalReduceError
-from .payload import OpKey, OpSpec, mismatch_text
+from ..errors import FrameError, OpFailedError, OpMismatchError, TotalReduceError
+from ..lane.payload import OpKey, OpSpec, mismatch_text
 
 if TYPE_CHECKING:
-    from .lane import Lane, LaneOp
+    from ..lane.lane import Lane, LaneOp
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -48,7 +48,6 @@ class LaneFailHooks:
     _unknown_op: Callable[[int, Any, OpKey], bool]
     _bad_peer: Callable[..., None]
     _control: Callable[..., None]
-    _stall_verdict: Callable[..., OpTimeoutError | None]
     _on_control_event: Callable[[int, bytes], None]
     # ------------------------------------------------------------------ one op, events
 
@@ -139,7 +138,7 @@ class LaneFailHooks:
             if why is not None:
                 return why
         if kind == L.EV_SIZE:
-            from .lane_plans import DIRECT_KINDS
+            from ..lane.lane_plans import DIRECT_KINDS
 
             if spec.kind in DIRECT_KINDS:  # a part's size is the two ranks' own business
                 isz = spec.dtype.itemsize
@@ -182,40 +181,3 @@ class LaneFailHooks:
             return
         for lop in list(lane.ops.values()):
             self._lane_fail(lop, error, tell_peers=False)
-
-    def _lane_stalls(self, now: float, first: float, warn: float, shut: float) -> None:
-        """The stall inspector's pass over lane ops (see ``CommLoop._check_stalls``)."""
-        from ..protocol import PROBE
-
-        lane = self.lane
-        if lane is None:
-            return
-        for lop in list(lane.ops.values()):
-            spec = lop.spec
-            if spec.passive:
-                continue  # a window's standing receive waits as long as its peer likes
-            idle = now - lop.t0
-            if not lop.probed and idle >= first / 2:
-                lop.probed = True
-                shape = (int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
-                         spec.count, spec.param, spec.context)  # fmt: skip
-                for world in spec.group:
-                    if world != self.rank:
-                        self._control(world, PROBE, shape, spec.key)
-            timeout = self._stall_verdict(
-                spec, idle, warn, shut, lop.warned, functools.partial(self._lane_stall_text, lop)
-            )
-            if timeout is not None:
-                self._lane_fail(lop, timeout, tell_peers=True)
-            elif warn > 0 and idle >= warn:
-                lop.warned = True
-
-    def _lane_stall_text(self, lop: LaneOp) -> str:
-        lane = self.lane
-        assert lane is not None
-        recv_from = lane.waiting_on(lop)
-        # After the probe every rank that submitted the op has answered HAVE: the others are
-        # missing, whether this rank waits on them or on a rank that waits on them.
-        missing = [w for w in lop.spec.group if w != self.rank and w not in lop.have]
-        text = f"ranks {missing} have not submitted it; " if missing and lop.probed else ""
-        return text + f"it waits for frames from ranks {recv_from}"

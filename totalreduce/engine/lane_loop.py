@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol as L
 from ..errors import OpFailedError, TotalReduceError
+from ..lane.payload import OpKey, OpSpec
 from .completion import Waitable
 from .failures import _error_from_peer
-from .payload import OpKey, OpSpec
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .lane import Lane, LaneOp, LaneShape
+    from ..lane.lane import Lane, LaneOp, LaneShape
+    from .stalls import StallInspector
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -75,8 +76,7 @@ class LaneHooks:
     _ctl_dirty: bool
     _ctl_flush: Callable[[], None]
     _asleep: bool
-    _last_stall_check: float
-    _stall_every: float
+    stalls: StallInspector
     _wait_spin_ns: int
     _activate: Callable[[OpSpec], None]
     _fail_all: Callable[[BaseException], None]
@@ -238,11 +238,8 @@ class LaneHooks:
                 self.fatal is not None
                 or self.bad_peers
                 or self.submissions
-                or time.monotonic() - self._last_stall_check > self._stall_every
-                or (
-                    (early or lane.by_key)
-                    and ((key := (wid, gen)) in early or key in lane.by_key)
-                )
+                or time.monotonic() - self.stalls.last > self.stalls.every
+                or ((early or lane.by_key) and ((key := (wid, gen)) in early or key in lane.by_key))
             ):
                 return None
             trace = self.trace
@@ -402,7 +399,7 @@ class LaneHooks:
             if (
                 self.submissions
                 or self._ctl_backlog
-                or time.monotonic() - self._last_stall_check > self._stall_every
+                or time.monotonic() - self.stalls.last > self.stalls.every
             ):
                 return False
             lane = self.lane
@@ -521,5 +518,5 @@ class LaneHooks:
         return bool(
             self.submissions
             or self._ctl_backlog
-            or time.monotonic() - self._last_stall_check > self._stall_every
+            or time.monotonic() - self.stalls.last > self.stalls.every
         )

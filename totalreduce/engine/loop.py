@@ -22,11 +22,11 @@ activation (an op entering the lane).  Its other jobs are its bases, one module 
 lock, a waiting thread's progress), ``control.py`` (:class:`~.control.ControlHooks`:
 control frames both ways), ``failing.py`` (:class:`~.failing.FailHooks`: errors to and
 from peers, aborts), ``peers.py`` (:class:`~.peers.PeerHooks`: peers failing, leaving,
-dying, coming back), ``stalls.py`` (:class:`~.stalls.StallHooks`: the stall
-inspector), ``lane_loop.py`` (:class:`~.lane_loop.LaneHooks`: the compiled lane's
+dying, coming back), ``lane_loop.py`` (:class:`~.lane_loop.LaneHooks`: the compiled lane's
 side) and ``lane_failing.py`` (:class:`~.lane_failing.LaneFailHooks`: lane ops
 failing).  Each base declares what it uses of the others as class annotations; none
-imports this module.
+imports this module.  The stall inspector is an object that owns its timers
+(``stalls.py``: :class:`~.stalls.StallInspector`, ``self.stalls``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..errors import OpFailedError, TotalReduceError
+from ..lane.payload import REMEMBERED, OpKey, OpSpec
 from ..transport.base import Transport
 from . import wire
 from .control import ControlHooks
@@ -48,12 +49,11 @@ from .driving import DriveHooks
 from .failing import FailHooks
 from .lane_failing import LaneFailHooks
 from .lane_loop import LaneHooks
-from .payload import REMEMBERED, OpKey, OpSpec
 from .peers import PeerHooks
-from .stalls import StallHooks
+from .stalls import StallInspector
 
 if TYPE_CHECKING:
-    from .lane import Lane  # the lane imports the MPI binding: only when a service makes one
+    from ..lane.lane import Lane  # the lane imports the MPI binding: only when a service makes one
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -83,7 +83,6 @@ class CommLoop(
     ControlHooks,
     FailHooks,
     PeerHooks,
-    StallHooks,
 ):
     """The control plane around the compiled lane (see the module docstring)."""
 
@@ -138,12 +137,11 @@ class CommLoop(
         self._unreachable: set[int] = set()  # peers whose link failed: nothing goes to them
         # What each control frame type does (a handler per type), and the control frames
         # written and not sent yet.
+        #: The stall inspector, which owns its timers (before the handlers: PROBE, HAVE).
+        self.stalls = StallInspector(self)
         self._handlers = self._frame_handlers()
         self._ctl_backlog: list[tuple[Any, ...]] = []
         self._ctl_dirty = False
-        self._last_stall_check = time.monotonic()
-        stall = [x for x in (cfg.stall_warning_s, cfg.stall_shutdown_s) if x > 0]
-        self._stall_every = min([1.0] + [x / 4 for x in stall])
 
     # ------------------------------------------------------------------ client side
 
@@ -249,11 +247,12 @@ class CommLoop(
         if self.lane is not None and self._lane_pump():
             progressed = True
         now = time.monotonic()
-        if now - self._last_stall_check > self._stall_every:
-            self._last_stall_check = now
+        stalls = self.stalls
+        if now - stalls.last > stalls.every:
+            stalls.last = now
             if self.lane is not None and self.lane.ops:
                 self._check_peers()
-            self._check_stalls(now)
+            stalls.check(now)
         if self._ctl_dirty:
             self._ctl_flush()
         return progressed

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OpFailedError, TotalReduceError, TransportError
+from ..lane.payload import NO_SHAPE
 from ..protocol import BYE, F_AUX, F_GEN, F_STEP, F_WID, GONE, JOIN
 from ..transport.base import Transport
-from .payload import NO_SHAPE
 
 if TYPE_CHECKING:
-    from .lane import Lane
+    from ..lane.lane import Lane
 
 log = logging.getLogger("totalreduce.engine")
 

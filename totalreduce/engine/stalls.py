@@ -1,37 +1,37 @@
 """The stall inspector: ops that stopped moving, and whom they wait for.
 
-:class:`StallHooks` is a base of :class:`~.loop.CommLoop`.  Every pass checks, a few
-times per ``stall_warning_s`` at most (``run_once``), the ops in flight: halfway to
-the warning a stalled op asks its group who has submitted it (PROBE; submitted
-ranks answer HAVE), so the warning (``stall_warning_s``) names the ranks that have
-not, not only the neighbour the op waits on; with ``stall_shutdown_s`` the op fails.
-An op a peer gave up sending to fails here if its peer's error does not come.  The
-texts of a ``wait(timeout=...)`` that ran out and of ``stalled()`` say whom each op
-waits for.
+:class:`StallInspector` is an object of :class:`~.loop.CommLoop`'s (``loop.stalls``) that
+owns its timers.  A pass runs it a few times per ``stall_warning_s`` at most
+(``run_once``, when :attr:`~StallInspector.last` is :attr:`~StallInspector.every`
+seconds old): halfway to the warning a stalled op asks its group who has submitted it
+(PROBE; submitted ranks answer HAVE), so the warning (``stall_warning_s``) names the
+ranks that have not, not only the neighbour the op waits on; with ``stall_shutdown_s``
+the op fails.  The texts of a ``wait(timeout=...)`` that ran out and of ``stalled()``
+say whom each op waits for.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ..errors import OpTimeoutError
-from ..protocol import F_GEN, F_WID, HAVE
-from .payload import NO_SHAPE, OpKey, OpSpec
+from ..lane.payload import NO_SHAPE, OpKey, OpSpec
+from ..protocol import F_GEN, F_WID, HAVE, PROBE
 
 if TYPE_CHECKING:
-    from .lane import Lane
+    from ..lane.lane import Lane, LaneOp
 
 log = logging.getLogger("totalreduce.engine")
 
 
-class StallHooks:
-    """The stall inspector (see the module docstring)."""
+class _Loop(Protocol):
+    """What the inspector uses of its loop (:class:`~.loop.CommLoop`)."""
 
     rank: int
     cfg: Any  # totalreduce.config.Config
@@ -39,57 +39,96 @@ class StallHooks:
     lock: threading.Lock
     completed: OrderedDict[OpKey, tuple[Any, ...]]
 
-    # provided by CommLoop and its other bases
-    _control: Callable[..., None]
-    _lane_stalls: Callable[[float, float, float, float], None]
+    def _control(self, *args: Any) -> None: ...
+
+    def _lane_fail(self, lop: LaneOp, error: BaseException, *, tell_peers: bool) -> None: ...
+
+
+class StallInspector:
+    """The stall inspector of one loop (see the module docstring)."""
+
+    def __init__(self, loop: _Loop) -> None:
+        self._loop = loop
+        cfg = loop.cfg
+        stall = [x for x in (cfg.stall_warning_s, cfg.stall_shutdown_s) if x > 0]
+        #: Seconds between two checks: a quarter of the shortest limit, at most 1 s.
+        self.every: float = min([1.0] + [x / 4 for x in stall])
+        #: When the last check ran (``time.monotonic()``); the loop's fast paths step aside
+        #: for a pass once it is :attr:`every` seconds old.
+        self.last: float = time.monotonic()
 
     # ------------------------------------------------------------------ stalls
 
-    def _check_stalls(self, now: float) -> None:
-        """Probe, warn about and (with ``stall_shutdown_s``) fail ops that stopped moving.
-
-        Halfway to the warning, a stalled op asks its group who has submitted it
-        (PROBE; submitted ranks answer HAVE), so the warning names the ranks that
-        have not, not only the neighbour the op waits on.
-        """
-        warn, shut = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
+    def check(self, now: float) -> None:
+        """Probe, warn about and (with ``stall_shutdown_s``) fail lane ops that stopped
+        moving.  Halfway to the warning, a stalled op asks its group who has submitted it
+        (PROBE; submitted ranks answer HAVE), so the warning names the ranks that have
+        not, not only the neighbour the op waits on."""
+        loop = self._loop
+        warn, shut = loop.cfg.stall_warning_s, loop.cfg.stall_shutdown_s
         first = min(x for x in (warn, shut, float("inf")) if x > 0)
-        self._lane_stalls(now, first, warn, shut)
+        lane = loop.lane
+        if lane is None:
+            return
+        for lop in list(lane.ops.values()):
+            spec = lop.spec
+            if spec.passive:
+                continue  # a window's standing receive waits as long as its peer likes
+            idle = now - lop.t0
+            if not lop.probed and idle >= first / 2:
+                lop.probed = True
+                shape = (int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
+                         spec.count, spec.param, spec.context)  # fmt: skip
+                for world in spec.group:
+                    if world != loop.rank:
+                        loop._control(world, PROBE, shape, spec.key)
+            timeout = self._verdict(lop, idle, warn, shut)
+            if timeout is not None:
+                loop._lane_fail(lop, timeout, tell_peers=True)
+            elif warn > 0 and idle >= warn:
+                lop.warned = True
 
-    def _stall_verdict(
-        self,
-        spec: OpSpec,
-        idle: float,
-        warn: float,
-        shut: float,
-        warned: bool,
-        text: Callable[[], str],
-    ) -> OpTimeoutError | None:
+    def _verdict(self, lop: LaneOp, idle: float, warn: float, shut: float) -> OpTimeoutError | None:
         """An op idle for ``idle`` s: the timeout error to fail it with past
         ``stall_shutdown_s``; else, past ``stall_warning_s``, a warning logged once (the
         caller marks the op warned)."""
+        spec = lop.spec
         if shut > 0 and idle >= shut:
             return OpTimeoutError(
                 f"{spec.describe()}: no progress for {idle:.0f} s "
-                f"(stall_shutdown_s={shut:g}); {text()}"
+                f"(stall_shutdown_s={shut:g}); {self._text(lop)}"
             )
-        if warn > 0 and idle >= warn and not warned:
+        if warn > 0 and idle >= warn and not lop.warned:
             log.warning(
                 "rank %d: %s made no progress for %.0f s; %s",
-                self.rank, spec.describe(), idle, text(),
+                self._loop.rank, spec.describe(), idle, self._text(lop),
             )  # fmt: skip
         return None
 
-    def _on_probe(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
-        """A stalled op's rank asks who has submitted it: answer HAVE if this rank has."""
-        key = (f[F_WID], f[F_GEN])
-        if key in self.completed or (self.lane is not None and key in self.lane.by_key):
-            self._control(source, HAVE, NO_SHAPE, key)
+    def _text(self, lop: LaneOp) -> str:
+        """Whom a stalled op waits for."""
+        loop = self._loop
+        lane = loop.lane
+        assert lane is not None
+        recv_from = lane.waiting_on(lop)
+        # After the probe every rank that submitted the op has answered HAVE: the others are
+        # missing, whether this rank waits on them or on a rank that waits on them.
+        missing = [w for w in lop.spec.group if w != loop.rank and w not in lop.have]
+        text = f"ranks {missing} have not submitted it; " if missing and lop.probed else ""
+        return text + f"it waits for frames from ranks {recv_from}"
 
-    def _on_have(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
+    def on_probe(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
+        """A stalled op's rank asks who has submitted it: answer HAVE if this rank has."""
+        loop = self._loop
+        key = (f[F_WID], f[F_GEN])
+        if key in loop.completed or (loop.lane is not None and key in loop.lane.by_key):
+            loop._control(source, HAVE, NO_SHAPE, key)
+
+    def on_have(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
         """Rank ``source`` has submitted the op this rank probed for."""
-        if self.lane is not None and (f[F_WID], f[F_GEN]) in self.lane.by_key:
-            lop = self.lane.by_key[(f[F_WID], f[F_GEN])]
+        lane = self._loop.lane
+        if lane is not None and (f[F_WID], f[F_GEN]) in lane.by_key:
+            lop = lane.by_key[(f[F_WID], f[F_GEN])]
             have = lop.have if isinstance(lop.have, set) else set(lop.have)
             have.add(source)
             lop.have = have
@@ -98,20 +137,23 @@ class StallHooks:
 
     def stalled(self) -> list[str]:
         """Descriptions of the ops in flight and whom they wait for (for error messages)."""
+        loop = self._loop
         out = []
-        with self.lock:  # the comm thread may be in a pass
-            if self.lane is not None:
-                for lop in list(self.lane.ops.values()):
+        with loop.lock:  # the comm thread may be in a pass
+            lane = loop.lane
+            if lane is not None:
+                for lop in list(lane.ops.values()):
                     if lop.spec.passive:
                         continue
-                    recv_from = self.lane.waiting_on(lop)
+                    recv_from = lane.waiting_on(lop)
                     out.append(f"{lop.spec.describe()} waits for ranks {recv_from}")
         return out
 
     def waiting_for(self, spec: OpSpec) -> list[int]:
         """World ranks op ``spec`` still expects frames from ([] once it left the lane)."""
-        with self.lock:  # another thread may be in a pass
-            lane = self.lane
+        loop = self._loop
+        with loop.lock:  # another thread may be in a pass
+            lane = loop.lane
             lop = None if lane is None else lane.by_key.get(spec.key)
             if lane is not None and lop is not None and lop.spec is spec:
                 return lane.waiting_on(lop)
@@ -121,13 +163,14 @@ class StallHooks:
         self, spec: OpSpec | None, name: Any, generation: int, timeout: float
     ) -> OpTimeoutError:
         """The error of a ``wait(timeout=...)`` that ran out, naming whom the op waits for."""
+        loop = self._loop
         who = ""
-        with self.lock:  # another thread may be in a pass
-            lane = self.lane
+        with loop.lock:  # another thread may be in a pass
+            lane = loop.lane
             lop = None if spec is None or lane is None else lane.by_key.get(spec.key)
             if lane is not None and lop is not None:
                 who = f"; it waits for frames from ranks {lane.waiting_on(lop)}"
         return OpTimeoutError(
             f"op {name!r} generation {generation} did not complete within {timeout} s on rank "
-            f"{self.rank}{who} (it stays in flight; wait again or check the peers)"
+            f"{loop.rank}{who} (it stays in flight; wait again or check the peers)"
         )

@@ -1,6 +1,6 @@
 """The kernels on raw memory: what a compiled loop calls on the bytes of a frame.
 
-A compiled data plane (``engine/lane_core.py``) holds an op's buffers as addresses
+A compiled data plane (``lane/lane_core.py``) holds an op's buffers as addresses
 and its element type as the :class:`~totalreduce.dtypes.DType` code, so it cannot
 pick a kernel by array type as :mod:`totalreduce.kernels` does.  These functions do
 the picking in compiled code: each views the two ranges as arrays of the storage type

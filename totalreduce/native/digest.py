@@ -1,7 +1,7 @@
 """The digest of source files that tells when compiled code cached on disk is stale.
 
 Numba checks a cached function against its own file only; code that compiles in
-functions of other files (``engine/lane_cache.py``, ``transport/local_calls.py``) keeps a
+functions of other files (``lane/lane_cache.py``, ``transport/local_calls.py``) keeps a
 digest of all of them beside its cache and drops the cache when it changes.  Plain
 Python: nothing here compiles.
 """

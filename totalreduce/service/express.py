@@ -48,15 +48,15 @@ import numpy as np
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Schedule, SegmentPlan
 from ..dtypes import DType, ReduceOp
-from ..engine.payload import OpSpec
 from ..errors import TotalReduceError
+from ..lane.payload import OpSpec
 from ..transport import arena as A
 from . import checks, tuning
 from .handle import Handle
 from .thin import ThinHandle as _ThinHandle
 
 if TYPE_CHECKING:
-    from ..engine.lane import LaneShape
+    from ..lane.lane import LaneShape
     from .thin import ThinHandle
 
 #: Where tables of records bounded by count clear themselves (the daemon's; the service's

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
     from ..dtypes import ReduceOp
     from ..engine.loop import CommLoop
-    from ..engine.payload import OpSpec
     from ..group import Group, Partition
+    from ..lane.payload import OpSpec
     from .names import NameTable
 
 
@@ -419,7 +419,8 @@ class Handle:
                 if trace is not None:
                     trace.wait(self.name, self.generation, t0, time.perf_counter_ns())
                 if not finished:
-                    raise loop.timeout_error(spec, self.name, self.generation, timeout or 0.0)
+                    stalls = loop.stalls
+                    raise stalls.timeout_error(spec, self.name, self.generation, timeout or 0.0)
         if self._error is not None:
             raise self._error
         if self._finalize is not None:

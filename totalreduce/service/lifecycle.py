@@ -99,7 +99,7 @@ class Lifecycle(OpSubmitter):
                     " has no compiled binding: the compiled lane, which runs every op, cannot "
                     "run over it"
                 )
-            from ..engine.lane import Lane
+            from ..lane.lane import Lane
             from ..protocol import BODY_TAG_BASE, LANE_BODY_SPAN
 
             # The lane's bodies have tags of their own, from BODY_TAG_BASE, where MPI's
@@ -212,7 +212,7 @@ class Lifecycle(OpSubmitter):
         # Let the last control messages (credit, errors) leave.
         for _ in range(20):
             self.loop.poll()
-        left = self.loop.stalled()
+        left = self.loop.stalls.stalled()
         self._stop.set()
         self.loop.notify()
         self._comm_thread.join(timeout=10)

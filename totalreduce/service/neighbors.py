@@ -15,10 +15,10 @@ import numpy as np
 from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Schedule
 from ..dtypes import DType, ReduceOp
-from ..engine.payload import OpSpec
 from ..errors import InvalidArgumentError
 from ..group import Group
 from ..kernels import axpy_into, copy_into, scale_into
+from ..lane.payload import OpSpec
 from . import checks, express
 from .checks import as_array
 from .handle import Handle

@@ -3,7 +3,7 @@
 :class:`OpSubmitter` is the base of the service's op families
 (:mod:`.collectives`, :mod:`.partitions`, :mod:`.neighbors`): it holds what
 they share (the configuration, the comm loop, the name table, the world
-group) and builds the :class:`~totalreduce.engine.payload.OpSpec` of an op.
+group) and builds the :class:`~totalreduce.lane.payload.OpSpec` of an op.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from ..algorithms.codes import AlgorithmCode, OpKind
 from ..algorithms.schedule import Schedule
 from ..dtypes import DType, ReduceOp
 from ..engine.loop import CommLoop
-from ..engine.payload import OpSpec
 from ..engine.wire import wire_id
 from ..errors import InvalidArgumentError, NotInitializedError, TotalReduceError
 from ..group import Group
+from ..lane.payload import OpSpec
 from ..transport.base import Transport
 from . import checks, chunks
 from .config import Config

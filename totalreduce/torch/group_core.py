@@ -210,5 +210,5 @@ class GroupCore(dist.ProcessGroup):
         spec = getattr(h, "_spec", None)
         if spec is None:
             return []
-        recv_from = self.service.loop.waiting_for(spec)
+        recv_from = self.service.loop.stalls.waiting_for(spec)
         return sorted(self.ranks.index(r) for r in recv_from if r in self.ranks)

@@ -115,7 +115,7 @@ class ServiceRepeats:
             or loop._early_errors
             or lane.full
             or lane.plans_epoch != self.plans_epoch  # plans moved since the fields were made
-            or time.monotonic() - loop._last_stall_check > loop._stall_every
+            or time.monotonic() - loop.stalls.last > loop.stalls.every
         ):
             self.end()
             return False

@@ -16,12 +16,12 @@ from ..native import digest
 #: checks a cached function against its own file only, and the lane inlines functions
 #: of all of these: :func:`forget_stale_cache` covers the rest.
 SOURCES = (
-    "engine/lane_cache.py",  # these rules: a change to them flushes too
-    "engine/lane_core.py",
-    "engine/lane_receive.py",
-    "engine/lane_bodies.py",
-    "engine/lane_progress.py",
-    "engine/lane_tables.py",
+    "lane/lane_cache.py",  # these rules: a change to them flushes too
+    "lane/lane_core.py",
+    "lane/lane_receive.py",
+    "lane/lane_bodies.py",
+    "lane/lane_progress.py",
+    "lane/lane_tables.py",
     "protocol.py",
     "kernels/raw.py",
     "kernels/numba_kernels.py",
