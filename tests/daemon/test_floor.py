@@ -77,7 +77,7 @@ def test_the_mpi_anchor_runs_mpi_allreduce_and_prints_beside_both_modes(
 ) -> None:
     import argparse
 
-    args = argparse.Namespace(nodes=1, local_clients=2, sizes="4KiB")
+    args = argparse.Namespace(nodes=1, local_clients=2, sizes="4KiB", group="")
     got = bench._run_mpi(args, tmp_path / "mpi.json")
     assert got["mode"] == "MPI_Allreduce" and got["size"] == 2, got
     row = got["sizes"]["4KiB"]

@@ -7,7 +7,6 @@ import random
 import threading
 
 import numpy as np
-import pytest
 
 from totalreduce.transport import mpi_native as M
 from totalreduce.transport.local import LocalWorld
@@ -256,16 +255,14 @@ def test_threads_exchange_concurrently_in_order() -> None:
     assert w.in_use == 0
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_local_transports_offer_the_binding_only_when_compiled(compiled: bool) -> None:
-    world = LocalWorld(2, compiled=compiled)
+def test_local_transports_offer_the_binding() -> None:
+    """Every in-process transport has the compiled binding (the lane is the one engine)."""
+    world = LocalWorld(2)
     t = world.transport(1)
-    assert hasattr(t, "native_binding") is compiled
-    if compiled:
-        b = t.native_binding()
-        assert int(b[M.B_RANK]) == 1 and int(b[M.B_SIZE]) == 2
-        assert int(b[M.B_KIND]) == M.KIND_LOCAL
-        assert world.native() is world.native()
+    b = t.native_binding()
+    assert int(b[M.B_RANK]) == 1 and int(b[M.B_SIZE]) == 2
+    assert int(b[M.B_KIND]) == M.KIND_LOCAL
+    assert world.native() is world.native()
 
 
 def test_jitter_holds_a_send_back_for_a_few_calls_and_keeps_a_senders_order() -> None:
