@@ -935,6 +935,11 @@ def thin_sized_remember(
         return
     if not x.flags.c_contiguous or not isinstance(h.name, (str, int)):
         return
+    res = h._result
+    if res.__class__ is np.ndarray and not thin.takes(
+        -(-x.nbytes // _ALIGN) * _ALIGN + res.nbytes
+    ):  # too large for one op: its repeats go the whole way's pieces, sizes and all
+        return
     size = svc.size if ranks is None else len(ranks)
     at_group, ctx = -1, 0
     if ranks is not None:
