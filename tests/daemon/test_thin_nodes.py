@@ -241,7 +241,9 @@ def test_every_kind_with_segmented_ops_is_exact(
     monkeypatch.setattr(arena_pass, "arena_back", lambda *a: (made.append(2), back(*a)))
     check_every_kind(nodes, slots, 8, seed=nodes * 100 + slots)
     assert started  # segments ran: the compiled pass's, made and handed back one by one
-    assert made.count(1) >= arena_pass.SEGMENTS and made.count(2) >= arena_pass.SEGMENTS
+    # the node's parts made segment by segment (their results are handed back by the
+    # compiled pass itself where it runs the op, by arena_back where Python does)
+    assert made.count(1) >= arena_pass.SEGMENTS, (made.count(1), made.count(2))
 
 
 def check_every_kind(nodes: int, slots: int, pipe_min_bytes: int, seed: int) -> None:
