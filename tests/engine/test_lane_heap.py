@@ -73,3 +73,29 @@ def test_entries_of_an_earlier_op_in_the_same_slot_keep_their_place() -> None:
     mem[int(mem[L.C_OPS]) + 3 * L.O_N + L.O_SEQ] = 99  # slot 3 holds a later op now
     _raise(mem, 3)
     assert pop_all(mem) == [1, 3]
+
+
+def test_entries_left_by_a_failed_op_are_not_sent_as_its_slots_next_ops() -> None:
+    """An op that fails with segments waiting in the heap (bodies put off while its peer
+    had enough in flight) leaves their entries there; its slot may hold a later op by the
+    time they come out.  They are dropped, never taken as that op's segments (which sent
+    a later op's segment before its turn, or one past its plan: a frame of 0 bytes)."""
+    from totalreduce.lane.lane_tables import _heap_next
+
+    mem = heap_mem([0] * NOPS)
+    ops = int(mem[L.C_OPS])
+    for s in range(NOPS):
+        mem[ops + s * L.O_N + L.O_STATE] = L.S_ACTIVE
+    for i in range(5):
+        _heap_push(mem, 3, 100 + i)  # the failed op's segments 100..104
+    _heap_push(mem, 1, 7)
+    mem[ops + 3 * L.O_N + L.O_SEQ] = 99  # slot 3 holds a later op now
+    _heap_push(mem, 3, 0)  # its own segment 0
+    got = []
+    while _heap_len(mem) > 0:
+        got.append(tuple(int(v) for v in _heap_next(mem)))
+    assert sorted(got) == sorted([(-1, -1)] * 5 + [(1, 7), (3, 0)]), got
+    # and entries of an op that failed and was not replaced: dropped too
+    _heap_push(mem, 2, 4)
+    mem[ops + 2 * L.O_N + L.O_STATE] = L.S_FAILED
+    assert tuple(int(v) for v in _heap_next(mem)) == (-1, -1)

@@ -21,7 +21,7 @@ from .lane_tables import (
     _dyn,
     _event,
     _heap_len,
-    _heap_pop,
+    _heap_next,
     _heap_push,
     _op,
     _room,
@@ -449,10 +449,9 @@ def _send_ready(mem, prog, arena, b):
     nd = 0
     dfr = mem[C_DEFER]
     while _heap_len(mem) > 0:
-        base = mem[C_STK] + mem[C_STKCAP] * 2 + 1
-        slot = mem[base + 2]
-        i = mem[base + 3]
-        _heap_pop(mem)
+        slot, i = _heap_next(mem)
+        if slot < 0:
+            continue
         r = _emit(mem, prog, arena, b, slot, i)
         if r == 0:
             _heap_push(mem, slot, i)

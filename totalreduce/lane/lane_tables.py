@@ -549,6 +549,23 @@ def _heap_pop(mem):
     _heap_put(mem, base + j * 4, k1, k2, s, i)
 
 
+@njit(nogil=True, cache=True)
+def _heap_next(mem):
+    """Take the heap's first entry: its (op slot, send segment), or (-1, -1) for one left
+    by an op that failed with segments still waiting (its slot may hold a later op by
+    now, whose segment of that number is another, or none: each entry names its op's
+    submission, checked here)."""
+    base = mem[C_STK] + mem[C_STKCAP] * 2 + 1
+    seq = mem[base + 1]
+    slot = mem[base + 2]
+    i = mem[base + 3]
+    _heap_pop(mem)
+    o = _op(mem, slot)
+    if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
+        return np.int64(-1), np.int64(-1)
+    return slot, i
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _heap_len(mem):
     return mem[mem[C_STK] + mem[C_STKCAP] * 2]
