@@ -509,7 +509,12 @@ def prepare() -> None:
     lane's own compile."""
     from ..lane.compile_once import compile_once
     from ..lane.lane_cache import cache_is_current, forget_stale_cache
+    from . import arena_pass
 
+    # The pass's functions first (their stale cache dropped, then compiled and saved): the
+    # loop links them in, and a check of theirs after that would drop what it just saved,
+    # which every later process then compiled again.
+    arena_pass.prepare()
     compile_once(
         _compile,
         service_pass,
