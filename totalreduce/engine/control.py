@@ -5,7 +5,7 @@ owns the control frames Python writes and the table of their handlers.
 :meth:`~ControlFrames.send` is the one send point: the frame goes into the peer's outbox in
 the lane's send buffer (sent with the next message to that peer; :meth:`~ControlFrames.flush`
 at the end of a pass), or, when no send buffer is free, waits in order in a backlog
-(:attr:`~ControlFrames.waiting`).  The lane hands each control frame it receives up as an
+(``waiting`` says so).  The lane hands each control frame it receives up as an
 ``EV_CONTROL`` event (:meth:`~ControlFrames.on_event`), and the handler of its type runs:
 ERROR ``loop.failures``' (``failing.py``), BYE, GONE and JOIN ``loop.peers``'
 (``peers.py``), PROBE and HAVE ``loop.stalls``' (``stalls.py``).
@@ -36,6 +36,9 @@ class ControlFrames:
         self._backlog: list[tuple[Any, ...]] = []
         #: Frames were written since the last :meth:`flush`.
         self.dirty = False
+        #: Control frames written and not handed to the lane's send buffers yet (the
+        #: backlog is not empty; a plain word, as the express paths look at it per op).
+        self.waiting = False
         #: What each control frame type does.
         self._handlers: dict[int, Handler] = {
             ERROR: loop.failures.on_error_frame,
@@ -45,11 +48,6 @@ class ControlFrames:
             PROBE: loop.stalls.on_probe,
             HAVE: loop.stalls.on_have,
         }
-
-    @property
-    def waiting(self) -> bool:
-        """Control frames written and not handed to the lane's send buffers yet."""
-        return bool(self._backlog)
 
     def send(
         self,
@@ -75,6 +73,7 @@ class ControlFrames:
         frame = (dest, ftype, shape, key, aux, step, segment, body)
         if self._backlog or not lane.control(*frame):
             self._backlog.append(frame)
+            self.waiting = True
         self.dirty = True
         loop.stats.frames_sent += 1
 
@@ -91,6 +90,7 @@ class ControlFrames:
             while k < len(backlog) and lane.control(*backlog[k]):
                 k += 1
             del backlog[:k]
+            self.waiting = bool(backlog)
         lane.flush()
 
     def on_event(self, source: int, raw: bytes) -> None:

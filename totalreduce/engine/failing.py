@@ -30,7 +30,7 @@ from ..errors import (
     OpTimeoutError,
     TotalReduceError,
 )
-from ..lane.payload import OpKey, OpSpec, describe_op
+from ..lane.payload import REMEMBERED, OpKey, OpSpec, describe_op
 from ..protocol import (
     ERROR,
     F_GEN,
@@ -49,9 +49,9 @@ from .failures import (
     ERROR_TIMEOUT,
     OpErrors,
     _error_from_peer,
-    remember,
 )
 from .parts import Loop
+from .wire import SESSION_ID
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -85,8 +85,14 @@ class Failures:
         self.late: deque[TotalReduceError] = deque()
 
     def done(self, key: OpKey, record: tuple[Any, ...]) -> None:
-        """Op ``key`` completed here (``record``: see :attr:`completed`)."""
-        remember(self.completed, key, record)
+        """Op ``key`` completed here (``record``: see :attr:`completed`; :func:`remember`'s
+        work, written out: once per op)."""
+        if key[0] == SESSION_ID:
+            return  # every job starts with it: a memory of it would meet the next job
+        completed = self.completed
+        completed[key] = record
+        if len(completed) > REMEMBERED:
+            completed.popitem(last=False)
 
     def forget(self, key: OpKey) -> None:
         """Op ``key`` will come again (a node's session op): forget how it ended."""

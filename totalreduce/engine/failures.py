@@ -4,7 +4,6 @@ the one table of ops' errors (:class:`OpErrors`, ``loop.failures.errors``)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 from ..errors import (
     FrameError,
@@ -31,16 +30,6 @@ def _error_from_peer(message: str, code: int) -> TotalReduceError:
     if code == ERROR_TIMEOUT:
         return OpTimeoutError(message)
     return OpFailedError(message)
-
-
-def remember(table: OrderedDict[OpKey, Any], key: OpKey, value: Any) -> None:
-    """Keep ``value`` for op ``key`` in ``table``, the last ``REMEMBERED`` (not the session
-    op's: every job starts with it, and a memory of it would meet the next job)."""
-    if key[0] == SESSION_ID:
-        return
-    table[key] = value
-    if len(table) > REMEMBERED:
-        table.popitem(last=False)
 
 
 class _Entry:
@@ -87,7 +76,7 @@ class OpErrors:
         return entry is not None and entry.early is not None
 
     def note_failed(self, key: OpKey, text: str) -> None:
-        """Op ``key`` failed here (not kept for the session op: see :func:`remember`)."""
+        """Op ``key`` failed here (not kept for the session op, which every job starts with)."""
         if key[0] == SESSION_ID:
             return
         self._entry(key).failed = text

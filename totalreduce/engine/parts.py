@@ -184,9 +184,8 @@ class ControlPart(Protocol):
 
     #: Control frames were written in this pass: ``flush`` sends them.
     dirty: bool
-
-    @property
-    def waiting(self) -> bool: ...
+    #: Control frames wait for a free send buffer.
+    waiting: bool
 
     def send(
         self,

@@ -29,7 +29,7 @@ def wire_id(name: str | int) -> int:
 
 
 #: Daemon mode: the op by which a job's clients agree on their session at start.  Every
-#: job starts with it, so no rank keeps a memory of it (see failures.remember).
+#: job starts with it, so no rank keeps a memory of it (see Failures.done).
 SESSION_ID = wire_id("\0totalreduce session")
 
 

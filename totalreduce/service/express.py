@@ -169,7 +169,7 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     if (
         svc._closed
         or loop.fatal is not None
-        or loop.late_errors
+        or loop.failures.late
         or ex.epoch != tuning.EPOCH[0]
         or not x.flags.c_contiguous
     ):
@@ -281,7 +281,7 @@ def _go(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priorit
         or not shape.quick  # type: ignore[union-attr]
         or svc._closed
         or loop.fatal is not None
-        or loop.late_errors
+        or loop.failures.late
         or ex.epoch != tuning.EPOCH[0]
         or not x.flags.c_contiguous
     ):
