@@ -2,17 +2,16 @@
 
 :class:`~.loop.CommLoop` owns one object per job, each owning its state (``engine/``):
 
-=================  ===========================  ==============================================
-``loop.driving``   :class:`~.driving.Driver`     the comm thread's run, passes, waiting threads
-``loop.ops``       :class:`~.lane_loop.LaneOps`  ops into the lane and out of it, chains
-``loop.lane_errors`` :class:`~.lane_failing.LaneErrors`  the lane's events into errors, lane
-                                                ops failing
-``loop.failures``  :class:`~.failing.Failures`  the one table of errors, errors to and from
-                                                peers, aborts, late errors
-``loop.peers``     :class:`~.peers.Peers`       membership: peers bad, gone, leaving
-``loop.control``   :class:`~.control.ControlFrames`  control frames out, and in to a handler
-``loop.stalls``    :class:`~.stalls.StallInspector`  ops that stopped moving
-=================  ===========================  ==============================================
+- ``loop.driving`` (:class:`~.driving.Driver`): the comm thread's run, passes, waiting threads;
+- ``loop.ops`` (:class:`~.lane_loop.LaneOps`): ops into the lane and out of it, chains;
+- ``loop.lane_errors`` (:class:`~.lane_failing.LaneErrors`): the lane's events into errors,
+  lane ops failing;
+- ``loop.failures`` (:class:`~.failing.Failures`): the one table of errors, errors to and
+  from peers, aborts, late errors;
+- ``loop.peers`` (:class:`~.peers.Peers`): membership: peers bad, gone, leaving;
+- ``loop.control`` (:class:`~.control.ControlFrames`): control frames out, and in to a
+  handler;
+- ``loop.stalls`` (:class:`~.stalls.StallInspector`): ops that stopped moving.
 
 Each part's module imports this one and never another part's, so the parts form no import
 cycle; they call each other through the loop (``loop.failures.on_error(...)``) and only
