@@ -228,14 +228,14 @@ class Driver:
                     return True
                 if outer and lane.outer_moved:
                     return done.is_set()
-                with _Waiting(self):
+                with _Waiting(self, loop):
                     ended = self._follow(lop, done, deadline, self.wait_spin, outer)
                 if ended is not None:
                     return ended
                 # Its op ended, the handle waits for one chained after it: the general way.
             else:
                 loop.mark_needed(spec)
-        with _Waiting(self):
+        with _Waiting(self, loop):
             while not done.is_set():
                 if follow is not None:
                     spec = follow() or spec
@@ -441,20 +441,21 @@ class _Waiting:
 
     _lock = threading.Lock()
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, loop: Loop) -> None:
         self.driver = driver
+        self.loop = loop
 
     def __enter__(self) -> None:
         with self._lock:
             self.driver.waiters += 1
-        lane = self.driver._loop.lane
+        lane = self.loop.lane
         if lane is not None:  # the comm thread may be in compiled passes
             lane.kick()
 
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self.driver.waiters -= 1
-        loop = self.driver._loop
+        loop = self.loop
         if loop.submissions:
             # Ops nobody waits for (and notes this waiter left) go on at once, on the
             # comm thread, not after its idle sleep.
