@@ -15,7 +15,7 @@ def test_a_chained_phase_waits_for_the_first_and_reads_its_output() -> None:
     def rank_main(svc):
         out = svc.hierarchical_neighbor_allreduce(X[svc.rank], name="h", topology="ring",
                                                   local_size=2)  # fmt: skip
-        assert not svc.loop._held  # nothing left waiting
+        assert not svc.loop.ops.held  # nothing left waiting
         return out
 
     with local_services(4) as svcs:
@@ -36,6 +36,6 @@ def test_a_chained_phase_fails_when_the_first_fails() -> None:
 
     with local_services(4) as svcs:
         texts = run_ranks(svcs, rank_main, timeout=60)
-        assert all(not s.loop._held for s in svcs)
+        assert all(not s.loop.ops.held for s in svcs)
     for text in texts:
         assert "rank 0 gives up" in text, text

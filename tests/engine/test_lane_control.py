@@ -85,7 +85,7 @@ def test_bye_travels_in_the_lane() -> None:
         )
         b.shutdown(timeout=1.0)
         _wait_for(lambda: a.loop.stats.lane_control.get(L.BYE, 0) == 1)
-        assert 1 in a.loop.bad_peers  # left: its ops fail at once
+        assert 1 in a.loop.peers.bad  # left: its ops fail at once
         with pytest.raises(tr.OpFailedError, match="rank 1 stopped"):
             a.allreduce(np.ones(3), name="after")
         _on_lane_only(a)

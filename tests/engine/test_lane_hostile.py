@@ -96,9 +96,9 @@ def settle(svc: Service, received: int, timeout: float = 10.0) -> None:
 
 def refused(svc: Service, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
-    while 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
+    while 1 not in svc.loop.peers.bad and time.monotonic() < deadline:
         time.sleep(0.005)
-    return 1 in svc.loop.bad_peers
+    return 1 in svc.loop.peers.bad
 
 
 POOL = 8 * MIB
@@ -143,13 +143,13 @@ def test_credited_frames_beyond_the_credit_are_refused_and_what_floated_is_freed
     for k in range(credit):
         rogue.send(message([frame(L.DATA, f"early.{k}", body, credited=True)]))
     settle(svc0, credit)
-    assert 1 not in svc0.loop.bad_peers  # within the credit: kept
+    assert 1 not in svc0.loop.peers.bad  # within the credit: kept
     assert lane.floating_bytes == credit * slot <= lane.pool_bytes
     rss0 = rss_bytes()
     for k in range(credit, credit + 2000):  # an honest peer would announce these instead
         rogue.send(message([frame(L.DATA, f"early.{k}", body, credited=True)]))
     assert refused(svc0)
-    assert "beyond the credit" in str(svc0.loop.bad_peers[1])
+    assert "beyond the credit" in str(svc0.loop.peers.bad[1])
     assert lane.floating_bytes == 0  # what it left here is freed
     assert lane.floating_peak_bytes <= lane.pool_bytes
     assert rss_bytes() - rss0 < 8 * MIB, "frames beyond the credit were kept"
@@ -192,7 +192,7 @@ def test_announcements_of_ops_nobody_submits_are_charged_and_capped(rogue_world,
         rogue.send(m)
     settle(svc0, 1 + n // 500)
     st = lane.stats()
-    assert 1 not in svc0.loop.bad_peers  # announcing is allowed
+    assert 1 not in svc0.loop.peers.bad  # announcing is allowed
     assert st["announcements"] == cap
     if ftype == L.RTS:
         assert st["announcements_not_kept"] == n + 1 - cap
@@ -277,7 +277,7 @@ def test_a_malformed_lane_message_is_a_frame_error_and_the_loop_lives(what: str)
         assert svc.loop.lane is not None  # the engine and its lane, now
         Rogue(world).send(MALFORMED[what]())
         assert refused(svc), f"{what}: the message was not refused"
-        err = svc.loop.bad_peers[1]
+        err = svc.loop.peers.bad[1]
         assert isinstance(err, tr.FrameError) and "from rank 1" in str(err), err
         h = svc.allreduce_async(np.ones(4), name="x")
         with pytest.raises(tr.FrameError, match="from rank 1"):
@@ -313,7 +313,7 @@ def test_a_flood_of_control_frames_stays_within_the_bound(rogue_world) -> None:
         assert int(lane.mem[L.C_NCTL]) <= L.CONTROL_EVENTS
         assert int(lane.mem[L.C_CTLBLEN]) <= L.CONTROL_BODY_BYTES
     settle(svc0, got0 + n_msgs)
-    assert 1 not in svc0.loop.bad_peers, svc0.loop.bad_peers.get(1)
+    assert 1 not in svc0.loop.peers.bad, svc0.loop.peers.bad.get(1)
     counts = svc0.loop.stats.lane_control
     assert counts.get(L.PROBE, 0) >= per * (n_msgs // 2)
     assert counts.get(L.ERROR, 0) == 48 * (n_msgs // 2)
@@ -347,7 +347,7 @@ def test_a_clear_naming_a_tag_outside_the_body_tags_is_refused() -> None:
         raw = message([head])
         Rogue(world).send(bytes(raw))
         assert refused(svc)
-        assert "tag" in str(svc.loop.bad_peers[1])
+        assert "tag" in str(svc.loop.peers.bad[1])
         with pytest.raises(tr.FrameError, match="from rank 1"):
             h.wait(timeout=5)
     finally:
@@ -488,7 +488,7 @@ def test_a_need_for_an_op_not_submitted_here_is_kept_and_a_waiter_asks_for_its_o
         while lane.stats()["needs_kept"] == 0:
             assert time.monotonic() < deadline, lane.stats()
             time.sleep(0.001)
-        assert lane.floating_bytes == L.ANN_CHARGE and 1 not in svc.loop.bad_peers
+        assert lane.floating_bytes == L.ANN_CHARGE and 1 not in svc.loop.peers.bad
         h = svc.allreduce_async(np.ones(1), name="wanted")  # the frame's shape: one float64
         deadline = time.monotonic() + 5
         while not lane.by_key and time.monotonic() < deadline:

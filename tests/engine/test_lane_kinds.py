@@ -218,7 +218,7 @@ def test_hierarchical_averaging_runs_both_phases_in_the_lane() -> None:
         route = Route(s)
         out = [s.hierarchical_neighbor_allreduce(x[s.rank] + k, name="h", topology="ring",
                                                  local_size=2) for k in range(3)]  # fmt: skip
-        assert not s.loop._held
+        assert not s.loop.ops.held
         return out, route.lane_ran()
 
     with local_services(4) as svcs:

@@ -73,9 +73,9 @@ def test_bad_message_is_a_frame_error_and_the_loop_lives(what: str) -> None:
         assert svc.loop.lane is not None
         _send_to_lane(world, raw)
         deadline = time.monotonic() + 5
-        while 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
+        while 1 not in svc.loop.peers.bad and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert 1 in svc.loop.bad_peers, f"{what}: the message was not refused"
+        assert 1 in svc.loop.peers.bad, f"{what}: the message was not refused"
         # An op with that peer fails with a FrameError naming it; nothing hangs.
         h = svc.allreduce_async(np.ones(4), name="x")
         with pytest.raises(tr.FrameError, match="from rank 1"):

@@ -61,14 +61,14 @@ def test_an_express_entry_after_a_peer_left_fails_instead_of_waiting() -> None:
         run_ranks(svcs, lambda s: s.allreduce(x, name="again"))
         loop = svcs[0].loop
         assert loop.lane is not None
-        take = loop._express_lock
+        take = loop.driving.express_lock
 
         def racing(lane):  # the comm thread sweeps rank 1's ops just before the entry
             with loop.lock:
-                loop._peer_left(1)
+                loop.peers.left_peer(1)
             return take(lane)
 
-        loop._express_lock = racing
+        loop.driving.express_lock = racing
         h = svcs[0].allreduce_async(x, name="again")
         with pytest.raises(tr.OpFailedError, match="rank 1 stopped"):
             h.wait(timeout=10)
@@ -107,14 +107,14 @@ def test_an_express_entry_waits_for_the_comm_threads_lock_only_without_bodies_in
     entry gives up at once (the op is queued); without, it asks for the lock and waits."""
     from types import SimpleNamespace
 
-    from totalreduce.engine.lane_loop import EXPRESS_WAIT_S, LaneHooks
+    from totalreduce.engine.driving import EXPRESS_WAIT_S, Driver
 
     lock = _RecordingLock()
-    loop = SimpleNamespace(lock=lock, _owner=7, _comm_ident=7, _wanted=False)
+    driver = SimpleNamespace(lock=lock, owner=7, comm_ident=7, wanted=False)
     lane = _StandInLane(bodies)
-    assert LaneHooks._express_lock(loop, lane) is False  # type: ignore[arg-type]
+    assert Driver.express_lock(driver, lane) is False  # type: ignore[arg-type]
     if bodies:
         assert lock.asked == ["try"] and lane.kicks == 0
     else:
         assert lock.asked == ["try", EXPRESS_WAIT_S] and lane.kicks == 1
-    assert loop._wanted is False
+    assert driver.wanted is False

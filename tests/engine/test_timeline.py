@@ -65,7 +65,7 @@ def run_repeats(svc, mode: str) -> tuple[int, list[np.ndarray]]:
 
 def test_a_traced_repeat_takes_the_untraced_route_and_shows_in_the_timeline(tmp_path) -> None:
     """The timeline is a sink on the express route: a repeated 4 KiB allreduce enters the
-    lane from the calling thread (``lane_now``, ``lane_express``) exactly as often traced as
+    lane from the calling thread (``LaneOps.now``, ``LaneOps.express``) exactly as often traced as
     untraced, gives the same results, and every generation shows as an op that was
     submitted and done."""
     want = 2 * np.arange(512, dtype=np.float64) + 1

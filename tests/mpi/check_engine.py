@@ -356,9 +356,9 @@ def mode_garbage(p: int, rank: int) -> None:
     verdict = "skip"
     if rank == 0:
         deadline = time.monotonic() + 10
-        while p - 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
+        while p - 1 not in svc.loop.peers.bad and time.monotonic() < deadline:
             time.sleep(0.01)
-        err = svc.loop.bad_peers.get(p - 1)
+        err = svc.loop.peers.bad.get(p - 1)
         alive = svc.loop.fatal is None
         me = tr.Group([0])
         works = np.array_equal(tr.allreduce(np.arange(3.0), group=me), np.arange(3.0))

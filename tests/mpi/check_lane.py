@@ -919,7 +919,7 @@ def mode_hostile(p: int, rank: int) -> None:
         if rank == 0:
             grew = _rss() - rss0
             st = lane.stats()
-            bad = rogue in svc.loop.bad_peers
+            bad = rogue in svc.loop.peers.bad
             figures.append(
                 f"{what}: RSS +{grew / MIB:.1f} MiB, held {lane.floating_bytes} B, peak "
                 f"{lane.floating_peak_bytes} B, announcements {st['announcements']}, bad {bad}"
@@ -929,7 +929,7 @@ def mode_hostile(p: int, rank: int) -> None:
                 ok = ok and not bad and st["announcements"] == int(lane.mem[L.C_ANNCAP])
             else:
                 ok = ok and bad and lane.floating_bytes == 0
-                ok = ok and isinstance(svc.loop.bad_peers[rogue], tr.FrameError)
+                ok = ok and isinstance(svc.loop.peers.bad[rogue], tr.FrameError)
     # The others go on among themselves.
     if rank != rogue:
         honest = tr.Group(list(range(p - 1)))

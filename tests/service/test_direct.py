@@ -1,4 +1,4 @@
-"""The blocking allreduce's own path (``express.run``, ``CommLoop.lane_now``): a repeat the
+"""The blocking allreduce's own path (``express.run``, ``LaneOps.now``): a repeat the
 compiled lane runs is entered and driven to its end in one call, with no handle; one that
 does not end there is waited for as a handle.  Either way the same results and errors as
 ``allreduce_async(...).wait()``."""
@@ -14,14 +14,14 @@ import pytest
 
 import totalreduce as tr
 from conftest import local_services, run_ranks
-from totalreduce.engine.loop import CommLoop
+from totalreduce.engine.lane_loop import LaneOps
 from totalreduce.service import express
 
 
 def outcomes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How each ``lane_now`` call went: ended in its try, entered and waited, not entered."""
+    """How each ``LaneOps.now`` call went: ended in its try, entered and waited, not entered."""
     seen = {"ended": 0, "waited": 0, "declined": 0}
-    real = CommLoop.lane_now
+    real = LaneOps.now
     lock = threading.Lock()
 
     def counted(self, *a, **kw):  # type: ignore[no-untyped-def]
@@ -30,7 +30,7 @@ def outcomes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
             seen["ended" if r is True else "declined" if r is None else "waited"] += 1
         return r
 
-    monkeypatch.setattr(CommLoop, "lane_now", counted)
+    monkeypatch.setattr(LaneOps, "now", counted)
     return seen
 
 

@@ -128,7 +128,7 @@ def test_malformed_frame_is_an_error_not_a_crash() -> None:
                                   req.ctypes.data)  # fmt: skip
         assert rc == 0
         deadline = time.monotonic() + 5
-        while 1 not in svc.loop.bad_peers and time.monotonic() < deadline:
+        while 1 not in svc.loop.peers.bad and time.monotonic() < deadline:
             time.sleep(0.01)
         h = svc.allreduce_async(np.ones(4), name="x")
         with pytest.raises(tr.FrameError, match="message from rank 1 refused.*bad magic"):

@@ -9,11 +9,20 @@ Ordering (the interpreter runs one bytecode at a time, so reads and writes are
 sequentially consistent): ``set`` writes the flag, then reads ``_ev``; ``wait`` publishes
 ``_ev``, then reads the flag.  Whichever runs second sees the other's write, so a waiter
 never sleeps on an event nobody will set.
+
+:func:`finish` runs an op's completion callback (``OpSpec.on_done``), which sets its word.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..lane.payload import OpSpec
+
+log = logging.getLogger("totalreduce.engine")
 
 _MAKE = threading.Lock()  # two first waiters must share one event
 
@@ -54,3 +63,12 @@ class Completion:
 
 #: What the loop's waits take: an op's completion word, or a plain event.
 Waitable = threading.Event | Completion
+
+
+def finish(spec: OpSpec, error: BaseException | None) -> None:
+    """Run op ``spec``'s completion callback with its error (None: it completed)."""
+    if spec.on_done is not None:
+        try:
+            spec.on_done(error)
+        except Exception:  # a user callback must not kill the loop
+            log.exception("completion callback of %s failed", spec.describe())

@@ -1,22 +1,25 @@
-"""Failing ops: errors here, errors from peers and to them, aborts.
+"""Failing ops: the one table of errors, errors from peers and to them, aborts, late errors.
 
-:class:`FailHooks` is a base of :class:`~.loop.CommLoop`.  An op that fails before it
-entered the lane (``_fail_unsubmitted``) fails the ops chained after it and tells its
-group (ERROR, ``_error_frame``); a lane op fails in ``lane_failing.py``.  An error
-from a peer (``_on_error``) fails the op here and is relayed once to its group; one
-for an op finished here is raised late; one for an op not submitted yet waits for it
-(``_early_errors``, the last ``REMEMBERED``).  An abort (``request_abort``) fails an
-op here and on every rank.  Peers that fail or leave are ``peers.py``'s; ops that stop
+:class:`Failures` is an object of :class:`~.loop.CommLoop`'s (``loop.failures``) that owns
+what a rank knows of ops that ended: the one table of their errors (``errors``,
+:class:`~.failures.OpErrors`), the ops that completed here (``completed``, for a late
+error or a late frame about one), and the errors to raise at this rank's next call
+(``late``).  An op that fails before it entered the lane (:meth:`~Failures.fail_unsubmitted`)
+fails the ops chained after it and tells its group (ERROR, :meth:`~Failures.send_error`);
+a lane op fails in ``lane_failing.py``.  An error from a peer (:meth:`~Failures.on_error`)
+fails the op here and is relayed once to its group; one for an op finished here is
+raised late; one for an op not submitted yet waits for it (an early error in the table).
+An abort (``CommLoop.request_abort``) fails an op here and on every rank.  A frame of an
+op finished here that a peer still sends is a disagreement about the op's pattern
+(:meth:`~Failures.late_frame`).  Peers that fail or leave are ``peers.py``'s; ops that stop
 moving are ``stalls.py``'s.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -28,11 +31,27 @@ from ..errors import (
     TotalReduceError,
 )
 from ..lane.payload import REMEMBERED, OpKey, OpSpec, describe_op
-from ..protocol import ERROR, F_GEN, F_NBYTES, F_PARAM, F_WID, MAX_CONTROL_BODY
-from .failures import ERROR_FAILED, ERROR_FRAME, ERROR_MISMATCH, ERROR_TIMEOUT, _error_from_peer
-
-if TYPE_CHECKING:
-    from ..lane.lane import Lane
+from ..protocol import (
+    ERROR,
+    F_GEN,
+    F_NBYTES,
+    F_PARAM,
+    F_SEGMENT,
+    F_STEP,
+    F_WID,
+    MAX_CONTROL_BODY,
+)
+from .completion import finish
+from .failures import (
+    ERROR_FAILED,
+    ERROR_FRAME,
+    ERROR_MISMATCH,
+    ERROR_TIMEOUT,
+    OpErrors,
+    _error_from_peer,
+)
+from .parts import Loop
+from .wire import SESSION_ID
 
 log = logging.getLogger("totalreduce.engine")
 
@@ -50,34 +69,39 @@ def error_code(error: BaseException) -> int:
     return ERROR_FAILED
 
 
-class FailHooks:
-    """Failing ops (see the module docstring)."""
+class Failures:
+    """Failing ops, and what a rank knows of ops that ended (see the module docstring)."""
 
-    rank: int
-    world: int
-    stats: Any  # LoopStats
-    trace: Any
-    lane: Lane | None
-    lock: threading.Lock
-    failed: OrderedDict[OpKey, str]
-    completed: OrderedDict[OpKey, tuple[Any, ...]]
-    late_errors: deque[TotalReduceError]
-    submissions: deque[Any]
-    _held: dict[OpKey, list[OpSpec]]
-    _left: set[int]
-    _unreachable: set[int]
-    _early_errors: OrderedDict[OpKey, tuple[str, int]]
+    def __init__(self, loop: Loop) -> None:
+        self._loop = loop
+        #: The one table of ops' errors: failed here, or elsewhere before submitted here.
+        self.errors = OpErrors()
+        #: Ops finished here, remembered for a while ((name, generation), group,
+        #: unexpected-frame hints, ...): a frame for one means a peer disagrees about the
+        #: op; an error for one is raised late.  An OrderedDict, because evicting the
+        #: oldest entry of a plain dict scans past every deleted slot (quadratic).
+        self.completed: OrderedDict[OpKey, tuple[Any, ...]] = OrderedDict()
+        #: Errors of ops that completed here but failed elsewhere, for this rank's next call.
+        self.late: deque[TotalReduceError] = deque()
 
-    # provided by CommLoop and its other bases
-    _remember: Callable[[Any, OpKey, Any], None]
-    _finish_spec: Callable[[OpSpec, BaseException | None], None]
-    _control: Callable[..., None]
-    _lane_fail: Callable[..., None]
-    _lane_fail_all: Callable[[BaseException], None]
+    def done(self, key: OpKey, record: tuple[Any, ...]) -> None:
+        """Op ``key`` completed here (``record``: see :attr:`completed`; :func:`remember`'s
+        work, written out: once per op)."""
+        if key[0] == SESSION_ID:
+            return  # every job starts with it: a memory of it would meet the next job
+        completed = self.completed
+        completed[key] = record
+        if len(completed) > REMEMBERED:
+            completed.popitem(last=False)
+
+    def forget(self, key: OpKey) -> None:
+        """Op ``key`` will come again (a node's session op): forget how it ended."""
+        self.completed.pop(key, None)
+        self.errors.forget(key)
 
     # ------------------------------------------------------------------ failing ops
 
-    def _tell_group(
+    def tell_group(
         self, key: OpKey, group: tuple[int, ...], also: int, error: BaseException
     ) -> None:
         """Send op ``key``'s error to the other ranks of ``group`` and to rank ``also``
@@ -86,67 +110,76 @@ class FailHooks:
         dests = set(group)
         if also >= 0:
             dests.add(also)
+        rank = self._loop.rank
         for world in sorted(dests):
-            if world != self.rank:
-                self._error_frame(key, world, str(error), code)
+            if world != rank:
+                self.send_error(key, world, str(error), code)
 
     @staticmethod
-    def _chain_error(spec: OpSpec, why: str) -> OpFailedError:
+    def chain_error(spec: OpSpec, why: str) -> OpFailedError:
+        """The error of an op chained after one that failed with ``why``."""
         return OpFailedError(f"{spec.describe()}: the phase it starts after failed: {why}")
 
-    def _fail_unsubmitted(self, spec: OpSpec, error: TotalReduceError) -> None:
+    def fail_unsubmitted(self, spec: OpSpec, error: TotalReduceError) -> None:
         """An op fails before it entered the lane: tell its group, drop its floating frames."""
+        loop = self._loop
         key = spec.key
-        self._remember(self.failed, key, str(error))
-        if self.lane is not None:
-            self.lane.drop_floating(key)
-        self._tell_group(key, spec.group, -1, error)
-        log.error("rank %d: %s", self.rank, error)
-        for later in self._held.pop(key, ()):
-            self._fail_unsubmitted(later, self._chain_error(later, str(error)))
-        self._finish_spec(spec, error)
+        self.errors.note_failed(key, str(error))
+        if loop.lane is not None:
+            loop.lane.drop_floating(key)
+        self.tell_group(key, spec.group, -1, error)
+        log.error("rank %d: %s", loop.rank, error)
+        for later in loop.ops.chained_after(key):
+            self.fail_unsubmitted(later, self.chain_error(later, str(error)))
+        finish(spec, error)
 
-    def _fail_all(self, error: BaseException) -> None:
-        self._lane_fail_all(error)
-        while self.submissions:
-            item = self.submissions.popleft()
+    def fail_everything(self, error: BaseException) -> None:
+        """Fail every op in flight and queued (the caller holds the loop's lock)."""
+        loop = self._loop
+        loop.lane_errors.fail_all(error)
+        submissions = loop.submissions
+        while submissions:
+            item = submissions.popleft()
             if not isinstance(item, tuple):  # aborts and notes need no answer
-                self._finish_spec(item, error)
+                finish(item, error)
 
     def fail_all(self, error: BaseException) -> None:
-        """Fail every op in flight (shutdown); takes the lock."""
-        with self.lock:
-            self._fail_all(error)
+        """Fail every op in flight (shutdown); takes the loop's lock."""
+        with self._loop.lock:
+            self.fail_everything(error)
 
     # ------------------------------------------------------------------ errors from and to peers
 
-    def _error_frame(self, key: OpKey, dest: int, message: str, code: int) -> None:
+    def send_error(self, key: OpKey, dest: int, message: str, code: int) -> None:
         """Tell rank ``dest`` that op ``key`` failed."""
-        if dest in self._unreachable or dest in self._left:
+        loop = self._loop
+        if loop.peers.shut_out(dest):
             return
         body = message.encode()[:MAX_ERROR_TEXT]
         shape = (0, 0, 0, 0, 0, code, 0)
-        self._control(dest, ERROR, shape, key, body=body)
+        loop.control.send(dest, ERROR, shape, key, body=body)
 
     @staticmethod
-    def _named(message: str, key: OpKey, name: str | int) -> str:
+    def named(message: str, key: OpKey, name: str | int) -> str:
         """An error a node's service wrote names the op by its id: name it as users do."""
         return message.replace(f"op '#{key[0]:016x}'", f"op {name!r}")
 
-    def _on_error_frame(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
-        """An op failed on rank ``source``; the frame's body says why."""
+    def on_error_frame(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
+        """An op failed on rank ``source``; the frame's body says why (ERROR's handler)."""
         n = f[F_NBYTES]
         text = bytes(buf[off : off + n]).decode(errors="replace")
-        self._on_error((f[F_WID], f[F_GEN]), text, f[F_PARAM], source)
+        self.on_error((f[F_WID], f[F_GEN]), text, f[F_PARAM], source)
 
-    def _on_error(self, key: OpKey, message: str, code: int, source: int) -> None:
+    def on_error(self, key: OpKey, message: str, code: int, source: int) -> None:
         """An op failed on rank ``source``: fail it here and pass it on to its group."""
-        if key in self.failed:
+        if self.errors.failed(key) is not None:
             return  # heard already: relayed once, no loops
-        lop = None if self.lane is None else self.lane.by_key.get(key)
+        loop = self._loop
+        lane = loop.lane
+        lop = None if lane is None else lane.by_key.get(key)
         if lop is not None:
-            message = self._named(message, key, lop.spec.name)
-            self._lane_fail(lop, _error_from_peer(message, code), tell_peers=True)
+            message = self.named(message, key, lop.spec.name)
+            loop.lane_errors.fail(lop, _error_from_peer(message, code), tell_peers=True)
             return
         err = _error_from_peer(message, code)
         done = self.completed.get(key)
@@ -155,40 +188,62 @@ class FailHooks:
             # raise it at this rank's next call.
             what, group = describe_op(*done[0]), done[1]
             late = type(err)(
-                f"{what} completed on rank {self.rank}, but failed elsewhere: {message}"
+                f"{what} completed on rank {loop.rank}, but failed elsewhere: {message}"
             )
-            log.error("rank %d: %s", self.rank, late)
-            self.late_errors.append(late)
-            self._remember(self.failed, key, message)
+            log.error("rank %d: %s", loop.rank, late)
+            self.late.append(late)
+            self.errors.note_failed(key, message)
             for world in group:
-                if world not in (self.rank, source):
-                    self._error_frame(key, world, message, code)
+                if world not in (loop.rank, source):
+                    self.send_error(key, world, message, code)
             return
-        # Not submitted here yet: fail it when it is (and tell the group then).
-        if self.lane is not None:
-            self.lane.drop_floating(key)
-        self._early_error(key, message, code)
+        # Not submitted here yet: fail it when it is (and tell the group then); the last
+        # ones only: older ones belong to ops nobody will submit.
+        if lane is not None:
+            lane.drop_floating(key)
+        self.errors.note_early(key, message, code)
 
-    def _early_error(self, key: OpKey, message: str, code: int) -> None:
-        """An op failed elsewhere before this rank submitted it (the last REMEMBERED: older
-        ones belong to ops nobody will submit)."""
-        errors = self._early_errors
-        errors[key] = (message, code)
-        if len(errors) > REMEMBERED:
-            errors.popitem(last=False)
+    def late_frame(self, source: int, f: tuple[int, ...], key: OpKey) -> bool:
+        """A frame of an op not in the lane's table: True if it was dealt with (the op
+        failed here, or finished here and the ranks disagree about its pattern)."""
+        if self.errors.knows(key):
+            return True
+        done = self.completed.get(key)
+        if done is None:
+            return False
+        rank = self._loop.rank
+        (name, gen), _, hints = done[0], done[1], done[2]
+        what = describe_op(name, gen)
+        step = f[F_STEP]
+        if step < len(hints):
+            detail = hints[step].format(sender=source, me=rank)
+        else:
+            detail = (
+                f"rank {source} sends to rank {rank} at step {step} (segment "
+                f"{f[F_SEGMENT]}), but rank {rank} finished the op without that exchange "
+                "(the ranks disagree on the op's pattern: root, topology, weights, group or "
+                "algorithm)"
+            )
+        msg = f"{what}: {detail}"
+        self.on_error(key, msg, ERROR_MISMATCH, source)
+        self.send_error(key, source, msg, ERROR_MISMATCH)
+        return True
 
-    def _abort(self, key: OpKey, name: str, reason: str, mismatch: bool = False) -> None:
+    def abort(self, key: OpKey, name: str, reason: str, mismatch: bool = False) -> None:
+        """Fail op ``key`` here and on every rank, submitted here or not."""
+        loop = self._loop
         err: TotalReduceError = OpMismatchError(reason) if mismatch else OpFailedError(reason)
         code = ERROR_MISMATCH if mismatch else ERROR_FAILED
-        lop = None if self.lane is None else self.lane.by_key.get(key)
+        lane = loop.lane
+        lop = None if lane is None else lane.by_key.get(key)
         if lop is not None:
-            self._lane_fail(lop, err, tell_peers=True)
+            loop.lane_errors.fail(lop, err, tell_peers=True)
             return
         # Not submitted here (yet): remember, and tell every rank.
-        if self.lane is not None:
-            self.lane.drop_floating(key)
-        self._early_error(key, reason, code)
-        for world in range(self.world):
-            if world != self.rank:
-                self._error_frame(key, world, reason, code)
-        log.error("rank %d: op %r generation %d aborted: %s", self.rank, name, key[1], reason)
+        if lane is not None:
+            lane.drop_floating(key)
+        self.errors.note_early(key, reason, code)
+        for world in range(loop.world):
+            if world != loop.rank:
+                self.send_error(key, world, reason, code)
+        log.error("rank %d: op %r generation %d aborted: %s", loop.rank, name, key[1], reason)

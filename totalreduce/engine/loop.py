@@ -12,21 +12,22 @@ Each pass of :meth:`CommLoop.run_once` takes the submissions (ops, aborts, urgen
 notes), a compiled pass of the lane and its events and finished ops, the stall
 inspector a few times per ``stall_warning_s``, and sends the control frames it wrote.
 Progress: the comm thread drives the lane's compiled passes while ops are in flight; a
-thread blocked in ``wait()`` drives them itself (:meth:`progress`), as ``MPI_Wait``
+thread blocked in ``wait()`` drives them itself (``driving.progress``), as ``MPI_Wait``
 progresses MPI.  One thread runs the loop at a time (``lock``).
 
-This module holds :class:`CommLoop`'s construction (all its state), the client side
-(submitting, urgency, aborts, waking), one pass (:meth:`~CommLoop.run_once`) and
-activation (an op entering the lane).  Its other jobs are its bases, one module each:
-``driving.py`` (:class:`~.driving.DriveHooks`: the comm thread's run, a pass under the
-lock, a waiting thread's progress), ``control.py`` (:class:`~.control.ControlHooks`:
-control frames both ways), ``failing.py`` (:class:`~.failing.FailHooks`: errors to and
-from peers, aborts), ``peers.py`` (:class:`~.peers.PeerHooks`: peers failing, leaving,
-dying, coming back), ``lane_loop.py`` (:class:`~.lane_loop.LaneHooks`: the compiled lane's
-side) and ``lane_failing.py`` (:class:`~.lane_failing.LaneFailHooks`: lane ops
-failing).  Each base declares what it uses of the others as class annotations; none
-imports this module.  The stall inspector is an object that owns its timers
-(``stalls.py``: :class:`~.stalls.StallInspector`, ``self.stalls``).
+This module holds :class:`CommLoop`: the state every part shares (the lane, the lock,
+the submissions, the stats), the client side (submitting, urgency, aborts, waking) and one
+pass (:meth:`~CommLoop.run_once`).  Each other job is an object the loop owns, which owns
+its state, one module each; they call each other through the interfaces of ``parts.py``:
+``loop.driving`` (``driving.py``, :class:`~.driving.Driver`: the comm thread's run, a pass
+under the lock, a waiting thread's progress), ``loop.ops`` (``lane_loop.py``,
+:class:`~.lane_loop.LaneOps`: ops into the lane and out of it, chains), ``loop.lane_errors``
+(``lane_failing.py``, :class:`~.lane_failing.LaneErrors`: the lane's events into errors,
+lane ops failing), ``loop.failures`` (``failing.py``, :class:`~.failing.Failures`: the one
+table of errors, errors to and from peers, aborts, late errors), ``loop.peers``
+(``peers.py``, :class:`~.peers.Peers`: membership), ``loop.control`` (``control.py``,
+:class:`~.control.ControlFrames`: control frames both ways) and ``loop.stalls``
+(``stalls.py``, :class:`~.stalls.StallInspector`: ops that stopped moving).
 """
 
 from __future__ import annotations
@@ -34,22 +35,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..errors import OpFailedError, TotalReduceError
-from ..lane.payload import REMEMBERED, OpKey, OpSpec
+from ..lane.payload import OpKey, OpSpec
 from ..transport.base import Transport
-from . import wire
-from .control import ControlHooks
-from .driving import DriveHooks
-from .failing import FailHooks
-from .lane_failing import LaneFailHooks
-from .lane_loop import LaneHooks
-from .peers import PeerHooks
+from .control import ControlFrames
+from .driving import Driver
+from .failing import Failures
+from .lane_failing import LaneErrors
+from .lane_loop import LaneOps
+from .parts import LoopStats
+from .peers import Peers
 from .stalls import StallInspector
 
 if TYPE_CHECKING:
@@ -57,33 +57,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("totalreduce.engine")
 
-
-@dataclass
-class LoopStats:
-    #: Control frames (ERROR to JOIN) this loop wrote and received (the lane counts the
-    #: rest: ``Lane.stats``).
-    frames_sent: int = 0
-    frames_received: int = 0
-    ops_completed: int = 0
-    ops_failed: int = 0
-    passes: int = 0
-    idle_sleeps: int = 0
-    #: The comm thread's compiled passes over lane ops without the interpreter lock.
-    lane_spins: int = 0
-    #: Ops the submitting thread entered into the lane itself (``lane_express``).
-    lane_express: int = 0
-    #: Control frames (ERROR to JOIN) the lane handed up, by frame type.
-    lane_control: dict[int, int] = field(default_factory=dict)
+__all__ = ["CommLoop", "LoopStats"]
 
 
-class CommLoop(
-    DriveHooks,
-    LaneHooks,
-    LaneFailHooks,
-    ControlHooks,
-    FailHooks,
-    PeerHooks,
-):
+class CommLoop:
     """The control plane around the compiled lane (see the module docstring)."""
 
     def __init__(
@@ -99,49 +76,25 @@ class CommLoop(
         self.rank = transport.rank
         self.size = transport.size
         self.world = transport.size  # the ranks the loop may talk to
-        self.cfg = cfg = config or Config()
+        self.cfg = config or Config()
         # Ops, aborts and urgency notes in one queue, so they are seen in order.
         self.submissions: deque[Any] = deque()
         self.wake = threading.Event()
+        #: One thread runs the loop at a time (``driving.owner`` says which).
         self.lock = threading.Lock()
-        self.waiters = 0
-        self._owner = 0  # ident of the thread running a pass
-        self._comm_ident = 0  # the comm thread's ident (set when it starts running)
-        # A thread that submits a repeat (lane_express) while the comm thread holds the
-        # lock asks for it: the comm thread hands the lock over at its next check.
-        self._wanted = False
-        self._asleep = False  # the comm thread is (about to be) blocked on ``wake``
-        self._sleep_s = 0.0  # for how long (at most)
-        self._nudged = False  # woken by _nudge (an op entered the lane in a long sleep)
-        self._wait_spin = cfg.wait_spin_s  # a waiter spins (MPI_Wait-like) this long
-        self._wait_spin_ns = int(self._wait_spin * 1e9)
-        # Bounded memories of finished ops: OrderedDict, because evicting the oldest
-        # entry of a plain dict scans past every deleted slot (quadratic over a run).
-        self.failed: OrderedDict[OpKey, str] = OrderedDict()
-        # Ops finished here, remembered for a while ((name, generation), group,
-        # unexpected-frame hints): a frame for one means a peer disagrees about the op;
-        # an error for one is raised late.
-        self.completed: OrderedDict[OpKey, tuple[Any, ...]] = OrderedDict()
-        # Errors of ops not submitted here yet (failed elsewhere first).
-        self._early_errors: OrderedDict[OpKey, tuple[str, int]] = OrderedDict()
-        self.late_errors: deque[TotalReduceError] = deque()
-        # Ops submitted to start after another op of this rank completes (OpSpec.after).
-        self._held: dict[OpKey, list[OpSpec]] = {}
         self.stats = LoopStats()
+        #: The error that stopped the loop (:meth:`stopped_by`): every op fails with it.
         self.fatal: BaseException | None = None
-        self.bad_peers: dict[int, TotalReduceError] = {}
         self.trace: Any = None  # a timeline recorder, when one is on
-        self._left: set[int] = set()  # peers that said goodbye (a subset of bad_peers)
-        #: A node's service: what another service tells of its clients (engine/peers.py).
-        self.on_client_notice: Callable[[str, int, int, int], None] | None = None
-        self._unreachable: set[int] = set()  # peers whose link failed: nothing goes to them
-        # What each control frame type does (a handler per type), and the control frames
-        # written and not sent yet.
-        #: The stall inspector, which owns its timers (before the handlers: PROBE, HAVE).
+        # The parts, each owning its state (parts.py); the control frames' handlers are
+        # the others', so they come last.
+        self.driving = Driver(self)
+        self.ops = LaneOps(self)
+        self.lane_errors = LaneErrors(self)
+        self.failures = Failures(self)
+        self.peers = Peers(self)
         self.stalls = StallInspector(self)
-        self._handlers = self._frame_handlers()
-        self._ctl_backlog: list[tuple[Any, ...]] = []
-        self._ctl_dirty = False
+        self.control = ControlFrames(self)
 
     # ------------------------------------------------------------------ client side
 
@@ -174,23 +127,24 @@ class CommLoop(
     def submit(self, spec: OpSpec) -> None:
         """Queue an op (any thread); with the lane, enter it now if no pass is running."""
         self.submissions.append(spec)
+        driving = self.driving
         if self.lane is not None and self.lock.acquire(blocking=False):
-            self._owner = threading.get_ident()
+            driving.owner = threading.get_ident()
             try:
                 self._take_submissions()
             finally:
-                self._owner = 0
+                driving.owner = 0
                 self.lock.release()
-            self._nudge()
+            driving.nudge()
             return
         if self.lane is not None:  # it may be in compiled passes, holding the lock
             self.lane.kick()
-        if self._asleep:  # wake the comm thread only if it sleeps (a futex call saved)
-            self._ring()
+        if driving.asleep:  # wake the comm thread only if it sleeps (a futex call saved)
+            self.ring()
 
     def mark_needed(self, spec: OpSpec) -> None:
         """Someone waits for this op (any thread): raise it here, ask the peers to
-        (:meth:`progress` does it for the op it waits on)."""
+        (``driving.progress`` does it for the op it waits on)."""
         if not spec.urgent:
             spec.urgent = True
             lane = self.lane
@@ -204,22 +158,52 @@ class CommLoop(
         """Fail an op here and on every rank, submitted or not (any thread); with
         ``OpMismatchError`` if ``mismatch``, else ``OpFailedError``."""
         self.submissions.append(("abort", key, name, reason, mismatch))
-        self._ring()
+        self.ring()
 
     def forget_op(self, key: OpKey) -> None:
         """Drop what this rank remembers of an ended op, whose key will come again (any
         thread): its frames are then kept for the next op of that key."""
         self.submissions.append(("forget", key))
-        self._ring()
+        self.ring()
+
+    def tell_services(self, what: str, client: int, session: int = 0, agreed: int = 0) -> None:
+        """A node's service tells the other services of its clients (any thread):
+        :meth:`.peers.Peers.tell_services`."""
+        self.peers.tell_services(what, client, session, agreed)
+
+    @property
+    def on_client_notice(self) -> Callable[[str, int, int, int], None] | None:
+        """What another node's service told of its clients (``peers.on_client_notice``)."""
+        return self.peers.on_client_notice
+
+    @on_client_notice.setter
+    def on_client_notice(self, hook: Callable[[str, int, int, int], None] | None) -> None:
+        self.peers.on_client_notice = hook
+
+    @property
+    def late_errors(self) -> deque[TotalReduceError]:
+        """Errors of ops that completed here but failed elsewhere, to raise at this rank's
+        next call (``failures.late``)."""
+        return self.failures.late
 
     def notify(self) -> None:
-        self._ring()
+        self.ring()
 
-    def _ring(self) -> None:
+    def ring(self) -> None:
         """Wake the comm thread."""
         if self.lane is not None:
             self.lane.kick()
         self.wake.set()
+
+    def stopped_by(self, exc: Exception) -> None:
+        """The loop met an error of its own (a bug, not an op's): fail every op, once, so
+        nothing waits forever on a loop that stopped."""
+        if self.fatal is None:
+            log.exception("rank %d: comm loop stopped by an error", self.rank)
+            self.fatal = exc
+            self.failures.fail_everything(
+                TotalReduceError(f"rank {self.rank}: the comm loop failed: {exc}")
+            )
 
     @property
     def busy(self) -> bool:
@@ -228,7 +212,7 @@ class CommLoop(
     @property
     def sending(self) -> bool:
         """Control frames written and not handed to the lane's send buffers yet."""
-        return bool(self._ctl_backlog)
+        return self.control.waiting
 
     @property
     def sends_in_flight(self) -> bool:
@@ -244,17 +228,17 @@ class CommLoop(
         progressed = False
         if self.submissions:
             progressed = self._take_submissions()
-        if self.lane is not None and self._lane_pump():
+        if self.lane is not None and self.ops.pump():
             progressed = True
         now = time.monotonic()
         stalls = self.stalls
         if now - stalls.last > stalls.every:
             stalls.last = now
             if self.lane is not None and self.lane.ops:
-                self._check_peers()
+                self.peers.check_alive()
             stalls.check(now)
-        if self._ctl_dirty:
-            self._ctl_flush()
+        if self.control.dirty:
+            self.control.flush()
         return progressed
 
     def _take_submissions(self) -> bool:
@@ -262,21 +246,19 @@ class CommLoop(
             item = self.submissions.popleft()
             if isinstance(item, tuple):
                 if item[0] == "abort":
-                    self._abort(item[1], item[2], item[3], item[4])
+                    self.failures.abort(item[1], item[2], item[3], item[4])
                 elif item[0] == "forget":  # the key comes again (a node's session op)
-                    self.completed.pop(item[1], None)
-                    self.failed.pop(item[1], None)
-                    self._early_errors.pop(item[1], None)
+                    self.failures.forget(item[1])
                     if self.lane is not None:
                         self.lane.forget(item[1])
                 elif item[0] == "notice":  # a node's service tells the others
-                    self._announce(*item[1:])
+                    self.peers.announce(*item[1:])
                 elif item[0] == "need":
                     if self.lane is not None and item[1] in self.lane.by_key:
                         self.lane.set_urgent(self.lane.by_key[item[1]])
                 continue
             try:
-                self._activate(item)
+                self.ops.activate(item)
             except Exception as exc:  # one bad op must not stop the loop
                 log.exception("rank %d: activating %s failed", self.rank, item.describe())
                 err = OpFailedError(
@@ -284,51 +266,7 @@ class CommLoop(
                 )
                 lop = None if self.lane is None else self.lane.by_key.get(item.key)
                 if lop is not None and lop.spec is item:
-                    self._lane_fail(lop, err, tell_peers=True)
+                    self.lane_errors.fail(lop, err, tell_peers=True)
                 else:
-                    self._fail_unsubmitted(item, err)
+                    self.failures.fail_unsubmitted(item, err)
         return True
-
-    # ------------------------------------------------------------------ activation
-
-    def _activate(self, spec: OpSpec) -> None:
-        if self.fatal is not None:
-            self._finish_spec(spec, TotalReduceError(f"the comm loop stopped: {self.fatal}"))
-            return
-        lane = self.lane
-        if lane is None:
-            self._finish_spec(
-                spec, TotalReduceError(f"{spec.describe()}: the engine has no compiled lane")
-            )
-            return
-        if spec.after is not None:
-            first = spec.after
-            if first in lane.by_key:
-                self._held.setdefault(first, []).append(spec)
-                return
-            if first in self.failed:
-                self._fail_unsubmitted(spec, self._chain_error(spec, self.failed[first]))
-                return
-        bad = self.bad_peers and [
-            self.bad_peers[w] for w in spec.group if w in self.bad_peers and w not in self._left
-        ]
-        if bad:
-            self._fail_unsubmitted(spec, type(bad[0])(f"{spec.describe()}: {bad[0]}"))
-            return
-        self._lane_activate(spec)
-
-    @staticmethod
-    def _remember(table: OrderedDict[OpKey, Any], key: OpKey, value: Any) -> None:
-        if key[0] == wire.SESSION_ID:
-            return  # every job starts with it: a memory of it would meet the next job
-        table[key] = value
-        if len(table) > REMEMBERED:
-            table.popitem(last=False)
-
-    @staticmethod
-    def _finish_spec(spec: OpSpec, error: BaseException | None) -> None:
-        if spec.on_done is not None:
-            try:
-                spec.on_done(error)
-            except Exception:  # a user callback must not kill the loop
-                log.exception("completion callback of %s failed", spec.describe())

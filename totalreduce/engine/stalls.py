@@ -13,41 +13,26 @@ say whom each op waits for.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import OpTimeoutError
-from ..lane.payload import NO_SHAPE, OpKey, OpSpec
+from ..lane.payload import NO_SHAPE, OpSpec
 from ..protocol import F_GEN, F_WID, HAVE, PROBE
+from .parts import Loop
 
 if TYPE_CHECKING:
-    from ..lane.lane import Lane, LaneOp
+    from ..lane.lane import LaneOp
 
 log = logging.getLogger("totalreduce.engine")
-
-
-class _Loop(Protocol):
-    """What the inspector uses of its loop (:class:`~.loop.CommLoop`)."""
-
-    rank: int
-    cfg: Any  # totalreduce.config.Config
-    lane: Lane | None
-    lock: threading.Lock
-    completed: OrderedDict[OpKey, tuple[Any, ...]]
-
-    def _control(self, *args: Any) -> None: ...
-
-    def _lane_fail(self, lop: LaneOp, error: BaseException, *, tell_peers: bool) -> None: ...
 
 
 class StallInspector:
     """The stall inspector of one loop (see the module docstring)."""
 
-    def __init__(self, loop: _Loop) -> None:
+    def __init__(self, loop: Loop) -> None:
         self._loop = loop
         cfg = loop.cfg
         stall = [x for x in (cfg.stall_warning_s, cfg.stall_shutdown_s) if x > 0]
@@ -81,10 +66,10 @@ class StallInspector:
                          spec.count, spec.param, spec.context)  # fmt: skip
                 for world in spec.group:
                     if world != loop.rank:
-                        loop._control(world, PROBE, shape, spec.key)
+                        loop.control.send(world, PROBE, shape, spec.key)
             timeout = self._verdict(lop, idle, warn, shut)
             if timeout is not None:
-                loop._lane_fail(lop, timeout, tell_peers=True)
+                loop.lane_errors.fail(lop, timeout, tell_peers=True)
             elif warn > 0 and idle >= warn:
                 lop.warned = True
 
@@ -121,8 +106,8 @@ class StallInspector:
         """A stalled op's rank asks who has submitted it: answer HAVE if this rank has."""
         loop = self._loop
         key = (f[F_WID], f[F_GEN])
-        if key in loop.completed or (loop.lane is not None and key in loop.lane.by_key):
-            loop._control(source, HAVE, NO_SHAPE, key)
+        if key in loop.failures.completed or (loop.lane is not None and key in loop.lane.by_key):
+            loop.control.send(source, HAVE, NO_SHAPE, key)
 
     def on_have(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
         """Rank ``source`` has submitted the op this rank probed for."""

@@ -2,7 +2,7 @@
 
 The frames themselves (their header, types and fields) are declared in
 :mod:`totalreduce.protocol` and written and read by the compiled lane; the control
-frames Python sends go through :meth:`~.control.ControlHooks._control`.
+frames Python sends go through :meth:`~.control.ControlFrames.send`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def wire_id(name: str | int) -> int:
 
 
 #: Daemon mode: the op by which a job's clients agree on their session at start.  Every
-#: job starts with it, so no rank keeps a memory of it (see CommLoop._remember).
+#: job starts with it, so no rank keeps a memory of it (see Failures.done).
 SESSION_ID = wire_id("\0totalreduce session")
 
 

@@ -7,27 +7,28 @@ needs beside its input and output, its own), with
 :func:`lane_repeat` (what ``Lane.now`` does in two compiled calls, in one), so that no
 Python runs between a client's descriptor and its completion word.  What the engine's
 Python must know of those ops, and the conditions under which compiled code may enter
-them at all, are :class:`ServiceRepeats`' (the engine's lock held meanwhile, as
-``CommLoop.lane_now`` holds it for one op).
+them at all, are the engine's (its loop's ``ops``, seen through :class:`Engine`);
+:class:`ServiceRepeats` is what the compiled loop's caller holds (the engine's lock held
+meanwhile, as ``LaneOps.now`` holds it for one op).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from numba import njit
 
-from .. import protocol as L
 from .lane_core import lane_drive, lane_enter
+from .payload import OpSpec
+
+if TYPE_CHECKING:
+    from .lane import Lane, LaneOp
 
 #: A compiled repeat's first try in the lane (``Lane.now``'s): an op not ended by then goes
 #: on as a handle of the engine's express path.
 TRY_NS = 200_000
-_NONE: tuple[Any, ...] = ()
 
 
 @njit(nogil=True, cache=True)
@@ -42,14 +43,44 @@ def lane_repeat(mem, prog, arena, b, fields, addrs, gen, prio, urgent, try_ns, s
     return slot, seq, lane_drive(mem, prog, arena, b, slot, seq, try_ns, spin_ns, take)
 
 
+class EngineRepeats(Protocol):
+    """What the engine offers a compiled loop that enters repeats into its lane (the loop's
+    ``ops``: ``totalreduce.engine.lane_loop.LaneOps``, which holds the conditions)."""
+
+    @property
+    def spin_ns(self) -> int: ...
+
+    def hold_for_repeats(self, plans_epoch: int) -> bool: ...
+
+    def release_repeats(self) -> None: ...
+
+    def repeats_ended(
+        self, name: int, wid: int, first: int, k: int, group: tuple[int, ...]
+    ) -> None: ...
+
+    def repeat_adopted(self, spec: OpSpec, slot: int, seq: int) -> LaneOp: ...
+
+    def repeats_settle(self) -> None: ...
+
+
+class Engine(Protocol):
+    """The engine's loop (``totalreduce.engine.loop.CommLoop``) as :class:`ServiceRepeats`
+    sees it: its lane and its ops' side for compiled repeats."""
+
+    lane: Lane | None
+
+    @property
+    def ops(self) -> EngineRepeats: ...
+
+
 class ServiceRepeats:
     """The engine's side of a compiled loop that enters repeats into its lane.
 
     ``begin()`` takes the loop's lock when nothing the engine's Python looks at stands in
-    the way of a repeat (``CommLoop.lane_now``'s conditions, for any key: nothing of the
-    main loop in flight, no error, no frame or op of any key in Python's tables);
-    ``ended(...)`` records what the compiled code ran; ``adopt(...)`` makes the handle of
-    a repeat it entered and did not end; ``end()`` gives the lock back.
+    the way of a repeat (``LaneOps.hold_for_repeats``: ``LaneOps.now``'s conditions, for
+    any key: nothing of the loop in flight, no error, no frame or op of any key in Python's
+    tables); ``ended(...)`` records what the compiled code ran; ``adopt(...)`` makes the
+    handle of a repeat it entered and did not end; ``end()`` gives the lock back.
 
     ``make(svc, express_record, name, generation, buf, out, result, priority, urgent)``
     makes a repeat's handle and spec (the service's express path, ``service.express._make``:
@@ -62,7 +93,7 @@ class ServiceRepeats:
 
     def __init__(self, svc: Any, make: Callable[..., tuple[Any, Any]]) -> None:
         self.svc = svc
-        self.loop = svc.loop
+        self.loop: Engine = svc.loop
         self._make = make
         #: The lane's ``plans_epoch`` the caller's fields are of (:meth:`renew`).
         self.plans_epoch = 0
@@ -81,86 +112,39 @@ class ServiceRepeats:
         return lane.mem, lane.prog, lane.arena, lane.b
 
     def spin_ns(self) -> int:
-        return int(self.loop._wait_spin_ns)
+        return int(self.loop.ops.spin_ns)
 
     def begin(self) -> bool:
         """Take the loop's lock for compiled repeats; False (nothing held) when anything
         the engine's Python would have to see first stands in the way."""
-        loop = self.loop
-        lane = loop.lane
-        svc = self.svc
-        if (
-            lane is None
-            or svc._closed
-            or loop.fatal is not None
-            or loop.late_errors
-            or loop.submissions
-            or loop.bad_peers
-            or loop.trace is not None
-            or loop._held
-            or loop._ctl_backlog
-            or lane.mem[L.C_FULL]
-            or lane.mem[L.C_NEV]
-            or lane.mem[L.C_NDONE]
-            or lane.by_key
-            or not loop._express_lock(lane)  # (the comm thread's: it hands it over)
-        ):
+        if self.svc._closed:
             return False
-        loop._owner = threading.get_ident()
-        if (
-            loop.fatal is not None
-            or loop.bad_peers
-            or loop.submissions
-            or lane.by_key
-            or loop._early_errors
-            or lane.full
-            or lane.plans_epoch != self.plans_epoch  # plans moved since the fields were made
-            or time.monotonic() - loop.stalls.last > loop.stalls.every
-        ):
-            self.end()
-            return False
-        return True
+        return self.loop.ops.hold_for_repeats(self.plans_epoch)
 
     def ended(self, name: int, wid: int, first: int, k: int, group: tuple[int, ...]) -> None:
         """``k`` repeats of ``name`` (wire id ``wid``, generations ``first``...) ended well
-        in compiled code: recorded as ``lane_now`` records its op (a late error about one
+        in compiled code: recorded as ``LaneOps.now`` records its op (a late error about one
         names it)."""
-        loop = self.loop
-        remember, completed = loop._remember, loop.completed
-        for gen in range(first, first + k):
-            remember(completed, (wid, gen), ((name, gen), group, (), _NONE))
-        loop.stats.ops_completed += k
-        loop.stats.lane_express += k
+        self.loop.ops.repeats_ended(name, wid, first, k, group)
 
     def adopt(self, ex: Any, name: int, gen: int, buf: np.ndarray, prio: int, slot: int,
               seq: int, keep: Any = None, out: np.ndarray | None = None) -> Any:  # fmt: skip
         """The handle of repeat ``gen`` of ``ex`` (in place on ``buf``, or from ``buf``
         into ``out``, its result) that compiled code entered in lane slot ``slot``
-        (submission ``seq``) and that did not end in its try (``lane_now``'s way with
+        (submission ``seq``) and that did not end in its try (``LaneOps.now``'s way with
         such an op); its generation is in flight from now.  ``keep``: the buffers the op
         uses beside ``buf`` (kept alive until it ends)."""
-        loop = self.loop
-        lane = loop.lane
-        loop.stats.lane_express += 1
         o = buf if out is None else out
         handle, spec = self._make(self.svc, ex, name, gen, buf, o, o, prio, True)
         spec.context = getattr(ex, "context", 0)  # (a group's record has its group's)
-        lop = handle._lop = lane.adopt(spec, slot, seq)
+        lop = handle._lop = self.loop.ops.repeat_adopted(spec, slot, seq)
         lop.keep = keep
         return handle
 
     def settle(self) -> None:
         """After compiled passes: what they filled grown, their events and ended ops
         handled (the lock held)."""
-        loop = self.loop
-        lane = loop.lane
-        if lane is not None and (lane.full or lane.mem[L.C_NEV] or lane.mem[L.C_NDONE]):
-            try:
-                loop._lane_settle()
-            except Exception as exc:
-                loop._stopped_by(exc)
+        self.loop.ops.repeats_settle()
 
     def end(self) -> None:
-        loop = self.loop
-        loop._owner = 0
-        loop.lock.release()
+        self.loop.ops.release_repeats()

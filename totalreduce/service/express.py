@@ -11,7 +11,7 @@ shape and dtype, and no ``group``/``dtype`` argument reuses it: the name's next
 generation, a handle and the op's spec straight from the record; an op the compiled
 lane runs then enters the lane from the calling thread, with the lane's fields of the
 shape kept in the record too
-(:meth:`~totalreduce.engine.lane_loop.LaneHooks.lane_express`), and any other is
+(:meth:`~totalreduce.engine.lane_loop.LaneOps.express`), and any other is
 queued for the comm thread as usual.  A reduce-scatter without partition, axes, group or
 dtype arguments has records too, under ("rs", name, op), a broadcast without group or
 dtype under ("bc", name, root, in place, algorithm), and an all-gather given ``counts``
@@ -150,7 +150,7 @@ def _launch(svc: Any, ex: Express, op_name: str | int, gen: int, flat: np.ndarra
     submitted the usual way."""
     handle, spec = _make(svc, ex, op_name, gen, flat, o, result, priority, False)
     loop = svc.loop
-    lop = loop.lane_express(spec, ex)
+    lop = loop.ops.express(spec, ex)
     if lop is None:
         loop.submit(spec)
     else:
@@ -169,7 +169,7 @@ def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     if (
         svc._closed
         or loop.fatal is not None
-        or loop.late_errors
+        or loop.failures.late
         or ex.epoch != tuning.EPOCH[0]
         or not x.flags.c_contiguous
     ):
@@ -214,7 +214,7 @@ def submit_record(
         None, False, handle._ended,
     )  # fmt: skip
     handle._spec = spec
-    lop = loop.lane_express(spec, ex)
+    lop = loop.ops.express(spec, ex)
     if lop is None:
         loop.submit(spec)
     else:
@@ -246,7 +246,7 @@ def run(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priorit
 def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
         priority: Any) -> tuple[Any, Handle | None] | None:  # fmt: skip
     """Try a repeat of ``ex`` to its end now, without waiting past that try: ``(result,
-    None)`` when it ended well (``CommLoop.lane_now``: entered and driven in one hold of
+    None)`` when it ended well (``LaneOps.now``: entered and driven in one hold of
     the loop's lock, nothing made for it in Python); ``(result, handle)`` when it is on
     its way (entered and not ended, or started the way :func:`start` starts it); None
     when something unusual needs the whole way (nothing was taken then).  A thread that
@@ -281,7 +281,7 @@ def _go(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priorit
         or not shape.quick  # type: ignore[union-attr]
         or svc._closed
         or loop.fatal is not None
-        or loop.late_errors
+        or loop.failures.late
         or ex.epoch != tuning.EPOCH[0]
         or not x.flags.c_contiguous
     ):
@@ -309,7 +309,7 @@ def _go(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priorit
     # The name's next generation, not counted in flight: one hold of the name table's
     # lock for an op that ends in this call (``_make_held`` counts one that does not).
     gen = svc._names.take(name, ex.sig)
-    r = loop.lane_now(
+    r = loop.ops.now(
         shape, name, ex.wid, gen, ex.group, priority, flat, o, _make_held, ex, svc, result
     )
     if r is True:

@@ -380,7 +380,7 @@ class Handle:
     def done(self) -> bool:
         """True once the op completed or failed; progresses the engine once, as ``MPI_Test``."""
         if not self._event.is_set() and self._loop is not None:
-            self._loop.poll()
+            self._loop.driving.poll()
         return self._event.is_set()
 
     def exception(self) -> BaseException | None:
@@ -398,7 +398,7 @@ class Handle:
         loop = self._loop
         if loop is None:
             return False
-        return loop.progress(self._event, span, self._spec, self._spec_now, outer=outer)
+        return loop.driving.progress(self._event, span, self._spec, self._spec_now, outer=outer)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the op completes; return its result."""
@@ -413,7 +413,8 @@ class Handle:
                 t0 = 0 if trace is None else time.perf_counter_ns()
                 lop = self._lop
                 tried = lop is not None and timeout is None
-                finished = (tried and loop._lane_try(lop, self._event, 2e-4)) or loop.progress(
+                driving = loop.driving
+                finished = (tried and driving.try_op(lop, self._event, 2e-4)) or driving.progress(
                     self._event, timeout, spec, self._spec_now, tried
                 )
                 if trace is not None:

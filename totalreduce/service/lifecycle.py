@@ -174,7 +174,7 @@ class Lifecycle(OpSubmitter):
         self._express.clear()  # their wire ids had the old salt
 
     def _run_loop(self) -> None:
-        self.loop.run(self._stop)
+        self.loop.driving.run(self._stop)
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Let in-flight ops finish (up to ``timeout``), then stop the threads.
@@ -207,11 +207,11 @@ class Lifecycle(OpSubmitter):
             self.transport.close()
             return
         while (self.loop.busy or self.loop.sending) and time.monotonic() < deadline:
-            self.loop.poll()
+            self.loop.driving.poll()
             time.sleep(0.0005)
         # Let the last control messages (credit, errors) leave.
         for _ in range(20):
-            self.loop.poll()
+            self.loop.driving.poll()
         left = self.loop.stalls.stalled()
         self._stop.set()
         self.loop.notify()
@@ -219,13 +219,13 @@ class Lifecycle(OpSubmitter):
         if left:
             err = TotalReduceError(f"shut down with ops in flight: {'; '.join(left)}")
             log.error("%s", err)
-            self.loop.fail_all(err)
-        self.loop.say_goodbye()
+            self.loop.failures.fail_all(err)
+        self.loop.peers.say_goodbye()
         # Let the goodbyes (and what is queued before them) leave, and every send complete:
         # the transport must not close, nor the buffers go, under a send still in flight.
         deadline = time.monotonic() + 1.0
         while (self.loop.sending or self.loop.sends_in_flight) and time.monotonic() < deadline:
-            self.loop.poll()
+            self.loop.driving.poll()
             time.sleep(0.001)
         if self.loop.trace is not None:
             self.loop.trace.close()

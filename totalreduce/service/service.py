@@ -90,7 +90,7 @@ class Service(CollectiveOps, PartitionOps, NeighborOps, RootedOps, AdasumOps, Li
     def take_late_errors(self) -> Sequence[BaseException]:
         """The errors of ops that completed here but failed elsewhere, not raised yet
         (they are raised at this rank's next call otherwise)."""
-        late = self.loop.late_errors
+        late = self.loop.failures.late
         if not late:
             return ()
         out = []
