@@ -37,7 +37,7 @@ the engine's Python waits), and returns to Python, for it to take in order as be
   first of the pass's starts Python must take (the world's: a group's without a row go
   to the out-queue, :func:`.arena_pass.arena_hand_over`);
 - a repeat that did not end in its try (the other nodes are late): ``WHY_ADOPT``,
-  Python makes its handle, as ``CommLoop.lane_now`` does, and it goes on as any;
+  Python makes its handle, as ``LaneOps.now`` (``loop.ops.now``) does, and it goes on as any;
 - the lane's events, a message of its main loop, a full table, a kick of another
   thread (an event, an op ended on the comm thread): ``WHY_LOOK``.
 

@@ -10,7 +10,7 @@ Session numbers only grow, so no name comes twice: an error or a frame that an o
 agreement left in the services' engine (the op failed on one node, and was never
 started on another) can never meet a new one.  What each service knows of the others
 comes from them, in order, through the engine among the services
-(:meth:`~totalreduce.engine.peers.PeerHooks.tell_services`): a client joined the
+(:meth:`~totalreduce.engine.peers.Peers.tell_services`): a client joined the
 node's session ``e`` (so ``e`` is under way), a client of session ``e`` died, session
 ``e`` ended; the last two say under which name ``e`` agreed (0: none yet).
 
