@@ -67,7 +67,7 @@ def test_the_offsets_agree_with_the_formats() -> None:
         assert getattr(P, name) == offsets[index], name
     mfmt = P.MSG_FORMAT
     moff = [struct.calcsize(mfmt[: 1 + i]) for i in range(len(mfmt) - 1)]
-    assert (P.MH_MAGIC, P.MH_VERSION, P.MH_NFRAMES, P.MH_SENDER, P.MH_CTL_CREDIT,
+    assert (P.MH_MAGIC, P.MH_VERSION, P.MH_NFRAMES, P.MH_SENDER, P.MH_RESERVED,
             P.MH_CREDIT) == (moff[0], moff[1], moff[3], moff[4], moff[5], moff[6])  # fmt: skip
 
 

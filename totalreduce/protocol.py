@@ -53,7 +53,7 @@ MH_MAGIC = 0  # u32
 MH_VERSION = 4  # u8
 MH_NFRAMES = 6  # u16
 MH_SENDER = 8  # i32
-MH_CTL_CREDIT = 12  # u32: reserved, 0 (once the interpreted loop's control credit)
+MH_RESERVED = 12  # u32: reserved, 0
 MH_CREDIT = 16  # u64: credit returned (pool slots)
 
 # -- the frame header --------------------------------------------------------------------
@@ -268,8 +268,7 @@ C_LANDPOS = 48
 C_SENT_MSGS = 49
 C_SENT_FRAMES = 50
 C_RECV_MSGS = 51
-C_CTL_TAG = 52  # a tag of Python's messages compiled code probes for (-1: none, always now)
-C_CTL_WAITING = 53
+# (words 52 and 53: unused since every message goes through the lane)
 C_NSBBUSY = 54
 C_OPS_DONE = 55
 C_RQ = 56  # answers owed (op slot, its submission number, peer, what: RQ_*), sent as room allows
@@ -300,7 +299,7 @@ C_NAQ = 81
 C_AQCAP = 82
 C_WATCH = 83  # the op slot a waiting thread's lane_drive waits for (-1: none), and
 C_WATCHSEQ = 84  # its submission: a pass stops receiving once that op ended, the last
-C_CTLSKIP = 85  # passes since the last probe of C_CTL_TAG (see lane_pass)
+C_CTLSKIP = 85  # quiet passes since the last test of the send buffers (see lane_pass)
 C_SBNEXT = 86  # where the search for a free send buffer starts (see lane_tables._free_sb)
 C_NAP_NS = 87  # Config.nap_s: a waiter's sleep between polls on a large op (0: it yields)
 C_NAP_WORD = 88  # always 0: the word those sleeps wait on (a futex with a timeout)
@@ -384,7 +383,7 @@ S_FAILED = 5
 # -- hash tables: mem[hash + i * 3 + {0: wire id, 1: generation, 2: value}] ---------
 H_EMPTY = -1
 H_TOMB = -2
-H_FOREIGN = -3  # an op run elsewhere than the lane (none since the lane runs every op)
+# (-3: unused since the lane runs every op)
 H_FAILED = -4  # an op that failed here: its late frames are dropped
 H_DONE = -5  # an op finished here: a frame for it means the ranks disagree (EV_LATE)
 
@@ -460,7 +459,7 @@ E_B = 4
 E_N = 6
 EV_MISMATCH = 1  # frame's shape differs from the op's (frame in the event bytes)
 EV_UNEXPECTED = 2  # no receive segment of the op takes the frame
-EV_FOREIGN = 3  # frame for an op marked H_FOREIGN (none now: reported as a bug)
+# (3: unused since the lane runs every op)
 EV_MALFORMED = 4  # a message that does not parse (a = what)
 EV_MPI = 5  # an MPI call failed (a = -code, b = peer)
 EV_FULL = 6  # no free pool slot: grow the arena

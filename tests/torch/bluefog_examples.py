@@ -441,6 +441,19 @@ def cases() -> list[tuple[str, Callable[[], str]]]:
 
 #: Every case's label, in the order they run.
 LABELS = [label for label, _ in cases()]
+#: The cases a default run takes (the others with ``--full``): the average consensus of
+#: one topology in its four modes and by hand, and each optimization method once.
+REPRESENTATIVE = (
+    "consensus expo2",
+    "consensus star asynchronous dynamic, p by hand",
+    *(f"optimization {method} ring logistic_regression" for method in METHODS),
+    "optimization exact_diffusion ring linear_regression",
+)
+
+
+def representative(label: str) -> bool:
+    """Whether a default run takes case ``label``."""
+    return label in REPRESENTATIVE or label.startswith("consensus expo2 ")
 
 
 def main() -> None:
@@ -448,7 +461,10 @@ def main() -> None:
     only = sys.argv[1:]
     failed = 0
     for label, run in cases():
-        if only and not any(label.startswith(o) for o in only):
+        if only == ["--representative"]:
+            if not representative(label):
+                continue
+        elif only and not any(label.startswith(o) for o in only):
             continue
         t0 = time.perf_counter()
         try:

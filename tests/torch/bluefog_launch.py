@@ -35,8 +35,10 @@ PARTS = [
     ("bluefog_seed", "bluefog_seed.py", []),
     # rank 3 sleeps 1.5 s before its asynchronous push-sum rounds (see the script)
     ("bluefog_windows", "bluefog_windows.py", ["--stall", "3:1.5"]),
-    ("bluefog_examples", "bluefog_examples.py", []),
-]
+    # the representative cases (bluefog_examples.REPRESENTATIVE); every case with --full
+    ("bluefog_examples", "bluefog_examples.py",
+     [] if os.environ.get("TOTALREDUCE_TEST_FULL", "") not in ("", "0") else ["--representative"]),
+]  # fmt: skip
 
 needs_mpiexec = pytest.mark.skipif(
     MPIEXEC is None, reason=f"no mpiexec beside {sys.executable} or on PATH (the mpich wheel)"

@@ -6,6 +6,9 @@ other ``bluefog.torch`` calls (static defaults, machine topologies and
 ``hierarchical_neighbor_allreduce``, ``neighbor_allgather``, ``Infer*``, utilities) and
 bluefog_optimizers.py one step of each of BlueFog's distributed optimizers.  All run in the
 one launch of bluefog_launch.py, with BlueFog's seed snippets and window examples.
+A default run takes the representative cases of the examples (one topology's consensus in
+every mode, each optimization method once: ``bluefog_examples.REPRESENTATIVE``); ``--full``
+takes every case.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from conftest import import_torch
 
 import_torch()
 
-from bluefog_examples import LABELS  # noqa: E402
+from bluefog_examples import LABELS, representative  # noqa: E402
 from bluefog_launch import lines, needs_mpiexec  # noqa: E402
 
 pytestmark = needs_mpiexec
@@ -39,7 +42,11 @@ OPTIMIZER_CHECKS = (
 )
 
 
-@pytest.mark.parametrize("label", LABELS)
+@pytest.mark.parametrize(
+    "label",
+    [label if representative(label) else pytest.param(label, marks=pytest.mark.full)
+     for label in LABELS],
+)  # fmt: skip
 def test_bluefog_example_case(label: str) -> None:
     out, whole = lines("bluefog_examples")
     ok = [ln for ln in out.splitlines() if ln.startswith(f"CASE {label} OK ")]

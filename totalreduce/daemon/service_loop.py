@@ -60,7 +60,7 @@ from ..lane import lane_cache
 from ..lane.lane_core import lane_pass  # noqa: F401 - (its cache directory: the probe's)
 from ..lane.lane_service import TRY_NS, lane_repeat
 from ..native.libc import now_ns, yield_cpu
-from ..protocol import C_BFULL, C_CTL_WAITING, C_FULL, C_NDONE, C_NEV, C_NFREEOP
+from ..protocol import C_BFULL, C_FULL, C_NDONE, C_NEV, C_NFREEOP
 from ..transport import arena as A
 from ..transport.meeting import wake_client
 from .arena_pass import (
@@ -247,7 +247,7 @@ def _wake(st, sig, cw, abase):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def _lane_waits(lmem):  # type: ignore[no-untyped-def]
     return (
-        lmem[C_NEV] != 0 or lmem[C_CTL_WAITING] != 0 or lmem[C_FULL] != 0
+        lmem[C_NEV] != 0 or lmem[C_FULL] != 0
         or lmem[C_BFULL] != 0 or lmem[C_NDONE] != 0
     )  # fmt: skip
 

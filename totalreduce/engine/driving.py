@@ -413,7 +413,7 @@ class Driver:
                     lane.grow()
                     mem = lane.mem  # grown: a larger copy
                 moved = True
-                if mem[L.C_NEV] or mem[L.C_CTL_WAITING] or mem[L.C_KICK] or mem[L.C_FULL]:
+                if mem[L.C_NEV] or mem[L.C_KICK] or mem[L.C_FULL]:
                     ops.drain()
                     return True
                 ops.drain()  # ops ended: their completions, then drive on

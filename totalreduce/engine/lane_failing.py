@@ -108,7 +108,7 @@ class LaneErrors:
                 loop.peers.mark_bad(source, err)
             else:
                 raise err
-        elif kind in (L.EV_KERNEL, L.EV_LOST, L.EV_FOREIGN) and lop is not None:
+        elif kind in (L.EV_KERNEL, L.EV_LOST) and lop is not None:
             error = OpFailedError(
                 f"{lop.spec.describe()}: the compiled lane could not run it on rank {rank} "
                 f"(event {kind}, {a}, {b}): a bug, please report it"

@@ -1,18 +1,16 @@
-"""The compiled lane's control plane: which ops it runs, its tables, its events.
+"""The compiled lane's Python side: which plan runs an op, its tables, its events.
 
-The main loop (:mod:`.loop`) hands an op to the lane when the lane can run all of it
-in compiled code (:meth:`Lane.plan_of` says which): an allreduce of an element type and
-reduce operation the raw kernels know, by an algorithm whose schedule the lane runs, on
-the MPI transport, or a small reduce-scatter or all-gather of such a type.  Small ones
-travel in eager segments; larger allreduces in segments whose bodies go on tags of their
-own once the receiver posted the receive (rendezvous).  The
-decision depends only on the op's shape and the configuration, so ranks that agree on
-an op agree on who runs it; ranks that disagree are caught (a frame for an op the
-other side runs is an event, ``EV_FOREIGN``).
+The control plane (:mod:`totalreduce.engine`) hands every op to the lane: its schedule,
+compiled once per shape into ``prog`` (:meth:`Lane.plan_of`), runs in compiled code over
+MPI or the in-process transport, for every kind, element type and group.  Small segments
+travel in eager frames; larger ones as bodies on tags of their own once the receiver
+posted the receive (rendezvous).  An op the lane cannot run (an integer
+``neighbor_allreduce``, a bitwise op on floats) fails on every rank of its group, naming
+the op and why.
 
 Python does here what is rare: compiling plans into ``prog`` once per shape, growing
-the pool, turning events into errors with the same words the main loop uses, and
-finishing completed ops' handles.  :mod:`.lane_core` does the rest.
+the pool, turning events into errors with the words the ranks share, and finishing
+completed ops' handles.  :mod:`.lane_core` does the rest.
 """
 
 from __future__ import annotations
@@ -150,7 +148,6 @@ class Lane(LanePlans, LaneGrowth):
         world: int,
         micro_bytes: int,
         *,
-        ctl_tag: int = -1,
         nops: int = 1 << 14,
         pool_bytes: int = 32 << 20,
         nsb: int = 64,
@@ -240,7 +237,6 @@ class Lane(LanePlans, LaneGrowth):
         mem[L.C_MICRO] = micro_bytes
         mem[L.C_TAG] = LANE_TAG
         mem[L.C_SEGCAP] = segcap
-        mem[L.C_CTL_TAG] = ctl_tag
         mem[L.C_WATCH] = -1
         mem[L.C_NEED_NS] = int(LANE_NEED_AFTER_S * 1e9)  # (attach_lane: the configuration's)
         mem[L.C_OPS] = at["ops"]
@@ -770,10 +766,6 @@ class Lane(LanePlans, LaneGrowth):
     def passive(self) -> int:
         """Standing receives in the lane."""
         return int(self.mem[L.C_PASSIVE])
-
-    @property
-    def ctl_waiting(self) -> bool:
-        return bool(self.mem[L.C_CTL_WAITING] > 0)
 
     @property
     def sends_busy(self) -> bool:

@@ -40,7 +40,6 @@ from ..transport.mpi_native import (
     B_ANY_SOURCE,
     mpi_get_count,
     mpi_improbe,
-    mpi_iprobe,
     mpi_mrecv,
     status_source,
 )
@@ -146,22 +145,17 @@ def lane_pass(mem, prog, arena, b, budget):
     # Each MPI call polls the library's queues (0.2-0.5 us each on a small machine, and a
     # waiting thread polls again at once): while no body is in flight, only every
     # _CTL_SKIPS-th pass tests the send buffers (or any pass, once more than half are
-    # busy: a send looking for one tests them, _free_sb) and probes the main loop's tag,
-    # so a pass that finds nothing is one probe long and an arriving frame is found
-    # sooner.  (Measured at P = 2, 4 KiB: 1.7 empty passes per op, each of three calls.)
-    # With bodies in flight every call stays: each one also moves the library's large
-    # transfers.
-    # A main-loop message seen waiting is looked for again every pass: only the probe
-    # clears the word, and while it is set the waiters leave their op to the main loop.
-    quiet = mem[C_NBREQ] == 0 and mem[C_CTLSKIP] < _CTL_SKIPS and mem[C_CTL_WAITING] == 0
+    # busy: a send looking for one tests them, _free_sb), so a pass that finds nothing is
+    # one probe long and an arriving frame is found sooner.  (Measured at P = 2, 4 KiB:
+    # 1.7 empty passes per op.)  With bodies in flight every call stays: each one also
+    # moves the library's large transfers.
+    quiet = mem[C_NBREQ] == 0 and mem[C_CTLSKIP] < _CTL_SKIPS
     if quiet:
         mem[C_CTLSKIP] += 1
     else:
         mem[C_CTLSKIP] = 0
     if mem[C_NSBBUSY] and (not quiet or 2 * mem[C_NSBBUSY] > mem[C_NSB]):
         _reap(mem, b, abase)
-    if mem[C_CTL_TAG] >= 0 and not quiet:
-        mem[C_CTL_WAITING] = mpi_iprobe(b, b[B_ANY_SOURCE], mem[C_CTL_TAG], status)
     return got + (mem[C_OPS_DONE] - done0)
 
 
@@ -178,8 +172,7 @@ def _send_all(mem, prog, arena, b):
     flush_all(mem, arena, b)
 
 
-#: Passes without a body in flight between two that test the send buffers and probe the
-#: main loop's tag.
+#: Passes without a body in flight between two that test the send buffers.
 _CTL_SKIPS = 8
 
 
@@ -222,12 +215,11 @@ def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, take):
     ``spin_ns`` after the last progress, then yields the core between passes.
 
     ``slot >= 0``, a waiting thread's: until that op (submission ``seq``) left the table
-    (1), or an event or a message for the main loop waits (0); the op is urgent from now
-    on (what ``mark_needed`` does for the main loop's ops).  ``slot < 0``, the comm
+    (1), or an event waits (0); the op is urgent from now on.  ``slot < 0``, the comm
     thread's while the lane alone has work: until something needs Python (1: an op ended,
-    an event, the main loop's message, ``C_KICK``), or nothing is left in flight (0).
+    an event, ``C_KICK``), or nothing is left in flight (0).
     With ``take & DRIVE_TAKE`` (a waiter's first try), 2 when the op ended and
-    :func:`lane_own` took it, and 0 at once while a message of the main loop waits.  With
+    :func:`lane_own` took it.  With
     ``take & DRIVE_OUTER``, OUTER (3) as soon as the outer words moved (``C_OUTER_*``:
     the caller has work outside the lane; its op goes on, not ended).
     One entry point for both: each entry point links and optimizes the whole pass again
@@ -235,8 +227,6 @@ def lane_drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, take):
     if slot < 0:
         return _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, 0)
     first = take & DRIVE_TAKE
-    if first != 0 and mem[C_CTL_WAITING] > 0:
-        return 0  # a first try, with the main loop's message waiting: the whole way takes it
     mem[C_WATCH] = slot
     mem[C_WATCHSEQ] = seq
     outer = mem[C_OUTER_N] if take & DRIVE_OUTER else 0
@@ -287,7 +277,7 @@ def _drive(mem, prog, arena, b, slot, seq, max_ns, spin_ns, outer):
             idle = 0
             mem[C_PROGRESS] += 1
             mem[C_MOVED_NS] = last
-        needs = mem[C_NEV] > 0 or mem[C_CTL_WAITING] > 0 or mem[C_FULL] != 0 or mem[C_BFULL] != 0
+        needs = mem[C_NEV] > 0 or mem[C_FULL] != 0 or mem[C_BFULL] != 0
         if slot >= 0:
             if mem[o + O_SEQ] != seq or mem[o + O_STATE] != S_ACTIVE:
                 return 1

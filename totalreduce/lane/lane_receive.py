@@ -228,8 +228,6 @@ def _on_frame(mem, prog, arena, b, src, f, avail):
             _raise(mem, v)
         elif v == H_EMPTY:
             _needed(mem, src, f)
-        elif v == H_FOREIGN:
-            _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
         # H_DONE, H_FAILED: the op ended here; what the waiter needs is on its way, or the
         # error is.
         return size
@@ -245,8 +243,6 @@ def _on_frame(mem, prog, arena, b, src, f, avail):
                 _on_cts(mem, prog, arena, v, src, f, tag)
             else:
                 _on_ask(mem, prog, arena, v, src, f)
-        elif v == H_FOREIGN:
-            _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
         elif v == H_FAILED and ftype == CTS:
             # The op failed here: the receive posted for its body is answered empty.
             tag = np.int64(ld_u32(f + FH_AUX))
@@ -260,8 +256,6 @@ def _on_frame(mem, prog, arena, b, src, f, avail):
             if flags & FLAG_NEED:
                 _raise(mem, v)
             _owe(mem, arena, v, src, RQ_READY)
-        elif v == H_FOREIGN:
-            _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
         elif v == H_DONE:
             _event(mem, arena, EV_LATE, -1, src, 0, 0, f)
         elif v == H_EMPTY:
@@ -281,9 +275,7 @@ def _on_frame(mem, prog, arena, b, src, f, avail):
         if not _float(mem, arena, src, f, n):
             return 0
         return size
-    if v == H_FOREIGN:
-        _event(mem, arena, EV_FOREIGN, -1, src, 0, 0, f)
-    elif v == H_DONE:
+    if v == H_DONE:
         _event(mem, arena, EV_LATE, -1, src, 0, 0, f)
     if credited:
         mem[mem[C_PEERS] + src * P_N + P_OWED] += 1

@@ -394,7 +394,7 @@ def _flush_peer(mem, arena, b, peer):
     st_u8(dst + MH_VERSION + 1, np.uint8(0))
     st_u16(dst + MH_NFRAMES, np.uint16(mem[pw + P_NFRAMES]))
     st_i32(dst + MH_SENDER, np.int32(mem[C_RANK]))
-    st_u32(dst + MH_CTL_CREDIT, np.uint32(0))
+    st_u32(dst + MH_RESERVED, np.uint32(0))
     st_i64(dst + MH_CREDIT, mem[pw + P_OWED])
     nframes = mem[pw + P_NFRAMES]
     mem[pw + P_OUTSB] = -1

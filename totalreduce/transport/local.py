@@ -185,7 +185,6 @@ class LocalTransport:
         self.rank = rank
         self.size = world.size
         self.description = f"local ({world.size} ranks in one process)"
-        self.tag_span = 1 << 20
         self.tag_ub = (1 << 31) - 1  # the compiled layer takes any non-negative int tag
         self.native_binding = self._native_binding
 

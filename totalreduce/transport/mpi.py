@@ -60,7 +60,6 @@ class MPITransport:
         # Body tags rotate through at most this many values (MPI guarantees 32767).
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
         self.tag_ub = int(tag_ub or 32767)
-        self.tag_span = max(1024, min(1 << 20, self.tag_ub - 16))
         # Where each rank's process runs, so a dead local peer can be noticed even
         # where MPI reports no failure (once, at start: one small allgather).
         self._host = socket.gethostname()
