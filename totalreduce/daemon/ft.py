@@ -87,6 +87,10 @@ class _Conn:
     vote_ok: int = 0
     voting: int = 0  # the quorum whose decision it waits for
     in_op: bool = False
+    cond: bool = False  # it asked with its vote: its step counts the voted step if it commits
+    beat_s: float = 60.0  # silent this long (no message, heartbeats included): dropped
+    heard: float = 0.0  # when its last message came (monotonic)
+    hung: bool = False  # dropped for silence: shown one last round (F_HUNG), then closed
 
 
 @dataclass
@@ -134,6 +138,7 @@ class FtService:
         self._anyone = False
         self._still_since = 0.0  # the table has not changed since (monotonic)
         self._last = np.zeros(0, np.int64)
+        self._last_ids: list[str] = []
         self._stopping = False
         self.rounds = 0
         self._thread = threading.Thread(target=self._run, name="totalreduce-ft", daemon=True)
@@ -162,6 +167,7 @@ class FtService:
                     self._poll(IDLE_S)
                 else:
                     self._poll(max(IDLE_S, QUIET_S))
+                self._silent()
                 table = self._round()
                 ev = self.quorums.advance(table)
                 self._apply(ev)
@@ -192,14 +198,18 @@ class FtService:
             row[Q.FIRST] = self.first_quorum
         row[Q.ACTIVE] = sum(1 for c in self._conns.values() if c.asking or c.voting or c.in_op)
         for c in self._conns.values():
+            flags = (Q.F_NEXT if c.cond else 0) | (Q.F_HUNG if c.hung else 0)
             Q.write_member(
                 row, c.slot,
-                Q.Member(c.token, c.step, c.ask, c.min_size, c.timeout_ms, c.vote_q, c.vote_ok,
-                         c.replica_id),
+                Q.Member(c.token, c.step, c.ask, c.min_size,
+                         int(c.beat_s * 1000) if c.hung else c.timeout_ms, c.vote_q, c.vote_ok,
+                         c.replica_id, flags),
             )  # fmt: skip
         if self.engine is not None:
             self.engine.allreduce(table, name=ROUND, op="sum", out=table)
         self.rounds += 1
+        for c in [c for c in self._conns.values() if c.hung]:  # every service saw it flagged
+            self._drop(c, f"no message within its timeout of {c.beat_s:g} s (hung or stopped)")
         out = table.reshape(self.nodes, Q.ROW)
         self._anyone = bool(out[:, Q.HEADER :: Q.FIELDS].any())  # a token in some slot
         now = time.monotonic()
@@ -220,6 +230,7 @@ class FtService:
                 self._accept()
             else:
                 conn = key.data
+                conn.heard = time.monotonic()
                 try:
                     header, payload = F.recv(conn.sock)
                 except (OSError, F.FrameError) as exc:
@@ -243,7 +254,7 @@ class FtService:
             return
         sock.setblocking(True)
         sock.settimeout(READ_TIMEOUT_S)
-        conn = _Conn(sock, pid=pid)
+        conn = _Conn(sock, pid=pid, heard=time.monotonic())
         self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _message(self, conn: _Conn, h: dict[str, Any], payload: bytearray) -> None:
@@ -252,24 +263,57 @@ class FtService:
             return self._hello(conn, h)
         if not conn.token:
             raise ValueError(f"a {kind!r} before the hello")
+        if kind == "beat":
+            return
         if kind == "bye":
             self._drop(conn, None)
         elif kind == "quorum":
-            conn.step, conn.min_size = int(h["step"]), max(1, int(h["min_size"]))
-            conn.timeout_ms = max(1, int(h["timeout_ms"]))
-            conn.ask += 1
-            conn.asking = True
+            if conn.asking:
+                raise ValueError("an ask while its last one is not answered")
+            self._ask(conn, h)
         elif kind == "vote":
             conn.vote_q, conn.vote_ok = int(h["q"]), 1 if h["ok"] else 0
             done = self.quorums.decision(conn.vote_q)
+            nxt = h.get("next")
+            if nxt is not None:  # the next quorum's ask, with the vote
+                if conn.asking:
+                    raise ValueError("an ask while its last one is not answered")
+                self._ask(conn, nxt)
+                conn.step += 1 if done else 0
+                conn.cond = done is None
             if done is None:
                 conn.voting = conn.vote_q
             else:
-                self._reply(conn, {"kind": "commit", "q": conn.vote_q, "ok": done})
+                self._reply(conn, self._commit_answer(conn.vote_q, done))
         elif kind == "op":
             self._op_part(conn, h, payload)
         else:
             raise ValueError(f"unknown kind {kind!r}")
+
+    def _ask(self, conn: _Conn, h: dict[str, Any]) -> None:
+        conn.step, conn.min_size = int(h["step"]), max(1, int(h["min_size"]))
+        conn.timeout_ms = max(1, int(h["timeout_ms"]))
+        conn.ask += 1
+        conn.asking = True
+
+    def _silent(self) -> None:
+        """Drop the members silent for longer than their timeout (hung or stopped): each
+        is told why (if its socket takes it) and shown flagged for one last round."""
+        now = time.monotonic()
+        for c in self._conns.values():
+            if c.hung or now - c.heard <= c.beat_s:
+                continue
+            c.hung = True
+            why = (
+                f"member {c.replica_id} was dropped by the service of node {self.node}: no "
+                f"message (heartbeats included) within its timeout of {c.beat_s:g} s (hung or "
+                "stopped); attach again to rejoin as a new member"
+            )
+            log.warning("member %s (pid %d) is silent: %s", c.replica_id, c.pid, why)
+            try:  # never block on a stopped member's full socket
+                c.sock.send(F.frame({"kind": "dropped", "error": why}), socket.MSG_DONTWAIT)
+            except OSError:
+                pass
 
     def _hello(self, conn: _Conn, h: dict[str, Any]) -> None:
         if conn.token:
@@ -287,6 +331,7 @@ class FtService:
         conn.slot = self._slots.index(0)
         conn.replica_id = rid
         conn.pid = int(h.get("pid", conn.pid))
+        conn.beat_s = max(0.05, float(h.get("timeout", conn.beat_s)))
         self._slots[conn.slot] = conn.token
         self._conns[conn.token] = conn
         log.info("member %s (pid %d) attached: token %#x", rid, conn.pid, conn.token)
@@ -294,6 +339,8 @@ class FtService:
                            "nodes": self.nodes})  # fmt: skip
 
     def _reply(self, conn: _Conn, h: dict[str, Any], payload: Any = b"") -> None:
+        if conn.hung:
+            return
         try:
             F.send(conn.sock, h, payload)
         except OSError as exc:
@@ -326,32 +373,55 @@ class FtService:
             if conn is not None:
                 conn.asking = False
                 self._reply(conn, {"kind": "quorum", "error": why})
-        if ev.formed is not None:
-            qm = ev.formed
-            log.info(
+        qm = ev.formed
+        if qm is not None:
+            log.debug(
                 "quorum %d: %d members %s, step %d%s", qm.qid, len(qm.members), qm.replica_ids,
                 qm.step, f", state to {len(qm.heal)}" if qm.heal else "",
             )  # fmt: skip
+            if qm.heal or self._last_ids != qm.replica_ids:
+                log.info(
+                    "quorum %d: %d members %s, step %d%s", qm.qid, len(qm.members),
+                    qm.replica_ids, qm.step, f", state to {len(qm.heal)}" if qm.heal else "",
+                )  # fmt: skip
+            self._last_ids = qm.replica_ids
+        for qid, ok in ev.decided.items():
+            for conn in list(self._conns.values()):
+                if conn.voting == qid:
+                    conn.voting = 0
+                    head = self._commit_answer(qid, ok)
+                    if conn.cond:
+                        conn.cond = False
+                        conn.step += 1 if ok else 0
+                        if qm is not None and conn.asking and conn.token in qm.members:
+                            conn.asking = False  # the next quorum formed in the same round
+                            head["quorum"] = self._quorum_answer(qm, conn.token)
+                    self._reply(conn, head)
+        if qm is not None:
             for t in qm.members:
                 conn = self._conns.get(t)
                 if conn is None or not conn.asking:
                     continue
                 conn.asking = False
-                src = qm.heal.get(t)
-                self._reply(conn, {
-                    "kind": "quorum", "q": qm.qid, "rank": qm.rank(t), "size": len(qm.members),
-                    "replica_ids": qm.replica_ids, "step": qm.step,
-                    "heal_from": -1 if src is None else qm.rank(src),
-                    "heal_to": [qm.rank(d) for d, s in qm.heal.items() if s == t],
-                })  # fmt: skip
+                self._reply(conn, self._quorum_answer(qm, t))
             # ops of older quorums are over (failed or answered): forget them
             for k in [k for k, op in self._ops.items() if op.q < qm.qid and op.handle is None]:
                 del self._ops[k]
-        for qid, ok in ev.decided.items():
-            for conn in list(self._conns.values()):
-                if conn.voting == qid:
-                    conn.voting = 0
-                    self._reply(conn, {"kind": "commit", "q": qid, "ok": ok})
+
+    def _commit_answer(self, qid: int, ok: bool) -> dict[str, Any]:
+        head: dict[str, Any] = {"kind": "commit", "q": qid, "ok": ok}
+        if not ok:
+            head["why"] = self.quorums.broken.get(qid, f"quorum {qid} is over")
+        return head
+
+    def _quorum_answer(self, qm: Q.Quorum, t: int) -> dict[str, Any]:
+        src = qm.heal.get(t)
+        return {
+            "kind": "quorum", "q": qm.qid, "rank": qm.rank(t), "size": len(qm.members),
+            "replica_ids": qm.replica_ids, "step": qm.step,
+            "heal_from": -1 if src is None else qm.rank(src),
+            "heal_to": [qm.rank(d) for d, s in qm.heal.items() if s == t],
+        }  # fmt: skip
 
     # ------------------------------------------------------------------ data ops
 
