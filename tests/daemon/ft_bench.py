@@ -7,7 +7,10 @@ forward and backward (torch, one thread; ``MLP=0`` skips it) and its gradients a
 that the overhead is a share of a realistic step.  ``FT_BENCH_STEPS`` (200): steps per
 run; ``NOJOIN=1``: skip the joins.  Then the time a replacement takes to join and hold the
 state, by state size.  Members ask for the next quorum with their vote where the installed
-``Member`` offers it (``ask_next``), so the same file measures an older tree too."""
+``Member`` offers it (``ask_next``), so the same file measures an older tree too:
+``FT_BENCH_BASE=DIR`` runs fault-tolerant mode with the tree in DIR first, in the same run
+(start the bench from a directory that holds no ``totalreduce``: ``python -c`` and
+``python -m`` import from the current directory before ``PYTHONPATH``)."""
 
 from __future__ import annotations
 
@@ -156,40 +159,54 @@ def main() -> None:
                       f"{median_ms(outs, 'COMPUTE'):.3f} ms)", flush=True)  # fmt: skip
         finally:
             plain.stop()
-        ft = serve(2, 1, Path(d) / "ft", timeout=900,
-                   extra=("--fault-tolerant", "--first-quorum", "2"))  # fmt: skip
+        trees = [("", {})]
+        if os.environ.get("FT_BENCH_BASE"):  # an older tree's fault-tolerant mode, same run
+            trees.insert(0, (" (FT_BENCH_BASE)", {"PYTHONPATH": os.environ["FT_BENCH_BASE"]}))
+        for label, more in trees:
+            ft = serve(2, 1, Path(d) / f"ft{len(label)}", timeout=900, start_timeout=900,
+                       extra=("--fault-tolerant", "--first-quorum", "2"), **more)  # fmt: skip
 
-        def fenv(k: int) -> dict[str, str]:
-            return dict(os.environ, TOTALREDUCE_FT_SOCKET=str(ft.directory / f"ft{k}.sock"))
+            def fenv(k: int, ft=ft, more=more) -> dict[str, str]:  # type: ignore[no-untyped-def]
+                sock = str(ft.directory / f"ft{k}.sock")
+                return dict(os.environ, TOTALREDUCE_FT_SOCKET=sock, **more)
 
-        try:
-            for n in counts:
-                outs = run(ft, FT, [[str(n), "0"], [str(n), "1"]], fenv)
-                ph = [float(v) * 1e3 for v in outs[0].split("PHASES")[1].split()[:3]]
-                parts = f"quorum {ph[0]:.3f}, allreduce {ph[1]:.3f}, vote {ph[2]:.3f}"
-                step = median_ms(outs)
-                print(f"fault-tolerant, {n * 4} B: step {step:.3f} ms ({parts})", flush=True)
-            if mlp:
-                outs = run(ft, FT_MLP, [["x", "0"], ["x", "1"]], fenv)
-                print(f"fault-tolerant, MLP step {median_ms(outs):.3f} ms (its compute "
-                      f"{median_ms(outs, 'COMPUTE'):.3f} ms)", flush=True)  # fmt: skip
-            for n in [] if os.environ.get("NOJOIN") else (1 << 20, 64 << 20):
-                base = [subprocess.Popen([sys.executable, "-c", JOIN, str(n), f"m{k}", "0"],
-                                         env=fenv(k), stdout=subprocess.PIPE, text=True)
-                        for k in range(2)]  # fmt: skip
-                time.sleep(3)
-                t0 = time.perf_counter()
-                cmd = [sys.executable, "-c", JOIN, str(n), f"new{n}", str(t0)]
-                j = subprocess.run(cmd, env=fenv(0), capture_output=True, text=True, timeout=300)
-                w = j.stdout.split()
-                print(f"join with {n >> 20} MiB of state: {float(w[1]):.3f} s from the start of "
-                      f"the process, {float(w[2]):.3f} s from its ask", flush=True)  # fmt: skip
-                for p in base:
-                    p.kill()
-                    p.wait()
-                time.sleep(1)
-        finally:
-            ft.stop()
+            try:
+                ft_steps(ft, fenv, counts, mlp, label)
+                if not label:
+                    joins(fenv)
+            finally:
+                ft.stop()
+
+
+def ft_steps(ft, fenv, counts: list[int], mlp: bool, label: str) -> None:
+    for n in counts:
+        outs = run(ft, FT, [[str(n), "0"], [str(n), "1"]], fenv)
+        ph = [float(v) * 1e3 for v in outs[0].split("PHASES")[1].split()[:3]]
+        parts = f"quorum {ph[0]:.3f}, allreduce {ph[1]:.3f}, vote {ph[2]:.3f}"
+        step = median_ms(outs)
+        print(f"fault-tolerant{label}, {n * 4} B: step {step:.3f} ms ({parts})", flush=True)
+    if mlp:
+        outs = run(ft, FT_MLP, [["x", "0"], ["x", "1"]], fenv)
+        print(f"fault-tolerant{label}, MLP step {median_ms(outs):.3f} ms (its compute "
+              f"{median_ms(outs, 'COMPUTE'):.3f} ms)", flush=True)  # fmt: skip
+
+
+def joins(fenv) -> None:
+    for n in [] if os.environ.get("NOJOIN") else (1 << 20, 64 << 20):
+        base = [subprocess.Popen([sys.executable, "-c", JOIN, str(n), f"m{k}", "0"],
+                                 env=fenv(k), stdout=subprocess.PIPE, text=True)
+                for k in range(2)]  # fmt: skip
+        time.sleep(3)
+        t0 = time.perf_counter()
+        cmd = [sys.executable, "-c", JOIN, str(n), f"new{n}", str(t0)]
+        j = subprocess.run(cmd, env=fenv(0), capture_output=True, text=True, timeout=300)
+        w = j.stdout.split()
+        print(f"join with {n >> 20} MiB of state: {float(w[1]):.3f} s from the start of "
+              f"the process, {float(w[2]):.3f} s from its ask", flush=True)  # fmt: skip
+        for p in base:
+            p.kill()
+            p.wait()
+        time.sleep(1)
 
 
 if __name__ == "__main__":

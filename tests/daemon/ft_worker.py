@@ -104,7 +104,8 @@ def main() -> None:
                 time.sleep(0.01)
         if step + 1 == a.die_at and a.die_where in ("quorum", "answered"):
             ask = {"kind": "quorum", "step": step, "min_size": 1, "timeout_ms": 30000}
-            F.send(m._sock, ask)
+            with m._send_lock:  # (never beside a heartbeat)
+                F.send(m._sock, ask)
             if a.die_where == "answered":
                 wait_readable(m)
             die(step + 1, a.die_where)
@@ -118,8 +119,9 @@ def main() -> None:
             if q.heal_from >= 0:
                 if a.die_where == "recv":
                     key = f"state {q.heal_from}"
-                    F.send(m._sock, {"kind": "op", "q": q.qid, "op": "xfer", "src": q.heal_from,
-                                     "key": key})  # fmt: skip
+                    with m._send_lock:
+                        F.send(m._sock, {"kind": "op", "q": q.qid, "op": "xfer",
+                                         "src": q.heal_from, "key": key})  # fmt: skip
                     wait_readable(m)
                     m._sock.recv(1)
                     die(step + 1, "recv")
@@ -136,6 +138,7 @@ def main() -> None:
                     head = {"kind": "op", "q": q.qid, "op": "xfer", "src": q.rank,
                             "key": f"state {q.rank}"}  # fmt: skip
                     frame = raw_frame(head, state)
+                    m._send_lock.acquire()  # (held until it dies: no heartbeat after it)
                     m._sock.sendall(frame[: len(frame) - len(state) // 2])
                     die(step + 1, "send")
                 m.send_state(state)
@@ -146,7 +149,8 @@ def main() -> None:
             if step + 1 == a.die_at and a.die_where == "allreduce":
                 head = {"kind": "op", "q": q.qid, "key": "1", "op": "allreduce",
                         "dtype": grad.dtype.str, "count": grad.size}  # fmt: skip
-                F.send(m._sock, head, grad.view(np.uint8))
+                with m._send_lock:
+                    F.send(m._sock, head, grad.view(np.uint8))
                 die(step + 1, "allreduce")
             avg = m.allreduce(grad)
             if step + 1 == a.pause_at and a.pause_where == "after":

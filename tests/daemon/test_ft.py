@@ -360,7 +360,7 @@ def test_a_hung_member_is_dropped_and_rejoins(served: Served) -> None:
     finally:
         victim.proc.send_signal(signal.SIGCONT)
     assert "b-hung stopped answering" in bad and "timeout of 2 s" in bad, bad
-    assert 2.0 <= t_fail - t_stop < 15, t_fail - t_stop
+    assert 1.8 <= t_fail - t_stop < 15, t_fail - t_stop  # (its last heartbeat: 0.1 s before)
     victim.wait_for("DROPPED", 30)
     assert "was dropped" in victim.lines[-1] and "timeout of 2 s" in victim.lines[-1]
     victim.wait_for("HEALED", 60)
