@@ -55,15 +55,16 @@ log = logging.getLogger("totalreduce.daemon")
 
 #: The round's name among the services.
 ROUND = "\0ft round"
-#: A round's pause while no member anywhere waited for an answer in the last ``AWAKE_S``
-#: (a message of its own members ends it); rounds follow each other without one otherwise.
+#: A round's pause while a member somewhere waits for an answer (an ask, a vote, an op; a
+#: message of its own members ends it); within ``AWAKE_S`` of one, rounds follow each
+#: other without a pause.
 IDLE_S = float(os.environ.get("TOTALREDUCE_FT_IDLE_S", 0.002))
 AWAKE_S = float(os.environ.get("TOTALREDUCE_FT_AWAKE_S", 0.0))
-#: The pause once the table stood still (no member waiting, nothing said) for ``QUIET_AFTER_S``:
-#: members that compute or evaluate for long cost less CPU; the first ask after it waits at
-#: most this for the other services' next round.
+#: The pause while no member anywhere waits (they compute): a round every 2 ms took the
+#: CPU of the members' compute (a 2 ms MLP step ran 2-3 times slower beside it on 2 cores).
+#: The first message after such a stretch waits at most this for the other services' next
+#: round, unless their own members' messages wake them too (as in a synchronous step).
 QUIET_S = float(os.environ.get("TOTALREDUCE_FT_QUIET_S", 0.02))
-QUIET_AFTER_S = 1.0
 #: The pause while no node has a member (a hello waits at most this for its first round).
 EMPTY_S = 0.05
 #: A member's message is read whole once it starts; it may not stall longer.
@@ -135,9 +136,8 @@ class FtService:
         self._serial = 0
         self._ops: dict[tuple[int, str], _Op] = {}
         self._awake_until = 0.0
+        self._busy = False  # a member of some node waited for an answer in the last round
         self._anyone = False
-        self._still_since = 0.0  # the table has not changed since (monotonic)
-        self._last = np.zeros(0, np.int64)
         self._last_ids: list[str] = []
         self._stopping = False
         self.rounds = 0
@@ -163,7 +163,9 @@ class FtService:
                     self._poll(0.0)
                 elif not self._anyone:
                     self._poll(EMPTY_S)
-                elif time.monotonic() - self._still_since < QUIET_AFTER_S:
+                elif self._busy or any(
+                    c.asking or c.voting or c.in_op for c in self._conns.values()
+                ):
                     self._poll(IDLE_S)
                 else:
                     self._poll(max(IDLE_S, QUIET_S))
@@ -213,21 +215,30 @@ class FtService:
         out = table.reshape(self.nodes, Q.ROW)
         self._anyone = bool(out[:, Q.HEADER :: Q.FIELDS].any())  # a token in some slot
         now = time.monotonic()
-        if out[:, Q.ACTIVE].any():
+        self._busy = bool(out[:, Q.ACTIVE].any()) or any(
+            op.handle is not None for op in self._ops.values()
+        )
+        if self._busy:
             self._awake_until = now + AWAKE_S
-            self._still_since = now
-        said = table[Q.CLOCK + 1 :]  # (node 0's clock changes every round)
-        if not np.array_equal(said, self._last):
-            self._last = said.copy()
-            self._still_since = now
         return out
 
     # ------------------------------------------------------------------ members' messages
 
     def _poll(self, timeout: float) -> None:
+        """Read the members' messages for up to ``timeout`` s; a message other than a
+        heartbeat ends the wait (a heartbeat needs no round: it only says "alive")."""
+        end = time.monotonic() + timeout
+        while not self._poll_once(timeout):
+            timeout = end - time.monotonic()
+            if timeout <= 0:
+                return
+
+    def _poll_once(self, timeout: float) -> bool:
+        said = False
         for key, _ in self._sel.select(timeout):
             if key.data is None:
                 self._accept()
+                said = True
             else:
                 conn = key.data
                 conn.heard = time.monotonic()
@@ -235,12 +246,15 @@ class FtService:
                     header, payload = F.recv(conn.sock)
                 except (OSError, F.FrameError) as exc:
                     self._drop(conn, f"its connection ended without bye ({exc})")
+                    said = True
                     continue
+                said = said or header.get("kind") != "beat"
                 try:
                     self._message(conn, header, payload)
                 except (KeyError, TypeError, ValueError) as exc:
                     self._reply(conn, {"error": f"bad message {header!r}: {exc}"})
                     self._drop(conn, f"it sent a bad message ({exc})")
+        return said
 
     def _accept(self) -> None:
         try:
