@@ -10,7 +10,9 @@ The thread loops:
 
 1. it reads its members' messages (:mod:`totalreduce.transport.ft_frames`): a hello, an
    ask for the next quorum (with the member's committed step), a vote on the current
-   step, a data op's part (an allreduce, or the state a member sends one behind it);
+   step (which may carry the next ask: one round a step), a data op's part (an allreduce,
+   or the state a member sends one behind it), a heartbeat; a member silent for longer
+   than its timeout (hung, stopped) is dropped as if it had died;
 2. it runs a *round*: every service writes its row of what its members said into a table
    and the services sum it among themselves with the engine among the services (an
    allreduce, ``"\\0ft round"``; on one node, the row alone);
@@ -248,6 +250,7 @@ class FtService:
                     self._drop(conn, f"its connection ended without bye ({exc})")
                     said = True
                     continue
+                conn.heard = time.monotonic()  # (a long message, the state, counts whole)
                 said = said or header.get("kind") != "beat"
                 try:
                     self._message(conn, header, payload)
@@ -389,15 +392,12 @@ class FtService:
                 self._reply(conn, {"kind": "quorum", "error": why})
         qm = ev.formed
         if qm is not None:
-            log.debug(
+            changed = bool(qm.heal) or self._last_ids != qm.replica_ids
+            log.log(
+                logging.INFO if changed else logging.DEBUG,
                 "quorum %d: %d members %s, step %d%s", qm.qid, len(qm.members), qm.replica_ids,
                 qm.step, f", state to {len(qm.heal)}" if qm.heal else "",
             )  # fmt: skip
-            if qm.heal or self._last_ids != qm.replica_ids:
-                log.info(
-                    "quorum %d: %d members %s, step %d%s", qm.qid, len(qm.members),
-                    qm.replica_ids, qm.step, f", state to {len(qm.heal)}" if qm.heal else "",
-                )  # fmt: skip
             self._last_ids = qm.replica_ids
         for qid, ok in ev.decided.items():
             for conn in list(self._conns.values()):
