@@ -349,6 +349,8 @@ class Manager:
             self._failures = 0
         else:
             self._failures += 1
+            why = self._errored or self._member.failure
+            log.warning("%s: step %d does not commit: %s", self._replica_id, self._step + 1, why)
             if self._max_retries is not None and self._failures > self._max_retries:
                 raise RuntimeError(
                     f"Manager: {self._failures} steps failed in a row (max_retries "
