@@ -646,19 +646,26 @@ AR_E_FAILED, AR_E_MISMATCH, AR_E_INVALID, AR_E_TRANSPORT = (
 # ---------------------------------------------------------------------------------------------
 # Fault-tolerant mode (daemon/ft.py, daemon/ft_quorum.py, transport/ft_frames.py).
 # A member's messages on ft{n}.sock: u32 header length, u64 payload length, JSON, payload.
-FT_VERSION = 1
+FT_VERSION = 2
 FT_MAX_HEADER = 1 << 16
 FT_MAX_PAYLOAD = 1 << 40
 #: A round's table: one row of int64 words per node, summed among the services.  A row is a
 #: header (node 0's clock in ms, members busy in a request, node 0's --first-quorum), then
 #: FT_MAX_MEMBERS slots of FT_FIELDS words: token, committed step, asks, min_replica_size,
-#: quorum timeout (ms), the quorum voted on, the vote, the replica id's length, its bytes.
+#: quorum timeout (ms), the quorum voted on, the vote, the replica id's length, flags
+#: (FT_F_*), the replica id's bytes.
 FT_MAX_MEMBERS = 16
 FT_RID_BYTES = 64
 FT_CLOCK, FT_ACTIVE, FT_FIRST = 0, 1, 2
 FT_HEADER = 3
-FT_TOKEN, FT_STEP, FT_ASK, FT_MIN, FT_TIMEOUT_MS, FT_VOTE_Q, FT_VOTE_OK, FT_RID_LEN = range(8)
-FT_FIELDS = 8 + FT_RID_BYTES // 8
+FT_TOKEN, FT_STEP, FT_ASK, FT_MIN, FT_TIMEOUT_MS, FT_VOTE_Q, FT_VOTE_OK, FT_RID_LEN, FT_FLAGS = (
+    range(9)
+)
+FT_FIELDS = 9 + FT_RID_BYTES // 8
+#: Flags of a member's slot: its ask came with its vote (its step is the one before the vote,
+#: plus one if the voted quorum commits); its service dropped it this round for silence
+#: (no message, heartbeats included, within its timeout: hung or stopped).
+FT_F_NEXT, FT_F_HUNG = 1, 2
 FT_ROW = FT_HEADER + FT_MAX_MEMBERS * FT_FIELDS
 #: A member's token: its node above this bit, the node's count of its hellos below.
 FT_TOKEN_NODE_SHIFT = 32

@@ -2,9 +2,15 @@
 asserted).  ``python tests/daemon/ft_bench.py [COUNT ...]``: two nodes of one client each,
 a step per round of one float32 allreduce (average) of COUNT elements; in FT mode the step
 is also a quorum and a vote.  Prints the median step of each, same machine, same run (FT:
-also the median of each part, member side).  ``FT_BENCH_STEPS`` (200): steps per run;
-``NOJOIN=1``: skip the joins.
-Then the time a replacement takes to join and hold the state, by state size."""
+also the median of each part, member side).  Then the same with a real step: a small MLP's
+forward and backward (torch, one thread; ``MLP=0`` skips it) and its gradients averaged, so
+that the overhead is a share of a realistic step.  ``FT_BENCH_STEPS`` (200): steps per
+run; ``NOJOIN=1``: skip the joins.  Then the time a replacement takes to join and hold the
+state, by state size.  Members ask for the next quorum with their vote where the installed
+``Member`` offers it (``ask_next``), so the same file measures an older tree too:
+``FT_BENCH_BASE=DIR`` runs fault-tolerant mode with the tree in DIR first, in the same run
+(start the bench from a directory that holds no ``totalreduce``: ``python -c`` and
+``python -m`` import from the current directory before ``PYTHONPATH``)."""
 
 from __future__ import annotations
 
@@ -33,20 +39,71 @@ print("TIMES", *ts[20:]); tr.shutdown()
 """.replace("NSTEPS", str(STEPS))
 
 FT = """
-import sys, time, numpy as np
+import inspect, sys, time, numpy as np
 from totalreduce.service.ft_member import Member
 m = Member("r" + sys.argv[2])
+nxt = "ask_next" in inspect.signature(m.should_commit).parameters
 n = int(sys.argv[1]); x = np.ones(n, np.float32); ts = []; ph = []
 for i in range(NSTEPS):
     t = time.perf_counter()
     m.start_quorum(i); t1 = time.perf_counter()
     x = m.allreduce(x); t2 = time.perf_counter()
-    assert m.should_commit(True); t3 = time.perf_counter()
+    more = {"ask_next": i} if nxt and i + 1 < NSTEPS else {}
+    assert m.should_commit(True, **more); t3 = time.perf_counter()
     ts.append(t3 - t); ph.append((t1 - t, t2 - t1, t3 - t2))
 ph = ph[20:]
 print("PHASES", *(sorted(p[k] for p in ph)[len(ph) // 2] for k in range(3)))
 print("TIMES", *ts[20:]); m.close()
 """.replace("NSTEPS", str(STEPS))
+
+#: A small MLP's step: forward, backward, the gradients flattened (one thread; a few ms).
+MODEL = """
+import torch
+torch.set_num_threads(1); torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+xb, yb = torch.randn(128, 784), torch.randint(0, 10, (128,))
+params = list(model.parameters())
+def compute():
+    for p in params: p.grad = None
+    torch.nn.functional.cross_entropy(model(xb), yb).backward()
+    return torch.cat([p.grad.reshape(-1) for p in params]).numpy()
+def apply(avg):
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            k = p.numel(); p -= 0.01 * torch.from_numpy(avg[off:off + k]).view_as(p); off += k
+"""
+
+PLAIN_MLP = (
+    MODEL
+    + """
+import sys, time, numpy as np, totalreduce as tr
+tr.init(); ts = []; cs = []
+g = compute(); buf = tr.empty(g.size, np.float32)
+for i in range(NSTEPS):
+    t = time.perf_counter(); g = compute(); c = time.perf_counter(); buf[:] = g
+    tr.allreduce(buf, name="g", op="avg", out=buf); apply(buf)
+    ts.append(time.perf_counter() - t); cs.append(c - t)
+print("COMPUTE", *cs[20:]); print("TIMES", *ts[20:]); tr.shutdown()
+""".replace("NSTEPS", str(STEPS))
+)
+
+FT_MLP = (
+    MODEL
+    + """
+import inspect, sys, time, numpy as np
+from totalreduce.service.ft_member import Member
+m = Member("r" + sys.argv[2]); ts = []; cs = []
+nxt = "ask_next" in inspect.signature(m.should_commit).parameters
+for i in range(NSTEPS):
+    t = time.perf_counter(); m.start_quorum(i); g = compute(); c = time.perf_counter()
+    avg = m.allreduce(g)
+    more = {"ask_next": i} if nxt and i + 1 < NSTEPS else {}
+    if m.should_commit(True, **more): apply(avg)
+    ts.append(time.perf_counter() - t); cs.append(c - t)
+print("COMPUTE", *cs[20:]); print("TIMES", *ts[20:]); m.close()
+""".replace("NSTEPS", str(STEPS))
+)
 
 JOIN = """
 import sys, time, numpy as np
@@ -79,51 +136,77 @@ def run(served, code: str, args: list[list[str]], env_of) -> list[str]:
     return [p.communicate(timeout=300)[0] for p in procs]
 
 
-def median_ms(outs: list[str]) -> float:
-    ts = [float(t) for o in outs for t in o.split("TIMES")[1].split()]
+def median_ms(outs: list[str], what: str = "TIMES") -> float:
+    try:
+        ts = [float(t) for o in outs for t in o.split(what)[1].split("\n")[0].split()]
+    except IndexError:
+        raise SystemExit("a member failed:\n" + "\n".join(outs)) from None
     return statistics.median(ts) * 1e3
 
 
 def main() -> None:
     counts = [int(c) for c in sys.argv[1:]] or [1024, 1 << 20]
+    mlp = os.environ.get("MLP", "1") != "0"
     with tempfile.TemporaryDirectory() as d:
         plain = serve(2, 1, Path(d) / "plain", timeout=900)
         try:
             for n in counts:
                 outs = run(plain, PLAIN, [[str(n)], [str(n)]], lambda k: plain.client_env(k))
                 print(f"plain daemon, {n * 4} B: step {median_ms(outs):.3f} ms", flush=True)
+            if mlp:
+                outs = run(plain, PLAIN_MLP, [[], []], lambda k: plain.client_env(k))
+                print(f"plain daemon, MLP step {median_ms(outs):.3f} ms (its compute "
+                      f"{median_ms(outs, 'COMPUTE'):.3f} ms)", flush=True)  # fmt: skip
         finally:
             plain.stop()
-        ft = serve(2, 1, Path(d) / "ft", timeout=900,
-                   extra=("--fault-tolerant", "--first-quorum", "2"))  # fmt: skip
+        trees = [("", {})]
+        if os.environ.get("FT_BENCH_BASE"):  # an older tree's fault-tolerant mode, same run
+            trees.insert(0, (" (FT_BENCH_BASE)", {"PYTHONPATH": os.environ["FT_BENCH_BASE"]}))
+        for label, more in trees:
+            ft = serve(2, 1, Path(d) / f"ft{len(label)}", timeout=900, start_timeout=900,
+                       extra=("--fault-tolerant", "--first-quorum", "2"), **more)  # fmt: skip
 
-        def fenv(k: int) -> dict[str, str]:
-            return dict(os.environ, TOTALREDUCE_FT_SOCKET=str(ft.directory / f"ft{k}.sock"))
+            def fenv(k: int, ft=ft, more=more) -> dict[str, str]:  # type: ignore[no-untyped-def]
+                sock = str(ft.directory / f"ft{k}.sock")
+                return dict(os.environ, TOTALREDUCE_FT_SOCKET=sock, **more)
 
-        try:
-            for n in counts:
-                outs = run(ft, FT, [[str(n), "0"], [str(n), "1"]], fenv)
-                ph = [float(v) * 1e3 for v in outs[0].split("PHASES")[1].split()[:3]]
-                parts = f"quorum {ph[0]:.3f}, allreduce {ph[1]:.3f}, vote {ph[2]:.3f}"
-                step = median_ms(outs)
-                print(f"fault-tolerant, {n * 4} B: step {step:.3f} ms ({parts})", flush=True)
-            for n in [] if os.environ.get("NOJOIN") else (1 << 20, 64 << 20):
-                base = [subprocess.Popen([sys.executable, "-c", JOIN, str(n), f"m{k}", "0"],
-                                         env=fenv(k), stdout=subprocess.PIPE, text=True)
-                        for k in range(2)]  # fmt: skip
-                time.sleep(3)
-                t0 = time.perf_counter()
-                cmd = [sys.executable, "-c", JOIN, str(n), f"new{n}", str(t0)]
-                j = subprocess.run(cmd, env=fenv(0), capture_output=True, text=True, timeout=300)
-                w = j.stdout.split()
-                print(f"join with {n >> 20} MiB of state: {float(w[1]):.3f} s from the start of "
-                      f"the process, {float(w[2]):.3f} s from its ask", flush=True)  # fmt: skip
-                for p in base:
-                    p.kill()
-                    p.wait()
-                time.sleep(1)
-        finally:
-            ft.stop()
+            try:
+                ft_steps(ft, fenv, counts, mlp, label)
+                if not label:
+                    joins(fenv)
+            finally:
+                ft.stop()
+
+
+def ft_steps(ft, fenv, counts: list[int], mlp: bool, label: str) -> None:
+    for n in counts:
+        outs = run(ft, FT, [[str(n), "0"], [str(n), "1"]], fenv)
+        ph = [float(v) * 1e3 for v in outs[0].split("PHASES")[1].split()[:3]]
+        parts = f"quorum {ph[0]:.3f}, allreduce {ph[1]:.3f}, vote {ph[2]:.3f}"
+        step = median_ms(outs)
+        print(f"fault-tolerant{label}, {n * 4} B: step {step:.3f} ms ({parts})", flush=True)
+    if mlp:
+        outs = run(ft, FT_MLP, [["x", "0"], ["x", "1"]], fenv)
+        print(f"fault-tolerant{label}, MLP step {median_ms(outs):.3f} ms (its compute "
+              f"{median_ms(outs, 'COMPUTE'):.3f} ms)", flush=True)  # fmt: skip
+
+
+def joins(fenv) -> None:
+    for n in [] if os.environ.get("NOJOIN") else (1 << 20, 64 << 20):
+        base = [subprocess.Popen([sys.executable, "-c", JOIN, str(n), f"m{k}", "0"],
+                                 env=fenv(k), stdout=subprocess.PIPE, text=True)
+                for k in range(2)]  # fmt: skip
+        time.sleep(3)
+        t0 = time.perf_counter()
+        cmd = [sys.executable, "-c", JOIN, str(n), f"new{n}", str(t0)]
+        j = subprocess.run(cmd, env=fenv(0), capture_output=True, text=True, timeout=300)
+        w = j.stdout.split()
+        print(f"join with {n >> 20} MiB of state: {float(w[1]):.3f} s from the start of "
+              f"the process, {float(w[2]):.3f} s from its ask", flush=True)  # fmt: skip
+        for p in base:
+            p.kill()
+            p.wait()
+        time.sleep(1)
 
 
 if __name__ == "__main__":

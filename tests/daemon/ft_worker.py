@@ -11,7 +11,9 @@ apply it if the step commits.  One line per event on stdout:
 - ``QUORUM qid size rank step``;
 - ``COMMIT step qid sha`` (step: the committed step's number, from 1; sha: the parameters'
   bytes after it);
-- ``ROLLBACK step qid`` (a vote that did not commit), ``FAIL step qid error`` (an op raised);
+- ``ROLLBACK step qid why`` (a vote that did not commit, and why), ``FAIL step qid error``
+  (an op raised); ``DROPPED step error`` (its service dropped it as hung: ``--timeout`` is
+  its timeout; ``--rejoin`` attaches again as a new member, else it exits with the error);
 - ``PAUSE step`` where ``--pause-at`` stops the member (before its allreduce or after it,
   before the vote) for 60 s, so that the test can kill it there; ``--pause-where send``
   stops it the first time it must send the state to a member behind;
@@ -25,6 +27,9 @@ apply it if the step commits.  One line per event on stdout:
   byte read) ignore ``--die-at``;
 - ``--hold-at`` makes the member wait before it asks for the quorum of that step until
   ``--hold-file`` exists.
+
+The vote asks for the next quorum too (``ask_next``: one round a step), except the last
+step's and where the next ask is one of the moments above.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import time
 
 import numpy as np
 
-from totalreduce.service.ft_member import Member, StepFailedError
+from totalreduce.service.ft_member import Member, MemberDroppedError, StepFailedError
 from totalreduce.transport import ft_frames as F
 
 N = 4099
@@ -74,10 +79,21 @@ def main() -> None:
     p.add_argument("--hold-file", default="")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--start-after", default="")
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--rejoin", action="store_true")
     a = p.parse_args()
     while a.start_after and not os.path.exists(a.start_after):
         time.sleep(0.01)  # a replacement started early (its imports take seconds)
-    m = Member(a.replica_id, timeout=60)
+    m = Member(a.replica_id, timeout=a.timeout)
+
+    def rejoin(exc: Exception) -> Member:
+        """Dropped as hung: ``--rejoin`` attaches again (a new member), else it fails."""
+        print(f"DROPPED {step + 1} {str(exc)[:300]!r}", flush=True)
+        if not a.rejoin:
+            raise exc
+        m.close()
+        return Member(a.replica_id, timeout=a.timeout)
+
     params = np.linspace(-1.0, 1.0, N, dtype=np.float32)
     step = 0
     seed = int(hashlib.blake2b(a.replica_id.encode(), digest_size=4).hexdigest(), 16)
@@ -88,18 +104,24 @@ def main() -> None:
                 time.sleep(0.01)
         if step + 1 == a.die_at and a.die_where in ("quorum", "answered"):
             ask = {"kind": "quorum", "step": step, "min_size": 1, "timeout_ms": 30000}
-            F.send(m._sock, ask)
+            with m._send_lock:  # (never beside a heartbeat)
+                F.send(m._sock, ask)
             if a.die_where == "answered":
                 wait_readable(m)
             die(step + 1, a.die_where)
-        q = m.start_quorum(step, min_replica_size=1, timeout=30)
+        try:
+            q = m.start_quorum(step, min_replica_size=1, timeout=30)
+        except MemberDroppedError as exc:
+            m = rejoin(exc)
+            continue
         print(f"QUORUM {q.qid} {q.size} {q.rank} {q.step}", flush=True)
         try:
             if q.heal_from >= 0:
                 if a.die_where == "recv":
                     key = f"state {q.heal_from}"
-                    F.send(m._sock, {"kind": "op", "q": q.qid, "op": "xfer", "src": q.heal_from,
-                                     "key": key})  # fmt: skip
+                    with m._send_lock:
+                        F.send(m._sock, {"kind": "op", "q": q.qid, "op": "xfer",
+                                         "src": q.heal_from, "key": key})  # fmt: skip
                     wait_readable(m)
                     m._sock.recv(1)
                     die(step + 1, "recv")
@@ -116,6 +138,7 @@ def main() -> None:
                     head = {"kind": "op", "q": q.qid, "op": "xfer", "src": q.rank,
                             "key": f"state {q.rank}"}  # fmt: skip
                     frame = raw_frame(head, state)
+                    m._send_lock.acquire()  # (held until it dies: no heartbeat after it)
                     m._sock.sendall(frame[: len(frame) - len(state) // 2])
                     die(step + 1, "send")
                 m.send_state(state)
@@ -126,7 +149,8 @@ def main() -> None:
             if step + 1 == a.die_at and a.die_where == "allreduce":
                 head = {"kind": "op", "q": q.qid, "key": "1", "op": "allreduce",
                         "dtype": grad.dtype.str, "count": grad.size}  # fmt: skip
-                F.send(m._sock, head, grad.view(np.uint8))
+                with m._send_lock:
+                    F.send(m._sock, head, grad.view(np.uint8))
                 die(step + 1, "allreduce")
             avg = m.allreduce(grad)
             if step + 1 == a.pause_at and a.pause_where == "after":
@@ -136,9 +160,23 @@ def main() -> None:
         except StepFailedError as exc:
             print(f"FAIL {step + 1} {q.qid} {str(exc)[:200]!r}", flush=True)
             ok = False
+        except MemberDroppedError:
+            ok = False  # the vote raises it again
         if a.sleep:
             time.sleep(a.sleep)
-        commit = m.should_commit(ok)
+        # the vote asks for the next quorum too (one round a step), except where the next
+        # ask is the test's moment (a hold, a death at the quorum, a death after the vote)
+        moments = {a.hold_at} | ({a.die_at} if a.die_where in ("quorum", "answered") else set())
+        plain = (
+            step + 1 >= a.steps
+            or bool(moments & {step + 1, step + 2})
+            or (step + 1 == a.die_at and a.die_where == "commit")
+        )
+        try:
+            commit = m.should_commit(ok, ask_next=None if plain else step, quorum_timeout=30)
+        except MemberDroppedError as exc:
+            m = rejoin(exc)
+            continue
         if step + 1 == a.die_at and a.die_where == "commit":
             die(step + 1, "commit")
         if commit:
@@ -147,7 +185,7 @@ def main() -> None:
             sha = hashlib.sha1(params.tobytes()).hexdigest()[:16]
             print(f"COMMIT {step} {q.qid} {sha}", flush=True)
         else:
-            print(f"ROLLBACK {step + 1} {q.qid}", flush=True)
+            print(f"ROLLBACK {step + 1} {q.qid} {m.failure!r}", flush=True)
     m.close()
     print("DONE", flush=True)
 

@@ -339,6 +339,39 @@ def test_kill_the_receiver_of_the_state(served: Served) -> None:
     assert second.committed() == steps
 
 
+def test_a_hung_member_is_dropped_and_rejoins(served: Served) -> None:
+    """A member stopped (SIGSTOP) mid-run, alive but silent: after its timeout (2 s) its
+    service drops it; the step it was in fails on both survivors with an error naming it
+    and the timeout, and they go on without it.  Continued (SIGCONT), its next call raises
+    ``MemberDroppedError``; it attaches again as a new member and receives the state."""
+    steps = 24
+    slow = ("--sleep", "0.05")
+    a = Member(served, 0, "a-hung", steps, *slow)
+    victim = Member(served, 0, "b-hung", steps, *slow, "--timeout", "2", "--rejoin")
+    c = Member(served, 1, "c-hung", steps, *slow)
+    victim.wait_for("COMMIT 3", 120)
+    victim.proc.send_signal(signal.SIGSTOP)
+    t_stop = time.monotonic()
+    try:
+        bad = a.wait_for("ROLLBACK", 30)
+        t_fail = time.monotonic()
+        assert c.wait_for("ROLLBACK", 30).split()[:3] == bad.split()[:3]
+        a.wait_for("COMMIT", 30)  # the survivors go on without it
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    assert "b-hung stopped answering" in bad and "timeout of 2 s" in bad, bad
+    assert 1.8 <= t_fail - t_stop < 15, t_fail - t_stop  # (its last heartbeat: 0.1 s before)
+    victim.wait_for("DROPPED", 30)
+    assert "was dropped" in victim.lines[-1] and "timeout of 2 s" in victim.lines[-1]
+    victim.wait_for("HEALED", 60)
+    for m in (a, c, victim):
+        m.finish(120)
+        assert m.proc.returncode == 0 and m.lines[-1] == "DONE", "\n".join(m.lines[-20:])
+    check_history([a, victim, c])
+    assert a.committed() == c.committed() == victim.committed() == steps
+    wait_logged(served, f"member b-hung (pid {victim.proc.pid}) is silent", 5)
+
+
 def soak(served: Served, steps: int, kills: int, seed: int) -> None:
     rng = random.Random(seed)
     base = [(0, "s0"), (0, "s1"), (1, "s2")]

@@ -94,3 +94,43 @@ def test_a_no_vote_or_an_ask_without_vote_fails_the_step_at_once() -> None:
     assert q2 is not None
     ev = qs.advance(table(3, [member(1, "a", ask=3)], [member(B | 1, "b", ask=2)]))
     assert ev.decided == {q2.qid: False} and q2.qid in ev.broken
+
+
+def test_vote_with_the_next_ask_forms_the_next_quorum_in_the_same_round() -> None:
+    """Every member votes and asks for the next quorum in one message (``F_NEXT``): the
+    round that commits the step forms the next quorum at the step after it; a vote "no"
+    fails the step and the next quorum resumes the step before it."""
+    qs = Q.Quorums(join_timeout_ms=0)
+    a, c = member(1, "a"), member(B | 1, "c")
+    q1 = qs.advance(table(0, [a], [c])).formed
+    assert q1 is not None
+
+    def voted(token: int, rid: str, ok: int, ask: int, step: int) -> Q.Member:
+        m = member(token, rid, ask=ask, step=step, vote=q1.qid if ask == 2 else q2.qid, ok=ok)
+        m.flags = Q.F_NEXT
+        return m
+
+    q2 = q1
+    ev = qs.advance(table(10, [voted(1, "a", 1, 2, 0)], [voted(B | 1, "c", 1, 2, 0)]))
+    assert ev.decided == {q1.qid: True}
+    assert ev.formed is not None and ev.formed.step == 1 and ev.formed.heal == {}
+    q2 = ev.formed
+    ev = qs.advance(table(20, [voted(1, "a", 1, 3, 1)], [voted(B | 1, "c", 0, 3, 1)]))
+    assert ev.decided == {q2.qid: False} and "c gave up" in ev.broken[q2.qid]
+    assert ev.formed is not None and ev.formed.step == 1 and ev.formed.qid == q2.qid + 1
+
+
+def test_a_silent_member_breaks_its_quorum_naming_it_and_its_timeout() -> None:
+    """A member its service dropped for silence (``F_HUNG``, its timeout in the slot) is
+    gone: the step fails with an error that names it and the timeout; the next quorum
+    forms without it."""
+    qs = Q.Quorums(join_timeout_ms=0)
+    a, b = member(1, "a"), member(B | 1, "b")
+    q1 = qs.advance(table(0, [a], [b])).formed
+    assert q1 is not None
+    hung = Q.Member(B | 1, 0, 1, 1, 2500, 0, 0, "b", Q.F_HUNG)
+    ev = qs.advance(table(10, [member(1, "a", ask=2)], [hung]))
+    assert ev.decided == {q1.qid: False}
+    why = ev.broken[q1.qid]
+    assert "member b stopped answering" in why and "2.5 s" in why, why
+    assert ev.formed is not None and ev.formed.replica_ids == ["a"]

@@ -10,7 +10,9 @@ The thread loops:
 
 1. it reads its members' messages (:mod:`totalreduce.transport.ft_frames`): a hello, an
    ask for the next quorum (with the member's committed step), a vote on the current
-   step, a data op's part (an allreduce, or the state a member sends one behind it);
+   step (which may carry the next ask: one round a step), a data op's part (an allreduce,
+   or the state a member sends one behind it), a heartbeat; a member silent for longer
+   than its timeout (hung, stopped) is dropped as if it had died;
 2. it runs a *round*: every service writes its row of what its members said into a table
    and the services sum it among themselves with the engine among the services (an
    allreduce, ``"\\0ft round"``; on one node, the row alone);
@@ -55,15 +57,16 @@ log = logging.getLogger("totalreduce.daemon")
 
 #: The round's name among the services.
 ROUND = "\0ft round"
-#: A round's pause while no member anywhere waited for an answer in the last ``AWAKE_S``
-#: (a message of its own members ends it); rounds follow each other without one otherwise.
+#: A round's pause while a member somewhere waits for an answer (an ask, a vote, an op; a
+#: message of its own members ends it); within ``AWAKE_S`` of one, rounds follow each
+#: other without a pause.
 IDLE_S = float(os.environ.get("TOTALREDUCE_FT_IDLE_S", 0.002))
 AWAKE_S = float(os.environ.get("TOTALREDUCE_FT_AWAKE_S", 0.0))
-#: The pause once the table stood still (no member waiting, nothing said) for ``QUIET_AFTER_S``:
-#: members that compute or evaluate for long cost less CPU; the first ask after it waits at
-#: most this for the other services' next round.
+#: The pause while no member anywhere waits (they compute): a round every 2 ms took the
+#: CPU of the members' compute (a 2 ms MLP step ran 2-3 times slower beside it on 2 cores).
+#: The first message after such a stretch waits at most this for the other services' next
+#: round, unless their own members' messages wake them too (as in a synchronous step).
 QUIET_S = float(os.environ.get("TOTALREDUCE_FT_QUIET_S", 0.02))
-QUIET_AFTER_S = 1.0
 #: The pause while no node has a member (a hello waits at most this for its first round).
 EMPTY_S = 0.05
 #: A member's message is read whole once it starts; it may not stall longer.
@@ -87,6 +90,10 @@ class _Conn:
     vote_ok: int = 0
     voting: int = 0  # the quorum whose decision it waits for
     in_op: bool = False
+    cond: bool = False  # it asked with its vote: its step counts the voted step if it commits
+    beat_s: float = 60.0  # silent this long (no message, heartbeats included): dropped
+    heard: float = 0.0  # when its last message came (monotonic)
+    hung: bool = False  # dropped for silence: shown one last round (F_HUNG), then closed
 
 
 @dataclass
@@ -131,9 +138,9 @@ class FtService:
         self._serial = 0
         self._ops: dict[tuple[int, str], _Op] = {}
         self._awake_until = 0.0
+        self._busy = False  # a member of some node waited for an answer in the last round
         self._anyone = False
-        self._still_since = 0.0  # the table has not changed since (monotonic)
-        self._last = np.zeros(0, np.int64)
+        self._last_ids: list[str] = []
         self._stopping = False
         self.rounds = 0
         self._thread = threading.Thread(target=self._run, name="totalreduce-ft", daemon=True)
@@ -158,10 +165,13 @@ class FtService:
                     self._poll(0.0)
                 elif not self._anyone:
                     self._poll(EMPTY_S)
-                elif time.monotonic() - self._still_since < QUIET_AFTER_S:
+                elif self._busy or any(
+                    c.asking or c.voting or c.in_op for c in self._conns.values()
+                ):
                     self._poll(IDLE_S)
                 else:
                     self._poll(max(IDLE_S, QUIET_S))
+                self._silent()
                 table = self._round()
                 ev = self.quorums.advance(table)
                 self._apply(ev)
@@ -192,44 +202,62 @@ class FtService:
             row[Q.FIRST] = self.first_quorum
         row[Q.ACTIVE] = sum(1 for c in self._conns.values() if c.asking or c.voting or c.in_op)
         for c in self._conns.values():
+            flags = (Q.F_NEXT if c.cond else 0) | (Q.F_HUNG if c.hung else 0)
             Q.write_member(
                 row, c.slot,
-                Q.Member(c.token, c.step, c.ask, c.min_size, c.timeout_ms, c.vote_q, c.vote_ok,
-                         c.replica_id),
+                Q.Member(c.token, c.step, c.ask, c.min_size,
+                         int(c.beat_s * 1000) if c.hung else c.timeout_ms, c.vote_q, c.vote_ok,
+                         c.replica_id, flags),
             )  # fmt: skip
         if self.engine is not None:
             self.engine.allreduce(table, name=ROUND, op="sum", out=table)
         self.rounds += 1
+        for c in [c for c in self._conns.values() if c.hung]:  # every service saw it flagged
+            self._drop(c, f"no message within its timeout of {c.beat_s:g} s (hung or stopped)")
         out = table.reshape(self.nodes, Q.ROW)
         self._anyone = bool(out[:, Q.HEADER :: Q.FIELDS].any())  # a token in some slot
         now = time.monotonic()
-        if out[:, Q.ACTIVE].any():
+        self._busy = bool(out[:, Q.ACTIVE].any()) or any(
+            op.handle is not None for op in self._ops.values()
+        )
+        if self._busy:
             self._awake_until = now + AWAKE_S
-            self._still_since = now
-        said = table[Q.CLOCK + 1 :]  # (node 0's clock changes every round)
-        if not np.array_equal(said, self._last):
-            self._last = said.copy()
-            self._still_since = now
         return out
 
     # ------------------------------------------------------------------ members' messages
 
     def _poll(self, timeout: float) -> None:
+        """Read the members' messages for up to ``timeout`` s; a message other than a
+        heartbeat ends the wait (a heartbeat needs no round: it only says "alive")."""
+        end = time.monotonic() + timeout
+        while not self._poll_once(timeout):
+            timeout = end - time.monotonic()
+            if timeout <= 0:
+                return
+
+    def _poll_once(self, timeout: float) -> bool:
+        said = False
         for key, _ in self._sel.select(timeout):
             if key.data is None:
                 self._accept()
+                said = True
             else:
                 conn = key.data
+                conn.heard = time.monotonic()
                 try:
                     header, payload = F.recv(conn.sock)
                 except (OSError, F.FrameError) as exc:
                     self._drop(conn, f"its connection ended without bye ({exc})")
+                    said = True
                     continue
+                conn.heard = time.monotonic()  # (a long message, the state, counts whole)
+                said = said or header.get("kind") != "beat"
                 try:
                     self._message(conn, header, payload)
                 except (KeyError, TypeError, ValueError) as exc:
                     self._reply(conn, {"error": f"bad message {header!r}: {exc}"})
                     self._drop(conn, f"it sent a bad message ({exc})")
+        return said
 
     def _accept(self) -> None:
         try:
@@ -243,7 +271,7 @@ class FtService:
             return
         sock.setblocking(True)
         sock.settimeout(READ_TIMEOUT_S)
-        conn = _Conn(sock, pid=pid)
+        conn = _Conn(sock, pid=pid, heard=time.monotonic())
         self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _message(self, conn: _Conn, h: dict[str, Any], payload: bytearray) -> None:
@@ -252,24 +280,57 @@ class FtService:
             return self._hello(conn, h)
         if not conn.token:
             raise ValueError(f"a {kind!r} before the hello")
+        if kind == "beat":
+            return
         if kind == "bye":
             self._drop(conn, None)
         elif kind == "quorum":
-            conn.step, conn.min_size = int(h["step"]), max(1, int(h["min_size"]))
-            conn.timeout_ms = max(1, int(h["timeout_ms"]))
-            conn.ask += 1
-            conn.asking = True
+            if conn.asking:
+                raise ValueError("an ask while its last one is not answered")
+            self._ask(conn, h)
         elif kind == "vote":
             conn.vote_q, conn.vote_ok = int(h["q"]), 1 if h["ok"] else 0
             done = self.quorums.decision(conn.vote_q)
+            nxt = h.get("next")
+            if nxt is not None:  # the next quorum's ask, with the vote
+                if conn.asking:
+                    raise ValueError("an ask while its last one is not answered")
+                self._ask(conn, nxt)
+                conn.step += 1 if done else 0
+                conn.cond = done is None
             if done is None:
                 conn.voting = conn.vote_q
             else:
-                self._reply(conn, {"kind": "commit", "q": conn.vote_q, "ok": done})
+                self._reply(conn, self._commit_answer(conn.vote_q, done))
         elif kind == "op":
             self._op_part(conn, h, payload)
         else:
             raise ValueError(f"unknown kind {kind!r}")
+
+    def _ask(self, conn: _Conn, h: dict[str, Any]) -> None:
+        conn.step, conn.min_size = int(h["step"]), max(1, int(h["min_size"]))
+        conn.timeout_ms = max(1, int(h["timeout_ms"]))
+        conn.ask += 1
+        conn.asking = True
+
+    def _silent(self) -> None:
+        """Drop the members silent for longer than their timeout (hung or stopped): each
+        is told why (if its socket takes it) and shown flagged for one last round."""
+        now = time.monotonic()
+        for c in self._conns.values():
+            if c.hung or now - c.heard <= c.beat_s:
+                continue
+            c.hung = True
+            why = (
+                f"member {c.replica_id} was dropped by the service of node {self.node}: no "
+                f"message (heartbeats included) within its timeout of {c.beat_s:g} s (hung or "
+                "stopped); attach again to rejoin as a new member"
+            )
+            log.warning("member %s (pid %d) is silent: %s", c.replica_id, c.pid, why)
+            try:  # never block on a stopped member's full socket
+                c.sock.send(F.frame({"kind": "dropped", "error": why}), socket.MSG_DONTWAIT)
+            except OSError:
+                pass
 
     def _hello(self, conn: _Conn, h: dict[str, Any]) -> None:
         if conn.token:
@@ -287,6 +348,7 @@ class FtService:
         conn.slot = self._slots.index(0)
         conn.replica_id = rid
         conn.pid = int(h.get("pid", conn.pid))
+        conn.beat_s = max(0.05, float(h.get("timeout", conn.beat_s)))
         self._slots[conn.slot] = conn.token
         self._conns[conn.token] = conn
         log.info("member %s (pid %d) attached: token %#x", rid, conn.pid, conn.token)
@@ -294,6 +356,8 @@ class FtService:
                            "nodes": self.nodes})  # fmt: skip
 
     def _reply(self, conn: _Conn, h: dict[str, Any], payload: Any = b"") -> None:
+        if conn.hung:
+            return
         try:
             F.send(conn.sock, h, payload)
         except OSError as exc:
@@ -326,32 +390,52 @@ class FtService:
             if conn is not None:
                 conn.asking = False
                 self._reply(conn, {"kind": "quorum", "error": why})
-        if ev.formed is not None:
-            qm = ev.formed
-            log.info(
+        qm = ev.formed
+        if qm is not None:
+            changed = bool(qm.heal) or self._last_ids != qm.replica_ids
+            log.log(
+                logging.INFO if changed else logging.DEBUG,
                 "quorum %d: %d members %s, step %d%s", qm.qid, len(qm.members), qm.replica_ids,
                 qm.step, f", state to {len(qm.heal)}" if qm.heal else "",
             )  # fmt: skip
+            self._last_ids = qm.replica_ids
+        for qid, ok in ev.decided.items():
+            for conn in list(self._conns.values()):
+                if conn.voting == qid:
+                    conn.voting = 0
+                    head = self._commit_answer(qid, ok)
+                    if conn.cond:
+                        conn.cond = False
+                        conn.step += 1 if ok else 0
+                        if qm is not None and conn.asking and conn.token in qm.members:
+                            conn.asking = False  # the next quorum formed in the same round
+                            head["quorum"] = self._quorum_answer(qm, conn.token)
+                    self._reply(conn, head)
+        if qm is not None:
             for t in qm.members:
                 conn = self._conns.get(t)
                 if conn is None or not conn.asking:
                     continue
                 conn.asking = False
-                src = qm.heal.get(t)
-                self._reply(conn, {
-                    "kind": "quorum", "q": qm.qid, "rank": qm.rank(t), "size": len(qm.members),
-                    "replica_ids": qm.replica_ids, "step": qm.step,
-                    "heal_from": -1 if src is None else qm.rank(src),
-                    "heal_to": [qm.rank(d) for d, s in qm.heal.items() if s == t],
-                })  # fmt: skip
+                self._reply(conn, self._quorum_answer(qm, t))
             # ops of older quorums are over (failed or answered): forget them
             for k in [k for k, op in self._ops.items() if op.q < qm.qid and op.handle is None]:
                 del self._ops[k]
-        for qid, ok in ev.decided.items():
-            for conn in list(self._conns.values()):
-                if conn.voting == qid:
-                    conn.voting = 0
-                    self._reply(conn, {"kind": "commit", "q": qid, "ok": ok})
+
+    def _commit_answer(self, qid: int, ok: bool) -> dict[str, Any]:
+        head: dict[str, Any] = {"kind": "commit", "q": qid, "ok": ok}
+        if not ok:
+            head["why"] = self.quorums.broken.get(qid, f"quorum {qid} is over")
+        return head
+
+    def _quorum_answer(self, qm: Q.Quorum, t: int) -> dict[str, Any]:
+        src = qm.heal.get(t)
+        return {
+            "kind": "quorum", "q": qm.qid, "rank": qm.rank(t), "size": len(qm.members),
+            "replica_ids": qm.replica_ids, "step": qm.step,
+            "heal_from": -1 if src is None else qm.rank(src),
+            "heal_to": [qm.rank(d) for d, s in qm.heal.items() if s == t],
+        }  # fmt: skip
 
     # ------------------------------------------------------------------ data ops
 

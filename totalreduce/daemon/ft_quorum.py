@@ -34,6 +34,12 @@ connection ended is gone from the next round's row, dead or departed alike.
   answer.
 - **A broken quorum**: once a member of the current quorum is gone, or a newer quorum
   forms, its data ops fail on every service (:mod:`.ft`).
+- **One round a step**: a member may ask for the next quorum with its vote (``F_NEXT``:
+  its step then counts the voted step once that commits).  When every member of a
+  quorum does, the round that decides the commit also forms the next quorum.
+- **A silent member** (no message, heartbeats included, within its timeout: hung or
+  stopped) is dropped by its service, which shows it one last round flagged ``F_HUNG``:
+  it is gone from then on, and the error of a quorum it breaks names it and its timeout.
 """
 
 from __future__ import annotations
@@ -48,10 +54,12 @@ MAX_MEMBERS, RID_BYTES, HEADER, FIELDS, ROW = (
     P.FT_MAX_MEMBERS, P.FT_RID_BYTES, P.FT_HEADER, P.FT_FIELDS, P.FT_ROW
 )  # fmt: skip
 CLOCK, ACTIVE, FIRST = P.FT_CLOCK, P.FT_ACTIVE, P.FT_FIRST
-TOKEN, STEP, ASK, MIN, TIMEOUT_MS, VOTE_Q, VOTE_OK, RID_LEN = (
+TOKEN, STEP, ASK, MIN, TIMEOUT_MS, VOTE_Q, VOTE_OK, RID_LEN, FLAGS = (
     P.FT_TOKEN, P.FT_STEP, P.FT_ASK, P.FT_MIN, P.FT_TIMEOUT_MS, P.FT_VOTE_Q, P.FT_VOTE_OK,
-    P.FT_RID_LEN,
+    P.FT_RID_LEN, P.FT_FLAGS,
 )  # fmt: skip
+F_NEXT, F_HUNG = P.FT_F_NEXT, P.FT_F_HUNG
+_RID_AT = FLAGS + 1
 #: Decisions remembered (votes on older quorums are answered "no").
 KEEP = 64
 
@@ -73,6 +81,7 @@ class Member:
     vote_q: int
     vote_ok: int
     replica_id: str
+    flags: int = 0  # F_NEXT: the ask came with the vote; F_HUNG: dropped for silence
 
 
 @dataclass
@@ -113,10 +122,10 @@ def write_member(row: np.ndarray, slot: int, m: Member) -> None:
         raise ValueError(f"replica id {m.replica_id!r} is longer than {RID_BYTES} bytes")
     words = np.zeros(RID_BYTES // 8, np.int64)
     words.view(np.uint8)[: len(raw)] = np.frombuffer(raw, np.uint8)
-    row[base : base + 8] = (
-        m.token, m.step, m.ask, m.min_size, m.timeout_ms, m.vote_q, m.vote_ok, len(raw)
+    row[base : base + _RID_AT] = (
+        m.token, m.step, m.ask, m.min_size, m.timeout_ms, m.vote_q, m.vote_ok, len(raw), m.flags
     )  # fmt: skip
-    row[base + 8 : base + FIELDS] = words
+    row[base + _RID_AT : base + FIELDS] = words
 
 
 def read_members(table: np.ndarray) -> dict[int, Member]:
@@ -129,10 +138,10 @@ def read_members(table: np.ndarray) -> dict[int, Member]:
             if w[TOKEN] == 0:
                 continue
             n = int(w[RID_LEN])
-            rid = np.ascontiguousarray(w[8:]).view(np.uint8)[:n].tobytes().decode(errors="replace")
+            raw = np.ascontiguousarray(w[_RID_AT:]).view(np.uint8)[:n].tobytes()
             out[int(w[TOKEN])] = Member(
                 int(w[TOKEN]), int(w[STEP]), int(w[ASK]), int(w[MIN]), int(w[TIMEOUT_MS]),
-                int(w[VOTE_Q]), int(w[VOTE_OK]), rid,
+                int(w[VOTE_Q]), int(w[VOTE_OK]), raw.decode(errors="replace"), int(w[FLAGS]),
             )  # fmt: skip
     return out
 
@@ -181,6 +190,9 @@ class Quorums:
         clock = int(table[0, CLOCK])
         self._first = int(table[0, FIRST])
         members = read_members(table)
+        hung = {t: m for t, m in members.items() if m.flags & F_HUNG}
+        for t in hung:
+            del members[t]
         for t in [t for t in self.answered if t not in members]:
             del self.answered[t]
         q = self.current
@@ -189,6 +201,13 @@ class Quorums:
             if gone:
                 names = ", ".join(q.replica_ids[q.members.index(t)] for t in gone)
                 why = f"quorum {q.qid}: member {names} is gone (died or left)"
+                late = [hung[t] for t in gone if t in hung]
+                if late:
+                    why = f"quorum {q.qid}: " + "; ".join(
+                        f"member {m.replica_id} stopped answering (no message within its "
+                        f"timeout of {m.timeout_ms / 1000:g} s: hung or stopped), dropped"
+                        for m in late
+                    )
                 self._break(ev, q.qid, why)
                 self._decide(ev, q.qid, False)
             elif q.qid not in self.decided:
@@ -209,6 +228,11 @@ class Quorums:
                     self._decide(ev, q.qid, True)
         self._form(ev, members, clock)
         return ev
+
+    def step_of(self, m: Member) -> int:
+        """The step ``m`` asks with: an ask that came with a vote (``F_NEXT``) counts the
+        voted step once the vote's quorum committed."""
+        return m.step + (1 if m.flags & F_NEXT and self.decided.get(m.vote_q) else 0)
 
     def _form(self, ev: Events, members: dict[int, Member], clock: int) -> None:
         asking = [t for t, m in members.items() if m.ask > self.answered.get(t, 0)]
@@ -246,9 +270,10 @@ class Quorums:
             self._break(ev, old.qid, why)
             self._decide(ev, old.qid, False)
         order = sorted(asking, key=lambda t: (members[t].replica_id, t))
-        step = max(members[t].step for t in order)
-        sources = [t for t in order if members[t].step == step]
-        behind = [t for t in order if members[t].step < step]
+        steps = {t: self.step_of(members[t]) for t in order}
+        step = max(steps.values())
+        sources = [t for t in order if steps[t] == step]
+        behind = [t for t in order if steps[t] < step]
         heal = {t: sources[i % len(sources)] for i, t in enumerate(behind)}
         qid = (old.qid if old is not None else 0) + 1
         self.current = Quorum(qid, order, [members[t].replica_id for t in order], step, heal)

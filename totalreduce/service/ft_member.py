@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,12 @@ from ..transport import ft_frames as F
 
 class QuorumError(TotalReduceError):
     """No quorum could be formed (fewer members than ``min_replica_size`` in time)."""
+
+
+class MemberDroppedError(TotalReduceError):
+    """The service dropped this member: it sent nothing (heartbeats included) within its
+    timeout (it was hung or stopped).  It is no member any more; attach again (a new
+    :class:`Member`) to rejoin, receiving the state at the next quorum."""
 
 
 class StepFailedError(OpFailedError):
@@ -54,10 +61,17 @@ class Member:
         replica_id: str,
         socket_path: str | os.PathLike[str] | None = None,
         timeout: float = 60.0,
+        heartbeat: float | None = None,
     ) -> None:
+        """``timeout``: how long an answer may take, and how long the service waits for a
+        message of this member (a thread sends one every ``heartbeat`` seconds, default
+        ``min(0.1, timeout / 4)``) before it drops it as hung."""
         self.path = F.find_ft_socket(socket_path)
         self.replica_id = str(replica_id)
         self.timeout = float(timeout)
+        self.heartbeat = min(0.1, self.timeout / 4) if heartbeat is None else float(heartbeat)
+        self._send_lock = threading.Lock()
+        self._dropped: str | None = None
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(str(self.path))
@@ -69,10 +83,32 @@ class Member:
             ) from None
         self._sock.settimeout(self.timeout)
         w = self._ask({"kind": "hello", "version": F.VERSION, "replica_id": self.replica_id,
-                       "pid": os.getpid()})[0]  # fmt: skip
+                       "pid": os.getpid(), "timeout": self.timeout})[0]  # fmt: skip
         self.token, self.node = int(w["token"]), int(w["node"])
         self.quorum: QuorumInfo | None = None
+        #: why the last vote did not commit (None after a commit)
+        self.failure: str | None = None
         self._seq = 0
+        #: an ask sent with the last vote: (the step it asked at, the quorum's answer if it
+        #: came with the vote's)
+        self._asked: tuple[int, dict[str, Any] | None] | None = None
+        self._stop = threading.Event()
+        self._beats = threading.Thread(target=self._beat, name="totalreduce-ft-beat", daemon=True)
+        self._beats.start()
+
+    def _beat(self) -> None:
+        """Tell the service this member lives, every ``heartbeat`` seconds (a member that
+        stops, hung or stopped, stops this too: its service drops it after ``timeout``)."""
+        beat = F.frame({"kind": "beat"})
+        while not self._stop.wait(self.heartbeat):
+            sock = self._sock
+            if sock is None:
+                return
+            try:
+                with self._send_lock:
+                    sock.sendall(beat)
+            except OSError:
+                return
 
     # ------------------------------------------------------------------ the socket
 
@@ -81,9 +117,22 @@ class Member:
     ) -> tuple[dict[str, Any], bytearray]:
         if self._sock is None:
             raise TotalReduceError(f"member {self.replica_id} is closed")
+        if self._dropped is not None:
+            raise MemberDroppedError(self._dropped)
         self._sock.settimeout(self.timeout if timeout is None else timeout)
         try:
-            F.send(self._sock, header, payload)
+            with self._send_lock:
+                F.send(self._sock, header, payload)
+        except OSError as exc:
+            self._lost(header, exc)
+        return self._read(header, timeout)
+
+    def _read(
+        self, header: dict[str, Any], timeout: float | None = None
+    ) -> tuple[dict[str, Any], bytearray]:
+        """The service's answer to ``header``."""
+        self._sock.settimeout(self.timeout if timeout is None else timeout)
+        try:
             reply, data = F.recv(self._sock)
         except TimeoutError:
             raise TimeoutError(
@@ -91,17 +140,36 @@ class Member:
                 f"on {self.path} within {self._sock.gettimeout()} s"
             ) from None
         except (OSError, F.FrameError) as exc:
-            raise TotalReduceError(
-                f"member {self.replica_id}: the service on {self.path} is gone ({exc})"
-            ) from None
+            self._lost(header, exc)
+        if reply.get("kind") == "dropped":
+            self._dropped = str(reply["error"])
+            raise MemberDroppedError(self._dropped)
         if "error" in reply and reply.get("kind") not in ("op", "quorum"):
             raise TotalReduceError(f"the service on {self.path} refused: {reply['error']}")
         return reply, data
 
+    def _lost(self, header: dict[str, Any], exc: Exception) -> Any:
+        """The connection failed: raise why (the service's last word, if it dropped us)."""
+        try:  # a "dropped" message may wait unread before the end of the connection
+            self._sock.settimeout(0.05)
+            reply, _ = F.recv(self._sock)
+            if reply.get("kind") == "dropped":
+                self._dropped = str(reply["error"])
+        except (OSError, F.FrameError):
+            pass
+        if self._dropped is not None:
+            raise MemberDroppedError(self._dropped) from None
+        raise TotalReduceError(
+            f"member {self.replica_id}: the service on {self.path} is gone while it sent "
+            f"{header['kind']!r} ({exc})"
+        ) from None
+
     def close(self) -> None:
+        self._stop.set()
         if self._sock is not None:
             try:
-                F.send(self._sock, {"kind": "bye"})
+                with self._send_lock:
+                    F.send(self._sock, {"kind": "bye"})
             except OSError:
                 pass
             self._sock.close()
@@ -115,11 +183,21 @@ class Member:
         """Ask for the next quorum, having committed ``step`` steps; returns it once the
         services formed it (raises :class:`QuorumError` below ``min_replica_size``)."""
         t = self.timeout if timeout is None else float(timeout)
-        h, _ = self._ask(
-            {"kind": "quorum", "step": int(step), "min_size": int(min_replica_size),
-             "timeout_ms": max(1, int(t * 1000))},
-            timeout=t + 5.0,
-        )  # fmt: skip
+        if self._asked is not None:  # asked with the vote: the answer came with it or comes
+            want, got = self._asked
+            self._asked = None
+            if int(step) != want:
+                raise TotalReduceError(
+                    f"member {self.replica_id}: start_quorum(step={step}), but its vote asked "
+                    f"for this quorum at step {want}"
+                )
+            h = got if got is not None else self._read({"kind": "quorum"}, timeout=t + 5.0)[0]
+        else:
+            h, _ = self._ask(
+                {"kind": "quorum", "step": int(step), "min_size": int(min_replica_size),
+                 "timeout_ms": max(1, int(t * 1000))},
+                timeout=t + 5.0,
+            )  # fmt: skip
         if "error" in h:
             raise QuorumError(f"member {self.replica_id}: {h['error']}")
         self.quorum = QuorumInfo(
@@ -170,11 +248,39 @@ class Member:
         )  # fmt: skip
         return data
 
-    def should_commit(self, ok: bool = True, timeout: float | None = None) -> bool:
+    def should_commit(
+        self,
+        ok: bool = True,
+        timeout: float | None = None,
+        *,
+        ask_next: int | None = None,
+        min_replica_size: int = 1,
+        quorum_timeout: float | None = None,
+    ) -> bool:
         """Vote on the quorum's step; True only if every member voted ok while alive
-        (the same answer on every member)."""
+        (the same answer on every member).
+
+        ``ask_next``: the step this member had committed before this vote; the vote then
+        also asks for the next quorum (with ``min_replica_size`` and ``quorum_timeout``),
+        at that step plus one if this one commits.  When every member of the quorum does,
+        the round that decides the commit forms the next quorum too (one round a step, not
+        two); the next :meth:`start_quorum` (whose ``step`` must be that one) returns it.
+        The member is then in the next quorum: if it dies or leaves before that step ends,
+        that step fails on every member."""
         q = self._q("should_commit")
-        h, _ = self._ask({"kind": "vote", "q": q.qid, "ok": bool(ok)}, timeout=timeout)
+        if self._asked is not None:
+            raise TotalReduceError(
+                f"member {self.replica_id}: should_commit() twice without start_quorum()"
+            )
+        head: dict[str, Any] = {"kind": "vote", "q": q.qid, "ok": bool(ok)}
+        if ask_next is not None:
+            t = self.timeout if quorum_timeout is None else float(quorum_timeout)
+            head["next"] = {"step": int(ask_next), "min_size": int(min_replica_size),
+                            "timeout_ms": max(1, int(t * 1000))}  # fmt: skip
+        h, _ = self._ask(head, timeout=timeout)
+        self.failure = None if h["ok"] else str(h.get("why") or "a member voted no")
+        if ask_next is not None:
+            self._asked = (int(ask_next) + (1 if h["ok"] else 0), h.get("quorum"))
         return bool(h["ok"])
 
 

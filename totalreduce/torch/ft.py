@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils import data
 
 from ..errors import TotalReduceError
-from ..service.ft_member import Member, StepFailedError
+from ..service.ft_member import Member, MemberDroppedError, StepFailedError
 
 __all__ = [
     "DistributedDataParallel",
@@ -124,8 +124,11 @@ def _check_pg(pg: Any, who: str) -> None:
 class Manager:
     """torchft's ``Manager``: one member's quorum, averages and commits (module docstring).
 
+    ``timeout`` is also how long the service waits for a message of this member (it sends
+    one every ``heartbeat_interval``) before it drops it as hung; a dropped manager
+    attaches again at its next call and receives the state at its next quorum.
     Accepted and not needed: ``lighthouse_addr`` (and ``TORCHFT_LIGHTHOUSE``),
-    ``store_addr``, ``store_port``, ``port``, ``hostname``, ``heartbeat_interval``,
+    ``store_addr``, ``store_port``, ``port``, ``hostname``,
     ``connect_timeout``, ``rank``/``world_size`` of one process, ``init_sync``,
     ``use_async_quorum`` (the quorum and any state transfer finish inside
     ``start_quorum``).  ``socket`` (this project's) names the node's ``ft{n}.sock``.
@@ -184,7 +187,9 @@ class Manager:
             self._user["default"] = (load_state_dict, state_dict)
         rid = replica_id if replica_id is not None else os.environ.get("REPLICA_GROUP_ID", "")
         self._replica_id = str(rid) or f"replica_{os.getpid()}"
-        self._member = Member(self._replica_id, socket, timeout=self._timeout)
+        self._socket = socket
+        self._beat = min(_seconds(heartbeat_interval, 0.1), self._timeout / 4)
+        self._member = Member(self._replica_id, socket, timeout=self._timeout, heartbeat=self._beat)
         self._step = 0
         self._batches = 0
         self._errored: Exception | None = None
@@ -244,9 +249,12 @@ class Manager:
             raise ValueError("Manager.start_quorum: shrink_only has no equivalent here")
         self._errored = None
         self._flush.clear()
-        q = self._member.start_quorum(
-            self._step, self._min, _seconds(timeout, self._quorum_timeout)
-        )
+        t = _seconds(timeout, self._quorum_timeout)
+        try:
+            q = self._member.start_quorum(self._step, self._min, t)
+        except MemberDroppedError as exc:
+            self._rejoin(exc)
+            q = self._member.start_quorum(self._step, self._min, t)
         self._participants, self._rank = q.size, q.rank
         try:
             if q.heal_from >= 0:
@@ -261,6 +269,15 @@ class Manager:
                 self._send_state()
         except StepFailedError as exc:
             self.report_error(exc)
+
+    def _rejoin(self, exc: MemberDroppedError) -> None:
+        """This member was hung past its ``timeout`` and its service dropped it: attach
+        again as a new member (the next quorum sends it the state if it is behind)."""
+        log.warning("%s: %s; attaching again", self._replica_id, exc)
+        self._member.close()
+        self._member = Member(
+            self._replica_id, self._socket, timeout=self._timeout, heartbeat=self._beat
+        )
 
     def wait_quorum(self) -> None:
         """The quorum is formed inside :meth:`start_quorum`: nothing to wait for."""
@@ -318,13 +335,22 @@ class Manager:
         for flush in self._flush:
             flush()
         self._flush.clear()
-        ok = self._member.should_commit(self._errored is None, _seconds(timeout, self._timeout))
+        try:  # the vote asks for the next quorum too: one round a step among the services
+            ok = self._member.should_commit(
+                self._errored is None, _seconds(timeout, self._timeout), ask_next=self._step,
+                min_replica_size=self._min, quorum_timeout=self._quorum_timeout,
+            )  # fmt: skip
+        except MemberDroppedError as exc:
+            self._rejoin(exc)
+            ok = False
         if ok:
             self._step += 1
             self._batches += self._participants
             self._failures = 0
         else:
             self._failures += 1
+            why = self._errored or self._member.failure
+            log.warning("%s: step %d does not commit: %s", self._replica_id, self._step + 1, why)
             if self._max_retries is not None and self._failures > self._max_retries:
                 raise RuntimeError(
                     f"Manager: {self._failures} steps failed in a row (max_retries "

@@ -22,6 +22,8 @@ VERSION = P.FT_VERSION
 MAX_HEADER = P.FT_MAX_HEADER
 MAX_PAYLOAD = P.FT_MAX_PAYLOAD
 _LENS = struct.Struct("<IQ")
+#: A payload up to this size goes in the same write as its header.
+_SMALL = 64 << 10
 
 
 class FrameError(TotalReduceError):
@@ -32,9 +34,18 @@ def ft_socket(directory: Path, node: int) -> Path:
     return Path(directory) / f"ft{node}.sock"
 
 
+def frame(header: dict[str, Any]) -> bytes:
+    """The bytes of a message without payload."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return _LENS.pack(len(raw), 0) + raw
+
+
 def send(sock: socket.socket, header: dict[str, Any], payload: Any = b"") -> None:
     raw = json.dumps(header, separators=(",", ":")).encode()
     view = memoryview(payload).cast("B") if len(payload) else memoryview(b"")
+    if view.nbytes and view.nbytes <= _SMALL:  # one write: one wakeup of the reader
+        sock.sendall(b"".join((_LENS.pack(len(raw), view.nbytes), raw, view)))
+        return
     sock.sendall(_LENS.pack(len(raw), view.nbytes) + raw)
     if view.nbytes:
         sock.sendall(view)
