@@ -116,6 +116,18 @@ class MeetingOps:
                 self._take(k, d)
         return True
 
+    def _meet_wire(self, c: int) -> int:
+        """Channel ``c``'s wire id (a group's channel is keyed by it and the context)."""
+        row = self._meet_chans[c]
+        return int(row[M.K_WIRE // _W]) if row[M.K_MASK // _W] else int(row[0])
+
+    def _meet_members(self, c: int) -> list[int]:
+        """The slots of channel ``c``'s clients (every slot: the world's ops)."""
+        mask = int(self._meet_chans[c, M.K_MASK // _W])
+        if not mask:
+            return list(range(self.slots))
+        return [k for k in range(min(self.slots, M.GROUP_SLOTS)) if mask >> k & 1]
+
     def _meet_entry(self, c: int, i: int, k: int) -> np.ndarray:
         at = (M.LINE + i * self._meet_osw * _W + M.O_ENTRY + k * M.LINE) // _W
         return self._meet_chans[c, at : at + M.LINE // _W]
@@ -128,7 +140,7 @@ class MeetingOps:
         e = self._meet_entry(c, i, k)
         kind, dtype, op, flags, algo = M.unpack_shape(int(e[M.E_SHAPE // _W]))
         d = np.zeros(A.D_WORDS, np.int64)
-        d[A.D_TICKET], d[A.D_KIND], d[A.D_WIRE] = e[M.E_TICKET // _W], kind, self._meet_chans[c, 0]
+        d[A.D_TICKET], d[A.D_KIND], d[A.D_WIRE] = e[M.E_TICKET // _W], kind, self._meet_wire(c)
         d[A.D_GEN], d[A.D_DTYPE], d[A.D_COUNT] = e[M.E_GEN // _W], dtype, e[M.E_COUNT // _W]
         d[A.D_OP], d[A.D_ROOT], d[A.D_PRIO] = op, e[M.E_ROOT // _W], e[M.E_PRIO // _W]
         d[A.D_IN], d[A.D_OUT], d[A.D_FLAGS] = e[M.E_IN // _W], e[M.E_OUT // _W], flags
@@ -140,7 +152,7 @@ class MeetingOps:
         (those arrived, and perhaps one that wrote its entry and found the round failed)."""
         gen = (((s >> M.RSHIFT) & M.RMASK) - 1) * M.DEPTH + i
         got = []
-        for k in range(self.slots):
+        for k in self._meet_members(c):
             e = self._meet_entry(c, i, k)
             if int(e[M.E_GEN // _W]) == gen and int(e[M.E_TICKET // _W]) != 0:
                 got.append(k)
@@ -173,17 +185,23 @@ class MeetingOps:
         arrived at ends on its own, unless one of them died: then it fails too)."""
         if not self._gone:
             return
-        rank = next(iter(self._gone))
-        why = self._gone[rank]
-        text = f"rank {rank} {why}" if rank >= 0 else why
         died = self._meet_died
+        base = self.node * self.slots
         wires = self._meet_chans[:, 0]
         for c in np.nonzero(wires)[0].tolist():
+            members = self._meet_members(c)
+            # a group's rounds wait only for its members (the service stopping: for all)
+            gone = [r for r in self._gone if r < 0 or r - base in members]
+            if not gone:
+                continue
+            rank = gone[0]
+            why = self._gone[rank]
+            text = f"rank {rank} {why}" if rank >= 0 else why
             for i in range(M.DEPTH):
                 s = self._meet_state(c, i)
                 if s == 0 or s & M.OVER:
                     continue
-                if not died and (s & M.CMASK) == self.slots:
+                if not died and (s & M.CMASK) == len(members):
                     continue
                 if int(M.fail_round(self._meet_cf, c, i, 0)) < 0:
                     continue
@@ -195,6 +213,8 @@ class MeetingOps:
         arrived) waits for ranks that completed its name and generation over a group (the
         compiled pass's, or Python's): then it fails as a mismatch on the ranks that
         arrived, naming both groups, and those that completed it hear it late."""
+        if self._meet_chans[c, M.K_MASK // _W]:
+            return False  # a group's round: its members' ranks name the group already
         wire = int(self._meet_chans[c, 0])
         gen = int(self._meet_entry(c, i, have[0])[M.E_GEN // _W])
         done = self._collected.get((wire, gen)) or self._pass_done(wire, gen)
@@ -240,10 +260,11 @@ class MeetingOps:
         wires = self._meet_chans[:, 0]
         base = self.node * self.slots
         for c in np.nonzero(wires)[0].tolist():
+            members = self._meet_members(c)
             for i in range(M.DEPTH):
                 s = self._meet_state(c, i)
                 cnt = s & M.CMASK
-                if s == 0 or s & M.OVER or cnt >= self.slots:
+                if s == 0 or s & M.OVER or cnt >= len(members):
                     continue
                 key = (c, i, (s >> M.RSHIFT) & M.RMASK)
                 have = self._meet_arrived(c, i, s)
@@ -257,7 +278,7 @@ class MeetingOps:
                 if not have:
                     continue
                 d = self._meet_row(c, i, have[0])
-                missing = [base + k for k in range(self.slots) if k not in have]
+                missing = [base + k for k in members if k not in have]
                 log.warning(
                     "%s #%016x generation %d has waited %.0f s on node %d: ranks %s submitted "
                     "it, ranks %s have not", _shape_text(d), int(d[A.D_WIRE]) & ((1 << 64) - 1),

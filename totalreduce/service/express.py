@@ -705,7 +705,9 @@ def thin_barrier_remember(
     meet = thin.last_meet()
     if h.__class__ is not _ThinHandle:
         return
-    if thin.meet is not None and ranks is None:
+    if meet is not None and h._meet < 0 and ranks is not None:
+        meet = None  # a group's barrier that took the ring: its repeats take it too
+    if thin.meet is not None and (ranks is None or meet is not None):
         if meet is None or h._meet < 0:
             return
     elif h._ticket == 0:
@@ -776,7 +778,11 @@ def thin_parted_remember(
     of the world on a one-node service, to its meeting place), whose parts' and group's
     blocks the client keeps."""
     thin = svc._thin
-    meets = kind is OpKind.BROADCAST and thin.meet is not None and ranks is None
+    meets = (
+        kind is OpKind.BROADCAST
+        and thin.meet is not None
+        and (ranks is None or thin.last_meet() is not None)
+    )
     if (
         h.__class__ is not _ThinHandle
         or h._ticket == 0
