@@ -1,8 +1,10 @@
 """The arena thread's side of the node's meeting place (:mod:`~totalreduce.transport.meeting`).
 
 On a service of one node its clients run the world's allreduces, broadcasts and
-barriers among themselves, in the arena, without this service.  What is left here is
-what is rare, each an event of the arena thread:
+barriers among themselves, in the arena, without this service, and on any service those
+over a group of its clients (a group's channel names its members: its rounds wait, and
+fail, for them only; a group's op never escapes, and its mismatches fail at the meeting).
+What is left here is what is rare, each an event of the arena thread:
 
 - **the session**: the meeting place is zeroed when a session starts (no client is
   attached then), so no channel, round or flag of an old job meets a new one;
@@ -57,11 +59,12 @@ class MeetingOps:
     _pass_done: Any
     _late: Any
 
-    def _init_meeting(self, on: bool) -> None:
-        """Have the node's clients meet in the arena (``on``: a one-node service)."""
+    def _init_meeting(self, on: bool, world: bool) -> None:
+        """Have the node's clients meet in the arena (``on``): the world's ops and groups'
+        (``world``: a one-node service), or only groups' (a service of several nodes)."""
         arena = self.arena
         self._meet_on = on
-        arena.header[A.H_MEET_ON] = 1 if on else 0
+        arena.header[A.H_MEET_ON] = (A.MEET_WORLD if world else A.MEET_GROUPS) if on else 0
         c, chb, osb, nbytes = A.meeting_layout(self.slots)
         self._meet_cf = M.config(arena, -1)
         at = int(arena.header[A.H_MEET])
@@ -187,7 +190,7 @@ class MeetingOps:
             return
         died = self._meet_died
         base = self.node * self.slots
-        wires = self._meet_chans[:, 0]
+        wires = self._meet_chans[:, 0].copy()  # (clients claim channels meanwhile)
         for c in np.nonzero(wires)[0].tolist():
             members = self._meet_members(c)
             # a group's rounds wait only for its members (the service stopping: for all)
@@ -257,7 +260,7 @@ class MeetingOps:
             return
         now = time.monotonic()
         seen: set[tuple[int, int, int]] = set()
-        wires = self._meet_chans[:, 0]
+        wires = self._meet_chans[:, 0].copy()  # (clients claim channels meanwhile)
         base = self.node * self.slots
         for c in np.nonzero(wires)[0].tolist():
             members = self._meet_members(c)

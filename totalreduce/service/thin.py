@@ -16,9 +16,11 @@ watches the words.
 On a service of one node, the world's allreduces, broadcasts and barriers never reach
 the service: the node's clients meet in the arena's meeting place
 (:mod:`~totalreduce.transport.meeting`), and the last to arrive runs the op, setting
-every client's completion word as the service would.  A blocking repeat in place on an
-array of the arena is one compiled call (:meth:`ThinClient.now`): arrive, wait (helping
-with slices of a large op), done, no handle made.
+every client's completion word as the service would.  So do those over a group of the
+node's clients (its ranks in ascending order), on a service of any number of nodes.  A
+blocking repeat in place on an array of the arena is one compiled call
+(:meth:`ThinClient.now`): arrive, wait (helping with slices of a large op), done, no
+handle made.
 
 :class:`ThinHandle` and :class:`ThinClient` (submitting, completing, waiting) are here;
 where the client's buffers go in its part of the arena is its base
@@ -252,6 +254,8 @@ class ThinClient(ThinBuffers):
         self.meet: np.ndarray | None = (
             M.config(self.arena, self.slot) if int(self.header[A.H_MEET_ON]) else None
         )
+        #: whether the world's ops meet there too (a one-node service), not only groups'
+        self.meet_world = int(self.header[A.H_MEET_ON]) == A.MEET_WORLD
         self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
         self._consts: dict[tuple[int, ...], int] = {}  # const_block's blocks
         #: the last ops completed here by a handle, by ticket % RING: (ticket, kind, name,
@@ -338,7 +342,8 @@ class ThinClient(ThinBuffers):
         ):
             shape = M.pack_shape(k, int(dtype), int(op), flags, algorithm)
             if context == 0 and group == -1:
-                rec = M.record(int(row[A.D_WIRE]), shape, count, root)
+                if self.meet_world:
+                    rec = M.record(int(row[A.D_WIRE]), shape, count, root)
             elif MEET_GROUPS and group >= 0 and M.runs_here(k, int(dtype), int(op), flags):
                 slots = self.group_slots(group)
                 if slots is not None:

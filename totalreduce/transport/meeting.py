@@ -48,7 +48,23 @@ word of its control block (``C_FUTEX``) after adding itself to ``C_SLEEPING``; w
 sets a word of its (another client, or the service) bumps the futex word and wakes it if
 the count is nonzero.  A futex works between processes on shared memory.
 
-**Failures** are the service's: it alone fails a round (``FAILED``, won by a
+**Groups.**  An op over a group of the node's clients (its ranks ascending) meets here
+too, on a service of any number of nodes (of several: only groups' ops, ``H_MEET_ON``
+``MEET_GROUPS``), in a channel of its own: its key mixes the name's wire id with the
+group's context (two groups may run ops of one name at once), and the channel's first
+line holds the group's slots (a bit each), wire id, size and first slot, which every
+member writes alike when it first looks the channel up.  Only the members' entries count,
+the round is over when they all arrived, the op is reduced in slot order among them and
+only their words are set.  A group's op never escapes: a member checks before it arrives
+that the meeting runs its op (else it takes the ring).  **A mismatch** fails at once:
+every member that arrives compares its entry with those of the members there already
+(an entry counts once its generation and ticket show, which its client writes last); the
+first to see a difference claims the op slot's mismatch word (tagged with the round),
+writes the two entries' shapes, counts and roots beside it, sets ``FAILED`` and every
+arrived member's word to failed, and wakes them; each names both from there
+(:func:`mismatch`), and one that arrives later finds the round failed.
+
+**Failures** are otherwise the service's: it alone fails a round (``FAILED``, won by a
 compare-and-swap against the completer's ``DONE``) and writes the errors, as it does for
 ops of its rings.  A client dies: the service's socket sees it, and it fails every round
 that is not over; a client that arrives while one is gone (``M_GONE``) asks it to look
@@ -209,7 +225,10 @@ def config(arena: A.Arena, me: int) -> np.ndarray:
     cf[CF_QOFF] = HEADER_BYTES
     cf[CF_CH0] = HEADER_BYTES + -(-c * DEPTH * 16 // 4096) * 4096
     cf[CF_SLICE] = SLICE_BYTES
-    cf[CF_PURE] = pure_spin_ns(slots)
+    procs = slots  # (a service of several nodes: its job's processes on the host poll too)
+    if int(h[A.H_MEET_ON]) == A.MEET_GROUPS:
+        procs = max(slots, int(h[A.H_HOST_PROCS]))
+    cf[CF_PURE] = pure_spin_ns(procs)
     return cf
 
 
