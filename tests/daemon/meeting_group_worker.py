@@ -6,10 +6,6 @@ rank 1 then waits on stdin (the test kills it there), rank 0 prints WAITING and 
 more, which waits at the meeting for rank 1: it prints ``RAISED <seconds> <error>``.
 Rank 2 runs allreduces over its own group of one meanwhile, and waits on stdin.  Each
 prints ``MET <n>``: how many ops met at the node's meeting place meanwhile.
-
-With the argument ``nodes`` (two nodes of two clients): each node's pair runs allreduces,
-broadcasts and barriers over its own group ([0, 1], [2, 3]), then every rank an allreduce
-of the world; each checks its results, prints ``MET <n>`` and ``NODES OK``, and leaves.
 """
 
 from __future__ import annotations
@@ -32,36 +28,7 @@ def met() -> int:
     return int(thin.arena.view(at, M.M_RAN // 8 + 1, np.dtype(np.int64))[M.M_RAN // 8])
 
 
-def nodes() -> None:
-    tr.init()
-    rank = tr.rank()
-    pair = [rank - rank % 2, rank - rank % 2 + 1]
-    group = tr.Group(pair)
-    x = tr.empty(1024, np.float64)
-    before = met()
-    for step in range(5):
-        x[:] = rank + step
-        tr.allreduce(x, name="pair", out=x, group=group)
-        if not np.array_equal(x, np.full(1024, sum(pair) + 2 * step, np.float64)):
-            print(f"WRONG allreduce step {step}: {x[:4]}", flush=True)
-        x[:] = rank
-        tr.broadcast(x, 1, name="pair.bc", out=x, group=group)
-        if not np.array_equal(x, np.full(1024, pair[1], np.float64)):
-            print(f"WRONG broadcast step {step}: {x[:4]}", flush=True)
-        tr.barrier(name="pair.bar", group=group)
-    print(f"MET {met() - before}", flush=True)
-    y = np.arange(10, dtype=np.int64) * (rank + 1)
-    got = tr.allreduce(y, name="world")
-    if not np.array_equal(got, np.arange(10, dtype=np.int64) * 10):
-        print(f"WRONG world: {got}", flush=True)
-    tr.shutdown()
-    print("NODES OK", flush=True)
-
-
 def main() -> None:
-    if sys.argv[1:] == ["nodes"]:
-        nodes()
-        return
     tr.init()
     rank = tr.rank()
     group = tr.Group([0, 1] if rank < 2 else [2])

@@ -3,8 +3,7 @@
 Three clients of one ``totalreduce serve``: ranks 0 and 1 run allreduces over the group
 [0, 1] while rank 2 runs its own, all of them at the meeting (its count of ops run), exact;
 then rank 1 is killed (SIGKILL) while rank 0 waits for it at the meeting: rank 0 raises
-within seconds, naming the dead rank, and does not hang.  Two services of two clients:
-each node's pair meets over its own group, and the world's op still goes among the nodes.
+within seconds, naming the dead rank, and does not hang.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import have_mpiexec, run_clients, serve
+from cluster import have_mpiexec, serve
 
 HERE = Path(__file__).parent
 WORKER = str(HERE / "meeting_group_worker.py")
@@ -66,16 +65,4 @@ def test_a_member_killed_while_its_peer_waits_at_the_meeting(tmp_path: Path) -> 
             if p.poll() is None:
                 p.kill()
             p.wait(10)
-        served.stop()
-
-
-def test_groups_of_each_nodes_clients_meet_on_services_of_several_nodes(tmp_path: Path) -> None:
-    served = serve(2, 2, tmp_path / "s", timeout=240)
-    try:
-        got = run_clients(served, [WORKER, "nodes"], timeout=180)
-        for r, p in enumerate(got):
-            assert "NODES OK" in p.stdout and "WRONG" not in p.stdout, (r, p.stdout)
-            met = [int(line.split()[1]) for line in p.stdout.splitlines() if line.startswith("MET")]
-            assert met and met[0] >= 15, (r, p.stdout)  # its 15 ops met (its pair's, at least)
-    finally:
         served.stop()

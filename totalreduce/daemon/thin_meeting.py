@@ -1,8 +1,8 @@
 """The arena thread's side of the node's meeting place (:mod:`~totalreduce.transport.meeting`).
 
 On a service of one node its clients run the world's allreduces, broadcasts and
-barriers among themselves, in the arena, without this service, and on any service those
-over a group of its clients (a group's channel names its members: its rounds wait, and
+barriers among themselves, in the arena, without this service, and those over a group
+of its clients (a group's channel names its members: its rounds wait, and
 fail, for them only; a group's op never escapes, and its mismatches fail at the meeting).
 What is left here is what is rare, each an event of the arena thread:
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from ..transport import arena as A
 from ..transport import meeting as M
+from ..transport.shm import fence
 from .thin_ops import _shape_text
 
 log = logging.getLogger("totalreduce.daemon")
@@ -59,12 +60,11 @@ class MeetingOps:
     _pass_done: Any
     _late: Any
 
-    def _init_meeting(self, on: bool, world: bool) -> None:
-        """Have the node's clients meet in the arena (``on``): the world's ops and groups'
-        (``world``: a one-node service), or only groups' (a service of several nodes)."""
+    def _init_meeting(self, on: bool) -> None:
+        """Have the node's clients meet in the arena (``on``: a one-node service)."""
         arena = self.arena
         self._meet_on = on
-        arena.header[A.H_MEET_ON] = (A.MEET_WORLD if world else A.MEET_GROUPS) if on else 0
+        arena.header[A.H_MEET_ON] = 1 if on else 0
         c, chb, osb, nbytes = A.meeting_layout(self.slots)
         self._meet_cf = M.config(arena, -1)
         at = int(arena.header[A.H_MEET])
@@ -213,13 +213,17 @@ class MeetingOps:
 
     def _meet_clash(self, c: int, i: int, s: int, have: list[int]) -> bool:
         """Whether the round of op slot (``c``, ``i``) (state ``s``, clients ``have``
-        arrived) waits for ranks that completed its name and generation over a group (the
-        compiled pass's, or Python's): then it fails as a mismatch on the ranks that
-        arrived, naming both groups, and those that completed it hear it late."""
-        if self._meet_chans[c, M.K_MASK // _W]:
-            return False  # a group's round: its members' ranks name the group already
-        wire = int(self._meet_chans[c, 0])
+        arrived) waits for ranks that ran its name and generation over another group: at
+        the meeting (another channel of the name holds their entries of that generation)
+        or, for the world's op, the compiled pass's or Python's.  Then it fails as a
+        mismatch on the ranks that arrived, naming both groups; so does the other round if
+        it waits too, and those that completed it hear it late."""
         gen = int(self._meet_entry(c, i, have[0])[M.E_GEN // _W])
+        if self._meet_clash_here(c, i, gen, have):
+            return True
+        if self._meet_chans[c, M.K_MASK // _W]:
+            return False
+        wire = int(self._meet_chans[c, 0])
         done = self._collected.get((wire, gen)) or self._pass_done(wire, gen)
         if done is None or done.key[2] == 0 or not any(x is not None for x in done.descs):
             return False
@@ -238,6 +242,65 @@ class MeetingOps:
             ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
             self._meet_failed(k, ticket, why, A.E_MISMATCH)
         return True
+
+    def _meet_group_ranks(self, c: int) -> list[int]:
+        """The ranks of channel ``c``'s group (the world's, for a channel of the world)."""
+        if not self._meet_chans[c, M.K_MASK // _W]:
+            return list(range(self.size))
+        base = self.node * self.slots
+        return [base + k for k in self._meet_members(c)]
+
+    def _meet_clash_here(self, c: int, i: int, gen: int, have: list[int]) -> bool:
+        """The round of (``c``, ``i``) of generation ``gen`` waits for a client whose
+        entry of that generation is in another channel of the same name (its group
+        differs): both rounds fail as a mismatch (one over already: its clients hear it
+        late); whether they did."""
+        wire = self._meet_wire(c)
+        missing = [k for k in self._meet_members(c) if k not in have]
+        for c2 in np.nonzero(self._meet_chans[:, 0].copy())[0].tolist():
+            if c2 == c or self._meet_wire(c2) != wire:
+                continue
+            there = [
+                k for k in self._meet_members(c2)
+                if int(self._meet_entry(c2, i, k)[M.E_TICKET // _W]) != 0
+                and int(self._meet_entry(c2, i, k)[M.E_GEN // _W]) == gen
+            ]  # fmt: skip
+            if not any(k in there for k in missing):
+                continue
+            base = self.node * self.slots
+            g1, g2 = self._meet_group_ranks(c), self._meet_group_ranks(c2)
+            texts = sorted([(base + k, f"group {g1}") for k in have]
+                           + [(base + k, f"group {g2}") for k in there])  # fmt: skip
+            why = "the ranks disagree on the group: " + "; ".join(
+                f"rank {r}: {t}" for r, t in texts
+            )
+            s2 = self._meet_state(c2, i)
+            if int(M.fail_round(self._meet_cf, c2, i, 0)) >= 0:
+                for k in there:
+                    ticket = int(self._meet_entry(c2, i, k)[M.E_TICKET // _W])
+                    self._meet_failed(k, ticket, why, A.E_MISMATCH)
+            elif s2 & M.DONE:  # completed there: its clients raise at their next call
+                for k in there:
+                    ticket = int(self._meet_entry(c2, i, k)[M.E_TICKET // _W])
+                    self._meet_late(k, ticket, A.E_MISMATCH, why)
+            if int(M.fail_round(self._meet_cf, c, i, 0)) >= 0:
+                for k in have:
+                    ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
+                    self._meet_failed(k, ticket, why, A.E_MISMATCH)
+            return True
+        return False
+
+    def _meet_late(self, slot: int, ticket: int, kind: int, why: str) -> None:
+        """Op ``ticket`` of ``slot``'s client completed at the meeting, but it fails: the
+        client raises at its next call (a late error, as :meth:`_late` posts)."""
+        if not self._inc[slot]:
+            return
+        ctl = self._ctl[slot]
+        with self._answering:
+            n = int(ctl[A.C_LATE]) + 1
+            A.write_error(ctl, -n, kind, f"{ticket}\x1e{why}")
+            fence()
+            ctl[A.C_LATE] = n
 
     def _meet_failed(self, slot: int, ticket: int, why: str, kind: int = A.E_FAILED) -> None:
         """Op ``ticket`` of ``slot``'s client failed at the meeting: its error, its word

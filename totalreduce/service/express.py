@@ -520,8 +520,8 @@ def thin_now(
     generation is taken with one hold of the name table's lock, and is in flight only if
     the op does not end in the call.  ``kind`` BROADCAST: a broadcast's repeat in place
     (its record from :func:`thin_bcast_remember`).  A record of an op over a group (its
-    key names the group's ranks) meets at the node's meeting place where its first call
-    did (a group of the node's clients), else goes into the ring."""
+    key names the group's ranks) meets at a one-node service's meeting place where its
+    first call did, else goes into the ring."""
     rec = _thin_record(svc, key, ThinExpress, x, priority, False)
     if rec is None:
         return None
@@ -657,8 +657,8 @@ def thin_barrier(
 ) -> bool:
     """A blocking repeat of the named barrier ``name`` of the world (or of the group of
     ``ranks``): one compiled call, that meets the node's other clients in the arena on a
-    one-node service (:meth:`~.thin.ThinClient.now`; the world's, and a group's of the
-    node's clients on any service), or submits into the
+    one-node service (:meth:`~.thin.ThinClient.now`; the world's, and a group's), or
+    submits into the
     ring and waits (:meth:`~.thin.ThinClient.ring_now`); True once it ended, False when it
     has no record yet or anything is unusual (the caller then goes
     ``barrier_async(...).wait()`` and calls :func:`thin_barrier_remember`)."""

@@ -17,7 +17,7 @@ On a service of one node, the world's allreduces, broadcasts and barriers never 
 the service: the node's clients meet in the arena's meeting place
 (:mod:`~totalreduce.transport.meeting`), and the last to arrive runs the op, setting
 every client's completion word as the service would.  So do those over a group of the
-node's clients (its ranks in ascending order), on a service of any number of nodes.  A
+node's clients (its ranks in ascending order).  A
 blocking repeat in place on an array of the arena is one compiled call
 (:meth:`ThinClient.now`): arrive, wait (helping with slices of a large op), done, no
 handle made.
@@ -254,8 +254,8 @@ class ThinClient(ThinBuffers):
         self.meet: np.ndarray | None = (
             M.config(self.arena, self.slot) if int(self.header[A.H_MEET_ON]) else None
         )
-        #: whether the world's ops meet there too (a one-node service), not only groups'
-        self.meet_world = int(self.header[A.H_MEET_ON]) == A.MEET_WORLD
+        #: whether the world's ops meet there (as groups' of the node's clients do)
+        self.meet_world = self.meet is not None
         self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
         self._consts: dict[tuple[int, ...], int] = {}  # const_block's blocks
         #: the last ops completed here by a handle, by ticket % RING: (ticket, kind, name,

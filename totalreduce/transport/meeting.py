@@ -49,8 +49,7 @@ sets a word of its (another client, or the service) bumps the futex word and wak
 the count is nonzero.  A futex works between processes on shared memory.
 
 **Groups.**  An op over a group of the node's clients (its ranks ascending) meets here
-too, on a service of any number of nodes (of several: only groups' ops, ``H_MEET_ON``
-``MEET_GROUPS``), in a channel of its own: its key mixes the name's wire id with the
+too, in a channel of its own: its key mixes the name's wire id with the
 group's context (two groups may run ops of one name at once), and the channel's first
 line holds the group's slots (a bit each), wire id, size and first slot, which every
 member writes alike when it first looks the channel up.  Only the members' entries count,
@@ -225,10 +224,7 @@ def config(arena: A.Arena, me: int) -> np.ndarray:
     cf[CF_QOFF] = HEADER_BYTES
     cf[CF_CH0] = HEADER_BYTES + -(-c * DEPTH * 16 // 4096) * 4096
     cf[CF_SLICE] = SLICE_BYTES
-    procs = slots  # (a service of several nodes: its job's processes on the host poll too)
-    if int(h[A.H_MEET_ON]) == A.MEET_GROUPS:
-        procs = max(slots, int(h[A.H_HOST_PROCS]))
-    cf[CF_PURE] = pure_spin_ns(procs)
+    cf[CF_PURE] = pure_spin_ns(slots)
     return cf
 
 
