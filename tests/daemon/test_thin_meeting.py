@@ -8,13 +8,16 @@ meeting cannot run reach the service's Python, which runs them or names the rank
 disagree; repeats take the meeting (its count of ops run), and a blocking repeat is one
 compiled call with no handle; a name with more generations in flight than the meeting's
 op slots waits for its oldest; a client that leaves fails only the rounds that wait for
-it, and a new process in its slot works on.
+it, and a new process in its slot works on.  Ops over a group of the node's clients meet
+there too (while the others run theirs), a mismatch among a group's members fails them
+all when the second arrives, and a member that waits for its peer sleeps.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ import pytest
 from totalreduce.algorithms.codes import OpKind
 from totalreduce.dtypes import DType, ReduceOp
 from totalreduce.errors import OpFailedError, OpMismatchError
+from totalreduce.group import Group
 from totalreduce.service.thin import ThinHandle
 from totalreduce.transport import arena as A
 from totalreduce.transport import meeting as M
@@ -264,5 +268,128 @@ def test_a_client_that_leaves_fails_the_rounds_waiting_for_it_and_its_successor_
         node.replace(1)  # a new process takes the slot: the session's new names work
         got = run(node, OpKind.ALLREDUCE, 97, 0, [np.ones(2, np.int64)] * 2, DType.INT64)
         assert all(list(g) == [2, 2] for g in got)
+    finally:
+        node.close()
+
+
+def gsubmit(node: Node, k: int, ranks: list[int], kind: OpKind, wire: int, gen: int,
+            x: np.ndarray | None, dt: DType, root: int = 0) -> ThinHandle:  # fmt: skip
+    """Client ``k``'s op over the group of ``ranks`` (staged), generation ``gen`` of ``wire``."""
+    c = node.clients[k]
+    g = Group(ranks)
+    at_group, _ = c.const_block((g.size, *g.ranks))
+    if x is None:
+        at, staged, out, count = -1, -1, None, 0
+    else:
+        out = np.empty_like(x)
+        at, staged = c.place(x, fill=x)
+        count = x.size
+    h = ThinHandle(c, f"w{wire}", gen, kind, out, lambda: None)
+    h.hold((staged,) if staged >= 0 else (), out, staged)
+    return c.submit(
+        h, wire=wire, dtype=dt, count=count, op=ReduceOp.SUM, root=root, priority=0,
+        at_in=at, at_out=at, unnamed=False, group=at_group, context=g.context,
+    )  # fmt: skip
+
+
+GROUP_TYPES = [(np.float32, DType.FLOAT32), (np.float64, DType.FLOAT64), (np.int64, DType.INT64)]
+GROUP_SIZES = [37, pytest.param(M.SLICE_BYTES // 4 + 3, marks=pytest.mark.full)]
+
+
+@pytest.mark.parametrize("n", GROUP_SIZES)
+def test_a_group_of_two_of_three_meets_exactly_while_the_third_runs_its_own(n: int) -> None:
+    """Allreduces, broadcasts and barriers over [0, 2] meet (the meeting's count of ops
+    run, none handed to the service), exact in every type, while client 1 runs ops over
+    its own group of one, also at the meeting."""
+    node = Node(3)
+    rng = np.random.default_rng(5)
+    try:
+        ran0, esc0 = counts(node)
+        stop = threading.Event()
+        alone: list[Any] = []
+
+        def third() -> None:
+            gen = 0
+            while not stop.is_set() and gen < 400:
+                x = np.full(5, gen, np.int64)
+                h = gsubmit(node, 1, [1], OpKind.ALLREDUCE, 301, gen, x, DType.INT64)
+                alone.append(h.wait(30))
+                gen += 1
+
+        t = threading.Thread(target=third)
+        t.start()
+        ops = 0
+        for j, (npdt, dt) in enumerate(GROUP_TYPES):
+            for gen in range(3):  # a name's repeats (the same channel)
+                xs = list(rng.standard_normal((2, n)) * 100)
+                xs = [np.asarray(v).astype(npdt) for v in xs]
+                hs = [gsubmit(node, k, [0, 2], OpKind.ALLREDUCE, 310 + j, gen, xs[i], dt)
+                      for i, k in enumerate((0, 2))]  # fmt: skip
+                want = xs[0] + xs[1]
+                for h in hs:
+                    assert h.wait(30).tobytes() == want.tobytes()
+                hs = [gsubmit(node, k, [0, 2], OpKind.BROADCAST, 320 + j, gen, xs[i], dt, root=1)
+                      for i, k in enumerate((0, 2))]  # fmt: skip
+                for h in hs:
+                    assert h.wait(30).tobytes() == xs[1].tobytes()
+                hs = [gsubmit(node, k, [0, 2], OpKind.BARRIER, 330, 3 * j + gen, None, dt)
+                      for k in (0, 2)]  # fmt: skip
+                for h in hs:
+                    h.wait(30)
+                ops += 3
+        stop.set()
+        t.join(60)
+        assert [int(a[0]) for a in alone] == list(range(len(alone)))
+        ran, esc = counts(node)
+        assert (ran - ran0, esc - esc0) == (ops + len(alone), 0)  # all met, none escaped
+    finally:
+        node.close()
+
+
+def test_a_mismatch_in_a_group_fails_every_member_at_once_naming_both() -> None:
+    """Counts (then types) that differ fail both members as soon as the second arrives
+    (no stall look), each naming both ranks and what each gave; the name goes on."""
+    node = Node(3)
+    try:
+        h0 = gsubmit(node, 0, [0, 2], OpKind.ALLREDUCE, 340, 0, np.ones(4, np.int64), DType.INT64)
+        h2 = gsubmit(node, 2, [0, 2], OpKind.ALLREDUCE, 340, 0, np.ones(5, np.int64), DType.INT64)
+        for h in (h0, h2):
+            with pytest.raises(
+                OpMismatchError,
+                match=r"generation 0: .*rank 0: allreduce, count 4 int64 \(op sum\); "
+                r"rank 2: allreduce, count 5 int64",
+            ):
+                h.wait(1.0)  # (a stall look would take longer: an OpTimeoutError)
+        h0 = gsubmit(node, 0, [0, 2], OpKind.ALLREDUCE, 340, 1, np.ones(4, np.int64), DType.INT64)
+        h2 = gsubmit(node, 2, [0, 2], OpKind.ALLREDUCE, 340, 1, np.ones(4), DType.FLOAT64)
+        for h in (h0, h2):
+            with pytest.raises(OpMismatchError, match="count 4 int64.*count 4 float64"):
+                h.wait(1.0)
+        got = [gsubmit(node, k, [0, 2], OpKind.ALLREDUCE, 340, 2, np.ones(4, np.int64),
+                       DType.INT64) for k in (0, 2)]  # fmt: skip
+        assert all(list(h.wait(30)) == [2] * 4 for h in got)
+    finally:
+        node.close()
+
+
+def test_a_group_member_waiting_for_its_peer_sleeps() -> None:
+    """A member whose peer comes 0.5 s late waits asleep (futex): its thread's CPU time
+    is a small part of the wait, and the op then ends exactly."""
+    node = Node(2)
+    try:
+        t0, w0 = time.thread_time(), time.monotonic()
+        h = gsubmit(node, 0, [0, 1], OpKind.ALLREDUCE, 350, 0, np.ones(3, np.int64), DType.INT64)
+
+        def late() -> None:
+            time.sleep(0.5)
+            gsubmit(node, 1, [0, 1], OpKind.ALLREDUCE, 350, 0, np.ones(3, np.int64),
+                    DType.INT64).wait(30)  # fmt: skip
+
+        t = threading.Thread(target=late)
+        t.start()
+        assert list(h.wait(30)) == [2, 2, 2]
+        cpu, wall = time.thread_time() - t0, time.monotonic() - w0
+        t.join(30)
+        assert wall >= 0.45 and cpu < 0.1 * wall, (cpu, wall)
     finally:
         node.close()

@@ -32,7 +32,8 @@ later ops fail at once.
 
 On a service of one node the clients run the world's allreduces, broadcasts and barriers
 among themselves, in the arena's meeting place, without this thread
-(:mod:`~totalreduce.transport.meeting`); what it does for them is rare
+(:mod:`~totalreduce.transport.meeting`), and those of groups of its clients too; what it
+does for them is rare
 (:mod:`.thin_meeting`).
 
 Here: the thread and its events, and taking and starting the ops Python has.  Its
@@ -111,7 +112,8 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
         pipe_min_bytes: int = arena_pass.PIPE_MIN_BYTES, meeting_on: bool | None = None,
     ) -> None:  # fmt: skip
         """``meeting_on``: whether the clients of a one-node service meet in the arena
-        (None: :func:`meeting_default`); a service of several nodes never has them."""
+        (None: :func:`meeting_default`), for the world's ops and their groups'; a service of
+        several nodes never has them."""
         self.arena = arena
         self.stall_warning_s = stall_warning_s
         self._next_look = time.monotonic() + 1.0

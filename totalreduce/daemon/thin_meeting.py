@@ -1,8 +1,10 @@
 """The arena thread's side of the node's meeting place (:mod:`~totalreduce.transport.meeting`).
 
 On a service of one node its clients run the world's allreduces, broadcasts and
-barriers among themselves, in the arena, without this service.  What is left here is
-what is rare, each an event of the arena thread:
+barriers among themselves, in the arena, without this service, and those over a group
+of its clients (a group's channel names its members: its rounds wait, and
+fail, for them only; a group's op never escapes, and its mismatches fail at the meeting).
+What is left here is what is rare, each an event of the arena thread:
 
 - **the session**: the meeting place is zeroed when a session starts (no client is
   attached then), so no channel, round or flag of an old job meets a new one;
@@ -32,6 +34,7 @@ import numpy as np
 
 from ..transport import arena as A
 from ..transport import meeting as M
+from ..transport.shm import fence
 from .thin_ops import _shape_text
 
 log = logging.getLogger("totalreduce.daemon")
@@ -116,6 +119,18 @@ class MeetingOps:
                 self._take(k, d)
         return True
 
+    def _meet_wire(self, c: int) -> int:
+        """Channel ``c``'s wire id (a group's channel is keyed by it and the context)."""
+        row = self._meet_chans[c]
+        return int(row[M.K_WIRE // _W]) if row[M.K_MASK // _W] else int(row[0])
+
+    def _meet_members(self, c: int) -> list[int]:
+        """The slots of channel ``c``'s clients (every slot: the world's ops)."""
+        mask = int(self._meet_chans[c, M.K_MASK // _W])
+        if not mask:
+            return list(range(self.slots))
+        return [k for k in range(min(self.slots, M.GROUP_SLOTS)) if mask >> k & 1]
+
     def _meet_entry(self, c: int, i: int, k: int) -> np.ndarray:
         at = (M.LINE + i * self._meet_osw * _W + M.O_ENTRY + k * M.LINE) // _W
         return self._meet_chans[c, at : at + M.LINE // _W]
@@ -128,7 +143,7 @@ class MeetingOps:
         e = self._meet_entry(c, i, k)
         kind, dtype, op, flags, algo = M.unpack_shape(int(e[M.E_SHAPE // _W]))
         d = np.zeros(A.D_WORDS, np.int64)
-        d[A.D_TICKET], d[A.D_KIND], d[A.D_WIRE] = e[M.E_TICKET // _W], kind, self._meet_chans[c, 0]
+        d[A.D_TICKET], d[A.D_KIND], d[A.D_WIRE] = e[M.E_TICKET // _W], kind, self._meet_wire(c)
         d[A.D_GEN], d[A.D_DTYPE], d[A.D_COUNT] = e[M.E_GEN // _W], dtype, e[M.E_COUNT // _W]
         d[A.D_OP], d[A.D_ROOT], d[A.D_PRIO] = op, e[M.E_ROOT // _W], e[M.E_PRIO // _W]
         d[A.D_IN], d[A.D_OUT], d[A.D_FLAGS] = e[M.E_IN // _W], e[M.E_OUT // _W], flags
@@ -140,7 +155,7 @@ class MeetingOps:
         (those arrived, and perhaps one that wrote its entry and found the round failed)."""
         gen = (((s >> M.RSHIFT) & M.RMASK) - 1) * M.DEPTH + i
         got = []
-        for k in range(self.slots):
+        for k in self._meet_members(c):
             e = self._meet_entry(c, i, k)
             if int(e[M.E_GEN // _W]) == gen and int(e[M.E_TICKET // _W]) != 0:
                 got.append(k)
@@ -173,17 +188,23 @@ class MeetingOps:
         arrived at ends on its own, unless one of them died: then it fails too)."""
         if not self._gone:
             return
-        rank = next(iter(self._gone))
-        why = self._gone[rank]
-        text = f"rank {rank} {why}" if rank >= 0 else why
         died = self._meet_died
-        wires = self._meet_chans[:, 0]
+        base = self.node * self.slots
+        wires = self._meet_chans[:, 0].copy()  # (clients claim channels meanwhile)
         for c in np.nonzero(wires)[0].tolist():
+            members = self._meet_members(c)
+            # a group's rounds wait only for its members (the service stopping: for all)
+            gone = [r for r in self._gone if r < 0 or r - base in members]
+            if not gone:
+                continue
+            rank = gone[0]
+            why = self._gone[rank]
+            text = f"rank {rank} {why}" if rank >= 0 else why
             for i in range(M.DEPTH):
                 s = self._meet_state(c, i)
                 if s == 0 or s & M.OVER:
                     continue
-                if not died and (s & M.CMASK) == self.slots:
+                if not died and (s & M.CMASK) == len(members):
                     continue
                 if int(M.fail_round(self._meet_cf, c, i, 0)) < 0:
                     continue
@@ -192,11 +213,17 @@ class MeetingOps:
 
     def _meet_clash(self, c: int, i: int, s: int, have: list[int]) -> bool:
         """Whether the round of op slot (``c``, ``i``) (state ``s``, clients ``have``
-        arrived) waits for ranks that completed its name and generation over a group (the
-        compiled pass's, or Python's): then it fails as a mismatch on the ranks that
-        arrived, naming both groups, and those that completed it hear it late."""
-        wire = int(self._meet_chans[c, 0])
+        arrived) waits for ranks that ran its name and generation over another group: at
+        the meeting (another channel of the name holds their entries of that generation)
+        or, for the world's op, the compiled pass's or Python's.  Then it fails as a
+        mismatch on the ranks that arrived, naming both groups; so does the other round if
+        it waits too, and those that completed it hear it late."""
         gen = int(self._meet_entry(c, i, have[0])[M.E_GEN // _W])
+        if self._meet_clash_here(c, i, gen, have):
+            return True
+        if self._meet_chans[c, M.K_MASK // _W]:
+            return False
+        wire = int(self._meet_chans[c, 0])
         done = self._collected.get((wire, gen)) or self._pass_done(wire, gen)
         if done is None or done.key[2] == 0 or not any(x is not None for x in done.descs):
             return False
@@ -215,6 +242,65 @@ class MeetingOps:
             ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
             self._meet_failed(k, ticket, why, A.E_MISMATCH)
         return True
+
+    def _meet_group_ranks(self, c: int) -> list[int]:
+        """The ranks of channel ``c``'s group (the world's, for a channel of the world)."""
+        if not self._meet_chans[c, M.K_MASK // _W]:
+            return list(range(self.size))
+        base = self.node * self.slots
+        return [base + k for k in self._meet_members(c)]
+
+    def _meet_clash_here(self, c: int, i: int, gen: int, have: list[int]) -> bool:
+        """The round of (``c``, ``i``) of generation ``gen`` waits for a client whose
+        entry of that generation is in another channel of the same name (its group
+        differs): both rounds fail as a mismatch (one over already: its clients hear it
+        late); whether they did."""
+        wire = self._meet_wire(c)
+        missing = [k for k in self._meet_members(c) if k not in have]
+        for c2 in np.nonzero(self._meet_chans[:, 0].copy())[0].tolist():
+            if c2 == c or self._meet_wire(c2) != wire:
+                continue
+            there = [
+                k for k in self._meet_members(c2)
+                if int(self._meet_entry(c2, i, k)[M.E_TICKET // _W]) != 0
+                and int(self._meet_entry(c2, i, k)[M.E_GEN // _W]) == gen
+            ]  # fmt: skip
+            if not any(k in there for k in missing):
+                continue
+            base = self.node * self.slots
+            g1, g2 = self._meet_group_ranks(c), self._meet_group_ranks(c2)
+            texts = sorted([(base + k, f"group {g1}") for k in have]
+                           + [(base + k, f"group {g2}") for k in there])  # fmt: skip
+            why = "the ranks disagree on the group: " + "; ".join(
+                f"rank {r}: {t}" for r, t in texts
+            )
+            s2 = self._meet_state(c2, i)
+            if int(M.fail_round(self._meet_cf, c2, i, 0)) >= 0:
+                for k in there:
+                    ticket = int(self._meet_entry(c2, i, k)[M.E_TICKET // _W])
+                    self._meet_failed(k, ticket, why, A.E_MISMATCH)
+            elif s2 & M.DONE:  # completed there: its clients raise at their next call
+                for k in there:
+                    ticket = int(self._meet_entry(c2, i, k)[M.E_TICKET // _W])
+                    self._meet_late(k, ticket, A.E_MISMATCH, why)
+            if int(M.fail_round(self._meet_cf, c, i, 0)) >= 0:
+                for k in have:
+                    ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
+                    self._meet_failed(k, ticket, why, A.E_MISMATCH)
+            return True
+        return False
+
+    def _meet_late(self, slot: int, ticket: int, kind: int, why: str) -> None:
+        """Op ``ticket`` of ``slot``'s client completed at the meeting, but it fails: the
+        client raises at its next call (a late error, as :meth:`_late` posts)."""
+        if not self._inc[slot]:
+            return
+        ctl = self._ctl[slot]
+        with self._answering:
+            n = int(ctl[A.C_LATE]) + 1
+            A.write_error(ctl, -n, kind, f"{ticket}\x1e{why}")
+            fence()
+            ctl[A.C_LATE] = n
 
     def _meet_failed(self, slot: int, ticket: int, why: str, kind: int = A.E_FAILED) -> None:
         """Op ``ticket`` of ``slot``'s client failed at the meeting: its error, its word
@@ -237,13 +323,14 @@ class MeetingOps:
             return
         now = time.monotonic()
         seen: set[tuple[int, int, int]] = set()
-        wires = self._meet_chans[:, 0]
+        wires = self._meet_chans[:, 0].copy()  # (clients claim channels meanwhile)
         base = self.node * self.slots
         for c in np.nonzero(wires)[0].tolist():
+            members = self._meet_members(c)
             for i in range(M.DEPTH):
                 s = self._meet_state(c, i)
                 cnt = s & M.CMASK
-                if s == 0 or s & M.OVER or cnt >= self.slots:
+                if s == 0 or s & M.OVER or cnt >= len(members):
                     continue
                 key = (c, i, (s >> M.RSHIFT) & M.RMASK)
                 have = self._meet_arrived(c, i, s)
@@ -257,7 +344,7 @@ class MeetingOps:
                 if not have:
                     continue
                 d = self._meet_row(c, i, have[0])
-                missing = [base + k for k in range(self.slots) if k not in have]
+                missing = [base + k for k in members if k not in have]
                 log.warning(
                     "%s #%016x generation %d has waited %.0f s on node %d: ranks %s submitted "
                     "it, ranks %s have not", _shape_text(d), int(d[A.D_WIRE]) & ((1 << 64) - 1),

@@ -520,7 +520,8 @@ def thin_now(
     generation is taken with one hold of the name table's lock, and is in flight only if
     the op does not end in the call.  ``kind`` BROADCAST: a broadcast's repeat in place
     (its record from :func:`thin_bcast_remember`).  A record of an op over a group (its
-    key names the group's ranks) goes into the ring on any service."""
+    key names the group's ranks) meets at a one-node service's meeting place where its
+    first call did, else goes into the ring."""
     rec = _thin_record(svc, key, ThinExpress, x, priority, False)
     if rec is None:
         return None
@@ -656,7 +657,8 @@ def thin_barrier(
 ) -> bool:
     """A blocking repeat of the named barrier ``name`` of the world (or of the group of
     ``ranks``): one compiled call, that meets the node's other clients in the arena on a
-    one-node service (:meth:`~.thin.ThinClient.now`; the world's), or submits into the
+    one-node service (:meth:`~.thin.ThinClient.now`; the world's, and a group's), or
+    submits into the
     ring and waits (:meth:`~.thin.ThinClient.ring_now`); True once it ended, False when it
     has no record yet or anything is unusual (the caller then goes
     ``barrier_async(...).wait()`` and calls :func:`thin_barrier_remember`)."""
@@ -705,7 +707,9 @@ def thin_barrier_remember(
     meet = thin.last_meet()
     if h.__class__ is not _ThinHandle:
         return
-    if thin.meet is not None and ranks is None:
+    if meet is not None and h._meet < 0 and ranks is not None:
+        meet = None  # a group's barrier that took the ring: its repeats take it too
+    if (thin.meet_world and ranks is None) or meet is not None:
         if meet is None or h._meet < 0:
             return
     elif h._ticket == 0:
@@ -776,7 +780,9 @@ def thin_parted_remember(
     of the world on a one-node service, to its meeting place), whose parts' and group's
     blocks the client keeps."""
     thin = svc._thin
-    meets = kind is OpKind.BROADCAST and thin.meet is not None and ranks is None
+    meets = kind is OpKind.BROADCAST and (
+        thin.meet_world if ranks is None else thin.last_meet() is not None
+    )
     if (
         h.__class__ is not _ThinHandle
         or h._ticket == 0

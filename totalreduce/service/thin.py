@@ -16,9 +16,11 @@ watches the words.
 On a service of one node, the world's allreduces, broadcasts and barriers never reach
 the service: the node's clients meet in the arena's meeting place
 (:mod:`~totalreduce.transport.meeting`), and the last to arrive runs the op, setting
-every client's completion word as the service would.  A blocking repeat in place on an
-array of the arena is one compiled call (:meth:`ThinClient.now`): arrive, wait (helping
-with slices of a large op), done, no handle made.
+every client's completion word as the service would.  So do those over a group of the
+node's clients (its ranks in ascending order).  A
+blocking repeat in place on an array of the arena is one compiled call
+(:meth:`ThinClient.now`): arrive, wait (helping with slices of a large op), done, no
+handle made.
 
 :class:`ThinHandle` and :class:`ThinClient` (submitting, completing, waiting) are here;
 where the client's buffers go in its part of the arena is its base
@@ -74,6 +76,9 @@ _SPIN_NS, _LARGE_SPIN_NS = int(SPIN_S * 1e9), int(LARGE_SPIN_S * 1e9)
 #: The kinds that meet in the arena on a one-node service.
 _MEET_KINDS = frozenset({int(OpKind.ALLREDUCE), int(OpKind.BROADCAST), int(OpKind.BARRIER)})
 _SESSION = A.signed(SESSION_ID)
+#: Whether an op over a group of the node's clients meets in the arena too (on a
+#: one-node service), as the world's do (``TOTALREDUCE_MEET_GROUPS=0``: into the ring).
+MEET_GROUPS = os.environ.get("TOTALREDUCE_MEET_GROUPS", "1") != "0"
 _KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.BARRIER: "barrier",
           OpKind.REDUCE_SCATTER: "reduce-scatter", OpKind.ALLGATHER: "all-gather",
           OpKind.ALLTOALL: "all-to-all", OpKind.REDUCE: "reduce", OpKind.GATHER: "gather",
@@ -104,6 +109,23 @@ def descriptor(
     row[A.D_GROUP], row[A.D_CTX], row[A.D_AUX] = group, A.signed(context), aux
     row[A.D_ALGO] = algorithm
     return row
+
+
+def _shape_words(shape: int, count: int, root: int) -> str:
+    """What an op of the meeting's ``shape`` word, ``count`` and ``root`` is, in words."""
+    kind, dt, op, _, _ = M.unpack_shape(shape)
+    try:
+        text = f"{_KINDS.get(OpKind(kind), 'op')}, count {count} {DType(dt).name.lower()}"
+    except ValueError:
+        text = f"kind {kind}, count {count} dtype {dt}"
+    if kind == int(OpKind.ALLREDUCE):
+        try:
+            text += f" (op {ReduceOp(op).name.lower()})"
+        except ValueError:
+            text += f" (op {op})"
+    if kind == int(OpKind.BROADCAST):
+        text += f" from root {root}"
+    return text
 
 
 class ThinHandle:
@@ -232,6 +254,8 @@ class ThinClient(ThinBuffers):
         self.meet: np.ndarray | None = (
             M.config(self.arena, self.slot) if int(self.header[A.H_MEET_ON]) else None
         )
+        #: whether the world's ops meet there (as groups' of the node's clients do)
+        self.meet_world = self.meet is not None
         self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
         self._consts: dict[tuple[int, ...], int] = {}  # const_block's blocks
         #: the last ops completed here by a handle, by ticket % RING: (ticket, kind, name,
@@ -313,13 +337,18 @@ class ThinClient(ThinBuffers):
         if (
             self.meet is not None
             and k in _MEET_KINDS
-            and context == 0
-            and group == -1
             and not flags & (A.F_UNNAMED | A.F_PASSIVE)
             and row[A.D_WIRE] != _SESSION
         ):
             shape = M.pack_shape(k, int(dtype), int(op), flags, algorithm)
-            rec = M.record(int(row[A.D_WIRE]), shape, count, root)
+            if context == 0 and group == -1:
+                if self.meet_world:
+                    rec = M.record(int(row[A.D_WIRE]), shape, count, root)
+            elif MEET_GROUPS and group >= 0 and M.runs_here(k, int(dtype), int(op), flags):
+                slots = self.group_slots(group)
+                if slots is not None:
+                    wire = int(row[A.D_WIRE])
+                    rec = M.record(wire, shape, count, root, slots, A.signed(context))
         self._last.op = (row, rec)
         if rec is not None and self._arrive(h, rec, priority, at_in, at_out):
             return h
@@ -361,6 +390,39 @@ class ThinClient(ThinBuffers):
             trace.op(h.name, gen, "submitted", priority)
         return h
 
+    def group_slots(self, at: int) -> tuple[int, ...] | None:
+        """The slots of the node's clients that are the group of the block at arena offset
+        ``at`` (its size, then its ranks), if they all are and come in ascending order (the
+        order the meeting reduces in, as the service does in group order), else None: the
+        group's ops then take the ring."""
+        n = int(self.arena.view(at, 1, np.dtype(np.int64))[0])
+        if not 0 < n <= M.GROUP_SLOTS:
+            return None
+        ranks = self.arena.view(at, 1 + n, np.dtype(np.int64))[1:].tolist()
+        base = self.rank - self.slot
+        slots = tuple(r - base for r in ranks)
+        if slots[0] < 0 or slots[-1] >= min(self.arena.slots, M.GROUP_SLOTS):
+            return None
+        if any(a >= b for a, b in zip(slots, slots[1:], strict=False)):
+            return None
+        return slots
+
+    def meet_mismatch(self, idx: int, gen: int) -> str | None:
+        """What a mismatch found at the meeting says of generation ``gen``'s round of op
+        slot ``idx`` (the two ranks that disagree, and what each gave), None if none was."""
+        cf = self.meet
+        if cf is None or idx < 0:
+            return None
+        out = np.zeros(8, np.int64)
+        if not M.mismatch(cf, idx, gen // M.DEPTH + 1, out):
+            return None
+        base = self.rank - self.slot
+        said = []
+        for j in range(2):
+            shape, count, root = (int(v) for v in out[2 + 3 * j : 5 + 3 * j])
+            said.append(f"rank {base + int(out[j])}: {_shape_words(shape, count, root)}")
+        return "the ranks disagree at the node's meeting: " + "; ".join(said)
+
     def _wake_service(self) -> None:
         fence()
         if self.header[A.H_SERVICE_SLEEPING]:
@@ -375,12 +437,9 @@ class ThinClient(ThinBuffers):
         cf, st = self.meet, self.st
         assert cf is not None
         gen = h.generation
-        c = int(rec[M.R_CH])
+        c = int(M.channel(cf, rec))
         if c < 0:
-            c = int(M.lookup(cf, int(rec[M.R_WIRE])))
-            if c < 0:
-                return False
-            rec[M.R_CH] = c
+            return False
         idx = c * M.DEPTH + gen % M.DEPTH
         while True:
             t = self.new_ticket()
@@ -404,9 +463,9 @@ class ThinClient(ThinBuffers):
         trace = self.trace
         if trace is not None:
             trace.op(h.name, h.generation, "submitted", priority)
-        if kind == M.P_FAILED:  # its round had failed (a client gone): not arrived
+        if kind == M.P_FAILED:  # its round had failed (a client gone, a mismatch): not arrived
             h._meet = -1
-            self._complete(h, self._failed_error(h, self.meeting_why()))
+            self._complete(h, self._meet_failed(h, idx))
         elif h._then:
             with self.lock:
                 self.watch()
@@ -469,7 +528,7 @@ class ThinClient(ThinBuffers):
             self.submit_again(h, row, priority, at, rec)
         elif how == M.P_FAILED:
             M.release(st, t, -1)
-            self._complete(h, self._failed_error(h, self.meeting_why()))
+            self._complete(h, self._meet_failed(h, int(rec[M.R_CH]) * M.DEPTH + gen % M.DEPTH))
         else:  # on its way (or the service has it): a handle in flight
             d = M.DEPTH
             h._ticket, h._meet = t, int(rec[M.R_CH]) * d + gen % d
@@ -596,11 +655,22 @@ class ThinClient(ThinBuffers):
         if w == t:
             self._complete(h, None)
         elif w == -t:
+            mis = self.meet_mismatch(h._meet, h.generation) if h._meet >= 0 else None
+            if mis is not None:
+                self._complete(h, self._failed_error(h, mis, A.E_MISMATCH))
+                return True
             kind, text = A.read_error(self.ctl, t) or (A.E_FAILED, "the service failed it")
             self._complete(h, self._failed_error(h, text, kind))
         elif self.gone is not None:
             self._complete(h, self._gone_error(h))
         return h._done
+
+    def _meet_failed(self, h: ThinHandle, idx: int) -> BaseException:
+        """The error of ``h``, which found its round of op slot ``idx`` failed."""
+        mis = self.meet_mismatch(idx, h.generation)
+        if mis is not None:
+            return self._failed_error(h, mis, A.E_MISMATCH)
+        return self._failed_error(h, self.meeting_why())
 
     def _failed_error(self, h: ThinHandle, text: str, kind: int = A.E_FAILED) -> BaseException:
         return self._op_error(h.kind, h.name, h.generation, text, kind)

@@ -48,7 +48,22 @@ word of its control block (``C_FUTEX``) after adding itself to ``C_SLEEPING``; w
 sets a word of its (another client, or the service) bumps the futex word and wakes it if
 the count is nonzero.  A futex works between processes on shared memory.
 
-**Failures** are the service's: it alone fails a round (``FAILED``, won by a
+**Groups.**  An op over a group of the node's clients (its ranks ascending) meets here
+too, in a channel of its own: its key mixes the name's wire id with the
+group's context (two groups may run ops of one name at once), and the channel's first
+line holds the group's slots (a bit each), wire id, size and first slot, which every
+member writes alike when it first looks the channel up.  Only the members' entries count,
+the round is over when they all arrived, the op is reduced in slot order among them and
+only their words are set.  A group's op never escapes: a member checks before it arrives
+that the meeting runs its op (else it takes the ring).  **A mismatch** fails at once:
+every member that arrives compares its entry with those of the members there already
+(an entry counts once its generation and ticket show, which its client writes last); the
+first to see a difference claims the op slot's mismatch word (tagged with the round),
+writes the two entries' shapes, counts and roots beside it, sets ``FAILED`` and every
+arrived member's word to failed, and wakes them; each names both from there
+(:func:`mismatch`), and one that arrives later finds the round failed.
+
+**Failures** are otherwise the service's: it alone fails a round (``FAILED``, won by a
 compare-and-swap against the completer's ``DONE``) and writes the errors, as it does for
 ops of its rings.  A client dies: the service's socket sees it, and it fails every round
 that is not over; a client that arrives while one is gone (``M_GONE``) asks it to look
@@ -147,9 +162,20 @@ ST_INUSE = 64
 ST_PEND = ST_INUSE + A.RING
 ST_ENDED = ST_PEND + MAX_CHANNELS * DEPTH
 ST_WORDS = ST_ENDED + 3 * A.RING
-# an op's record: its channel (-1: not looked up yet), wire id, packed shape, count, root
-R_CH, R_WIRE, R_SHAPE, R_COUNT, R_ROOT = range(5)
+# an op's record: its channel (-1: not looked up yet), wire id, packed shape, count, root,
+# then, for an op over a group of the node's clients: the group's slots (a bit each; 0:
+# the world) and the channel's key (the wire id mixed with the group's context)
+R_CH, R_WIRE, R_SHAPE, R_COUNT, R_ROOT, R_MASK, R_KEY = range(7)
 R_WORDS = 8
+# a channel's first line: its key (the wire id of a name of the world), then for a
+# group's channel its slots, wire id, member count and first slot (bytes)
+K_MASK, K_WIRE, K_N, K_FIRST = 8, 16, 24, 32
+#: Slots a group that meets here may name (its slots are the bits of one word).
+GROUP_SLOTS = 63
+# a mismatch found at a group's arrival: the claim (state line; the round << 24 | the
+# two slots that disagree), their shape, count and root words (work line)
+O_MIS, O_MISV = 16, 80
+MIS_SHIFT = 24
 
 # what meet_post and meet_now return (the low four bits; WAKE_SERVICE may be added)
 P_WAIT, P_DONE, P_ESCAPED, P_BUSY, P_WEIRD, P_FULL, P_FAILED, P_PENDING = range(8)
@@ -239,10 +265,19 @@ def state(tail: int, late: int = 0) -> np.ndarray:
     return st
 
 
-def record(wire: int, shape: int, count: int, root: int) -> np.ndarray:
-    """An op's record (its channel is looked up at its first post)."""
+def record(
+    wire: int, shape: int, count: int, root: int, slots: tuple[int, ...] = (), context: int = 0
+) -> np.ndarray:
+    """An op's record (its channel is looked up at its first post); ``slots``: the node's
+    clients of the op's group, ascending (empty: the world's op), ``context`` the group's
+    (its ops meet in channels of their own: two groups may run ops of one name at once)."""
     r = np.zeros(R_WORDS, np.int64)
     r[R_CH], r[R_WIRE], r[R_SHAPE], r[R_COUNT], r[R_ROOT] = -1, wire, shape, count, root
+    r[R_KEY] = wire
+    if slots:
+        r[R_MASK] = sum(1 << k for k in slots)
+        key = (wire ^ (context * 0x9E3779B97F4A7C15)) & ((1 << 64) - 1)
+        r[R_KEY] = (key - (1 << 64) if key >= 1 << 63 else key) or 1
     return r
 
 
@@ -323,11 +358,12 @@ def sleep(ctl, seq, timeout_ns):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _wake_all(cf, os):  # type: ignore[no-untyped-def]
-    """Wake every client of op slot ``os`` asleep (a large op: they help with slices)."""
+def _wake_all(cf, os, mask):  # type: ignore[no-untyped-def]
+    """Wake every client of op slot ``os`` (of ``mask``) asleep (a large op: they help
+    with slices)."""
     me = cf[CF_ME]
     for k in range(cf[CF_L]):
-        if k != me:
+        if k != me and (mask == 0 or ((mask >> k) & 1) != 0):
             wake_client(_ctl(cf, k))
 
 
@@ -361,19 +397,86 @@ def lookup(cf, wire):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _fields(shape):  # type: ignore[no-untyped-def]
-    """(kind, dtype, op, flags) of a shape word."""
-    return shape & 0xFF, (shape >> 8) & 0xFF, (shape >> 16) & 0xFF, (shape >> 24) & 0xFF
+def _opens(s, srf, rf, n):  # type: ignore[no-untyped-def]
+    """Whether a client may open round ``rf`` of an op slot whose state is ``s`` (of round
+    ``srf``) among ``n`` clients: the slot never used, or its previous round over (every
+    client arrived, or it failed)."""
+    if s == 0:
+        return rf == 1
+    return srf == rf - 1 and ((s & CMASK) == n or (s & FAILED) != 0)
 
 
 @njit(nogil=True, cache=True)
-def _opens(s, srf, rf, n_slots):  # type: ignore[no-untyped-def]
-    """Whether a client may open round ``rf`` of an op slot whose state is ``s`` (of round
-    ``srf``): the slot never used, or its previous round over (every client arrived, or
-    the service failed it)."""
-    if s == 0:
-        return rf == 1
-    return srf == rf - 1 and ((s & CMASK) == n_slots or (s & FAILED) != 0)
+def _in(mask, k):  # type: ignore[no-untyped-def]
+    """Whether slot ``k`` is of the op's clients (``mask`` 0: the world's op, every slot)."""
+    return mask == 0 or ((mask >> k) & 1) != 0
+
+
+@njit(nogil=True, cache=True)
+def _line(cf, c):  # type: ignore[no-untyped-def]
+    return cf[CF_MEET] + cf[CF_CH0] + c * cf[CF_CHB]
+
+
+@njit(nogil=True, cache=True)
+def _members(cf, c):  # type: ignore[no-untyped-def]
+    """(slots mask, how many, the first) of channel ``c``'s clients."""
+    at = _line(cf, c)
+    mask = ld_i64(at + K_MASK)
+    if mask == 0:
+        return np.int64(0), cf[CF_L], np.int64(0)
+    return mask, ld_i64(at + K_N), ld_i64(at + K_FIRST)
+
+
+@njit(nogil=True, cache=True)
+def _channel(cf, rec):  # type: ignore[no-untyped-def]
+    """Look up (or claim) the channel of ``rec``'s key; a group's channel's first line then
+    says its clients (every one of them writes the same words).  -1: none free."""
+    c = lookup(cf, rec[R_KEY])
+    if c < 0:
+        return c
+    mask = rec[R_MASK]
+    if mask != 0:
+        n, first = 0, -1
+        for k in range(GROUP_SLOTS):
+            if (mask >> k) & 1:
+                n += 1
+                if first < 0:
+                    first = k
+        at = _line(cf, c)
+        st_i64(at + K_WIRE, rec[R_WIRE])
+        st_i64(at + K_N, n)
+        st_i64(at + K_FIRST, first)
+        atomic_store_i64(at + K_MASK, mask)
+    rec[R_CH] = c
+    return c
+
+
+@njit(nogil=True, cache=True)
+def channel(cf, rec):  # type: ignore[no-untyped-def]
+    """The channel of the op of ``rec`` (looked up, or claimed, once), -1 if none is free."""
+    c = rec[R_CH]
+    if c >= 0:
+        return c
+    return _channel(cf, rec)
+
+
+@njit(nogil=True, cache=True)
+def _nth(mask, j):  # type: ignore[no-untyped-def]
+    """The slot of the ``j``-th client of the op (its group rank ``j``)."""
+    if mask == 0:
+        return j
+    for k in range(GROUP_SLOTS):
+        if (mask >> k) & 1:
+            if j == 0:
+                return k
+            j -= 1
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _fields(shape):  # type: ignore[no-untyped-def]
+    """(kind, dtype, op, flags) of a shape word."""
+    return shape & 0xFF, (shape >> 8) & 0xFF, (shape >> 16) & 0xFF, (shape >> 24) & 0xFF
 
 
 @njit(nogil=True, cache=True)
@@ -385,11 +488,20 @@ def _dtype_ok(dt, op):  # type: ignore[no-untyped-def]
     return False
 
 
+def runs_here(kind: int, dtype: int, op: int, flags: int) -> bool:
+    """Whether an op of a group of the node's clients of this shape meets here (the
+    meeting hands no group's op to the service: one it cannot run takes the ring)."""
+    if kind not in (_AR, _BC, _BAR) or flags & ~_F_AVG:
+        return False
+    return kind != _AR or bool(_dtype_ok(dtype, op))
+
+
 @njit(nogil=True, cache=True)
 def _runs_here(cf, os, gen):  # type: ignore[no-untyped-def]
-    """Whether the ``L`` entries of op slot ``os`` are one op the meeting runs: the same
-    generation and shape, a kind and element type of the raw kernels, every buffer in its
-    client's part of the arena (else the service's Python says what is wrong)."""
+    """Whether the ``L`` entries of op slot ``os`` (the world's op) are one op the meeting
+    runs: the same generation and shape, a kind and element type of the raw kernels,
+    every buffer in its client's part of the arena (else the service's Python says what
+    is wrong)."""
     n_slots = cf[CF_L]
     e0 = _entry(os, 0)
     shape, count, root = ld_i64(e0 + E_SHAPE), ld_i64(e0 + E_COUNT), ld_i64(e0 + E_ROOT)
@@ -414,12 +526,33 @@ def _runs_here(cf, os, gen):  # type: ignore[no-untyped-def]
         return False
     for k in range(n_slots):
         e = _entry(os, k)
-        lo = _HEADER + k * cf[CF_SLOTB] + _CONTROL
-        hi = lo + data - span
-        a, b = ld_i64(e + E_IN), ld_i64(e + E_OUT)
-        if not (lo <= a <= hi and lo <= b <= hi):
+        if not _in_part(cf, k, ld_i64(e + E_IN), ld_i64(e + E_OUT), span):
             return False
     return True
+
+
+@njit(nogil=True, cache=True)
+def _in_part(cf, k, a, b, span):  # type: ignore[no-untyped-def]
+    """Whether buffers at arena offsets ``a`` and ``b`` of ``span`` bytes lie in slot
+    ``k``'s part of the arena."""
+    lo = _HEADER + k * cf[CF_SLOTB] + _CONTROL
+    hi = lo + cf[CF_DATA] - span
+    return lo <= a <= hi and lo <= b <= hi
+
+
+@njit(nogil=True, cache=True)
+def _group_ok(cf, rec, n, at_in, at_out):  # type: ignore[no-untyped-def]
+    """Whether this client's op over a group of ``n`` may arrive here: a broadcast's root
+    a rank of the group, its buffers in its part of the arena (a group's op never goes
+    to the service from here: one that may not arrive takes the ring)."""
+    kind, dt, _, _ = _fields(rec[R_SHAPE])
+    count = rec[R_COUNT]
+    if kind == _BAR:
+        return True
+    if count < 0 or (kind == _BC and not (0 <= rec[R_ROOT] < n)):
+        return False
+    span = count * ITEMSIZE[dt]
+    return span <= cf[CF_DATA] and _in_part(cf, cf[CF_ME], at_in, at_out, span)
 
 
 @njit(nogil=True, cache=True)
@@ -432,11 +565,12 @@ def _slices(shape, count, slice_bytes):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _slice(cf, os, j, n_slices):  # type: ignore[no-untyped-def]
-    """Slice ``j`` of the op in ``os``: reduced (or copied from the root) into the first
-    client's output, in slot order, divided for ``avg``, and copied into every output."""
+def _slice(cf, os, j, n_slices, mask, nm, first):  # type: ignore[no-untyped-def]
+    """Slice ``j`` of the op in ``os`` among the ``nm`` clients of ``mask`` (the first:
+    ``first``): reduced (or copied from the root) into the first client's output, in slot
+    order, divided for ``avg``, and copied into every output."""
     n_slots, arena = cf[CF_L], cf[CF_ARENA]
-    e0 = _entry(os, 0)
+    e0 = _entry(os, first)
     shape, count = ld_i64(e0 + E_SHAPE), ld_i64(e0 + E_COUNT)
     kind, dt, op, flags = _fields(shape)
     if kind == _BAR:
@@ -453,29 +587,35 @@ def _slice(cf, os, j, n_slices):  # type: ignore[no-untyped-def]
         if op == _OP_AVG:
             op = _OP_SUM  # summed, then divided
         dst = arena + ld_i64(e0 + E_OUT) + at
-        if n_slots == 1:
+        if nm == 1:
             copy_raw(dst, arena + ld_i64(e0 + E_IN) + at, span)
         else:
-            a, b = arena + ld_i64(e0 + E_IN) + at, arena + ld_i64(_entry(os, 1) + E_IN) + at
+            second = first + 1
+            while not _in(mask, second):
+                second += 1
+            a = arena + ld_i64(e0 + E_IN) + at
+            b = arena + ld_i64(_entry(os, second) + E_IN) + at
             reduce3_raw(dt, op, dst, a, b, n)
-            for k in range(2, n_slots):
-                reduce_raw(dt, op, dst, arena + ld_i64(_entry(os, k) + E_IN) + at, n)
+            for k in range(second + 1, n_slots):
+                if _in(mask, k):
+                    reduce_raw(dt, op, dst, arena + ld_i64(_entry(os, k) + E_IN) + at, n)
         if flags & _F_AVG:
-            average_raw(dt, dst, n, n_slots)
+            average_raw(dt, dst, n, nm)
     else:  # a broadcast: the root's input into its output, then everyone's
-        er = _entry(os, ld_i64(e0 + E_ROOT))
+        er = _entry(os, _nth(mask, ld_i64(e0 + E_ROOT)))
         dst = arena + ld_i64(er + E_OUT) + at
         copy_raw(dst, arena + ld_i64(er + E_IN) + at, span)
     for k in range(n_slots):
-        out = arena + ld_i64(_entry(os, k) + E_OUT) + at
-        if out != dst:
-            copy_raw(out, dst, span)
+        if _in(mask, k):
+            out = arena + ld_i64(_entry(os, k) + E_OUT) + at
+            if out != dst:
+                copy_raw(out, dst, span)
 
 
 @njit(nogil=True, cache=True)
-def _complete(cf, os):  # type: ignore[no-untyped-def]
-    """Every slice is done: ``DONE`` (unless the service failed the round first), every
-    client's completion word, the sleepers woken."""
+def _complete(cf, os, mask):  # type: ignore[no-untyped-def]
+    """Every slice is done: ``DONE`` (unless the round failed first), every client's
+    completion word, the sleepers woken."""
     while True:
         s = atomic_load_i64(os + O_STATE)
         if s & FAILED:
@@ -483,19 +623,21 @@ def _complete(cf, os):  # type: ignore[no-untyped-def]
         if atomic_cas_i64(os + O_STATE, s, s | DONE) == s:
             break
     for k in range(cf[CF_L]):
-        t = ld_i64(_entry(os, k) + E_TICKET)
-        atomic_store_i64(_ctl(cf, k) + 8 * (_DONE_WORD + (t - 1) % _RING), t)
+        if _in(mask, k):
+            t = ld_i64(_entry(os, k) + E_TICKET)
+            atomic_store_i64(_ctl(cf, k) + 8 * (_DONE_WORD + (t - 1) % _RING), t)
     for k in range(cf[CF_L]):
-        wake_client(_ctl(cf, k))
+        if _in(mask, k):
+            wake_client(_ctl(cf, k))
     atomic_add_i64(cf[CF_MEET] + M_RAN, 1)
     return P_DONE
 
 
 @njit(nogil=True, cache=True)
-def _work(cf, os, rf):  # type: ignore[no-untyped-def]
+def _work(cf, os, rf, mask, nm, first):  # type: ignore[no-untyped-def]
     """Claim and run slices of round ``rf`` of ``os`` while any is left; P_DONE if this
     caller ran the last one (and so completed the op)."""
-    e0 = _entry(os, 0)
+    e0 = _entry(os, first)
     n_slices = _slices(ld_i64(e0 + E_SHAPE), ld_i64(e0 + E_COUNT), cf[CF_SLICE])
     while True:
         if atomic_load_i64(os + O_STATE) & FAILED:
@@ -505,10 +647,10 @@ def _work(cf, os, rf):  # type: ignore[no-untyped-def]
             return P_WAIT
         if atomic_cas_i64(os + O_CLAIM, c, c + 1) != c:
             continue
-        _slice(cf, os, c & WMASK, n_slices)
+        _slice(cf, os, c & WMASK, n_slices, mask, nm, first)
         v = atomic_add_i64(os + O_SDONE, 1)
         if (v & WMASK) + 1 == n_slices:
-            return _complete(cf, os)
+            return _complete(cf, os, mask)
 
 
 @njit(nogil=True, cache=True)
@@ -530,16 +672,87 @@ def _escape(cf, c, i, os, rf):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _finish(cf, c, i, os, rf, gen):  # type: ignore[no-untyped-def]
-    """The last client of round ``rf`` arrived (this caller): run the op, or escape it."""
-    if not _runs_here(cf, os, gen):
+def _finish(cf, c, i, os, rf, gen, mask, nm, first):  # type: ignore[no-untyped-def]
+    """The last client of round ``rf`` arrived (this caller): run the op, or (the world's
+    op) escape it."""
+    if mask == 0 and not _runs_here(cf, os, gen):
         return _escape(cf, c, i, os, rf)
     atomic_store_i64(os + O_SDONE, rf << WSHIFT)
     atomic_store_i64(os + O_CLAIM, rf << WSHIFT)
-    e0 = _entry(os, 0)
+    e0 = _entry(os, first)
     if _slices(ld_i64(e0 + E_SHAPE), ld_i64(e0 + E_COUNT), cf[CF_SLICE]) > 1:
-        _wake_all(cf, os)  # the sleepers help
-    return _work(cf, os, rf)
+        _wake_all(cf, os, mask)  # the sleepers help
+    return _work(cf, os, rf, mask, nm, first)
+
+
+@njit(nogil=True, cache=True)
+def _disagree(cf, os, gen, mask):  # type: ignore[no-untyped-def]
+    """A client of the group whose entry of generation ``gen`` in ``os`` differs from this
+    caller's in shape, count or root, or -1 (an entry counts once its generation and
+    ticket are written, which its client writes last)."""
+    me = cf[CF_ME]
+    mine = _entry(os, me)
+    shape, count, root = ld_i64(mine + E_SHAPE), ld_i64(mine + E_COUNT), ld_i64(mine + E_ROOT)
+    for k in range(cf[CF_L]):
+        if k == me or not _in(mask, k):
+            continue
+        e = _entry(os, k)
+        if atomic_load_i64(e + E_TICKET) == 0 or atomic_load_i64(e + E_GEN) != gen:
+            continue
+        if ld_i64(e + E_SHAPE) != shape or ld_i64(e + E_COUNT) != count:
+            return k
+        if ld_i64(e + E_ROOT) != root:
+            return k
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _mismatch(cf, os, rf, gen, mask, k):  # type: ignore[no-untyped-def]
+    """This caller's entry and client ``k``'s disagree: the first to see a mismatch in the
+    round says which (``O_MIS``, their words), fails it and every arrived client's word,
+    and wakes them; each names both from here (:func:`mismatch`)."""
+    me = cf[CF_ME]
+    a, b = min(me, k), max(me, k)
+    while True:
+        v = atomic_load_i64(os + O_MIS)
+        if (v >> MIS_SHIFT) == rf:
+            return P_WAIT  # another client saw it first: it fails the round
+        if atomic_cas_i64(os + O_MIS, v, (rf << MIS_SHIFT) | (a << 12) | b) == v:
+            break
+    for j in range(2):
+        e = _entry(os, a if j == 0 else b)
+        st_i64(os + O_MISV + 24 * j, ld_i64(e + E_SHAPE))
+        st_i64(os + O_MISV + 24 * j + 8, ld_i64(e + E_COUNT))
+        st_i64(os + O_MISV + 24 * j + 16, ld_i64(e + E_ROOT))
+    while True:
+        s = atomic_load_i64(os + O_STATE)
+        if s & OVER:
+            break
+        if atomic_cas_i64(os + O_STATE, s, s | FAILED) == s:
+            break
+    for j in range(cf[CF_L]):
+        if _in(mask, j):
+            e = _entry(os, j)
+            t = atomic_load_i64(e + E_TICKET)
+            if t != 0 and atomic_load_i64(e + E_GEN) == gen:
+                ctl = _ctl(cf, j)
+                fail_word(ctl, t)
+                wake_client(ctl)
+    return P_WAIT
+
+
+@njit(nogil=True, cache=True)
+def mismatch(cf, idx, rf, out):  # type: ignore[no-untyped-def]
+    """Whether a mismatch failed round ``rf`` of op slot ``idx``: then ``out`` holds the
+    two slots that disagree and each one's shape, count and root words."""
+    os = _opslot(cf, idx // cf[CF_D], idx % cf[CF_D])
+    v = atomic_load_i64(os + O_MIS)
+    if (v >> MIS_SHIFT) != rf:
+        return False
+    out[0], out[1] = (v >> 12) & 0xFFF, v & 0xFFF
+    for j in range(6):
+        out[2 + j] = ld_i64(os + O_MISV + 8 * j)
+    return True
 
 
 @njit(nogil=True, cache=True)
@@ -550,50 +763,52 @@ def meet_post(cf, st, rec, gen, ticket, prio, at_in, at_out):  # type: ignore[no
     the service has it), P_FAILED (the round had failed: not arrived), or, having
     arrived nowhere: P_BUSY (this client's op of the previous round of its slot has not
     been seen to end), P_FULL (no channel), P_WEIRD (the slot's state makes no sense for
-    this generation: a new process of an old slot); plus WAKE_SERVICE when the service
-    must be woken."""
+    this generation: a new process of an old slot; or a group's op that may not meet);
+    plus WAKE_SERVICE when the service must be woken.  An op over a group whose entry
+    disagrees with another client's fails the round at once (:func:`mismatch`)."""
     c = rec[R_CH]
     if c < 0:
-        c = lookup(cf, rec[R_WIRE])
+        c = _channel(cf, rec)
         if c < 0:
             return P_FULL
-        rec[R_CH] = c
+    mask, nm, first = _members(cf, c)
+    if mask != 0 and not _group_ok(cf, rec, nm, at_in, at_out):
+        return P_WEIRD
     d = cf[CF_D]
     i = gen % d
     rf = gen // d + 1
     idx = c * d + i
     if st[ST_PEND + idx] != 0:
         return P_BUSY
-    n_slots = cf[CF_L]
     os = _opslot(cf, c, i)
     s = atomic_load_i64(os + O_STATE)
     srf = (s >> RSHIFT) & RMASK
     if srf == rf:
         if s & FAILED:
             return P_FAILED
-        if s & OVER or (s & CMASK) >= n_slots:
+        if s & OVER or (s & CMASK) >= nm:
             return P_WEIRD
-    elif not _opens(s, srf, rf, n_slots):
+    elif not _opens(s, srf, rf, nm):
         return P_WEIRD
     e = _entry(os, cf[CF_ME])
-    st_i64(e + E_GEN, gen)
-    st_i64(e + E_TICKET, ticket)
     st_i64(e + E_SHAPE, rec[R_SHAPE])
     st_i64(e + E_COUNT, rec[R_COUNT])
     st_i64(e + E_IN, at_in)
     st_i64(e + E_OUT, at_out)
     st_i64(e + E_ROOT, rec[R_ROOT])
     st_i64(e + E_PRIO, prio)
+    atomic_store_i64(e + E_GEN, gen)  # (last: the entry is whole once they show)
+    atomic_store_i64(e + E_TICKET, ticket)
     while True:
         s = atomic_load_i64(os + O_STATE)
         srf = (s >> RSHIFT) & RMASK
         if srf == rf:
             if s & FAILED:
                 return P_FAILED
-            if s & OVER or (s & CMASK) >= n_slots:
+            if s & OVER or (s & CMASK) >= nm:
                 return P_WEIRD
             new = s + 1
-        elif _opens(s, srf, rf, n_slots):
+        elif _opens(s, srf, rf, nm):
             new = (rf << RSHIFT) | 1
         else:
             return P_WEIRD
@@ -605,23 +820,28 @@ def meet_post(cf, st, rec, gen, ticket, prio, at_in, at_out):  # type: ignore[no
     if atomic_load_i64(meet + M_GONE) != 0:  # (after arriving: the service's scan or this)
         atomic_store_i64(meet + M_RESCAN, 1)
         code = WAKE_SERVICE
-    if (new & CMASK) == n_slots:
-        return code | _finish(cf, c, i, os, rf, gen)
+    if mask != 0:
+        k = _disagree(cf, os, gen, mask)
+        if k >= 0:
+            return code | _mismatch(cf, os, rf, gen, mask, k)
+    if (new & CMASK) == nm:
+        return code | _finish(cf, c, i, os, rf, gen, mask, nm, first)
     return code
 
 
 @njit(nogil=True, cache=True)
 def meet_wait(cf, st, ticket, idx, rf, deadline_ns, spin_ns, check_ns):  # type: ignore[no-untyped-def]
     """Wait for the op of ``ticket`` in op slot ``idx``, round ``rf``, helping with its
-    slices: W_DONE, W_FAILED (its word says it failed: the error ring has why), W_TIMEOUT
-    (``deadline_ns`` of :func:`now` passed), W_CHECK (``check_ns`` passed: Python looks at
-    the socket, and calls again).  Spins ``spin_ns`` (yielding the core after the first
-    polls), then sleeps on the futex word."""
+    slices: W_DONE, W_FAILED (its word says it failed: the error ring, or a mismatch of
+    the op slot, has why), W_TIMEOUT (``deadline_ns`` of :func:`now` passed), W_CHECK
+    (``check_ns`` passed: Python looks at the socket, and calls again).  Spins
+    ``spin_ns`` (yielding the core after the first polls), then sleeps on the futex word."""
     me = cf[CF_ME]
     ctl = _ctl(cf, me)
     word = ctl + 8 * (_DONE_WORD + (ticket - 1) % _RING)
-    os = _opslot(cf, idx // cf[CF_D], idx % cf[CF_D])
-    n_slots = cf[CF_L]
+    c = idx // cf[CF_D]
+    os = _opslot(cf, c, idx % cf[CF_D])
+    mask, nm, first = _members(cf, c)
     t0 = now_ns()
     while True:
         w = atomic_load_i64(word)
@@ -630,12 +850,12 @@ def meet_wait(cf, st, ticket, idx, rf, deadline_ns, spin_ns, check_ns):  # type:
         if w == -ticket:
             return W_FAILED
         s = atomic_load_i64(os + O_STATE)
-        if ((s >> RSHIFT) & RMASK) == rf and (s & CMASK) == n_slots and (s & OVER) == 0:
-            c = atomic_load_i64(os + O_CLAIM)
-            if (c >> WSHIFT) == rf:
-                e0 = _entry(os, 0)
-                if (c & WMASK) < _slices(ld_i64(e0 + E_SHAPE), ld_i64(e0 + E_COUNT), cf[CF_SLICE]):
-                    _work(cf, os, rf)
+        if ((s >> RSHIFT) & RMASK) == rf and (s & CMASK) == nm and (s & OVER) == 0:
+            cl = atomic_load_i64(os + O_CLAIM)
+            if (cl >> WSHIFT) == rf:
+                e0 = _entry(os, first)
+                if (cl & WMASK) < _slices(ld_i64(e0 + E_SHAPE), ld_i64(e0 + E_COUNT), cf[CF_SLICE]):
+                    _work(cf, os, rf, mask, nm, first)
                     continue
         t = now_ns()
         if t >= deadline_ns:
@@ -743,6 +963,12 @@ def prepare() -> None:
         release(st, t, int(rec[R_CH]) * DEPTH)
         t = int(take_ticket(st))
         meet_now(cf, st, rec, 1, t, 0, -1, 0, 0)
+        grec = record(54321, pack_shape(_AR, DT_I64, _OP_SUM, 0, 0), 1, 0, (0,), 7)
+        channel(cf, grec)
+        mismatch(cf, int(grec[R_CH]) * DEPTH, 1, np.zeros(8, np.int64))
+        t = int(take_ticket(st))
+        at = _HEADER + _CONTROL
+        meet_now(cf, st, grec, 0, t, 0, at, 0, 0)
         fail_round(cf, int(rec[R_CH]), 1, 0)
         fail_word(arena.base + arena.slot_start(1), 3)
         queue_take(cf, 0)
