@@ -168,18 +168,21 @@ EVERY_MOMENT = [
     ("while-leaving", 0),
     ("mid-op", -1),
 ]
+#: Each moment once, on the node it matters most (a default run's two-node case).
+EACH_MOMENT = [("in-init", -1), ("mid-op", 0), ("between-ops", -1), ("while-leaving", 0)]
 
 
 @pytest.mark.parametrize(
     "nodes,slots,plan",
     [
         (1, 2, EVERY_MOMENT),
-        (2, 1, EVERY_MOMENT),
+        (2, 1, EACH_MOMENT),
+        pytest.param(2, 1, EVERY_MOMENT, marks=pytest.mark.full),
         pytest.param(
             2, 2, [("in-init", 0), ("mid-op", 1), ("while-leaving", 2)], marks=pytest.mark.full
         ),
     ],
-    ids=["1-node-2-clients", "2-nodes", "2x2"],
+    ids=["1-node-2-clients", "2-nodes", "2-nodes-every-moment", "2x2"],
 )
 def test_a_client_killed_at_any_moment_ends_its_own_job_only(
     tmp_path: Path, nodes: int, slots: int, plan: list[tuple[str, int]]

@@ -61,7 +61,7 @@ def test_lane_exact_for_every_type_op_and_algorithm(n: int) -> None:
     lane_run(n, "exact")
 
 
-@sizes([3], "flood")
+@sizes([2, 3], "flood", full=(3,))
 def test_lane_ten_thousand_ops_in_flight_in_random_orders(n: int) -> None:
     lane_run(n, "flood")
 
