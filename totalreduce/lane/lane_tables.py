@@ -511,8 +511,15 @@ def _heap_push(mem, slot, i):
     n = mem[base - 1]
     if n >= mem[C_STKCAP]:
         return False
-    j = n
     mem[base - 1] = n + 1
+    _sift_up(mem, base, n, k1, k2, slot, i)
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _sift_up(mem, base, j, k1, k2, slot, i):
+    """Put entry (k1, k2, slot, i) at heap position ``j`` or above: parents with a larger
+    key move down one place each until its place is found."""
     while j > 0:
         par = (j - 1) >> 1
         e = base + par * 4
@@ -521,7 +528,6 @@ def _heap_push(mem, slot, i):
         _heap_put(mem, base + j * 4, mem[e], mem[e + 1], mem[e + 2], mem[e + 3])
         j = par
     _heap_put(mem, base + j * 4, k1, k2, slot, i)
-    return True
 
 
 @njit(nogil=True, cache=True)
@@ -589,16 +595,7 @@ def _raise(mem, slot):
             continue
         # Its key went down: up towards the root.  Entries that move down past j are
         # parents, seen already (a parent of this op's is raised before its child).
-        s2, i2 = mem[e + 2], mem[e + 3]
-        c = j
-        while c > 0:
-            par = (c - 1) >> 1
-            f = base + par * 4
-            if mem[f] < k1 or (mem[f] == k1 and mem[f + 1] <= seq):
-                break
-            _heap_put(mem, base + c * 4, mem[f], mem[f + 1], mem[f + 2], mem[f + 3])
-            c = par
-        _heap_put(mem, base + c * 4, k1, seq, s2, i2)
+        _sift_up(mem, base, j, k1, seq, mem[e + 2], mem[e + 3])
     return True
 
 
