@@ -18,8 +18,7 @@ moving are ``stalls.py``'s.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
-from typing import Any
+from collections import deque
 
 import numpy as np
 
@@ -42,6 +41,7 @@ from ..protocol import (
     MAX_CONTROL_BODY,
 )
 from .completion import finish
+from .ended import EndedOps
 from .failures import (
     ERROR_FAILED,
     ERROR_FRAME,
@@ -76,27 +76,24 @@ class Failures:
         self._loop = loop
         #: The one table of ops' errors: failed here, or elsewhere before submitted here.
         self.errors = OpErrors()
-        #: Ops finished here, remembered for a while ((name, generation), group,
-        #: unexpected-frame hints, ...): a frame for one means a peer disagrees about the
-        #: op; an error for one is raised late.  An OrderedDict, because evicting the
-        #: oldest entry of a plain dict scans past every deleted slot (quadratic).
-        self.completed: OrderedDict[OpKey, tuple[Any, ...]] = OrderedDict()
+        #: Ops finished here, the last ``REMEMBERED`` (a ring of arrays, ``ended.py``: an
+        #: op's wire id, generation and the row naming it, its group and its schedule's
+        #: hints): a frame for one means a peer disagrees about the op; an error for one
+        #: is raised late.
+        self.completed = EndedOps(REMEMBERED)
         #: Errors of ops that completed here but failed elsewhere, for this rank's next call.
         self.late: deque[TotalReduceError] = deque()
 
-    def done(self, key: OpKey, record: tuple[Any, ...]) -> None:
-        """Op ``key`` completed here (``record``: see :attr:`completed`; :func:`remember`'s
-        work, written out: once per op)."""
-        if key[0] == SESSION_ID:
+    def done(self, wid: int, gen: int, row: int) -> None:
+        """Op ``(wid, gen)`` completed here; ``row``: what names it in :attr:`completed`
+        (``completed.row(name, group, hints)``, kept by whoever repeats it)."""
+        if wid == SESSION_ID:
             return  # every job starts with it: a memory of it would meet the next job
-        completed = self.completed
-        completed[key] = record
-        if len(completed) > REMEMBERED:
-            completed.popitem(last=False)
+        self.completed.note(wid, gen, row)
 
     def forget(self, key: OpKey) -> None:
         """Op ``key`` will come again (a node's session op): forget how it ended."""
-        self.completed.pop(key, None)
+        self.completed.forget(key)
         self.errors.forget(key)
 
     # ------------------------------------------------------------------ failing ops

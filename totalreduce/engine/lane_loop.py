@@ -26,6 +26,7 @@ from ..lane.payload import OpKey, OpSpec
 from .completion import finish
 from .failures import _error_from_peer
 from .parts import Loop
+from .wire import SESSION_ID
 
 if TYPE_CHECKING:
     import numpy as np
@@ -273,7 +274,12 @@ class LaneOps:
             if trace is not None:  # a sink on the route: the usual route's events
                 trace.op(name, gen, "submitted", priority, t0)
             if r == 2:  # it ended well, the one op done: taken out of the table
-                loop.failures.done((wid, gen), ((name, gen), group, (), _NONE))
+                failures = loop.failures
+                ended = failures.completed  # its end: three words in a ring, nothing made
+                if shape.ended_epoch != ended.epoch:
+                    shape.ended_row = ended.row(name, group, _NONE)
+                    shape.ended_epoch = ended.epoch
+                failures.done(wid, gen, shape.ended_row)
                 stats.ops_completed += 1
                 if trace is not None:  # and the caller's wait: it drove the op to its end
                     t1 = time.perf_counter_ns()
@@ -340,10 +346,9 @@ class LaneOps:
         loop = self._loop
         spec = lop.spec
         # (name, generation), not its text: made only if an error about it comes later
-        loop.failures.done(  # with the schedule's hints: a late frame says what the pattern was
-            lop.key,
-            ((spec.name, spec.generation), spec.group, spec.schedule.unexpected, _NONE),
-        )
+        failures = loop.failures  # with the schedule's hints: a late frame says what it was
+        row = failures.completed.row(spec.name, spec.group, spec.schedule.unexpected)
+        failures.done(spec.wire_id, spec.generation, row)
         loop.stats.ops_completed += 1
         if loop.trace is not None:
             loop.trace.op(spec.name, spec.generation, "done", spec.priority)
@@ -424,9 +429,9 @@ class LaneOps:
         in compiled code: recorded as :meth:`now` records its op (a late error about one
         names it)."""
         loop = self._loop
-        done = loop.failures.done
-        for gen in range(first, first + k):
-            done((wid, gen), ((name, gen), group, (), _NONE))
+        ended = loop.failures.completed
+        if wid != SESSION_ID:
+            ended.note_span(wid, first, k, ended.row(name, group, _NONE))
         loop.stats.ops_completed += k
         loop.stats.lane_express += k
 

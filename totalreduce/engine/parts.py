@@ -22,7 +22,7 @@ interfaces where the loop builds them (``CommLoop.__init__``).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,6 +37,7 @@ from .failures import OpErrors
 if TYPE_CHECKING:
     from ..config import Config
     from ..lane.lane import Lane, LaneOp
+    from .ended import EndedOps
 
 #: A control frame's handler: ``handler(source, frame, bytes, offset of its body)``.
 Handler = Callable[[int, tuple[int, ...], np.ndarray, int], None]
@@ -118,12 +119,12 @@ class FailuresPart(Protocol):
     def errors(self) -> OpErrors: ...
 
     @property
-    def completed(self) -> OrderedDict[OpKey, tuple[Any, ...]]: ...
+    def completed(self) -> EndedOps: ...
 
     @property
     def late(self) -> deque[TotalReduceError]: ...
 
-    def done(self, key: OpKey, record: tuple[Any, ...]) -> None: ...
+    def done(self, wid: int, gen: int, row: int) -> None: ...
 
     def fail_unsubmitted(self, spec: OpSpec, error: TotalReduceError) -> None: ...
 
