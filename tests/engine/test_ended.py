@@ -66,10 +66,10 @@ def test_a_ring_of_other_than_a_power_of_two_is_refused() -> None:
 
 
 def test_blocking_repeats_keep_no_python_object_per_op() -> None:
-    """2,000 blocking 4 KiB repeats into ``out`` on each of two ranks: the interpreter's
+    """1,000 blocking 4 KiB repeats into ``out`` on each of two ranks: the interpreter's
     allocated blocks and its tracked objects do not grow with them (each op's end is three
     words in the ring; before, a dict entry of three tuples per op, to 4,096 of them)."""
-    n = 2000
+    n = 1000
 
     def body(s: Any) -> tuple[float, float, int]:
         x = np.ones(1024, np.float32)

@@ -49,7 +49,7 @@ def test_a_torchrun_style_script_runs_unchanged_under_mpiexec(backend: str) -> N
     assert "OK 0" in r.stdout and "OK 1" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("how", ["backend", "init"])
+@pytest.mark.parametrize("how", [pytest.param("backend", marks=pytest.mark.full), "init"])
 def test_torchrun_processes_alone_in_mpi_raise(how: str, tmp_path: Path) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",

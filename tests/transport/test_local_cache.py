@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from totalreduce.transport import local_calls
 
 PACKAGE = Path(local_calls.__file__).resolve().parents[1]
@@ -59,6 +61,7 @@ def _import(cache: Path) -> tuple[int, int, Path]:
     return int(a), int(b), Path(stamp)
 
 
+@pytest.mark.full  # (two fresh compiles of the C functions: 18 s of the suite)
 def test_a_changed_source_drops_the_cached_c_functions(tmp_path: Path) -> None:
     assert _import(tmp_path)[:2] == (0, 0)  # compiled, and cached
     hits_a, hits_b, stamp = _import(tmp_path)

@@ -93,19 +93,45 @@ class LaneOp:
     __slots__ = (
         "spec", "key", "slot", "seq", "keep", "pooled", "t0", "probed", "warned", "have", "error",
     )  # fmt: skip
+    slot: int
+    seq: int
+    keep: Any
+    pooled: list[np.ndarray]
+    t0: float
+    probed: bool
+    warned: bool
+    have: set[int] | frozenset[int]
+    error: BaseException | None
 
     def __init__(self, spec: OpSpec, slot: int, seq: int, keep: Any) -> None:
         self.spec = spec
         self.key = (spec.wire_id, spec.generation)
-        self.slot = slot
-        self.seq = seq
-        self.keep = keep
-        self.pooled = _NO_POOLED  # its scratch and input copy, from the lane's pool
-        self.t0 = time.monotonic()
-        self.probed = False
-        self.warned = False
-        self.have: set[int] | frozenset[int] = _NOBODY  # ranks that answered a probe (rare)
-        self.error: BaseException | None = None
+        entered(self, slot, seq, keep)
+
+
+def entered(lop: Any, slot: int, seq: int, keep: Any) -> None:
+    """Set the lane's fields of ``lop`` (a :class:`LaneOp`, or an op that is its own lane op:
+    see :func:`lane_op`), which entered in ``slot`` as submission ``seq``."""
+    lop.slot = slot
+    lop.seq = seq
+    lop.keep = keep
+    lop.pooled = _NO_POOLED  # its scratch and input copy, from the lane's pool
+    lop.t0 = time.monotonic()
+    lop.probed = False
+    lop.warned = False
+    lop.have = _NOBODY  # ranks that answered a probe (rare: a set then)
+    lop.error = None
+
+
+def lane_op(spec: Any, slot: int, seq: int, keep: Any) -> LaneOp:
+    """The lane op of ``spec``, entered in ``slot`` as submission ``seq``: a new
+    :class:`LaneOp`, or ``spec`` itself where it is one already: an async repeat's handle
+    (``service/handle.ExpressOp``) is its op's spec and its lane op too, so a repeat makes
+    one object (it has :class:`LaneOp`'s fields, ``spec`` and ``key`` as properties)."""
+    if spec.__class__ is OpSpec:
+        return LaneOp(spec, slot, seq, keep)
+    entered(spec, slot, seq, keep)
+    return spec  # type: ignore[no-any-return]
 
 
 class LaneShape:
@@ -375,7 +401,7 @@ class Lane(LanePlans, LaneGrowth):
             return None
         slot, seq = int(a[4]), int(a[5])
         self.pending = a[6] != 0
-        lop = LaneOp(spec, slot, seq, None)
+        lop = lane_op(spec, slot, seq, None)
         self.ops[slot] = lop
         self.by_key[lop.key] = lop
         return lop
@@ -428,7 +454,7 @@ class Lane(LanePlans, LaneGrowth):
         if slot < 0:
             a = self._now_at
             slot, seq = int(a[4]), int(a[5])
-        lop = LaneOp(spec, slot, seq, self._now_keep)
+        lop = lane_op(spec, slot, seq, self._now_keep)
         self._now_keep = None
         self.ops[slot] = lop
         self.by_key[lop.key] = lop
@@ -503,7 +529,7 @@ class Lane(LanePlans, LaneGrowth):
             for raw in pooled:
                 self._give(raw)
             return None
-        lop = LaneOp(spec, slot, seq, keep)
+        lop = lane_op(spec, slot, seq, keep)
         if pooled:
             lop.pooled = pooled
         self.ops[slot] = lop

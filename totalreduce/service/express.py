@@ -52,7 +52,7 @@ from ..errors import TotalReduceError
 from ..lane.payload import OpSpec
 from ..transport import arena as A
 from . import checks, tuning
-from .handle import Handle
+from .handle import ExpressOp, Handle
 from .thin import ThinHandle as _ThinHandle
 
 if TYPE_CHECKING:
@@ -131,31 +131,22 @@ def lookup(table: dict[tuple[Any, ...], Express], key: tuple[Any, ...], x: Any) 
 
 
 def _make(svc: Any, ex: Express, op_name: str | int, gen: int, flat: np.ndarray, o: np.ndarray,
-          result: Any, priority: int, urgent: bool) -> tuple[Handle, OpSpec]:  # fmt: skip
-    """The handle and spec of a repeat whose generation is taken."""
-    handle = Handle(op_name, gen, result, svc.loop)
-    handle._names = svc._names
-    spec = OpSpec(
-        op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
-        flat, o, ex.sched, ex.plan, ex.group, 0, ex.param, ex.in_place, urgent, None,
-        False, handle._ended,
-    )  # fmt: skip
-    handle._spec = spec
-    return handle, spec
+          result: Any, priority: int, urgent: bool) -> tuple[ExpressOp, Any]:  # fmt: skip
+    """The handle and spec of a repeat whose generation is taken: one object, an
+    :class:`~.handle.ExpressOp` (its own spec, and its lane op once it enters)."""
+    op = ExpressOp(ex, op_name, gen, result, svc.loop, svc._names, priority, flat, o, urgent)
+    return op, op
 
 
 def _launch(svc: Any, ex: Express, op_name: str | int, gen: int, flat: np.ndarray,
             o: np.ndarray, result: Any, priority: int) -> Handle:  # fmt: skip
     """A repeat whose generation is taken, entered into the lane from this thread or
     submitted the usual way."""
-    handle, spec = _make(svc, ex, op_name, gen, flat, o, result, priority, False)
+    op = ExpressOp(ex, op_name, gen, result, svc.loop, svc._names, priority, flat, o, False)
     loop = svc.loop
-    lop = loop.ops.express(spec, ex)
-    if lop is None:
-        loop.submit(spec)
-    else:
-        handle._lop = lop
-    return handle
+    if loop.ops.express(op, ex) is None:  # (entered: the op is its own lane op)
+        loop.submit(op)
+    return op
 
 
 def start(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
@@ -205,21 +196,12 @@ def submit_record(
     generation, its handle and spec (``context``: a group's among the nodes, else 0),
     straight into the lane when it takes it, else to the loop."""
     loop = svc.loop
-    op_name, gen = svc._names.name(name, ex.sig)
-    handle = Handle(op_name, gen, result, loop)
-    handle._names = svc._names
-    spec = OpSpec(
-        op_name, ex.wid, gen, ex.kind, ex.code, ex.dt, ex.count, ex.rop, priority,
-        inbuf, outbuf, ex.sched, ex.plan, ex.group, context, ex.param, ex.in_place, False,
-        None, False, handle._ended,
-    )  # fmt: skip
-    handle._spec = spec
-    lop = loop.ops.express(spec, ex)
-    if lop is None:
-        loop.submit(spec)
-    else:
-        handle._lop = lop
-    return handle
+    names = svc._names
+    op_name, gen = names.name(name, ex.sig)
+    op = ExpressOp(ex, op_name, gen, result, loop, names, priority, inbuf, outbuf, False, context)
+    if loop.ops.express(op, ex) is None:  # (entered: the op is its own lane op)
+        loop.submit(op)
+    return op
 
 
 #: What :func:`run` returns when nothing was taken (a result may be None: a reduce's
@@ -240,7 +222,7 @@ def run(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any, priorit
     or anything needs Python) gets them then, and is waited for as ``start(...).wait()``
     would."""
     r = _go(svc, ex, name, x, out, priority)
-    return r.wait() if r.__class__ is Handle else r
+    return r.wait() if r.__class__ is ExpressOp else r
 
 
 def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
@@ -254,7 +236,7 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
     r = _go(svc, ex, name, x, out, priority)
     if r is MISSED:
         return None
-    if r.__class__ is Handle:
+    if r.__class__ is ExpressOp:
         return r._result, r
     return r, None
 
@@ -262,7 +244,7 @@ def now(svc: Any, ex: Express, name: str | int, x: np.ndarray, out: Any,
 def _make_held(
     svc: Any, ex: Express, op_name: str | int, gen: int, flat: np.ndarray, o: np.ndarray,
     result: Any, priority: int, urgent: bool,
-) -> tuple[Handle, OpSpec]:  # fmt: skip
+) -> tuple[ExpressOp, Any]:  # fmt: skip
     """:func:`_make` for a generation :meth:`.names.NameTable.take` gave, which is in
     flight from now (its handle's end gives it back)."""
     svc._names.hold(op_name)

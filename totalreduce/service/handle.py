@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..engine.completion import Completion
+from ..lane.payload import describe_op
 
 if TYPE_CHECKING:
     import numpy as np
@@ -432,6 +433,115 @@ class Handle:
     def __repr__(self) -> str:
         state = "done" if self.done() else "in flight"
         return f"<Handle op={self.name!r} generation={self.generation} {state}>"
+
+
+class ExpressOp(Handle):
+    """An async repeat's handle (``service/express.py``), which is also its op's spec and
+    its lane op: one object per repeat where the whole way makes a handle, an ``OpSpec``
+    and a ``LaneOp``.  What differs between repeats (generation, priority, buffers,
+    urgency, a group's context, the lane's slot and fields: ``lane.lane_op``) is in its
+    slots; the rest of what the engine reads of a spec comes from its express record.
+    ``spec`` is the op itself; ``_spec`` and ``_lop`` (a handle's links to its spec and
+    its lane op) are too while it is in flight, without a reference to itself (no cycle
+    for the garbage collector)."""
+
+    __slots__ = (
+        "_ex", "priority", "inbuf", "outbuf", "context", "urgent",
+        "slot", "seq", "keep", "pooled", "t0", "probed", "warned", "have", "error",
+    )  # fmt: skip
+
+    #: An express repeat is never chained after another op, nor a standing receive.
+    after = None
+    passive = False
+
+    def __init__(
+        self, ex: Any, name: str | int, generation: int, result: Any, loop: CommLoop,
+        names: NameTable, priority: int, inbuf: np.ndarray, outbuf: np.ndarray,
+        urgent: bool, context: int = 0,
+    ) -> None:  # fmt: skip
+        Handle.__init__(self, name, generation, result, loop)
+        self._names = names
+        self._ex = ex
+        self.priority = priority
+        self.inbuf = inbuf
+        self.outbuf = outbuf
+        self.urgent = urgent
+        self.context = context
+        self.slot = -1  # not in the lane (yet)
+        self.seq = 0
+
+    # -- the handle's links to its spec and lane op: itself, while in flight
+    def _in_flight(self) -> Any:
+        return None if self._event.is_set() else self
+
+    def _ignore(self, value: Any) -> None:
+        pass
+
+    _spec = property(_in_flight, _ignore)  # type: ignore[assignment]
+    _lop = property(_in_flight, _ignore)  # type: ignore[assignment]
+
+    # -- what the engine reads of an OpSpec
+    @property
+    def spec(self) -> ExpressOp:
+        return self
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self._ex.wid, self.generation)
+
+    @property
+    def wire_id(self) -> int:
+        return self._ex.wid  # type: ignore[no-any-return]
+
+    @property
+    def kind(self) -> Any:
+        return self._ex.kind
+
+    @property
+    def algorithm(self) -> Any:
+        return self._ex.code
+
+    @property
+    def dtype(self) -> Any:
+        return self._ex.dt
+
+    @property
+    def count(self) -> int:
+        return self._ex.count  # type: ignore[no-any-return]
+
+    @property
+    def op(self) -> Any:
+        return self._ex.rop
+
+    @property
+    def schedule(self) -> Any:
+        return self._ex.sched
+
+    @property
+    def plan(self) -> Any:
+        return self._ex.plan
+
+    @property
+    def group(self) -> tuple[int, ...]:
+        return self._ex.group  # type: ignore[no-any-return]
+
+    @property
+    def param(self) -> int:
+        return self._ex.param  # type: ignore[no-any-return]
+
+    @property
+    def in_place(self) -> bool:
+        return self._ex.in_place  # type: ignore[no-any-return]
+
+    def describe(self) -> str:
+        return describe_op(self.name, self.generation)
+
+    #: The op's completion callback (``OpSpec.on_done``): its name's generation given
+    #: back, then the handle finished.
+    on_done = Handle._ended
+
+    def __repr__(self) -> str:
+        return Handle.__repr__(self)
 
 
 def done_handle(name: str | int | None, result: Any) -> Handle:
