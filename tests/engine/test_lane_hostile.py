@@ -374,6 +374,9 @@ def test_early_ops_of_an_honest_peer_stay_within_the_pool(n_ops, count, micro, p
             return [h.wait(timeout=120) for h in hs], None
         time.sleep(1.0)  # rank 1's frames pile up here meanwhile
         lane = lane_of(s)
+        deadline = time.monotonic() + 60  # (a loaded machine's rank 1 may take longer)
+        while lane.stats()["announcements"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         held = lane.floating_bytes, lane.stats()
         hs = {k: s.allreduce_async(xs[k], name=f"e{k}") for k in reversed(range(n_ops))}
         return [hs[k].wait(timeout=120) for k in range(n_ops)], held
