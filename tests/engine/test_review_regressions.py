@@ -40,6 +40,7 @@ def test_a_failed_op_gives_up_bodies_it_was_cleared_to_send() -> None:
                 assert "rank 0 gives up" in str(exc)
             else:  # only where the whole transfer ended before the abort came (a loaded
                 assert (outs[1] == 2).all()  # machine's rank 0 woke late): exact, then
+
         # every later large op still goes through: no slot is held by the dead transfer
         def later(k: int) -> int:
             try:

@@ -257,10 +257,10 @@ def test_allgather_repeats_with_counts_take_the_record(monkeypatch: pytest.Monke
 
 
 def test_ops_in_flight_leave_no_closures_for_the_garbage_collector() -> None:
-    """An express op in flight keeps three objects the cyclic garbage collector tracks: its
-    handle (which is also its spec and its lane op: ``ExpressOp``), the handle's completion
-    word and its key in the lane's table; no function, cell, spec or lane record of its own
-    (six objects per op before).  Ops a training step keeps in flight are promoted to the
+    """An express op in flight keeps one object the cyclic garbage collector tracks: its
+    handle, which is also its spec, its lane op and its completion word (``ExpressOp``); no
+    function, cell, spec, lane record, completion word or key of its own (six objects per
+    op before).  Ops a training step keeps in flight are promoted to the
     old generation, so each tracked object per op brings the next full collection (tens of
     ms with torch loaded) closer."""
     import gc
@@ -285,9 +285,12 @@ def test_ops_in_flight_leave_no_closures_for_the_garbage_collector() -> None:
                 try:
                     before = {id(o) for o in gc.get_objects(generation=0)}
                     hs = [svc.allreduce_async(x, name=m) for x, m in zip(xs, names, strict=True)]
+                    # the lane's dict of each name's ops in flight is kept between its ops;
+                    # the collector tracks it again once it holds an op (not a new object)
+                    kept = {id(d) for d in svc.loop.lane.by_key._by_wid.values()}
                     kinds: dict[str, int] = {}
                     for o in gc.get_objects(generation=0):
-                        if id(o) not in before:
+                        if id(o) not in before and id(o) not in kept:
                             t = type(o).__name__
                             kinds[t] = kinds.get(t, 0) + 1
                 finally:
@@ -305,10 +308,10 @@ def test_ops_in_flight_leave_no_closures_for_the_garbage_collector() -> None:
             np.testing.assert_array_equal(y, np.full(64, 2 * i + 1, np.float32))
     kinds = counted[0]
     assert kinds.get("function", 0) < n // 10 and kinds.get("cell", 0) < n // 10, kinds
-    assert kinds.get("ExpressOp", 0) == n and kinds.get("Completion", 0) == n, kinds
-    assert all(kinds.get(k, 0) == 0 for k in ("OpSpec", "LaneOp", "Handle")), kinds
-    assert kinds.get("method", 0) <= 2, kinds
-    assert sum(kinds.values()) <= 3 * n + 10, kinds
+    assert kinds.get("ExpressOp", 0) == n, kinds
+    assert all(kinds.get(k, 0) == 0 for k in ("OpSpec", "LaneOp", "Handle", "Completion")), kinds
+    assert kinds.get("method", 0) <= 2 and kinds.get("tuple", 0) <= 2, kinds
+    assert sum(kinds.values()) <= n + 10, kinds
 
 
 # ------------------------------------------------------- the other kinds' records

@@ -60,6 +60,10 @@ class Completion:
                 return True
         return ev.wait(timeout)
 
+    #: What ``Driver.sleep`` calls (an op that is its own completion word has a ``wait`` of
+    #: its own: ``service/handle.ExpressOp``).
+    sleep = wait
+
 
 #: What the loop's waits take: an op's completion word, or a plain event.
 Waitable = threading.Event | Completion

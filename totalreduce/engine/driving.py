@@ -85,8 +85,10 @@ class Driver:
 
     @staticmethod
     def sleep(delay: float, done: Waitable) -> None:
-        """Sleep up to ``delay`` unless ``done`` is set."""
-        done.wait(delay)
+        """Sleep up to ``delay`` unless ``done`` is set (a completion word's ``sleep``; a
+        ``threading.Event``'s ``wait``)."""
+        sleep = getattr(done, "sleep", None)
+        (done.wait if sleep is None else sleep)(delay)
 
     # ------------------------------------------------------------------ driving the loop
 

@@ -134,6 +134,58 @@ def lane_op(spec: Any, slot: int, seq: int, keep: Any) -> LaneOp:
     return spec  # type: ignore[no-any-return]
 
 
+class OpsByKey:
+    """The lane's ops in flight by key (wire id, generation), as a dict of dicts: wire id,
+    then generation.  Entering an op stores the two ints it already holds, so a repeat
+    makes no key (a dict keyed by the pair would take a new tuple per op).  A wire id's
+    emptied dict is kept for its next op while few are kept (:data:`_KEPT_IDS`)."""
+
+    __slots__ = ("_by_wid", "_n")
+
+    def __init__(self) -> None:
+        self._by_wid: dict[int, dict[int, LaneOp]] = {}
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n != 0
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        d = self._by_wid.get(key[0])
+        return d is not None and key[1] in d
+
+    def get(self, key: tuple[int, int], default: Any = None) -> Any:
+        d = self._by_wid.get(key[0])
+        return default if d is None else d.get(key[1], default)
+
+    def __getitem__(self, key: tuple[int, int]) -> LaneOp:
+        return self._by_wid[key[0]][key[1]]
+
+    def values(self) -> list[LaneOp]:
+        return [lop for d in self._by_wid.values() for lop in d.values()]
+
+    def put(self, wid: int, gen: int, lop: Any) -> None:
+        d = self._by_wid.get(wid)
+        if d is None:
+            d = self._by_wid[wid] = {}
+        if gen not in d:
+            self._n += 1
+        d[gen] = lop
+
+    def drop(self, wid: int, gen: int) -> None:
+        d = self._by_wid.get(wid)
+        if d is not None and d.pop(gen, None) is not None:
+            self._n -= 1
+            if not d and len(self._by_wid) > _KEPT_IDS:
+                del self._by_wid[wid]
+
+
+#: Wire ids whose emptied dict :class:`OpsByKey` keeps (a training step's names).
+_KEPT_IDS = 4096
+
+
 class LaneShape:
     """The lane's fields of an op shape (all but generation, priority and urgency), kept by
     whoever submits that shape again and again (:meth:`Lane.shape_of`)."""
@@ -335,7 +387,7 @@ class Lane(LanePlans, LaneGrowth):
         self.pool = np.zeros(nslots * slot_bytes, dtype=np.uint8)
         mem[L.C_POOL] = self.pool.ctypes.data
         self.ops: dict[int, LaneOp] = {}  # slot -> op
-        self.by_key: dict[tuple[int, int], LaneOp] = {}
+        self.by_key = OpsByKey()
         self._fields = np.zeros(16, dtype=np.int64)
         self._ctl_fields = np.zeros(15, dtype=np.int64)
         self._addrs = np.zeros(8, dtype=np.int64)  # [4:7]: core.lane_once's answers
@@ -403,7 +455,7 @@ class Lane(LanePlans, LaneGrowth):
         self.pending = a[6] != 0
         lop = lane_op(spec, slot, seq, None)
         self.ops[slot] = lop
-        self.by_key[lop.key] = lop
+        self.by_key.put(spec.wire_id, spec.generation, lop)
         return lop
 
     def now(
@@ -457,7 +509,7 @@ class Lane(LanePlans, LaneGrowth):
         lop = lane_op(spec, slot, seq, self._now_keep)
         self._now_keep = None
         self.ops[slot] = lop
-        self.by_key[lop.key] = lop
+        self.by_key.put(spec.wire_id, spec.generation, lop)
         return lop
 
     def _fields_of(self, spec: OpSpec, plan: int, f: np.ndarray) -> np.ndarray:
@@ -533,7 +585,7 @@ class Lane(LanePlans, LaneGrowth):
         if pooled:
             lop.pooled = pooled
         self.ops[slot] = lop
-        self.by_key[lop.key] = lop
+        self.by_key.put(spec.wire_id, spec.generation, lop)
         return lop
 
     def need_after(self, need_after_s: float) -> None:
@@ -591,7 +643,8 @@ class Lane(LanePlans, LaneGrowth):
         if r != 2:
             return False
         del self.ops[slot]
-        self.by_key.pop(lop.key, None)
+        spec = lop.spec
+        self.by_key.drop(spec.wire_id, spec.generation)
         if lop.pooled:
             for raw in lop.pooled:
                 self._give(raw)
@@ -690,7 +743,8 @@ class Lane(LanePlans, LaneGrowth):
             lop = ops.pop(slot, None)
             if lop is None:
                 continue
-            by_key.pop(lop.key, None)
+            spec = lop.spec
+            by_key.drop(spec.wire_id, spec.generation)
             ok = mem[states + slot * L.O_N] == L.S_DONE
             if not ok and mem[states - L.O_STATE + slot * L.O_N + L.O_NREQ]:
                 # bodies still posted into its buffers: they live until those end

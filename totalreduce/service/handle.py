@@ -448,6 +448,7 @@ class ExpressOp(Handle):
     __slots__ = (
         "_ex", "priority", "inbuf", "outbuf", "context", "urgent",
         "slot", "seq", "keep", "pooled", "t0", "probed", "warned", "have", "error",
+        "_flag", "_ev",
     )  # fmt: skip
 
     #: An express repeat is never chained after another op, nor a standing receive.
@@ -459,7 +460,16 @@ class ExpressOp(Handle):
         names: NameTable, priority: int, inbuf: np.ndarray, outbuf: np.ndarray,
         urgent: bool, context: int = 0,
     ) -> None:  # fmt: skip
-        Handle.__init__(self, name, generation, result, loop)
+        # (Handle's fields, without its completion word: the op is its own)
+        self.name = name
+        self.generation = generation
+        self._flag = False
+        self._ev: threading.Event | None = None
+        self._error: BaseException | None = None
+        self._result = result
+        self._finalize = None
+        self._loop = loop
+        self._then = None
         self._names = names
         self._ex = ex
         self.priority = priority
@@ -472,13 +482,23 @@ class ExpressOp(Handle):
 
     # -- the handle's links to its spec and lane op: itself, while in flight
     def _in_flight(self) -> Any:
-        return None if self._event.is_set() else self
+        return None if self._flag else self
 
     def _ignore(self, value: Any) -> None:
         pass
 
     _spec = property(_in_flight, _ignore)  # type: ignore[assignment]
     _lop = property(_in_flight, _ignore)  # type: ignore[assignment]
+
+    # -- its completion word: the op is its own (``Completion``'s words and methods)
+    def _itself(self) -> Any:
+        return self
+
+    _event = property(_itself, _ignore)  # type: ignore[assignment]
+    is_set = Completion.is_set
+    set = Completion.set
+    #: What a driver sleeps on (``Driver.sleep``): ``Completion.wait``, not the handle's.
+    sleep = Completion.wait
 
     # -- what the engine reads of an OpSpec
     @property
