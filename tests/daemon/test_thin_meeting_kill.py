@@ -70,6 +70,7 @@ def test_a_member_killed_while_its_peer_waits_at_the_meeting(tmp_path: Path) -> 
         served.stop()
 
 
+@pytest.mark.full  # (14 s of processes; test_thin_meeting_nodes.py has it in-process)
 def test_a_member_killed_on_two_nodes_fails_only_its_pair(tmp_path: Path) -> None:
     served = serve(2, 2, tmp_path / "s", timeout=240)
     procs: list[subprocess.Popen[str]] = []
