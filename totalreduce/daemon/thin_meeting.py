@@ -143,8 +143,8 @@ class MeetingOps:
     def _meet_order(self, c: int) -> list[int]:
         """The slots of channel ``c``'s clients in group order (every slot: the world's)."""
         row = self._meet_chans[c]
-        first = (M.K_ORDER) // _W
-        words = [int(row[first + w]) for w in range(M.ORDER_WORDS)]
+        at = M.K_ORDER // _W
+        words = [int(row[at + w]) for w in range(M.ORDER_WORDS)]
         if not words[0]:
             return self._meet_members(c)
         n = int(row[M.K_N // _W])

@@ -318,7 +318,8 @@ class ThinClient(ThinBuffers):
         passive: bool = False,
     ) -> ThinHandle:
         """Write the op's descriptor; the service takes it from here (or, for the world's
-        allreduces, broadcasts and barriers on a one-node service, arrive at the meeting).
+        allreduces, broadcasts and barriers on a one-node service, and those over a group
+        whose ranks all live on this node on any service, arrive at the meeting).
         ``passive``: a window's standing receive (no stall warnings; nothing waits for it
         to make room)."""
         if self.gone is not None:
