@@ -8,7 +8,8 @@ it; a group whose ranks are not ascending meets too, reduced in the group's orde
 rings' bits); ``TOTALREDUCE_MEET_GROUPS=0`` sends it to the rings.  Ranks of a node that
 give one name and generation two routes (the meeting and the rings, or two groups at the
 meeting) fail as a mismatch naming both ranks and both groups (or shapes), every rank
-involved, never a hang; a member that dies fails its own group's survivors only.
+involved, never a hang (so do a world's allreduce at a one-node meeting and a
+reduce-scatter of its name); a member that dies fails its own group's survivors only.
 """
 
 from __future__ import annotations
@@ -221,3 +222,16 @@ def test_a_member_that_dies_fails_only_its_groups_survivors() -> None:
             for h in hs:
                 assert np.array_equal(h.wait(30), data(2, gen, 4) + data(3, gen, 4))
         assert met(cl, 1) - before == 3
+
+
+def test_one_node_a_world_allreduce_and_a_reduce_scatter_of_one_name_fail_both() -> None:
+    """On one node, rank 0 gives ``q`` as the world's allreduce (the meeting), rank 1 as a
+    reduce-scatter (the rings): both raise, naming what each gave (they waited for each
+    other with stall warnings before)."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, 1, 2)
+        h0 = cl.submit(0, OpKind.ALLREDUCE, "q", data(0, 0, 4))
+        h1 = cl.submit(1, OpKind.REDUCE_SCATTER, "q", data(1, 0, 4), parts=(2, 2))
+        for h in (h0, h1):
+            _raises(h, "'q' generation 0", "rank 0: allreduce, count 4 int64",
+                    "rank 1: reduce-scatter, count 4 int64")  # fmt: skip

@@ -360,17 +360,13 @@ class MeetingOps:
         return False
 
     def _meet_ring_clashes(self) -> None:
-        """Ops of the rings that have waited a second for clients of the node whose op of
-        their name and generation is at the meeting (over another group, or a shape the
+        """Ops of the rings that wait for clients of the node whose op of their name and
+        generation is at the meeting (over another group, or a shape the
         other ranks' op could not take there): both sides fail as a mismatch naming them
         (:meth:`_route_clash`; a round that completed: its clients hear it late)."""
         if not self._meet_on or not self._pending:
             return
-        now = time.monotonic()
-        waiting = [
-            o for ops in self._pending.values() for o in ops
-            if not o.over and not o.passive and now - o.since >= 1.0
-        ]  # fmt: skip
+        waiting = [o for ops in self._pending.values() for o in ops if not (o.over or o.passive)]
         if not waiting:
             return
         chans: dict[int, list[int]] = {}
