@@ -590,8 +590,11 @@ AR_MAGIC = 0x7472_6172_656E_6102  # "tr arena", version 2 (the meeting place aft
 
 # ---------------------------------------------------------------- the header page (int64 words)
 AR_H_MAGIC, AR_H_SLOTS, AR_H_SLOT_BYTES, AR_H_CONTROL_BYTES, AR_H_SERVICE_SLEEPING = 0, 1, 2, 3, 8
-#: the meeting place's arena offset, and whether the clients meet there (the service says)
+#: the meeting place's arena offset, and whether the clients meet there (the service says):
+#: 0 not, AR_MEET_WORLD the world's ops and groups' (a service of one node), AR_MEET_GROUPS
+#: only the ops of groups of the node's clients (a service of several nodes)
 AR_H_MEET, AR_H_MEET_ON = 9, 10
+AR_MEET_WORLD, AR_MEET_GROUPS = 1, 2
 #: repeats among the nodes the service's compiled loop entered into the services' lane
 #: (from their descriptors), and of those the ones it ran to their completion words (the
 #: others ended in Python: their nodes were late); counts (:mod:`totalreduce.daemon.service_loop`)

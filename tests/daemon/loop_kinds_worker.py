@@ -20,10 +20,10 @@ the loop ran nothing.
   clients of a node (their inputs added in group order on the node, then the nodes'), one
   whose members all live on node 0 (node 1 has none); exact in float32, float64 and
   int32 (against that order), counted as run in the loop (a group of one node: by the
-  compiled pass), loop on or off; reduce-scatters and all-gathers with uneven parts over
-  groups whose ranks lie node after node (in the loop) and one that interleaves the nodes
-  (Python's); then the nodes disagree on a group op's count, and two
-  clients of a node on another's: every member fails naming the op, its generation and
+  compiled pass or its meeting place), loop on or off; reduce-scatters and all-gathers
+  with uneven parts over groups whose ranks lie node after node (in the loop) and one
+  that interleaves the nodes (Python's); then the nodes disagree on a group op's count,
+  and two clients of a node on another's: every member fails naming the op, its generation and
   the ranks.  Prints a digest of every result (``GROUP-DIGEST``): the same bits with the
   loop on and off.
 - ``mismatch``: after repeats of a shape (its row in the loop), the nodes disagree
@@ -44,6 +44,7 @@ import numpy as np
 import totalreduce as tr
 from totalreduce import protocol as P
 from totalreduce.transport import arena as A
+from totalreduce.transport import meeting as M
 
 REPEATS = 20
 DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
@@ -202,8 +203,13 @@ GROUP_DTYPES = (np.float32, np.float64, np.int32)
 
 
 def passed() -> int:
-    """Ops over a group of one node the node's service ran in its compiled pass so far."""
-    return int(tr.default_service()._thin.header[P.AR_H_PASS_GROUP])
+    """Ops over a group of one node that took no Python so far: the node's service's
+    compiled pass's (``TOTALREDUCE_MEET_GROUPS=0``) and its meeting place's (where such a
+    group meets, on a service of any number of nodes; any op run there counts)."""
+    thin = tr.default_service()._thin
+    at = int(thin.header[P.AR_H_MEET]) + M.M_RAN
+    meeting = int(thin.arena.view(at, 1, np.dtype(np.int64))[0]) if thin.meet is not None else 0
+    return int(thin.header[P.AR_H_PASS_GROUP]) + meeting
 
 
 def group_value(r: int, i: int, n: int, dt: type) -> np.ndarray:

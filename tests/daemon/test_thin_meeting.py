@@ -393,3 +393,36 @@ def test_a_group_member_waiting_for_its_peer_sleeps() -> None:
         assert wall >= 0.45 and cpu < 0.1 * wall, (cpu, wall)
     finally:
         node.close()
+
+
+@pytest.mark.parametrize("n", GROUP_SIZES)
+def test_a_group_out_of_order_meets_reduced_in_its_order(n: int) -> None:
+    """[2, 0, 1] meets (the meeting's count of ops run), its allreduces reduced in group
+    order: the rings' bits (the same ops with the meeting off), not slot order's (the
+    first element is chosen to tell them apart); a broadcast's root is a group rank."""
+    met, rings = Node(3), Node(3, meeting=False)
+    rng = np.random.default_rng(11)
+    order = [2, 0, 1]
+    try:
+        ran0, esc0 = counts(met)
+        for j, (npdt, dt) in enumerate(GROUP_TYPES):
+            xs = [np.asarray(v).astype(npdt) for v in rng.standard_normal((3, n)) * 100]
+            if dt is not DType.INT64:
+                xs[0][0], xs[1][0], xs[2][0] = 1e20, 1, -1e20  # (-1e20 + 1e20) + 1 = 1
+            got = {}
+            for node in (met, rings):
+                hs = [gsubmit(node, k, order, OpKind.ALLREDUCE, 360 + j, 0, xs[k], dt)
+                      for k in range(3)]  # fmt: skip
+                got[node] = [h.wait(30) for h in hs]
+                hs = [gsubmit(node, k, order, OpKind.BROADCAST, 370 + j, 0, xs[k], dt, root=1)
+                      for k in range(3)]  # fmt: skip
+                assert all(h.wait(30).tobytes() == xs[0].tobytes() for h in hs)
+            want = (xs[2] + xs[0]) + xs[1]
+            for k in range(3):
+                assert got[met][k].tobytes() == got[rings][k].tobytes() == want.tobytes()
+            if dt is not DType.INT64:
+                assert got[met][0][0] == 1 and ((xs[0] + xs[1]) + xs[2])[0] == 0
+        assert counts(met) == (ran0 + 2 * len(GROUP_TYPES), esc0)  # all met, none escaped
+    finally:
+        met.close()
+        rings.close()

@@ -815,7 +815,7 @@ def mode_ring(p: int, rank: int) -> None:
     from totalreduce.transport import meeting as M
 
     thin = tr.default_service()._thin
-    assert thin is not None and thin.meet is None, "several nodes: no meeting"
+    assert thin is not None and not thin.meet_world, "several nodes: the world's ops never meet"
     made = [0]
     real_init = thin_mod.ThinHandle.__init__
 
@@ -985,7 +985,7 @@ def mode_ring_kinds(p: int, rank: int) -> None:
     rs_counts = (*(1 for _ in range(p - 1)), n - (p - 1))  # uneven parts, given
     # a broadcast into another array goes into the ring only where the node's clients do
     # not meet in the arena (on one node they meet there, in one compiled call of theirs)
-    bco_ring = thin.meet is None
+    bco_ring = not thin.meet_world
 
     def call(form: str, dt: Any, i: int, name: str) -> tuple[np.ndarray, np.ndarray]:
         ramp = (np.arange(n) % 7).astype(dt)
@@ -1095,14 +1095,24 @@ def mode_ring_groups(p: int, rank: int) -> None:
     """Blocking repeats over groups (allreduce, broadcast, barrier, reduce-scatter,
     all-gather), all-gathers without counts (world and groups) and, on one node, the
     world's broadcasts at the meeting place: one compiled call each (an all-gather without
-    counts two: its sizes, then its data), with no handle, exact."""
+    counts two: its sizes, then its data), with no handle, exact.  A group whose ranks all
+    live on this node meets at its meeting place instead of the ring (on any number of
+    nodes): no ring call; an allreduce of it into another array or a new one takes the
+    whole way there, as the world's does on one node."""
     from totalreduce.service import express
     from totalreduce.service import thin as thin_mod
     from totalreduce.transport import meeting as M
 
     thin = tr.default_service()._thin
     assert thin is not None
-    one_node = thin.meet is not None
+    one_node = thin.meet_world
+    slots = thin.arena.slots
+
+    def meets(g: tr.Group | None) -> bool:
+        """Whether the group's ops meet at this node's meeting place (all its ranks here)."""
+        here = rank // slots
+        return thin.meet is not None and g is not None and all(r // slots == here for r in g.ranks)
+
     made = [0]
     real_init = thin_mod.ThinHandle.__init__
 
@@ -1161,7 +1171,11 @@ def mode_ring_groups(p: int, rank: int) -> None:
     cases: list[tuple[str, str, tr.Group | None, int]] = []  # (form, label, group, calls)
     for label, g in groups:
         for form in ("ar-in", "ar-out", "ar-new", "bc-in", "bc-new", "rs", "ag", "bar"):
-            cases.append((form, label, g, 1))
+            calls = 1
+            if meets(g) and form not in ("rs", "ag"):  # at the meeting place: no ring call
+                # (into another array or a new one: the whole way, as the world's on one node)
+                calls = -1 if form in ("ar-out", "ar-new") else 0
+            cases.append((form, label, g, calls))
         cases.append(("agv", label, g, 2))
     cases.append(("agv", "world", None, 2))
     if one_node:  # the world's broadcasts meet in the arena: no ring call, no handle
@@ -1177,10 +1191,12 @@ def mode_ring_groups(p: int, rank: int) -> None:
                 if got.dtype != want.dtype or not np.array_equal(got, want):
                     bad.append(f"{name} call {i}: {got[:3]} != {want[:3]}")
             took, handles = int(thin.st[M.ST_CALLS]) - ran, made[0] - handles
-            if calls and (took != calls * repeats or handles):
+            if calls < 0 and took:
+                bad.append(f"{name}: {took} ring calls for {repeats} repeats (0 expected)")
+            if calls > 0 and (took != calls * repeats or handles):
                 bad.append(f"{name}: {took} compiled calls for {repeats} repeats "
                            f"({calls * repeats} expected), {handles} handles made")  # fmt: skip
-            if not calls and (took or handles > repeats // 2):  # (a late peer: a handle)
+            if calls == 0 and (took or handles > repeats // 2):  # (a late peer: a handle)
                 bad.append(f"{name}: {took} ring calls, {handles} handles for {repeats} repeats")
     thin_mod.ThinHandle.__init__ = real_init  # type: ignore[method-assign]
     # async repeats over a group start from the record (express.thin_start): a handle each

@@ -32,9 +32,9 @@ later ops fail at once.
 
 On a service of one node the clients run the world's allreduces, broadcasts and barriers
 among themselves, in the arena's meeting place, without this thread
-(:mod:`~totalreduce.transport.meeting`), and those of groups of its clients too; what it
-does for them is rare
-(:mod:`.thin_meeting`).
+(:mod:`~totalreduce.transport.meeting`), and those of groups of its clients too (on a
+service of several nodes, only those: a group whose ranks all live on the node); what it
+does for them is rare (:mod:`.thin_meeting`).
 
 Here: the thread and its events, and taking and starting the ops Python has.  Its
 bases: :mod:`.thin_fast` (the compiled pass's side: what it took, and its ops among the
@@ -111,9 +111,9 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
         self, arena: A.Arena, node: int, nodes: int, engine: Any, stall_warning_s: float = 60.0,
         pipe_min_bytes: int = arena_pass.PIPE_MIN_BYTES, meeting_on: bool | None = None,
     ) -> None:  # fmt: skip
-        """``meeting_on``: whether the clients of a one-node service meet in the arena
-        (None: :func:`meeting_default`), for the world's ops and their groups'; a service of
-        several nodes never has them."""
+        """``meeting_on``: whether the node's clients meet in the arena (None:
+        :func:`meeting_default`): for the world's ops and their groups' on a one-node
+        service, for groups of the node's clients only on a service of several nodes."""
         self.arena = arena
         self.stall_warning_s = stall_warning_s
         self._next_look = time.monotonic() + 1.0
@@ -164,7 +164,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
             service_loop.prepare()
             self._loop_shapes = service_loop.Shapes()
             self._repeats = ServiceRepeats(engine, express._make)
-        self._init_meeting(nodes == 1 and (meeting_default() if meeting_on is None else meeting_on))
+        self._init_meeting(meeting_default() if meeting_on is None else meeting_on, nodes == 1)
         #: held while this thread handles an event or the meeting's work, and while a new
         #: session zeroes the meeting place (on the socket's thread)
         self._event_lock = threading.Lock()
@@ -598,6 +598,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
         self._eject(1.0)  # ops waiting that long: Python's inspector looks at them too
         with self._event_lock:
             self._meet_stalls()
+            self._meet_ring_clashes()
         now = time.monotonic()
         self._next_look = now + 1.0
         for op in [o for ops in self._pending.values() for o in ops]:

@@ -1,10 +1,10 @@
 """The arena thread's side of the node's meeting place (:mod:`~totalreduce.transport.meeting`).
 
 On a service of one node its clients run the world's allreduces, broadcasts and
-barriers among themselves, in the arena, without this service, and those over a group
-of its clients (a group's channel names its members: its rounds wait, and
-fail, for them only; a group's op never escapes, and its mismatches fail at the meeting).
-What is left here is what is rare, each an event of the arena thread:
+barriers among themselves, in the arena, without this service, and on any service those
+over a group whose ranks all live on the node (a group's channel names its members: its
+rounds wait, and fail, for them only; a group's op never escapes, and its mismatches fail
+at the meeting).  What is left here is what is rare, each an event of the arena thread:
 
 - **the session**: the meeting place is zeroed when a session starts (no client is
   attached then), so no channel, round or flag of an old job meets a new one;
@@ -19,7 +19,13 @@ What is left here is what is rare, each an event of the arena thread:
   set while a client is gone, and a client that arrives meanwhile has the arena thread
   look again (``M_RESCAN``);
 - **stalls**: a round some clients arrived at and others not, for ``stall_warning_s``, is
-  logged as the rings' ops are, naming both.
+  logged as the rings' ops are, naming both;
+- **routes that differ**: once a second, a round that waits for a client whose op of its
+  name and generation is the service's (another group's, on the rings, or one the
+  meeting could not run), an op of the rings that waits for a client whose op of its name
+  and generation is at the meeting, and two channels of one name that wait for each
+  other's clients fail as a mismatch naming both ranks, their groups (or shapes); where
+  one side completed, its clients raise at their next call (a late error).
 
 :class:`MeetingOps` is a base of :class:`~.thin.ThinService`.
 """
@@ -57,14 +63,17 @@ class MeetingOps:
     _answering: Any
     size: int
     _collected: Any
+    _pending: dict[tuple[int, int], list[Any]]
     _pass_done: Any
     _late: Any
+    _fail: Any
 
-    def _init_meeting(self, on: bool) -> None:
-        """Have the node's clients meet in the arena (``on``: a one-node service)."""
+    def _init_meeting(self, on: bool, world: bool) -> None:
+        """Have the node's clients meet in the arena (``on``): the world's ops and groups'
+        (``world``: a one-node service), or only groups' (a service of several nodes)."""
         arena = self.arena
         self._meet_on = on
-        arena.header[A.H_MEET_ON] = 1 if on else 0
+        arena.header[A.H_MEET_ON] = (A.MEET_WORLD if world else A.MEET_GROUPS) if on else 0
         c, chb, osb, nbytes = A.meeting_layout(self.slots)
         self._meet_cf = M.config(arena, -1)
         at = int(arena.header[A.H_MEET])
@@ -130,6 +139,19 @@ class MeetingOps:
         if not mask:
             return list(range(self.slots))
         return [k for k in range(min(self.slots, M.GROUP_SLOTS)) if mask >> k & 1]
+
+    def _meet_order(self, c: int) -> list[int]:
+        """The slots of channel ``c``'s clients in group order (every slot: the world's)."""
+        row = self._meet_chans[c]
+        at = M.K_ORDER // _W
+        words = [int(row[at + w]) for w in range(M.ORDER_WORDS)]
+        if not words[0]:
+            return self._meet_members(c)
+        n = int(row[M.K_N // _W])
+        return [
+            ((words[j // M.ORDER_PER_WORD] >> (6 * (j % M.ORDER_PER_WORD))) & 63) - 1
+            for j in range(n)
+        ]
 
     def _meet_entry(self, c: int, i: int, k: int) -> np.ndarray:
         at = (M.LINE + i * self._meet_osw * _W + M.O_ENTRY + k * M.LINE) // _W
@@ -213,42 +235,106 @@ class MeetingOps:
 
     def _meet_clash(self, c: int, i: int, s: int, have: list[int]) -> bool:
         """Whether the round of op slot (``c``, ``i``) (state ``s``, clients ``have``
-        arrived) waits for ranks that ran its name and generation over another group: at
-        the meeting (another channel of the name holds their entries of that generation)
-        or, for the world's op, the compiled pass's or Python's.  Then it fails as a
-        mismatch on the ranks that arrived, naming both groups; so does the other round if
-        it waits too, and those that completed it hear it late."""
+        arrived) waits for clients that gave its name and generation another route: at
+        the meeting over another group (another channel of the name holds their entries
+        of that generation), or the service's (an op of the rings has their descriptors:
+        another group's, or a shape the meeting cannot run; for the world's op, one
+        completed over a group).  Then it fails as a mismatch on the clients that arrived,
+        naming both sides, and so does the other side (those that completed it hear it
+        late)."""
         gen = int(self._meet_entry(c, i, have[0])[M.E_GEN // _W])
         if self._meet_clash_here(c, i, gen, have):
             return True
-        if self._meet_chans[c, M.K_MASK // _W]:
-            return False
-        wire = int(self._meet_chans[c, 0])
+        wire = self._meet_wire(c)
+        missing = [k for k in self._meet_members(c) if k not in have]
+        ops = [o for o in self._pending.get((wire, gen), ()) if not o.over]
         done = self._collected.get((wire, gen)) or self._pass_done(wire, gen)
-        if done is None or done.key[2] == 0 or not any(x is not None for x in done.descs):
+        if done is not None and done not in ops:
+            if self._meet_chans[c, M.K_MASK // _W] or done.key[2] != 0:
+                ops.append(done)  # (the world's op: only one completed over a group)
+        ops = [o for o in ops if any(o.descs[k] is not None for k in missing)]
+        if not ops:
             return False
-        if int(M.fail_round(self._meet_cf, c, i, 0)) < 0:
-            return True  # over meanwhile
-        base = self.node * self.slots
-        world = list(range(self.size))
-        texts = sorted(
-            [(base + k, f"group {world}") for k in have]
-            + [(base + k, f"group {list(done.grp.ranks)}") for k, x in enumerate(done.descs)
-               if x is not None]
-        )  # fmt: skip
-        why = "the ranks disagree on the group: " + "; ".join(f"rank {r}: {t}" for r, t in texts)
-        self._late(done, A.E_MISMATCH, why)  # (first: the failed may look for them at once)
-        for k in have:
-            ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
-            self._meet_failed(k, ticket, why, A.E_MISMATCH)
+        self._route_clash(c, i, gen, have, ops)
         return True
 
     def _meet_group_ranks(self, c: int) -> list[int]:
-        """The ranks of channel ``c``'s group (the world's, for a channel of the world)."""
+        """The ranks of channel ``c``'s group, in group order (the world's, for a channel
+        of the world)."""
         if not self._meet_chans[c, M.K_MASK // _W]:
             return list(range(self.size))
         base = self.node * self.slots
-        return [base + k for k in self._meet_members(c)]
+        return [base + k for k in self._meet_order(c)]
+
+    def _clash_text(self, said: list[tuple[int, list[int], np.ndarray | None, bool]]) -> str:
+        """Why ops of one name and generation that took two routes fail: ``said`` holds
+        (rank, its group's ranks, its descriptor or None where unknown, whether it went to
+        the meeting) of each rank; their groups if those differ, else their shapes, else
+        the routes themselves."""
+        said = sorted(said, key=lambda t: t[0])
+        if len({tuple(g) for _, g, _, _ in said}) > 1:
+            return "the ranks disagree on the group: " + "; ".join(
+                f"rank {r}: group {g}" for r, g, _, _ in said
+            )
+        shapes = [(r, _shape_text(d)) for r, _, d, _ in said if d is not None]
+        if len({t for _, t in shapes}) > 1:
+            return "the ranks disagree: " + "; ".join(f"rank {r}: {t}" for r, t in shapes)
+        return (
+            "the ranks took different routes: "
+            + "; ".join(
+                f"rank {r}: " + ("at the node's meeting" if m else "through the node's service")
+                for r, _, _, m in said
+            )
+            + " (is TOTALREDUCE_MEET_GROUPS set alike in every client's environment?)"
+        )
+
+    def _route_clash(
+        self, c: int, i: int, gen: int, there: list[int], ops: list[Any]
+    ) -> None:  # fmt: skip
+        """Generation ``gen`` of channel ``c``'s name, whose clients ``there`` have their
+        entries in op slot ``i``, was given by other clients of the node to the service
+        (``ops``, ops of the rings): every side fails as a mismatch naming both; a side
+        that completed already has its clients raise at their next call."""
+        base = self.node * self.slots
+        g1 = self._meet_group_ranks(c)
+        said = [(base + k, g1, self._meet_row(c, i, k), True) for k in there]
+        for o in ops:
+            for k, x in enumerate(o.descs):
+                if x is not None:
+                    d = None if not int(x[A.D_KIND]) else x  # (the pass keeps no shape)
+                    said.append((base + k, list(o.grp.ranks), d, False))
+        why = self._clash_text(said)
+        for o in ops:  # (first: a rank that sees its op fail may look for them at once)
+            if o.over and not o.fail_kind:  # it completed: its ranks hear it late
+                self._late(o, A.E_MISMATCH, why)
+        for o in ops:
+            if not o.over:
+                self._fail(o, A.E_MISMATCH, why)
+        self._meet_fail_round(c, i, gen, there, why)
+
+    def _meet_fail_round(self, c: int, i: int, gen: int, there: list[int], why: str) -> None:
+        """Fail the round of generation ``gen`` in op slot (``c``, ``i``) as a mismatch
+        (``why``) on its clients ``there``; one that completed: they hear it late."""
+        rf = gen // M.DEPTH + 1
+        s = self._meet_state(c, i)
+        if (s >> M.RSHIFT) & M.RMASK != rf:
+            return  # (over, and a later round under way: nothing waits for it)
+        if int(M.fail_round(self._meet_cf, c, i, 0)) >= 0:
+            for k in there:
+                ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
+                self._meet_failed(k, ticket, why, A.E_MISMATCH)
+        elif self._meet_state(c, i) & M.DONE:  # completed there: raised at the next call
+            for k in there:
+                ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
+                self._meet_late(k, ticket, A.E_MISMATCH, why)
+
+    def _meet_there(self, c: int, i: int, gen: int) -> list[int]:
+        """The clients of channel ``c`` whose entries in op slot ``i`` are of ``gen``."""
+        return [
+            k for k in self._meet_members(c)
+            if int(self._meet_entry(c, i, k)[M.E_TICKET // _W]) != 0
+            and int(self._meet_entry(c, i, k)[M.E_GEN // _W]) == gen
+        ]  # fmt: skip
 
     def _meet_clash_here(self, c: int, i: int, gen: int, have: list[int]) -> bool:
         """The round of (``c``, ``i``) of generation ``gen`` waits for a client whose
@@ -260,35 +346,41 @@ class MeetingOps:
         for c2 in np.nonzero(self._meet_chans[:, 0].copy())[0].tolist():
             if c2 == c or self._meet_wire(c2) != wire:
                 continue
-            there = [
-                k for k in self._meet_members(c2)
-                if int(self._meet_entry(c2, i, k)[M.E_TICKET // _W]) != 0
-                and int(self._meet_entry(c2, i, k)[M.E_GEN // _W]) == gen
-            ]  # fmt: skip
+            there = self._meet_there(c2, i, gen)
             if not any(k in there for k in missing):
                 continue
             base = self.node * self.slots
             g1, g2 = self._meet_group_ranks(c), self._meet_group_ranks(c2)
-            texts = sorted([(base + k, f"group {g1}") for k in have]
-                           + [(base + k, f"group {g2}") for k in there])  # fmt: skip
-            why = "the ranks disagree on the group: " + "; ".join(
-                f"rank {r}: {t}" for r, t in texts
-            )
-            s2 = self._meet_state(c2, i)
-            if int(M.fail_round(self._meet_cf, c2, i, 0)) >= 0:
-                for k in there:
-                    ticket = int(self._meet_entry(c2, i, k)[M.E_TICKET // _W])
-                    self._meet_failed(k, ticket, why, A.E_MISMATCH)
-            elif s2 & M.DONE:  # completed there: its clients raise at their next call
-                for k in there:
-                    ticket = int(self._meet_entry(c2, i, k)[M.E_TICKET // _W])
-                    self._meet_late(k, ticket, A.E_MISMATCH, why)
-            if int(M.fail_round(self._meet_cf, c, i, 0)) >= 0:
-                for k in have:
-                    ticket = int(self._meet_entry(c, i, k)[M.E_TICKET // _W])
-                    self._meet_failed(k, ticket, why, A.E_MISMATCH)
+            said = [(base + k, g1, self._meet_row(c, i, k), True) for k in have]
+            said += [(base + k, g2, self._meet_row(c2, i, k), True) for k in there]
+            why = self._clash_text(said)
+            self._meet_fail_round(c2, i, gen, there, why)
+            self._meet_fail_round(c, i, gen, have, why)
             return True
         return False
+
+    def _meet_ring_clashes(self) -> None:
+        """Ops of the rings that wait for clients of the node whose op of their name and
+        generation is at the meeting (over another group, or a shape the
+        other ranks' op could not take there): both sides fail as a mismatch naming them
+        (:meth:`_route_clash`; a round that completed: its clients hear it late)."""
+        if not self._meet_on or not self._pending:
+            return
+        waiting = [o for ops in self._pending.values() for o in ops if not (o.over or o.passive)]
+        if not waiting:
+            return
+        chans: dict[int, list[int]] = {}
+        for c in np.nonzero(self._meet_chans[:, 0].copy())[0].tolist():
+            chans.setdefault(self._meet_wire(c), []).append(c)
+        for op in waiting:
+            wire, gen = op.key[0], op.key[1]
+            missing = [k for _, k in op.grp.local if op.descs[k] is None]
+            i = gen % M.DEPTH
+            for c in chans.get(wire, ()):
+                there = self._meet_there(c, i, gen)
+                if any(k in there for k in missing):
+                    self._route_clash(c, i, gen, there, [op])
+                    break
 
     def _meet_late(self, slot: int, ticket: int, kind: int, why: str) -> None:
         """Op ``ticket`` of ``slot``'s client completed at the meeting, but it fails: the

@@ -16,8 +16,9 @@ watches the words.
 On a service of one node, the world's allreduces, broadcasts and barriers never reach
 the service: the node's clients meet in the arena's meeting place
 (:mod:`~totalreduce.transport.meeting`), and the last to arrive runs the op, setting
-every client's completion word as the service would.  So do those over a group of the
-node's clients (its ranks in ascending order).  A
+every client's completion word as the service would.  So do those over a group whose
+ranks all live on the node, on a service of any number of nodes (reduced in the group's
+order, as the rings reduce them).  A
 blocking repeat in place on an array of the arena is one compiled call
 (:meth:`ThinClient.now`): arrive, wait (helping with slices of a large op), done, no
 handle made.
@@ -76,8 +77,9 @@ _SPIN_NS, _LARGE_SPIN_NS = int(SPIN_S * 1e9), int(LARGE_SPIN_S * 1e9)
 #: The kinds that meet in the arena on a one-node service.
 _MEET_KINDS = frozenset({int(OpKind.ALLREDUCE), int(OpKind.BROADCAST), int(OpKind.BARRIER)})
 _SESSION = A.signed(SESSION_ID)
-#: Whether an op over a group of the node's clients meets in the arena too (on a
-#: one-node service), as the world's do (``TOTALREDUCE_MEET_GROUPS=0``: into the ring).
+#: Whether an op over a group of the node's clients meets in the arena too (on a service
+#: of any number of nodes), as the world's do on one node (``TOTALREDUCE_MEET_GROUPS=0``:
+#: into the ring).
 MEET_GROUPS = os.environ.get("TOTALREDUCE_MEET_GROUPS", "1") != "0"
 _KINDS = {OpKind.ALLREDUCE: "allreduce", OpKind.BROADCAST: "broadcast", OpKind.BARRIER: "barrier",
           OpKind.REDUCE_SCATTER: "reduce-scatter", OpKind.ALLGATHER: "all-gather",
@@ -254,8 +256,8 @@ class ThinClient(ThinBuffers):
         self.meet: np.ndarray | None = (
             M.config(self.arena, self.slot) if int(self.header[A.H_MEET_ON]) else None
         )
-        #: whether the world's ops meet there (as groups' of the node's clients do)
-        self.meet_world = self.meet is not None
+        #: whether the world's ops meet there too (a one-node service), not only groups'
+        self.meet_world = int(self.header[A.H_MEET_ON]) == A.MEET_WORLD
         self._flight: dict[int, ThinHandle] = {}  # ticket -> handle, oldest first
         self._consts: dict[tuple[int, ...], int] = {}  # const_block's blocks
         #: the last ops completed here by a handle, by ticket % RING: (ticket, kind, name,
@@ -316,7 +318,8 @@ class ThinClient(ThinBuffers):
         passive: bool = False,
     ) -> ThinHandle:
         """Write the op's descriptor; the service takes it from here (or, for the world's
-        allreduces, broadcasts and barriers on a one-node service, arrive at the meeting).
+        allreduces, broadcasts and barriers on a one-node service, and those over a group
+        whose ranks all live on this node on any service, arrive at the meeting).
         ``passive``: a window's standing receive (no stall warnings; nothing waits for it
         to make room)."""
         if self.gone is not None:
@@ -342,7 +345,7 @@ class ThinClient(ThinBuffers):
         ):
             shape = M.pack_shape(k, int(dtype), int(op), flags, algorithm)
             if context == 0 and group == -1:
-                if self.meet_world:
+                if self.meet_world:  # (a world of several nodes: the ring, on every rank)
                     rec = M.record(int(row[A.D_WIRE]), shape, count, root)
             elif MEET_GROUPS and group >= 0 and M.runs_here(k, int(dtype), int(op), flags):
                 slots = self.group_slots(group)
@@ -392,18 +395,23 @@ class ThinClient(ThinBuffers):
 
     def group_slots(self, at: int) -> tuple[int, ...] | None:
         """The slots of the node's clients that are the group of the block at arena offset
-        ``at`` (its size, then its ranks), if they all are and come in ascending order (the
-        order the meeting reduces in, as the service does in group order), else None: the
-        group's ops then take the ring."""
+        ``at`` (its size, then its ranks), in group order (the order the meeting reduces
+        in, as the rings do), if every rank of the group is a client of this node, else
+        None: the group's ops then take the ring.  Every member decides alike, from the
+        group's ranks and the node's ranks alone (rank ``r`` lives on node
+        ``r // slots``), so no two members of an op take different routes for its
+        group; a group of more than :data:`~.meeting.ORDER_SLOTS` ranks whose slots do
+        not ascend takes the ring too."""
         n = int(self.arena.view(at, 1, np.dtype(np.int64))[0])
         if not 0 < n <= M.GROUP_SLOTS:
             return None
         ranks = self.arena.view(at, 1 + n, np.dtype(np.int64))[1:].tolist()
         base = self.rank - self.slot
+        top = min(self.arena.slots, M.GROUP_SLOTS)
         slots = tuple(r - base for r in ranks)
-        if slots[0] < 0 or slots[-1] >= min(self.arena.slots, M.GROUP_SLOTS):
+        if any(not 0 <= k < top for k in slots) or len(set(slots)) != n:
             return None
-        if any(a >= b for a, b in zip(slots, slots[1:], strict=False)):
+        if n > M.ORDER_SLOTS and any(a > b for a, b in zip(slots, slots[1:], strict=False)):
             return None
         return slots
 

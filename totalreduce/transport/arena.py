@@ -14,7 +14,8 @@ one *slot* per local client:
 
 After the slots, the node's *meeting place* (:mod:`.meeting`): where a one-node
 service's clients run the world's allreduces, broadcasts and barriers among themselves,
-without the service (``H_MEET_ON`` says whether they do).
+and any service's clients those over groups of the node's clients, without the service
+(``H_MEET_ON`` says whether they do: ``MEET_WORLD`` both, ``MEET_GROUPS`` only groups').
 
 Words are ``int64``; one side writes each (the client the tail and the
 descriptors, the service the head, the completion words and the error ring).
@@ -46,6 +47,7 @@ H_CONTROL_BYTES = P.AR_H_CONTROL_BYTES
 H_SERVICE_SLEEPING = P.AR_H_SERVICE_SLEEPING
 H_MEET = P.AR_H_MEET
 H_MEET_ON = P.AR_H_MEET_ON
+MEET_WORLD, MEET_GROUPS = P.AR_MEET_WORLD, P.AR_MEET_GROUPS
 H_LOOP_ENTERED = P.AR_H_LOOP_ENTERED
 H_LOOP_RAN = P.AR_H_LOOP_RAN
 H_HOST_PROCS = P.AR_H_HOST_PROCS

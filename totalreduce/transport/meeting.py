@@ -48,13 +48,16 @@ word of its control block (``C_FUTEX``) after adding itself to ``C_SLEEPING``; w
 sets a word of its (another client, or the service) bumps the futex word and wakes it if
 the count is nonzero.  A futex works between processes on shared memory.
 
-**Groups.**  An op over a group of the node's clients (its ranks ascending) meets here
-too, in a channel of its own: its key mixes the name's wire id with the
-group's context (two groups may run ops of one name at once), and the channel's first
-line holds the group's slots (a bit each), wire id, size and first slot, which every
-member writes alike when it first looks the channel up.  Only the members' entries count,
-the round is over when they all arrived, the op is reduced in slot order among them and
-only their words are set.  A group's op never escapes: a member checks before it arrives
+**Groups.**  An op over a group of the node's clients meets here too, on a service of
+any number of nodes (of several: only groups' ops, ``H_MEET_ON`` ``MEET_GROUPS``), in a
+channel of its own: its key mixes the name's wire id with the group's context (two
+groups may run ops of one name at once), and the channel's first line holds the group's
+slots (a bit each), wire id, size, the slot of its rank 0 and, for a group whose ranks
+do not come in ascending order, its slots in group order (6 bits each, at most
+:data:`ORDER_SLOTS`), which every member writes alike when it first looks the channel
+up.  Only the members' entries count, the round is over when they all arrived, the op is
+reduced in group order among them (the rings' order: the same bits) and only their
+words are set.  A group's op never escapes: a member checks before it arrives
 that the meeting runs its op (else it takes the ring).  **A mismatch** fails at once:
 every member that arrives compares its entry with those of the members there already
 (an entry counts once its generation and ticket show, which its client writes last); the
@@ -164,14 +167,21 @@ ST_ENDED = ST_PEND + MAX_CHANNELS * DEPTH
 ST_WORDS = ST_ENDED + 3 * A.RING
 # an op's record: its channel (-1: not looked up yet), wire id, packed shape, count, root,
 # then, for an op over a group of the node's clients: the group's slots (a bit each; 0:
-# the world) and the channel's key (the wire id mixed with the group's context)
-R_CH, R_WIRE, R_SHAPE, R_COUNT, R_ROOT, R_MASK, R_KEY = range(7)
-R_WORDS = 8
+# the world), the channel's key (the wire id mixed with the group's context) and the
+# group's order (ORDER_WORDS words, all 0 where its ranks come in ascending order)
+R_CH, R_WIRE, R_SHAPE, R_COUNT, R_ROOT, R_MASK, R_KEY, R_ORDER = range(8)
+ORDER_WORDS = 3
+R_WORDS = R_ORDER + ORDER_WORDS + 1
 # a channel's first line: its key (the wire id of a name of the world), then for a
-# group's channel its slots, wire id, member count and first slot (bytes)
-K_MASK, K_WIRE, K_N, K_FIRST = 8, 16, 24, 32
+# group's channel its slots, wire id, member count, the slot of its rank 0 and its order
+# (bytes)
+K_MASK, K_WIRE, K_N, K_FIRST, K_ORDER = 8, 16, 24, 32, 40
 #: Slots a group that meets here may name (its slots are the bits of one word).
 GROUP_SLOTS = 63
+#: Slots an order word holds (each slot plus one in 6 bits), and so the most members of a
+#: group whose ranks do not come in ascending order that meets here (more take the ring).
+ORDER_PER_WORD = 10
+ORDER_SLOTS = ORDER_PER_WORD * ORDER_WORDS
 # a mismatch found at a group's arrival: the claim (state line; the round << 24 | the
 # two slots that disagree), their shape, count and root words (work line)
 O_MIS, O_MISV = 16, 80
@@ -224,7 +234,10 @@ def config(arena: A.Arena, me: int) -> np.ndarray:
     cf[CF_QOFF] = HEADER_BYTES
     cf[CF_CH0] = HEADER_BYTES + -(-c * DEPTH * 16 // 4096) * 4096
     cf[CF_SLICE] = SLICE_BYTES
-    cf[CF_PURE] = pure_spin_ns(slots)
+    procs = slots  # (a service of several nodes: its job's processes on the host poll too)
+    if int(h[A.H_MEET_ON]) == A.MEET_GROUPS:
+        procs = max(slots, int(h[A.H_HOST_PROCS]))
+    cf[CF_PURE] = pure_spin_ns(procs)
     return cf
 
 
@@ -269,8 +282,9 @@ def record(
     wire: int, shape: int, count: int, root: int, slots: tuple[int, ...] = (), context: int = 0
 ) -> np.ndarray:
     """An op's record (its channel is looked up at its first post); ``slots``: the node's
-    clients of the op's group, ascending (empty: the world's op), ``context`` the group's
-    (its ops meet in channels of their own: two groups may run ops of one name at once)."""
+    clients of the op's group in group order (empty: the world's op; at most
+    :data:`ORDER_SLOTS` where they do not ascend), ``context`` the group's (its ops meet in
+    channels of their own: two groups may run ops of one name at once)."""
     r = np.zeros(R_WORDS, np.int64)
     r[R_CH], r[R_WIRE], r[R_SHAPE], r[R_COUNT], r[R_ROOT] = -1, wire, shape, count, root
     r[R_KEY] = wire
@@ -278,6 +292,12 @@ def record(
         r[R_MASK] = sum(1 << k for k in slots)
         key = (wire ^ (context * 0x9E3779B97F4A7C15)) & ((1 << 64) - 1)
         r[R_KEY] = (key - (1 << 64) if key >= 1 << 63 else key) or 1
+        if any(a > b for a, b in zip(slots, slots[1:], strict=False)):
+            if len(slots) > ORDER_SLOTS:
+                raise ValueError(f"a group of {len(slots)} slots out of order cannot meet")
+            for j, k in enumerate(slots):
+                w, b = divmod(j, ORDER_PER_WORD)
+                r[R_ORDER + w] |= (k + 1) << (6 * b)
     return r
 
 
@@ -419,12 +439,14 @@ def _line(cf, c):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _members(cf, c):  # type: ignore[no-untyped-def]
-    """(slots mask, how many, the first) of channel ``c``'s clients."""
+    """(slots mask, how many, the slot of group rank 0, the address of the group's order
+    words or 0 where its slots ascend) of channel ``c``'s clients."""
     at = _line(cf, c)
     mask = ld_i64(at + K_MASK)
     if mask == 0:
-        return np.int64(0), cf[CF_L], np.int64(0)
-    return mask, ld_i64(at + K_N), ld_i64(at + K_FIRST)
+        return np.int64(0), cf[CF_L], np.int64(0), np.int64(0)
+    order = at + K_ORDER if ld_i64(at + K_ORDER) != 0 else 0
+    return mask, ld_i64(at + K_N), ld_i64(at + K_FIRST), np.int64(order)
 
 
 @njit(nogil=True, cache=True)
@@ -442,10 +464,14 @@ def _channel(cf, rec):  # type: ignore[no-untyped-def]
                 n += 1
                 if first < 0:
                     first = k
+        if rec[R_ORDER] != 0:
+            first = (rec[R_ORDER] & 63) - 1
         at = _line(cf, c)
         st_i64(at + K_WIRE, rec[R_WIRE])
         st_i64(at + K_N, n)
         st_i64(at + K_FIRST, first)
+        for w in range(ORDER_WORDS):
+            st_i64(at + K_ORDER + 8 * w, rec[R_ORDER + w])
         atomic_store_i64(at + K_MASK, mask)
     rec[R_CH] = c
     return c
@@ -461,8 +487,11 @@ def channel(cf, rec):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _nth(mask, j):  # type: ignore[no-untyped-def]
-    """The slot of the ``j``-th client of the op (its group rank ``j``)."""
+def _nth(mask, order, j):  # type: ignore[no-untyped-def]
+    """The slot of the ``j``-th client of the op (its group rank ``j``; ``order``: the
+    address of the group's order words, 0 where its slots ascend)."""
+    if order != 0:
+        return ((ld_i64(order + 8 * (j // ORDER_PER_WORD)) >> (6 * (j % ORDER_PER_WORD))) & 63) - 1
     if mask == 0:
         return j
     for k in range(GROUP_SLOTS):
@@ -565,10 +594,11 @@ def _slices(shape, count, slice_bytes):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _slice(cf, os, j, n_slices, mask, nm, first):  # type: ignore[no-untyped-def]
-    """Slice ``j`` of the op in ``os`` among the ``nm`` clients of ``mask`` (the first:
-    ``first``): reduced (or copied from the root) into the first client's output, in slot
-    order, divided for ``avg``, and copied into every output."""
+def _slice(cf, os, j, n_slices, mask, nm, first, order):  # type: ignore[no-untyped-def]
+    """Slice ``j`` of the op in ``os`` among the ``nm`` clients of ``mask`` (group rank 0's
+    slot: ``first``; ``order``: the group's order words, 0 where its slots ascend):
+    reduced (or copied from the root) into group rank 0's output, in group order, divided
+    for ``avg``, and copied into every output."""
     n_slots, arena = cf[CF_L], cf[CF_ARENA]
     e0 = _entry(os, first)
     shape, count = ld_i64(e0 + E_SHAPE), ld_i64(e0 + E_COUNT)
@@ -589,6 +619,13 @@ def _slice(cf, os, j, n_slices, mask, nm, first):  # type: ignore[no-untyped-def
         dst = arena + ld_i64(e0 + E_OUT) + at
         if nm == 1:
             copy_raw(dst, arena + ld_i64(e0 + E_IN) + at, span)
+        elif order != 0:  # in group order, as the rings reduce it
+            a = arena + ld_i64(e0 + E_IN) + at
+            b = arena + ld_i64(_entry(os, _nth(mask, order, 1)) + E_IN) + at
+            reduce3_raw(dt, op, dst, a, b, n)
+            for g in range(2, nm):
+                e = _entry(os, _nth(mask, order, g))
+                reduce_raw(dt, op, dst, arena + ld_i64(e + E_IN) + at, n)
         else:
             second = first + 1
             while not _in(mask, second):
@@ -602,7 +639,7 @@ def _slice(cf, os, j, n_slices, mask, nm, first):  # type: ignore[no-untyped-def
         if flags & _F_AVG:
             average_raw(dt, dst, n, nm)
     else:  # a broadcast: the root's input into its output, then everyone's
-        er = _entry(os, _nth(mask, ld_i64(e0 + E_ROOT)))
+        er = _entry(os, _nth(mask, order, ld_i64(e0 + E_ROOT)))
         dst = arena + ld_i64(er + E_OUT) + at
         copy_raw(dst, arena + ld_i64(er + E_IN) + at, span)
     for k in range(n_slots):
@@ -634,7 +671,7 @@ def _complete(cf, os, mask):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _work(cf, os, rf, mask, nm, first):  # type: ignore[no-untyped-def]
+def _work(cf, os, rf, mask, nm, first, order):  # type: ignore[no-untyped-def]
     """Claim and run slices of round ``rf`` of ``os`` while any is left; P_DONE if this
     caller ran the last one (and so completed the op)."""
     e0 = _entry(os, first)
@@ -647,7 +684,7 @@ def _work(cf, os, rf, mask, nm, first):  # type: ignore[no-untyped-def]
             return P_WAIT
         if atomic_cas_i64(os + O_CLAIM, c, c + 1) != c:
             continue
-        _slice(cf, os, c & WMASK, n_slices, mask, nm, first)
+        _slice(cf, os, c & WMASK, n_slices, mask, nm, first, order)
         v = atomic_add_i64(os + O_SDONE, 1)
         if (v & WMASK) + 1 == n_slices:
             return _complete(cf, os, mask)
@@ -672,7 +709,7 @@ def _escape(cf, c, i, os, rf):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _finish(cf, c, i, os, rf, gen, mask, nm, first):  # type: ignore[no-untyped-def]
+def _finish(cf, c, i, os, rf, gen, mask, nm, first, order):  # type: ignore[no-untyped-def]
     """The last client of round ``rf`` arrived (this caller): run the op, or (the world's
     op) escape it."""
     if mask == 0 and not _runs_here(cf, os, gen):
@@ -682,7 +719,7 @@ def _finish(cf, c, i, os, rf, gen, mask, nm, first):  # type: ignore[no-untyped-
     e0 = _entry(os, first)
     if _slices(ld_i64(e0 + E_SHAPE), ld_i64(e0 + E_COUNT), cf[CF_SLICE]) > 1:
         _wake_all(cf, os, mask)  # the sleepers help
-    return _work(cf, os, rf, mask, nm, first)
+    return _work(cf, os, rf, mask, nm, first, order)
 
 
 @njit(nogil=True, cache=True)
@@ -771,7 +808,7 @@ def meet_post(cf, st, rec, gen, ticket, prio, at_in, at_out):  # type: ignore[no
         c = _channel(cf, rec)
         if c < 0:
             return P_FULL
-    mask, nm, first = _members(cf, c)
+    mask, nm, first, order = _members(cf, c)
     if mask != 0 and not _group_ok(cf, rec, nm, at_in, at_out):
         return P_WEIRD
     d = cf[CF_D]
@@ -825,7 +862,7 @@ def meet_post(cf, st, rec, gen, ticket, prio, at_in, at_out):  # type: ignore[no
         if k >= 0:
             return code | _mismatch(cf, os, rf, gen, mask, k)
     if (new & CMASK) == nm:
-        return code | _finish(cf, c, i, os, rf, gen, mask, nm, first)
+        return code | _finish(cf, c, i, os, rf, gen, mask, nm, first, order)
     return code
 
 
@@ -841,7 +878,7 @@ def meet_wait(cf, st, ticket, idx, rf, deadline_ns, spin_ns, check_ns):  # type:
     word = ctl + 8 * (_DONE_WORD + (ticket - 1) % _RING)
     c = idx // cf[CF_D]
     os = _opslot(cf, c, idx % cf[CF_D])
-    mask, nm, first = _members(cf, c)
+    mask, nm, first, order = _members(cf, c)
     t0 = now_ns()
     while True:
         w = atomic_load_i64(word)
@@ -855,7 +892,7 @@ def meet_wait(cf, st, ticket, idx, rf, deadline_ns, spin_ns, check_ns):  # type:
             if (cl >> WSHIFT) == rf:
                 e0 = _entry(os, first)
                 if (cl & WMASK) < _slices(ld_i64(e0 + E_SHAPE), ld_i64(e0 + E_COUNT), cf[CF_SLICE]):
-                    _work(cf, os, rf, mask, nm, first)
+                    _work(cf, os, rf, mask, nm, first, order)
                     continue
         t = now_ns()
         if t >= deadline_ns:
@@ -963,7 +1000,7 @@ def prepare() -> None:
         release(st, t, int(rec[R_CH]) * DEPTH)
         t = int(take_ticket(st))
         meet_now(cf, st, rec, 1, t, 0, -1, 0, 0)
-        grec = record(54321, pack_shape(_AR, DT_I64, _OP_SUM, 0, 0), 1, 0, (0,), 7)
+        grec = record(54321, pack_shape(_AR, DT_I64, _OP_SUM, 0, 0), 1, 0, (1, 0), 7)
         channel(cf, grec)
         mismatch(cf, int(grec[R_CH]) * DEPTH, 1, np.zeros(8, np.int64))
         t = int(take_ticket(st))
