@@ -156,6 +156,43 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def served_one(tmp_path_factory: pytest.TempPathFactory) -> Served:
+    d = tmp_path_factory.mktemp("ft1")
+    s = serve(1, 1, d, timeout=900, extra=("--fault-tolerant", "--first-quorum", "3"))
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_clean_leave_between_steps_fails_nothing(
+    request: pytest.FixtureRequest, nodes: int
+) -> None:
+    """3 members (on one node, or 2 + 1 on two); b leaves cleanly (``Member.close()``) once
+    step 3 committed, its vote having formed the next quorum with it.  Its service tells the
+    others in the next round, before any op of step 4 can have ended, and the quorum is
+    re-formed without it: step 4 commits on the two others (their allreduce, sent in the old
+    quorum, goes again in the new one), nothing rolls back after the leave, and every
+    committed step has equal parameters on its members."""
+    served = request.getfixturevalue("served_one" if nodes == 1 else "served")
+    k, steps = 3, 7
+    a = Member(served, 0, f"a-leave{nodes}", steps)
+    b = Member(served, 0, f"b-leave{nodes}", steps, "--leave-at", str(k))
+    c = Member(served, nodes - 1, f"c-leave{nodes}", steps)
+    b.wait_for(f"LEFT {k}", 120)
+    assert b.proc.wait(30) == 0
+    for m in (a, c):
+        m.finish(60)
+        assert m.proc.returncode == 0 and m.lines[-1] == "DONE", "\n".join(m.lines[-20:])
+        assert m.committed() == steps
+        late = [x for x in m.lines if x.split()[0] in ("ROLLBACK", "FAIL")]
+        assert not [x for x in late if int(x.split()[1]) > k], late
+        again = [x.split() for x in m.lines if x.startswith("REFORMED")]
+        assert [w[1] for w in again] == [str(k + 1)] and again[0][4] == "2", m.lines
+    check_history([a, b, c])
+    assert events(a)[-2 * (steps - k) :] == events(c)[-2 * (steps - k) :]
+
+
 @pytest.mark.parametrize("where", ["before", pytest.param("after", marks=pytest.mark.full)])
 def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
     """3 members on 2 nodes (2 + 1); one is killed in step 4 (before its allreduce: the

@@ -200,11 +200,16 @@ class Member:
             )  # fmt: skip
         if "error" in h:
             raise QuorumError(f"member {self.replica_id}: {h['error']}")
+        self._seq = 0
+        return self._requorum(h)
+
+    def _requorum(self, h: dict[str, Any]) -> QuorumInfo:
+        """This member's quorum is the one ``h`` describes (a new one, or the current one
+        re-formed without a member that left before the step started: the same step)."""
         self.quorum = QuorumInfo(
             int(h["q"]), int(h["rank"]), int(h["size"]), tuple(h["replica_ids"]),
             int(h["step"]), int(h["heal_from"]), tuple(h["heal_to"]),
         )  # fmt: skip
-        self._seq = 0
         return self.quorum
 
     def _q(self, what: str) -> QuorumInfo:
@@ -219,6 +224,10 @@ class Member:
             header["key"] = f"{self._seq}"
         header.update(kind="op", q=q.qid)
         h, data = self._ask(header, payload)
+        while "again" in h:  # a member left before the step started: the quorum re-formed
+            q = self._requorum(h["again"])
+            header["q"] = q.qid
+            h, data = self._ask(header, payload)
         if "error" in h:
             raise StepFailedError(f"member {self.replica_id} (rank {q.rank}): {h['error']}")
         return h, data
@@ -278,6 +287,8 @@ class Member:
             head["next"] = {"step": int(ask_next), "min_size": int(min_replica_size),
                             "timeout_ms": max(1, int(t * 1000))}  # fmt: skip
         h, _ = self._ask(head, timeout=timeout)
+        if "again" in h:  # the quorum re-formed (a member left) before any op of this step
+            self._requorum(h["again"])
         self.failure = None if h["ok"] else str(h.get("why") or "a member voted no")
         if ask_next is not None:
             self._asked = (int(ask_next) + (1 if h["ok"] else 0), h.get("quorum"))
