@@ -72,6 +72,7 @@ EMPTY_S = 0.05
 #: A member's message is read whole once it starts; it may not stall longer.
 READ_TIMEOUT_S = 30.0
 _KINDS = ("allreduce", "xfer")
+_WAKE = "wake"
 
 
 @dataclass
@@ -94,6 +95,9 @@ class _Conn:
     beat_s: float = 60.0  # silent this long (no message, heartbeats included): dropped
     heard: float = 0.0  # when its last message came (monotonic)
     hung: bool = False  # dropped for silence: shown one last round (F_HUNG), then closed
+    left: bool = False  # said bye before any part in its quorum's step: one last round (F_LEFT)
+    took_part: int = 0  # the last quorum it sent an op's part or a vote in
+    moved: bool = False  # its vote came in a quorum since re-formed: its answer says so
 
 
 @dataclass
@@ -133,6 +137,12 @@ class FtService:
         self._listener.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
+        # an op among the services that ends wakes the loop (its answer goes out at once,
+        # not after the round's pause): its handle's callback writes a byte here
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._conns: dict[int, _Conn] = {}  # by token
         self._slots: list[int] = [0] * Q.MAX_MEMBERS  # token per slot, 0: free
         self._serial = 0
@@ -187,6 +197,7 @@ class FtService:
             for c in [k.fileobj for k in self._sel.get_map().values()]:
                 if isinstance(c, socket.socket) and c is not self._listener:
                     c.close()
+            self._wake_w.close()
             self._sel.close()
             self._listener.close()
             try:
@@ -202,7 +213,10 @@ class FtService:
             row[Q.FIRST] = self.first_quorum
         row[Q.ACTIVE] = sum(1 for c in self._conns.values() if c.asking or c.voting or c.in_op)
         for c in self._conns.values():
-            flags = (Q.F_NEXT if c.cond else 0) | (Q.F_HUNG if c.hung else 0)
+            flags = (
+                (Q.F_NEXT if c.cond else 0) | (Q.F_HUNG if c.hung else 0)
+                | (Q.F_LEFT if c.left else 0)
+            )  # fmt: skip
             Q.write_member(
                 row, c.slot,
                 Q.Member(c.token, c.step, c.ask, c.min_size,
@@ -212,8 +226,11 @@ class FtService:
         if self.engine is not None:
             self.engine.allreduce(table, name=ROUND, op="sum", out=table)
         self.rounds += 1
-        for c in [c for c in self._conns.values() if c.hung]:  # every service saw it flagged
-            self._drop(c, f"no message within its timeout of {c.beat_s:g} s (hung or stopped)")
+        for c in [c for c in self._conns.values() if c.hung or c.left]:  # every service saw it
+            if c.left:
+                self._forget_conn(c, None)
+            else:
+                self._drop(c, f"no message within its timeout of {c.beat_s:g} s (hung or stopped)")
         out = table.reshape(self.nodes, Q.ROW)
         self._anyone = bool(out[:, Q.HEADER :: Q.FIELDS].any())  # a token in some slot
         now = time.monotonic()
@@ -240,6 +257,12 @@ class FtService:
         for key, _ in self._sel.select(timeout):
             if key.data is None:
                 self._accept()
+                said = True
+            elif key.data is _WAKE:
+                try:
+                    self._wake_r.recv(4096)
+                except BlockingIOError:
+                    pass
                 said = True
             else:
                 conn = key.data
@@ -283,13 +306,17 @@ class FtService:
         if kind == "beat":
             return
         if kind == "bye":
-            self._drop(conn, None)
+            self._bye(conn)
         elif kind == "quorum":
             if conn.asking:
                 raise ValueError("an ask while its last one is not answered")
             self._ask(conn, h)
         elif kind == "vote":
             conn.vote_q, conn.vote_ok = int(h["q"]), 1 if h["ok"] else 0
+            moved = self._moved(conn.vote_q, conn)
+            if moved:  # a step with no op, re-formed (a member left): the vote counts there
+                conn.vote_q = self.quorums.now(conn.vote_q)
+            conn.took_part = conn.vote_q
             done = self.quorums.decision(conn.vote_q)
             nxt = h.get("next")
             if nxt is not None:  # the next quorum's ask, with the vote
@@ -298,10 +325,11 @@ class FtService:
                 self._ask(conn, nxt)
                 conn.step += 1 if done else 0
                 conn.cond = done is None
+            conn.moved = moved
             if done is None:
                 conn.voting = conn.vote_q
             else:
-                self._reply(conn, self._commit_answer(conn.vote_q, done))
+                self._reply(conn, self._commit_answer(conn, conn.vote_q, done))
         elif kind == "op":
             self._op_part(conn, h, payload)
         else:
@@ -318,7 +346,7 @@ class FtService:
         is told why (if its socket takes it) and shown flagged for one last round."""
         now = time.monotonic()
         for c in self._conns.values():
-            if c.hung or now - c.heard <= c.beat_s:
+            if c.hung or c.left or now - c.heard <= c.beat_s:
                 continue
             c.hung = True
             why = (
@@ -355,8 +383,26 @@ class FtService:
         self._reply(conn, {"kind": "welcome", "token": conn.token, "node": self.node,
                            "nodes": self.nodes})  # fmt: skip
 
+    def _bye(self, conn: _Conn) -> None:
+        """A member leaves.  One of the current quorum that took no part in its step yet
+        (no op, no vote) is shown one more round flagged ``F_LEFT``, so that the services
+        may re-form the quorum without it (:meth:`.ft_quorum.Quorums._reform`); any other
+        leave is at once what a death is."""
+        qm = self.quorums.current
+        if (
+            qm is None or conn.token not in qm.members or conn.took_part == qm.qid
+            or conn.in_op or conn.voting or qm.qid in self.quorums.broken
+        ):  # fmt: skip
+            return self._drop(conn, None)
+        conn.left = True
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
     def _reply(self, conn: _Conn, h: dict[str, Any], payload: Any = b"") -> None:
-        if conn.hung:
+        if conn.hung or conn.left:
             return
         try:
             F.send(conn.sock, h, payload)
@@ -371,7 +417,10 @@ class FtService:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
-        if conn.token:
+        self._forget_conn(conn, how)
+
+    def _forget_conn(self, conn: _Conn, how: str | None) -> None:
+        if conn.token and self._conns.get(conn.token) is conn:
             self._conns.pop(conn.token, None)
             self._slots[conn.slot] = 0
             if how is None:
@@ -384,7 +433,7 @@ class FtService:
     def _apply(self, ev: Q.Events) -> None:
         for qid, why in ev.broken.items():
             for op in [op for op in self._ops.values() if op.q == qid]:
-                self._fail(op, why)
+                self._fail(op, why, again=qid in ev.reformed)
         for t, why in ev.refused.items():
             conn = self._conns.get(t)
             if conn is not None:
@@ -392,18 +441,19 @@ class FtService:
                 self._reply(conn, {"kind": "quorum", "error": why})
         qm = ev.formed
         if qm is not None:
-            changed = bool(qm.heal) or self._last_ids != qm.replica_ids
+            changed = bool(qm.heal) or self._last_ids != qm.replica_ids or bool(ev.reformed)
             log.log(
                 logging.INFO if changed else logging.DEBUG,
-                "quorum %d: %d members %s, step %d%s", qm.qid, len(qm.members), qm.replica_ids,
+                "quorum %d: %d members %s, step %d%s%s", qm.qid, len(qm.members), qm.replica_ids,
                 qm.step, f", state to {len(qm.heal)}" if qm.heal else "",
+                "".join(f" (quorum {a} re-formed: a member left)" for a in ev.reformed),
             )  # fmt: skip
             self._last_ids = qm.replica_ids
         for qid, ok in ev.decided.items():
             for conn in list(self._conns.values()):
                 if conn.voting == qid:
                     conn.voting = 0
-                    head = self._commit_answer(qid, ok)
+                    head = self._commit_answer(conn, qid, ok)
                     if conn.cond:
                         conn.cond = False
                         conn.step += 1 if ok else 0
@@ -422,11 +472,25 @@ class FtService:
             for k in [k for k, op in self._ops.items() if op.q < qm.qid and op.handle is None]:
                 del self._ops[k]
 
-    def _commit_answer(self, qid: int, ok: bool) -> dict[str, Any]:
+    def _commit_answer(self, conn: _Conn, qid: int, ok: bool) -> dict[str, Any]:
         head: dict[str, Any] = {"kind": "commit", "q": qid, "ok": ok}
         if not ok:
             head["why"] = self.quorums.broken.get(qid, f"quorum {qid} is over")
+        if conn.moved:  # it voted in a quorum re-formed into this one: its new place
+            conn.moved = False
+            qm = self.quorums.current
+            if qm is not None and qm.qid == qid:
+                head["again"] = self._quorum_answer(qm, conn.token)
         return head
+
+    def _moved(self, qid: int, conn: _Conn) -> bool:
+        """Whether quorum ``qid`` was re-formed (a member left) into the current one,
+        which holds ``conn``."""
+        qm = self.quorums.current
+        return (
+            qm is not None and qid != qm.qid and self.quorums.now(qid) == qm.qid
+            and conn.token in qm.members
+        )  # fmt: skip
 
     def _quorum_answer(self, qm: Q.Quorum, t: int) -> dict[str, Any]:
         src = qm.heal.get(t)
@@ -444,6 +508,10 @@ class FtService:
         if kind not in _KINDS:
             raise ValueError(f"unknown op {kind!r}")
         qm = self.quorums.current
+        conn.took_part = qid
+        if self._moved(qid, conn):  # its quorum was re-formed (a member left): again
+            assert qm is not None
+            return self._reply(conn, self._again(qm, conn.token, key))
         op = self._ops.get((qid, key))
         if op is None:
             why = ""
@@ -502,8 +570,10 @@ class FtService:
             op.buf = buf
             if len(op.nodes) > 1:
                 op.state = "engine"
-                op.handle = self.engine.allreduce_async(
-                    buf, name=self._name(op), op="sum", out=buf, group=Group(op.nodes)
+                op.handle = self._watch(
+                    self.engine.allreduce_async(
+                        buf, name=self._name(op), op="sum", out=buf, group=Group(op.nodes)
+                    )
                 )
             else:
                 self._finish(op)
@@ -516,11 +586,24 @@ class FtService:
             op.state = "engine"
             op.buf = np.array([0 if data is None else len(data)], np.int64)
             root = op.nodes.index(Q.token_node(op.root))
-            op.handle = self.engine.broadcast_async(
-                op.buf, root, name=self._name(op, " length"), out=op.buf, group=Group(op.nodes)
+            op.handle = self._watch(
+                self.engine.broadcast_async(
+                    op.buf, root, name=self._name(op, " length"), out=op.buf, group=Group(op.nodes)
+                )
             )
             op.stage = 1
             op.data = data
+
+    def _watch(self, handle: Any) -> Any:
+        """``handle``, whose end wakes the loop (from the thread that ends it)."""
+        handle.add_done_callback(self._woken)
+        return handle
+
+    def _woken(self, _handle: Any) -> None:
+        try:
+            self._wake_w.send(b"w")
+        except OSError:  # full (the loop is awake anyway) or closed (it stopped)
+            pass
 
     def _progress(self) -> None:
         for op in list(self._ops.values()):
@@ -541,8 +624,10 @@ class FtService:
                 buf = np.empty(n, np.uint8) if data is None else data.copy()
                 root = op.nodes.index(Q.token_node(op.root))
                 op.buf, op.stage = buf, 2
-                op.handle = self.engine.broadcast_async(
-                    buf, root, name=self._name(op), out=buf, group=Group(op.nodes)
+                op.handle = self._watch(
+                    self.engine.broadcast_async(
+                        buf, root, name=self._name(op), out=buf, group=Group(op.nodes)
+                    )
                 )
                 continue
             self._finish(op)
@@ -578,13 +663,23 @@ class FtService:
             conn.in_op = False
             self._reply(conn, head, payload)
 
-    def _fail(self, op: _Op, why: str, abort: bool = False) -> None:
+    def _again(self, qm: Q.Quorum, token: int, key: str) -> dict[str, Any]:
+        """The answer to an op of a quorum re-formed into ``qm``: send it again there."""
+        return {"kind": "op", "key": key, "again": self._quorum_answer(qm, token)}
+
+    def _fail(self, op: _Op, why: str, abort: bool = False, again: bool = False) -> None:
+        """Fail ``op`` on this service (aborted among the services if it started there);
+        ``again``: its quorum was re-formed, its members send it again in the new one."""
         if op.state in ("done", "failed"):
             return
         if self.engine is not None and len(op.nodes) > 1 and (op.handle is not None or abort):
             name = op.names[-1] if op.names else self._name(op)
             self.engine.abort(name, 0, why)
         op.state, op.why = "failed", why
+        qm = self.quorums.current
         for t in op.got:
-            self._answer(t, {"kind": "op", "key": op.key, "error": why}, b"")
+            if again and qm is not None and t in qm.members:
+                self._answer(t, self._again(qm, t, op.key), b"")
+            else:
+                self._answer(t, {"kind": "op", "key": op.key, "error": why}, b"")
         op.got.clear()
