@@ -193,6 +193,56 @@ def test_a_clean_leave_between_steps_fails_nothing(
     assert events(a)[-2 * (steps - k) :] == events(c)[-2 * (steps - k) :]
 
 
+LARGE = """
+import sys, numpy as np
+from totalreduce.service.ft_member import Member
+m = Member(sys.argv[1]); k = int(sys.argv[2]); step = 0
+for n in (100_000, 300_000, 1000):  # through the memory shared with the service, grown, not
+    q = m.start_quorum(step, min_replica_size=2, timeout=60)
+    x = np.arange(n, dtype=np.float32) * (k + 1)
+    avg = m.allreduce(x)
+    want = np.arange(n, dtype=np.float32) * np.float32(1.5)
+    assert avg.dtype == np.float32 and avg.shape == (n,) and np.array_equal(avg, want), n
+    assert m.should_commit(True)
+    step += 1
+    if n == 300_000:
+        print("MAPPED", flush=True)
+        sys.stdin.readline()
+m.close(); print("OK", flush=True)
+"""
+
+
+def test_large_averages_go_through_shared_memory(served: Served) -> None:
+    """Averages of more than 64 KiB go through a memfd each member passes its service once
+    (again when it grows): exact results on two nodes, and the services map the memory."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LARGE, f"big{k}", str(k)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, TOTALREDUCE_FT_SOCKET=str(served.directory / f"ft{k}.sock")),
+        )
+        for k in range(2)
+    ]  # fmt: skip
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            assert line.startswith("MAPPED"), line + p.stdout.read()
+        maps = [Path(f"/proc/{pid}/maps").read_text() for pid in service_pids(served)]
+        assert all("memfd:totalreduce-ft" in m for m in maps), "a service did not map it"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("\n")
+            p.stdin.flush()
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        assert all(o.strip().endswith("OK") for o in outs), outs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 @pytest.mark.parametrize("where", ["before", pytest.param("after", marks=pytest.mark.full)])
 def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
     """3 members on 2 nodes (2 + 1); one is killed in step 4 (before its allreduce: the

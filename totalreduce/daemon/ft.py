@@ -33,7 +33,9 @@ parts over the socket (one copy each way), which is this first version's price.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import mmap
 import os
 import selectors
 import socket
@@ -73,6 +75,10 @@ EMPTY_S = 0.05
 READ_TIMEOUT_S = 30.0
 _KINDS = ("allreduce", "xfer")
 _WAKE = "wake"
+#: ``TOTALREDUCE_FT_ROUNDED_OPS=1``: an op's part and an op's end run a round, as before
+#: (the bench's "before" in the same run).
+ROUNDED_OPS = os.environ.get("TOTALREDUCE_FT_ROUNDED_OPS", "0") == "1"
+_NO_ROUND = ("beat",) if ROUNDED_OPS else ("beat", "op")
 
 
 @dataclass
@@ -98,6 +104,7 @@ class _Conn:
     left: bool = False  # said bye before any part in its quorum's step: one last round (F_LEFT)
     took_part: int = 0  # the last quorum it sent an op's part or a vote in
     moved: bool = False  # its vote came in a quorum since re-formed: its answer says so
+    shm: Any = None  # the memory it shares for its averages (an mmap of its memfd)
 
 
 @dataclass
@@ -148,6 +155,10 @@ class FtService:
         self._serial = 0
         self._ops: dict[tuple[int, str], _Op] = {}
         self._awake_until = 0.0
+        # a vote came and the round that carried it did not decide: the next round at once
+        # (the other services' members vote at about the same time; their round may have
+        # been one of their pauses' rounds), once, then the pauses again
+        self._eager = False
         self._busy = False  # a member of some node waited for an answer in the last round
         self._anyone = False
         self._last_ids: list[str] = []
@@ -171,7 +182,10 @@ class FtService:
         why = "the node's service stops"
         try:
             while not self._stopping:
-                if time.monotonic() < self._awake_until:
+                eager, self._eager = self._eager, False
+                if time.monotonic() < self._awake_until or (
+                    eager and any(c.voting for c in self._conns.values())
+                ):
                     self._poll(0.0)
                 elif not self._anyone:
                     self._poll(EMPTY_S)
@@ -244,8 +258,11 @@ class FtService:
     # ------------------------------------------------------------------ members' messages
 
     def _poll(self, timeout: float) -> None:
-        """Read the members' messages for up to ``timeout`` s; a message other than a
-        heartbeat ends the wait (a heartbeat needs no round: it only says "alive")."""
+        """Read the members' messages for up to ``timeout`` s; a message that needs a
+        round ends the wait.  A heartbeat only says "alive", and an op's part starts the
+        op (among the services, a collective of its own): neither needs a round, and an op
+        that ends among the services is answered at once, here (a round decides only
+        asks, votes, arrivals and departures)."""
         end = time.monotonic() + timeout
         while not self._poll_once(timeout):
             timeout = end - time.monotonic()
@@ -263,21 +280,30 @@ class FtService:
                     self._wake_r.recv(4096)
                 except BlockingIOError:
                     pass
-                said = True
+                if ROUNDED_OPS:
+                    said = True
+                else:
+                    self._progress()
             else:
                 conn = key.data
                 conn.heard = time.monotonic()
+                fds: list[int] = []
                 try:
-                    header, payload = F.recv(conn.sock)
+                    header, payload = F.recv(conn.sock, fds)
                 except (OSError, F.FrameError) as exc:
+                    for fd in fds:
+                        os.close(fd)
                     self._drop(conn, f"its connection ended without bye ({exc})")
                     said = True
                     continue
                 conn.heard = time.monotonic()  # (a long message, the state, counts whole)
-                said = said or header.get("kind") != "beat"
+                said = said or header.get("kind") not in _NO_ROUND
                 try:
-                    self._message(conn, header, payload)
-                except (KeyError, TypeError, ValueError) as exc:
+                    if fds or header.get("kind") == "shm":
+                        self._map(conn, header, fds)
+                    else:
+                        self._message(conn, header, payload)
+                except (KeyError, TypeError, ValueError, OSError) as exc:
                     self._reply(conn, {"error": f"bad message {header!r}: {exc}"})
                     self._drop(conn, f"it sent a bad message ({exc})")
         return said
@@ -328,12 +354,28 @@ class FtService:
             conn.moved = moved
             if done is None:
                 conn.voting = conn.vote_q
+                self._eager = not ROUNDED_OPS
             else:
                 self._reply(conn, self._commit_answer(conn, conn.vote_q, done))
         elif kind == "op":
             self._op_part(conn, h, payload)
         else:
             raise ValueError(f"unknown kind {kind!r}")
+
+    def _map(self, conn: _Conn, h: dict[str, Any], fds: list[int]) -> None:
+        """A member passes the memory it shares for its averages: a memfd sealed against
+        shrinking (so no read of it here can fault), at least ``size`` bytes."""
+        try:
+            if h.get("kind") != "shm" or len(fds) != 1 or not conn.token:
+                raise ValueError(f"{len(fds)} descriptor(s) passed with a {h.get('kind')!r}")
+            size = int(h["size"])
+            seals = fcntl.fcntl(fds[0], fcntl.F_GET_SEALS)
+            if not seals & fcntl.F_SEAL_SHRINK or os.fstat(fds[0]).st_size < size or size < 1:
+                raise ValueError(f"shared memory of {size} bytes not sealed against shrinking")
+            conn.shm = mmap.mmap(fds[0], size)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def _ask(self, conn: _Conn, h: dict[str, Any]) -> None:
         conn.step, conn.min_size = int(h["step"]), max(1, int(h["min_size"]))
@@ -539,6 +581,12 @@ class FtService:
         if conn.token not in op.local or conn.token in op.got or kind != op.kind:
             why = f"{kind} {key!r} of quorum {qid}: member {conn.replica_id} takes no part in it"
             return self._reply(conn, {"kind": "op", "key": key, "error": why})
+        if "shm" in h:  # its part is in the memory it shares
+            n = int(h["shm"])
+            width = np.dtype(str(h["dtype"])).itemsize * int(h["count"])
+            if kind != "allreduce" or conn.shm is None or not 0 < n == width <= len(conn.shm):
+                raise ValueError(f"a part of {n} bytes in shared memory it did not pass")
+            payload = memoryview(conn.shm)[:n]  # type: ignore[assignment]
         op.got[conn.token] = (h, payload)
         conn.in_op = True
         if len(op.got) == len(op.local):
@@ -648,7 +696,12 @@ class FtService:
             finish_average(op.buf, len(qm.members), DType.of(dt))
             head = {"kind": "op", "key": op.key, "dtype": str(dt), "count": len(op.buf)}
             for t in op.local:
-                self._answer(t, head, op.buf)
+                conn = self._conns.get(t)
+                if conn is not None and "shm" in op.got[t][0] and conn.shm is not None:
+                    np.copyto(np.frombuffer(conn.shm, dt, len(op.buf)), op.buf)
+                    self._answer(t, {**head, "shm": op.buf.nbytes}, b"")
+                else:
+                    self._answer(t, head, op.buf)
         else:
             for t in op.local:
                 if t == op.root:
