@@ -85,6 +85,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--rejoin", action="store_true")
     p.add_argument("--leave-at", type=int, default=-1)
+    p.add_argument("--first-min", type=int, default=1)
     a = p.parse_args()
     while a.start_after and not os.path.exists(a.start_after):
         time.sleep(0.01)  # a replacement started early (its imports take seconds)
@@ -114,7 +115,8 @@ def main() -> None:
                 wait_readable(m)
             die(step + 1, a.die_where)
         try:
-            q = m.start_quorum(step, min_replica_size=1, timeout=30)
+            least = a.first_min if step == 0 else 1  # (--first-min: all start together)
+            q = m.start_quorum(step, min_replica_size=least, timeout=30)
         except MemberDroppedError as exc:
             m = rejoin(exc)
             continue

@@ -176,9 +176,10 @@ def test_a_clean_leave_between_steps_fails_nothing(
     committed step has equal parameters on its members."""
     served = request.getfixturevalue("served_one" if nodes == 1 else "served")
     k, steps = 3, 7
-    a = Member(served, 0, f"a-leave{nodes}", steps)
-    b = Member(served, 0, f"b-leave{nodes}", steps, "--leave-at", str(k))
-    c = Member(served, nodes - 1, f"c-leave{nodes}", steps)
+    least = ("--first-min", "3")  # (a late member would join behind: a quorum with state)
+    a = Member(served, 0, f"a-leave{nodes}", steps, *least)
+    b = Member(served, 0, f"b-leave{nodes}", steps, "--leave-at", str(k), *least)
+    c = Member(served, nodes - 1, f"c-leave{nodes}", steps, *least)
     b.wait_for(f"LEFT {k}", 120)
     assert b.proc.wait(30) == 0
     for m in (a, c):

@@ -79,6 +79,9 @@ _WAKE = "wake"
 #: (the bench's "before" in the same run).
 ROUNDED_OPS = os.environ.get("TOTALREDUCE_FT_ROUNDED_OPS", "0") == "1"
 _NO_ROUND = ("beat",) if ROUNDED_OPS else ("beat", "op")
+#: While an op among the services is in flight the loop drives it, reading its members'
+#: messages between slices this long.
+DRIVE_SLICE_S = 0.0002
 
 
 @dataclass
@@ -183,7 +186,12 @@ class FtService:
         try:
             while not self._stopping:
                 eager, self._eager = self._eager, False
-                if time.monotonic() < self._awake_until or (
+                flying = None if ROUNDED_OPS else self._flying()
+                if flying is not None:
+                    if not self._drive(flying, IDLE_S):
+                        self._eager = eager
+                        continue  # an average ended and is answered: no round for it
+                elif time.monotonic() < self._awake_until or (
                     eager and any(c.voting for c in self._conns.values())
                 ):
                     self._poll(0.0)
@@ -641,6 +649,27 @@ class FtService:
             )
             op.stage = 1
             op.data = data
+
+    def _flying(self) -> Any:
+        """The handle of an op among the services still in flight, or None."""
+        for op in self._ops.values():
+            if op.handle is not None and not op.handle.done():
+                return op.handle
+        return None
+
+    def _drive(self, handle: Any, span: float) -> bool:
+        """Drive the engine for ``handle``'s op (as the thin path's service does: left to
+        the comm thread alone, a small op among the services ends late) for up to
+        ``span`` s, reading the members' messages every ``DRIVE_SLICE_S``.  True when a
+        round is due (a message needs one, or the span ran out); False once the op ended
+        (answered here: no round needed)."""
+        end = time.monotonic() + span
+        while True:
+            if handle.drive(DRIVE_SLICE_S):
+                self._progress()
+                return self._poll_once(0.0)
+            if self._poll_once(0.0) or time.monotonic() >= end:
+                return True
 
     def _watch(self, handle: Any) -> Any:
         """``handle``, whose end wakes the loop (from the thread that ends it)."""

@@ -39,8 +39,9 @@ connection ended is gone from the next round's row, dead or departed alike.
   quorum does, the round that decides the commit also forms the next quorum.
 - **A clean leave** (``F_LEFT``: a member of the current quorum said bye before it took
   any part in the quorum's step, no op and no vote): while no op of the step can have
-  ended (every average needs every member's part, and the quorum sends no state) and no
-  other member voted or asked again, the quorum is *re-formed* without the leaver in the
+  ended (every average needs every member's part, and the quorum sends no state), no
+  other member voted or asked again, and the others are at least the ``min_replica_size``
+  they asked with, the quorum is *re-formed* without the leaver in the
   round that shows the leave: a new quorum of the others at the same step, and the old
   one's ops are answered "re-formed" (:mod:`.ft` has the members send them again in the
   new one).  Otherwise the leave is a death: the step fails.
@@ -249,7 +250,7 @@ class Quorums:
         if not clean or q.heal or q.qid in self.decided:
             return False
         rest = [t for t in q.members if t in members]
-        if not rest or any(
+        if not rest or len(rest) < max(members[t].min_size for t in rest) or any(
             members[t].vote_q == q.qid or members[t].ask > self.answered.get(t, 0) for t in rest
         ):
             return False
