@@ -11,6 +11,7 @@ and hold the state, by state size (``NOJOIN=1``: skip); ``FT_BENCH_REPS`` (3) re
 each, their median and range.  Members ask for the next quorum with their vote where the installed
 ``Member`` offers it (``ask_next``), so the same file measures an older tree too:
 ``FT_BENCH_BASE=DIR`` runs fault-tolerant mode with the tree in DIR first, in the same run
+(``FT_BENCH_ENV=NAME=V,...``: this tree with those settings too)
 (start the bench from a directory that holds no ``totalreduce``: ``python -c`` and
 ``python -m`` import from the current directory before ``PYTHONPATH``)."""
 
@@ -195,6 +196,9 @@ def main() -> None:
         trees = [("", {})]
         if os.environ.get("FT_BENCH_BASE"):  # an older tree's fault-tolerant mode, same run
             trees.insert(0, (" (FT_BENCH_BASE)", {"PYTHONPATH": os.environ["FT_BENCH_BASE"]}))
+        if os.environ.get("FT_BENCH_ENV"):  # this tree with settings (NAME=V,NAME=V)
+            pairs = dict(kv.split("=", 1) for kv in os.environ["FT_BENCH_ENV"].split(","))
+            trees.insert(-1, (f" ({os.environ['FT_BENCH_ENV']})", pairs))
         served = [serve(2, 1, Path(d) / "plain", timeout=3600)]
         try:
             for label, more in trees:

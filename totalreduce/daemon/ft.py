@@ -22,13 +22,19 @@ The thread loops:
 4. a data op whose local parts have all come is reduced on the node (the kernels, in the
    members' rank order), then run among the services over the nodes of the quorum's
    members (the engine, under a name of its own: the quorum and the op's key), and
-   divided by the quorum's size: every member gets the same bytes.  A state transfer
+   divided by the quorum's size: every member gets the same bytes.  An op is no
+   round's business: its part does not end the pause, the loop waits for the op among
+   the services (its wait drives the engine) and answers it as soon as it ends.  A state transfer
    is two broadcasts among the nodes of its sender and receivers (the length, then the
    bytes).  A quorum broken (a member gone, or a newer quorum) fails its data ops on
    every service: those among the services are aborted there, so no survivor waits.
 
-The data plane of a quorum is therefore not a session of the arena: a member hands its
-parts over the socket (one copy each way), which is this first version's price.
+The data plane of a quorum is not a session of the arena: a member hands a small part
+over the socket, and a part of more than 64 KiB through memory it shares with its
+service (a memfd it passes once, sealed against shrinking; the average is written back
+there).  A member that leaves cleanly before it took part in its quorum's step is shown
+one more round (``F_LEFT``), in which the services re-form the quorum without it
+(:mod:`.ft_quorum`); its peers' ops of the old quorum are answered "again".
 """
 
 from __future__ import annotations
@@ -79,9 +85,6 @@ _WAKE = "wake"
 #: (the bench's "before" in the same run).
 ROUNDED_OPS = os.environ.get("TOTALREDUCE_FT_ROUNDED_OPS", "0") == "1"
 _NO_ROUND = ("beat",) if ROUNDED_OPS else ("beat", "op")
-#: While an op among the services is in flight the loop drives it, reading its members'
-#: messages between slices this long.
-DRIVE_SLICE_S = 0.0002
 
 
 @dataclass
@@ -162,6 +165,8 @@ class FtService:
         # (the other services' members vote at about the same time; their round may have
         # been one of their pauses' rounds), once, then the pauses again
         self._eager = False
+        self._started = False  # an op among the services started since the last look
+        self._due = False  # a message that needs a round came since the last round
         self._busy = False  # a member of some node waited for an answer in the last round
         self._anyone = False
         self._last_ids: list[str] = []
@@ -191,6 +196,7 @@ class FtService:
                     if not self._drive(flying, IDLE_S):
                         self._eager = eager
                         continue  # an average ended and is answered: no round for it
+                    self._started = False
                 elif time.monotonic() < self._awake_until or (
                     eager and any(c.voting for c in self._conns.values())
                 ):
@@ -203,6 +209,11 @@ class FtService:
                     self._poll(IDLE_S)
                 else:
                     self._poll(max(IDLE_S, QUIET_S))
+                if self._started and not self._due:  # an op among the services started:
+                    self._started = False  # wait for it first (the round comes after)
+                    self._eager = eager
+                    continue
+                self._started = self._due = False
                 self._silent()
                 table = self._round()
                 ev = self.quorums.advance(table)
@@ -272,7 +283,7 @@ class FtService:
         that ends among the services is answered at once, here (a round decides only
         asks, votes, arrivals and departures)."""
         end = time.monotonic() + timeout
-        while not self._poll_once(timeout):
+        while not self._poll_once(timeout) and not self._started:
             timeout = end - time.monotonic()
             if timeout <= 0:
                 return
@@ -314,6 +325,7 @@ class FtService:
                 except (KeyError, TypeError, ValueError, OSError) as exc:
                     self._reply(conn, {"error": f"bad message {header!r}: {exc}"})
                     self._drop(conn, f"it sent a bad message ({exc})")
+        self._due = self._due or said
         return said
 
     def _accept(self) -> None:
@@ -429,7 +441,8 @@ class FtService:
         conn.beat_s = max(0.05, float(h.get("timeout", conn.beat_s)))
         self._slots[conn.slot] = conn.token
         self._conns[conn.token] = conn
-        log.info("member %s (pid %d) attached: token %#x", rid, conn.pid, conn.token)
+        log.info("member %s (pid %d) attached: token %#x (round %d)", rid, conn.pid, conn.token,
+                 self.rounds)  # fmt: skip
         self._reply(conn, {"kind": "welcome", "token": conn.token, "node": self.node,
                            "nodes": self.nodes})  # fmt: skip
 
@@ -474,7 +487,8 @@ class FtService:
             self._conns.pop(conn.token, None)
             self._slots[conn.slot] = 0
             if how is None:
-                log.info("member %s (pid %d) left", conn.replica_id, conn.pid)
+                log.info("member %s (pid %d) left (round %d)", conn.replica_id, conn.pid,
+                         self.rounds)  # fmt: skip
             else:
                 log.warning("member %s (pid %d) died (%s)", conn.replica_id, conn.pid, how)
 
@@ -658,21 +672,25 @@ class FtService:
         return None
 
     def _drive(self, handle: Any, span: float) -> bool:
-        """Drive the engine for ``handle``'s op (as the thin path's service does: left to
-        the comm thread alone, a small op among the services ends late) for up to
-        ``span`` s, reading the members' messages every ``DRIVE_SLICE_S``.  True when a
-        round is due (a message needs one, or the span ran out); False once the op ended
+        """Wait for ``handle``'s op up to ``span`` s (its wait drives the engine, as a
+        round's does; left to the comm thread alone a small op among the services ends
+        late), having read the members' messages first.  True when a round is due (a
+        message needs one, or the op did not end in time); False once the op ended
         (answered here: no round needed)."""
-        end = time.monotonic() + span
-        while True:
-            if handle.drive(DRIVE_SLICE_S):
-                self._progress()
-                return self._poll_once(0.0)
-            if self._poll_once(0.0) or time.monotonic() >= end:
-                return True
+        if self._poll_once(0.0):
+            return True
+        try:
+            handle.wait(span)
+        except TimeoutError:
+            return True
+        except Exception:  # noqa: S110 (the op failed: _progress says why to its members)
+            pass
+        self._progress()
+        return self._poll_once(0.0)
 
     def _watch(self, handle: Any) -> Any:
         """``handle``, whose end wakes the loop (from the thread that ends it)."""
+        self._started = not ROUNDED_OPS
         handle.add_done_callback(self._woken)
         return handle
 
