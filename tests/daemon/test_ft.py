@@ -164,7 +164,7 @@ def served_one(tmp_path_factory: pytest.TempPathFactory) -> Served:
     s.stop()
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("nodes", [pytest.param(1, marks=pytest.mark.full), 2])
 def test_a_clean_leave_between_steps_fails_nothing(
     request: pytest.FixtureRequest, nodes: int
 ) -> None:
