@@ -22,9 +22,9 @@ The thread loops:
 4. a data op whose local parts have all come is reduced on the node (the kernels, in the
    members' rank order), then run among the services over the nodes of the quorum's
    members (the engine, under a name of its own: the quorum and the op's key), and
-   divided by the quorum's size: every member gets the same bytes.  An op is no
-   round's business: its part does not end the pause, the loop waits for the op among
-   the services (its wait drives the engine) and answers it as soon as it ends.  A state transfer
+   divided by the quorum's size: every member gets the same bytes.  An op needs no
+   round: once its local parts came, the loop waits for it among the services (the
+   wait drives the engine) and answers it as soon as it ends.  A state transfer
    is two broadcasts among the nodes of its sender and receivers (the length, then the
    bytes).  A quorum broken (a member gone, or a newer quorum) fails its data ops on
    every service: those among the services are aborted there, so no survivor waits.

@@ -250,8 +250,12 @@ class Quorums:
         if not clean or q.heal or q.qid in self.decided:
             return False
         rest = [t for t in q.members if t in members]
-        if not rest or len(rest) < max(members[t].min_size for t in rest) or any(
-            members[t].vote_q == q.qid or members[t].ask > self.answered.get(t, 0) for t in rest
+        if (
+            not rest
+            or len(rest) < max(members[t].min_size for t in rest)
+            or any(
+                members[t].vote_q == q.qid or members[t].ask > self.answered.get(t, 0) for t in rest
+            )
         ):
             return False
         new = Quorum(q.qid + 1, rest, [members[t].replica_id for t in rest], q.step, {})
