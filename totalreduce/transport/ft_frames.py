@@ -3,6 +3,8 @@
 One message: a 4-byte little-endian length of a UTF-8 JSON object (at most 64 KiB), an
 8-byte little-endian length of a payload (an op's bytes; at most ``MAX_PAYLOAD``), the
 object, the payload.  The socket is the node's ``ft{n}.sock`` beside its ``node{n}.sock``.
+A message without payload may pass one descriptor with its first bytes (``SCM_RIGHTS``:
+:func:`send_fd`): a member's memory shared for its averages (``{"kind": "shm"}``).
 """
 
 from __future__ import annotations
