@@ -244,6 +244,29 @@ def test_large_averages_go_through_shared_memory(served: Served) -> None:
                 p.wait()
 
 
+def test_shared_memory_not_sealed_is_refused(served: Served) -> None:
+    """A memfd that could shrink under the service's reads (no ``F_SEAL_SHRINK``) is
+    refused with an error that says so, and the member is dropped; the service goes on."""
+    from totalreduce.errors import TotalReduceError
+    from totalreduce.service.ft_member import Member as Raw
+    from totalreduce.transport import ft_frames as F
+
+    m = Raw("unsealed", served.directory / "ft0.sock")
+    fd = os.memfd_create("unsealed")
+    try:
+        os.ftruncate(fd, 1 << 16)
+        with m._send_lock:
+            F.send_fd(m._sock, {"kind": "shm", "size": 1 << 16}, fd)
+        with pytest.raises(TotalReduceError, match="not sealed against shrinking"):
+            m.start_quorum(0, timeout=10)
+    finally:
+        os.close(fd)
+        m.close()
+    wait_logged(served, "member unsealed", 10)
+    ok = Raw("after-unsealed", served.directory / "ft0.sock")  # the service still serves
+    ok.close()
+
+
 @pytest.mark.parametrize("where", ["before", pytest.param("after", marks=pytest.mark.full)])
 def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
     """3 members on 2 nodes (2 + 1); one is killed in step 4 (before its allreduce: the
