@@ -667,8 +667,9 @@ FT_TOKEN, FT_STEP, FT_ASK, FT_MIN, FT_TIMEOUT_MS, FT_VOTE_Q, FT_VOTE_OK, FT_RID_
 FT_FIELDS = 9 + FT_RID_BYTES // 8
 #: Flags of a member's slot: its ask came with its vote (its step is the one before the vote,
 #: plus one if the voted quorum commits); its service dropped it this round for silence
-#: (no message, heartbeats included, within its timeout: hung or stopped).
-FT_F_NEXT, FT_F_HUNG = 1, 2
+#: (no message, heartbeats included, within its timeout: hung or stopped); it left cleanly
+#: (a bye) this round, having taken no part in the current quorum's step (no op, no vote).
+FT_F_NEXT, FT_F_HUNG, FT_F_LEFT = 1, 2, 4
 FT_ROW = FT_HEADER + FT_MAX_MEMBERS * FT_FIELDS
 #: A member's token: its node above this bit, the node's count of its hellos below.
 FT_TOKEN_NODE_SHIFT = 32

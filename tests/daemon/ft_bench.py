@@ -5,10 +5,13 @@ is also a quorum and a vote.  Prints the median step of each, same machine, same
 also the median of each part, member side).  Then the same with a real step: a small MLP's
 forward and backward (torch, one thread; ``MLP=0`` skips it) and its gradients averaged, so
 that the overhead is a share of a realistic step.  ``FT_BENCH_STEPS`` (200): steps per
-run; ``NOJOIN=1``: skip the joins.  Then the time a replacement takes to join and hold the
-state, by state size.  Members ask for the next quorum with their vote where the installed
+run.  Then the time from a SIGKILL of a member (one of three, two on node 0) to the
+survivors' next committed step (``NOKILL=1``: skip), and the time a replacement takes to join
+and hold the state, by state size (``NOJOIN=1``: skip); ``FT_BENCH_REPS`` (3) repetitions of
+each, their median and range.  Members ask for the next quorum with their vote where the installed
 ``Member`` offers it (``ask_next``), so the same file measures an older tree too:
 ``FT_BENCH_BASE=DIR`` runs fault-tolerant mode with the tree in DIR first, in the same run
+(``FT_BENCH_ENV=NAME=V,...``: this tree with those settings too)
 (start the bench from a directory that holds no ``totalreduce``: ``python -c`` and
 ``python -m`` import from the current directory before ``PYTHONPATH``)."""
 
@@ -127,6 +130,40 @@ m.close()
 """
 
 
+#: A member for the kill's figure: steps of one allreduce of COUNT float32 and a 5 ms pause
+#: (its compute), each committed step's clock (CLOCK_MONOTONIC, the same in every process)
+#: on a line.
+KILLED = """
+import sys, time, numpy as np
+from totalreduce.service.ft_member import Member
+m = Member(sys.argv[2]); x = np.ones(int(sys.argv[1]), np.float32); step = 0
+while True:
+    q = m.start_quorum(step)
+    if q.heal_from >= 0:
+        m.recv_state(); step = q.step
+    if q.heal_to:
+        m.send_state(b"state")
+    try:
+        m.allreduce(x); ok = True
+    except Exception:
+        ok = False
+    if m.should_commit(ok, ask_next=step):
+        step += 1
+        print("C", time.monotonic(), flush=True)
+    else:
+        print("F", time.monotonic(), flush=True)
+    time.sleep(0.005)
+"""
+
+REPS = int(os.environ.get("FT_BENCH_REPS", 3))
+
+
+def spread(xs: list[float]) -> str:
+    return (
+        f"median {statistics.median(xs):.3f} s (range {min(xs):.3f}-{max(xs):.3f}, {len(xs)} runs)"
+    )
+
+
 def run(served, code: str, args: list[list[str]], env_of) -> list[str]:
     procs = [
         subprocess.Popen([sys.executable, "-c", code, *a], env=env_of(k), stdout=subprocess.PIPE,
@@ -144,69 +181,145 @@ def median_ms(outs: list[str], what: str = "TIMES") -> float:
     return statistics.median(ts) * 1e3
 
 
+ALTERNATE = int(os.environ.get("FT_BENCH_ALTERNATE", 1))
+
+
 def main() -> None:
+    """Every mode's services start once; then ``FT_BENCH_ALTERNATE`` (1) passes, each
+    running every mode's steps in turn (plain daemon mode, the FT_BENCH_BASE tree, this
+    tree), so that a busy machine's load falls on all alike; each line is a pass's median
+    step, and with several passes a summary line per mode gives the median of the passes'
+    medians and their range."""
     counts = [int(c) for c in sys.argv[1:]] or [1024, 1 << 20]
     mlp = os.environ.get("MLP", "1") != "0"
     with tempfile.TemporaryDirectory() as d:
-        plain = serve(2, 1, Path(d) / "plain", timeout=900)
-        try:
-            for n in counts:
-                outs = run(plain, PLAIN, [[str(n)], [str(n)]], lambda k: plain.client_env(k))
-                print(f"plain daemon, {n * 4} B: step {median_ms(outs):.3f} ms", flush=True)
-            if mlp:
-                outs = run(plain, PLAIN_MLP, [[], []], lambda k: plain.client_env(k))
-                print(f"plain daemon, MLP step {median_ms(outs):.3f} ms (its compute "
-                      f"{median_ms(outs, 'COMPUTE'):.3f} ms)", flush=True)  # fmt: skip
-        finally:
-            plain.stop()
         trees = [("", {})]
         if os.environ.get("FT_BENCH_BASE"):  # an older tree's fault-tolerant mode, same run
             trees.insert(0, (" (FT_BENCH_BASE)", {"PYTHONPATH": os.environ["FT_BENCH_BASE"]}))
-        for label, more in trees:
-            ft = serve(2, 1, Path(d) / f"ft{len(label)}", timeout=900, start_timeout=900,
-                       extra=("--fault-tolerant", "--first-quorum", "2"), **more)  # fmt: skip
+        if os.environ.get("FT_BENCH_ENV"):  # this tree with settings (NAME=V,NAME=V)
+            pairs = dict(kv.split("=", 1) for kv in os.environ["FT_BENCH_ENV"].split(","))
+            trees.insert(-1, (f" ({os.environ['FT_BENCH_ENV']})", pairs))
+        served = [serve(2, 1, Path(d) / "plain", timeout=3600)]
+        try:
+            for label, more in trees:
+                served.append(serve(2, 1, Path(d) / f"ft{len(label)}", timeout=3600,
+                                    start_timeout=900,
+                                    extra=("--fault-tolerant", "--first-quorum", "2"),
+                                    **more))  # fmt: skip
+            plain = served[0]
+            got: dict[str, list[float]] = {}
+            for _ in range(ALTERNATE):
+                for n in counts:
+                    outs = run(plain, PLAIN, [[str(n)], [str(n)]], lambda k: plain.client_env(k))
+                    what = f"plain daemon, {n * 4} B: step"
+                    got.setdefault(what, []).append(median_ms(outs))
+                    print(f"{what} {got[what][-1]:.3f} ms", flush=True)
+                if mlp:
+                    outs = run(plain, PLAIN_MLP, [[], []], lambda k: plain.client_env(k))
+                    what = "plain daemon, MLP step"
+                    got.setdefault(what, []).append(median_ms(outs))
+                    print(f"{what} {got[what][-1]:.3f} ms (its compute "
+                          f"{median_ms(outs, 'COMPUTE'):.3f} ms)", flush=True)  # fmt: skip
+                for (label, more), ft in zip(trees, served[1:], strict=True):
+                    ft_steps(ft, ft_env(ft, more), counts, mlp, label, got)
+            if ALTERNATE > 1:
+                for what, ms in got.items():
+                    print(f"SUMMARY {what}: median {statistics.median(ms):.3f} ms "
+                          f"(range {min(ms):.3f}-{max(ms):.3f}, {len(ms)} passes)")  # fmt: skip
+            fenv = ft_env(served[-1], {})
+            kills(fenv, Path(d))
+            joins(fenv)
+        finally:
+            for s in served:
+                s.stop()
 
-            def fenv(k: int, ft=ft, more=more) -> dict[str, str]:  # type: ignore[no-untyped-def]
-                sock = str(ft.directory / f"ft{k}.sock")
-                return dict(os.environ, TOTALREDUCE_FT_SOCKET=sock, **more)
 
-            try:
-                ft_steps(ft, fenv, counts, mlp, label)
-                if not label:
-                    joins(fenv)
-            finally:
-                ft.stop()
+def ft_env(ft, more: dict[str, str]):  # type: ignore[no-untyped-def]
+    def fenv(k: int) -> dict[str, str]:
+        sock = str(ft.directory / f"ft{k}.sock")
+        return dict(os.environ, TOTALREDUCE_FT_SOCKET=sock, **more)
+
+    return fenv
 
 
-def ft_steps(ft, fenv, counts: list[int], mlp: bool, label: str) -> None:
+def ft_steps(ft, fenv, counts: list[int], mlp: bool, label: str, got) -> None:  # type: ignore[no-untyped-def]
     for n in counts:
         outs = run(ft, FT, [[str(n), "0"], [str(n), "1"]], fenv)
         ph = [float(v) * 1e3 for v in outs[0].split("PHASES")[1].split()[:3]]
         parts = f"quorum {ph[0]:.3f}, allreduce {ph[1]:.3f}, vote {ph[2]:.3f}"
-        step = median_ms(outs)
-        print(f"fault-tolerant{label}, {n * 4} B: step {step:.3f} ms ({parts})", flush=True)
+        what = f"fault-tolerant{label}, {n * 4} B: step"
+        got.setdefault(what, []).append(median_ms(outs))
+        print(f"{what} {got[what][-1]:.3f} ms ({parts})", flush=True)
     if mlp:
         outs = run(ft, FT_MLP, [["x", "0"], ["x", "1"]], fenv)
-        print(f"fault-tolerant{label}, MLP step {median_ms(outs):.3f} ms (its compute "
+        what = f"fault-tolerant{label}, MLP step"
+        got.setdefault(what, []).append(median_ms(outs))
+        print(f"{what} {got[what][-1]:.3f} ms (its compute "
               f"{median_ms(outs, 'COMPUTE'):.3f} ms)", flush=True)  # fmt: skip
+
+
+def kills(fenv, d: Path) -> None:
+    """Three members (a, b on node 0, c on node 1) step; once each committed 20 steps, b is
+    SIGKILLed; the figure is the time until both survivors committed a step after it."""
+    if os.environ.get("NOKILL"):
+        return
+    n = 1 << 18  # 1 MiB averaged a step
+    got = []
+    for rep in range(REPS):
+        logs = [d / f"kill{rep}{k}.log" for k in range(3)]
+        procs = [
+            subprocess.Popen([sys.executable, "-c", KILLED, str(n), "abc"[k]], env=fenv(k // 2),
+                             stdout=open(logs[k], "w"), stderr=subprocess.STDOUT)
+            for k in range(3)
+        ]  # fmt: skip
+        try:
+            end = time.monotonic() + 120
+            while min(f.read_text().count("C ") for f in logs) < 20:
+                if time.monotonic() > end or any(p.poll() is not None for p in procs):
+                    raise SystemExit("kill bench: a member failed:\n" + logs[0].read_text())
+                time.sleep(0.05)
+            t0 = time.monotonic()
+            procs[1].kill()
+            time.sleep(3)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        after = []
+        for k in (0, 2):
+            ts = [float(w.split()[1]) for w in logs[k].read_text().splitlines()
+                  if w.startswith("C ") and float(w.split()[1]) > t0]  # fmt: skip
+            if not ts:
+                raise SystemExit(f"kill bench: survivor {k} committed nothing after the kill")
+            after.append(ts[0] - t0)
+        got.append(max(after))
+        time.sleep(1)
+    print(f"from a SIGKILL to the survivors' next committed step (1 MiB averaged a step, "
+          f"5 ms of compute): {spread(got)}", flush=True)  # fmt: skip
 
 
 def joins(fenv) -> None:
     for n in [] if os.environ.get("NOJOIN") else (1 << 20, 64 << 20):
-        base = [subprocess.Popen([sys.executable, "-c", JOIN, str(n), f"m{k}", "0"],
-                                 env=fenv(k), stdout=subprocess.PIPE, text=True)
-                for k in range(2)]  # fmt: skip
-        time.sleep(3)
-        t0 = time.perf_counter()
-        cmd = [sys.executable, "-c", JOIN, str(n), f"new{n}", str(t0)]
-        j = subprocess.run(cmd, env=fenv(0), capture_output=True, text=True, timeout=300)
-        w = j.stdout.split()
-        print(f"join with {n >> 20} MiB of state: {float(w[1]):.3f} s from the start of "
-              f"the process, {float(w[2]):.3f} s from its ask", flush=True)  # fmt: skip
-        for p in base:
-            p.kill()
-            p.wait()
-        time.sleep(1)
+        start, ask = [], []
+        for _rep in range(REPS):
+            base = [subprocess.Popen([sys.executable, "-c", JOIN, str(n), f"m{k}", "0"],
+                                     env=fenv(k), stdout=subprocess.PIPE, text=True)
+                    for k in range(2)]  # fmt: skip
+            try:
+                time.sleep(3)
+                t0 = time.perf_counter()
+                cmd = [sys.executable, "-c", JOIN, str(n), f"new{n}", str(t0)]
+                j = subprocess.run(cmd, env=fenv(0), capture_output=True, text=True, timeout=300)
+                w = j.stdout.split()
+                start.append(float(w[1]))
+                ask.append(float(w[2]))
+            finally:
+                for p in base:
+                    p.kill()
+                    p.wait()
+            time.sleep(1)
+        print(f"join with {n >> 20} MiB of state: from the start of its process "
+              f"{spread(start)}; from its ask {spread(ask)}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

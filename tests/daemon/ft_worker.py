@@ -25,6 +25,9 @@ apply it if the step commits.  One line per event on stdout:
   ``send`` (the first time it must send the state: half of the state's message sent) and
   ``recv`` (the first time it receives the state: its request sent and the state's first
   byte read) ignore ``--die-at``;
+- ``--leave-at K``: once step K committed (its vote asked for the next quorum, which then
+  holds it), the member leaves cleanly (``Member.close()``), prints ``LEFT K`` and exits;
+  a member whose quorum was re-formed without a leaver prints ``REFORMED step old new size``;
 - ``--hold-at`` makes the member wait before it asks for the quorum of that step until
   ``--hold-file`` exists.
 
@@ -81,6 +84,8 @@ def main() -> None:
     p.add_argument("--start-after", default="")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--rejoin", action="store_true")
+    p.add_argument("--leave-at", type=int, default=-1)
+    p.add_argument("--first-min", type=int, default=1)
     a = p.parse_args()
     while a.start_after and not os.path.exists(a.start_after):
         time.sleep(0.01)  # a replacement started early (its imports take seconds)
@@ -110,7 +115,8 @@ def main() -> None:
                 wait_readable(m)
             die(step + 1, a.die_where)
         try:
-            q = m.start_quorum(step, min_replica_size=1, timeout=30)
+            least = a.first_min if step == 0 else 1  # (--first-min: all start together)
+            q = m.start_quorum(step, min_replica_size=least, timeout=30)
         except MemberDroppedError as exc:
             m = rejoin(exc)
             continue
@@ -179,13 +185,20 @@ def main() -> None:
             continue
         if step + 1 == a.die_at and a.die_where == "commit":
             die(step + 1, "commit")
+        now = m.quorum or q  # (re-formed without a member that left before the step)
+        if now.qid != q.qid:
+            print(f"REFORMED {step + 1} {q.qid} {now.qid} {now.size}", flush=True)
         if commit:
             params = params - np.float32(0.1) * avg
             step += 1
             sha = hashlib.sha1(params.tobytes()).hexdigest()[:16]
-            print(f"COMMIT {step} {q.qid} {sha}", flush=True)
+            print(f"COMMIT {step} {now.qid} {sha}", flush=True)
+            if step == a.leave_at:
+                m.close()
+                print(f"LEFT {step}", flush=True)
+                return
         else:
-            print(f"ROLLBACK {step + 1} {q.qid} {m.failure!r}", flush=True)
+            print(f"ROLLBACK {step + 1} {now.qid} {m.failure!r}", flush=True)
     m.close()
     print("DONE", flush=True)
 

@@ -156,6 +156,117 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def served_one(tmp_path_factory: pytest.TempPathFactory) -> Served:
+    d = tmp_path_factory.mktemp("ft1")
+    s = serve(1, 1, d, timeout=900, extra=("--fault-tolerant", "--first-quorum", "3"))
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("nodes", [pytest.param(1, marks=pytest.mark.full), 2])
+def test_a_clean_leave_between_steps_fails_nothing(
+    request: pytest.FixtureRequest, nodes: int
+) -> None:
+    """3 members (on one node, or 2 + 1 on two); b leaves cleanly (``Member.close()``) once
+    step 3 committed, its vote having formed the next quorum with it.  Its service tells the
+    others in the next round, before any op of step 4 can have ended, and the quorum is
+    re-formed without it: step 4 commits on the two others (their allreduce, sent in the old
+    quorum, goes again in the new one), nothing rolls back after the leave, and every
+    committed step has equal parameters on its members."""
+    served = request.getfixturevalue("served_one" if nodes == 1 else "served")
+    k, steps = 3, 7
+    least = ("--first-min", "3")  # (a late member would join behind: a quorum with state)
+    a = Member(served, 0, f"a-leave{nodes}", steps, *least)
+    b = Member(served, 0, f"b-leave{nodes}", steps, "--leave-at", str(k), *least)
+    c = Member(served, nodes - 1, f"c-leave{nodes}", steps, *least)
+    b.wait_for(f"LEFT {k}", 120)
+    assert b.proc.wait(30) == 0
+    for m in (a, c):
+        m.finish(60)
+        assert m.proc.returncode == 0 and m.lines[-1] == "DONE", "\n".join(m.lines[-20:])
+        assert m.committed() == steps
+        late = [x for x in m.lines if x.split()[0] in ("ROLLBACK", "FAIL")]
+        assert not [x for x in late if int(x.split()[1]) > k], late
+        again = [x.split() for x in m.lines if x.startswith("REFORMED")]
+        assert [w[1] for w in again] == [str(k + 1)] and again[0][4] == "2", m.lines
+    check_history([a, b, c])
+    assert events(a)[-2 * (steps - k) :] == events(c)[-2 * (steps - k) :]
+
+
+LARGE = """
+import sys, numpy as np
+from totalreduce.service.ft_member import Member
+m = Member(sys.argv[1]); k = int(sys.argv[2]); step = 0
+for n in (100_000, 300_000, 1000):  # through the memory shared with the service, grown, not
+    q = m.start_quorum(step, min_replica_size=2, timeout=60)
+    x = np.arange(n, dtype=np.float32) * (k + 1)
+    avg = m.allreduce(x)
+    want = np.arange(n, dtype=np.float32) * np.float32(1.5)
+    assert avg.dtype == np.float32 and avg.shape == (n,) and np.array_equal(avg, want), n
+    assert m.should_commit(True)
+    step += 1
+    if n == 300_000:
+        print("MAPPED", flush=True)
+        sys.stdin.readline()
+m.close(); print("OK", flush=True)
+"""
+
+
+def test_large_averages_go_through_shared_memory(served: Served) -> None:
+    """Averages of more than 64 KiB go through a memfd each member passes its service once
+    (again when it grows): exact results on two nodes, and the services map the memory."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LARGE, f"big{k}", str(k)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, TOTALREDUCE_FT_SOCKET=str(served.directory / f"ft{k}.sock")),
+        )
+        for k in range(2)
+    ]  # fmt: skip
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            assert line.startswith("MAPPED"), line + p.stdout.read()
+        maps = [Path(f"/proc/{pid}/maps").read_text() for pid in service_pids(served)]
+        assert all("memfd:totalreduce-ft" in m for m in maps), "a service did not map it"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("\n")
+            p.stdin.flush()
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        assert all(o.strip().endswith("OK") for o in outs), outs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_shared_memory_not_sealed_is_refused(served: Served) -> None:
+    """A memfd that could shrink under the service's reads (no ``F_SEAL_SHRINK``) is
+    refused with an error that says so, and the member is dropped; the service goes on."""
+    from totalreduce.errors import TotalReduceError
+    from totalreduce.service.ft_member import Member as Raw
+    from totalreduce.transport import ft_frames as F
+
+    m = Raw("unsealed", served.directory / "ft0.sock")
+    fd = os.memfd_create("unsealed")
+    try:
+        os.ftruncate(fd, 1 << 16)
+        with m._send_lock:
+            F.send_fd(m._sock, {"kind": "shm", "size": 1 << 16}, fd)
+        with pytest.raises(TotalReduceError, match="not sealed against shrinking"):
+            m.start_quorum(0, timeout=10)
+    finally:
+        os.close(fd)
+        m.close()
+    wait_logged(served, "member unsealed", 10)
+    ok = Raw("after-unsealed", served.directory / "ft0.sock")  # the service still serves
+    ok.close()
+
+
 @pytest.mark.parametrize("where", ["before", pytest.param("after", marks=pytest.mark.full)])
 def test_kill_mid_step_then_replace(served: Served, where: str) -> None:
     """3 members on 2 nodes (2 + 1); one is killed in step 4 (before its allreduce: the

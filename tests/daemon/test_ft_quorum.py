@@ -134,3 +134,32 @@ def test_a_silent_member_breaks_its_quorum_naming_it_and_its_timeout() -> None:
     why = ev.broken[q1.qid]
     assert "member b stopped answering" in why and "2.5 s" in why, why
     assert ev.formed is not None and ev.formed.replica_ids == ["a"]
+
+
+def test_a_clean_leave_before_the_step_re_forms_the_quorum_else_fails_it() -> None:
+    """A member of the current quorum that left cleanly before taking part in its step
+    (``F_LEFT``) re-forms the quorum without it at the same step, in the round that shows
+    it (its step commits among the others); once another member voted, or with a death,
+    the leave fails the step as a death does."""
+    qs = Q.Quorums(join_timeout_ms=0)
+    a, b, c = member(1, "a"), member(2, "b"), member(B | 1, "c")
+    q1 = qs.advance(table(0, [a, b], [c])).formed
+    assert q1 is not None and len(q1.members) == 3
+    left = Q.Member(2, 0, 1, 1, 5000, 0, 0, "b", Q.F_LEFT)
+    ev = qs.advance(table(10, [a, left], [c]))
+    q2 = ev.formed
+    assert q2 is not None and q2.replica_ids == ["a", "c"] and q2.step == q1.step
+    assert ev.reformed == {q1.qid: q2.qid} and ev.decided == {q1.qid: False}
+    assert "b left; re-formed as" in ev.broken[q1.qid] and qs.now(q1.qid) == q2.qid
+    # the others vote in the re-formed quorum: it commits
+    a2, c2 = member(1, "a", vote=q2.qid), member(B | 1, "c", vote=q2.qid)
+    assert qs.advance(table(20, [a2], [c2])).decided == {q2.qid: True}
+    # a voted already when c leaves: the step fails (as a death), no re-forming
+    a3, c3 = member(1, "a", ask=2, step=1, vote=q2.qid), member(B | 1, "c", ask=2, step=1)
+    q3 = qs.advance(table(30, [a3], [c3])).formed
+    assert q3 is not None and q3.replica_ids == ["a", "c"]
+    a4 = member(1, "a", ask=2, step=1, vote=q3.qid)
+    c4 = Q.Member(B | 1, 1, 2, 1, 5000, q2.qid, 1, "c", Q.F_LEFT)
+    ev = qs.advance(table(40, [a4], [c4]))
+    assert ev.decided == {q3.qid: False} and not ev.reformed and ev.formed is None
+    assert "c is gone" in ev.broken[q3.qid]

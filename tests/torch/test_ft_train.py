@@ -113,3 +113,30 @@ def test_torchft_script_survives_a_kill_and_a_replacement(tmp_path: Path) -> Non
     ls = losses(outs[0])
     assert sum(ls[-10:]) / 10 < sum(ls[:10]) / 10, ls
     print(f"kill -> end {time.monotonic() - t_kill:.1f} s")
+
+
+@pytest.mark.full
+def test_torchft_script_a_member_that_leaves_between_steps_fails_nothing(tmp_path: Path) -> None:
+    """3 members on 2 nodes (2 + 1); member 1 stops after its 5th step (``Manager.shutdown()``
+    once ``Optimizer.step`` returned: its vote had formed the next quorum with it).  The
+    quorum is re-formed without it before the others' average: no step fails, the two others
+    end equal."""
+    served = serve(2, 1, tmp_path, timeout=600, extra=("--fault-tolerant", "--first-quorum", "3"))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        procs = [start(served, node, r, 5 if r == 1 else 12, 3) for r, node in enumerate([0, 0, 1])]
+        outs = []
+        for p in procs:
+            out, _ = p.communicate(timeout=240)
+            assert p.returncode == 0, out[-3000:] + served.stderr()[-3000:]
+            outs.append(out)
+        log = served.stderr()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        served.stop()
+    assert final(outs[1]).split()[1] == "5" and final(outs[0]).split()[1] == "12"
+    assert final(outs[0]) == final(outs[2]), outs
+    assert "re-formed: a member left" in log, log[-3000:]
+    assert not any("does not commit" in o for o in outs), outs

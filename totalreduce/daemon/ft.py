@@ -22,18 +22,26 @@ The thread loops:
 4. a data op whose local parts have all come is reduced on the node (the kernels, in the
    members' rank order), then run among the services over the nodes of the quorum's
    members (the engine, under a name of its own: the quorum and the op's key), and
-   divided by the quorum's size: every member gets the same bytes.  A state transfer
+   divided by the quorum's size: every member gets the same bytes.  An op needs no
+   round: once its local parts came, the loop waits for it among the services (the
+   wait drives the engine) and answers it as soon as it ends.  A state transfer
    is two broadcasts among the nodes of its sender and receivers (the length, then the
    bytes).  A quorum broken (a member gone, or a newer quorum) fails its data ops on
    every service: those among the services are aborted there, so no survivor waits.
 
-The data plane of a quorum is therefore not a session of the arena: a member hands its
-parts over the socket (one copy each way), which is this first version's price.
+The data plane of a quorum is not a session of the arena: a member hands a small part
+over the socket, and a part of more than 64 KiB through memory it shares with its
+service (a memfd it passes once, sealed against shrinking; the average is written back
+there).  A member that leaves cleanly before it took part in its quorum's step is shown
+one more round (``F_LEFT``), in which the services re-form the quorum without it
+(:mod:`.ft_quorum`); its peers' ops of the old quorum are answered "again".
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import mmap
 import os
 import selectors
 import socket
@@ -72,6 +80,11 @@ EMPTY_S = 0.05
 #: A member's message is read whole once it starts; it may not stall longer.
 READ_TIMEOUT_S = 30.0
 _KINDS = ("allreduce", "xfer")
+_WAKE = "wake"
+#: ``TOTALREDUCE_FT_ROUNDED_OPS=1``: an op's part and an op's end run a round, as before
+#: (the bench's "before" in the same run).
+ROUNDED_OPS = os.environ.get("TOTALREDUCE_FT_ROUNDED_OPS", "0") == "1"
+_NO_ROUND = ("beat",) if ROUNDED_OPS else ("beat", "op")
 
 
 @dataclass
@@ -94,6 +107,10 @@ class _Conn:
     beat_s: float = 60.0  # silent this long (no message, heartbeats included): dropped
     heard: float = 0.0  # when its last message came (monotonic)
     hung: bool = False  # dropped for silence: shown one last round (F_HUNG), then closed
+    left: bool = False  # said bye before any part in its quorum's step: one last round (F_LEFT)
+    took_part: int = 0  # the last quorum it sent an op's part or a vote in
+    moved: bool = False  # its vote came in a quorum since re-formed: its answer says so
+    shm: Any = None  # the memory it shares for its averages (an mmap of its memfd)
 
 
 @dataclass
@@ -133,11 +150,23 @@ class FtService:
         self._listener.setblocking(False)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
+        # an op among the services that ends wakes the loop (its answer goes out at once,
+        # not after the round's pause): its handle's callback writes a byte here
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         self._conns: dict[int, _Conn] = {}  # by token
         self._slots: list[int] = [0] * Q.MAX_MEMBERS  # token per slot, 0: free
         self._serial = 0
         self._ops: dict[tuple[int, str], _Op] = {}
         self._awake_until = 0.0
+        # a vote came and the round that carried it did not decide: the next round at once
+        # (the other services' members vote at about the same time; their round may have
+        # been one of their pauses' rounds), once, then the pauses again
+        self._eager = False
+        self._started = False  # an op among the services started since the last look
+        self._due = False  # a message that needs a round came since the last round
         self._busy = False  # a member of some node waited for an answer in the last round
         self._anyone = False
         self._last_ids: list[str] = []
@@ -161,7 +190,16 @@ class FtService:
         why = "the node's service stops"
         try:
             while not self._stopping:
-                if time.monotonic() < self._awake_until:
+                eager, self._eager = self._eager, False
+                flying = None if ROUNDED_OPS else self._flying()
+                if flying is not None:
+                    if not self._drive(flying, IDLE_S):
+                        self._eager = eager
+                        continue  # an average ended and is answered: no round for it
+                    self._started = False
+                elif time.monotonic() < self._awake_until or (
+                    eager and any(c.voting for c in self._conns.values())
+                ):
                     self._poll(0.0)
                 elif not self._anyone:
                     self._poll(EMPTY_S)
@@ -171,6 +209,11 @@ class FtService:
                     self._poll(IDLE_S)
                 else:
                     self._poll(max(IDLE_S, QUIET_S))
+                if self._started and not self._due:  # an op among the services started:
+                    self._started = False  # wait for it first (the round comes after)
+                    self._eager = eager
+                    continue
+                self._started = self._due = False
                 self._silent()
                 table = self._round()
                 ev = self.quorums.advance(table)
@@ -187,6 +230,7 @@ class FtService:
             for c in [k.fileobj for k in self._sel.get_map().values()]:
                 if isinstance(c, socket.socket) and c is not self._listener:
                     c.close()
+            self._wake_w.close()
             self._sel.close()
             self._listener.close()
             try:
@@ -202,7 +246,10 @@ class FtService:
             row[Q.FIRST] = self.first_quorum
         row[Q.ACTIVE] = sum(1 for c in self._conns.values() if c.asking or c.voting or c.in_op)
         for c in self._conns.values():
-            flags = (Q.F_NEXT if c.cond else 0) | (Q.F_HUNG if c.hung else 0)
+            flags = (
+                (Q.F_NEXT if c.cond else 0) | (Q.F_HUNG if c.hung else 0)
+                | (Q.F_LEFT if c.left else 0)
+            )  # fmt: skip
             Q.write_member(
                 row, c.slot,
                 Q.Member(c.token, c.step, c.ask, c.min_size,
@@ -212,8 +259,11 @@ class FtService:
         if self.engine is not None:
             self.engine.allreduce(table, name=ROUND, op="sum", out=table)
         self.rounds += 1
-        for c in [c for c in self._conns.values() if c.hung]:  # every service saw it flagged
-            self._drop(c, f"no message within its timeout of {c.beat_s:g} s (hung or stopped)")
+        for c in [c for c in self._conns.values() if c.hung or c.left]:  # every service saw it
+            if c.left:
+                self._forget_conn(c, None)
+            else:
+                self._drop(c, f"no message within its timeout of {c.beat_s:g} s (hung or stopped)")
         out = table.reshape(self.nodes, Q.ROW)
         self._anyone = bool(out[:, Q.HEADER :: Q.FIELDS].any())  # a token in some slot
         now = time.monotonic()
@@ -227,10 +277,13 @@ class FtService:
     # ------------------------------------------------------------------ members' messages
 
     def _poll(self, timeout: float) -> None:
-        """Read the members' messages for up to ``timeout`` s; a message other than a
-        heartbeat ends the wait (a heartbeat needs no round: it only says "alive")."""
+        """Read the members' messages for up to ``timeout`` s; a message that needs a
+        round ends the wait.  A heartbeat only says "alive", and an op's part starts the
+        op (among the services, a collective of its own): neither needs a round, and an op
+        that ends among the services is answered at once, here (a round decides only
+        asks, votes, arrivals and departures)."""
         end = time.monotonic() + timeout
-        while not self._poll_once(timeout):
+        while not self._poll_once(timeout) and not self._started:
             timeout = end - time.monotonic()
             if timeout <= 0:
                 return
@@ -241,22 +294,38 @@ class FtService:
             if key.data is None:
                 self._accept()
                 said = True
+            elif key.data is _WAKE:
+                try:
+                    self._wake_r.recv(4096)
+                except BlockingIOError:
+                    pass
+                if ROUNDED_OPS:
+                    said = True
+                else:
+                    self._progress()
             else:
                 conn = key.data
                 conn.heard = time.monotonic()
+                fds: list[int] = []
                 try:
-                    header, payload = F.recv(conn.sock)
+                    header, payload = F.recv(conn.sock, fds)
                 except (OSError, F.FrameError) as exc:
+                    for fd in fds:
+                        os.close(fd)
                     self._drop(conn, f"its connection ended without bye ({exc})")
                     said = True
                     continue
                 conn.heard = time.monotonic()  # (a long message, the state, counts whole)
-                said = said or header.get("kind") != "beat"
+                said = said or header.get("kind") not in _NO_ROUND
                 try:
-                    self._message(conn, header, payload)
-                except (KeyError, TypeError, ValueError) as exc:
+                    if fds or header.get("kind") == "shm":
+                        self._map(conn, header, fds)
+                    else:
+                        self._message(conn, header, payload)
+                except (KeyError, TypeError, ValueError, OSError) as exc:
                     self._reply(conn, {"error": f"bad message {header!r}: {exc}"})
                     self._drop(conn, f"it sent a bad message ({exc})")
+        self._due = self._due or said
         return said
 
     def _accept(self) -> None:
@@ -283,13 +352,17 @@ class FtService:
         if kind == "beat":
             return
         if kind == "bye":
-            self._drop(conn, None)
+            self._bye(conn)
         elif kind == "quorum":
             if conn.asking:
                 raise ValueError("an ask while its last one is not answered")
             self._ask(conn, h)
         elif kind == "vote":
             conn.vote_q, conn.vote_ok = int(h["q"]), 1 if h["ok"] else 0
+            moved = self._moved(conn.vote_q, conn)
+            if moved:  # a step with no op, re-formed (a member left): the vote counts there
+                conn.vote_q = self.quorums.now(conn.vote_q)
+            conn.took_part = conn.vote_q
             done = self.quorums.decision(conn.vote_q)
             nxt = h.get("next")
             if nxt is not None:  # the next quorum's ask, with the vote
@@ -298,14 +371,31 @@ class FtService:
                 self._ask(conn, nxt)
                 conn.step += 1 if done else 0
                 conn.cond = done is None
+            conn.moved = moved
             if done is None:
                 conn.voting = conn.vote_q
+                self._eager = not ROUNDED_OPS
             else:
-                self._reply(conn, self._commit_answer(conn.vote_q, done))
+                self._reply(conn, self._commit_answer(conn, conn.vote_q, done))
         elif kind == "op":
             self._op_part(conn, h, payload)
         else:
             raise ValueError(f"unknown kind {kind!r}")
+
+    def _map(self, conn: _Conn, h: dict[str, Any], fds: list[int]) -> None:
+        """A member passes the memory it shares for its averages: a memfd sealed against
+        shrinking (so no read of it here can fault), at least ``size`` bytes."""
+        try:
+            if h.get("kind") != "shm" or len(fds) != 1 or not conn.token:
+                raise ValueError(f"{len(fds)} descriptor(s) passed with a {h.get('kind')!r}")
+            size = int(h["size"])
+            seals = fcntl.fcntl(fds[0], fcntl.F_GET_SEALS)
+            if not seals & fcntl.F_SEAL_SHRINK or os.fstat(fds[0]).st_size < size or size < 1:
+                raise ValueError(f"shared memory of {size} bytes not sealed against shrinking")
+            conn.shm = mmap.mmap(fds[0], size)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def _ask(self, conn: _Conn, h: dict[str, Any]) -> None:
         conn.step, conn.min_size = int(h["step"]), max(1, int(h["min_size"]))
@@ -318,7 +408,7 @@ class FtService:
         is told why (if its socket takes it) and shown flagged for one last round."""
         now = time.monotonic()
         for c in self._conns.values():
-            if c.hung or now - c.heard <= c.beat_s:
+            if c.hung or c.left or now - c.heard <= c.beat_s:
                 continue
             c.hung = True
             why = (
@@ -351,12 +441,31 @@ class FtService:
         conn.beat_s = max(0.05, float(h.get("timeout", conn.beat_s)))
         self._slots[conn.slot] = conn.token
         self._conns[conn.token] = conn
-        log.info("member %s (pid %d) attached: token %#x", rid, conn.pid, conn.token)
+        log.info("member %s (pid %d) attached: token %#x (round %d)", rid, conn.pid, conn.token,
+                 self.rounds)  # fmt: skip
         self._reply(conn, {"kind": "welcome", "token": conn.token, "node": self.node,
                            "nodes": self.nodes})  # fmt: skip
 
+    def _bye(self, conn: _Conn) -> None:
+        """A member leaves.  One of the current quorum that took no part in its step yet
+        (no op, no vote) is shown one more round flagged ``F_LEFT``, so that the services
+        may re-form the quorum without it (:meth:`.ft_quorum.Quorums._reform`); any other
+        leave is at once what a death is."""
+        qm = self.quorums.current
+        if (
+            qm is None or conn.token not in qm.members or conn.took_part == qm.qid
+            or conn.in_op or conn.voting or qm.qid in self.quorums.broken
+        ):  # fmt: skip
+            return self._drop(conn, None)
+        conn.left = True
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
     def _reply(self, conn: _Conn, h: dict[str, Any], payload: Any = b"") -> None:
-        if conn.hung:
+        if conn.hung or conn.left:
             return
         try:
             F.send(conn.sock, h, payload)
@@ -371,11 +480,15 @@ class FtService:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
-        if conn.token:
+        self._forget_conn(conn, how)
+
+    def _forget_conn(self, conn: _Conn, how: str | None) -> None:
+        if conn.token and self._conns.get(conn.token) is conn:
             self._conns.pop(conn.token, None)
             self._slots[conn.slot] = 0
             if how is None:
-                log.info("member %s (pid %d) left", conn.replica_id, conn.pid)
+                log.info("member %s (pid %d) left (round %d)", conn.replica_id, conn.pid,
+                         self.rounds)  # fmt: skip
             else:
                 log.warning("member %s (pid %d) died (%s)", conn.replica_id, conn.pid, how)
 
@@ -384,7 +497,7 @@ class FtService:
     def _apply(self, ev: Q.Events) -> None:
         for qid, why in ev.broken.items():
             for op in [op for op in self._ops.values() if op.q == qid]:
-                self._fail(op, why)
+                self._fail(op, why, again=qid in ev.reformed)
         for t, why in ev.refused.items():
             conn = self._conns.get(t)
             if conn is not None:
@@ -392,18 +505,19 @@ class FtService:
                 self._reply(conn, {"kind": "quorum", "error": why})
         qm = ev.formed
         if qm is not None:
-            changed = bool(qm.heal) or self._last_ids != qm.replica_ids
+            changed = bool(qm.heal) or self._last_ids != qm.replica_ids or bool(ev.reformed)
             log.log(
                 logging.INFO if changed else logging.DEBUG,
-                "quorum %d: %d members %s, step %d%s", qm.qid, len(qm.members), qm.replica_ids,
+                "quorum %d: %d members %s, step %d%s%s", qm.qid, len(qm.members), qm.replica_ids,
                 qm.step, f", state to {len(qm.heal)}" if qm.heal else "",
+                "".join(f" (quorum {a} re-formed: a member left)" for a in ev.reformed),
             )  # fmt: skip
             self._last_ids = qm.replica_ids
         for qid, ok in ev.decided.items():
             for conn in list(self._conns.values()):
                 if conn.voting == qid:
                     conn.voting = 0
-                    head = self._commit_answer(qid, ok)
+                    head = self._commit_answer(conn, qid, ok)
                     if conn.cond:
                         conn.cond = False
                         conn.step += 1 if ok else 0
@@ -422,11 +536,25 @@ class FtService:
             for k in [k for k, op in self._ops.items() if op.q < qm.qid and op.handle is None]:
                 del self._ops[k]
 
-    def _commit_answer(self, qid: int, ok: bool) -> dict[str, Any]:
+    def _commit_answer(self, conn: _Conn, qid: int, ok: bool) -> dict[str, Any]:
         head: dict[str, Any] = {"kind": "commit", "q": qid, "ok": ok}
         if not ok:
             head["why"] = self.quorums.broken.get(qid, f"quorum {qid} is over")
+        if conn.moved:  # it voted in a quorum re-formed into this one: its new place
+            conn.moved = False
+            qm = self.quorums.current
+            if qm is not None and qm.qid == qid:
+                head["again"] = self._quorum_answer(qm, conn.token)
         return head
+
+    def _moved(self, qid: int, conn: _Conn) -> bool:
+        """Whether quorum ``qid`` was re-formed (a member left) into the current one,
+        which holds ``conn``."""
+        qm = self.quorums.current
+        return (
+            qm is not None and qid != qm.qid and self.quorums.now(qid) == qm.qid
+            and conn.token in qm.members
+        )  # fmt: skip
 
     def _quorum_answer(self, qm: Q.Quorum, t: int) -> dict[str, Any]:
         src = qm.heal.get(t)
@@ -444,6 +572,10 @@ class FtService:
         if kind not in _KINDS:
             raise ValueError(f"unknown op {kind!r}")
         qm = self.quorums.current
+        conn.took_part = qid
+        if self._moved(qid, conn):  # its quorum was re-formed (a member left): again
+            assert qm is not None
+            return self._reply(conn, self._again(qm, conn.token, key))
         op = self._ops.get((qid, key))
         if op is None:
             why = ""
@@ -471,6 +603,12 @@ class FtService:
         if conn.token not in op.local or conn.token in op.got or kind != op.kind:
             why = f"{kind} {key!r} of quorum {qid}: member {conn.replica_id} takes no part in it"
             return self._reply(conn, {"kind": "op", "key": key, "error": why})
+        if "shm" in h:  # its part is in the memory it shares
+            n = int(h["shm"])
+            width = np.dtype(str(h["dtype"])).itemsize * int(h["count"])
+            if kind != "allreduce" or conn.shm is None or not 0 < n == width <= len(conn.shm):
+                raise ValueError(f"a part of {n} bytes in shared memory it did not pass")
+            payload = memoryview(conn.shm)[:n]  # type: ignore[assignment]
         op.got[conn.token] = (h, payload)
         conn.in_op = True
         if len(op.got) == len(op.local):
@@ -502,8 +640,10 @@ class FtService:
             op.buf = buf
             if len(op.nodes) > 1:
                 op.state = "engine"
-                op.handle = self.engine.allreduce_async(
-                    buf, name=self._name(op), op="sum", out=buf, group=Group(op.nodes)
+                op.handle = self._watch(
+                    self.engine.allreduce_async(
+                        buf, name=self._name(op), op="sum", out=buf, group=Group(op.nodes)
+                    )
                 )
             else:
                 self._finish(op)
@@ -516,11 +656,49 @@ class FtService:
             op.state = "engine"
             op.buf = np.array([0 if data is None else len(data)], np.int64)
             root = op.nodes.index(Q.token_node(op.root))
-            op.handle = self.engine.broadcast_async(
-                op.buf, root, name=self._name(op, " length"), out=op.buf, group=Group(op.nodes)
+            op.handle = self._watch(
+                self.engine.broadcast_async(
+                    op.buf, root, name=self._name(op, " length"), out=op.buf, group=Group(op.nodes)
+                )
             )
             op.stage = 1
             op.data = data
+
+    def _flying(self) -> Any:
+        """The handle of an op among the services still in flight, or None."""
+        for op in self._ops.values():
+            if op.handle is not None and not op.handle.done():
+                return op.handle
+        return None
+
+    def _drive(self, handle: Any, span: float) -> bool:
+        """Wait for ``handle``'s op up to ``span`` s (its wait drives the engine, as a
+        round's does; left to the comm thread alone a small op among the services ends
+        late), having read the members' messages first.  True when a round is due (a
+        message needs one, or the op did not end in time); False once the op ended
+        (answered here: no round needed)."""
+        if self._poll_once(0.0):
+            return True
+        try:
+            handle.wait(span)
+        except TimeoutError:
+            return True
+        except Exception:  # noqa: S110 (the op failed: _progress says why to its members)
+            pass
+        self._progress()
+        return self._poll_once(0.0)
+
+    def _watch(self, handle: Any) -> Any:
+        """``handle``, whose end wakes the loop (from the thread that ends it)."""
+        self._started = not ROUNDED_OPS
+        handle.add_done_callback(self._woken)
+        return handle
+
+    def _woken(self, _handle: Any) -> None:
+        try:
+            self._wake_w.send(b"w")
+        except OSError:  # full (the loop is awake anyway) or closed (it stopped)
+            pass
 
     def _progress(self) -> None:
         for op in list(self._ops.values()):
@@ -541,8 +719,10 @@ class FtService:
                 buf = np.empty(n, np.uint8) if data is None else data.copy()
                 root = op.nodes.index(Q.token_node(op.root))
                 op.buf, op.stage = buf, 2
-                op.handle = self.engine.broadcast_async(
-                    buf, root, name=self._name(op), out=buf, group=Group(op.nodes)
+                op.handle = self._watch(
+                    self.engine.broadcast_async(
+                        buf, root, name=self._name(op), out=buf, group=Group(op.nodes)
+                    )
                 )
                 continue
             self._finish(op)
@@ -563,7 +743,12 @@ class FtService:
             finish_average(op.buf, len(qm.members), DType.of(dt))
             head = {"kind": "op", "key": op.key, "dtype": str(dt), "count": len(op.buf)}
             for t in op.local:
-                self._answer(t, head, op.buf)
+                conn = self._conns.get(t)
+                if conn is not None and "shm" in op.got[t][0] and conn.shm is not None:
+                    np.copyto(np.frombuffer(conn.shm, dt, len(op.buf)), op.buf)
+                    self._answer(t, {**head, "shm": op.buf.nbytes}, b"")
+                else:
+                    self._answer(t, head, op.buf)
         else:
             for t in op.local:
                 if t == op.root:
@@ -578,13 +763,23 @@ class FtService:
             conn.in_op = False
             self._reply(conn, head, payload)
 
-    def _fail(self, op: _Op, why: str, abort: bool = False) -> None:
+    def _again(self, qm: Q.Quorum, token: int, key: str) -> dict[str, Any]:
+        """The answer to an op of a quorum re-formed into ``qm``: send it again there."""
+        return {"kind": "op", "key": key, "again": self._quorum_answer(qm, token)}
+
+    def _fail(self, op: _Op, why: str, abort: bool = False, again: bool = False) -> None:
+        """Fail ``op`` on this service (aborted among the services if it started there);
+        ``again``: its quorum was re-formed, its members send it again in the new one."""
         if op.state in ("done", "failed"):
             return
         if self.engine is not None and len(op.nodes) > 1 and (op.handle is not None or abort):
             name = op.names[-1] if op.names else self._name(op)
             self.engine.abort(name, 0, why)
         op.state, op.why = "failed", why
+        qm = self.quorums.current
         for t in op.got:
-            self._answer(t, {"kind": "op", "key": op.key, "error": why}, b"")
+            if again and qm is not None and t in qm.members:
+                self._answer(t, self._again(qm, t, op.key), b"")
+            else:
+                self._answer(t, {"kind": "op", "key": op.key, "error": why}, b"")
         op.got.clear()

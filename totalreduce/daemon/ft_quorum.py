@@ -37,6 +37,14 @@ connection ended is gone from the next round's row, dead or departed alike.
 - **One round a step**: a member may ask for the next quorum with its vote (``F_NEXT``:
   its step then counts the voted step once that commits).  When every member of a
   quorum does, the round that decides the commit also forms the next quorum.
+- **A clean leave** (``F_LEFT``: a member of the current quorum said bye before it took
+  any part in the quorum's step, no op and no vote): while no op of the step can have
+  ended (every average needs every member's part, and the quorum sends no state), no
+  other member voted or asked again, and the others are at least the ``min_replica_size``
+  they asked with, the quorum is *re-formed* without the leaver in the
+  round that shows the leave: a new quorum of the others at the same step, and the old
+  one's ops are answered "re-formed" (:mod:`.ft` has the members send them again in the
+  new one).  Otherwise the leave is a death: the step fails.
 - **A silent member** (no message, heartbeats included, within its timeout: hung or
   stopped) is dropped by its service, which shows it one last round flagged ``F_HUNG``:
   it is gone from then on, and the error of a quorum it breaks names it and its timeout.
@@ -58,7 +66,7 @@ TOKEN, STEP, ASK, MIN, TIMEOUT_MS, VOTE_Q, VOTE_OK, RID_LEN, FLAGS = (
     P.FT_TOKEN, P.FT_STEP, P.FT_ASK, P.FT_MIN, P.FT_TIMEOUT_MS, P.FT_VOTE_Q, P.FT_VOTE_OK,
     P.FT_RID_LEN, P.FT_FLAGS,
 )  # fmt: skip
-F_NEXT, F_HUNG = P.FT_F_NEXT, P.FT_F_HUNG
+F_NEXT, F_HUNG, F_LEFT = P.FT_F_NEXT, P.FT_F_HUNG, P.FT_F_LEFT
 _RID_AT = FLAGS + 1
 #: Decisions remembered (votes on older quorums are answered "no").
 KEEP = 64
@@ -112,6 +120,8 @@ class Events:
     broken: dict[int, str] = field(default_factory=dict)
     #: quorum id -> commit or not, decided this round
     decided: dict[int, bool] = field(default_factory=dict)
+    #: quorum id -> the quorum that replaced it without a member that left cleanly
+    reformed: dict[int, int] = field(default_factory=dict)
 
 
 def write_member(row: np.ndarray, slot: int, m: Member) -> None:
@@ -156,6 +166,7 @@ class Quorums:
         self.first_ask: int | None = None  # clock of the first ask not answered
         self.decided: dict[int, bool] = {}
         self.broken: dict[int, str] = {}  # quorum id -> why its ops fail
+        self.reformed: dict[int, int] = {}  # quorum id -> the one that replaced it (a leave)
         self.rounds = 0
         self._first = 0
 
@@ -191,14 +202,17 @@ class Quorums:
         self._first = int(table[0, FIRST])
         members = read_members(table)
         hung = {t: m for t, m in members.items() if m.flags & F_HUNG}
-        for t in hung:
+        left = {t for t, m in members.items() if m.flags & F_LEFT}
+        for t in [*hung, *left]:
             del members[t]
         for t in [t for t in self.answered if t not in members]:
             del self.answered[t]
         q = self.current
         if q is not None:
             gone = [t for t in q.members if t not in members]
-            if gone:
+            if gone and self._reform(ev, q, members, set(gone) <= left):
+                pass
+            elif gone:
                 names = ", ".join(q.replica_ids[q.members.index(t)] for t in gone)
                 why = f"quorum {q.qid}: member {names} is gone (died or left)"
                 late = [hung[t] for t in gone if t in hung]
@@ -228,6 +242,38 @@ class Quorums:
                     self._decide(ev, q.qid, True)
         self._form(ev, members, clock)
         return ev
+
+    def _reform(self, ev: Events, q: Quorum, members: dict[int, Member], clean: bool) -> bool:
+        """Replace quorum ``q`` by one without the members that left it cleanly, if its
+        step can still start over: no op of it can have ended (it sends no state, and an
+        average needs the leaver's part), no other member voted on it or asked again."""
+        if not clean or q.heal or q.qid in self.decided:
+            return False
+        rest = [t for t in q.members if t in members]
+        if (
+            not rest
+            or len(rest) < max(members[t].min_size for t in rest)
+            or any(
+                members[t].vote_q == q.qid or members[t].ask > self.answered.get(t, 0) for t in rest
+            )
+        ):
+            return False
+        new = Quorum(q.qid + 1, rest, [members[t].replica_id for t in rest], q.step, {})
+        names = ", ".join(q.replica_ids[i] for i, t in enumerate(q.members) if t not in members)
+        self._break(ev, q.qid, f"quorum {q.qid}: member {names} left; re-formed as {new.qid}")
+        self._decide(ev, q.qid, False)
+        self.reformed[q.qid] = new.qid
+        ev.reformed[q.qid] = new.qid
+        while len(self.reformed) > KEEP:
+            del self.reformed[min(self.reformed)]
+        self.current = ev.formed = new
+        return True
+
+    def now(self, qid: int) -> int:
+        """The quorum that ``qid`` became through re-formings (``qid`` if none)."""
+        while qid in self.reformed:
+            qid = self.reformed[qid]
+        return qid
 
     def step_of(self, m: Member) -> int:
         """The step ``m`` asks with: an ask that came with a vote (``F_NEXT``) counts the

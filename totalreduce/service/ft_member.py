@@ -12,6 +12,8 @@ torchft's names on it.
 
 from __future__ import annotations
 
+import fcntl
+import mmap
 import os
 import socket
 import threading
@@ -23,6 +25,12 @@ import numpy as np
 
 from ..errors import OpFailedError, TotalReduceError
 from ..transport import ft_frames as F
+
+#: An average of more bytes than this goes through shared memory (a memfd this member
+#: passes to its service once, sealed against shrinking), not through the socket:
+#: ``TOTALREDUCE_FT_SHM=0`` keeps every op on the socket.
+SHM_FROM = 64 << 10
+SHM = os.environ.get("TOTALREDUCE_FT_SHM", "1") != "0" and hasattr(os, "memfd_create")
 
 
 class QuorumError(TotalReduceError):
@@ -92,6 +100,7 @@ class Member:
         #: an ask sent with the last vote: (the step it asked at, the quorum's answer if it
         #: came with the vote's)
         self._asked: tuple[int, dict[str, Any] | None] | None = None
+        self._shm: mmap.mmap | None = None  # shared with the service (SHM_FROM)
         self._stop = threading.Event()
         self._beats = threading.Thread(target=self._beat, name="totalreduce-ft-beat", daemon=True)
         self._beats.start()
@@ -200,11 +209,16 @@ class Member:
             )  # fmt: skip
         if "error" in h:
             raise QuorumError(f"member {self.replica_id}: {h['error']}")
+        self._seq = 0
+        return self._requorum(h)
+
+    def _requorum(self, h: dict[str, Any]) -> QuorumInfo:
+        """This member's quorum is the one ``h`` describes (a new one, or the current one
+        re-formed without a member that left before the step started: the same step)."""
         self.quorum = QuorumInfo(
             int(h["q"]), int(h["rank"]), int(h["size"]), tuple(h["replica_ids"]),
             int(h["step"]), int(h["heal_from"]), tuple(h["heal_to"]),
         )  # fmt: skip
-        self._seq = 0
         return self.quorum
 
     def _q(self, what: str) -> QuorumInfo:
@@ -219,6 +233,10 @@ class Member:
             header["key"] = f"{self._seq}"
         header.update(kind="op", q=q.qid)
         h, data = self._ask(header, payload)
+        while "again" in h:  # a member left before the step started: the quorum re-formed
+            q = self._requorum(h["again"])
+            header["q"] = q.qid
+            h, data = self._ask(header, payload)
         if "error" in h:
             raise StepFailedError(f"member {self.replica_id} (rank {q.rank}): {h['error']}")
         return h, data
@@ -227,9 +245,40 @@ class Member:
         """The average of ``x`` over the quorum's members (a new array, ``x``'s shape).
         Every member must call it in the same order with the same shape and type."""
         a = np.ascontiguousarray(x)
-        head = {"op": "allreduce", "dtype": a.dtype.str, "count": a.size}
+        head: dict[str, Any] = {"op": "allreduce", "dtype": a.dtype.str, "count": a.size}
+        if SHM and a.nbytes > SHM_FROM:  # through the memory shared with the service
+            shm = self._shared(a.nbytes)
+            np.copyto(np.frombuffer(shm, a.dtype, a.size), a.reshape(-1))
+            head["shm"] = a.nbytes
+            h, _ = self._op(head, b"", "allreduce")
+            return np.frombuffer(shm, a.dtype, a.size).reshape(a.shape).copy()
         h, data = self._op(head, a.reshape(-1).view(np.uint8), "allreduce")
         return np.frombuffer(data, np.dtype(h["dtype"])).reshape(a.shape)
+
+    def _shared(self, nbytes: int) -> mmap.mmap:
+        """This member's memory shared with its service, at least ``nbytes`` long: a
+        memfd passed once (again when it must grow), sealed so it cannot shrink under
+        the service's reads."""
+        if self._shm is not None and len(self._shm) >= nbytes:
+            return self._shm
+        size = max(nbytes, 2 * len(self._shm) if self._shm is not None else 0)
+        size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        fd = os.memfd_create("totalreduce-ft", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+            shm = mmap.mmap(fd, size)
+            if self._sock is None:
+                raise TotalReduceError(f"member {self.replica_id} is closed")
+            try:
+                with self._send_lock:
+                    F.send_fd(self._sock, {"kind": "shm", "size": size}, fd)
+            except OSError as exc:
+                self._lost({"kind": "shm"}, exc)
+        finally:
+            os.close(fd)
+        self._shm = shm
+        return shm
 
     def send_state(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data`` (the state) to the members this one heals (``heal_to``)."""
@@ -278,6 +327,8 @@ class Member:
             head["next"] = {"step": int(ask_next), "min_size": int(min_replica_size),
                             "timeout_ms": max(1, int(t * 1000))}  # fmt: skip
         h, _ = self._ask(head, timeout=timeout)
+        if "again" in h:  # the quorum re-formed (a member left) before any op of this step
+            self._requorum(h["again"])
         self.failure = None if h["ok"] else str(h.get("why") or "a member voted no")
         if ask_next is not None:
             self._asked = (int(ask_next) + (1 if h["ok"] else 0), h.get("quorum"))

@@ -279,6 +279,13 @@ class Manager:
             self._replica_id, self._socket, timeout=self._timeout, heartbeat=self._beat
         )
 
+    def _follow(self) -> None:
+        """The step's members as the member knows them now: a member that left cleanly
+        before the step's first op re-formed the quorum without it (fewer participants)."""
+        q = self._member.quorum
+        if q is not None:
+            self._participants, self._rank = q.size, q.rank
+
     def wait_quorum(self) -> None:
         """The quorum is formed inside :meth:`start_quorum`: nothing to wait for."""
 
@@ -297,6 +304,7 @@ class Manager:
             try:
                 host = tensor.detach().to("cpu").contiguous()
                 avg = self._member.allreduce(host.numpy())
+                self._follow()  # (a member that left before the step: the quorum re-formed)
                 if "SUM" in op:
                     avg = avg * np.asarray(self._participants, avg.dtype)
                 tensor.copy_(torch.from_numpy(avg.copy()).reshape(tensor.shape))
@@ -343,6 +351,8 @@ class Manager:
         except MemberDroppedError as exc:
             self._rejoin(exc)
             ok = False
+        else:
+            self._follow()
         if ok:
             self._step += 1
             self._batches += self._participants

@@ -3,6 +3,8 @@
 One message: a 4-byte little-endian length of a UTF-8 JSON object (at most 64 KiB), an
 8-byte little-endian length of a payload (an op's bytes; at most ``MAX_PAYLOAD``), the
 object, the payload.  The socket is the node's ``ft{n}.sock`` beside its ``node{n}.sock``.
+A message without payload may pass one descriptor with its first bytes (``SCM_RIGHTS``:
+:func:`send_fd`): a member's memory shared for its averages (``{"kind": "shm"}``).
 """
 
 from __future__ import annotations
@@ -63,9 +65,28 @@ def _exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytear
     return buf
 
 
-def recv(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
-    """One message: (header, payload).  Raises :class:`FrameError` on a bad one."""
-    h, p = _LENS.unpack(bytes(_exact(sock, _LENS.size)))
+def send_fd(sock: socket.socket, header: dict[str, Any], fd: int) -> None:
+    """A message without payload that passes the descriptor ``fd`` (``SCM_RIGHTS``)."""
+    data = frame(header)
+    sent = socket.send_fds(sock, [data], [fd])
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
+def recv(sock: socket.socket, fds: list[int] | None = None) -> tuple[dict[str, Any], bytearray]:
+    """One message: (header, payload).  Raises :class:`FrameError` on a bad one.  With
+    ``fds``, the descriptors a message passes (:func:`send_fd`) are appended to it."""
+    if fds is None:
+        lens = bytes(_exact(sock, _LENS.size))
+    else:
+        first, got, _flags, _addr = socket.recv_fds(sock, _LENS.size, 4)
+        fds.extend(got)
+        if not first:
+            raise FrameError("the connection ended")
+        if len(first) < _LENS.size:
+            first += bytes(_exact(sock, _LENS.size - len(first)))
+        lens = first
+    h, p = _LENS.unpack(lens)
     if h > MAX_HEADER or p > MAX_PAYLOAD:
         raise FrameError(f"a message of {h} header bytes and {p} payload bytes is too large")
     try:
