@@ -73,8 +73,9 @@ class NodeClashes:
     def _init_clashes(self) -> None:
         #: the probes already answered as a clash: (wire, generation, context)
         self._clashed: set[tuple[int, int, int]] = set()
-        if self.engine is not None:
-            self.engine.loop.stalls.watch(self._probe_note, self._stray_probe, PROBE_EVERY_S)
+        stalls = getattr(getattr(self.engine, "loop", None), "stalls", None)
+        if stalls is not None:  # (an engine without a stall inspector: nothing to watch)
+            stalls.watch(self._probe_note, self._stray_probe, PROBE_EVERY_S)
 
     def _in_flight(self) -> list[tuple[tuple[int, int, int], Any]]:
         """The ops among the services in flight that Python started (any thread): each
