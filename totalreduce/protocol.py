@@ -124,8 +124,9 @@ ASK = int(FrameType.ASK)
 CONTROL_FRAME_TYPES = frozenset({ERROR, PROBE, HAVE, BYE, GONE, JOIN})
 #: The frame types the lane takes; anything else is refused (``MF_TYPE``).
 LANE_FRAME_TYPES = frozenset({DATA, RTS, CTS, READY, NEED, ASK}) | CONTROL_FRAME_TYPES
-#: The longest body a control frame may carry (an ERROR's UTF-8 text; the others carry
-#: none); a longer one is malformed (``MF_CONTROL``).
+#: The longest body a control frame may carry (an ERROR's UTF-8 text, a PROBE's note of
+#: its op by the loop's owner, ``engine/stalls.py``; the others carry none); a longer one
+#: is malformed (``MF_CONTROL``).
 MAX_CONTROL_BODY = 4096
 #: The most control frames one lane message may carry (a sender starts a new message
 #: after this many); a message with more is a flood (``MF_FLOOD``).  The receiver keeps

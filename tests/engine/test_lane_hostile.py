@@ -251,7 +251,7 @@ MALFORMED = {
     "ERROR negative size": lambda: message([frame(L.ERROR, "m", -8, body=b"")]),
     "ERROR truncated body": lambda: message([frame(L.ERROR, "m", 64, body=b"e" * 64)])[:-16],
     "ERROR truncated": lambda: message([frame(L.ERROR, "m")])[:-2],
-    "PROBE with a body": lambda: message([frame(L.PROBE, "m", 8, body=b"p" * 8)]),
+    "PROBE body over 4096 bytes": lambda: message([frame(L.PROBE, "m", 4104, body=b"p" * 4104)]),
     "PROBE truncated": lambda: message([frame(L.PROBE, "m")])[:-9],
     "HAVE with a body": lambda: message([frame(L.HAVE, "m", 8, body=b"h" * 8)]),
     "HAVE truncated": lambda: message([frame(L.HAVE, "m")])[:-33],

@@ -42,8 +42,9 @@ nodes; with the service's compiled loop, :mod:`.service_loop`, a repeat among th
 from its descriptors to its completion words with no Python), :mod:`.thin_meeting` (the
 meeting's escapes, deaths and stalls),
 :mod:`.thin_ops` (an op of the node, the checks of a descriptor),
-:mod:`.thin_nodes` (the step among the services) and :mod:`.thin_answers` (results,
-completion words and errors back to the clients).
+:mod:`.thin_nodes` (the step among the services), :mod:`.thin_clash` (ranks of different
+nodes that disagree on an op's group, found by the services' probes) and
+:mod:`.thin_answers` (results, completion words and errors back to the clients).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from ..transport import meeting, ring_call
 from ..transport.shm import fence, new_eventfd, signal_eventfd, sleep_on
 from . import arena_pass, service_loop
 from .thin_answers import Answers
+from .thin_clash import NodeClashes
 from .thin_fast import PassOps
 from .thin_meeting import MeetingOps
 from .thin_nodes import AmongNodes
@@ -104,7 +106,7 @@ def meeting_default() -> bool:
     return os.environ.get("TOTALREDUCE_MEETING", "1").strip().lower() not in ("0", "off", "no")
 
 
-class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOps):
+class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOps, NodeClashes):
     """The arena thread of one node's service."""
 
     def __init__(
@@ -190,6 +192,7 @@ class ThinService(PassOps, Descriptors, AmongNodes, Answers, Sessions, MeetingOp
                 quiet()
             engine.loop.on_client_notice = self.client_notice
             self._watch_rings(engine.loop)
+        self._init_clashes()  # (before any op: thin_clash.py)
         self._thread = threading.Thread(target=self._run, name="totalreduce-arena", daemon=True)
         self._thread.start()
 

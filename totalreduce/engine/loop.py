@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..errors import OpFailedError, TotalReduceError
-from ..lane.payload import OpKey, OpSpec
+from ..lane.payload import NO_SHAPE, OpKey, OpSpec
+from ..protocol import PROBE
 from ..transport.base import Transport
 from .control import ControlFrames
 from .driving import Driver
@@ -160,6 +161,12 @@ class CommLoop:
         self.submissions.append(("abort", key, name, reason, mismatch))
         self.ring()
 
+    def send_probe(self, dest: int, key: OpKey, body: bytes) -> None:
+        """Send rank ``dest`` a PROBE of op ``key`` with the owner's note ``body`` (any
+        thread; ``stalls.watch``'s owner answers a stray probe this way)."""
+        self.submissions.append(("probe", dest, key, body))
+        self.ring()
+
     def forget_op(self, key: OpKey) -> None:
         """Drop what this rank remembers of an ended op, whose key will come again (any
         thread): its frames are then kept for the next op of that key."""
@@ -253,6 +260,9 @@ class CommLoop:
                         self.lane.forget(item[1])
                 elif item[0] == "notice":  # a node's service tells the others
                     self.peers.announce(*item[1:])
+                elif item[0] == "probe":  # an owner's note for a peer (stalls.watch)
+                    if self.lane is not None:
+                        self.control.send(item[1], PROBE, NO_SHAPE, item[2], body=item[3])
                 elif item[0] == "need":
                     if self.lane is not None and item[1] in self.lane.by_key:
                         self.lane.set_urgent(self.lane.by_key[item[1]])

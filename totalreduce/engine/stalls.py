@@ -8,19 +8,27 @@ seconds old): halfway to the warning a stalled op asks its group who has submitt
 ranks that have not, not only the neighbour the op waits on; with ``stall_shutdown_s``
 the op fails.  The texts of a ``wait(timeout=...)`` that ran out and of ``stalled()``
 say whom each op waits for.
+
+The loop's owner may :meth:`~StallInspector.watch` the probes: then a stalled op probes
+its group every ``every_s`` seconds from the start (besides the probe halfway to the
+warning), its PROBE carries the owner's note of it (``note(spec)``: bytes), and a PROBE of
+an op this rank never had (neither in flight nor completed) goes to the owner's
+``stray(source, key, body)`` (on the comm thread, with the loop's lock held): a node's
+service finds there ranks of its node that gave the op's name and generation another group.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import OpTimeoutError
 from ..lane.payload import NO_SHAPE, OpSpec
-from ..protocol import F_GEN, F_WID, HAVE, PROBE
+from ..protocol import F_GEN, F_NBYTES, F_WID, HAVE, PROBE
 from .parts import Loop
 
 if TYPE_CHECKING:
@@ -41,6 +49,24 @@ class StallInspector:
         #: When the last check ran (``time.monotonic()``); the loop's fast paths step aside
         #: for a pass once it is :attr:`every` seconds old.
         self.last: float = time.monotonic()
+        #: The owner's note of an op for its probes (:meth:`watch`).
+        self.note: Callable[[OpSpec], bytes] | None = None
+        #: The owner's handler of a probe of an op this rank never had (:meth:`watch`).
+        self.stray: Callable[[int, tuple[int, int], bytes], None] | None = None
+        #: Seconds between a watched op's early probes (0: none, only the halfway one).
+        self.early_s: float = 0.0
+        #: When each op in flight last probed early (:meth:`watch`).
+        self._early: dict[tuple[int, int], float] = {}
+
+    def watch(
+        self, note: Callable[[OpSpec], bytes], stray: Callable[[int, tuple[int, int], bytes], None],
+        every_s: float = 1.0,
+    ) -> None:  # fmt: skip
+        """Probe stalled ops every ``every_s`` seconds, each PROBE with ``note(spec)`` as
+        its body, and hand a probe of an op this rank never had to ``stray`` (see the
+        module docstring)."""
+        self.note, self.stray, self.early_s = note, stray, every_s
+        self.every = min(self.every, every_s)
 
     # ------------------------------------------------------------------ stalls
 
@@ -55,6 +81,9 @@ class StallInspector:
         lane = loop.lane
         if lane is None:
             return
+        early = self.early_s
+        if early > 0 and self._early:
+            self._early = {k: t for k, t in self._early.items() if k in lane.by_key}
         for lop in list(lane.ops.values()):
             spec = lop.spec
             if spec.passive:
@@ -62,16 +91,30 @@ class StallInspector:
             idle = now - lop.t0
             if not lop.probed and idle >= first / 2:
                 lop.probed = True
-                shape = (int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
-                         spec.count, spec.param, spec.context)  # fmt: skip
-                for world in spec.group:
-                    if world != loop.rank:
-                        loop.control.send(world, PROBE, shape, spec.key)
+                self._probe(spec)
+            elif early > 0 and idle >= early and now - self._early.get(spec.key, 0.0) >= early:
+                self._early[spec.key] = now
+                self._probe(spec)
             timeout = self._verdict(lop, idle, warn, shut)
             if timeout is not None:
                 loop.lane_errors.fail(lop, timeout, tell_peers=True)
             elif warn > 0 and idle >= warn:
                 lop.warned = True
+
+    def _probe(self, spec: OpSpec) -> None:
+        """Ask op ``spec``'s group who has submitted it (PROBE, with the owner's note)."""
+        loop = self._loop
+        shape = (int(spec.dtype), int(spec.kind), int(spec.algorithm), int(spec.op),
+                 spec.count, spec.param, spec.context)  # fmt: skip
+        body = b""
+        if self.note is not None:
+            try:
+                body = self.note(spec)
+            except Exception:  # a note is a hint: never stop the loop for it
+                log.debug("no note for %s", spec.key, exc_info=True)
+        for world in spec.group:
+            if world != loop.rank:
+                loop.control.send(world, PROBE, shape, spec.key, body=body)
 
     def _verdict(self, lop: LaneOp, idle: float, warn: float, shut: float) -> OpTimeoutError | None:
         """An op idle for ``idle`` s: the timeout error to fail it with past
@@ -108,6 +151,11 @@ class StallInspector:
         key = (f[F_WID], f[F_GEN])
         if key in loop.failures.completed or (loop.lane is not None and key in loop.lane.by_key):
             loop.control.send(source, HAVE, NO_SHAPE, key)
+        elif self.stray is not None and f[F_NBYTES]:
+            try:
+                self.stray(source, key, bytes(buf[off : off + f[F_NBYTES]]))
+            except Exception:  # the owner's look must not stop the loop
+                log.exception("rank %d: the look at a probe of %s failed", loop.rank, key)
 
     def on_have(self, source: int, f: tuple[int, ...], buf: np.ndarray, off: int) -> None:
         """Rank ``source`` has submitted the op this rank probed for."""

@@ -154,11 +154,11 @@ def _needed(mem, src, f):
 @njit(nogil=True, cache=True)
 def _on_control(mem, arena, src, f, avail, ftype, n):
     """A control frame (ERROR to JOIN): handed up to Python as an event, its body (an
-    ERROR's text) copied beside the others of the pass.  The bytes it took; -1 after a
-    malformed-message event (a body it may not carry, a truncated one, more control
+    ERROR's text, a PROBE's note) copied beside the others of the pass.  The bytes it
+    took; -1 after a malformed-message event (a body it may not carry, a truncated one, more control
     frames in one message than a sender may put there); -2 when the control events are
     full: the rest of the message waits in the landing buffer until Python took them."""
-    if n < 0 or n > (MAX_CONTROL_BODY if ftype == ERROR else 0):
+    if n < 0 or n > (MAX_CONTROL_BODY if ftype == ERROR or ftype == PROBE else 0):
         _event(mem, arena, EV_MALFORMED, -1, src, MF_CONTROL, n, f)
         return -1
     size = FRAME_SIZE + ((n + 7) & ~7)
