@@ -45,6 +45,9 @@ class EndedOps:
         self.wid = np.zeros(n, dtype=np.int64)
         self.gen = np.full(n, -1, dtype=np.int64)  # -1: an empty entry
         self.rows = np.zeros(n, dtype=np.int64)
+        # Python writes an entry through memoryviews (a list's speed; numpy's item
+        # assignment costs three times as much), lookups scan the arrays
+        self._wid, self._gen, self._rows = self.wid.data, self.gen.data, self.rows.data
         self.at = 0  # the next entry written
         #: Row -> (name, group, hints); key (name, group, hints) -> row.
         self._named: list[tuple[Any, ...]] = []
@@ -69,9 +72,9 @@ class EndedOps:
     def note(self, wid: int, gen: int, row: int) -> None:
         """Op ``(wid, gen)`` of row ``row`` ended here (the oldest entry gives way)."""
         i = self.at
-        self.wid[i] = _signed(wid) if wid >> 63 else wid
-        self.gen[i] = gen
-        self.rows[i] = row
+        self._wid[i] = _signed(wid) if wid >> 63 else wid
+        self._gen[i] = gen
+        self._rows[i] = row
         self.at = (i + 1) & self._mask
 
     def note_span(self, wid: int, first: int, k: int, row: int) -> None:

@@ -347,7 +347,14 @@ class LaneOps:
         spec = lop.spec
         # (name, generation), not its text: made only if an error about it comes later
         failures = loop.failures  # with the schedule's hints: a late frame says what it was
-        row = failures.completed.row(spec.name, spec.group, spec.schedule.unexpected)
+        ended = failures.completed
+        ex = spec._ex  # a repeat's record keeps its row
+        if ex is not None and ex.ended_epoch == ended.epoch:
+            row = ex.ended_row
+        else:
+            row = ended.row(spec.name, spec.group, spec.schedule.unexpected)
+            if ex is not None:
+                ex.ended_row, ex.ended_epoch = row, ended.epoch
         failures.done(spec.wire_id, spec.generation, row)
         loop.stats.ops_completed += 1
         if loop.trace is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -54,6 +55,9 @@ class OpSpec:
     #: shutdown (its owner cancels it).
     passive: bool = False
     on_done: Callable[[BaseException | None], None] | None = None
+    #: The express record a repeat's op was made from (``service/handle.ExpressOp``'s);
+    #: a spec built the whole way has none.
+    _ex: ClassVar[Any] = None
 
     @property
     def key(self) -> OpKey:

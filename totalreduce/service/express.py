@@ -76,7 +76,7 @@ class Express:
     __slots__ = (
         "npdt", "shape", "dt", "rop", "sig", "code", "sched", "plan", "count",
         "wid", "group", "in_place", "epoch", "lane_shape", "kind", "out_count", "param",
-        "rshape", "into_x", "nothing", "used",
+        "rshape", "into_x", "nothing", "used", "ended_row", "ended_epoch",
     )  # fmt: skip
 
     def __init__(
@@ -115,6 +115,10 @@ class Express:
         self.lane_shape: LaneShape | bool | None = None
         #: A repeat found it since the table's last sweep (``records.Records``: kept then).
         self.used = False
+        #: Its repeats' row in the loop's ring of ended ops, of the ring's ``ended_epoch``
+        #: (``engine/ended.py``; ``LaneOps.ok`` keeps it here).
+        self.ended_row = 0
+        self.ended_epoch = -1
 
 
 def lookup(table: dict[tuple[Any, ...], Express], key: tuple[Any, ...], x: Any) -> Express | None:
