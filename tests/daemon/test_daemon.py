@@ -455,6 +455,7 @@ def test_info_reports_daemon_mode(tmp_path: Path) -> None:
     assert "--channel-bytes has no effect" in served.stderr(), served.stderr()
 
 
+@pytest.mark.full  # (four jobs in turn: 9 s; test_sessions.py starts later jobs by default)
 def test_later_jobs_with_staggered_starts_reuse_names(tmp_path: Path) -> None:
     """Second and third jobs whose clients start seconds apart, one node's client alone
     first: init waits for the whole job, then the same names work again."""

@@ -123,6 +123,7 @@ def test_a_groups_repeats_take_the_compiled_loop_with_the_bits_of_python(
     assert group_digests(on) == group_digests(off), (group_digests(on), group_digests(off))
 
 
+@pytest.mark.full  # (a compaction of the services' plans: 6 s of processes)
 def test_repeats_take_the_loop_again_after_the_services_plans_are_compacted(
     tmp_path: Path,
 ) -> None:

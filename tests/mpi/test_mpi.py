@@ -175,6 +175,7 @@ def test_reverse_blocking_order_small_pool_over_mpi(n: int, service: str) -> Non
     assert out.count("FLOW OK") == n, whole
 
 
+@pytest.mark.full  # (its embedded twin runs by default)
 def test_reverse_blocking_order_small_pool_against_daemons(tmp_path: Path) -> None:
     # the services' engine among the nodes runs with the small pool (and their clients,
     # which share its options, take it from them): a launch of its own

@@ -68,8 +68,9 @@ CASES = [
 
 #: By default one case per path and per death runs (every path and every death is met);
 #: the rest with ``pytest --full``.
-FULL = {("ddp", "raise", "KEEP"), ("ddp", "exit", "KEEP"), ("hook", "kill", "KEEP"),
-        ("optimizer", "kill", "KEEP"), ("optimizer", "raise", "KEEP")}  # fmt: skip
+FULL = {("ddp", "raise", "KEEP"), ("ddp", "exit", "KEEP"), ("ddp", "kill", "KEEP"),
+        ("hook", "exit", "KEEP"), ("optimizer", "kill", "KEEP"),
+        ("optimizer", "raise", "KEEP")}  # fmt: skip
 
 
 def _case(c: tuple[Any, ...]) -> Any:
