@@ -29,7 +29,9 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    "local", [1, pytest.param(2, marks=pytest.mark.full)], ids=lambda n: f"2x{n}"
+    "local",
+    [pytest.param(1, marks=pytest.mark.full), pytest.param(2, marks=pytest.mark.full)],
+    ids=lambda n: f"2x{n}",
 )
 def test_both_floors_sum_exactly_over_two_nodes(tmp_path: Path, local: int) -> None:
     got = floor.measure(2, local, 4096 + 12, 5, _env(), tmp_path)
