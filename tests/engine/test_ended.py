@@ -50,14 +50,14 @@ def test_rows_are_compacted_to_those_the_ring_names_and_the_epoch_moves(
     monkeypatch.setattr(E, "ROWS", 16)
     e = EndedOps(8)
     kept = e.row("kept", (0,), ())
+    e.note(99, 0, kept)
     epoch = e.epoch
     for i in range(40):  # every op a name of its own (unnamed ops): rows stay bounded
         e.note(i, 0, e.row(f"op{i}", (0, 1), ()))
         assert len(e._named) <= 17
     assert e.epoch > epoch  # a row kept from before (``kept``) is stale now
     assert all(e.get((i, 0)) == ((f"op{i}", 0), (0, 1), (), ()) for i in range(32, 40))
-    assert e.get((0, 0)) is None
-    assert kept is not None
+    assert e.get((0, 0)) is None and e.get((99, 0)) is None  # overwritten with its row
 
 
 def test_a_ring_of_other_than_a_power_of_two_is_refused() -> None:

@@ -191,6 +191,17 @@ class Answers:
         self._running.pop(op.key, None)  # the engine's abort ends it there; nothing to drive
         op.release()
 
+    def _fail_clash(self, ops: list[_Op], why: str) -> None:
+        """Ops of one name and generation that ranks gave two routes or groups fail as a
+        mismatch: those that completed are raised late (first: a rank that sees its op fail
+        may look for its others at once), the others fail now."""
+        for o in ops:
+            if o.over and not o.fail_kind:
+                self._late(o, A.E_MISMATCH, why)
+        for o in ops:
+            if not o.over:
+                self._fail(o, A.E_MISMATCH, why)
+
     def _late(self, op: _Op, kind: int, why: str) -> None:
         """``op`` completed here, but it fails: each of its clients raises at its next call
         (the late errors of embedded mode)."""

@@ -65,6 +65,7 @@ class NodeClashes:
     _pass_done: Any
     _fail: Any
     _late: Any
+    _fail_clash: Any
     _meet_wire: Any
     _meet_there: Any
     _meet_group_ranks: Any
@@ -204,12 +205,7 @@ class NodeClashes:
             f"rank {r}: {g}" for r, g in sorted(set(said))
         )
         log.info("node %d: generation %d of #%016x: %s", self.node, gen, wire & _MASK, why)
-        for o in ops:  # (first: a rank that sees its op fail may look for them at once)
-            if o.over and not o.fail_kind:  # it completed: its ranks hear it late
-                self._late(o, A.E_MISMATCH, why)
-        for o in ops:
-            if not o.over:
-                self._fail(o, A.E_MISMATCH, why)
+        self._fail_clash(ops, why)
         for c, i, there in rounds:
             self._meet_fail_round(c, i, gen, there, why)
         # this node's ops among the services: the prober's node never ran them, and counts

@@ -66,6 +66,7 @@ class MeetingOps:
     _pending: dict[tuple[int, int], list[Any]]
     _pass_done: Any
     _late: Any
+    _fail_clash: Any
     _fail: Any
 
     def _init_meeting(self, on: bool, world: bool) -> None:
@@ -304,12 +305,7 @@ class MeetingOps:
                     d = None if not int(x[A.D_KIND]) else x  # (the pass keeps no shape)
                     said.append((base + k, list(o.grp.ranks), d, False))
         why = self._clash_text(said)
-        for o in ops:  # (first: a rank that sees its op fail may look for them at once)
-            if o.over and not o.fail_kind:  # it completed: its ranks hear it late
-                self._late(o, A.E_MISMATCH, why)
-        for o in ops:
-            if not o.over:
-                self._fail(o, A.E_MISMATCH, why)
+        self._fail_clash(ops, why)
         self._meet_fail_round(c, i, gen, there, why)
 
     def _meet_fail_round(self, c: int, i: int, gen: int, there: list[int], why: str) -> None:
