@@ -274,12 +274,8 @@ class LaneOps:
             if trace is not None:  # a sink on the route: the usual route's events
                 trace.op(name, gen, "submitted", priority, t0)
             if r == 2:  # it ended well, the one op done: taken out of the table
-                failures = loop.failures
-                ended = failures.completed  # its end: three words in a ring, nothing made
-                if shape.ended_epoch != ended.epoch:
-                    shape.ended_row = ended.row(name, group, _NONE)
-                    shape.ended_epoch = ended.epoch
-                failures.done(wid, gen, shape.ended_row)
+                # its end: three words in a ring, nothing made (the record keeps its row)
+                loop.failures.done(wid, gen, self.ended_row(record, name, group))
                 stats.ops_completed += 1
                 if trace is not None:  # and the caller's wait: it drove the op to its end
                     t1 = time.perf_counter_ns()
@@ -341,21 +337,28 @@ class LaneOps:
                 for later in self.held.pop(spec.key, ()):
                     failures.fail_unsubmitted(later, failures.chain_error(later, str(error)))
 
+    def ended_row(self, record: Any, name: str | int, group: tuple[int, ...]) -> int:
+        """The row in the ring of ended ops (``engine/ended.py``) of a repeat of express
+        record ``record``: kept in the record, made anew when the ring's rows moved (with
+        the schedule's hints: a late frame says what the pattern was)."""
+        ended = self._loop.failures.completed
+        if record.ended_epoch != ended.epoch:
+            record.ended_row = ended.row(name, group, record.sched.unexpected)
+            record.ended_epoch = ended.epoch
+        return record.ended_row  # type: ignore[no-any-return]
+
     def ok(self, lop: LaneOp) -> None:
         """Finish ``lop``, which the lane completed and which left its table."""
         loop = self._loop
         spec = lop.spec
         # (name, generation), not its text: made only if an error about it comes later
-        failures = loop.failures  # with the schedule's hints: a late frame says what it was
-        ended = failures.completed
         ex = spec._ex  # a repeat's record keeps its row
-        if ex is not None and ex.ended_epoch == ended.epoch:
-            row = ex.ended_row
-        else:
-            row = ended.row(spec.name, spec.group, spec.schedule.unexpected)
-            if ex is not None:
-                ex.ended_row, ex.ended_epoch = row, ended.epoch
-        failures.done(spec.wire_id, spec.generation, row)
+        row = (
+            self._loop.failures.completed.row(spec.name, spec.group, spec.schedule.unexpected)
+            if ex is None
+            else self.ended_row(ex, spec.name, spec.group)
+        )
+        loop.failures.done(spec.wire_id, spec.generation, row)
         loop.stats.ops_completed += 1
         if loop.trace is not None:
             loop.trace.op(spec.name, spec.generation, "done", spec.priority)

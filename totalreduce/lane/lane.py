@@ -192,7 +192,6 @@ class LaneShape:
 
     __slots__ = (
         "fields", "copy_in", "work", "scratch", "plain", "f16", "quick", "spare", "epoch",
-        "ended_row", "ended_epoch",
     )  # fmt: skip
 
     def __init__(
@@ -214,10 +213,6 @@ class LaneShape:
         #: the blocking repeats that end in their call.
         self.quick = not copy_in and not scratch and work <= _SPARE_MAX
         self.spare: tuple[np.ndarray, int] | None = None
-        #: Its row in the loop's ring of ended ops (``engine/ended.py``), of the ring's
-        #: ``ended_epoch``: what names a blocking repeat that ended in its call.
-        self.ended_row = 0
-        self.ended_epoch = -1
 
 
 class Lane(LanePlans, LaneGrowth):

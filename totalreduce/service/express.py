@@ -116,7 +116,7 @@ class Express:
         #: A repeat found it since the table's last sweep (``records.Records``: kept then).
         self.used = False
         #: Its repeats' row in the loop's ring of ended ops, of the ring's ``ended_epoch``
-        #: (``engine/ended.py``; ``LaneOps.ok`` keeps it here).
+        #: (``engine/ended.py``; ``LaneOps.ended_row`` keeps it here).
         self.ended_row = 0
         self.ended_epoch = -1
 
