@@ -89,3 +89,51 @@ def test_a_pair_at_the_meeting_and_a_group_of_both_nodes(theirs: list[int]) -> N
         hs = [cl.submit(r, OpKind.ALLREDUCE, "n", data(r, 2, 4), group=g, gen=2) for r in theirs]
         for h in hs:
             assert np.array_equal(h.wait(30), sum(data(r, 2, 4) for r in theirs))
+
+
+@pytest.mark.parametrize("nodes, slots", [(2, 1), (2, 2)])
+def test_repeats_of_the_compiled_loop_that_disagree_on_the_group(nodes: int, slots: int) -> None:
+    """Every rank runs ``r`` twelve times, alternating its node's group (of both nodes where a
+    node has one client) and the world, so that both are repeats of the compiled loop (or
+    of the node's meeting); then node 0's ranks give generation 12 over their group and
+    node 1's over the world: the ranks that wait raise within seconds naming both groups,
+    those whose op completed (at their node's meeting) at their next call, and the name
+    goes on."""
+    with ExitStack() as stack:
+        cl = Cluster(stack, nodes, slots)
+        size = cl.size
+        mine = [Group(list(range(n * slots, n * slots + slots))) for n in range(nodes)]
+        if slots == 1:
+            mine = [Group(list(range(size)))] * nodes
+
+        def group(r: int, g: int) -> Group | None:
+            return mine[r // slots] if g % 2 == 0 else None
+
+        for g in range(12):
+            hs = [cl.submit(r, OpKind.ALLREDUCE, "r", data(r, g, 4), gen=g, group=group(r, g))
+                  for r in range(size)]  # fmt: skip
+            for r, h in enumerate(hs):
+                ranks = (group(r, g) or Group(list(range(size)))).ranks
+                assert np.array_equal(h.wait(30), sum(data(q, g, 4) for q in ranks))
+        # the shapes the compiled loop repeats (a node's pair meets at its meeting instead)
+        kept = 2 if slots == 1 else 1
+        assert all(s._loop_shapes is not None and len(s._loop_shapes.kept) >= kept
+                   for s in cl.services)  # fmt: skip
+        t0 = time.monotonic()
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "r", data(r, 12, 4), gen=12,
+                        group=mine[0] if r < slots else None) for r in range(size)]  # fmt: skip
+        theirs = f"rank {size - 1}: group {list(range(size))} (the world)"
+        met = range(slots) if slots > 1 else ()  # completed at node 0's meeting
+        for r in met:
+            assert np.array_equal(hs[r].wait(30), sum(data(q, 12, 4) for q in mine[0].ranks))
+        for r in range(len(met), size):
+            _raises(hs[r], "'r' generation 12", "disagree on the group", theirs,
+                    f"rank 0: group {list(mine[0].ranks)}")  # fmt: skip
+        assert time.monotonic() - t0 < WITHIN_S
+        for r in met:  # (told once the others failed: they raise at their next call)
+            with pytest.raises(OpMismatchError, match="failed elsewhere") as info:
+                cl.clients[r].raise_late()
+            assert theirs in str(info.value), info.value
+        hs = [cl.submit(r, OpKind.ALLREDUCE, "r", data(r, 13, 4), gen=13) for r in range(size)]
+        for h in hs:
+            assert np.array_equal(h.wait(30), sum(data(q, 13, 4) for q in range(size)))

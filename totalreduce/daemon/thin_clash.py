@@ -1,21 +1,21 @@
 """Ranks on different nodes that give one op's name and generation over different groups.
 
 Among the services an op of a group is named by the client's wire id mixed with the
-group's context (:meth:`~.thin_nodes.AmongNodes._engine_name`), so nodes that disagree on
-the group run ops of different keys, which never meet.  The engine's stall inspector
+group's context (:meth:`~.thin_nodes.AmongNodes._engine_name`), so nodes that disagree
+on the group run ops of different keys, which never meet. The engine's stall inspector
 finds them: a service's op that waits probes its group every second
 (:meth:`~..engine.stalls.StallInspector.watch`), each PROBE with this node's note of it
-(:meth:`NodeClashes._probe_note`: the client's wire id, generation, group context and the
-group's ranks, none for the world's; an op that the compiled loop repeated carries none,
-as Python cannot tell its client's generation); a service that never had the probed op
-looks (:meth:`NodeClashes._node_clash`, on the arena thread) for ranks of its node that
-are members of the prober's group and gave that name and generation another group: an
-op among the services that Python started here, an op Python has (waiting for the
-node's other members, or completed), one the compiled pass completed
-(``arena_pass.DONES``), or a round at the meeting.  Then it fails its own side as a
-mismatch (a side that completed: its clients raise at their next call) and aborts the
-prober's op, so every rank involved raises an
-``OpMismatchError`` naming each rank's group.
+(:meth:`NodeClashes._probe_note`: the client's wire id, generation, group context and
+the group's ranks, none for the world's; a repeat of the compiled loop that waits is
+Python's, adopted with its generation, well before its first probe); a service that
+never had the probed op looks (:meth:`NodeClashes._node_clash`, on the arena thread) for
+ranks of its node that are members of the prober's group and gave that name and
+generation another group: an op among the services that Python started here, an op
+Python has (waiting for the node's other members, or completed), one the compiled pass
+completed (``arena_pass.DONES``), or a round at the meeting. Then it fails its own side
+as a mismatch (a side that completed: its clients raise at their next call) and aborts
+the prober's op, so every rank involved raises an ``OpMismatchError`` naming each rank's
+group.
 
 :class:`NodeClashes` is a base of :class:`~.thin.ThinService`.
 """
@@ -119,7 +119,7 @@ class NodeClashes:
              if h is not None and _names(h)[0] == name and h.generation == gen),
             None,
         )  # fmt: skip
-        if key is None:  # (a repeat the compiled loop started, or no client's op: no note)
+        if key is None:  # (no client's op: the services' own, such as a session's)
             return b""
         wire, cgen, ctx = key
         ranks = self._ranks_of(ctx) if ctx else ()  # (none: the world's)
