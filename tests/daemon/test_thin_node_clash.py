@@ -37,10 +37,16 @@ def _raises(h: Any, *texts: str) -> str:
     return text
 
 
-def test_a_group_of_both_nodes_and_the_world_fail_both() -> None:
+@pytest.mark.parametrize("bits", [False, True])
+def test_a_group_of_both_nodes_and_the_world_fail_both(bits: bool, monkeypatch: Any) -> None:
     """Two nodes of one client: rank 0 gives ``c`` over the group [0, 1], rank 1 over the
     world (the same ranks, another context): both raise within seconds, naming both; the
-    name's next generations work, over the world and over the group."""
+    name's next generations work, over the world and over the group.  (``bits``: the
+    probes' notes name the group's ranks in a bitmap, as for a group of more than 508.)"""
+    if bits:
+        from totalreduce.daemon import thin_clash
+
+        monkeypatch.setattr(thin_clash, "_LISTED", 1)
     with ExitStack() as stack:
         cl = Cluster(stack, 2, 1)
         t0 = time.monotonic()
@@ -137,3 +143,24 @@ def test_repeats_of_the_compiled_loop_that_disagree_on_the_group(nodes: int, slo
         hs = [cl.submit(r, OpKind.ALLREDUCE, "r", data(r, 13, 4), gen=13) for r in range(size)]
         for h in hs:
             assert np.array_equal(h.wait(30), sum(data(q, 13, 4) for q in range(size)))
+
+
+def test_a_probes_note_names_a_group_of_any_size_up_to_its_bound() -> None:
+    """A note lists a group's ranks a word each, and a larger group's one bit each (then in
+    ascending order), within a PROBE's body; a group beyond the bitmap's reach gets no
+    note (the stall warning names such an op)."""
+    from totalreduce import protocol
+    from totalreduce.daemon import thin_clash as C
+
+    rng = np.random.default_rng(5)
+    for n in (0, 3, C._LISTED, C._LISTED + 1, 5000):
+        ranks = tuple(int(r) for r in rng.permutation(2 * n + 1)[:n])
+        body = C._note(-12345, 7, 99, C._ASK, ranks)
+        assert 32 <= len(body) <= protocol.MAX_CONTROL_BODY and len(body) % 8 == 0
+        w = np.frombuffer(body, dtype=np.int64)
+        assert (int(w[0]), int(w[1]), int(w[2]), int(w[3]) & ~C._BITS) == (-12345, 7, 99, 0)
+        got = C._note_ranks(body, int(w[3]))
+        assert got == (ranks if n <= C._LISTED else tuple(sorted(ranks))), n
+    top = (0, *range(C._MOST_RANKS - 600, C._MOST_RANKS))
+    assert len(C._note(1, 2, 3, C._ASK, top)) == protocol.MAX_CONTROL_BODY
+    assert C._note(1, 2, 3, C._ASK, (*top, C._MOST_RANKS)) == b""

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import protocol as P
 from ..transport import arena as A
 from ..transport import meeting as M
 from . import arena_pass
@@ -40,6 +41,12 @@ PROBE_EVERY_S = 1.0
 #: A note's kinds: a stalled op asks; an op failed as a clash, where the receiver never ran
 #: it (it counts the generation of that name).
 _ASK, _SKIP = 0, 1
+#: A note's kind's flag: its ranks are a bitmap (:func:`_note`).
+_BITS = 1 << 8
+#: The most ranks a note lists a word each, and the most (a bit each) a note can name
+#: (a PROBE's body holds at most ``protocol.MAX_CONTROL_BODY`` bytes).
+_LISTED = P.MAX_CONTROL_BODY // _W - 4
+_MOST_RANKS = (P.MAX_CONTROL_BODY - 4 * _W) * 8
 #: The inverse of ``_GOLDEN`` modulo 2^64 (a name among the services back to its context).
 _INVERSE = pow(_GOLDEN, -1, 1 << 64)
 
@@ -123,7 +130,7 @@ class NodeClashes:
             return b""
         wire, cgen, ctx = key
         ranks = self._ranks_of(ctx) if ctx else ()  # (none: the world's)
-        if ranks is None or 8 * (len(ranks) + 4) > 4096:
+        if ranks is None:
             return b""
         return _note(wire, cgen, ctx, _ASK, ranks)
 
@@ -137,7 +144,8 @@ class NodeClashes:
         if what == _SKIP:  # the op failed as a clash, where this node never ran it
             self._on_arena_thread(lambda: self._skip_clash(key, wire, gen, ctx), False)
             return
-        ranks = tuple(int(r) for r in w[4:]) if ctx else tuple(range(self.size))
+        ranks = _note_ranks(body, what) if ctx else tuple(range(self.size))
+        what &= ~_BITS
         if what != _ASK or not ranks or any(not 0 <= r < self.size for r in ranks):
             return
         self._on_arena_thread(lambda: self._node_clash(source, key, wire, gen, ctx, ranks), False)
@@ -288,6 +296,23 @@ def _names(h: Any) -> tuple[Any, ...]:
 
 def _note(wire: int, gen: int, ctx: int, what: int, ranks: tuple[int, ...]) -> bytes:
     """A PROBE's note: the clients' wire id, generation and group context, its kind, and
-    the group's ranks (none for the world's, or for a verdict)."""
-    words = [A.signed(wire & _MASK), gen, A.signed(ctx & _MASK), what, *ranks]
-    return np.array(words, dtype=np.int64).tobytes()
+    the group's ranks (none for the world's, or for a verdict): a word each, or, for a
+    group of more than ``_LISTED`` ranks, one bit each (kind ``| _BITS``; their order is
+    then lost, which only the error's text shows), up to ``_MOST_RANKS`` ranks."""
+    head = [A.signed(wire & _MASK), gen, A.signed(ctx & _MASK), what]
+    if len(ranks) <= _LISTED:
+        return np.array(head + list(ranks), dtype=np.int64).tobytes()
+    if max(ranks) >= _MOST_RANKS:
+        return b""  # (no note: such a clash waits, and the stall warning names the op)
+    bits = np.zeros(-(-(max(ranks) + 1) // 64) * 64, dtype=np.uint8)
+    bits[list(ranks)] = 1
+    head[3] |= _BITS
+    return np.array(head, dtype=np.int64).tobytes() + np.packbits(bits).tobytes()
+
+
+def _note_ranks(body: bytes, what: int) -> tuple[int, ...]:
+    """The group's ranks in a note (:func:`_note`)."""
+    if what & _BITS:
+        bits = np.unpackbits(np.frombuffer(body, dtype=np.uint8, offset=32))
+        return tuple(int(r) for r in np.flatnonzero(bits))
+    return tuple(int(r) for r in np.frombuffer(body, dtype=np.int64, offset=32))
