@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ class Answers:
     _words: list[np.ndarray]
     _running: dict[tuple[int, int, int], Any]
     _answering: threading.Lock
+    _meet_fail_rounds: Any
 
     def _finish(self, op: _Op, error: BaseException | None, h: Any = None) -> None:
         """The op ended among the nodes (any thread): results back, words set."""
@@ -191,13 +193,18 @@ class Answers:
         self._running.pop(op.key, None)  # the engine's abort ends it there; nothing to drive
         op.release()
 
-    def _fail_clash(self, ops: list[_Op], why: str) -> None:
+    def _fail_clash(
+        self, ops: list[_Op], why: str, rounds: Sequence[tuple[int, int, int, list[int]]] = ()
+    ) -> None:
         """Ops of one name and generation that ranks gave two routes or groups fail as a
-        mismatch: those that completed are raised late (first: a rank that sees its op fail
-        may look for its others at once), the others fail now."""
+        mismatch, with the meeting's ``rounds`` of them (channel, op slot, generation, the
+        clients there): those that completed are raised late first (a rank that sees its op
+        fail may look for the others' errors at once), the others fail then."""
         for o in ops:
             if o.over and not o.fail_kind:
                 self._late(o, A.E_MISMATCH, why)
+        if rounds:
+            self._meet_fail_rounds(list(rounds), why)
         for o in ops:
             if not o.over:
                 self._fail(o, A.E_MISMATCH, why)

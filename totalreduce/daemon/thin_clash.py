@@ -76,7 +76,6 @@ class NodeClashes:
     _meet_wire: Any
     _meet_there: Any
     _meet_group_ranks: Any
-    _meet_fail_round: Any
 
     def _init_clashes(self) -> None:
         #: the probes already answered as a clash: (wire, generation, context)
@@ -213,9 +212,7 @@ class NodeClashes:
             f"rank {r}: {g}" for r, g in sorted(set(said))
         )
         log.info("node %d: generation %d of #%016x: %s", self.node, gen, wire & _MASK, why)
-        self._fail_clash(ops, why)
-        for c, i, there in rounds:
-            self._meet_fail_round(c, i, gen, there, why)
+        self._fail_clash(ops, why, [(c, i, gen, there) for c, i, there in rounds])
         # this node's ops among the services: the prober's node never ran them, and counts
         # their generations too (else its next op of that name would meet another one)
         mine = [o.handle for o in ops if o.handle is not None and not o.handle.done()]

@@ -304,9 +304,15 @@ class MeetingOps:
                 if x is not None:
                     d = None if not int(x[A.D_KIND]) else x  # (the pass keeps no shape)
                     said.append((base + k, list(o.grp.ranks), d, False))
-        why = self._clash_text(said)
-        self._fail_clash(ops, why)
-        self._meet_fail_round(c, i, gen, there, why)
+        self._fail_clash(ops, self._clash_text(said), [(c, i, gen, there)])
+
+    def _meet_fail_rounds(self, rounds: list[tuple[int, int, int, list[int]]], why: str) -> None:
+        """Fail the meeting's ``rounds`` (channel, op slot, generation, the clients there) as
+        a mismatch, those that completed first (their clients hear it late: told before the
+        others raise)."""
+        done = [r for r in rounds if self._meet_state(r[0], r[1]) & M.DONE]
+        for c, i, gen, there in done + [r for r in rounds if r not in done]:
+            self._meet_fail_round(c, i, gen, there, why)
 
     def _meet_fail_round(self, c: int, i: int, gen: int, there: list[int], why: str) -> None:
         """Fail the round of generation ``gen`` in op slot (``c``, ``i``) as a mismatch
